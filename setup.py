@@ -1,0 +1,58 @@
+"""Installs brokerd: the broker, its storage backends and the twistd plugin."""
+
+import re
+
+from setuptools import find_packages, setup
+from setuptools.command.editable_wheel import editable_wheel
+
+
+class EditableWithTwistedPlugins(editable_wheel):
+    """Editable installs default to setuptools' "compat" mode (the project root on
+    sys.path), the only mode in which twistd's plugin scan sees
+    twisted/plugins/brokerd_plugin.py; an explicit --config-settings
+    editable_mode=... still wins."""
+
+    def initialize_options(self):
+        super().initialize_options()
+        self.mode = "compat"
+
+PROTOBUF_RUNTIME = "protobuf>=7.35.1,<8"  # generated code is from grpcio-tools 1.85.1 (gencode 7.35.1)
+
+setup(
+    name="brokerd",
+    version=re.search(r'__version__ = "([^"]+)"', open("brokerd/__init__.py", encoding="utf-8").read()).group(1),
+    description="An AMQP 0-9-1 model message broker on Twisted with pluggable on-disk stores",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    cmdclass={"editable_wheel": EditableWithTwistedPlugins},
+    # twisted/plugins has no __init__.py on purpose: Twisted owns that package and
+    # finds drop-ins by path, so only our module is shipped into it.
+    packages=find_packages(include=["brokerd", "brokerd.*", "backends", "backends.*"])
+    + ["twisted.plugins"],
+    package_data={"twisted": ["plugins/brokerd_plugin.py"], "brokerd.proto": ["*.proto"]},
+    install_requires=[
+        "twisted>=24.7",
+        PROTOBUF_RUNTIME,
+        "zope.interface>=6",
+        "pamqp>=3.3",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "grpcio-tools==1.85.1",
+        ],
+        "all": [
+            "pytest>=8",
+            "grpcio-tools==1.85.1",
+            "pyspark>=3.5",
+        ],
+    },
+    entry_points={
+        # Storage backends, looked up by name for --backend; a new backend is a new
+        # package under backends/ plus one line here.
+        "brokerd.backends": [
+            "memory = backends.memory:backend",
+        ],
+    },
+)
