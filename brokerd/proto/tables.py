@@ -1,0 +1,100 @@
+"""Conversion between protobuf field tables and plain Python values.
+
+AMQP field tables travel as ``FieldTable`` messages; the broker's model and the
+native client work with dicts. The mapping is: None <-> void, bool <-> boolean,
+int <-> integer, float <-> double, str <-> string, bytes <-> bytes, aware or naive
+UTC datetime <-> timestamp, Decimal <-> decimal, dict <-> table, list <-> array.
+"""
+
+import datetime
+import decimal
+
+from brokerd.proto import messages_pb2
+
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+
+
+def dict_to_table(values, table=None):
+    """Fills (or creates) a C{FieldTable} from a mapping of str to Python values."""
+    if table is None:
+        table = messages_pb2.FieldTable()
+    for name, value in (values or {}).items():
+        if not isinstance(name, str):
+            raise TypeError(f"field table keys must be str, not {type(name).__name__}: {name!r}")
+        field = table.fields.add()
+        field.name = name
+        _fill_value(field.value, value, name)
+    return table
+
+
+def table_to_dict(table):
+    """The fields of a C{FieldTable} as an insertion-ordered dict."""
+    return {field.name: value_to_python(field.value) for field in table.fields}
+
+
+def _fill_value(target, value, where):
+    if value is None:
+        target.void_value.SetInParent()
+    elif isinstance(value, bool):
+        target.boolean_value = value
+    elif isinstance(value, int):
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise ValueError(f"integer field {where!r} is outside the signed 64-bit range: {value}")
+        target.integer_value = value
+    elif isinstance(value, float):
+        target.double_value = value
+    elif isinstance(value, str):
+        target.string_value = value
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        target.bytes_value = bytes(value)
+    elif isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.timezone.utc)
+        target.timestamp_value = int(value.timestamp())
+    elif isinstance(value, decimal.Decimal):
+        sign, digits, exponent = value.as_tuple()
+        if not isinstance(exponent, int):
+            raise ValueError(f"decimal field {where!r} must be finite: {value}")
+        unscaled = int("".join(map(str, digits)) or "0") * (-1 if sign else 1)
+        if exponent > 0:
+            unscaled, exponent = unscaled * 10**exponent, 0
+        target.decimal_value.scale = -exponent
+        target.decimal_value.value = unscaled
+    elif isinstance(value, dict):
+        dict_to_table(value, target.table_value)
+        target.table_value.SetInParent()
+    elif isinstance(value, (list, tuple)):
+        target.array_value.SetInParent()
+        for index, item in enumerate(value):
+            _fill_value(target.array_value.values.add(), item, f"{where}[{index}]")
+    else:
+        raise TypeError(f"field {where!r} has a type field tables cannot carry: {type(value).__name__}")
+
+
+def value_to_python(value):
+    """The Python value of one C{FieldValue}."""
+    kind = value.WhichOneof("kind")
+    if kind is None or kind == "void_value":
+        return None
+    if kind == "table_value":
+        return table_to_dict(value.table_value)
+    if kind == "array_value":
+        return [value_to_python(item) for item in value.array_value.values]
+    if kind == "timestamp_value":
+        return datetime.datetime.fromtimestamp(value.timestamp_value, tz=datetime.timezone.utc)
+    if kind == "decimal_value":
+        return decimal.Decimal(value.decimal_value.value).scaleb(-value.decimal_value.scale)
+    return getattr(value, kind)
+
+
+def freeze(value):
+    """A hashable, order-independent stand-in for a Python field value (dicts
+    compare as sets of items), used to tell bindings and arguments apart."""
+    if isinstance(value, dict):
+        return frozenset((key, freeze(item)) for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(item) for item in value)
+    if isinstance(value, (bytearray, memoryview)):
+        value = bytes(value)
+    return (type(value).__name__, value)  # keeps True apart from 1
