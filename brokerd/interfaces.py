@@ -1,0 +1,177 @@
+"""The contracts between brokerd's layers.
+
+Protocol adapters sit on top of L{brokerd.model} and L{brokerd.channel}; the model
+reaches storage only through L{IMessageStore}; a storage backend is found by name
+through L{IStoreBackend}. L{IChannelPeer} is what a protocol adapter gives a
+channel so the channel can push deliveries, returns and confirms to its client.
+"""
+
+from zope.interface import Attribute, Interface
+
+
+class IMessageStore(Interface):
+    """
+    Where durable topology and persistent messages live.
+
+    The broker calls a store only for durable things: durable exchanges, queues
+    and bindings, and persistent messages routed to durable queues. Queues are
+    named by I{queue keys}, C{(vhost, queue_name)} tuples. Writes (C{append},
+    C{ack}, topology changes) are buffered and return at once; C{sync} says when
+    everything written before it is as safe as the store's durability mode
+    promises, which is when a publisher confirm may go out.
+
+    A I{message} passed to C{append} is any object with the attributes
+    C{exchange} (str), C{routing_key} (str), C{properties}
+    (L{brokerd.proto.messages_pb2.BasicProperties}) and C{body} (bytes).
+    """
+
+    name = Attribute("The backend name this store was made by, e.g. C{'memory'}.")
+    durable = Attribute("True if what the store holds survives a restart of the broker.")
+
+    def open():
+        """
+        Open the store and read back what it holds.
+
+        @return: a Deferred that fires with None once C{topology} and
+            C{recover} can answer, or fails if the store cannot be used.
+        """
+
+    def topology():
+        """
+        The durable topology found by C{open}.
+
+        @return: an iterable of L{ExchangeRecord}, L{QueueRecord} and
+            L{BindingRecord} protobuf messages, exchanges and queues before the
+            bindings that refer to them.
+        """
+
+    def recover(queue):
+        """
+        The un-acked persistent messages of one durable queue found by C{open}.
+
+        @param queue: a queue key.
+        @return: an iterable, in queue order, of C{(handle, record, redelivered)}
+            where C{record} is a L{StoredMessage} and C{redelivered} says the
+            message may have been delivered before the restart.
+        """
+
+    def save_exchange(record):
+        """Persist a durable exchange (an L{ExchangeRecord}), replacing one of the same name."""
+
+    def delete_exchange(vhost, name):
+        """Forget a durable exchange and every binding whose source it is."""
+
+    def save_queue(record):
+        """Persist a durable queue (a L{QueueRecord}), replacing one of the same name."""
+
+    def delete_queue(queue):
+        """Forget a durable queue, its bindings and every message held for it."""
+
+    def save_binding(record):
+        """Persist a binding (a L{BindingRecord}) between durable ends."""
+
+    def delete_binding(record):
+        """Forget a binding equal to C{record}."""
+
+    def append(message, queues):
+        """
+        Store one persistent message for one or more durable queues.
+
+        @param message: the message (see the interface's description).
+        @param queues: a non-empty sequence of queue keys.
+        @return: an opaque I{handle} naming the stored message in C{ack},
+            C{read} and C{recover}; the same handle serves every queue.
+        """
+
+    def ack(queue, handle):
+        """The message C{handle} is done with in C{queue}; it need not come back."""
+
+    def read(handle):
+        """
+        Read a stored message back.
+
+        @return: a Deferred firing with the message's L{StoredMessage}, or
+            failing with KeyError if the handle names nothing held.
+        """
+
+    def purge(queue):
+        """Drop every message held for C{queue}; the queue itself stays."""
+
+    def sync():
+        """
+        @return: a Deferred that fires once every write made before this call
+            is as durable as the store's durability mode promises. Many calls
+            share one flush (group commit).
+        """
+
+    def close():
+        """
+        Flush and release files; the store is unusable afterwards.
+
+        @return: a Deferred firing with None when done.
+        """
+
+    def stats():
+        """
+        @return: a dict of figures for metrics (names to numbers), such as
+            messages and bytes held.
+        """
+
+
+class IStoreBackend(Interface):
+    """
+    A storage backend that C{--backend=NAME[:key=value...]} can pick.
+
+    Backends are registered under the C{brokerd.backends} entry-point group.
+    """
+
+    name = Attribute("The name users pass to C{--backend}.")
+    description = Attribute("One line saying what the backend is for.")
+    options = Attribute(
+        "A dict of option name to C{(default, help)} for the C{key=value} parts"
+        " of the backend string; defaults are strings, as typed by users."
+    )
+
+    def make_store(data_dir, **options):
+        """
+        Build (without opening) a store.
+
+        @param data_dir: the directory the broker keeps its data in
+            (C{--data-dir}); a backend keeps its files under it unless an
+            option says otherwise.
+        @param options: the backend string's C{key=value} options, as strings,
+            already checked against C{options}.
+        @return: an L{IMessageStore} provider.
+        @raise ValueError: if an option's value is not acceptable; the message
+            names the option.
+        """
+
+
+class IChannelPeer(Interface):
+    """
+    The protocol side of one open channel: what the broker pushes to a client.
+
+    A I{message} here is a L{brokerd.model.message.Message}: it has
+    C{exchange}, C{routing_key}, C{properties} and C{body}.
+    """
+
+    def deliver(consumer_tag, delivery_tag, redelivered, message):
+        """Send a message to the consumer C{consumer_tag} of this channel."""
+
+    def returned(reply_code, reply_text, message):
+        """Send back a mandatory message that no queue took."""
+
+    def publish_confirmed(sequence, multiple, ack):
+        """
+        Tell a confirm-mode publisher the outcome of its publishes.
+
+        @param sequence: the publish sequence number (1 for the channel's
+            first publish after confirm-select).
+        @param multiple: True if every outstanding publish up to C{sequence}
+            has this outcome.
+        @param ack: True for safely taken (basic.ack), False for refused
+            (basic.nack).
+        """
+
+    def consumer_cancelled(consumer_tag):
+        """The broker cancelled a consumer, e.g. because its queue was deleted."""
