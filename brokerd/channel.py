@@ -1,0 +1,352 @@
+"""Channel semantics, free of any wire protocol.
+
+A L{Channel} is what one AMQP channel (or native-protocol channel) can do:
+declare and delete topology, publish (optionally with publisher confirms),
+consume with prefetch limits, get, and settle deliveries with ack, nack, reject
+and recover. Protocol adapters translate frames into these calls and give the
+channel an L{IChannelPeer} to push deliveries, returns and confirms through.
+Errors are raised as L{brokerd.errors.BrokerError}s for the adapter to report.
+"""
+
+from collections import OrderedDict
+
+from twisted.logger import Logger
+
+from brokerd.errors import NotAllowed, NotFound, PreconditionFailed
+from brokerd.model.message import Message
+from brokerd.model.names import check_short_string, generate_consumer_tag
+from brokerd.publisher_confirms import PublisherConfirms
+
+log = Logger()
+
+
+class Consumer:
+    """
+    A subscription of one channel to one queue.
+
+    @ivar prefetch: the most un-acked deliveries it may hold (0: no limit).
+    @ivar unacked: how many it holds now.
+    """
+
+    __slots__ = ("tag", "queue", "channel", "no_ack", "exclusive", "prefetch", "unacked", "arguments")
+
+    def __init__(self, tag, queue, channel, no_ack, exclusive, prefetch, arguments):
+        self.tag = tag
+        self.queue = queue
+        self.channel = channel
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.prefetch = prefetch
+        self.unacked = 0
+        self.arguments = arguments
+
+    def has_room(self):
+        """True if a delivery now stays within this consumer's and its channel's limits."""
+        channel = self.channel
+        if not channel.flow_active:
+            return False
+        if self.no_ack:
+            return True
+        if self.prefetch and self.unacked >= self.prefetch:
+            return False
+        return not channel.prefetch_count or len(channel._unacked) < channel.prefetch_count
+
+    def __repr__(self):
+        return f"<Consumer {self.tag!r} on {self.queue.name!r}>"
+
+
+class Channel:
+    """
+    One open channel of a connection.
+
+    @ivar prefetch_count: the channel-wide limit of un-acked deliveries
+        (basic.qos with global set; 0: no limit).
+    @ivar consumer_prefetch: the per-consumer limit given to consumers created
+        from now on (basic.qos without global).
+    @ivar flow_active: False while the client has paused deliveries (channel.flow).
+    """
+
+    def __init__(self, connection, channel_id, peer):
+        self.connection = connection
+        self.id = channel_id
+        self.peer = peer
+        self.vhost = connection.vhost
+        self.clock = connection.broker.clock
+        self.consumers = {}
+        self.prefetch_count = 0
+        self.consumer_prefetch = 0
+        self.flow_active = True
+        self.closed = False
+        self._unacked = OrderedDict()  # delivery tag -> QueuedMessage, in tag order
+        self._next_delivery_tag = 1
+        self._last_queue_name = None
+        self._confirms = None
+
+    def __repr__(self):
+        return f"<Channel {self.id} of {self.connection!r}>"
+
+    @property
+    def unacked_count(self):
+        return len(self._unacked)
+
+    @property
+    def confirm_mode(self):
+        return self._confirms is not None
+
+    # -- topology
+
+    def exchange_declare(
+        self, exchange, type_name="direct", passive=False, durable=False, auto_delete=False, internal=False,
+        arguments=None,
+    ):
+        self.vhost.declare_exchange(exchange, type_name, passive, durable, auto_delete, internal, arguments)
+
+    def exchange_delete(self, exchange, if_unused=False):
+        self.vhost.delete_exchange(exchange, if_unused)
+
+    def queue_declare(self, queue="", passive=False, durable=False, exclusive=False, auto_delete=False, arguments=None):
+        """Declare a queue; returns C{(name, message_count, consumer_count)}."""
+        declared = self.vhost.declare_queue(
+            self._queue_name(queue) if passive else queue,
+            self.connection,
+            passive,
+            durable,
+            exclusive,
+            auto_delete,
+            arguments,
+        )
+        self._last_queue_name = declared.name
+        return declared.name, declared.message_count, declared.consumer_count
+
+    def queue_bind(self, queue, exchange, routing_key="", arguments=None):
+        self.vhost.bind(self._queue_name(queue), exchange, routing_key, arguments, self.connection)
+
+    def queue_unbind(self, queue, exchange, routing_key="", arguments=None):
+        self.vhost.unbind(self._queue_name(queue), exchange, routing_key, arguments, self.connection)
+
+    def queue_purge(self, queue):
+        """Drop a queue's ready messages; returns how many."""
+        return self.vhost.purge_queue(self._queue_name(queue), self.connection)
+
+    def queue_delete(self, queue, if_unused=False, if_empty=False):
+        """Delete a queue; returns how many ready messages went with it."""
+        return self.vhost.delete_queue(self._queue_name(queue), self.connection, if_unused, if_empty)
+
+    def _queue_name(self, name):
+        # AMQP: an empty queue name means the last queue declared on this channel.
+        if name:
+            return name
+        if self._last_queue_name is None:
+            raise NotFound("no previously declared queue on this channel")
+        return self._last_queue_name
+
+    # -- publishing
+
+    def confirm_select(self):
+        """Put the channel in confirm mode: publishes are numbered from 1 and confirmed."""
+        if self._confirms is None:
+            self._confirms = PublisherConfirms(self.peer, self.vhost.store, self.clock)
+
+    def basic_publish(self, exchange, routing_key, properties, body, mandatory=False):
+        """Route and enqueue a message; returns it to the publisher if mandatory and unroutable."""
+        check_short_string("routing key", routing_key)
+        confirms = self._confirms
+        if confirms is not None:
+            sequence = confirms.next_sequence()
+        message = Message(exchange, routing_key, properties, body)
+        routed, stored = self.vhost.publish(exchange, message)
+        if not routed and mandatory:
+            self.peer.returned(312, "NO_ROUTE", message)
+        if confirms is not None:
+            if stored:
+                confirms.confirm_after_sync(sequence)
+            else:
+                confirms.confirm(sequence)
+
+    # -- consuming
+
+    def basic_qos(self, prefetch_count, global_=False):
+        if global_:
+            self.prefetch_count = prefetch_count
+            self._dispatch_all()
+        else:
+            self.consumer_prefetch = prefetch_count
+
+    def basic_consume(self, queue, consumer_tag="", no_ack=False, exclusive=False, arguments=None):
+        """
+        Start a consumer; returns its tag.
+
+        Deliveries start on the next reactor turn, after the adapter has had
+        the chance to confirm the consumer to its client.
+        """
+        target = self.vhost.queue(self._queue_name(queue), self.connection)
+        if consumer_tag:
+            check_short_string("consumer tag", consumer_tag)
+            if consumer_tag in self.consumers:
+                raise NotAllowed(f"attempt to reuse consumer tag {consumer_tag!r}")
+        else:
+            consumer_tag = generate_consumer_tag()
+        consumer = Consumer(
+            consumer_tag, target, self, no_ack, exclusive, self.consumer_prefetch, dict(arguments or {})
+        )
+        target.add_consumer(consumer)
+        self.consumers[consumer_tag] = consumer
+        self.clock.callLater(0, target.dispatch)
+        return consumer_tag
+
+    def basic_cancel(self, consumer_tag):
+        """Stop a consumer; its un-acked deliveries stay un-acked. Unknown tags are ignored."""
+        consumer = self.consumers.pop(consumer_tag, None)
+        if consumer is not None:
+            consumer.queue.remove_consumer(consumer)
+
+    def consumer_cancelled_by_broker(self, consumer):
+        """The consumer's queue went away: forget it and tell the client."""
+        if self.consumers.pop(consumer.tag, None) is not None:
+            self.peer.consumer_cancelled(consumer.tag)
+
+    def deliver(self, consumer, entry):
+        """Called by a queue: hand C{entry} to C{consumer} under a new delivery tag."""
+        tag = self._next_delivery_tag
+        self._next_delivery_tag = tag + 1
+        if consumer.no_ack:
+            entry.queue.forget(entry)
+        else:
+            entry.consumer = consumer
+            consumer.unacked += 1
+            self._unacked[tag] = entry
+        self.peer.deliver(consumer.tag, tag, entry.redelivered, entry.message)
+
+    def basic_get(self, queue, no_ack=False):
+        """
+        Take one message without a consumer.
+
+        @return: None if the queue is empty, else C{(delivery_tag, redelivered,
+            message, message_count)} where the count is what is left ready.
+        """
+        source = self.vhost.queue(self._queue_name(queue), self.connection)
+        entry = source.get()
+        if entry is None:
+            return None
+        tag = self._next_delivery_tag
+        self._next_delivery_tag = tag + 1
+        if no_ack:
+            source.forget(entry)
+        else:
+            self._unacked[tag] = entry
+        return tag, entry.redelivered, entry.message, source.message_count
+
+    def flow(self, active):
+        """Pause (False) or resume (True) deliveries to this channel's consumers."""
+        self.flow_active = active
+        if active:
+            self._dispatch_all()
+        return active
+
+    # -- settling deliveries
+
+    def basic_ack(self, delivery_tag, multiple=False):
+        entries = self._take(delivery_tag, multiple)
+        for entry in entries:
+            entry.queue.forget(entry)
+        self._released(entries)
+
+    def basic_nack(self, delivery_tag, multiple=False, requeue=True):
+        entries = self._take(delivery_tag, multiple)
+        self._settle_refused(entries, requeue)
+
+    def basic_reject(self, delivery_tag, requeue=True):
+        self._settle_refused(self._take(delivery_tag, False), requeue)
+
+    def basic_recover(self, requeue=True):
+        """
+        Send every un-acked delivery again: requeued for any consumer, or (with
+        C{requeue} false) redelivered to the consumer that had it, where it
+        still exists.
+        """
+        entries = list(self._unacked.values())
+        self._unacked.clear()
+        if requeue:
+            self._settle_refused(entries, True)
+            return
+        back_to_queue = []
+        for entry in entries:
+            consumer = entry.consumer
+            if consumer is not None and self.consumers.get(consumer.tag) is consumer:
+                consumer.unacked -= 1
+                entry.redelivered = True
+                entry.delivery_count += 1
+                self.deliver(consumer, entry)
+            else:
+                back_to_queue.append(entry)
+        self._settle_refused(back_to_queue, True)
+
+    def _take(self, delivery_tag, multiple):
+        """Remove and return the un-acked entries an ack/nack/reject names."""
+        unacked = self._unacked
+        if multiple and delivery_tag == 0:
+            entries = list(unacked.values())
+            unacked.clear()
+            return entries
+        if delivery_tag not in unacked:
+            raise PreconditionFailed(f"unknown delivery tag {delivery_tag}")
+        if not multiple:
+            return [unacked.pop(delivery_tag)]
+        entries = []
+        while True:
+            tag, entry = unacked.popitem(last=False)
+            entries.append(entry)
+            if tag == delivery_tag:
+                return entries
+
+    def _settle_refused(self, entries, requeue):
+        if requeue:
+            by_queue = {}
+            for entry in entries:
+                by_queue.setdefault(entry.queue, []).append(entry)
+            self._released(entries, dispatch=False)
+            for queue, returned in by_queue.items():
+                queue.requeue(returned)
+            self._dispatch_all()
+        else:
+            for entry in entries:
+                entry.queue.forget(entry)
+            self._released(entries)
+
+    def _released(self, entries, dispatch=True):
+        """Give consumers the room the settled entries held, then fill it."""
+        queues = set()
+        for entry in entries:
+            consumer = entry.consumer
+            if consumer is not None:
+                consumer.unacked -= 1
+                entry.consumer = None
+                queues.add(consumer.queue)
+        if not dispatch:
+            return
+        if self.prefetch_count:
+            self._dispatch_all()
+        else:
+            for queue in queues:
+                queue.dispatch()
+
+    def _dispatch_all(self):
+        for queue in {consumer.queue for consumer in self.consumers.values()}:
+            queue.dispatch()
+
+    # -- closing
+
+    def close(self):
+        """Cancel every consumer and requeue every un-acked delivery."""
+        if self.closed:
+            return
+        self.closed = True
+        self.flow_active = False
+        consumers, self.consumers = list(self.consumers.values()), {}
+        for consumer in consumers:
+            consumer.queue.remove_consumer(consumer)
+        entries = list(self._unacked.values())
+        self._unacked.clear()
+        self._settle_refused(entries, True)
+        if self._confirms is not None:
+            self._confirms.discard()

@@ -1,0 +1,258 @@
+"""Exchanges and their routing: direct, fanout, topic, headers and the default.
+
+An exchange keeps its bindings and answers C{route(message)} with the queues a
+message goes to. Each type keeps an index shaped for its own lookups, so routing
+costs the same however many bindings unrelated keys have.
+"""
+
+from brokerd.errors import PreconditionFailed
+from brokerd.model.topic import TopicTrie
+from brokerd.proto.tables import freeze
+
+
+class Binding:
+    """A binding from an exchange to a queue under a key, with arguments."""
+
+    __slots__ = ("exchange", "queue", "routing_key", "arguments", "identity")
+
+    def __init__(self, exchange, queue, routing_key, arguments):
+        self.exchange = exchange
+        self.queue = queue
+        self.routing_key = routing_key
+        self.arguments = arguments
+        self.identity = (queue, routing_key, freeze(arguments))
+
+    @property
+    def durable(self):
+        return self.exchange.durable and self.queue.durable
+
+    def __repr__(self):
+        return f"<Binding {self.exchange.name!r} -> {self.queue.name!r} key={self.routing_key!r}>"
+
+
+class Exchange:
+    """
+    Behaviour common to every exchange type; subclasses keep the routing index.
+
+    @cvar type_name: the AMQP type string, e.g. C{"direct"}.
+    """
+
+    type_name = None
+
+    def __init__(self, vhost, name, durable=False, auto_delete=False, internal=False, arguments=None):
+        self.vhost = vhost
+        self.name = name
+        self.durable = durable
+        self.auto_delete = auto_delete
+        self.internal = internal
+        self.arguments = dict(arguments or {})
+        self.bindings = {}  # identity -> Binding
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {self.name!r} in vhost {self.vhost.name!r}>"
+
+    @classmethod
+    def check_binding_arguments(cls, arguments):
+        """Raises PreconditionFailed if a binding's arguments make no sense for this type."""
+
+    def add_binding(self, binding):
+        """Adds a binding; returns False if an identical one exists."""
+        if binding.identity in self.bindings:
+            return False
+        self.bindings[binding.identity] = binding
+        self._index(binding)
+        return True
+
+    def remove_binding(self, binding):
+        """Removes a binding equal to C{binding}; returns the removed one or None."""
+        existing = self.bindings.pop(binding.identity, None)
+        if existing is not None:
+            self._unindex(existing)
+        return existing
+
+    def route(self, message):
+        """The queues C{message} goes to (an iterable without repeats)."""
+        raise NotImplementedError
+
+    def _index(self, binding):
+        raise NotImplementedError
+
+    def _unindex(self, binding):
+        raise NotImplementedError
+
+
+class _CountingIndex:
+    """Destinations per key, counting bindings so one unbind keeps the others."""
+
+    __slots__ = ("by_key",)
+
+    def __init__(self):
+        self.by_key = {}
+
+    def add(self, key, queue):
+        queues = self.by_key.setdefault(key, {})
+        queues[queue] = queues.get(queue, 0) + 1
+
+    def remove(self, key, queue):
+        queues = self.by_key.get(key)
+        if not queues:
+            return
+        count = queues.get(queue, 0)
+        if count <= 1:
+            queues.pop(queue, None)
+            if not queues:
+                del self.by_key[key]
+        else:
+            queues[queue] = count - 1
+
+
+class DirectExchange(Exchange):
+    """Routes to queues bound with exactly the message's routing key."""
+
+    type_name = "direct"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._queues = _CountingIndex()
+
+    def route(self, message):
+        return self._queues.by_key.get(message.routing_key, ())
+
+    def _index(self, binding):
+        self._queues.add(binding.routing_key, binding.queue)
+
+    def _unindex(self, binding):
+        self._queues.remove(binding.routing_key, binding.queue)
+
+
+class FanoutExchange(Exchange):
+    """Routes to every bound queue, whatever the routing key."""
+
+    type_name = "fanout"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._queues = _CountingIndex()
+
+    def route(self, message):
+        return self._queues.by_key.get(None, ())
+
+    def _index(self, binding):
+        self._queues.add(None, binding.queue)
+
+    def _unindex(self, binding):
+        self._queues.remove(None, binding.queue)
+
+
+class TopicExchange(Exchange):
+    """Routes by pattern: ``*`` is one word, ``#`` zero or more (see L{TopicTrie})."""
+
+    type_name = "topic"
+    ROUTE_CACHE_SIZE = 4096
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._trie = TopicTrie()
+        self._cache = {}  # routing key -> matched queues; cleared on any binding change
+
+    def route(self, message):
+        key = message.routing_key
+        queues = self._cache.get(key)
+        if queues is None:
+            if len(self._cache) >= self.ROUTE_CACHE_SIZE:
+                self._cache.clear()
+            queues = self._cache[key] = self._trie.match(key)
+        return queues
+
+    def _index(self, binding):
+        self._cache.clear()
+        self._trie.add(binding.routing_key, binding.queue)
+
+    def _unindex(self, binding):
+        self._cache.clear()
+        self._trie.remove(binding.routing_key, binding.queue)
+
+
+class HeadersExchange(Exchange):
+    """
+    Routes on message headers against binding arguments.
+
+    ``x-match`` is ``all`` (the default: every argument must match), ``any`` (at
+    least one), or ``all-with-x`` / ``any-with-x`` which also compare arguments
+    starting with ``x-``. An argument whose value is void matches any header of
+    that name.
+    """
+
+    type_name = "headers"
+    MATCH_MODES = ("all", "any", "all-with-x", "any-with-x")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._matchers = {}  # binding identity -> (queue, match_all, ((name, frozen value or None), ...))
+
+    @classmethod
+    def check_binding_arguments(cls, arguments):
+        mode = arguments.get("x-match", "all")
+        if mode not in cls.MATCH_MODES:
+            raise PreconditionFailed(f"invalid x-match value {mode!r}; expected one of {', '.join(cls.MATCH_MODES)}")
+
+    def route(self, message):
+        if not self._matchers:
+            return ()
+        headers = message.headers
+        queues = set()
+        for queue, match_all, required in self._matchers.values():
+            if queue in queues:
+                continue
+            if _headers_match(headers, match_all, required):
+                queues.add(queue)
+        return queues
+
+    def _index(self, binding):
+        arguments = binding.arguments
+        mode = arguments.get("x-match", "all")
+        with_x = mode.endswith("-with-x")
+        required = tuple(
+            (name, None if value is None else freeze(value))
+            for name, value in arguments.items()
+            if name != "x-match" and (with_x or not name.startswith("x-"))
+        )
+        self._matchers[binding.identity] = (binding.queue, mode.startswith("all"), required)
+
+    def _unindex(self, binding):
+        self._matchers.pop(binding.identity, None)
+
+
+_ABSENT = object()
+
+
+def _headers_match(headers, match_all, required):
+    if match_all:
+        for name, expected in required:
+            value = headers.get(name, _ABSENT)
+            if value is _ABSENT or (expected is not None and freeze(value) != expected):
+                return False
+        return True
+    for name, expected in required:
+        value = headers.get(name, _ABSENT)
+        if value is not _ABSENT and (expected is None or freeze(value) == expected):
+            return True
+    return False
+
+
+class DefaultExchange(Exchange):
+    """The nameless exchange: routes to the queue named by the routing key.
+
+    Every queue is implicitly bound to it; it takes no explicit bindings.
+    """
+
+    type_name = "direct"
+
+    def route(self, message):
+        queue = self.vhost.queues.get(message.routing_key)
+        return (queue,) if queue is not None else ()
+
+
+EXCHANGE_TYPES = {
+    cls.type_name: cls for cls in (DirectExchange, FanoutExchange, TopicExchange, HeadersExchange)
+}

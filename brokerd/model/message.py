@@ -1,0 +1,67 @@
+"""A published message and its place in one queue.
+
+A L{Message} is shared by every queue it was routed to; a L{QueuedMessage} is
+its entry in one queue, with that queue's redelivery state and store handle.
+"""
+
+from brokerd.proto import messages_pb2
+from brokerd.proto.tables import table_to_dict
+
+PERSISTENT = messages_pb2.PERSISTENT
+
+
+class Message:
+    """
+    One published message: where it was published, its properties and body.
+
+    Protocol adapters build it; the model reads only C{persistent} and
+    C{headers} (for headers exchanges) and never touches the body.
+    """
+
+    __slots__ = ("exchange", "routing_key", "properties", "body", "persistent", "_headers")
+
+    def __init__(self, exchange, routing_key, properties, body):
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.properties = properties
+        self.body = body
+        self.persistent = properties.delivery_mode == PERSISTENT
+        self._headers = None
+
+    @property
+    def headers(self):
+        """The headers property as a dict, decoded on first use."""
+        if self._headers is None:
+            self._headers = table_to_dict(self.properties.headers)
+        return self._headers
+
+    @classmethod
+    def from_record(cls, record):
+        """The message a store's L{StoredMessage} record holds."""
+        return cls(record.exchange, record.routing_key, record.properties, record.body)
+
+    def __repr__(self):
+        return f"<Message exchange={self.exchange!r} routing_key={self.routing_key!r} {len(self.body)} bytes>"
+
+
+class QueuedMessage:
+    """
+    A message's entry in one queue.
+
+    @ivar sequence: the entry's position in arrival order, which requeueing
+        keeps so a returned message goes back where it was.
+    @ivar handle: the store's handle if the message is persisted for this
+        queue, else None.
+    @ivar consumer: the consumer it is delivered to and not yet acked by, if any.
+    """
+
+    __slots__ = ("message", "queue", "sequence", "handle", "redelivered", "delivery_count", "consumer")
+
+    def __init__(self, message, queue, sequence, handle=None, redelivered=False):
+        self.message = message
+        self.queue = queue
+        self.sequence = sequence
+        self.handle = handle
+        self.redelivered = redelivered
+        self.delivery_count = 0
+        self.consumer = None

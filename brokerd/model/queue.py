@@ -1,0 +1,184 @@
+"""Queues: ready messages in order, consumers served round-robin.
+
+A queue holds the entries that wait for a consumer (ready) and knows its
+consumers; entries delivered and not yet acked are tracked by the channel that
+delivered them. Persistent entries of a durable queue carry the store handle
+that acking them releases.
+"""
+
+from collections import deque
+
+from brokerd.errors import AccessRefused, PreconditionFailed, ResourceLocked
+from brokerd.model.message import QueuedMessage
+
+
+class Queue:
+    """
+    One queue of a virtual host.
+
+    @ivar owner: the connection an exclusive queue belongs to, else None.
+    @ivar deleted: set once the queue is deleted; late acks and requeues of its
+        messages are then ignored.
+    """
+
+    def __init__(self, vhost, name, durable=False, owner=None, auto_delete=False, arguments=None):
+        self.vhost = vhost
+        self.name = name
+        self.key = (vhost.name, name)
+        self.durable = durable
+        self.owner = owner
+        self.auto_delete = auto_delete
+        self.arguments = dict(arguments or {})
+        self.bindings = set()
+        self.deleted = False
+        self._store = vhost.store
+        self._ready = deque()
+        self._consumers = deque()
+        self._exclusive_consumer = None
+        self._next_sequence = 0
+
+    @property
+    def exclusive(self):
+        return self.owner is not None
+
+    @property
+    def message_count(self):
+        """Messages waiting for a consumer (delivered, un-acked ones not counted)."""
+        return len(self._ready)
+
+    @property
+    def consumer_count(self):
+        return len(self._consumers)
+
+    def __repr__(self):
+        return f"<Queue {self.name!r} in vhost {self.vhost.name!r}>"
+
+    def check_access(self, connection):
+        """Raises ResourceLocked if C{connection} may not use this exclusive queue."""
+        if self.owner is not None and self.owner is not connection:
+            raise ResourceLocked(
+                f"cannot obtain exclusive access to locked queue {self.name!r} in vhost {self.vhost.name!r}"
+            )
+
+    # -- messages in
+
+    def enqueue(self, message, handle=None, redelivered=False):
+        """Add a message at the tail and hand it to a consumer if one has room."""
+        sequence = self._next_sequence
+        self._next_sequence = sequence + 1
+        self._ready.append(QueuedMessage(message, self, sequence, handle, redelivered))
+        if self._consumers:
+            self.dispatch()
+
+    def requeue(self, entries):
+        """
+        Put delivered entries back near the head, each where its arrival order
+        puts it, marked redelivered.
+        """
+        if self.deleted:
+            return
+        returned = sorted(entries, key=_by_sequence)
+        for entry in returned:
+            entry.redelivered = True
+            entry.delivery_count += 1
+            entry.consumer = None
+        ready = self._ready
+        last = returned[-1].sequence
+        overtaken = []
+        while ready and ready[0].sequence < last:
+            overtaken.append(ready.popleft())
+        if overtaken:
+            returned = sorted(returned + overtaken, key=_by_sequence)
+        ready.extendleft(reversed(returned))
+        self.dispatch()
+
+    # -- messages out
+
+    def get(self):
+        """Take the head entry for basic.get, or None if nothing is ready."""
+        if self._ready:
+            return self._ready.popleft()
+        return None
+
+    def forget(self, entry):
+        """The entry is done with (acked, or delivered without ack)."""
+        if entry.handle is not None and not self.deleted:
+            self._store.ack(self.key, entry.handle)
+
+    def purge(self):
+        """Drop every ready message; returns how many went."""
+        count = len(self._ready)
+        self._ready.clear()
+        if self.durable:
+            self._store.purge(self.key)
+        return count
+
+    # -- consumers
+
+    def add_consumer(self, consumer):
+        """Register a consumer; raises if an exclusive consumer is in the way."""
+        if self._exclusive_consumer is not None:
+            raise AccessRefused(f"queue {self.name!r} in vhost {self.vhost.name!r} in exclusive use")
+        if consumer.exclusive and self._consumers:
+            raise AccessRefused(
+                f"queue {self.name!r} in vhost {self.vhost.name!r} has consumers; cannot consume exclusively"
+            )
+        if consumer.exclusive:
+            self._exclusive_consumer = consumer
+        self._consumers.append(consumer)
+        self.dispatch()
+
+    def remove_consumer(self, consumer):
+        """Unregister a consumer; an auto-delete queue goes with its last one."""
+        try:
+            self._consumers.remove(consumer)
+        except ValueError:
+            return
+        if self._exclusive_consumer is consumer:
+            self._exclusive_consumer = None
+        if self.auto_delete and not self._consumers and not self.deleted:
+            self.vhost.delete_queue(self.name)
+
+    def consumers(self):
+        return list(self._consumers)
+
+    def dispatch(self):
+        """Deliver ready messages to consumers with room, round-robin."""
+        ready = self._ready
+        consumers = self._consumers
+        while ready and consumers:
+            for _ in range(len(consumers)):
+                consumer = consumers[0]
+                consumers.rotate(-1)
+                if consumer.has_room():
+                    break
+            else:
+                return
+            consumer.channel.deliver(consumer, ready.popleft())
+
+    # -- lifecycle
+
+    def check_delete(self, if_unused, if_empty):
+        """Raises PreconditionFailed if delete's if-unused / if-empty forbid it."""
+        if if_unused and self._consumers:
+            raise PreconditionFailed(f"queue {self.name!r} in vhost {self.vhost.name!r} in use")
+        if if_empty and self._ready:
+            raise PreconditionFailed(f"queue {self.name!r} in vhost {self.vhost.name!r} not empty")
+
+    def mark_deleted(self):
+        """Called by the vhost on delete: cancels consumers, drops messages.
+
+        @return: the number of ready messages dropped.
+        """
+        self.deleted = True
+        count = len(self._ready)
+        self._ready.clear()
+        consumers, self._consumers = list(self._consumers), deque()
+        self._exclusive_consumer = None
+        for consumer in consumers:
+            consumer.channel.consumer_cancelled_by_broker(consumer)
+        return count
+
+
+def _by_sequence(entry):
+    return entry.sequence

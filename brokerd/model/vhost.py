@@ -1,0 +1,330 @@
+"""Virtual hosts: the namespace of exchanges, queues and bindings.
+
+Every topology rule lives here: idempotent declares, refused redeclares with
+other attributes, passive checks, reserved ``amq.`` names, if-unused / if-empty
+deletes, exclusive ownership and auto-delete. Durable topology is written
+through to the store.
+"""
+
+from brokerd.errors import AccessRefused, CommandInvalid, NotFound, PreconditionFailed
+from brokerd.model.exchange import EXCHANGE_TYPES, Binding, DefaultExchange
+from brokerd.model.names import check_not_reserved, check_short_string, generate_queue_name
+from brokerd.model.queue import Queue
+from brokerd.proto import messages_pb2
+from brokerd.proto.tables import dict_to_table, freeze
+
+PREDECLARED_EXCHANGES = {
+    "amq.direct": "direct",
+    "amq.fanout": "fanout",
+    "amq.topic": "topic",
+    "amq.headers": "headers",
+    "amq.match": "headers",
+}
+
+EXCHANGE_TYPE_ENUM = {
+    "direct": messages_pb2.DIRECT,
+    "fanout": messages_pb2.FANOUT,
+    "topic": messages_pb2.TOPIC,
+    "headers": messages_pb2.HEADERS,
+}
+EXCHANGE_TYPE_NAME = {value: name for name, value in EXCHANGE_TYPE_ENUM.items()}
+
+
+def _flag(value):
+    return "true" if value else "false"
+
+
+class VirtualHost:
+    """
+    One virtual host.
+
+    @ivar exchanges: name -> exchange, the default exchange under C{""}.
+    @ivar queues: name -> queue.
+    """
+
+    def __init__(self, name, store):
+        self.name = name
+        self.store = store
+        self.exchanges = {"": DefaultExchange(self, "", durable=True)}
+        self.queues = {}
+        for exchange_name, type_name in PREDECLARED_EXCHANGES.items():
+            self.exchanges[exchange_name] = EXCHANGE_TYPES[type_name](self, exchange_name, durable=True)
+
+    def __repr__(self):
+        return f"<VirtualHost {self.name!r}>"
+
+    # -- lookups
+
+    def exchange(self, name):
+        """The exchange called C{name}; raises NotFound (404) if there is none."""
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            check_short_string("exchange name", name)
+            raise NotFound(f"no exchange {name!r} in vhost {self.name!r}")
+        return exchange
+
+    def queue(self, name, connection=None):
+        """The queue called C{name}, checked for exclusive use by C{connection}."""
+        queue = self.queues.get(name)
+        if queue is None:
+            check_short_string("queue name", name)
+            raise NotFound(f"no queue {name!r} in vhost {self.name!r}")
+        if connection is not None:
+            queue.check_access(connection)
+        return queue
+
+    # -- exchanges
+
+    def declare_exchange(
+        self, name, type_name, passive=False, durable=False, auto_delete=False, internal=False, arguments=None
+    ):
+        """Declare (or with C{passive}, check) an exchange; returns it."""
+        check_short_string("exchange name", name)
+        if name == "":
+            raise AccessRefused(f"operation not permitted on the default exchange of vhost {self.name!r}")
+        existing = self.exchanges.get(name)
+        if passive:
+            if existing is None:
+                raise NotFound(f"no exchange {name!r} in vhost {self.name!r}")
+            return existing
+        arguments = dict(arguments or {})
+        if existing is not None:
+            self._check_equivalent(
+                "exchange",
+                name,
+                {"type": (type_name, existing.type_name)}
+                | _flags(
+                    durable=(durable, existing.durable),
+                    auto_delete=(auto_delete, existing.auto_delete),
+                    internal=(internal, existing.internal),
+                ),
+                arguments,
+                existing.arguments,
+            )
+            return existing
+        check_not_reserved("exchange", name)
+        cls = EXCHANGE_TYPES.get(type_name)
+        if cls is None:
+            raise CommandInvalid(f"unknown exchange type {type_name!r}; known types: {', '.join(EXCHANGE_TYPES)}")
+        exchange = cls(self, name, durable, auto_delete, internal, arguments)
+        self.exchanges[name] = exchange
+        if durable:
+            self.store.save_exchange(self._exchange_record(exchange))
+        return exchange
+
+    def delete_exchange(self, name, if_unused=False):
+        """Delete an exchange and its bindings; deleting a missing one is not an error."""
+        check_short_string("exchange name", name)
+        if name == "" or name.startswith("amq."):
+            raise AccessRefused(f"operation not permitted on exchange {name!r} in vhost {self.name!r}")
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            return
+        if if_unused and exchange.bindings:
+            raise PreconditionFailed(f"exchange {name!r} in vhost {self.name!r} in use")
+        del self.exchanges[name]
+        for binding in list(exchange.bindings.values()):
+            exchange.remove_binding(binding)
+            binding.queue.bindings.discard(binding)
+        if exchange.durable:
+            self.store.delete_exchange(self.name, name)
+
+    # -- queues
+
+    def declare_queue(
+        self, name, connection=None, passive=False, durable=False, exclusive=False, auto_delete=False, arguments=None
+    ):
+        """Declare (or with C{passive}, check) a queue; returns it.
+
+        An empty C{name} asks the broker to pick one. C{connection} owns the
+        queue when C{exclusive} is set.
+        """
+        check_short_string("queue name", name)
+        if passive:
+            return self.queue(name, connection)
+        arguments = dict(arguments or {})
+        existing = self.queues.get(name) if name else None
+        if existing is not None:
+            existing.check_access(connection)
+            self._check_equivalent(
+                "queue",
+                name,
+                _flags(
+                    durable=(durable, existing.durable),
+                    exclusive=(exclusive, existing.exclusive),
+                    auto_delete=(auto_delete, existing.auto_delete),
+                ),
+                arguments,
+                existing.arguments,
+            )
+            return existing
+        if name:
+            check_not_reserved("queue", name)
+        else:
+            name = generate_queue_name()
+        queue = Queue(self, name, durable, connection if exclusive else None, auto_delete, arguments)
+        self.queues[name] = queue
+        if exclusive and connection is not None:
+            connection.exclusive_queues.add(queue)
+        if durable and not exclusive:
+            self.store.save_queue(
+                messages_pb2.QueueRecord(
+                    vhost=self.name,
+                    name=name,
+                    durable=True,
+                    auto_delete=auto_delete,
+                    arguments=dict_to_table(arguments),
+                )
+            )
+        return queue
+
+    def delete_queue(self, name, connection=None, if_unused=False, if_empty=False):
+        """Delete a queue with its bindings and messages; returns how many
+        ready messages went. Deleting a missing queue is not an error."""
+        check_short_string("queue name", name)
+        queue = self.queues.get(name)
+        if queue is None:
+            return 0
+        if connection is not None:
+            queue.check_access(connection)
+        queue.check_delete(if_unused, if_empty)
+        del self.queues[name]
+        for binding in list(queue.bindings):
+            self._remove_binding(binding, persist=False)
+        if queue.owner is not None:
+            queue.owner.exclusive_queues.discard(queue)
+        count = queue.mark_deleted()
+        if queue.durable and not queue.exclusive:
+            self.store.delete_queue(queue.key)
+        return count
+
+    def purge_queue(self, name, connection=None):
+        return self.queue(name, connection).purge()
+
+    # -- bindings
+
+    def bind(self, queue_name, exchange_name, routing_key, arguments=None, connection=None):
+        check_short_string("routing key", routing_key)
+        queue = self.queue(queue_name, connection)
+        exchange = self._bindable_exchange(exchange_name)
+        arguments = dict(arguments or {})
+        exchange.check_binding_arguments(arguments)
+        binding = Binding(exchange, queue, routing_key, arguments)
+        if exchange.add_binding(binding):
+            queue.bindings.add(binding)
+            if binding.durable:
+                self.store.save_binding(self._binding_record(binding))
+
+    def unbind(self, queue_name, exchange_name, routing_key, arguments=None, connection=None):
+        """Remove a binding; removing one that does not exist is not an error."""
+        check_short_string("routing key", routing_key)
+        queue = self.queue(queue_name, connection)
+        exchange = self._bindable_exchange(exchange_name)
+        existing = exchange.bindings.get((queue, routing_key, freeze(dict(arguments or {}))))
+        if existing is not None:
+            self._remove_binding(existing, persist=True)
+
+    def _bindable_exchange(self, name):
+        if name == "":
+            raise AccessRefused(f"operation not permitted on the default exchange of vhost {self.name!r}")
+        return self.exchange(name)
+
+    def _remove_binding(self, binding, persist):
+        exchange = binding.exchange
+        exchange.remove_binding(binding)
+        binding.queue.bindings.discard(binding)
+        if persist and binding.durable:
+            self.store.delete_binding(self._binding_record(binding))
+        if exchange.auto_delete and not exchange.bindings and self.exchanges.get(exchange.name) is exchange:
+            self.delete_exchange(exchange.name)
+
+    # -- publishing
+
+    def publish(self, exchange_name, message):
+        """
+        Route a message and enqueue it on every matching queue, persisting it
+        first if it is persistent and some of those queues are durable.
+
+        @return: the number of queues it went to, and whether the store holds it.
+        """
+        exchange = self.exchanges.get(exchange_name)
+        if exchange is None:
+            self.exchange(exchange_name)  # raises NotFound with the right text
+        if exchange.internal:
+            raise AccessRefused(f"cannot publish to internal exchange {exchange_name!r} in vhost {self.name!r}")
+        queues = exchange.route(message)
+        if not queues:
+            return 0, False
+        handle = None
+        if message.persistent:
+            durable_keys = [queue.key for queue in queues if queue.durable]
+            if durable_keys:
+                handle = self.store.append(message, durable_keys)
+        for queue in queues:
+            queue.enqueue(message, handle if queue.durable else None)
+        return len(queues), handle is not None
+
+    # -- recovery: rebuild durable topology without writing it back
+
+    def restore_exchange(self, name, type_name, auto_delete, internal, arguments):
+        exchange = EXCHANGE_TYPES[type_name](self, name, True, auto_delete, internal, arguments)
+        self.exchanges[name] = exchange
+        return exchange
+
+    def restore_queue(self, name, auto_delete, arguments):
+        queue = Queue(self, name, durable=True, auto_delete=auto_delete, arguments=arguments)
+        self.queues[name] = queue
+        return queue
+
+    def restore_binding(self, queue_name, exchange_name, routing_key, arguments):
+        """Re-adds a stored binding; returns False if either end is missing."""
+        queue = self.queues.get(queue_name)
+        exchange = self.exchanges.get(exchange_name)
+        if queue is None or exchange is None:
+            return False
+        binding = Binding(exchange, queue, routing_key, arguments)
+        if exchange.add_binding(binding):
+            queue.bindings.add(binding)
+        return True
+
+    # -- records
+
+    def _exchange_record(self, exchange):
+        return messages_pb2.ExchangeRecord(
+            vhost=self.name,
+            name=exchange.name,
+            type=EXCHANGE_TYPE_ENUM[exchange.type_name],
+            durable=exchange.durable,
+            auto_delete=exchange.auto_delete,
+            internal=exchange.internal,
+            arguments=dict_to_table(exchange.arguments),
+        )
+
+    def _binding_record(self, binding):
+        return messages_pb2.BindingRecord(
+            vhost=self.name,
+            exchange=binding.exchange.name,
+            queue=binding.queue.name,
+            routing_key=binding.routing_key,
+            arguments=dict_to_table(binding.arguments),
+        )
+
+    def _check_equivalent(self, kind, name, attributes, arguments, current_arguments):
+        for attribute, (received, current) in attributes.items():
+            if received != current:
+                raise PreconditionFailed(
+                    f"inequivalent arg {attribute!r} for {kind} {name!r} in vhost {self.name!r}:"
+                    f" received {received!r} but current is {current!r}"
+                )
+        if freeze(arguments) != freeze(current_arguments):
+            for key in sorted(set(arguments) | set(current_arguments)):
+                received, current = arguments.get(key), current_arguments.get(key)
+                if freeze(received) != freeze(current):
+                    raise PreconditionFailed(
+                        f"inequivalent arg {key!r} for {kind} {name!r} in vhost {self.name!r}:"
+                        f" received {received!r} but current is {current!r}"
+                    )
+
+
+def _flags(**pairs):
+    return {name: (_flag(received), _flag(current)) for name, (received, current) in pairs.items()}

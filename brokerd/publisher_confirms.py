@@ -1,0 +1,89 @@
+"""Publisher confirms for one channel: numbering, waiting for the store, batching.
+
+Each publish on a confirm-mode channel gets the next sequence number. A publish
+the store holds is confirmed only after a C{store.sync()} that covers it; the
+others are confirmed at once. Outcomes go to the client in sequence order, at the
+end of the reactor turn, as few frames as possible: a run of acks becomes one
+C{multiple} ack. One C{sync()} call per turn covers every publish of that turn.
+"""
+
+from twisted.logger import Logger
+
+log = Logger()
+
+
+class PublisherConfirms:
+    def __init__(self, peer, store, clock):
+        self._peer = peer
+        self._store = store
+        self._clock = clock
+        self._last_sequence = 0
+        self._sent_through = 0  # every sequence up to this one has been confirmed to the client
+        self._outcomes = {}  # sequence -> True (ack) / False (nack), decided but not yet sent
+        self._awaiting_sync = []
+        self._flush_call = None
+        self._discarded = False
+
+    def next_sequence(self):
+        self._last_sequence += 1
+        return self._last_sequence
+
+    def confirm(self, sequence, ack=True):
+        """The outcome of C{sequence} is known now."""
+        self._outcomes[sequence] = ack
+        self._schedule()
+
+    def confirm_after_sync(self, sequence):
+        """C{sequence} is safe once the store's next sync completes."""
+        self._awaiting_sync.append(sequence)
+        self._schedule()
+
+    def discard(self):
+        """The channel closed: nothing more is sent."""
+        self._discarded = True
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        self._flush_call = None
+
+    def _schedule(self):
+        if self._flush_call is None and not self._discarded:
+            self._flush_call = self._clock.callLater(0, self._flush)
+
+    def _flush(self):
+        self._flush_call = None
+        if self._awaiting_sync:
+            waiting, self._awaiting_sync = self._awaiting_sync, []
+            self._store.sync().addCallbacks(self._synced, self._sync_failed, (waiting,), None, (waiting,))
+        self._send()
+
+    def _synced(self, _, sequences):
+        for sequence in sequences:
+            self._outcomes[sequence] = True
+        self._send()
+
+    def _sync_failed(self, failure, sequences):
+        log.failure("store sync failed; nacking {count} publishes", failure, count=len(sequences))
+        for sequence in sequences:
+            self._outcomes[sequence] = False
+        self._send()
+
+    def _send(self):
+        if self._discarded:
+            return
+        outcomes = self._outcomes
+        sequence = self._sent_through + 1
+        acked_through = None
+        run_start = sequence
+        while sequence in outcomes:
+            if outcomes.pop(sequence):
+                acked_through = sequence
+            else:
+                if acked_through is not None:
+                    self._peer.publish_confirmed(acked_through, acked_through > run_start, True)
+                    acked_through = None
+                self._peer.publish_confirmed(sequence, False, False)
+                run_start = sequence + 1
+            sequence += 1
+        if acked_through is not None:
+            self._peer.publish_confirmed(acked_through, acked_through > run_start, True)
+        self._sent_through = sequence - 1
