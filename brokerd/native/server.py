@@ -1,0 +1,369 @@
+"""The native protocol's server side: protobuf envelopes to channel calls.
+
+Each frame is one L{Envelope}. The first must be C{hello}; after that, requests
+on channel N are dispatched to the connection's channel N. Rules live in the
+model and the channel; this module only translates. A channel error closes that
+channel (the client answers C{channel_close_ok}), a connection error closes the
+connection, and a frame that cannot be read closes only this connection.
+"""
+
+from google.protobuf.message import DecodeError
+from twisted.internet.protocol import ServerFactory
+from twisted.logger import Logger
+from zope.interface import implementer
+
+import brokerd
+from brokerd.connection import Connection
+from brokerd.errors import (
+    BrokerError,
+    ChannelError,
+    CommandInvalid,
+    FrameError,
+    InternalError,
+    InvalidChannel,
+    MethodNotImplemented,
+    UnexpectedFrame,
+)
+from brokerd.interfaces import IChannelPeer
+from brokerd.native.framing import FrameReceiver
+from brokerd.proto import messages_pb2
+from brokerd.proto.native_pb2 import Envelope
+from brokerd.proto.tables import table_to_dict
+
+PROTOCOL_VERSION = 1
+DEFAULT_MAX_FRAME_SIZE = 128 * 1024 * 1024 + 64 * 1024  # a 128 MiB body plus room for its properties
+
+log = Logger()
+
+_EXCHANGE_TYPE_NAMES = {
+    messages_pb2.EXCHANGE_TYPE_UNSPECIFIED: "direct",
+    messages_pb2.DIRECT: "direct",
+    messages_pb2.FANOUT: "fanout",
+    messages_pb2.TOPIC: "topic",
+    messages_pb2.HEADERS: "headers",
+}
+
+
+@implementer(IChannelPeer)
+class _ChannelPeer:
+    """Pushes one channel's deliveries, returns and confirms to the client."""
+
+    __slots__ = ("_send", "_channel_id")
+
+    def __init__(self, protocol, channel_id):
+        self._send = protocol.sendFrame
+        self._channel_id = channel_id
+
+    def deliver(self, consumer_tag, delivery_tag, redelivered, message):
+        envelope = Envelope(channel=self._channel_id)
+        deliver = envelope.basic_deliver
+        deliver.exchange = message.exchange
+        deliver.routing_key = message.routing_key
+        deliver.properties.CopyFrom(message.properties)
+        deliver.body = message.body
+        deliver.consumer_tag = consumer_tag
+        deliver.delivery_tag = delivery_tag
+        deliver.redelivered = redelivered
+        self._send(envelope.SerializeToString())
+
+    def returned(self, reply_code, reply_text, message):
+        envelope = Envelope(channel=self._channel_id)
+        returned = envelope.basic_return
+        returned.exchange = message.exchange
+        returned.routing_key = message.routing_key
+        returned.properties.CopyFrom(message.properties)
+        returned.body = message.body
+        returned.reply_code = reply_code
+        returned.reply_text = reply_text
+        self._send(envelope.SerializeToString())
+
+    def publish_confirmed(self, sequence, multiple, ack):
+        envelope = Envelope(channel=self._channel_id)
+        if ack:
+            envelope.basic_ack.delivery_tag = sequence
+            envelope.basic_ack.multiple = multiple
+        else:
+            envelope.basic_nack.delivery_tag = sequence
+            envelope.basic_nack.multiple = multiple
+            envelope.basic_nack.requeue = False
+        self._send(envelope.SerializeToString())
+
+    def consumer_cancelled(self, consumer_tag):
+        envelope = Envelope(channel=self._channel_id)
+        envelope.basic_cancel.consumer_tag = consumer_tag
+        self._send(envelope.SerializeToString())
+
+
+def _arguments(message):
+    return table_to_dict(message.arguments) if message.arguments.fields else {}
+
+
+class NativeServerProtocol(FrameReceiver):
+    """One client connection speaking the native protocol."""
+
+    def __init__(self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE):
+        self.broker = broker
+        self.MAX_LENGTH = max_frame_size
+        self.connection = None  # the model's Connection, once hello is done
+        self._closing_channels = set()  # closed by us, awaiting channel_close_ok
+
+    # -- transport events
+
+    def connectionLost(self, reason):
+        if self.connection is not None:
+            self.connection.close()
+            self.connection = None
+
+    def lengthLimitExceeded(self, length):
+        self._close_connection(
+            FrameError(f"frame of {length} bytes is larger than the limit of {self.MAX_LENGTH} bytes")
+        )
+
+    def stringReceived(self, frame):
+        envelope = Envelope()
+        try:
+            envelope.ParseFromString(frame)
+        except DecodeError as problem:
+            self._close_connection(FrameError(f"frame of {len(frame)} bytes is not a valid envelope: {problem}"))
+            return
+        kind = envelope.WhichOneof("payload")
+        channel_id = envelope.channel
+        if channel_id in self._closing_channels:
+            # AMQP: once we close a channel, its frames are dropped until the client's close-ok.
+            if kind == "channel_close_ok":
+                self._closing_channels.discard(channel_id)
+            elif kind == "channel_close":
+                self._closing_channels.discard(channel_id)
+                self.on_channel_close(envelope, envelope.channel_close)
+            return
+        try:
+            handler = self._handlers.get(kind)
+            if handler is None:
+                raise self._unknown(kind)
+            if self.connection is None and kind != "hello":
+                raise UnexpectedFrame(f"expected hello as the first frame, got {kind}")
+            handler(self, envelope, getattr(envelope, kind))
+        except ChannelError as error:
+            self._close_channel(channel_id, error, envelope.correlation_id)
+        except BrokerError as error:
+            self._close_connection(error)
+        except Exception:
+            log.failure("native request {kind} on channel {channel} failed", kind=kind, channel=channel_id)
+            self._close_connection(InternalError(f"the broker failed to handle {kind}; see its log"))
+
+    @staticmethod
+    def _unknown(kind):
+        if kind is None:
+            return MethodNotImplemented("frame carries no request this broker knows")
+        return CommandInvalid(f"{kind} is sent by the server, not the client")
+
+    # -- replies
+
+    @staticmethod
+    def _reply_to(request):
+        """An empty envelope answering C{request} (same channel and correlation id)."""
+        return Envelope(channel=request.channel, correlation_id=request.correlation_id)
+
+    def _ok(self, request):
+        reply = self._reply_to(request)
+        reply.ok.SetInParent()
+        self.sendFrame(reply.SerializeToString())
+
+    def _close_channel(self, channel_id, error, correlation_id=0):
+        log.debug("closing channel {channel}: {error}", channel=channel_id, error=error)
+        if self.connection is not None:
+            self.connection.close_channel(channel_id)
+        self._closing_channels.add(channel_id)
+        envelope = Envelope(channel=channel_id, correlation_id=correlation_id)
+        envelope.channel_close.reply_code = error.reply_code
+        envelope.channel_close.reply_text = error.reply_text
+        self.sendFrame(envelope.SerializeToString())
+
+    def _close_connection(self, error):
+        log.info("closing native connection from {peer}: {error}", peer=self._peer_name(), error=error)
+        self.stopped_reading = True
+        envelope = Envelope()
+        envelope.connection_close.reply_code = error.reply_code
+        envelope.connection_close.reply_text = error.reply_text
+        self.sendFrame(envelope.SerializeToString())
+        self.transport.loseConnection()
+
+    def _peer_name(self):
+        peer = self.transport.getPeer() if self.transport is not None else None
+        return f"{peer.host}:{peer.port}" if hasattr(peer, "port") else str(peer)
+
+    # -- connection
+
+    def on_hello(self, envelope, hello):
+        if self.connection is not None:
+            raise CommandInvalid("hello was already received on this connection")
+        if hello.protocol_version != PROTOCOL_VERSION:
+            raise CommandInvalid(
+                f"client speaks native protocol version {hello.protocol_version}; this broker speaks {PROTOCOL_VERSION}"
+            )
+        self.connection = Connection(self.broker, hello.vhost or "/", hello.client_name)
+        reply = self._reply_to(envelope)
+        reply.hello_ok.protocol_version = PROTOCOL_VERSION
+        reply.hello_ok.server_version = brokerd.__version__
+        reply.hello_ok.max_frame_size = self.MAX_LENGTH
+        self.sendFrame(reply.SerializeToString())
+
+    def on_connection_close(self, envelope, close):
+        self.stopped_reading = True
+        reply = self._reply_to(envelope)
+        reply.connection_close_ok.SetInParent()
+        self.sendFrame(reply.SerializeToString())
+        self.transport.loseConnection()
+
+    def on_connection_close_ok(self, envelope, close_ok):
+        self.transport.loseConnection()
+
+    # -- channels
+
+    def on_channel_open(self, envelope, open_):
+        if envelope.channel == 0:
+            raise InvalidChannel("channel 0 is the connection itself and cannot be opened")
+        self.connection.open_channel(envelope.channel, _ChannelPeer(self, envelope.channel))
+        self._ok(envelope)
+
+    def on_channel_close(self, envelope, close):
+        self.connection.close_channel(envelope.channel)
+        reply = self._reply_to(envelope)
+        reply.channel_close_ok.SetInParent()
+        self.sendFrame(reply.SerializeToString())
+
+    def on_channel_close_ok(self, envelope, close_ok):
+        pass  # only meaningful while we wait for it, handled in stringReceived
+
+    def _channel(self, envelope):
+        return self.connection.channel(envelope.channel)
+
+    # -- exchanges and queues
+
+    def on_exchange_declare(self, envelope, request):
+        type_name = _EXCHANGE_TYPE_NAMES.get(request.type)
+        if type_name is None:
+            raise CommandInvalid(f"unknown exchange type number {request.type}")
+        self._channel(envelope).exchange_declare(
+            request.exchange,
+            type_name,
+            request.passive,
+            request.durable,
+            request.auto_delete,
+            request.internal,
+            _arguments(request),
+        )
+        self._ok(envelope)
+
+    def on_exchange_delete(self, envelope, request):
+        self._channel(envelope).exchange_delete(request.exchange, request.if_unused)
+        self._ok(envelope)
+
+    def on_queue_declare(self, envelope, request):
+        name, messages, consumers = self._channel(envelope).queue_declare(
+            request.queue, request.passive, request.durable, request.exclusive, request.auto_delete, _arguments(request)
+        )
+        reply = self._reply_to(envelope)
+        reply.queue_declare_ok.queue = name
+        reply.queue_declare_ok.message_count = messages
+        reply.queue_declare_ok.consumer_count = consumers
+        self.sendFrame(reply.SerializeToString())
+
+    def on_queue_bind(self, envelope, request):
+        self._channel(envelope).queue_bind(request.queue, request.exchange, request.routing_key, _arguments(request))
+        self._ok(envelope)
+
+    def on_queue_unbind(self, envelope, request):
+        self._channel(envelope).queue_unbind(request.queue, request.exchange, request.routing_key, _arguments(request))
+        self._ok(envelope)
+
+    def on_queue_purge(self, envelope, request):
+        self._message_count(envelope, self._channel(envelope).queue_purge(request.queue))
+
+    def on_queue_delete(self, envelope, request):
+        count = self._channel(envelope).queue_delete(request.queue, request.if_unused, request.if_empty)
+        self._message_count(envelope, count)
+
+    def _message_count(self, envelope, count):
+        reply = self._reply_to(envelope)
+        reply.message_count.message_count = count
+        self.sendFrame(reply.SerializeToString())
+
+    # -- basic
+
+    def on_basic_qos(self, envelope, request):
+        self._channel(envelope).basic_qos(request.prefetch_count, getattr(request, "global"))
+        self._ok(envelope)
+
+    def on_basic_consume(self, envelope, request):
+        tag = self._channel(envelope).basic_consume(
+            request.queue, request.consumer_tag, request.no_ack, request.exclusive, _arguments(request)
+        )
+        reply = self._reply_to(envelope)
+        reply.basic_consume_ok.consumer_tag = tag
+        self.sendFrame(reply.SerializeToString())
+
+    def on_basic_cancel(self, envelope, request):
+        self._channel(envelope).basic_cancel(request.consumer_tag)
+        self._ok(envelope)
+
+    def on_basic_publish(self, envelope, request):
+        self._channel(envelope).basic_publish(
+            request.exchange, request.routing_key, request.properties, request.body, request.mandatory
+        )
+
+    def on_basic_get(self, envelope, request):
+        result = self._channel(envelope).basic_get(request.queue, request.no_ack)
+        reply = self._reply_to(envelope)
+        if result is None:
+            reply.basic_get_empty.SetInParent()
+        else:
+            delivery_tag, redelivered, message, message_count = result
+            got = reply.basic_get_ok
+            got.exchange = message.exchange
+            got.routing_key = message.routing_key
+            got.properties.CopyFrom(message.properties)
+            got.body = message.body
+            got.delivery_tag = delivery_tag
+            got.redelivered = redelivered
+            got.message_count = message_count
+        self.sendFrame(reply.SerializeToString())
+
+    def on_basic_ack(self, envelope, request):
+        self._channel(envelope).basic_ack(request.delivery_tag, request.multiple)
+
+    def on_basic_nack(self, envelope, request):
+        self._channel(envelope).basic_nack(request.delivery_tag, request.multiple, request.requeue)
+
+    def on_basic_reject(self, envelope, request):
+        self._channel(envelope).basic_reject(request.delivery_tag, request.requeue)
+
+    def on_basic_recover(self, envelope, request):
+        self._channel(envelope).basic_recover(request.requeue)
+        self._ok(envelope)
+
+    def on_confirm_select(self, envelope, request):
+        self._channel(envelope).confirm_select()
+        self._ok(envelope)
+
+    _handlers = {}
+
+
+NativeServerProtocol._handlers = {
+    name[len("on_") :]: function
+    for name, function in vars(NativeServerProtocol).items()
+    if name.startswith("on_")
+}
+
+
+class NativeServerFactory(ServerFactory):
+    """Makes a L{NativeServerProtocol} per client of one broker."""
+
+    def __init__(self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE):
+        self.broker = broker
+        self.max_frame_size = max_frame_size
+
+    def buildProtocol(self, address):
+        protocol = NativeServerProtocol(self.broker, self.max_frame_size)
+        protocol.factory = self
+        return protocol
