@@ -49,7 +49,7 @@ class Consumer:
             return True
         if self.prefetch and self.unacked >= self.prefetch:
             return False
-        return not channel.prefetch_count or len(channel._unacked) < channel.prefetch_count
+        return not channel.prefetch_count or channel.consumer_unacked < channel.prefetch_count
 
     def __repr__(self):
         return f"<Consumer {self.tag!r} on {self.queue.name!r}>"
@@ -59,8 +59,10 @@ class Channel:
     """
     One open channel of a connection.
 
-    @ivar prefetch_count: the channel-wide limit of un-acked deliveries
-        (basic.qos with global set; 0: no limit).
+    @ivar prefetch_count: the channel-wide limit of un-acked deliveries to
+        consumers (basic.qos with global set; 0: no limit). As in RabbitMQ,
+        messages taken with basic.get do not count.
+    @ivar consumer_unacked: un-acked deliveries to consumers of this channel.
     @ivar consumer_prefetch: the per-consumer limit given to consumers created
         from now on (basic.qos without global).
     @ivar flow_active: False while the client has paused deliveries (channel.flow).
@@ -75,6 +77,7 @@ class Channel:
         self.consumers = {}
         self.prefetch_count = 0
         self.consumer_prefetch = 0
+        self.consumer_unacked = 0
         self.flow_active = True
         self.closed = False
         self._unacked = OrderedDict()  # delivery tag -> QueuedMessage, in tag order
@@ -214,6 +217,7 @@ class Channel:
         else:
             entry.consumer = consumer
             consumer.unacked += 1
+            self.consumer_unacked += 1
             self._unacked[tag] = entry
         self.peer.deliver(consumer.tag, tag, entry.redelivered, entry.message)
 
@@ -274,6 +278,7 @@ class Channel:
             consumer = entry.consumer
             if consumer is not None and self.consumers.get(consumer.tag) is consumer:
                 consumer.unacked -= 1
+                self.consumer_unacked -= 1
                 entry.redelivered = True
                 entry.delivery_count += 1
                 self.deliver(consumer, entry)
@@ -320,6 +325,7 @@ class Channel:
             consumer = entry.consumer
             if consumer is not None:
                 consumer.unacked -= 1
+                self.consumer_unacked -= 1
                 entry.consumer = None
                 queues.add(consumer.queue)
         if not dispatch:

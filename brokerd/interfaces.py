@@ -94,8 +94,11 @@ class IMessageStore(Interface):
             failing with KeyError if the handle names nothing held.
         """
 
-    def purge(queue):
-        """Drop every message held for C{queue}; the queue itself stays."""
+    def purge(queue, handles):
+        """
+        Drop many messages of C{queue} at once (a queue purge): the same as
+        acking each handle in C{handles}, which a backend may do in bulk.
+        """
 
     def sync():
         """

@@ -65,8 +65,8 @@ class MemoryStore:
         vhost, name = queue
         for key in [key for key in self._bindings if key[0] == vhost and key[2] == name]:
             del self._bindings[key]
-        self.purge(queue)
-        self._queue_handles.pop(queue, None)
+        for handle in self._queue_handles.pop(queue, ()):
+            self._release(queue, handle)
 
     def save_binding(self, record):
         self._bindings[_binding_key(record)] = record
@@ -97,12 +97,9 @@ class MemoryStore:
             return defer.fail(KeyError(f"memory store holds no message with handle {handle!r}"))
         return defer.succeed(self._record(held[0]))
 
-    def purge(self, queue):
-        handles = self._queue_handles.get(queue)
-        if handles:
-            for handle in list(handles):
-                self._release(queue, handle)
-            handles.clear()
+    def purge(self, queue, handles):
+        for handle in handles:
+            self.ack(queue, handle)
 
     def sync(self):
         return defer.succeed(None)

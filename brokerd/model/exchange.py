@@ -24,7 +24,7 @@ class Binding:
 
     @property
     def durable(self):
-        return self.exchange.durable and self.queue.durable
+        return self.exchange.durable and self.queue.persisted
 
     def __repr__(self):
         return f"<Binding {self.exchange.name!r} -> {self.queue.name!r} key={self.routing_key!r}>"

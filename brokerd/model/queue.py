@@ -2,7 +2,7 @@
 
 A queue holds the entries that wait for a consumer (ready) and knows its
 consumers; entries delivered and not yet acked are tracked by the channel that
-delivered them. Persistent entries of a durable queue carry the store handle
+delivered them. Persistent entries of a persisted queue carry the store handle
 that acking them releases.
 """
 
@@ -17,6 +17,9 @@ class Queue:
     One queue of a virtual host.
 
     @ivar owner: the connection an exclusive queue belongs to, else None.
+    @ivar persisted: True if the store keeps this queue and its persistent
+        messages: durable and not exclusive (an exclusive queue dies with its
+        connection, so it never outlives a restart).
     @ivar deleted: set once the queue is deleted; late acks and requeues of its
         messages are then ignored.
     """
@@ -27,6 +30,7 @@ class Queue:
         self.key = (vhost.name, name)
         self.durable = durable
         self.owner = owner
+        self.persisted = durable and owner is None
         self.auto_delete = auto_delete
         self.arguments = dict(arguments or {})
         self.bindings = set()
@@ -106,12 +110,13 @@ class Queue:
             self._store.ack(self.key, entry.handle)
 
     def purge(self):
-        """Drop every ready message; returns how many went."""
-        count = len(self._ready)
-        self._ready.clear()
-        if self.durable:
-            self._store.purge(self.key)
-        return count
+        """Drop every ready message (delivered, un-acked ones stay); returns how many went."""
+        purged, self._ready = self._ready, deque()
+        if self.persisted:
+            handles = [entry.handle for entry in purged if entry.handle is not None]
+            if handles:
+                self._store.purge(self.key, handles)
+        return len(purged)
 
     # -- consumers
 
@@ -125,8 +130,7 @@ class Queue:
             )
         if consumer.exclusive:
             self._exclusive_consumer = consumer
-        self._consumers.append(consumer)
-        self.dispatch()
+        self._consumers.append(consumer)  # the channel starts deliveries once the client knows the tag
 
     def remove_consumer(self, consumer):
         """Unregister a consumer; an auto-delete queue goes with its last one."""

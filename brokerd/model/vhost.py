@@ -6,7 +6,7 @@ deletes, exclusive ownership and auto-delete. Durable topology is written
 through to the store.
 """
 
-from brokerd.errors import AccessRefused, CommandInvalid, NotFound, PreconditionFailed
+from brokerd.errors import AccessRefused, CommandInvalid, NotFound, PreconditionFailed, ResourceLocked
 from brokerd.model.exchange import EXCHANGE_TYPES, Binding, DefaultExchange
 from brokerd.model.names import check_not_reserved, check_short_string, generate_queue_name
 from brokerd.model.queue import Queue
@@ -87,6 +87,9 @@ class VirtualHost:
             if existing is None:
                 raise NotFound(f"no exchange {name!r} in vhost {self.name!r}")
             return existing
+        cls = EXCHANGE_TYPES.get(type_name)
+        if cls is None:
+            raise CommandInvalid(f"unknown exchange type {type_name!r}; known types: {', '.join(EXCHANGE_TYPES)}")
         arguments = dict(arguments or {})
         if existing is not None:
             self._check_equivalent(
@@ -103,9 +106,6 @@ class VirtualHost:
             )
             return existing
         check_not_reserved("exchange", name)
-        cls = EXCHANGE_TYPES.get(type_name)
-        if cls is None:
-            raise CommandInvalid(f"unknown exchange type {type_name!r}; known types: {', '.join(EXCHANGE_TYPES)}")
         exchange = cls(self, name, durable, auto_delete, internal, arguments)
         self.exchanges[name] = exchange
         if durable:
@@ -146,14 +146,16 @@ class VirtualHost:
         existing = self.queues.get(name) if name else None
         if existing is not None:
             existing.check_access(connection)
+            if exclusive != existing.exclusive:
+                # As RabbitMQ: exclusivity is a lock, so a mismatch is 405, not 406.
+                raise ResourceLocked(
+                    f"cannot obtain exclusive access to locked queue {name!r} in vhost {self.name!r}:"
+                    f" it was declared {'exclusive' if existing.exclusive else 'not exclusive'}"
+                )
             self._check_equivalent(
                 "queue",
                 name,
-                _flags(
-                    durable=(durable, existing.durable),
-                    exclusive=(exclusive, existing.exclusive),
-                    auto_delete=(auto_delete, existing.auto_delete),
-                ),
+                _flags(durable=(durable, existing.durable), auto_delete=(auto_delete, existing.auto_delete)),
                 arguments,
                 existing.arguments,
             )
@@ -166,7 +168,7 @@ class VirtualHost:
         self.queues[name] = queue
         if exclusive and connection is not None:
             connection.exclusive_queues.add(queue)
-        if durable and not exclusive:
+        if queue.persisted:
             self.store.save_queue(
                 messages_pb2.QueueRecord(
                     vhost=self.name,
@@ -194,7 +196,7 @@ class VirtualHost:
         if queue.owner is not None:
             queue.owner.exclusive_queues.discard(queue)
         count = queue.mark_deleted()
-        if queue.durable and not queue.exclusive:
+        if queue.persisted:
             self.store.delete_queue(queue.key)
         return count
 
@@ -243,7 +245,7 @@ class VirtualHost:
     def publish(self, exchange_name, message):
         """
         Route a message and enqueue it on every matching queue, persisting it
-        first if it is persistent and some of those queues are durable.
+        first if it is persistent and the store keeps some of those queues.
 
         @return: the number of queues it went to, and whether the store holds it.
         """
@@ -257,11 +259,11 @@ class VirtualHost:
             return 0, False
         handle = None
         if message.persistent:
-            durable_keys = [queue.key for queue in queues if queue.durable]
-            if durable_keys:
-                handle = self.store.append(message, durable_keys)
+            persisted_keys = [queue.key for queue in queues if queue.persisted]
+            if persisted_keys:
+                handle = self.store.append(message, persisted_keys)
         for queue in queues:
-            queue.enqueue(message, handle if queue.durable else None)
+            queue.enqueue(message, handle if queue.persisted else None)
         return len(queues), handle is not None
 
     # -- recovery: rebuild durable topology without writing it back
