@@ -193,7 +193,10 @@ class ClientChannel:
 
     def _on_basic_deliver(self, deliver):
         callback = self._consumers.get(deliver.consumer_tag)
-        if callback is not None:
+        if callback is None:
+            # Not a consumer of ours (any more): give the message back rather than strand it.
+            self.basic_reject(deliver.delivery_tag, requeue=True)
+        else:
             callback(
                 Delivery(
                     self,
@@ -229,12 +232,12 @@ class ClientChannel:
         settled = []
         if multiple:
             while unconfirmed and next(iter(unconfirmed)) <= sequence:
-                settled.append(unconfirmed.popitem(last=False)[1])
+                settled.append(unconfirmed.popitem(last=False))
         elif sequence in unconfirmed:
-            settled.append(unconfirmed.pop(sequence))
-        for d in settled:
+            settled.append((sequence, unconfirmed.pop(sequence)))
+        for own_sequence, d in settled:
             if error is None:
-                d.callback(sequence)
+                d.callback(own_sequence)
             else:
                 d.errback(error)
 
