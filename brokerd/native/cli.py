@@ -1,0 +1,232 @@
+"""``python -m brokerd.native``: a small command line over the native client.
+
+    python -m brokerd.native declare queue jobs --durable
+    python -m brokerd.native bind jobs amq.topic --routing-key 'jobs.#'
+    python -m brokerd.native publish --routing-key jobs --persistent --confirm 'hello'
+    python -m brokerd.native consume jobs --count 1
+    python -m brokerd.native get jobs
+
+Bodies are printed one per line to standard output; errors print the broker's
+reply code and text to standard error and exit with status 1.
+"""
+
+import argparse
+import sys
+
+from twisted.internet import defer, task
+from twisted.internet.error import ConnectError
+
+from brokerd.native.client import DEFAULT_ENDPOINT, BrokerClosed, PublishNacked, connect
+
+
+def _parse_header(text):
+    name, equals, value = text.partition("=")
+    if not equals or not name:
+        raise argparse.ArgumentTypeError(f"header {text!r} is not NAME=VALUE")
+    return name, value
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="python -m brokerd.native", description=__doc__.splitlines()[0])
+    parser.add_argument("--connect", default=DEFAULT_ENDPOINT, help=f"broker endpoint (default: {DEFAULT_ENDPOINT})")
+    parser.add_argument("--vhost", default="/", help="virtual host (default: /)")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    declare = commands.add_parser("declare", help="declare an exchange or a queue")
+    declare.add_argument("kind", choices=["exchange", "queue"])
+    declare.add_argument("name", help="name ('' for a server-named queue)")
+    declare.add_argument("--type", default="direct", choices=["direct", "fanout", "topic", "headers"])
+    declare.add_argument("--durable", action="store_true")
+    declare.add_argument("--auto-delete", action="store_true")
+    declare.add_argument("--passive", action="store_true", help="only check that it exists")
+
+    delete = commands.add_parser("delete", help="delete an exchange or a queue")
+    delete.add_argument("kind", choices=["exchange", "queue"])
+    delete.add_argument("name")
+    delete.add_argument("--if-unused", action="store_true")
+    delete.add_argument("--if-empty", action="store_true", help="queues only")
+
+    bind = commands.add_parser("bind", help="bind a queue to an exchange")
+    bind.add_argument("queue")
+    bind.add_argument("exchange")
+    bind.add_argument("--routing-key", default="")
+
+    unbind = commands.add_parser("unbind", help="remove a binding")
+    unbind.add_argument("queue")
+    unbind.add_argument("exchange")
+    unbind.add_argument("--routing-key", default="")
+
+    purge = commands.add_parser("purge", help="drop a queue's ready messages")
+    purge.add_argument("queue")
+
+    publish = commands.add_parser("publish", help="publish messages (one per body argument, '-' reads stdin)")
+    publish.add_argument("bodies", nargs="+", metavar="BODY")
+    publish.add_argument("--exchange", default="")
+    publish.add_argument("--routing-key", default="")
+    publish.add_argument("--persistent", action="store_true", help="delivery mode 2")
+    publish.add_argument("--confirm", action="store_true", help="wait for publisher confirms")
+    publish.add_argument("--mandatory", action="store_true", help="fail if no queue takes the message")
+    publish.add_argument("--content-type")
+    publish.add_argument("--header", action="append", type=_parse_header, default=[], metavar="NAME=VALUE")
+
+    consume = commands.add_parser("consume", help="print messages as they arrive, acking each")
+    consume.add_argument("queue")
+    consume.add_argument("--count", type=int, default=0, help="stop after this many (default: run until killed)")
+    consume.add_argument("--no-ack", action="store_true")
+    consume.add_argument("--prefetch", type=int, default=100)
+
+    get = commands.add_parser("get", help="take one message (exit status 2 if the queue is empty)")
+    get.add_argument("queue")
+    get.add_argument("--requeue", action="store_true", help="put it back instead of acking it")
+    return parser
+
+
+def _write_body(body):
+    sys.stdout.buffer.write(body + b"\n")
+    sys.stdout.flush()
+
+
+@defer.inlineCallbacks
+def run(reactor, options):
+    """Carry out one command; fires with the process exit status."""
+    client = yield connect(reactor, options.connect, vhost=options.vhost, client_name="brokerd-cli")
+    try:
+        channel = yield client.channel()
+        status = yield _COMMANDS[options.command](channel, options)
+    finally:
+        yield client.close()
+    return status or 0
+
+
+@defer.inlineCallbacks
+def _declare(channel, options):
+    if options.kind == "exchange":
+        yield channel.exchange_declare(
+            options.name, options.type, options.passive, options.durable, options.auto_delete
+        )
+        print(options.name)
+    else:
+        reply = yield channel.queue_declare(
+            options.name, options.passive, options.durable, auto_delete=options.auto_delete
+        )
+        print(f"{reply.queue}\tmessages={reply.message_count}\tconsumers={reply.consumer_count}")
+
+
+@defer.inlineCallbacks
+def _delete(channel, options):
+    if options.kind == "exchange":
+        yield channel.exchange_delete(options.name, options.if_unused)
+    else:
+        count = yield channel.queue_delete(options.name, options.if_unused, options.if_empty)
+        print(f"messages={count}")
+
+
+def _bind(channel, options):
+    return channel.queue_bind(options.queue, options.exchange, options.routing_key)
+
+
+def _unbind(channel, options):
+    return channel.queue_unbind(options.queue, options.exchange, options.routing_key)
+
+
+@defer.inlineCallbacks
+def _purge(channel, options):
+    count = yield channel.queue_purge(options.queue)
+    print(f"messages={count}")
+
+
+@defer.inlineCallbacks
+def _publish(channel, options):
+    properties = {}
+    if options.persistent:
+        properties["delivery_mode"] = 2
+    if options.content_type:
+        properties["content_type"] = options.content_type
+    if options.header:
+        properties["headers"] = dict(options.header)
+    returned = []
+    channel.on_return = returned.append
+    if options.confirm or options.mandatory:
+        yield channel.confirm_select()
+    confirms = []
+    for body in options.bodies:
+        data = sys.stdin.buffer.read() if body == "-" else body.encode("utf-8")
+        confirms.append(
+            channel.basic_publish(options.exchange, options.routing_key, data, properties, options.mandatory)
+        )
+    if options.confirm or options.mandatory:
+        yield defer.gatherResults(confirms, consumeErrors=True)
+    if returned:
+        print(f"error: {len(returned)} message(s) returned: {returned[0].reply_code} {returned[0].reply_text}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+@defer.inlineCallbacks
+def _consume(channel, options):
+    prefetch = min(options.prefetch, options.count) if options.count else options.prefetch
+    yield channel.basic_qos(prefetch)
+    finished = defer.Deferred()
+    received = 0
+
+    def on_delivery(delivery):
+        nonlocal received
+        if finished.called:
+            return  # left un-acked: the broker requeues it when we close
+        _write_body(delivery.body)
+        if not options.no_ack:
+            delivery.ack()
+        received += 1
+        if options.count and received >= options.count and not finished.called:
+            finished.callback(None)
+
+    tag = yield channel.basic_consume(options.queue, on_delivery, no_ack=options.no_ack)
+    channel.closed.addCallback(lambda reason: finished.called or finished.errback(reason))
+    yield finished
+    yield channel.basic_cancel(tag)
+
+
+@defer.inlineCallbacks
+def _get(channel, options):
+    delivery = yield channel.basic_get(options.queue)
+    if delivery is None:
+        print(f"queue {options.queue!r} is empty", file=sys.stderr)
+        return 2
+    _write_body(delivery.body)
+    if options.requeue:
+        delivery.reject(requeue=True)
+    else:
+        delivery.ack()
+    return 0
+
+
+_COMMANDS = {
+    "declare": _declare,
+    "delete": _delete,
+    "bind": _bind,
+    "unbind": _unbind,
+    "purge": _purge,
+    "publish": _publish,
+    "consume": _consume,
+    "get": _get,
+}
+
+
+def main(argv=None):
+    options = build_parser().parse_args(argv)
+
+    @defer.inlineCallbacks
+    def react_main(reactor):
+        try:
+            status = yield run(reactor, options)
+        except (BrokerClosed, PublishNacked) as problem:
+            print(f"error: {problem}", file=sys.stderr)
+            status = 1
+        except ConnectError as problem:
+            print(f"error: cannot connect to {options.connect}: {problem}", file=sys.stderr)
+            status = 1
+        if status:
+            raise SystemExit(status)
+
+    task.react(react_main)
