@@ -1,0 +1,298 @@
+"""The store contract, written once: every backend's test module subclasses
+L{StoreContract} with a few lines saying how to make and reopen its store."""
+
+from twisted.internet import defer
+from zope.interface.verify import verifyObject
+
+from brokerd.interfaces import IMessageStore
+from brokerd.model.message import Message
+from brokerd.proto import messages_pb2
+from brokerd.proto.tables import dict_to_table, table_to_dict
+
+JOBS = ("/", "jobs")
+AUDIT = ("/", "audit")
+
+
+def message(body, routing_key="jobs", **headers):
+    properties = messages_pb2.BasicProperties(delivery_mode=messages_pb2.PERSISTENT, message_id=body.decode())
+    if headers:
+        dict_to_table(headers, properties.headers)
+    return Message("amq.direct", routing_key, properties, body)
+
+
+def queue_record(name, vhost="/", **arguments):
+    return messages_pb2.QueueRecord(vhost=vhost, name=name, durable=True, arguments=dict_to_table(arguments))
+
+
+def exchange_record(name, type_=messages_pb2.TOPIC, vhost="/", **arguments):
+    return messages_pb2.ExchangeRecord(
+        vhost=vhost, name=name, type=type_, durable=True, arguments=dict_to_table(arguments)
+    )
+
+
+def binding_record(exchange, queue, routing_key, vhost="/", **arguments):
+    return messages_pb2.BindingRecord(
+        vhost=vhost, exchange=exchange, queue=queue, routing_key=routing_key, arguments=dict_to_table(arguments)
+    )
+
+
+class StoreContract:
+    """
+    Mixed into a C{twisted.trial.unittest.TestCase}; the subclass provides:
+
+      - C{make_store()}: a new, unopened store with its own empty data.
+      - C{reopen(store)}: a Deferred firing with a store opened on what
+        C{store} persisted (after C{store} is closed, or after a simulated
+        crash for durable stores). For a store that is not durable, the same
+        object stands for itself.
+    """
+
+    timeout = 30
+
+    @defer.inlineCallbacks
+    def opened(self):
+        store = self.make_store()
+        yield store.open()
+        self.addCleanup(lambda: self._close_quietly(store))
+        return store
+
+    @staticmethod
+    def _close_quietly(store):
+        return defer.maybeDeferred(store.close).addErrback(lambda _: None)
+
+    @defer.inlineCallbacks
+    def restarted(self, store):
+        """Sync, then reopen: what a client would find after a restart."""
+        yield store.sync()
+        reopened = yield self.reopen(store)
+        if reopened is not store:
+            self.addCleanup(lambda: self._close_quietly(reopened))
+        return reopened
+
+    def recovered_bodies(self, store, queue):
+        return [record.body for _, record, _ in store.recover(queue)]
+
+    # -- the interface
+
+    @defer.inlineCallbacks
+    def test_provides_the_store_interface(self):
+        store = yield self.opened()
+        self.assertTrue(verifyObject(IMessageStore, store))
+        self.assertIsInstance(store.name, str)
+        self.assertIsInstance(store.durable, bool)
+
+    @defer.inlineCallbacks
+    def test_a_new_store_is_empty(self):
+        store = yield self.opened()
+        self.assertEqual(list(store.topology()), [])
+        self.assertEqual(list(store.recover(JOBS)), [])
+
+    # -- topology
+
+    @defer.inlineCallbacks
+    def test_topology_comes_back_with_its_arguments(self):
+        store = yield self.opened()
+        store.save_exchange(exchange_record("events", **{"alternate-exchange": "unrouted"}))
+        store.save_queue(queue_record("jobs", **{"x-max-priority": 5}))
+        store.save_binding(binding_record("events", "jobs", "job.#"))
+        store = yield self.restarted(store)
+        records = list(store.topology())
+        exchanges = [r for r in records if isinstance(r, messages_pb2.ExchangeRecord)]
+        queues = [r for r in records if isinstance(r, messages_pb2.QueueRecord)]
+        bindings = [r for r in records if isinstance(r, messages_pb2.BindingRecord)]
+        self.assertEqual([(e.name, e.type) for e in exchanges], [("events", messages_pb2.TOPIC)])
+        self.assertEqual(table_to_dict(exchanges[0].arguments), {"alternate-exchange": "unrouted"})
+        self.assertEqual([q.name for q in queues], ["jobs"])
+        self.assertEqual(table_to_dict(queues[0].arguments), {"x-max-priority": 5})
+        self.assertEqual([(b.exchange, b.queue, b.routing_key) for b in bindings], [("events", "jobs", "job.#")])
+
+    @defer.inlineCallbacks
+    def test_bindings_come_after_what_they_refer_to(self):
+        store = yield self.opened()
+        store.save_queue(queue_record("jobs"))
+        store.save_exchange(exchange_record("events"))
+        store.save_binding(binding_record("events", "jobs", "a"))
+        store.save_queue(queue_record("late"))
+        store.save_binding(binding_record("events", "late", "b"))
+        store = yield self.restarted(store)
+        kinds = [type(record).__name__ for record in store.topology()]
+        first_binding = kinds.index("BindingRecord")
+        self.assertNotIn("QueueRecord", kinds[first_binding:])
+        self.assertNotIn("ExchangeRecord", kinds[first_binding:])
+
+    @defer.inlineCallbacks
+    def test_deleted_topology_stays_deleted(self):
+        store = yield self.opened()
+        store.save_exchange(exchange_record("events"))
+        store.save_exchange(exchange_record("gone"))
+        store.save_queue(queue_record("jobs"))
+        store.save_binding(binding_record("events", "jobs", "a"))
+        store.save_binding(binding_record("events", "jobs", "b"))
+        store.save_binding(binding_record("gone", "jobs", "c"))
+        store.delete_binding(binding_record("events", "jobs", "a"))
+        store.delete_exchange("/", "gone")
+        store = yield self.restarted(store)
+        names = sorted(
+            (type(r).__name__, getattr(r, "name", "") or getattr(r, "routing_key", "")) for r in store.topology()
+        )
+        self.assertEqual(names, [("BindingRecord", "b"), ("ExchangeRecord", "events"), ("QueueRecord", "jobs")])
+
+    @defer.inlineCallbacks
+    def test_saving_a_queue_again_replaces_it(self):
+        store = yield self.opened()
+        store.save_queue(queue_record("jobs", **{"x-message-ttl": 1}))
+        store.save_queue(queue_record("jobs", **{"x-message-ttl": 2}))
+        store = yield self.restarted(store)
+        queues = [r for r in store.topology() if isinstance(r, messages_pb2.QueueRecord)]
+        self.assertEqual([table_to_dict(q.arguments) for q in queues], [{"x-message-ttl": 2}])
+
+    @defer.inlineCallbacks
+    def test_same_names_in_two_vhosts_are_separate(self):
+        store = yield self.opened()
+        store.save_queue(queue_record("jobs", vhost="/"))
+        store.save_queue(queue_record("jobs", vhost="staging"))
+        store.append(message(b"one"), [("staging", "jobs")])
+        store.delete_queue(("/", "jobs"))
+        store = yield self.restarted(store)
+        self.assertEqual([(q.vhost, q.name) for q in store.topology()], [("staging", "jobs")])
+        self.assertEqual(self.recovered_bodies(store, ("staging", "jobs")), [b"one"])
+
+    # -- messages
+
+    @defer.inlineCallbacks
+    def test_messages_come_back_in_queue_order_with_everything_published(self):
+        store = yield self.opened()
+        store.save_queue(queue_record("jobs"))
+        for number in range(50):
+            store.append(message(b"m%d" % number, color="blue", n=number), [JOBS])
+        store = yield self.restarted(store)
+        recovered = list(store.recover(JOBS))
+        self.assertEqual([record.body for _, record, _ in recovered], [b"m%d" % n for n in range(50)])
+        first = recovered[0][1]
+        self.assertEqual((first.exchange, first.routing_key), ("amq.direct", "jobs"))
+        self.assertEqual(first.properties.message_id, "m0")
+        self.assertEqual(first.properties.delivery_mode, messages_pb2.PERSISTENT)
+        self.assertEqual(table_to_dict(first.properties.headers), {"color": "blue", "n": 0})
+
+    @defer.inlineCallbacks
+    def test_read_returns_the_stored_message(self):
+        store = yield self.opened()
+        store.save_queue(queue_record("jobs"))
+        handle = store.append(message(b"payload" * 100), [JOBS])
+        yield store.sync()
+        record = yield store.read(handle)
+        self.assertEqual(record.body, b"payload" * 100)
+        self.assertEqual(record.properties.message_id, "payload" * 100)
+
+    @defer.inlineCallbacks
+    def test_reading_an_unknown_handle_fails_with_key_error(self):
+        store = yield self.opened()
+        store.save_queue(queue_record("jobs"))
+        handle = store.append(message(b"x"), [JOBS])
+        store.ack(JOBS, handle)
+        yield store.sync()
+        bogus = handle + 10_000 if isinstance(handle, int) else object()
+        yield self.assertFailure(store.read(bogus), KeyError)
+
+    @defer.inlineCallbacks
+    def test_acked_messages_do_not_come_back(self):
+        store = yield self.opened()
+        store.save_queue(queue_record("jobs"))
+        handles = [store.append(message(b"m%d" % n), [JOBS]) for n in range(10)]
+        for handle in handles[::2]:
+            store.ack(JOBS, handle)
+        store = yield self.restarted(store)
+        self.assertEqual(self.recovered_bodies(store, JOBS), [b"m1", b"m3", b"m5", b"m7", b"m9"])
+
+    @defer.inlineCallbacks
+    def test_a_message_for_two_queues_stays_until_both_ack(self):
+        store = yield self.opened()
+        store.save_queue(queue_record("jobs"))
+        store.save_queue(queue_record("audit"))
+        handle = store.append(message(b"shared"), [JOBS, AUDIT])
+        store.ack(JOBS, handle)
+        store = yield self.restarted(store)
+        self.assertEqual(self.recovered_bodies(store, JOBS), [])
+        self.assertEqual(self.recovered_bodies(store, AUDIT), [b"shared"])
+        (recovered_handle, _, _), = store.recover(AUDIT)
+        store.ack(AUDIT, recovered_handle)
+        store = yield self.restarted(store)
+        self.assertEqual(self.recovered_bodies(store, AUDIT), [])
+        self.assertEqual(store.stats()["messages"], 0)
+
+    @defer.inlineCallbacks
+    def test_purge_drops_only_the_given_messages(self):
+        store = yield self.opened()
+        store.save_queue(queue_record("jobs"))
+        handles = [store.append(message(b"m%d" % n), [JOBS]) for n in range(6)]
+        store.purge(JOBS, handles[2:])  # m0 and m1 were delivered and are not acked yet
+        store = yield self.restarted(store)
+        self.assertEqual(self.recovered_bodies(store, JOBS), [b"m0", b"m1"])
+
+    @defer.inlineCallbacks
+    def test_deleting_a_queue_drops_its_messages_and_bindings(self):
+        store = yield self.opened()
+        store.save_exchange(exchange_record("events"))
+        store.save_queue(queue_record("jobs"))
+        store.save_queue(queue_record("audit"))
+        store.save_binding(binding_record("events", "jobs", "#"))
+        store.append(message(b"only-jobs"), [JOBS])
+        store.append(message(b"both"), [JOBS, AUDIT])
+        store.delete_queue(JOBS)
+        store = yield self.restarted(store)
+        self.assertEqual(
+            sorted(type(r).__name__ for r in store.topology()), ["ExchangeRecord", "QueueRecord"]
+        )
+        self.assertEqual(self.recovered_bodies(store, JOBS), [])
+        self.assertEqual(self.recovered_bodies(store, AUDIT), [b"both"])
+
+    @defer.inlineCallbacks
+    def test_sync_fires_for_many_callers(self):
+        store = yield self.opened()
+        store.save_queue(queue_record("jobs"))
+        syncs = []
+        for number in range(20):
+            store.append(message(b"m%d" % number), [JOBS])
+            syncs.append(store.sync())
+        results = yield defer.gatherResults(syncs)
+        self.assertEqual(len(results), 20)
+
+    @defer.inlineCallbacks
+    def test_stats_count_held_messages_and_bytes(self):
+        store = yield self.opened()
+        store.save_queue(queue_record("jobs"))
+        handles = [store.append(message(b"x" * 100), [JOBS]) for _ in range(4)]
+        store.ack(JOBS, handles[0])
+        yield store.sync()
+        stats = store.stats()
+        self.assertEqual(stats["messages"], 3)
+        self.assertGreaterEqual(stats["bytes"], 300)
+        self.assertTrue(all(isinstance(value, (int, float)) for value in stats.values()))
+
+    @defer.inlineCallbacks
+    def test_a_broker_recovers_what_the_store_holds(self):
+        from tests.support import make_broker, open_channel, properties
+
+        store = yield self.opened()
+        broker, clock = make_broker(store)
+        channel, _ = open_channel(broker)
+        channel.exchange_declare("events", "topic", durable=True)
+        channel.queue_declare("jobs", durable=True)
+        channel.queue_declare("scratch", durable=False)
+        channel.queue_bind("jobs", "events", "job.*")
+        for number in range(3):
+            channel.basic_publish("events", "job.new", properties(persistent=True), b"p%d" % number)
+        channel.basic_publish("events", "job.new", properties(persistent=False), b"transient")
+        store = yield self.restarted(store)
+        recovered, _ = make_broker(store)
+        counts = recovered.recover()
+        vhost = recovered.vhost("/")
+        self.assertEqual(counts["messages"], 3)
+        self.assertNotIn("scratch", vhost.queues)
+        self.assertEqual(vhost.exchanges["events"].type_name, "topic")
+        recovered_channel, peer = open_channel(recovered)
+        self.assertEqual(
+            [recovered_channel.basic_get("jobs")[2].body for _ in range(3)], [b"p0", b"p1", b"p2"]
+        )
+        recovered_channel.basic_publish("events", "job.done", properties(), b"routed")
+        self.assertEqual(recovered_channel.basic_get("jobs")[2].body, b"routed")
