@@ -33,10 +33,12 @@ class Listener:
     @defer.inlineCallbacks
     def start(self):
         self.port = yield serverFromString(self.reactor, self.description).listen(self.factory)
+        return self.port
+
+    def announce(self):
         address = self.port.getHost()
         where = f"{address.host}:{address.port}" if hasattr(address, "port") else str(address)
         log.info("{label} listening on {where}", label=self.label, where=where)
-        return self.port
 
     def stop(self):
         port, self.port = self.port, None
@@ -66,8 +68,15 @@ class BrokerService(Service):
         d = defer.maybeDeferred(self.store.open)
         d.addCallback(lambda _: self.broker.recover())
         d.addCallback(lambda _: defer.gatherResults([listener.start() for listener in self.listeners], consumeErrors=True))
-        d.addCallback(lambda _: self)
-        d.addCallbacks(self.started.callback, self._failed_to_start)
+        d.addCallback(lambda _: self.reactor.callWhenRunning(self._ready))
+        d.addErrback(self._failed_to_start)
+
+    def _ready(self):
+        # Announced once the reactor runs (and has its signal handlers), so a
+        # supervisor that starts talking to us or stops us from here on is safe.
+        for listener in self.listeners:
+            listener.announce()
+        self.started.callback(self)
 
     def _failed_to_start(self, failure):
         failure = failure.value.subFailure if isinstance(failure.value, defer.FirstError) else failure

@@ -359,6 +359,8 @@ NativeServerProtocol._handlers = {
 class NativeServerFactory(ServerFactory):
     """Makes a L{NativeServerProtocol} per client of one broker."""
 
+    noisy = False
+
     def __init__(self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE):
         self.broker = broker
         self.max_frame_size = max_frame_size

@@ -1,0 +1,148 @@
+"""`twistd brokerd` as users run it: a real subprocess, its options, its plugin."""
+
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+
+import pytest
+
+from tests.processes import BrokerProcess, native_cli, twistd_command
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def twistd(*args, cwd, env=None):
+    return subprocess.run(
+        [*twistd_command(), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture
+def broker(tmp_path):
+    process = BrokerProcess(["--backend=memory", "--native", "tcp:0:interface=127.0.0.1"], cwd=tmp_path)
+    yield process
+    process.stop()
+
+
+def test_a_message_round_trips_through_the_command_line(broker):
+    endpoint = broker.wait_listening()
+    declared = native_cli(endpoint, "declare", "queue", "greetings")
+    assert declared.returncode == 0, declared.stderr
+    assert declared.stdout.startswith(b"greetings\t")
+    published = native_cli(
+        endpoint, "publish", "--routing-key", "greetings", "--confirm", "--header", "lang=en", "hello, world"
+    )
+    assert published.returncode == 0, published.stderr
+    consumed = native_cli(endpoint, "consume", "greetings", "--count", "1")
+    assert consumed.returncode == 0, consumed.stderr
+    assert consumed.stdout == b"hello, world\n"
+    empty = native_cli(endpoint, "get", "greetings")
+    assert empty.returncode == 2
+    assert b"is empty" in empty.stderr
+
+
+def test_command_line_reports_broker_errors(broker):
+    endpoint = broker.wait_listening()
+    refused = native_cli(endpoint, "declare", "queue", "amq.mine")
+    assert refused.returncode == 1
+    assert b"403 ACCESS_REFUSED" in refused.stderr
+    unroutable = native_cli(endpoint, "publish", "--routing-key", "nowhere", "--mandatory", "lost")
+    assert unroutable.returncode == 1
+    assert b"312 NO_ROUTE" in unroutable.stderr
+
+
+def test_broker_stops_cleanly_on_sigterm(broker):
+    broker.wait_listening()
+    # twistd re-raises the signal that stopped it, so its status says "terminated by SIGTERM".
+    assert broker.stop() == -signal.SIGTERM
+    assert any("Server Shut Down" in line for line in broker.output)
+    assert not any("Traceback" in line for line in broker.output)
+
+
+def test_help_documents_every_option_with_its_default(tmp_path):
+    result = twistd("brokerd", "--help", cwd=tmp_path)
+    assert result.returncode == 0
+    for option, default in [
+        ("--backend=", "memory"),
+        ("--data-dir=", "./brokerd-data"),
+        ("--native=", "tcp:5673:interface=127.0.0.1"),
+        ("--native-max-frame=", "134283264"),
+    ]:
+        assert option in result.stdout
+        assert f"[default: {default}]" in result.stdout.replace("\n", " ").replace("  ", "")
+
+
+@pytest.mark.parametrize(
+    "args, complaint",
+    [
+        (["--backend=nosuch"], "--backend: unknown backend 'nosuch'; known backends: memory"),
+        (["--backend=memory:size=1"], "--backend: backend 'memory' has no option 'size'"),
+        (["--native=bogus:1"], "--native: 'bogus:1' is not a valid endpoint"),
+        (["--native-max-frame=lots"], "--native-max-frame: 'lots' is not a size"),
+        (["--no-such-option"], "option --no-such-option not recognized"),
+    ],
+)
+def test_a_bad_option_exits_with_a_one_line_error(tmp_path, args, complaint):
+    result = twistd("-n", "brokerd", *args, cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert complaint in result.stderr
+
+
+def test_a_taken_port_stops_the_broker_with_a_clear_error(broker, tmp_path):
+    endpoint = broker.wait_listening()
+    port = endpoint.rsplit(":", 1)[1]
+    second = BrokerProcess(["--native", f"tcp:{port}:interface=127.0.0.1"], cwd=tmp_path)
+    status = second.process.wait(60)
+    second.stop()
+    assert status == 1
+    assert any("brokerd could not start" in line and "Address already in use" in line for line in second.output)
+
+
+def test_plugin_is_found_in_this_installation(tmp_path):
+    result = twistd("--help", cwd=tmp_path)
+    assert "brokerd" in result.stdout
+
+
+def _copy_source(destination):
+    ignored = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "dropin.cache")
+    shutil.copytree(ROOT, destination, ignore=ignored)
+    return destination
+
+
+def test_plugin_is_found_after_a_regular_install(tmp_path):
+    source = _copy_source(tmp_path / "source")
+    target = tmp_path / "installed"
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert install.returncode == 0, install.stdout + install.stderr
+    assert (target / "twisted" / "plugins" / "brokerd_plugin.py").exists()
+    assert not (target / "twisted" / "plugins" / "__init__.py").exists(), "would overwrite Twisted's own package"
+    assert not (target / "twisted" / "__init__.py").exists()
+    run_twistd = [sys.executable, "-S", "-c", "import sys; from twisted.scripts.twistd import run; run()"]
+    # -S keeps this checkout (installed editable here) off sys.path: only the
+    # fresh install and the dependencies are importable.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(target), sysconfig.get_paths()["purelib"]]))
+    where = subprocess.run(
+        [sys.executable, "-S", "-c", "import brokerd; print(brokerd.__file__)"],
+        cwd=tmp_path, env=env, capture_output=True, text=True,
+    )
+    assert where.stdout.startswith(str(target)), where.stdout + where.stderr
+    listed = subprocess.run(
+        [*run_twistd, "--help"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert "brokerd" in listed.stdout, listed.stdout + listed.stderr
+    backends = subprocess.run(
+        [*run_twistd, "brokerd", "--help-backends"],
+        cwd=tmp_path, env=env, capture_output=True, text=True,
+    )
+    assert backends.stdout.startswith("memory: "), backends.stdout + backends.stderr
