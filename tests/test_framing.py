@@ -2,6 +2,7 @@
 
 import struct
 
+from twisted.internet import task
 from twisted.internet.testing import StringTransport
 from twisted.trial import unittest
 
@@ -39,6 +40,7 @@ class RecordingFrameReceiver(FrameReceiver):
 
 def connected_receiver(**options):
     receiver = RecordingFrameReceiver(**options)
+    receiver.clock = task.Clock()
     transport = StringTransport()
     receiver.makeConnection(transport)
     return receiver, transport
@@ -185,22 +187,49 @@ class SendFrameTests(unittest.SynchronousTestCase):
     def test_send_frame_writes_a_four_byte_big_endian_length_then_the_frame(self):
         receiver, transport = connected_receiver()
         receiver.sendFrame(b"abc")
+        receiver.clock.advance(0)
         self.assertEqual(transport.value(), b"\x00\x00\x00\x03abc")
 
         transport.clear()
         receiver.sendFrame(b"z" * 70000)
+        receiver.clock.advance(0)
         self.assertEqual(transport.value()[:4], b"\x00\x01\x11\x70")
         self.assertEqual(len(transport.value()), 4 + 70000)
 
         transport.clear()
         receiver.sendFrame(b"")
+        receiver.clock.advance(0)
         self.assertEqual(transport.value(), b"\x00\x00\x00\x00")
+
+    def test_frames_of_one_turn_are_written_together_at_its_end(self):
+        receiver, transport = connected_receiver()
+        for number in range(100):
+            receiver.sendFrame(b"frame %d" % number)
+        self.assertEqual(transport.value(), b"")
+        receiver.clock.advance(0)
+        parser, _ = connected_receiver()
+        parser.dataReceived(transport.value())
+        self.assertEqual(parser.frames, [b"frame %d" % number for number in range(100)])
+
+    def test_a_large_backlog_is_written_without_waiting_for_the_turn_to_end(self):
+        receiver, transport = connected_receiver()
+        receiver.sendFrame(b"y" * FrameReceiver.FLUSH_BYTES)
+        self.assertEqual(len(transport.value()), 4 + FrameReceiver.FLUSH_BYTES)
+        self.assertEqual(receiver.clock.getDelayedCalls(), [])
+
+    def test_close_after_flush_sends_queued_frames_first(self):
+        receiver, transport = connected_receiver()
+        receiver.sendFrame(b"goodbye")
+        receiver.closeAfterFlush()
+        self.assertEqual(transport.value(), b"\x00\x00\x00\x07goodbye")
+        self.assertTrue(transport.disconnecting)
 
     def test_sent_frames_are_received_as_sent(self):
         sender, sent = connected_receiver()
         frames = [b"", b"one", b"\xff" * 1000, b"two"]
         for frame in frames:
             sender.sendFrame(frame)
+        sender.clock.advance(0)
         receiver, _ = connected_receiver()
         for read in chunked(sent.value(), 7):
             receiver.dataReceived(read)

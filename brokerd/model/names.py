@@ -21,6 +21,8 @@ def check_short_string(kind, value):
     """
     if not isinstance(value, str):
         raise PreconditionFailed(f"{kind} must be a string, not {type(value).__name__}")
+    if len(value) <= MAX_SHORT_STRING_BYTES // 4:
+        return  # a character is at most 4 bytes of UTF-8: no need to encode
     size = len(value.encode("utf-8"))
     if size > MAX_SHORT_STRING_BYTES:
         raise PreconditionFailed(

@@ -474,11 +474,12 @@ class NativeClientProtocol(FrameReceiver):
             reply = Envelope()
             reply.connection_close_ok.SetInParent()
             self.sendFrame(reply.SerializeToString())
-            self.transport.loseConnection()
+            self.closeAfterFlush()
         elif kind == "connection_close_ok":
-            self.transport.loseConnection()
+            self.closeAfterFlush()
 
     def connectionLost(self, reason):
+        FrameReceiver.connectionLost(self, reason)
         if self.close_reason is None:
             self.close_reason = ConnectionClosed(320, f"connection lost: {reason.getErrorMessage()}")
         for channel in list(self._channels.values()):

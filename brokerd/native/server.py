@@ -110,6 +110,7 @@ class NativeServerProtocol(FrameReceiver):
     # -- transport events
 
     def connectionLost(self, reason):
+        FrameReceiver.connectionLost(self, reason)
         if self.connection is not None:
             self.connection.close()
             self.connection = None
@@ -186,7 +187,7 @@ class NativeServerProtocol(FrameReceiver):
         envelope.connection_close.reply_code = error.reply_code
         envelope.connection_close.reply_text = error.reply_text
         self.sendFrame(envelope.SerializeToString())
-        self.transport.loseConnection()
+        self.closeAfterFlush()
 
     def _peer_name(self):
         peer = self.transport.getPeer() if self.transport is not None else None
@@ -213,10 +214,10 @@ class NativeServerProtocol(FrameReceiver):
         reply = self._reply_to(envelope)
         reply.connection_close_ok.SetInParent()
         self.sendFrame(reply.SerializeToString())
-        self.transport.loseConnection()
+        self.closeAfterFlush()
 
     def on_connection_close_ok(self, envelope, close_ok):
-        self.transport.loseConnection()
+        self.closeAfterFlush()
 
     # -- channels
 
