@@ -1,0 +1,1 @@
+"""Benchmarks: long and speed runs, each started with ``python -m benchmarks.NAME``."""
