@@ -53,7 +53,9 @@ class PublisherConfirms:
         self._flush_call = None
         if self._awaiting_sync:
             waiting, self._awaiting_sync = self._awaiting_sync, []
-            self._store.sync().addCallbacks(self._synced, self._sync_failed, (waiting,), None, (waiting,))
+            self._store.sync().addCallbacks(
+                self._synced, self._sync_failed, callbackArgs=(waiting,), errbackArgs=(waiting,)
+            )
         self._send()
 
     def _synced(self, _, sequences):

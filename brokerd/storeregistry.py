@@ -82,7 +82,10 @@ def make_store(text, data_dir):
         store = backend.make_store(data_dir, **options)
     except ValueError as problem:
         raise BackendError(f"backend {name!r}: {problem}") from None
-    verifyObject(IMessageStore, store)
+    try:
+        verifyObject(IMessageStore, store)
+    except Invalid as problem:
+        raise BackendError(f"backend {name!r} made a store that does not provide IMessageStore: {problem}") from None
     return store
 
 

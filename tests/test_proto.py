@@ -4,6 +4,7 @@ import datetime
 import decimal
 import importlib.util
 import pathlib
+import re
 
 import pytest
 
@@ -78,3 +79,15 @@ def test_freeze_tells_booleans_from_integers_and_ignores_dict_order():
     assert freeze({"a": 1, "b": [1, 2]}) == freeze({"b": [1, 2], "a": 1})
     assert freeze(True) != freeze(1)
     assert hash(freeze({"a": {"b": [b"x"]}}))
+
+
+def test_generated_code_is_not_newer_than_the_oldest_protobuf_runtime_allowed():
+    setup_py = (PROTO_DIR.parent.parent / "setup.py").read_text()
+    allowed = re.search(r'"protobuf>=([\d.]+)', setup_py).group(1)
+    for module in ("messages_pb2.py", "native_pb2.py"):
+        generated = re.search(r"# Protobuf Python Version: ([\d.]+)", (PROTO_DIR / module).read_text()).group(1)
+        assert _version(generated) <= _version(allowed), f"{module} needs protobuf {generated}, setup.py allows {allowed}"
+
+
+def _version(text):
+    return tuple(int(part) for part in text.split("."))

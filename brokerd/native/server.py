@@ -103,6 +103,7 @@ class NativeServerProtocol(FrameReceiver):
 
     def __init__(self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE):
         self.broker = broker
+        self.clock = broker.clock
         self.MAX_LENGTH = max_frame_size
         self.connection = None  # the model's Connection, once hello is done
         self._closing_channels = set()  # closed by us, awaiting channel_close_ok
