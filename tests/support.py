@@ -308,3 +308,14 @@ TOPIC_MATCH_CASES = [
     (".#", ".a", True),
     (".#", "a", False),
 ]
+
+
+def publish(channel, queue, *bodies, persistent=False):
+    """Publish each body to C{queue} through the default exchange."""
+    for body in bodies:
+        channel.basic_publish("", queue, properties(persistent), body)
+
+
+def ready(broker, queue):
+    """How many messages wait in the queue for a consumer."""
+    return broker.vhost("/").queues[queue].message_count

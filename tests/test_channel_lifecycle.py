@@ -3,31 +3,7 @@
 import pytest
 
 from brokerd.errors import AccessRefused, NotAllowed, NotFound
-from tests.support import make_broker, open_channel, properties
-
-
-@pytest.fixture
-def broker_and_clock():
-    return make_broker()
-
-
-@pytest.fixture
-def broker(broker_and_clock):
-    return broker_and_clock[0]
-
-
-@pytest.fixture
-def clock(broker_and_clock):
-    return broker_and_clock[1]
-
-
-def publish(channel, queue, *bodies, persistent=False):
-    for body in bodies:
-        channel.basic_publish("", queue, properties(persistent), body)
-
-
-def ready(broker, queue):
-    return broker.vhost("/").queues[queue].message_count
+from tests.support import make_broker, open_channel, properties, publish, ready
 
 
 def delivered(peer):

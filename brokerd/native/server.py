@@ -57,10 +57,7 @@ class _ChannelPeer:
     def deliver(self, consumer_tag, delivery_tag, redelivered, message):
         envelope = Envelope(channel=self._channel_id)
         deliver = envelope.basic_deliver
-        deliver.exchange = message.exchange
-        deliver.routing_key = message.routing_key
-        deliver.properties.CopyFrom(message.properties)
-        deliver.body = message.body
+        _fill_content(deliver, message)
         deliver.consumer_tag = consumer_tag
         deliver.delivery_tag = delivery_tag
         deliver.redelivered = redelivered
@@ -69,10 +66,7 @@ class _ChannelPeer:
     def returned(self, reply_code, reply_text, message):
         envelope = Envelope(channel=self._channel_id)
         returned = envelope.basic_return
-        returned.exchange = message.exchange
-        returned.routing_key = message.routing_key
-        returned.properties.CopyFrom(message.properties)
-        returned.body = message.body
+        _fill_content(returned, message)
         returned.reply_code = reply_code
         returned.reply_text = reply_text
         self._send(envelope.SerializeToString())
@@ -92,6 +86,15 @@ class _ChannelPeer:
         envelope = Envelope(channel=self._channel_id)
         envelope.basic_cancel.consumer_tag = consumer_tag
         self._send(envelope.SerializeToString())
+
+
+def _fill_content(target, message):
+    """Copy a message's exchange, routing key, properties and body into a
+    BasicDeliver, BasicReturn or BasicGetOk (fields 1-4 of each)."""
+    target.exchange = message.exchange
+    target.routing_key = message.routing_key
+    target.properties.CopyFrom(message.properties)
+    target.body = message.body
 
 
 def _arguments(message):
@@ -322,10 +325,7 @@ class NativeServerProtocol(FrameReceiver):
         else:
             delivery_tag, redelivered, message, message_count = result
             got = reply.basic_get_ok
-            got.exchange = message.exchange
-            got.routing_key = message.routing_key
-            got.properties.CopyFrom(message.properties)
-            got.body = message.body
+            _fill_content(got, message)
             got.delivery_tag = delivery_tag
             got.redelivered = redelivered
             got.message_count = message_count
