@@ -361,8 +361,8 @@ class ClientChannel:
     # -- consuming
 
     def basic_qos(self, prefetch_count, global_=False):
-        envelope_fields = {"prefetch_count": prefetch_count, "global": global_}
-        return self._request("basic_qos", **envelope_fields)
+        # "global" is a Python keyword, hence the dict.
+        return self._request("basic_qos", prefetch_count=prefetch_count, **{"global": global_})
 
     def basic_consume(self, queue, callback, consumer_tag="", no_ack=False, exclusive=False, arguments=None):
         """Start consuming; C{callback} gets each L{Delivery}. Fires with the consumer tag."""
