@@ -92,10 +92,6 @@ class Channel:
     def unacked_count(self):
         return len(self._unacked)
 
-    @property
-    def confirm_mode(self):
-        return self._confirms is not None
-
     # -- topology
 
     def exchange_declare(

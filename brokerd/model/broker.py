@@ -8,8 +8,9 @@ from twisted.logger import Logger
 
 from brokerd.errors import NotAllowed
 from brokerd.model.message import Message
-from brokerd.model.vhost import EXCHANGE_TYPE_NAME, VirtualHost
+from brokerd.model.vhost import VirtualHost
 from brokerd.proto import messages_pb2
+from brokerd.proto.exchange_types import EXCHANGE_TYPE_NAME
 from brokerd.proto.tables import table_to_dict
 
 DEFAULT_VHOST = "/"

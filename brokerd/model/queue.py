@@ -143,9 +143,6 @@ class Queue:
         if self.auto_delete and not self._consumers and not self.deleted:
             self.vhost.delete_queue(self.name)
 
-    def consumers(self):
-        return list(self._consumers)
-
     def dispatch(self):
         """Deliver ready messages to consumers with room, round-robin."""
         ready = self._ready

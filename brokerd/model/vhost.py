@@ -11,6 +11,7 @@ from brokerd.model.exchange import EXCHANGE_TYPES, Binding, DefaultExchange
 from brokerd.model.names import check_not_reserved, check_short_string, generate_queue_name
 from brokerd.model.queue import Queue
 from brokerd.proto import messages_pb2
+from brokerd.proto.exchange_types import EXCHANGE_TYPE_BY_NAME
 from brokerd.proto.tables import dict_to_table, freeze
 
 PREDECLARED_EXCHANGES = {
@@ -21,13 +22,6 @@ PREDECLARED_EXCHANGES = {
     "amq.match": "headers",
 }
 
-EXCHANGE_TYPE_ENUM = {
-    "direct": messages_pb2.DIRECT,
-    "fanout": messages_pb2.FANOUT,
-    "topic": messages_pb2.TOPIC,
-    "headers": messages_pb2.HEADERS,
-}
-EXCHANGE_TYPE_NAME = {value: name for name, value in EXCHANGE_TYPE_ENUM.items()}
 
 
 def _flag(value):
@@ -295,7 +289,7 @@ class VirtualHost:
         return messages_pb2.ExchangeRecord(
             vhost=self.name,
             name=exchange.name,
-            type=EXCHANGE_TYPE_ENUM[exchange.type_name],
+            type=EXCHANGE_TYPE_BY_NAME[exchange.type_name],
             durable=exchange.durable,
             auto_delete=exchange.auto_delete,
             internal=exchange.internal,

@@ -20,17 +20,12 @@ from twisted.internet.endpoints import clientFromString, connectProtocol
 from brokerd.native.framing import FrameReceiver
 from brokerd.native.server import PROTOCOL_VERSION
 from brokerd.proto import messages_pb2
+from brokerd.proto.exchange_types import EXCHANGE_TYPE_BY_NAME
 from brokerd.proto.native_pb2 import Envelope
 from brokerd.proto.tables import dict_to_table, table_to_dict
 
 DEFAULT_ENDPOINT = "tcp:127.0.0.1:5673"
 
-_EXCHANGE_TYPES = {
-    "direct": messages_pb2.DIRECT,
-    "fanout": messages_pb2.FANOUT,
-    "topic": messages_pb2.TOPIC,
-    "headers": messages_pb2.HEADERS,
-}
 _STRING_PROPERTIES = (
     "id",
     "routing_key",
@@ -275,7 +270,7 @@ class ClientChannel:
         return self._request(
             "exchange_declare",
             exchange=exchange,
-            type=_EXCHANGE_TYPES[type],
+            type=EXCHANGE_TYPE_BY_NAME[type],
             passive=passive,
             durable=durable,
             auto_delete=auto_delete,

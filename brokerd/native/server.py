@@ -27,6 +27,7 @@ from brokerd.errors import (
 from brokerd.interfaces import IChannelPeer
 from brokerd.native.framing import FrameReceiver
 from brokerd.proto import messages_pb2
+from brokerd.proto.exchange_types import EXCHANGE_TYPE_NAME
 from brokerd.proto.native_pb2 import Envelope
 from brokerd.proto.tables import table_to_dict
 
@@ -34,14 +35,6 @@ PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME_SIZE = 128 * 1024 * 1024 + 64 * 1024  # a 128 MiB body plus room for its properties
 
 log = Logger()
-
-_EXCHANGE_TYPE_NAMES = {
-    messages_pb2.EXCHANGE_TYPE_UNSPECIFIED: "direct",
-    messages_pb2.DIRECT: "direct",
-    messages_pb2.FANOUT: "fanout",
-    messages_pb2.TOPIC: "topic",
-    messages_pb2.HEADERS: "headers",
-}
 
 
 @implementer(IChannelPeer)
@@ -246,7 +239,8 @@ class NativeServerProtocol(FrameReceiver):
     # -- exchanges and queues
 
     def on_exchange_declare(self, envelope, request):
-        type_name = _EXCHANGE_TYPE_NAMES.get(request.type)
+        # An unset type means AMQP's default, direct.
+        type_name = EXCHANGE_TYPE_NAME.get(request.type or messages_pb2.DIRECT)
         if type_name is None:
             raise CommandInvalid(f"unknown exchange type number {request.type}")
         self._channel(envelope).exchange_declare(
