@@ -43,7 +43,7 @@ class Consumer:
     def has_room(self):
         """True if a delivery now stays within this consumer's and its channel's limits."""
         channel = self.channel
-        if not channel.flow_active:
+        if not channel.flow_active or channel.connection.deliveries_paused:
             return False
         if self.no_ack:
             return True
@@ -84,6 +84,7 @@ class Channel:
         self._next_delivery_tag = 1
         self._last_queue_name = None
         self._confirms = None
+        self._transaction = None  # pending (operation, arguments) while in tx mode
 
     def __repr__(self):
         return f"<Channel {self.id} of {self.connection!r}>"
@@ -143,17 +144,25 @@ class Channel:
 
     def confirm_select(self):
         """Put the channel in confirm mode: publishes are numbered from 1 and confirmed."""
+        if self._transaction is not None:
+            raise PreconditionFailed("cannot switch from tx to confirm mode")
         if self._confirms is None:
             self._confirms = PublisherConfirms(self.peer, self.vhost.store, self.clock)
 
     def basic_publish(self, exchange, routing_key, properties, body, mandatory=False):
         """Route and enqueue a message; returns it to the publisher if mandatory and unroutable."""
         check_short_string("routing key", routing_key)
+        self.publish(Message(exchange, routing_key, properties, body), mandatory)
+
+    def publish(self, message, mandatory=False):
+        """L{basic_publish} for a message the adapter has built (routing key already checked)."""
+        if self._transaction is not None:
+            self._transaction.append((self.publish, (message, mandatory)))
+            return
         confirms = self._confirms
         if confirms is not None:
             sequence = confirms.next_sequence()
-        message = Message(exchange, routing_key, properties, body)
-        routed, stored = self.vhost.publish(exchange, message)
+        routed, stored = self.vhost.publish(message.exchange, message)
         if not routed and mandatory:
             self.peer.returned(312, "NO_ROUTE", message)
         if confirms is not None:
@@ -162,12 +171,50 @@ class Channel:
             else:
                 confirms.confirm(sequence)
 
+    # -- transactions
+
+    def tx_select(self):
+        """Put the channel in transaction mode: publishes and acks wait for commit."""
+        if self._confirms is not None:
+            raise PreconditionFailed("cannot switch from confirm to tx mode")
+        if self._transaction is None:
+            self._transaction = []
+
+    def tx_commit(self):
+        """Apply the transaction's publishes and acks, in the order they came; a new one begins."""
+        pending = self._pending_transaction()
+        self._transaction = None
+        try:
+            for operation, arguments in pending:
+                operation(*arguments)
+        finally:
+            self._transaction = []
+
+    def tx_rollback(self):
+        """Drop the transaction's publishes and acks (the deliveries stay un-acked); a new one begins."""
+        self._pending_transaction()
+        self._transaction = []
+
+    def _deferred_by_transaction(self, operation, arguments, delivery_tag, multiple):
+        """In tx mode, check C{delivery_tag} now and keep the settlement for commit."""
+        if self._transaction is None:
+            return False
+        if delivery_tag not in self._unacked and not (multiple and delivery_tag == 0):
+            raise PreconditionFailed(f"unknown delivery tag {delivery_tag}")
+        self._transaction.append((operation, arguments))
+        return True
+
+    def _pending_transaction(self):
+        if self._transaction is None:
+            raise PreconditionFailed("channel is not transactional")
+        return self._transaction
+
     # -- consuming
 
     def basic_qos(self, prefetch_count, global_=False):
         if global_:
             self.prefetch_count = prefetch_count
-            self._dispatch_all()
+            self.dispatch_all()
         else:
             self.consumer_prefetch = prefetch_count
 
@@ -240,22 +287,29 @@ class Channel:
         """Pause (False) or resume (True) deliveries to this channel's consumers."""
         self.flow_active = active
         if active:
-            self._dispatch_all()
+            self.dispatch_all()
         return active
 
     # -- settling deliveries
 
     def basic_ack(self, delivery_tag, multiple=False):
+        if self._deferred_by_transaction(self.basic_ack, (delivery_tag, multiple), delivery_tag, multiple):
+            return
         entries = self._take(delivery_tag, multiple)
         for entry in entries:
             entry.queue.forget(entry)
         self._released(entries)
 
     def basic_nack(self, delivery_tag, multiple=False, requeue=True):
-        entries = self._take(delivery_tag, multiple)
-        self._settle_refused(entries, requeue)
+        if self._deferred_by_transaction(
+            self.basic_nack, (delivery_tag, multiple, requeue), delivery_tag, multiple
+        ):
+            return
+        self._settle_refused(self._take(delivery_tag, multiple), requeue)
 
     def basic_reject(self, delivery_tag, requeue=True):
+        if self._deferred_by_transaction(self.basic_reject, (delivery_tag, requeue), delivery_tag, False):
+            return
         self._settle_refused(self._take(delivery_tag, False), requeue)
 
     def basic_recover(self, requeue=True):
@@ -308,7 +362,7 @@ class Channel:
             self._released(entries, dispatch=False)
             for queue, returned in by_queue.items():
                 queue.requeue(returned)
-            self._dispatch_all()
+            self.dispatch_all()
         else:
             for entry in entries:
                 entry.queue.forget(entry)
@@ -327,12 +381,13 @@ class Channel:
         if not dispatch:
             return
         if self.prefetch_count:
-            self._dispatch_all()
+            self.dispatch_all()
         else:
             for queue in queues:
                 queue.dispatch()
 
-    def _dispatch_all(self):
+    def dispatch_all(self):
+        """Let every queue this channel consumes from deliver what it can."""
         for queue in {consumer.queue for consumer in self.consumers.values()}:
             queue.dispatch()
 

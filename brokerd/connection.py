@@ -15,6 +15,8 @@ _connection_numbers = itertools.count(1)
 class Connection:
     """
     @ivar exclusive_queues: the exclusive queues this connection declared.
+    @ivar deliveries_paused: True while the transport's write buffer is full;
+        consumers of this connection then get nothing more.
     """
 
     def __init__(self, broker, vhost_name, client_name=""):
@@ -25,6 +27,7 @@ class Connection:
         self.channels = {}
         self.exclusive_queues = set()
         self.closed = False
+        self.deliveries_paused = False
         broker.connections.add(self)
 
     def __repr__(self):
@@ -49,6 +52,18 @@ class Connection:
         channel = self.channels.pop(channel_id, None)
         if channel is not None:
             channel.close()
+
+    def pause_deliveries(self):
+        """The client is not reading fast enough: hold deliveries back until it catches up."""
+        self.deliveries_paused = True
+
+    def resume_deliveries(self):
+        """The client caught up: deliver again to every consumer of this connection."""
+        if not self.deliveries_paused:
+            return
+        self.deliveries_paused = False
+        for channel in list(self.channels.values()):
+            channel.dispatch_all()
 
     def close(self):
         """Close every channel and delete this connection's exclusive queues."""
