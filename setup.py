@@ -18,6 +18,10 @@ class EditableWithTwistedPlugins(editable_wheel):
 
 PROTOBUF_RUNTIME = "protobuf>=7.35.1,<8"  # generated code is from grpcio-tools 1.85.1 (gencode 7.35.1)
 
+# The AMQP clients users already have; the interop tests drive the broker with each.
+AMQP_CLIENTS = ["pika>=1.3", "kombu>=5.3", "celery>=5.3", "aio-pika>=9"]
+TEST_REQUIREMENTS = ["pytest>=8", "grpcio-tools==1.85.1", *AMQP_CLIENTS]
+
 setup(
     name="brokerd",
     version=re.search(r'__version__ = "([^"]+)"', open("brokerd/__init__.py", encoding="utf-8").read()).group(1),
@@ -38,15 +42,8 @@ setup(
         "pamqp>=3.3",
     ],
     extras_require={
-        "test": [
-            "pytest>=8",
-            "grpcio-tools==1.85.1",
-        ],
-        "all": [
-            "pytest>=8",
-            "grpcio-tools==1.85.1",
-            "pyspark>=3.5",
-        ],
+        "test": TEST_REQUIREMENTS,
+        "all": [*TEST_REQUIREMENTS, "pyspark>=3.5"],
     },
     entry_points={
         # Storage backends, looked up by name for --backend; a new backend is a new

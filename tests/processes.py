@@ -32,6 +32,8 @@ class BrokerProcess:
     """
 
     def __init__(self, args, cwd, env=None):
+        if not any(arg.startswith("--amqp") for arg in args):
+            args = [*args, "--amqp", "tcp:0:interface=127.0.0.1"]  # never the shared default port in tests
         command = [*twistd_command(), "-n", "--pidfile=", "brokerd", *args]
         self.command = command
         self.output = []

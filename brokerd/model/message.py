@@ -15,51 +15,26 @@ class Message:
     One published message: where it was published, its properties and body.
 
     Protocol adapters build it; the model reads only C{persistent} and
-    C{headers} (for headers exchanges) and never touches the body.
+    C{headers} (for headers exchanges) and never touches the body. The
+    properties are read-only: an adapter may share one C{BasicProperties}
+    between messages published with the same properties.
 
     @ivar encoded_properties: the properties in AMQP 0-9-1 content-header form
         (flags and property list), or None. A message published over AMQP
-        keeps the bytes it came with and decodes them only if something asks
-        for C{properties}; an AMQP delivery sends these bytes as they are.
+        keeps the bytes it came with, and an AMQP delivery sends them as they
+        are; for other messages the AMQP adapter fills it on first delivery.
     """
 
-    __slots__ = (
-        "exchange", "routing_key", "_properties", "body", "persistent", "_headers",
-        "encoded_properties", "_decode_properties",
-    )
+    __slots__ = ("exchange", "routing_key", "properties", "body", "persistent", "_headers", "encoded_properties")
 
-    def __init__(self, exchange, routing_key, properties, body):
+    def __init__(self, exchange, routing_key, properties, body, encoded_properties=None):
         self.exchange = exchange
         self.routing_key = routing_key
-        self._properties = properties
+        self.properties = properties
         self.body = body
         self.persistent = properties.delivery_mode == PERSISTENT
         self._headers = None
-        self.encoded_properties = None
-        self._decode_properties = None
-
-    @classmethod
-    def from_encoded(cls, exchange, routing_key, encoded_properties, decode_properties, persistent, body):
-        """A message whose properties stay encoded until first asked for;
-        C{decode_properties(encoded_properties)} makes the C{BasicProperties}."""
-        message = cls.__new__(cls)
-        message.exchange = exchange
-        message.routing_key = routing_key
-        message._properties = None
-        message.body = body
-        message.persistent = persistent
-        message._headers = None
-        message.encoded_properties = encoded_properties
-        message._decode_properties = decode_properties
-        return message
-
-    @property
-    def properties(self):
-        """The C{BasicProperties}, decoded on first use if they came encoded."""
-        properties = self._properties
-        if properties is None:
-            properties = self._properties = self._decode_properties(self.encoded_properties)
-        return properties
+        self.encoded_properties = encoded_properties
 
     @property
     def headers(self):

@@ -1,0 +1,1 @@
+"""AMQP 0-9-1 wire adapter."""
