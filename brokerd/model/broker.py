@@ -9,6 +9,7 @@ from twisted.logger import Logger
 from brokerd.errors import NotAllowed
 from brokerd.model.message import Message
 from brokerd.model.vhost import VirtualHost
+from brokerd.model.watermark import MemoryWatermark
 from brokerd.proto import messages_pb2
 from brokerd.proto.exchange_types import EXCHANGE_TYPE_NAME
 from brokerd.proto.tables import table_to_dict
@@ -26,9 +27,10 @@ class Broker:
         L{twisted.internet.task.Clock} in tests).
     """
 
-    def __init__(self, store, clock, vhosts=(DEFAULT_VHOST,)):
+    def __init__(self, store, clock, vhosts=(DEFAULT_VHOST,), watermark=None):
         self.store = store
         self.clock = clock
+        self.watermark = watermark if watermark is not None else MemoryWatermark()
         self.vhosts = {}
         self.connections = set()
         for name in vhosts:
@@ -36,7 +38,7 @@ class Broker:
 
     def add_vhost(self, name):
         if name not in self.vhosts:
-            self.vhosts[name] = VirtualHost(name, self.store)
+            self.vhosts[name] = VirtualHost(name, self.store, self.watermark)
         return self.vhosts[name]
 
     def vhost(self, name):

@@ -36,6 +36,7 @@ class Queue:
         self.bindings = set()
         self.deleted = False
         self._store = vhost.store
+        self._watermark = vhost.watermark
         self._ready = deque()
         self._consumers = deque()
         self._exclusive_consumer = None
@@ -71,6 +72,7 @@ class Queue:
         sequence = self._next_sequence
         self._next_sequence = sequence + 1
         self._ready.append(QueuedMessage(message, self, sequence, handle, redelivered))
+        self._watermark.add(len(message.body))
         if self._consumers:
             self.dispatch()
 
@@ -80,6 +82,7 @@ class Queue:
         puts it, marked redelivered.
         """
         if self.deleted:
+            self._watermark.release(sum(len(entry.message.body) for entry in entries))
             return
         returned = sorted(entries, key=_by_sequence)
         for entry in returned:
@@ -106,12 +109,14 @@ class Queue:
 
     def forget(self, entry):
         """The entry is done with (acked, or delivered without ack)."""
+        self._watermark.release(len(entry.message.body))
         if entry.handle is not None and not self.deleted:
             self._store.ack(self.key, entry.handle)
 
     def purge(self):
         """Drop every ready message (delivered, un-acked ones stay); returns how many went."""
         purged, self._ready = self._ready, deque()
+        self._watermark.release(sum(len(entry.message.body) for entry in purged))
         if self.persisted:
             handles = [entry.handle for entry in purged if entry.handle is not None]
             if handles:
@@ -173,6 +178,7 @@ class Queue:
         """
         self.deleted = True
         count = len(self._ready)
+        self._watermark.release(sum(len(entry.message.body) for entry in self._ready))
         self._ready.clear()
         consumers, self._consumers = list(self._consumers), deque()
         self._exclusive_consumer = None

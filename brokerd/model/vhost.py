@@ -10,6 +10,7 @@ from brokerd.errors import AccessRefused, CommandInvalid, NotFound, Precondition
 from brokerd.model.exchange import EXCHANGE_TYPES, Binding, DefaultExchange
 from brokerd.model.names import check_not_reserved, check_short_string, generate_queue_name
 from brokerd.model.queue import Queue
+from brokerd.model.watermark import MemoryWatermark
 from brokerd.proto import messages_pb2
 from brokerd.proto.exchange_types import EXCHANGE_TYPE_BY_NAME
 from brokerd.proto.tables import dict_to_table, freeze
@@ -36,9 +37,10 @@ class VirtualHost:
     @ivar queues: name -> queue.
     """
 
-    def __init__(self, name, store):
+    def __init__(self, name, store, watermark=None):
         self.name = name
         self.store = store
+        self.watermark = watermark if watermark is not None else MemoryWatermark()
         self.exchanges = {"": DefaultExchange(self, "", durable=True)}
         self.queues = {}
         for exchange_name, type_name in PREDECLARED_EXCHANGES.items():
