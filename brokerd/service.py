@@ -14,7 +14,9 @@ from twisted.internet import defer
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
+from brokerd.amqp.server import AmqpServerFactory
 from brokerd.model.broker import Broker
+from brokerd.model.watermark import DEFAULT_HIGH_WATERMARK, MemoryWatermark
 from brokerd.native.server import DEFAULT_MAX_FRAME_SIZE, NativeServerFactory
 
 log = Logger()
@@ -53,11 +55,23 @@ class BrokerService(Service):
         up (or failing if start-up failed); useful to tests and embedders.
     """
 
-    def __init__(self, store, reactor, native_endpoint=None, native_max_frame_size=DEFAULT_MAX_FRAME_SIZE):
+    def __init__(
+        self,
+        store,
+        reactor,
+        native_endpoint=None,
+        native_max_frame_size=DEFAULT_MAX_FRAME_SIZE,
+        amqp_endpoint=None,
+        amqp_settings=None,
+        memory_high_watermark=DEFAULT_HIGH_WATERMARK,
+    ):
         self.store = store
         self.reactor = reactor
-        self.broker = Broker(store, reactor)
+        self.broker = Broker(store, reactor, watermark=MemoryWatermark(memory_high_watermark))
         self.listeners = []
+        if amqp_endpoint:
+            factory = AmqpServerFactory(self.broker, amqp_settings)
+            self.listeners.append(Listener(reactor, amqp_endpoint, factory, "AMQP"))
         if native_endpoint:
             factory = NativeServerFactory(self.broker, native_max_frame_size)
             self.listeners.append(Listener(reactor, native_endpoint, factory, "native protocol"))

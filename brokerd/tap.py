@@ -11,6 +11,8 @@ from twisted.internet.endpoints import serverFromString
 from twisted.python import usage
 
 from brokerd import storeregistry
+from brokerd.amqp import auth
+from brokerd.amqp.handshake import DEFAULT_FRAME_MAX, DEFAULT_HEARTBEAT, DEFAULT_MAX_MESSAGE_SIZE, AmqpSettings
 from brokerd.native.server import DEFAULT_MAX_FRAME_SIZE
 from brokerd.service import BrokerService
 from brokerd.units import parse_size
@@ -18,6 +20,7 @@ from brokerd.units import parse_size
 DEFAULT_BACKEND = "memory"
 DEFAULT_DATA_DIR = "./brokerd-data"
 DEFAULT_NATIVE = "tcp:5673:interface=127.0.0.1"
+DEFAULT_AMQP = "tcp:5672:interface=127.0.0.1"
 
 
 class Options(usage.Options):
@@ -35,8 +38,31 @@ class Options(usage.Options):
             DEFAULT_BACKEND,
             "Storage backend and its options, NAME[:key=value...]; see --help-backends.",
         ],
+        [
+            "memory-high-watermark",
+            None,
+            "1G",
+            "Body bytes queued in memory above which publishers are blocked (K, M, G suffixes);"
+            " they resume below 80% of it.",
+        ],
         ["data-dir", None, DEFAULT_DATA_DIR, "Directory where durable backends keep their files."],
+        ["amqp", None, DEFAULT_AMQP, "Endpoint for AMQP 0-9-1 clients (pika, kombu, aio-pika); 'none' to disable it."],
         ["native", None, DEFAULT_NATIVE, "Endpoint for the native protobuf protocol; 'none' to disable it."],
+        [
+            "users",
+            None,
+            None,
+            "File of user:password lines for AMQP logins; without it only guest/guest may log in,"
+            " and guest only from a loopback address.",
+        ],
+        ["heartbeat", None, str(DEFAULT_HEARTBEAT), "AMQP heartbeat interval offered to clients, in seconds (0: off)."],
+        ["frame-max", None, str(DEFAULT_FRAME_MAX), "Largest AMQP frame offered to clients, in bytes (K, M suffixes)."],
+        [
+            "max-message-size",
+            None,
+            str(DEFAULT_MAX_MESSAGE_SIZE),
+            "Largest AMQP message body accepted, in bytes (K, M, G suffixes); a larger one closes its channel.",
+        ],
         [
             "native-max-frame",
             None,
@@ -65,17 +91,59 @@ class Options(usage.Options):
             self["native-max-frame"] = parse_size(self["native-max-frame"])
         except ValueError as problem:
             raise usage.UsageError(f"--native-max-frame: {problem}") from None
-        if self["native"].lower() == "none":
-            self["native"] = None
-        else:
-            try:
-                serverFromString(reactor, self["native"])
-            except (ValueError, KeyError, TypeError) as problem:
-                raise usage.UsageError(f"--native: {self['native']!r} is not a valid endpoint: {problem}") from None
+        for name in ("native", "amqp"):
+            self[name] = _endpoint_option(reactor, name, self[name])
+        self["amqp-settings"] = self._amqp_settings()
+        try:
+            self["memory-high-watermark"] = parse_size(self["memory-high-watermark"])
+        except ValueError as problem:
+            raise usage.UsageError(f"--memory-high-watermark: {problem}") from None
         try:
             self["store"] = storeregistry.make_store(self["backend"], self["data-dir"])
         except storeregistry.BackendError as problem:
             raise usage.UsageError(f"--backend: {problem}") from None
+
+
+    def _amqp_settings(self):
+        try:
+            heartbeat = int(self["heartbeat"])
+            if not 0 <= heartbeat <= 65535:
+                raise ValueError
+        except ValueError:
+            raise usage.UsageError(f"--heartbeat: {self['heartbeat']!r} is not a number of seconds (0-65535)") from None
+        sizes = {}
+        for name in ("frame-max", "max-message-size"):
+            try:
+                sizes[name] = parse_size(self[name])
+            except ValueError as problem:
+                raise usage.UsageError(f"--{name}: {problem}") from None
+        if not 4096 <= sizes["frame-max"] <= 2**32 - 1:
+            raise usage.UsageError(f"--frame-max: {sizes['frame-max']} is outside 4096..4294967295")
+        checker = None
+        if self["users"] is not None:
+            try:
+                with open(self["users"], "rb"):
+                    pass
+            except OSError as problem:
+                raise usage.UsageError(f"--users: cannot read {self['users']!r}: {problem.strerror}") from None
+            checker = auth.file_checker(self["users"])
+        return AmqpSettings(
+            authenticator=auth.Authenticator(checker),
+            frame_max=sizes["frame-max"],
+            heartbeat=heartbeat,
+            max_message_size=sizes["max-message-size"],
+        )
+
+
+def _endpoint_option(reactor, name, value):
+    """An endpoint option's value checked, or None for 'none'."""
+    if value.lower() == "none":
+        return None
+    try:
+        serverFromString(reactor, value)
+    except (ValueError, KeyError, TypeError) as problem:
+        raise usage.UsageError(f"--{name}: {value!r} is not a valid endpoint: {problem}") from None
+    return value
 
 
 def makeService(options):
@@ -86,4 +154,7 @@ def makeService(options):
         reactor,
         native_endpoint=options["native"],
         native_max_frame_size=options["native-max-frame"],
+        amqp_endpoint=options["amqp"],
+        amqp_settings=options["amqp-settings"],
+        memory_high_watermark=options["memory-high-watermark"],
     )

@@ -71,9 +71,16 @@ def test_help_documents_every_option_with_its_default(tmp_path):
         ("--data-dir=", "./brokerd-data"),
         ("--native=", "tcp:5673:interface=127.0.0.1"),
         ("--native-max-frame=", "134283264"),
+        ("--amqp=", "tcp:5672:interface=127.0.0.1"),
+        ("--heartbeat=", "60"),
+        ("--frame-max=", "131072"),
+        ("--max-message-size=", "134217728"),
+        ("--memory-high-watermark=", "1G"),
+        ("--users=", None),
     ]:
         assert option in result.stdout
-        assert f"[default: {default}]" in result.stdout.replace("\n", " ").replace("  ", "")
+        if default is not None:
+            assert f"[default: {default}]" in result.stdout.replace("\n", " ").replace("  ", "")
 
 
 @pytest.mark.parametrize(
@@ -84,6 +91,12 @@ def test_help_documents_every_option_with_its_default(tmp_path):
         (["--native=bogus:1"], "--native: 'bogus:1' is not a valid endpoint"),
         (["--native-max-frame=lots"], "--native-max-frame: 'lots' is not a size"),
         (["--no-such-option"], "option --no-such-option not recognized"),
+        (["--amqp=tcp:notaport"], "--amqp: 'tcp:notaport' is not a valid endpoint"),
+        (["--heartbeat=-1"], "--heartbeat: '-1' is not a number of seconds (0-65535)"),
+        (["--frame-max=100"], "--frame-max: 100 is outside 4096..4294967295"),
+        (["--max-message-size=big"], "--max-message-size: 'big' is not a size"),
+        (["--memory-high-watermark=x"], "--memory-high-watermark: 'x' is not a size"),
+        (["--users=/nonexistent/users"], "--users: cannot read '/nonexistent/users': No such file or directory"),
     ],
 )
 def test_a_bad_option_exits_with_a_one_line_error(tmp_path, args, complaint):

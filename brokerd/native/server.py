@@ -25,6 +25,7 @@ from brokerd.errors import (
     UnexpectedFrame,
 )
 from brokerd.interfaces import IChannelPeer
+from brokerd.model.watermark import PublisherGate
 from brokerd.native.framing import FrameReceiver
 from brokerd.proto import messages_pb2
 from brokerd.proto.exchange_types import EXCHANGE_TYPE_NAME
@@ -103,11 +104,14 @@ class NativeServerProtocol(FrameReceiver):
         self.MAX_LENGTH = max_frame_size
         self.connection = None  # the model's Connection, once hello is done
         self._closing_channels = set()  # closed by us, awaiting channel_close_ok
+        self._gate = None  # pauses reading from us while the broker is blocked
 
     # -- transport events
 
     def connectionLost(self, reason):
         FrameReceiver.connectionLost(self, reason)
+        if self._gate is not None:
+            self._gate.close()
         if self.connection is not None:
             self.connection.close()
             self.connection = None
@@ -310,6 +314,10 @@ class NativeServerProtocol(FrameReceiver):
         self._channel(envelope).basic_publish(
             request.exchange, request.routing_key, request.properties, request.body, request.mandatory
         )
+        if self.broker.watermark.blocked:
+            if self._gate is None:
+                self._gate = PublisherGate(self.broker.watermark, self.transport)
+            self._gate.check()
 
     def on_basic_get(self, envelope, request):
         result = self._channel(envelope).basic_get(request.queue, request.no_ack)

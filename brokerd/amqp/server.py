@@ -1,0 +1,445 @@
+"""The AMQP 0-9-1 server protocol: framing, the connection handshake, heartbeats.
+
+One L{AmqpServerProtocol} per client. It checks the protocol header, runs
+start / start-ok (credentials through L{brokerd.amqp.auth}) / tune / open, then
+splits the byte stream into frames. basic.publish with its content and
+basic.ack take a struct-based path (L{brokerd.amqp.frames}); every other method
+is decoded by pamqp and handed to L{brokerd.amqp.methods}, which calls the
+same L{brokerd.channel.Channel} the native protocol uses.
+
+A L{ChannelError} closes only its channel (and the channel's frames are then
+dropped until the client's close-ok); any other L{BrokerError} closes the
+connection with its reply code. Frames written during one reactor turn go out
+in one write; the protocol is also the transport's producer, so a client that
+reads slowly pauses deliveries to it instead of filling memory.
+"""
+
+from pamqp import commands
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.protocol import Protocol, ServerFactory
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from brokerd.amqp import frames, methods
+from brokerd.amqp.handshake import (
+    AWAITING_HEADER,
+    AWAITING_START_OK,
+    CLOSING,
+    HANDSHAKE_TIMEOUT,
+    OPEN,
+    AmqpSettings,
+    ConnectionMethods,
+)
+from brokerd.amqp.peer import AmqpChannelPeer
+from brokerd.amqp.properties import decode_properties
+from brokerd.errors import (
+    BrokerError,
+    ChannelError,
+    CommandInvalid,
+    FrameError,
+    FrameSyntaxError,
+    InternalError,
+    InvalidChannel,
+    MethodNotImplemented,
+    NotAllowed,
+    PreconditionFailed,
+    UnexpectedFrame,
+)
+from brokerd.model.message import Message
+
+log = Logger()
+
+# Publishers tend to send the same property bytes again and again; each distinct
+# encoding is decoded (and checked) once per connection and its result shared.
+PROPERTIES_CACHE_SIZE = 256
+_CHANNEL_OPEN = frames.method_index(20, 10)
+_CHANNEL_CLOSE = frames.method_index(20, 40)
+_CHANNEL_CLOSE_OK = frames.method_index(20, 41)
+
+
+class ChannelState:
+    """One open AMQP channel: its model channel and the content being assembled."""
+
+    __slots__ = ("id", "channel", "peer", "closing", "publish", "properties", "body_size", "parts", "received")
+
+    def __init__(self, channel_id, channel, peer):
+        self.id = channel_id
+        self.channel = channel
+        self.peer = peer
+        self.closing = False  # we sent channel.close and wait for close-ok
+        self.publish = None  # (exchange, routing key, mandatory) awaiting content
+        self.properties = None  # encoded properties, once the content header came
+        self.body_size = 0
+        self.parts = None
+        self.received = 0
+
+
+@implementer(IPushProducer)
+class AmqpServerProtocol(ConnectionMethods, Protocol):
+    """One client connection speaking AMQP 0-9-1."""
+
+    FLUSH_BYTES = 256 * 1024
+
+    def __init__(self, broker, settings):
+        self.broker = broker
+        self.clock = broker.clock
+        self.settings = settings
+        self.frame_max = settings.frame_max
+        self.channel_max = settings.channel_max
+        self.heartbeat = 0
+        self.client_properties = {}
+        self.client_capabilities = {}
+        self.user = None
+        self.connection = None  # the model's Connection, after connection.open
+        self._state = AWAITING_HEADER
+        self._channels = {}
+        self._max_payload = settings.frame_max - frames.FRAME_OVERHEAD
+        self._unprocessed = b""
+        self._chunks = None
+        self._buffered = 0
+        self._waiting_for = 0
+        self._outgoing = None
+        self._outgoing_bytes = 0
+        self._flush_call = None
+        self._timeout_call = None
+        self._heartbeat_loop = None
+        self._received_at = self._sent_at = 0.0
+        self._watermark = broker.watermark
+        self._decoded_properties = {}  # encoded properties -> BasicProperties
+        self._gate = None  # pauses reading from us while the broker is blocked, once open
+        self._method_in_progress = 0  # the index of the last method frame, for close's class and method ids
+
+    # -- transport events
+
+    def connectionMade(self):
+        self.transport.registerProducer(self, True)
+        self._received_at = self._sent_at = self.clock.seconds()
+        self._timeout_call = self.clock.callLater(HANDSHAKE_TIMEOUT, self._handshake_timed_out)
+
+    def connectionLost(self, reason):
+        self._state = CLOSING
+        for call in (self._flush_call, self._timeout_call):
+            if call is not None and call.active():
+                call.cancel()
+        self._flush_call = self._timeout_call = None
+        self._outgoing = None
+        if self._heartbeat_loop is not None and self._heartbeat_loop.running:
+            self._heartbeat_loop.stop()
+        if self._gate is not None:
+            self._gate.close()
+        if self.connection is not None:
+            self.connection.close()
+            self.connection = None
+
+    def dataReceived(self, data):
+        self._received_at = self.clock.seconds()
+        if self._waiting_for:
+            self._chunks.append(data)
+            self._buffered += len(data)
+            if self._buffered < self._waiting_for:
+                return
+            data = b"".join(self._chunks)
+            self._chunks = None
+            self._waiting_for = self._buffered = 0
+        elif self._unprocessed:
+            data = self._unprocessed + data
+            self._unprocessed = b""
+        if self._state == AWAITING_HEADER:
+            data = self._protocol_header(data)
+            if not data:
+                return
+        try:
+            self._frames(data)
+        except BrokerError as error:
+            self._close_connection(error, self._method_in_progress)
+        except Exception:
+            log.failure("AMQP connection from {peer} failed", peer=self._peer_name())
+            self._close_connection(InternalError("the broker failed to handle a frame; see its log"))
+
+    def _frames(self, data):
+        offset, size = 0, len(data)
+        unpack_from = frames.FRAME_START.unpack_from
+        while size - offset >= frames.FRAME_START_SIZE:
+            frame_type, channel_id, length = unpack_from(data, offset)
+            if length > self._max_payload:
+                raise FrameError(f"frame of {length + frames.FRAME_OVERHEAD} bytes exceeds frame_max {self.frame_max}")
+            start = offset + frames.FRAME_START_SIZE
+            end = start + length
+            if end >= size:
+                self._chunks = [data[offset:] if offset else data]
+                self._buffered = size - offset
+                self._waiting_for = end + 1 - offset
+                return
+            if data[end] != frames.FRAME_END:
+                raise FrameError(f"frame end byte is {data[end]:#04x}, not 0xce")
+            if frame_type == frames.FRAME_METHOD:
+                self._method_frame(channel_id, data, start, end)
+            elif frame_type == frames.FRAME_BODY:
+                self._body_frame(channel_id, data, start, end)
+            elif frame_type == frames.FRAME_HEADER:
+                self._header_frame(channel_id, data, start, end)
+            elif frame_type == frames.FRAME_HEARTBEAT:
+                if channel_id:
+                    raise FrameError(f"heartbeat frame on channel {channel_id}; heartbeats belong on channel 0")
+            else:
+                raise FrameError(f"unknown frame type {frame_type}")
+            offset = end + 1
+        if offset < size:
+            self._unprocessed = data[offset:] if offset else data
+
+    def _protocol_header(self, data):
+        """Checks the 8-byte protocol header; returns the bytes after it, or None."""
+        header = data[:8]
+        if not frames.PROTOCOL_HEADER.startswith(header):
+            log.info("refusing {peer}: protocol header {header!r} is not AMQP 0-9-1", peer=self._peer_name(),
+                     header=bytes(header))
+            self._state = CLOSING
+            self.transport.write(frames.PROTOCOL_HEADER)
+            self.transport.loseConnection()
+            return None
+        if len(header) < 8:
+            self._unprocessed = data
+            return None
+        self._state = AWAITING_START_OK
+        self._send_connection_start()
+        return data[8:]
+
+    # -- frames
+
+    def _method_frame(self, channel_id, data, start, end):
+        if end - start < 4:
+            raise FrameSyntaxError(f"method frame of {end - start} bytes has no method id")
+        (index,) = frames.METHOD_INDEX.unpack_from(data, start)
+        self._method_in_progress = index
+        if channel_id == 0:
+            self._connection_method(index, self._decode_method(index, data, start, end))
+            return
+        if self._state != OPEN:
+            if self._state == CLOSING:
+                return  # after connection.close, only close-ok matters
+            raise CommandInvalid(f"method {frames.method_name(index)} on channel {channel_id} before connection.open")
+        state = self._channels.get(channel_id)
+        if state is None:
+            if index == _CHANNEL_OPEN:
+                self._open_channel(channel_id)
+                return
+            raise InvalidChannel(f"expected 'channel.open' on channel {channel_id}, got {frames.method_name(index)}")
+        if index == _CHANNEL_OPEN and not state.closing:
+            raise InvalidChannel(f"second 'channel.open' for channel {channel_id}, which is already open")
+        if state.closing:
+            if index == _CHANNEL_CLOSE_OK or index == _CHANNEL_CLOSE:
+                del self._channels[channel_id]
+                if index == _CHANNEL_CLOSE:
+                    self.send(frames.method_frame(channel_id, commands.Channel.CloseOk()))
+            return
+        if state.publish is not None:
+            raise UnexpectedFrame(
+                f"expected content header for class 60, got method {frames.method_name(index)} on channel {channel_id}"
+            )
+        if index == frames.BASIC_PUBLISH:
+            exchange, routing_key, mandatory, immediate = frames.decode_publish(data, start + 4, end)
+            if immediate:
+                raise MethodNotImplemented("immediate=true")
+            state.publish = (exchange, routing_key, mandatory)
+            return
+        try:
+            if index == frames.BASIC_ACK:
+                state.channel.basic_ack(*frames.decode_ack(data, start + 4, end))
+                return
+            handler = methods.CHANNEL_METHODS.get(index)
+            if handler is None:
+                raise self._not_a_channel_method(index)
+            handler(self, state, self._decode_method(index, data, start, end))
+        except ChannelError as error:
+            self._close_channel(state, error, index)
+
+    @staticmethod
+    def _decode_method(index, data, start, end):
+        method_class = commands.INDEX_MAPPING.get(index)
+        if method_class is None:
+            raise MethodNotImplemented(f"unknown method class {index >> 16} id {index & 0xFFFF}")
+        method = method_class()
+        try:
+            method.unmarshal(bytes(data[start + 4 : end]))
+        except Exception as problem:
+            raise FrameSyntaxError(f"{method_class.name} arguments cannot be decoded: {problem}") from None
+        return method
+
+    @staticmethod
+    def _not_a_channel_method(index):
+        name = frames.method_name(index)
+        if index >> 16 == 10:
+            return CommandInvalid(f"{name} belongs on channel 0")
+        if index in commands.INDEX_MAPPING:
+            return CommandInvalid(f"{name} is sent by the server, not the client")
+        return MethodNotImplemented(f"unknown method {name}")
+
+    def _header_frame(self, channel_id, data, start, end):
+        state = self._content_channel(channel_id, "content header")
+        if state is None:
+            return
+        if state.publish is None or state.properties is not None:
+            raise UnexpectedFrame(f"content header frame on channel {channel_id} without a basic.publish before it")
+        class_id, body_size, properties_start = frames.decode_content_header(data, start, end)
+        if class_id != frames.BASIC_CLASS:
+            raise UnexpectedFrame(f"content header for class {class_id}, expected class 60 (basic)")
+        if body_size > self.settings.max_message_size:
+            state.publish = None
+            error = PreconditionFailed(
+                f"message size {body_size} is larger than configured max size {self.settings.max_message_size}"
+            )
+            self._close_channel(state, error, frames.BASIC_PUBLISH)
+            return
+        properties = data[properties_start:end]
+        if not body_size:
+            self._publish(state, properties, b"")
+            return
+        state.properties = properties
+        state.body_size = body_size
+        state.parts = []
+        state.received = 0
+
+    def _body_frame(self, channel_id, data, start, end):
+        state = self._content_channel(channel_id, "content body")
+        if state is None:
+            return
+        if state.properties is None:
+            raise UnexpectedFrame(f"content body frame on channel {channel_id} without a content header before it")
+        received = state.received + end - start
+        if received > state.body_size:
+            raise FrameError(f"content body is longer than the {state.body_size} bytes its header announced")
+        parts = state.parts
+        if received == state.body_size:
+            if parts:
+                parts.append(memoryview(data)[start:end])
+                body = b"".join(parts)
+            else:
+                body = data[start:end]
+            self._publish(state, state.properties, body)
+        else:
+            parts.append(memoryview(data)[start:end])
+            state.received = received
+
+    def _content_channel(self, channel_id, what):
+        if self._state != OPEN:
+            if self._state == CLOSING:
+                return None
+            raise UnexpectedFrame(f"{what} frame before connection.open")
+        state = self._channels.get(channel_id)
+        if state is None:
+            raise UnexpectedFrame(f"{what} frame on channel {channel_id}, which is not open")
+        if state.closing:
+            return None
+        return state
+
+    def _publish(self, state, properties, body):
+        exchange, routing_key, mandatory = state.publish
+        state.publish = state.properties = state.parts = None
+        decoded = self._decoded_properties.get(properties)
+        if decoded is None:
+            decoded = decode_properties(properties)  # malformed properties are a connection error (502)
+            if len(self._decoded_properties) >= PROPERTIES_CACHE_SIZE:
+                self._decoded_properties.clear()
+            self._decoded_properties[properties] = decoded
+        message = Message(exchange, routing_key, decoded, body, properties)
+        try:
+            state.channel.publish(message, mandatory)
+        except ChannelError as error:
+            self._close_channel(state, error, frames.BASIC_PUBLISH)
+        if self._watermark.blocked:
+            self._gate.check()
+
+    # -- channels
+
+    def _open_channel(self, channel_id):
+        if channel_id > self.channel_max:
+            raise NotAllowed(f"channel {channel_id} is above the negotiated channel_max {self.channel_max}")
+        peer = AmqpChannelPeer(self, channel_id)
+        channel = self.connection.open_channel(channel_id, peer)
+        self._channels[channel_id] = ChannelState(channel_id, channel, peer)
+        self.send(frames.method_frame(channel_id, commands.Channel.OpenOk()))
+
+    def close_channel_by_client(self, state):
+        """channel.close from the client: close it and answer close-ok."""
+        del self._channels[state.id]
+        self.connection.close_channel(state.id)
+        self.send(frames.method_frame(state.id, commands.Channel.CloseOk()))
+
+    def _close_channel(self, state, error, index):
+        log.debug("closing channel {channel}: {error}", channel=state.id, error=error)
+        self.connection.close_channel(state.id)
+        state.closing = True
+        state.publish = state.properties = state.parts = None
+        close = commands.Channel.Close(
+            reply_code=error.reply_code, reply_text=error.reply_text[:255], class_id=index >> 16,
+            method_id=index & 0xFFFF,
+        )
+        self.send(frames.method_frame(state.id, close))
+
+    # -- writing
+
+    def send(self, piece):
+        """Queue bytes for the end-of-turn write."""
+        outgoing = self._outgoing
+        if outgoing is None:
+            outgoing = self._outgoing = []
+            self._flush_call = self.clock.callLater(0, self.flush)
+        outgoing.append(piece)
+
+    def send_pieces(self, pieces, size):
+        """Queue several pieces (about C{size} bytes); writes at once past L{FLUSH_BYTES}."""
+        outgoing = self._outgoing
+        if outgoing is None:
+            outgoing = self._outgoing = []
+            self._flush_call = self.clock.callLater(0, self.flush)
+        outgoing.extend(pieces)
+        self._outgoing_bytes += size
+        if self._outgoing_bytes >= self.FLUSH_BYTES:
+            self.flush()
+
+    def flush(self):
+        outgoing, self._outgoing, self._outgoing_bytes = self._outgoing, None, 0
+        call, self._flush_call = self._flush_call, None
+        if call is not None and call.active():
+            call.cancel()
+        if outgoing and self.transport is not None:
+            self.transport.write(b"".join(outgoing))  # one copy, and memoryview slices are welcome
+            self._sent_at = self.clock.seconds()
+
+    # -- IPushProducer: the transport tells us when the client is not keeping up
+
+    def pauseProducing(self):
+        if self.connection is not None:
+            self.connection.pause_deliveries()
+
+    def resumeProducing(self):
+        if self.connection is not None:
+            self.connection.resume_deliveries()
+
+    def stopProducing(self):
+        pass
+
+    # -- helpers
+
+    def _peer_host(self):
+        peer = self.transport.getPeer() if self.transport is not None else None
+        return getattr(peer, "host", "")
+
+    def _peer_name(self):
+        peer = self.transport.getPeer() if self.transport is not None else None
+        return f"{peer.host}:{peer.port}" if hasattr(peer, "port") else str(peer)
+
+
+class AmqpServerFactory(ServerFactory):
+    """Makes an L{AmqpServerProtocol} per client of one broker."""
+
+    noisy = False
+
+    def __init__(self, broker, settings=None):
+        self.broker = broker
+        self.settings = settings or AmqpSettings()
+
+    def buildProtocol(self, address):
+        protocol = AmqpServerProtocol(self.broker, self.settings)
+        protocol.factory = self
+        return protocol

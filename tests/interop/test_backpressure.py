@@ -1,0 +1,111 @@
+"""Back-pressure over real sockets: a consumer that stops reading holds its
+deliveries back, the backlog crosses the memory watermark, and the broker
+stops reading from the publisher (telling it with connection.blocked) until
+the consumer catches up; then every message arrives."""
+
+import select
+import time
+
+import pytest
+from pamqp import commands
+
+from tests.interop.conftest import start_broker
+from tests.interop.rawamqp import RawAmqp, publish_frames
+
+MESSAGES = 20000
+BODY = b"b" * 1024
+
+
+@pytest.fixture
+def small_watermark_broker(tmp_path):
+    running = start_broker(tmp_path, "--memory-high-watermark", "256K")
+    yield running
+    running.process.stop()
+
+
+def push_until_stalled(publisher, data, sent=0, stall_seconds=1.0, deadline_seconds=60.0):
+    """Send C{data} from offset C{sent} without blocking until the broker stops
+    taking it; returns how far it got and every frame read meanwhile."""
+    sock = publisher.sock
+    sock.setblocking(False)
+    frames = []
+    deadline = time.monotonic() + deadline_seconds
+    view = memoryview(data)
+    while sent < len(data) and time.monotonic() < deadline:
+        readable, writable, _ = select.select([sock], [sock], [], stall_seconds)
+        if readable:
+            frames.extend(read_available(publisher))
+        if writable:
+            try:
+                sent += sock.send(view[sent : sent + 65536])
+            except BlockingIOError:
+                pass
+        elif not readable:
+            break  # neither readable nor writable for stall_seconds: the broker stopped reading
+    sock.setblocking(True)
+    return sent, frames
+
+
+def read_available(client):
+    """Frames that can be read without waiting."""
+    client.sock.setblocking(False)
+    try:
+        client.buffer = client.buffer[client.offset :] + client.sock.recv(262144)
+        client.offset = 0
+    except BlockingIOError:
+        pass
+    finally:
+        client.sock.setblocking(True)
+    frames = []
+    while len(client.buffer) - client.offset >= 7:
+        size = int.from_bytes(client.buffer[client.offset + 3 : client.offset + 7], "big")
+        if len(client.buffer) - client.offset < size + 8:
+            break
+        frames.append(client.read_frame()[1])
+    return frames
+
+
+def test_slow_consumer_blocks_the_publisher_and_nothing_is_lost(small_watermark_broker):
+    host, port = small_watermark_broker.host, small_watermark_broker.amqp_port
+    consumer = RawAmqp(host, port, receive_buffer=4096)
+    consumer.handshake()
+    consumer.open_channel()
+    consumer.send(1, commands.Queue.Declare(queue="backpressure"))
+    consumer.expect(commands.Queue.DeclareOk)
+    consumer.send(1, commands.Basic.Consume(queue="backpressure", consumer_tag="slow"))
+    consumer.expect(commands.Basic.ConsumeOk)
+
+    publisher = RawAmqp(host, port)
+    publisher.handshake()
+    publisher.open_channel()
+    data = b"".join(publish_frames(1, "backpressure", BODY) for _ in range(MESSAGES))
+
+    sent, frames = push_until_stalled(publisher, data)
+    assert any(isinstance(frame, commands.Connection.Blocked) for frame in frames), frames
+    assert sent < len(data), "the broker read everything: it never stopped reading from the publisher"
+
+    # The consumer catches up, acking as it goes; the publisher is unblocked and finishes.
+    received = 0
+    unblocked = False
+    while received < MESSAGES:
+        _, value = consumer.read_frame()
+        if not isinstance(value, commands.Basic.Deliver):
+            continue
+        received += 1
+        if received % 100 == 0 or received == MESSAGES:
+            consumer.send(1, commands.Basic.Ack(delivery_tag=value.delivery_tag, multiple=True))
+            if sent < len(data):
+                sent, frames = push_until_stalled(publisher, data, sent, stall_seconds=0.001, deadline_seconds=0.01)
+                unblocked = unblocked or any(isinstance(frame, commands.Connection.Unblocked) for frame in frames)
+    assert sent == len(data)
+    assert received == MESSAGES
+    if not unblocked:
+        unblocked = any(isinstance(frame, commands.Connection.Unblocked) for frame in read_available(publisher))
+    assert unblocked
+
+    # Nothing is left over, and both connections still work.
+    consumer.send(1, commands.Queue.Declare(queue="backpressure", passive=True))
+    declared = consumer.expect(commands.Queue.DeclareOk)
+    assert declared.message_count == 0
+    consumer.close()
+    publisher.close()
