@@ -27,3 +27,13 @@ def test_native_throughput_benchmark_moves_every_message_once_in_order():
     assert results["messages"] == 3000
     for phase in ("publish", "consume", "together"):
         assert results[f"{phase}_per_s"] > 0
+
+
+def test_amqp_throughput_benchmark_moves_every_message_once_in_order():
+    output = run_benchmark(
+        "benchmarks.amqp_throughput", "--messages", "3000", "--window", "500", "--prefetch", "200", "--json"
+    )
+    results = json.loads(output)
+    assert results["messages"] == 3000
+    for phase in ("publish", "consume", "together"):
+        assert results[f"{phase}_per_s"] > 0

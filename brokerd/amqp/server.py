@@ -112,6 +112,9 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
     # -- transport events
 
     def connectionMade(self):
+        # Confirms and small replies must not wait for the client's delayed ACK (Nagle).
+        if hasattr(self.transport, "setTcpNoDelay"):
+            self.transport.setTcpNoDelay(True)
         self.transport.registerProducer(self, True)
         self._received_at = self._sent_at = self.clock.seconds()
         self._timeout_call = self.clock.callLater(HANDSHAKE_TIMEOUT, self._handshake_timed_out)

@@ -108,6 +108,11 @@ class NativeServerProtocol(FrameReceiver):
 
     # -- transport events
 
+    def connectionMade(self):
+        # Confirms and small replies must not wait for the client's delayed ACK (Nagle).
+        if hasattr(self.transport, "setTcpNoDelay"):
+            self.transport.setTcpNoDelay(True)
+
     def connectionLost(self, reason):
         FrameReceiver.connectionLost(self, reason)
         if self._gate is not None:

@@ -1,0 +1,285 @@
+"""Publish and consume throughput over AMQP 0-9-1.
+
+    python -m benchmarks.amqp_throughput --messages 200000 --size 100
+
+Starts ``twistd -n brokerd --backend=memory --amqp tcp:0:interface=127.0.0.1
+--native none`` as a subprocess (or uses ``--connect HOST:PORT``) and measures,
+with one AMQP connection per role:
+
+  publish   N messages with publisher confirms, at most --window unconfirmed;
+            the rate counts until the last confirm
+  consume   the N queued messages with prefetch --prefetch and one multiple
+            basic.ack per --ack-every deliveries; the rate counts until the
+            last delivery
+  together  a consumer running while N more are published; the rate counts
+            until the last one is consumed (and every publish confirmed)
+
+Every phase checks that each message arrived exactly once, in order (each body
+starts with its number, 8 bytes big-endian).
+
+The client (L{benchmarks.amqp_client}) pipelines on raw sockets and costs far
+less than the broker, so the figures are the broker's, not the client's.
+"""
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+
+from pamqp import commands
+
+from benchmarks.amqp_client import (
+    BASIC_ACK,
+    FRAME_METHOD,
+    FRAME_START,
+    LONG_LONG,
+    METHOD_INDEX,
+    BenchmarkError,
+    Connection,
+    Loop,
+    publish_block,
+)
+
+QUEUE = "benchmark-amqp"
+
+
+class Publisher:
+    """
+    Publishes numbered messages, at most C{window} unconfirmed. Each confirm
+    that frees room is answered with one write of as many publishes as fit.
+    """
+
+    def __init__(self, connection, count, size, window, first_number, first_tag):
+        self.connection = connection
+        self.count = count
+        self.window = window
+        self.first_number = first_number
+        self.first_tag = first_tag  # the channel's delivery tag for our first publish
+        self.sent = 0
+        self.confirmed = 0
+        self.finished_at = None
+        self.block, self.number_offset = publish_block(connection.CHANNEL, QUEUE, size, connection.frame_max)
+        self.pack_number = LONG_LONG.pack_into
+
+    def start(self):
+        self.connection.publisher = self
+        self._fill()
+
+    @property
+    def done(self):
+        return self.confirmed == self.count
+
+    def _fill(self):
+        # Refill on every confirm. Waiting for more free room leaves the client
+        # silent, and a broker without TCP_NODELAY then holds its next small
+        # confirm write until the client's delayed ACK (about 40 ms on Linux).
+        room = min(self.window - (self.sent - self.confirmed), self.count - self.sent)
+        if room <= 0:
+            return
+        block = self.block
+        step = len(block)
+        batch = bytearray(block * room)
+        pack, number = self.pack_number, self.first_number + self.sent
+        for at in range(self.number_offset, step * room, step):
+            pack(batch, at, number)
+            number += 1
+        self.sent += room
+        self.connection.write(batch)
+
+    def confirmed_up_to(self, delivery_tag, multiple):
+        """A basic.ack from the broker: every publish up to C{delivery_tag}, or just that one."""
+        confirmed = delivery_tag - self.first_tag + 1
+        if not multiple and confirmed != self.confirmed + 1:
+            raise BenchmarkError(f"publish confirmed out of order: tag {delivery_tag} after {self.confirmed} of ours")
+        if confirmed <= self.confirmed or confirmed > self.sent:
+            raise BenchmarkError(
+                f"confirm for tag {delivery_tag}: {self.confirmed} of ours confirmed, {self.sent} sent"
+                f" (our first tag is {self.first_tag})"
+            )
+        self.confirmed = confirmed
+        if confirmed == self.count:
+            self.finished_at = time.perf_counter()
+            self.connection.publisher = None
+        else:
+            self._fill()
+
+
+class Consumer:
+    """Checks every delivery's number and order; one multiple ack per C{ack_every}."""
+
+    def __init__(self, connection, expected, size, ack_every, first_number):
+        self.connection = connection
+        self.size = size
+        self.expected = expected
+        self.ack_every = ack_every
+        self.next_number = first_number
+        self.received = 0
+        self.last_tag = 0
+        self.finished_at = None
+        self.consumer_tag = None
+        channel = connection.CHANNEL
+        self.ack_start = FRAME_START.pack(FRAME_METHOD, channel, 13) + METHOD_INDEX.pack(BASIC_ACK)
+        self.ack_end = b"\x01\xce"  # multiple, frame end
+
+    def start(self):
+        connection = self.connection
+        connection.consumer = self
+        reply = connection.rpc(commands.Basic.Consume(queue=QUEUE, no_ack=False), commands.Basic.ConsumeOk)
+        self.consumer_tag = reply.consumer_tag
+
+    def cancel(self):
+        self.connection.rpc(commands.Basic.Cancel(consumer_tag=self.consumer_tag), commands.Basic.CancelOk)
+        self.connection.consumer = None
+
+    @property
+    def done(self):
+        return self.received == self.expected
+
+    def delivered(self, delivery_tag, number):
+        if number != self.next_number:
+            raise BenchmarkError(f"expected message {self.next_number}, got {number} (delivery tag {delivery_tag})")
+        if delivery_tag <= self.last_tag:
+            raise BenchmarkError(f"delivery tag {delivery_tag} after {self.last_tag}")
+        if self.received == self.expected:
+            raise BenchmarkError(f"message {number} delivered after all {self.expected} expected ones")
+        self.next_number = number + 1
+        self.last_tag = delivery_tag
+        self.received += 1
+        if self.received % self.ack_every == 0 or self.received == self.expected:
+            self.connection.write(self.ack_start + LONG_LONG.pack(delivery_tag) + self.ack_end)
+            if self.received == self.expected:
+                self.finished_at = time.perf_counter()
+
+
+def measure(host, port, messages, size, window, prefetch, ack_every):
+    """Runs the three phases; returns a dict of rates in messages per second."""
+    loop = Loop()
+    publishing = Connection(loop, host, port, "benchmark-publisher")
+    consuming = Connection(loop, host, port, "benchmark-consumer")
+    try:
+        publishing.open()
+        consuming.open()
+        publishing.rpc(commands.Queue.Declare(queue=QUEUE), commands.Queue.DeclareOk)
+        publishing.rpc(commands.Queue.Purge(queue=QUEUE), commands.Queue.PurgeOk)
+        publishing.rpc(commands.Confirm.Select(), commands.Confirm.SelectOk)
+        consuming.rpc(commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.QosOk)
+        results = {"messages": messages, "size": size}
+
+        def publish(first_number, first_tag):
+            publisher = Publisher(publishing, messages, size, window, first_number, first_tag)
+            publisher.start()
+            return publisher
+
+        # publish: N with confirms, until the last confirm
+        started = time.perf_counter()
+        publisher = publish(0, 1)
+        loop.run_until(
+            lambda: publisher.done,
+            lambda: f"publish phase, {publisher.sent} sent, {publisher.confirmed} confirmed",
+            lambda: publisher.confirmed,
+        )
+        results["publish_per_s"] = messages / (publisher.finished_at - started)
+
+        # consume: the N queued, until the last delivery
+        consumer = Consumer(consuming, messages, size, ack_every, 0)
+        started = time.perf_counter()
+        consumer.start()
+        loop.run_until(
+            lambda: consumer.done, lambda: f"consume phase, {consumer.received} received", lambda: consumer.received
+        )
+        results["consume_per_s"] = messages / (consumer.finished_at - started)
+        consumer.cancel()
+
+        # together: a consumer running while N more are published, until the last consumed
+        consumer = Consumer(consuming, messages, size, ack_every, messages)
+        consumer.start()
+        started = time.perf_counter()
+        publisher = publish(messages, messages + 1)
+        loop.run_until(
+            lambda: consumer.done and publisher.done,
+            lambda: f"together phase, {publisher.sent} sent, {publisher.confirmed} confirmed,"
+            f" {consumer.received} received",
+            lambda: (consumer.received, publisher.confirmed),
+        )
+        results["together_per_s"] = messages / (max(consumer.finished_at, publisher.finished_at) - started)
+        consumer.cancel()
+    except BaseException:
+        publishing.shut()
+        consuming.shut()
+        raise
+    publishing.close()
+    consuming.close()
+    return results
+
+
+def parse_address(text):
+    """C{HOST:PORT} (a C{tcp:} prefix, as the broker logs it, is allowed)."""
+    if text.startswith("tcp:"):
+        text = text[4:]
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    return host, int(port)
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--size", type=int, default=100, help="body bytes (at least 8)")
+    parser.add_argument("--window", type=int, default=2000, help="most unconfirmed publishes")
+    parser.add_argument("--prefetch", type=int, default=1000)
+    parser.add_argument("--ack-every", type=int, default=100)
+    parser.add_argument("--connect", type=parse_address, metavar="HOST:PORT",
+                        help="AMQP address of a running broker (default: start one)")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    options = parser.parse_args(argv)
+    if options.size < 8:
+        parser.error("--size must be at least 8 (the body starts with the message number)")
+    if options.messages < 1 or options.window < 1 or options.ack_every < 1 or options.prefetch < 0:
+        parser.error("--messages, --window and --ack-every must be positive, --prefetch not negative")
+    if options.prefetch and options.ack_every > options.prefetch:
+        parser.error("--ack-every larger than --prefetch would stall the consumer")
+    broker = None
+    address = options.connect
+    if address is None:
+        from tests.processes import BrokerProcess
+
+        broker = BrokerProcess(
+            ["--backend=memory", "--amqp", "tcp:0:interface=127.0.0.1", "--native", "none"],
+            cwd=tempfile.mkdtemp(prefix="brokerd-bench-"),
+        )
+        try:
+            address = parse_address(broker.wait_listening("AMQP"))
+        except AssertionError as problem:  # it exited, or never said where it listens
+            broker.stop()
+            print(f"amqp_throughput: {problem}", file=sys.stderr)
+            return None
+    try:
+        results = measure(*address, options.messages, options.size, options.window, options.prefetch,
+                          options.ack_every)
+    except (BenchmarkError, OSError) as error:
+        print(f"amqp_throughput: {error}", file=sys.stderr)
+        if broker is not None and broker.process.poll() is not None:
+            print(f"the broker exited with {broker.process.returncode}; its output:", file=sys.stderr)
+            print("\n".join(broker.output[-50:]), file=sys.stderr)
+        return None
+    finally:
+        if broker is not None:
+            broker.stop()
+    if options.json:
+        print(json.dumps(results, indent=2))
+    else:
+        print(f"{results['messages']} messages of {results['size']} bytes over AMQP 0-9-1:")
+        for phase in ("publish", "consume", "together"):
+            print(f"  {phase:<9} {results[phase + '_per_s']:>10,.0f} msg/s")
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
