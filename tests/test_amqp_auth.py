@@ -1,0 +1,69 @@
+"""AMQP logins through twisted.cred: PLAIN and AMQPLAIN responses, a users
+file, and guest kept to loopback addresses as RabbitMQ keeps it."""
+
+import pytest
+from pamqp import encode as pamqp_encode
+
+from brokerd.amqp.auth import Authenticator, LoginRefused, file_checker, parse_response
+
+
+def amqplain(login, password):
+    table = pamqp_encode.field_table({"LOGIN": login, "PASSWORD": password})
+    return table[4:]  # AMQPLAIN sends the table without its length prefix
+
+
+def outcome(deferred):
+    """The user name a login Deferred fired with, or the LoginRefused it failed with."""
+    results = []
+    deferred.addBoth(results.append)
+    assert results, "the login did not finish at once"
+    result = results[0]
+    if hasattr(result, "trap"):
+        result.trap(LoginRefused)
+        return result.value
+    return result
+
+
+def test_plain_and_amqplain_responses_are_read():
+    assert parse_response("PLAIN", b"\0alice\0s3cret") == (b"alice", b"s3cret")
+    assert parse_response("AMQPLAIN", amqplain("alice", "s3cret")) == (b"alice", b"s3cret")
+
+
+@pytest.mark.parametrize(
+    "mechanism, response, complaint",
+    [
+        ("PLAIN", b"alice:s3cret", "PLAIN response must be \\0user\\0password"),
+        ("AMQPLAIN", amqplain("alice", "x")[:-3], "AMQPLAIN response is not a field table"),
+        ("AMQPLAIN", pamqp_encode.field_table({"LOGIN": "alice"})[4:], "AMQPLAIN response needs LOGIN and PASSWORD"),
+        ("EXTERNAL", b"", "unsupported authentication mechanism 'EXTERNAL'; use one of PLAIN, AMQPLAIN"),
+    ],
+)
+def test_malformed_responses_are_refused_with_the_reason(mechanism, response, complaint):
+    with pytest.raises(LoginRefused) as refused:
+        parse_response(mechanism, response)
+    assert complaint in str(refused.value)
+
+
+def test_default_user_is_guest_from_loopback_only():
+    authenticator = Authenticator()
+    assert outcome(authenticator.login("PLAIN", b"\0guest\0guest", "127.0.0.1")) == "guest"
+    assert outcome(authenticator.login("AMQPLAIN", amqplain("guest", "guest"), "::1")) == "guest"
+    remote = outcome(authenticator.login("PLAIN", b"\0guest\0guest", "192.0.2.10"))
+    assert isinstance(remote, LoginRefused)
+    assert "user 'guest' can only connect via localhost" in str(remote)
+    wrong = outcome(authenticator.login("PLAIN", b"\0guest\0nope", "127.0.0.1"))
+    assert isinstance(wrong, LoginRefused)
+    assert "login was refused using authentication mechanism PLAIN" in str(wrong)
+    assert "nope" not in str(wrong)
+
+
+def test_users_file_replaces_the_default_user(tmp_path):
+    users = tmp_path / "users"
+    users.write_text("alice:s3cret\nbob:hunter2\n")
+    authenticator = Authenticator(file_checker(str(users)))
+    assert outcome(authenticator.login("PLAIN", b"\0alice\0s3cret", "192.0.2.10")) == "alice"
+    assert outcome(authenticator.login("AMQPLAIN", amqplain("bob", "hunter2"), "127.0.0.1")) == "bob"
+    assert isinstance(outcome(authenticator.login("PLAIN", b"\0guest\0guest", "127.0.0.1")), LoginRefused)
+    assert isinstance(outcome(authenticator.login("PLAIN", b"\0alice\0wrong", "127.0.0.1")), LoginRefused)
+    users.write_text("alice:changed\n")  # re-read on every login: no restart needed
+    assert outcome(authenticator.login("PLAIN", b"\0alice\0changed", "127.0.0.1")) == "alice"
