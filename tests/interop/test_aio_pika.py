@@ -9,7 +9,6 @@ instead of stalling the run.
 import asyncio
 import datetime
 import decimal
-import itertools
 import os
 
 import aio_pika
@@ -18,18 +17,14 @@ import pytest
 from aio_pika import DeliveryMode, ExchangeType, Message
 from aio_pika import exceptions as aio_exceptions
 
+from tests.interop.conftest import first_difference, logged_errors, unique_names
+
 STEP_TIMEOUT = 10.0  # seconds any one awaited broker event may take
 TEST_TIMEOUT = 25.0  # seconds a whole scenario may take
 TEN_MIB = 10 * 1024 * 1024
-ERROR_MARKS = ("Traceback", "Unhandled", "#critical]", "#error]")
 UTC = datetime.timezone.utc
 
-_names = itertools.count(1)
-
-
-def unique(prefix):
-    """A queue or exchange name no other test in this run uses."""
-    return f"aio-pika.{prefix}.{os.getpid()}.{next(_names)}"
+unique = unique_names("aio-pika")
 
 
 def run(scenario):
@@ -50,14 +45,6 @@ async def step(awaitable, what, seconds=STEP_TIMEOUT):
         return await asyncio.wait_for(awaitable, seconds)
     except asyncio.TimeoutError:
         raise AssertionError(f"{what}: nothing within {seconds} s") from None
-
-
-def first_difference(expected, received):
-    """A short description of where two byte strings differ, for failure messages."""
-    if len(expected) != len(received):
-        return f"length {len(received)}, expected {len(expected)}"
-    offset = next((index for index, (a, b) in enumerate(zip(expected, received)) if a != b), None)
-    return "no difference" if offset is None else f"first difference at byte {offset}"
 
 
 async def connect(broker, robust=False):
@@ -97,9 +84,8 @@ def broker_logs_no_errors(amqp_broker):
     """Each test also fails if the broker logged a traceback or an error while it ran."""
     start = len(amqp_broker.process.output)
     yield
-    lines = amqp_broker.process.output[start:]
-    suspicious = [line for line in lines if any(mark in line for mark in ERROR_MARKS)]
-    assert not suspicious, "the broker logged errors during the test:\n" + "\n".join(lines)
+    problems = logged_errors(amqp_broker.process, start)
+    assert not problems, "the broker logged errors during the test:\n" + "\n".join(amqp_broker.process.output[start:])
 
 
 def test_robust_connection_declares_binds_publishes_with_confirms_and_consumes(amqp_broker):

@@ -23,6 +23,8 @@ pytest.importorskip("celery")
 from celery import chain, group  # noqa: E402
 from kombu import Connection  # noqa: E402
 
+from tests.interop.conftest import TRACEBACK_MARKS, logged_errors  # noqa: E402
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 READY_TIMEOUT = 30.0
 RESULT_TIMEOUT = 30.0
@@ -160,8 +162,7 @@ def tasks(celery_setup, amqp_broker):
     first, worker_first = len(amqp_broker.process.output), len(worker.output)
     yield tasks
     assert worker.process.poll() is None, f"the worker exited; its output:\n{worker.log()}"
-    lines = amqp_broker.process.output[first:]
-    assert not [line for line in lines if "Traceback" in line or "Unhandled" in line], "\n".join(lines)
+    assert not logged_errors(amqp_broker.process, first, TRACEBACK_MARKS), "\n".join(amqp_broker.process.output[first:])
     errors = [
         line for line in worker.output[worker_first:]
         if ("ERROR/" in line or "CRITICAL/" in line) and "Task brokerd_celery_tasks.fail[" not in line

@@ -12,7 +12,6 @@ import json
 import os
 import socket
 import time
-import uuid
 
 import amqp
 import pytest
@@ -21,15 +20,14 @@ kombu = pytest.importorskip("kombu")
 
 from kombu import Connection, Consumer, Exchange, Producer, Queue  # noqa: E402
 
-from tests.interop.conftest import start_broker  # noqa: E402
+from tests.interop.conftest import TRACEBACK_MARKS, logged_errors, start_broker, unique_names  # noqa: E402
 
 WAIT = 15.0  # seconds any expected event may take
 QUIET = 0.3  # seconds of silence that show nothing more is on its way
 RETRY_POLICY = {"max_retries": 3, "interval_start": 0, "interval_step": 0.2, "interval_max": 1}
 
 
-def unique(prefix):
-    return f"kombu-{prefix}-{uuid.uuid4().hex[:12]}"
+unique = unique_names("kombu")
 
 
 def kombu_url(broker):
@@ -70,9 +68,8 @@ def broker_log_stays_clean(amqp_broker):
     """Fails a test during which the broker logged a traceback or an unhandled error."""
     first = len(amqp_broker.process.output)
     yield
-    lines = amqp_broker.process.output[first:]
-    problems = [line for line in lines if "Traceback" in line or "Unhandled" in line]
-    assert not problems, "broker log during the test:\n" + "\n".join(lines)
+    problems = logged_errors(amqp_broker.process, first, TRACEBACK_MARKS)
+    assert not problems, "broker log during the test:\n" + "\n".join(amqp_broker.process.output[first:])
 
 
 @pytest.fixture
@@ -389,8 +386,7 @@ def test_confirm_publish_raises_when_the_broker_refuses_a_message(tmp_path):
             assert ready_count(conn, queue) == 1
     finally:
         broker.process.stop()
-    problems = [line for line in broker.process.output if "Traceback" in line or "Unhandled" in line]
-    assert not problems, "\n".join(broker.process.output)
+    assert not logged_errors(broker.process, 0, TRACEBACK_MARKS), "\n".join(broker.process.output)
 
 
 def test_exclusive_queue_belongs_to_its_connection(amqp_broker, connection):

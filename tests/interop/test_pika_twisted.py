@@ -7,7 +7,6 @@ setUpClass), each test its own queue names; nothing waits on a clock except
 the per-step timeouts that turn a hang into a failure naming the step.
 """
 
-import itertools
 import os
 import shutil
 import tempfile
@@ -18,18 +17,13 @@ from pika.adapters.twisted_connection import TwistedProtocolConnection
 from twisted.internet import defer, error, protocol, reactor
 from twisted.trial import unittest
 
-from tests.interop.conftest import start_broker
+from tests.interop.conftest import first_difference, logged_errors, start_broker, unique_names
 
 STEP_TIMEOUT = 10.0  # seconds any one awaited broker event may take
 TEN_MIB = 10 * 1024 * 1024
 HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
-ERROR_MARKS = ("Traceback", "Unhandled", "#critical]", "#error]")
-_names = itertools.count(1)
 
-
-def unique(prefix):
-    """A queue or exchange name no other test in this run uses."""
-    return f"pika-twisted.{prefix}.{os.getpid()}.{next(_names)}"
+unique = unique_names("pika-twisted")
 
 
 def within(d, what, seconds=STEP_TIMEOUT):
@@ -40,14 +34,6 @@ def within(d, what, seconds=STEP_TIMEOUT):
         raise AssertionError(f"{what}: nothing within {seconds} s")
 
     return d.addTimeout(seconds, reactor).addErrback(timed_out)
-
-
-def first_difference(expected, received):
-    """A short description of where two byte strings differ, for failure messages."""
-    if len(expected) != len(received):
-        return f"length {len(received)}, expected {len(expected)}"
-    offset = next((index for index, (a, b) in enumerate(zip(expected, received)) if a != b), None)
-    return "no difference" if offset is None else f"first difference at byte {offset}"
 
 
 class ClientConnection(TwistedProtocolConnection):
@@ -106,9 +92,8 @@ class PikaTwistedTestCase(unittest.TestCase):
 
     def assert_broker_logged_no_errors(self, log_start):
         """The broker wrote no traceback and no failure while the test ran."""
-        lines = self.broker.process.output[log_start:]
-        suspicious = [line for line in lines if any(mark in line for mark in ERROR_MARKS)]
-        if suspicious:
+        if logged_errors(self.broker.process, log_start):
+            lines = self.broker.process.output[log_start:]
             self.fail("the broker logged errors during the test:\n" + "\n".join(lines))
 
     @defer.inlineCallbacks
