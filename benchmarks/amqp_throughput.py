@@ -22,7 +22,6 @@ less than the broker, so the figures are the broker's, not the client's.
 """
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -40,6 +39,7 @@ from benchmarks.amqp_client import (
     Loop,
     publish_block,
 )
+from benchmarks.report import print_results
 
 QUEUE = "benchmark-amqp"
 
@@ -272,12 +272,7 @@ def main(argv=None):
     finally:
         if broker is not None:
             broker.stop()
-    if options.json:
-        print(json.dumps(results, indent=2))
-    else:
-        print(f"{results['messages']} messages of {results['size']} bytes over AMQP 0-9-1:")
-        for phase in ("publish", "consume", "together"):
-            print(f"  {phase:<9} {results[phase + '_per_s']:>10,.0f} msg/s")
+    print_results(results, "AMQP 0-9-1", options.json)
     return results
 
 

@@ -16,13 +16,13 @@ Every phase checks that each message arrived exactly once, in order.
 """
 
 import argparse
-import json
 import sys
 import tempfile
 import time
 
 from twisted.internet import defer, task
 
+from benchmarks.report import print_results
 from brokerd.native.client import connect
 
 QUEUE = "benchmark"
@@ -159,12 +159,7 @@ def main(argv=None):
     finally:
         if broker is not None:
             broker.stop()
-    if options.json:
-        print(json.dumps(results, indent=2))
-    else:
-        print(f"{results['messages']} messages of {results['size']} bytes over the native protocol:")
-        for phase in ("publish", "consume", "together"):
-            print(f"  {phase:<9} {results[phase + '_per_s']:>10,.0f} msg/s")
+    print_results(results, "the native protocol", options.json)
     return results
 
 

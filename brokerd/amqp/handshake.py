@@ -177,7 +177,7 @@ class ConnectionMethods:
         log.info("closing AMQP connection from {peer}: {error}", peer=self._peer_name(), error=error)
         self._shut_model_connection()
         self._state = CLOSING
-        self._unprocessed = b""
+        self._read_buffer.clear()
         close = commands.Connection.Close(
             reply_code=error.reply_code, reply_text=error.reply_text[:255], class_id=index >> 16,
             method_id=index & 0xFFFF,

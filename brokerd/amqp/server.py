@@ -46,6 +46,7 @@ from brokerd.errors import (
     UnexpectedFrame,
 )
 from brokerd.model.message import Message
+from brokerd.readbuffer import ReadBuffer
 
 log = Logger()
 
@@ -94,10 +95,7 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
         self._state = AWAITING_HEADER
         self._channels = {}
         self._max_payload = settings.frame_max - frames.FRAME_OVERHEAD
-        self._unprocessed = b""
-        self._chunks = None
-        self._buffered = 0
-        self._waiting_for = 0
+        self._read_buffer = ReadBuffer()
         self._outgoing = None
         self._outgoing_bytes = 0
         self._flush_call = None
@@ -136,17 +134,9 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
 
     def dataReceived(self, data):
         self._received_at = self.clock.seconds()
-        if self._waiting_for:
-            self._chunks.append(data)
-            self._buffered += len(data)
-            if self._buffered < self._waiting_for:
-                return
-            data = b"".join(self._chunks)
-            self._chunks = None
-            self._waiting_for = self._buffered = 0
-        elif self._unprocessed:
-            data = self._unprocessed + data
-            self._unprocessed = b""
+        data = self._read_buffer.add(data)
+        if data is None:
+            return
         if self._state == AWAITING_HEADER:
             data = self._protocol_header(data)
             if not data:
@@ -169,9 +159,7 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
             start = offset + frames.FRAME_START_SIZE
             end = start + length
             if end >= size:
-                self._chunks = [data[offset:] if offset else data]
-                self._buffered = size - offset
-                self._waiting_for = end + 1 - offset
+                self._read_buffer.keep(data, offset, end + 1 - offset)
                 return
             if data[end] != frames.FRAME_END:
                 raise FrameError(f"frame end byte is {data[end]:#04x}, not 0xce")
@@ -188,7 +176,7 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
                 raise FrameError(f"unknown frame type {frame_type}")
             offset = end + 1
         if offset < size:
-            self._unprocessed = data[offset:] if offset else data
+            self._read_buffer.keep(data, offset)
 
     def _protocol_header(self, data):
         """Checks the 8-byte protocol header; returns the bytes after it, or None."""
@@ -201,7 +189,7 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
             self.transport.loseConnection()
             return None
         if len(header) < 8:
-            self._unprocessed = data
+            self._read_buffer.keep(data, 0)
             return None
         self._state = AWAITING_START_OK
         self._send_connection_start()

@@ -3,9 +3,8 @@
 L{FrameReceiver} is Twisted's C{Int32StringReceiver} (4-byte big-endian length,
 then the frame) with two changes for speed:
 
-  - a frame that arrives in many TCP reads is gathered as a list of chunks and
-    joined once, instead of re-copying the whole buffer on every read, so a
-    100 MiB body costs one copy, not thousands;
+  - a frame that arrives in many TCP reads is joined once (L{ReadBuffer}),
+    so a 100 MiB body costs one copy, not thousands;
   - frames sent during one reactor turn are handed to the transport together
     at the end of the turn (or as soon as they add up to C{FLUSH_BYTES}), so
     a burst of deliveries or confirms costs one write, not one per frame.
@@ -15,6 +14,8 @@ from struct import Struct
 
 from twisted.protocols.basic import Int32StringReceiver
 
+from brokerd.readbuffer import ReadBuffer
+
 _LENGTH = Struct(">I")
 _PREFIX = _LENGTH.size
 
@@ -23,24 +24,16 @@ class FrameReceiver(Int32StringReceiver):
     """Calls C{stringReceived(frame)} per frame; C{MAX_LENGTH} caps a frame."""
 
     MAX_LENGTH = 128 * 1024 * 1024
-    _unprocessed = b""
-    _waiting_for = 0  # bytes needed to complete a frame that spans reads
-    _chunks = None
-    _buffered = 0
+    _read_buffer = None
     stopped_reading = False  # set when the connection is being closed; later frames are ignored
 
     def dataReceived(self, data):
-        if self._waiting_for:
-            self._chunks.append(data)
-            self._buffered += len(data)
-            if self._buffered < self._waiting_for:
-                return
-            data = b"".join(self._chunks)
-            self._chunks = None
-            self._waiting_for = self._buffered = 0
-        elif self._unprocessed:
-            data = self._unprocessed + data
-            self._unprocessed = b""
+        read_buffer = self._read_buffer
+        if read_buffer is None:
+            read_buffer = self._read_buffer = ReadBuffer()
+        data = read_buffer.add(data)
+        if data is None:
+            return
         offset, size = 0, len(data)
         unpack_from, max_length = _LENGTH.unpack_from, self.MAX_LENGTH
         while size - offset >= _PREFIX and not self.paused:
@@ -53,14 +46,12 @@ class FrameReceiver(Int32StringReceiver):
                 return
             end = offset + _PREFIX + length
             if end > size:
-                self._chunks = [data[offset:] if offset else data]
-                self._buffered = size - offset
-                self._waiting_for = _PREFIX + length
+                read_buffer.keep(data, offset, _PREFIX + length)
                 return
             self.stringReceived(data[offset + _PREFIX : end])
             offset = end
         if offset < size and not self.stopped_reading:
-            self._unprocessed = data[offset:] if offset else data
+            read_buffer.keep(data, offset)
 
     FLUSH_BYTES = 256 * 1024
     clock = None  # an IReactorTime for the end-of-turn flush; the global reactor if None
