@@ -1,8 +1,8 @@
-"""The AMQP 0-9-1 server protocol: framing, the connection handshake, heartbeats.
+"""The AMQP 0-9-1 server protocol: frames, content, channels, writing.
 
-One L{AmqpServerProtocol} per client. It checks the protocol header, runs
-start / start-ok (credentials through L{brokerd.amqp.auth}) / tune / open, then
-splits the byte stream into frames. basic.publish with its content and
+One L{AmqpServerProtocol} per client. It checks the protocol header, leaves
+the handshake and heartbeats to L{brokerd.amqp.handshake.ConnectionMethods},
+and splits the byte stream into frames. basic.publish with its content and
 basic.ack take a struct-based path (L{brokerd.amqp.frames}); every other method
 is decoded by pamqp and handed to L{brokerd.amqp.methods}, which calls the
 same L{brokerd.channel.Channel} the native protocol uses.
