@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 from brokerd.errors import PreconditionFailed
-from tests.support import open_channel, properties, publish, ready
+from tests.support import open_channel, publish, ready
 
 
 def get_all(channel, queue):

@@ -4,8 +4,11 @@ Each module gets its own broker subprocess (memory backend, AMQP and native
 listeners on port 0) so modules cannot disturb each other's queues; tests
 inside a module use their own queue names. Besides the broker fixtures this
 holds the broker-log checks, name makers and byte comparisons every client
-module uses, and the pika BlockingConnection fixtures of the test_pika_*
-modules (which switch their deadline on with ``usefixtures("watchdog")``).
+module uses, the pika BlockingConnection fixtures of the test_pika_*
+modules (which switch their deadline on with ``usefixtures("watchdog")``),
+and what the test_amqp_*_errors modules share: brokers checked for tracebacks
+(``usefixtures("no_broker_tracebacks")``), a bystander pika connection that
+must survive another connection's error, and raw clients from L{rawamqp}.
 """
 
 import contextlib
@@ -19,6 +22,7 @@ import pika
 import pytest
 from pika.exceptions import AMQPError
 
+from tests.interop.rawamqp import TIMEOUT, RawAmqp
 from tests.processes import BrokerProcess
 
 TEST_TIME_LIMIT = 30  # seconds for one test, setup and teardown included
@@ -195,3 +199,101 @@ def name(request):
         return f"{base}.{label}.{run}.{next(counter)}"
 
     return make
+
+
+# -- the AMQP error modules: checked brokers, raw clients and a bystander
+
+_checked_brokers = []
+
+
+@contextlib.contextmanager
+def checked_for_tracebacks(running):
+    """Has C{no_broker_tracebacks} watch broker C{running} while inside."""
+    _checked_brokers.append(running)
+    try:
+        yield running
+    finally:
+        _checked_brokers.remove(running)
+
+
+@pytest.fixture(scope="module")
+def broker(amqp_broker):
+    """The module's shared broker, watched by C{no_broker_tracebacks}."""
+    with checked_for_tracebacks(amqp_broker):
+        yield amqp_broker
+
+
+@pytest.fixture
+def no_broker_tracebacks():
+    """Fails a test during which any checked broker logged a traceback or an unhandled error."""
+    seen = {id(running): len(running.process.output) for running in _checked_brokers}
+    yield
+    for running in _checked_brokers:
+        start = seen.get(id(running), 0)
+        bad = logged_errors(running.process, start, TRACEBACK_MARKS)
+        assert not bad, "the broker logged a failure:\n" + "\n".join(running.process.output[start:])
+
+
+@contextlib.contextmanager
+def raw_client(broker, handshake=True, **options):
+    """A L{RawAmqp} to C{broker} that has done C{handshake(**options)} unless C{handshake=False}."""
+    client = RawAmqp(broker.host, broker.amqp_port)
+    try:
+        if handshake:
+            client.handshake(**options)
+        yield client
+    finally:
+        client.close()
+
+
+def pika_parameters(broker, username="guest", password="guest", **options):
+    return pika.ConnectionParameters(
+        host=broker.host,
+        port=broker.amqp_port,
+        credentials=pika.PlainCredentials(username, password),
+        connection_attempts=1,
+        socket_timeout=TIMEOUT,
+        blocked_connection_timeout=TIMEOUT,
+        **options,
+    )
+
+
+@contextlib.contextmanager
+def pika_connection(broker, username="guest", password="guest"):
+    connection = pika.BlockingConnection(pika_parameters(broker, username, password))
+    try:
+        yield connection
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+_round_trip_names = unique_names("round-trip")
+
+
+def pika_round_trip(connection):
+    """Declare a queue, publish to it and get the message back, on a new channel of C{connection}."""
+    channel = connection.channel()
+    queue = _round_trip_names("pika")
+    channel.queue_declare(queue, auto_delete=False)
+    body = f"round trip {uuid.uuid4().hex}".encode()
+    channel.basic_publish("", queue, body, pika.BasicProperties(content_type="text/plain"))
+    method, properties, received = channel.basic_get(queue, auto_ack=True)
+    assert method is not None, f"basic.get on {queue} found nothing after a publish"
+    assert received == body
+    assert properties.content_type == "text/plain"
+    channel.queue_delete(queue)
+    channel.close()
+
+
+@contextlib.contextmanager
+def bystander(broker, username="guest", password="guest"):
+    """
+    A pika connection opened before the error under test; on leaving, it must
+    still be open and do a full publish / get round trip.
+    """
+    with pika_connection(broker, username, password) as connection:
+        pika_round_trip(connection)
+        yield connection
+        assert connection.is_open, "the bystander connection was closed by another connection's error"
+        pika_round_trip(connection)

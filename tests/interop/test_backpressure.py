@@ -34,7 +34,7 @@ def push_until_stalled(publisher, data, sent=0, stall_seconds=1.0, deadline_seco
     while sent < len(data) and time.monotonic() < deadline:
         readable, writable, _ = select.select([sock], [sock], [], stall_seconds)
         if readable:
-            frames.extend(read_available(publisher))
+            frames.extend(frame for _, frame in publisher.read_available())
         if writable:
             try:
                 sent += sock.send(view[sent : sent + 65536])
@@ -46,36 +46,17 @@ def push_until_stalled(publisher, data, sent=0, stall_seconds=1.0, deadline_seco
     return sent, frames
 
 
-def read_available(client):
-    """Frames that can be read without waiting."""
-    client.sock.setblocking(False)
-    try:
-        client.buffer = client.buffer[client.offset :] + client.sock.recv(262144)
-        client.offset = 0
-    except BlockingIOError:
-        pass
-    finally:
-        client.sock.setblocking(True)
-    frames = []
-    while len(client.buffer) - client.offset >= 7:
-        size = int.from_bytes(client.buffer[client.offset + 3 : client.offset + 7], "big")
-        if len(client.buffer) - client.offset < size + 8:
-            break
-        frames.append(client.read_frame()[1])
-    return frames
-
-
 def test_slow_consumer_blocks_the_publisher_and_nothing_is_lost(small_watermark_broker):
     host, port = small_watermark_broker.host, small_watermark_broker.amqp_port
-    consumer = RawAmqp(host, port, receive_buffer=4096)
+    consumer = RawAmqp(host, port, timeout=10.0, receive_buffer=4096)
     consumer.handshake()
     consumer.open_channel()
-    consumer.send(1, commands.Queue.Declare(queue="backpressure"))
-    consumer.expect(commands.Queue.DeclareOk)
-    consumer.send(1, commands.Basic.Consume(queue="backpressure", consumer_tag="slow"))
-    consumer.expect(commands.Basic.ConsumeOk)
+    consumer.send_method(1, commands.Queue.Declare(queue="backpressure"))
+    consumer.wait_for(commands.Queue.DeclareOk)
+    consumer.send_method(1, commands.Basic.Consume(queue="backpressure", consumer_tag="slow"))
+    consumer.wait_for(commands.Basic.ConsumeOk)
 
-    publisher = RawAmqp(host, port)
+    publisher = RawAmqp(host, port, timeout=10.0)
     publisher.handshake()
     publisher.open_channel()
     data = b"".join(publish_frames(1, "backpressure", BODY) for _ in range(MESSAGES))
@@ -93,19 +74,19 @@ def test_slow_consumer_blocks_the_publisher_and_nothing_is_lost(small_watermark_
             continue
         received += 1
         if received % 100 == 0 or received == MESSAGES:
-            consumer.send(1, commands.Basic.Ack(delivery_tag=value.delivery_tag, multiple=True))
+            consumer.send_method(1, commands.Basic.Ack(delivery_tag=value.delivery_tag, multiple=True))
             if sent < len(data):
                 sent, frames = push_until_stalled(publisher, data, sent, stall_seconds=0.001, deadline_seconds=0.01)
                 unblocked = unblocked or any(isinstance(frame, commands.Connection.Unblocked) for frame in frames)
     assert sent == len(data)
     assert received == MESSAGES
     if not unblocked:
-        unblocked = any(isinstance(frame, commands.Connection.Unblocked) for frame in read_available(publisher))
+        unblocked = any(isinstance(frame, commands.Connection.Unblocked) for _, frame in publisher.read_available())
     assert unblocked
 
     # Nothing is left over, and both connections still work.
-    consumer.send(1, commands.Queue.Declare(queue="backpressure", passive=True))
-    declared = consumer.expect(commands.Queue.DeclareOk)
+    consumer.send_method(1, commands.Queue.Declare(queue="backpressure", passive=True))
+    _, declared = consumer.wait_for(commands.Queue.DeclareOk)
     assert declared.message_count == 0
     consumer.close()
     publisher.close()
