@@ -226,6 +226,7 @@ class Channel:
         the chance to confirm the consumer to its client.
         """
         target = self.vhost.queue(self._queue_name(queue), self.connection)
+        target.check_available()
         if consumer_tag:
             check_short_string("consumer tag", consumer_tag)
             if consumer_tag in self.consumers:
@@ -272,6 +273,7 @@ class Channel:
             message, message_count)} where the count is what is left ready.
         """
         source = self.vhost.queue(self._queue_name(queue), self.connection)
+        source.check_available()
         entry = source.get()
         if entry is None:
             return None

@@ -53,6 +53,8 @@ class IMessageStore(Interface):
         @return: an iterable, in queue order, of C{(handle, record, redelivered)}
             where C{record} is a L{StoredMessage} and C{redelivered} says the
             message may have been delivered before the restart.
+        @raise StoreCorrupted: if the queue's data is damaged beyond a torn
+            tail (which the store truncates and logs at C{open}).
         """
 
     def save_exchange(record):
@@ -121,6 +123,22 @@ class IMessageStore(Interface):
         """
 
 
+class StoreCorrupted(Exception):
+    """
+    A store found damage it cannot repair on its own (a bad record in the middle
+    of a file, say). Raised by C{recover(queue)} for the queue concerned: the
+    broker then marks that queue unavailable and goes on with the others.
+
+    @ivar path: the damaged file.
+    @ivar offset: where in it the damage starts, if known.
+    """
+
+    def __init__(self, text, path=None, offset=None):
+        super().__init__(text)
+        self.path = path
+        self.offset = offset
+
+
 class IStoreBackend(Interface):
     """
     A storage backend that C{--backend=NAME[:key=value...]} can pick.
@@ -135,13 +153,16 @@ class IStoreBackend(Interface):
         " of the backend string; defaults are strings, as typed by users."
     )
 
-    def make_store(data_dir, **options):
+    def make_store(data_dir, sync_policy, **options):
         """
         Build (without opening) a store.
 
         @param data_dir: the directory the broker keeps its data in
             (C{--data-dir}); a backend keeps its files under it unless an
             option says otherwise.
+        @param sync_policy: a L{brokerd.durability.SyncPolicy} (C{--sync}):
+            when C{sync()} may fire. Durable backends commit through a
+            L{brokerd.durability.GroupCommit} built with it.
         @param options: the backend string's C{key=value} options, as strings,
             already checked against C{options}.
         @return: an L{IMessageStore} provider.

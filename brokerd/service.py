@@ -6,6 +6,7 @@ connections, then the store. A start-up failure (store unusable, port taken) is
 logged in one line and ends the process with exit status 1.
 """
 
+import json
 import os
 import sys
 
@@ -111,6 +112,7 @@ class BrokerService(Service):
         for connection in list(self.broker.connections):
             connection.close()
         yield self.store.close()
+        log.info("store stats at stop: {stats}", stats=json.dumps(self.store.stats(), sort_keys=True))
 
 
 def _exit_with_failure():

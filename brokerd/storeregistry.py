@@ -11,6 +11,7 @@ from importlib.metadata import entry_points
 from zope.interface.exceptions import Invalid
 from zope.interface.verify import verifyObject
 
+from brokerd.durability import SyncPolicy
 from brokerd.interfaces import IMessageStore, IStoreBackend
 
 ENTRY_POINT_GROUP = "brokerd.backends"
@@ -66,9 +67,11 @@ def split_backend_string(text):
     return name, options
 
 
-def make_store(text, data_dir):
+def make_store(text, data_dir, sync_policy=None):
     """
-    Build (without opening) the store a backend string describes.
+    Build (without opening) the store a backend string describes, keeping its
+    data under C{data_dir} and committing by C{sync_policy} (a
+    L{brokerd.durability.SyncPolicy}; the default is C{always}).
 
     @raise BackendError: naming the backend, option or value at fault.
     """
@@ -79,7 +82,7 @@ def make_store(text, data_dir):
         known = ", ".join(sorted(backend.options)) or "none"
         raise BackendError(f"backend {name!r} has no option {unknown[0]!r}; its options are: {known}")
     try:
-        store = backend.make_store(data_dir, **options)
+        store = backend.make_store(data_dir, sync_policy or SyncPolicy(), **options)
     except ValueError as problem:
         raise BackendError(f"backend {name!r}: {problem}") from None
     try:

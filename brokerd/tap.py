@@ -11,6 +11,7 @@ from twisted.internet.endpoints import serverFromString
 from twisted.python import usage
 
 from brokerd import storeregistry
+from brokerd.durability import SyncPolicy
 from brokerd.amqp import auth
 from brokerd.amqp.handshake import DEFAULT_FRAME_MAX, DEFAULT_HEARTBEAT, DEFAULT_MAX_MESSAGE_SIZE, AmqpSettings
 from brokerd.native.server import DEFAULT_MAX_FRAME_SIZE
@@ -46,6 +47,14 @@ class Options(usage.Options):
             " they resume below 80% of it.",
         ],
         ["data-dir", None, DEFAULT_DATA_DIR, "Directory where durable backends keep their files."],
+        [
+            "sync",
+            None,
+            "always",
+            "When publisher confirms go out for persistent messages: always (after the fsync covering them,"
+            " shared by many messages), interval:MS (fsync every MS ms), or none (after the write; unsafe on"
+            " power loss).",
+        ],
         ["amqp", None, DEFAULT_AMQP, "Endpoint for AMQP 0-9-1 clients (pika, kombu, aio-pika); 'none' to disable it."],
         ["native", None, DEFAULT_NATIVE, "Endpoint for the native protobuf protocol; 'none' to disable it."],
         [
@@ -99,7 +108,11 @@ class Options(usage.Options):
         except ValueError as problem:
             raise usage.UsageError(f"--memory-high-watermark: {problem}") from None
         try:
-            self["store"] = storeregistry.make_store(self["backend"], self["data-dir"])
+            self["sync"] = SyncPolicy.parse(self["sync"])
+        except ValueError as problem:
+            raise usage.UsageError(f"--sync: {problem}") from None
+        try:
+            self["store"] = storeregistry.make_store(self["backend"], self["data-dir"], self["sync"])
         except storeregistry.BackendError as problem:
             raise usage.UsageError(f"--backend: {problem}") from None
 

@@ -15,7 +15,7 @@ class MemoryBackend:
     description = "keeps everything in memory; nothing survives a restart"
     options = {}
 
-    def make_store(self, data_dir, **options):
+    def make_store(self, data_dir, sync_policy=None, **options):
         return MemoryStore()
 
 

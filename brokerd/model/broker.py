@@ -7,6 +7,7 @@ through the connection's channels to the virtual host they opened.
 from twisted.logger import Logger
 
 from brokerd.errors import NotAllowed
+from brokerd.interfaces import StoreCorrupted
 from brokerd.model.message import Message
 from brokerd.model.vhost import VirtualHost
 from brokerd.model.watermark import MemoryWatermark
@@ -48,6 +49,22 @@ class Broker:
             raise NotAllowed(f"vhost {name!r} not found")
         return vhost
 
+    def _recover_messages(self, queue):
+        """Enqueue a durable queue's stored messages; a damaged queue is marked unavailable."""
+        try:
+            recovered = [(Message.from_record(stored), handle, redelivered)
+                         for handle, stored, redelivered in self.store.recover(queue.key)]
+        except StoreCorrupted as damage:
+            log.error(
+                "queue {queue!r} in vhost {vhost!r} is unavailable: {damage}",
+                queue=queue.name, vhost=queue.vhost.name, damage=damage,
+            )
+            queue.vhost.mark_unavailable(queue, str(damage))
+            return 0
+        for message, handle, redelivered in recovered:
+            queue.enqueue(message, handle, redelivered)
+        return len(recovered)
+
     def recover(self):
         """
         Rebuild durable topology and messages from the (opened) store, in queue
@@ -56,7 +73,7 @@ class Broker:
         @return: a dict with the numbers of exchanges, queues, bindings and
             messages recovered.
         """
-        counts = {"exchanges": 0, "queues": 0, "bindings": 0, "messages": 0}
+        counts = {"exchanges": 0, "queues": 0, "bindings": 0, "messages": 0, "unavailable": 0}
         store = self.store
         for record in store.topology():
             vhost = self.add_vhost(record.vhost)
@@ -71,9 +88,7 @@ class Broker:
                 counts["exchanges"] += 1
             elif isinstance(record, messages_pb2.QueueRecord):
                 queue = vhost.restore_queue(record.name, record.auto_delete, table_to_dict(record.arguments))
-                for handle, stored, redelivered in store.recover(queue.key):
-                    queue.enqueue(Message.from_record(stored), handle, redelivered)
-                    counts["messages"] += 1
+                counts["messages"] += self._recover_messages(queue)
                 counts["queues"] += 1
             elif isinstance(record, messages_pb2.BindingRecord):
                 arguments = table_to_dict(record.arguments)
@@ -90,8 +105,9 @@ class Broker:
                     )
             else:
                 raise TypeError(f"store {store.name!r} returned an unknown topology record: {record!r}")
+        counts["unavailable"] = sum(len(vhost.unavailable_queues) for vhost in self.vhosts.values())
         log.info(
-            "recovered {exchanges} exchanges, {queues} queues, {bindings} bindings"
+            "recovered {exchanges} exchanges, {queues} queues ({unavailable} unavailable), {bindings} bindings"
             " and {messages} messages from the {backend} store",
             backend=store.name,
             **counts,

@@ -8,7 +8,7 @@ that acking them releases.
 
 from collections import deque
 
-from brokerd.errors import AccessRefused, PreconditionFailed, ResourceLocked
+from brokerd.errors import AccessRefused, NotFound, PreconditionFailed, ResourceLocked
 from brokerd.model.message import QueuedMessage
 
 
@@ -35,6 +35,7 @@ class Queue:
         self.arguments = dict(arguments or {})
         self.bindings = set()
         self.deleted = False
+        self.unavailable = None  # why the store cannot serve this queue, if it cannot
         self._store = vhost.store
         self._watermark = vhost.watermark
         self._ready = deque()
@@ -57,6 +58,11 @@ class Queue:
 
     def __repr__(self):
         return f"<Queue {self.name!r} in vhost {self.vhost.name!r}>"
+
+    def check_available(self):
+        """Raises NotFound (404, as RabbitMQ answers for a queue that is down) if the store lost it."""
+        if self.unavailable is not None:
+            raise NotFound(f"queue {self.name!r} in vhost {self.vhost.name!r} is unavailable: {self.unavailable}")
 
     def check_access(self, connection):
         """Raises ResourceLocked if C{connection} may not use this exclusive queue."""

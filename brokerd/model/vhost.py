@@ -43,6 +43,7 @@ class VirtualHost:
         self.watermark = watermark if watermark is not None else MemoryWatermark()
         self.exchanges = {"": DefaultExchange(self, "", durable=True)}
         self.queues = {}
+        self.unavailable_queues = set()  # durable queues whose stored data is damaged
         for exchange_name, type_name in PREDECLARED_EXCHANGES.items():
             self.exchanges[exchange_name] = EXCHANGE_TYPES[type_name](self, exchange_name, durable=True)
 
@@ -187,6 +188,7 @@ class VirtualHost:
             queue.check_access(connection)
         queue.check_delete(if_unused, if_empty)
         del self.queues[name]
+        self.unavailable_queues.discard(queue)
         for binding in list(queue.bindings):
             self._remove_binding(binding, persist=False)
         if queue.owner is not None:
@@ -251,6 +253,8 @@ class VirtualHost:
         if exchange.internal:
             raise AccessRefused(f"cannot publish to internal exchange {exchange_name!r} in vhost {self.name!r}")
         queues = exchange.route(message)
+        if self.unavailable_queues:
+            queues = [queue for queue in queues if queue.unavailable is None]
         if not queues:
             return 0, False
         handle = None
@@ -263,6 +267,12 @@ class VirtualHost:
         return len(queues), handle is not None
 
     # -- recovery: rebuild durable topology without writing it back
+
+    def mark_unavailable(self, queue, reason):
+        """The store cannot give C{queue}'s messages back: refuse consumers and route nothing to it
+        until it is deleted (which also drops its damaged data)."""
+        queue.unavailable = reason
+        self.unavailable_queues.add(queue)
 
     def restore_exchange(self, name, type_name, auto_delete, internal, arguments):
         exchange = EXCHANGE_TYPES[type_name](self, name, True, auto_delete, internal, arguments)

@@ -1,0 +1,172 @@
+"""The one owner of durability: when a store's buffered writes reach the disk.
+
+A durable store buffers appends, acks and topology changes on the reactor
+thread and hands them over in batches. L{GroupCommit} writes each batch on one
+writer thread (so neither fsync nor SQLite ever blocks the reactor) and fires
+the Deferreds of every C{sync()} made before the batch was taken once the batch
+is as safe as the sync policy promises:
+
+  - C{always} (the default): the batch is fsynced before the syncs fire; every
+    sync caller of a reactor turn, and every one that arrives while a commit is
+    running, shares one fsync (group commit);
+  - C{interval:MS}: batches are written and fsynced every MS milliseconds, and
+    syncs fire after that fsync;
+  - C{none}: syncs fire once the batch is written to the OS, without fsync
+    (unsafe on power loss).
+
+Writes nobody syncs on are committed within C{IDLE_COMMIT_SECONDS} anyway.
+"""
+
+from twisted.internet import defer, threads
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.python.threadpool import ThreadPool
+
+log = Logger()
+
+IDLE_COMMIT_SECONDS = 0.1
+
+
+class SyncPolicy:
+    """
+    A parsed C{--sync} value.
+
+    @ivar mode: C{"always"}, C{"interval"} or C{"none"}.
+    @ivar interval: seconds between commits in C{interval} mode.
+    """
+
+    MODES = ("always", "interval", "none")
+
+    def __init__(self, mode="always", interval=0.1):
+        if mode not in self.MODES:
+            raise ValueError(f"unknown sync mode {mode!r}; use always, interval:MS or none")
+        self.mode = mode
+        self.interval = interval
+
+    @classmethod
+    def parse(cls, text):
+        """C{always}, C{none} or C{interval:MS} (MS > 0, default 100)."""
+        mode, _, argument = text.partition(":")
+        if mode == "interval":
+            try:
+                milliseconds = int(argument or "100")
+                if milliseconds <= 0:
+                    raise ValueError
+            except ValueError:
+                raise ValueError(f"interval needs a positive number of milliseconds, not {argument!r}") from None
+            return cls("interval", milliseconds / 1000.0)
+        if argument:
+            raise ValueError(f"sync mode {mode!r} takes no argument")
+        return cls(mode)
+
+    @property
+    def fsyncs(self):
+        """True if commits end with an fsync."""
+        return self.mode != "none"
+
+    def __str__(self):
+        return f"interval:{round(self.interval * 1000)}" if self.mode == "interval" else self.mode
+
+    def __repr__(self):
+        return f"SyncPolicy({str(self)!r})"
+
+
+class GroupCommit:
+    """
+    Commits one store's batches on a writer thread, in order.
+
+    @param take_batch: called on the reactor thread; returns what was buffered
+        since the last call (swapping in a new buffer) or None if nothing was.
+    @param write_batch: called on the writer thread with C{(batch, fsync)};
+        writes the batch (C{batch} may be None) and, if C{fsync}, makes
+        everything written so far durable. Its failure fails the waiting syncs.
+    """
+
+    def __init__(self, take_batch, write_batch, policy=None, reactor=None, name="store"):
+        if reactor is None:
+            from twisted.internet import reactor
+        self.policy = policy or SyncPolicy()
+        self._take_batch = take_batch
+        self._write_batch = write_batch
+        self._reactor = reactor
+        self._pool = ThreadPool(minthreads=1, maxthreads=1, name=f"brokerd-{name}-writer")
+        self._waiting = []  # Deferreds of sync() calls not yet covered by a running commit
+        self._running = None  # the Deferred of the commit on the writer thread
+        self._scheduled = None
+        self._timer = None
+        self._stopped = False
+        self.commits = 0
+        self.fsyncs = 0
+
+    def start(self):
+        self._pool.start()
+        period = self.policy.interval if self.policy.mode == "interval" else IDLE_COMMIT_SECONDS
+        self._timer = LoopingCall(self._tick)
+        self._timer.clock = self._reactor
+        self._timer.start(period, now=False)
+
+    def call(self, function, *args, **kwargs):
+        """Run C{function} on the writer thread, after every commit already started."""
+        return threads.deferToThreadPool(self._reactor, self._pool, function, *args, **kwargs)
+
+    def sync(self):
+        """A Deferred firing once every write made before this call is as safe as the policy says."""
+        if self._stopped:
+            return defer.fail(RuntimeError("the store is closed"))
+        waiter = defer.Deferred()
+        self._waiting.append(waiter)
+        if self.policy.mode != "interval":
+            self._schedule()
+        return waiter
+
+    def _schedule(self):
+        if self._scheduled is None and self._running is None:
+            self._scheduled = self._reactor.callLater(0, self._commit)
+
+    def _tick(self):
+        if self._running is None:
+            self._commit()
+
+    def _commit(self):
+        self._scheduled = None
+        waiters, self._waiting = self._waiting, []
+        batch = self._take_batch()
+        if batch is None and not waiters:
+            return defer.succeed(None)
+        fsync = self.policy.fsyncs
+        self.commits += 1
+        if fsync:
+            self.fsyncs += 1
+        running = self._running = self.call(self._write_batch, batch, fsync)
+        running.addBoth(self._committed, waiters)
+        return running
+
+    def _committed(self, result, waiters):
+        self._running = None
+        if isinstance(result, Failure):
+            log.failure("store commit failed; {count} syncs fail with it", result, count=len(waiters))
+            for waiter in waiters:
+                waiter.errback(result)
+        else:
+            for waiter in waiters:
+                waiter.callback(None)
+        if self._waiting and self.policy.mode != "interval" and not self._stopped:
+            self._schedule()
+        return None
+
+    @defer.inlineCallbacks
+    def stop(self):
+        """Commit what is buffered (with fsync unless the policy is none), then end the writer thread."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._timer is not None and self._timer.running:
+            self._timer.stop()
+        if self._scheduled is not None and self._scheduled.active():
+            self._scheduled.cancel()
+        self._scheduled = None
+        if self._running is not None:
+            yield self._running
+        yield self._commit()
+        self._pool.stop()
