@@ -77,6 +77,7 @@ def test_help_documents_every_option_with_its_default(tmp_path):
         ("--max-message-size=", "134217728"),
         ("--memory-high-watermark=", "1G"),
         ("--users=", None),
+        ("--sync=", "always"),
     ]:
         assert option in result.stdout
         if default is not None:
@@ -96,6 +97,7 @@ def test_help_documents_every_option_with_its_default(tmp_path):
         (["--frame-max=100"], "--frame-max: 100 is outside 4096..4294967295"),
         (["--max-message-size=big"], "--max-message-size: 'big' is not a size"),
         (["--memory-high-watermark=x"], "--memory-high-watermark: 'x' is not a size"),
+        (["--sync=sometimes"], "--sync: unknown sync mode 'sometimes'; use always, interval:MS or none"),
         (["--users=/nonexistent/users"], "--users: cannot read '/nonexistent/users': No such file or directory"),
     ],
 )
