@@ -2,6 +2,8 @@
 commits, and each --sync policy keeping its promise."""
 
 import os
+import shutil
+import tempfile
 import threading
 
 import pytest
@@ -77,8 +79,13 @@ class FileLog:
 class GroupCommitTests(unittest.TestCase):
     timeout = 10
 
+    def temporary_path(self):
+        directory = tempfile.mkdtemp(prefix="brokerd-durability-")
+        self.addCleanup(shutil.rmtree, directory, True)
+        return os.path.join(directory, "log")
+
     def started(self, policy="always"):
-        log = FileLog(self.mktemp())
+        log = FileLog(self.temporary_path())
         group = GroupCommit(log.take_batch, log.write_batch, SyncPolicy.parse(policy), reactor, name="test")
         group.start()
         self.addCleanup(group.stop)
@@ -161,7 +168,7 @@ class GroupCommitTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def test_stop_commits_what_is_buffered_and_refuses_later_syncs(self):
-        log = FileLog(self.mktemp())
+        log = FileLog(self.temporary_path())
         self.addCleanup(log.file.close)
         group = GroupCommit(log.take_batch, log.write_batch, SyncPolicy(), reactor, name="test")
         group.start()
