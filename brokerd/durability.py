@@ -166,7 +166,9 @@ class GroupCommit:
         if self._scheduled is not None and self._scheduled.active():
             self._scheduled.cancel()
         self._scheduled = None
-        if self._running is not None:
-            yield self._running
-        yield self._commit()
-        self._pool.stop()
+        try:
+            if self._running is not None:
+                yield self._running
+            yield self._commit()
+        finally:
+            self._pool.stop()

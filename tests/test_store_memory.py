@@ -1,5 +1,7 @@
 """The store contract for the memory backend, plus what is particular to it."""
 
+import tempfile
+
 from twisted.internet import defer
 from twisted.trial import unittest
 
@@ -9,7 +11,7 @@ from tests.store_contract import JOBS, StoreContract, message, queue_record
 
 class MemoryStoreContractTests(StoreContract, unittest.TestCase):
     def make_store(self):
-        return backend.make_store(self.mktemp())
+        return backend.make_store(tempfile.gettempdir())
 
     def reopen(self, store):
         # Nothing outlives the process: the store itself is what a reopen sees.
@@ -27,7 +29,7 @@ class MemoryStoreTests(unittest.TestCase):
         yield first.open()
         first.save_queue(queue_record("jobs"))
         first.append(message(b"lost on restart"), [JOBS])
-        second = backend.make_store(self.mktemp())
+        second = backend.make_store(tempfile.gettempdir())
         yield second.open()
         self.assertEqual(list(second.topology()), [])
         self.assertEqual(list(second.recover(JOBS)), [])

@@ -45,8 +45,11 @@ class Message:
 
     @classmethod
     def from_record(cls, record):
-        """The message a store's L{StoredMessage} record holds."""
-        return cls(record.exchange, record.routing_key, record.properties, record.body)
+        """The message a store's L{StoredMessage} record holds. The properties are
+        copied out so that the record (body included) is not kept alive by them."""
+        properties = messages_pb2.BasicProperties()
+        properties.CopyFrom(record.properties)
+        return cls(record.exchange, record.routing_key, properties, record.body)
 
     def __repr__(self):
         return f"<Message exchange={self.exchange!r} routing_key={self.routing_key!r} {len(self.body)} bytes>"
