@@ -1,0 +1,62 @@
+"""The filelog store: one append-only file per durable queue, acks flipping a
+valid flag in place, compaction of files that are mostly acked, the topology
+in a small file replaced atomically. Files live under C{<data dir>/filelog/}.
+"""
+
+import os
+
+from zope.interface import implementer
+
+from backends.filelog.store import FilelogStore
+from brokerd.interfaces import IStoreBackend
+
+SUBDIRECTORY = "filelog"
+
+
+@implementer(IStoreBackend)
+class FilelogBackend:
+    name = "filelog"
+    description = "one append-only file per durable queue; an ack flips a flag in place; mostly-acked files are compacted"
+    options = {
+        "compact_min_records": ("2000", "compact a queue file only once it holds at least this many records"),
+        "compact_valid_ratio": ("0.5", "... and fewer than this fraction of them are un-acked (0 < ratio <= 1)"),
+    }
+
+    def make_store(self, data_dir, sync_policy=None, **options):
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            raise ValueError(f"no option {unknown[0]!r}; the options are: {', '.join(sorted(self.options))}")
+        given = {name: options.get(name, default) for name, (default, _) in self.options.items()}
+        return FilelogStore(
+            os.path.join(data_dir, SUBDIRECTORY),
+            sync_policy,
+            compact_min_records=_whole_number("compact_min_records", given["compact_min_records"]),
+            compact_valid_ratio=_ratio("compact_valid_ratio", given["compact_valid_ratio"]),
+        )
+
+
+def _whole_number(name, text):
+    """An option's text as an integer of at least 1; the ValueError names the option."""
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        value = 0
+    if value < 1:
+        raise ValueError(f"option {name} must be a whole number of at least 1, not {text!r}")
+    return value
+
+
+def _ratio(name, text):
+    """An option's text as a number above 0 and at most 1; the ValueError names the option."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"option {name} must be a number above 0 and at most 1, not {text!r}")
+    return value
+
+
+backend = FilelogBackend()
+
+__all__ = ["FilelogStore", "backend"]

@@ -1,0 +1,91 @@
+"""Small file-system steps the filelog writer thread builds on: whole writes,
+gathered writes, atomic replacement, durable directory changes."""
+
+import os
+
+TEMPORARY_SUFFIX = ".tmp"
+IOV_MAX = os.sysconf("SC_IOV_MAX")
+SMALL_PART = 16 * 1024  # parts smaller than this are joined; copying them costs less than an iovec
+
+
+def replace_file(path, data, sync_directory):
+    """
+    Replace the file at C{path} by one holding C{data}, atomically.
+
+    The new contents are fsynced before the rename whatever the sync policy:
+    otherwise a crash could leave an empty file in place of a good one. The
+    directory (which makes the rename itself durable) is fsynced only if
+    C{sync_directory}.
+
+    @return: the number of fsyncs made.
+    """
+    temporary = path + TEMPORARY_SUFFIX
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write_all(descriptor, data, 0)
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+    os.replace(temporary, path)
+    if sync_directory:
+        fsync_directory(os.path.dirname(path))
+        return 2
+    return 1
+
+
+def write_all(descriptor, data, offset):
+    """pwrite C{data} at C{offset}, however many calls the kernel needs (usually one)."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(descriptor, view, offset)
+        view = view[written:]
+        offset += written
+
+
+def fsync_directory(path):
+    """Make the creations, renames and removals of files in a directory durable."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def write_gathered(descriptor, parts, offset):
+    """
+    Write C{parts} one after the other from C{offset} with vectored writes:
+    one call unless the kernel's iovec limit needs more, and big parts (message
+    bodies) written from where they are instead of copied into one buffer.
+
+    @return: the number of write calls made.
+    """
+    buffers = _gather(parts)
+    calls = 0
+    while buffers:
+        written = os.pwritev(descriptor, buffers[:IOV_MAX], offset)
+        calls += 1
+        offset += written
+        done = 0
+        while done < len(buffers) and written >= len(buffers[done]):
+            written -= len(buffers[done])
+            done += 1
+        buffers = buffers[done:]
+        if written:
+            buffers[0] = memoryview(buffers[0])[written:]
+    return calls
+
+
+def _gather(parts):
+    """The buffers of C{parts}: each run of small parts joined into one, big parts as they are."""
+    buffers, run = [], []
+    for part in parts:
+        if len(part) < SMALL_PART:
+            run.append(part)
+            continue
+        if run:
+            buffers.append(b"".join(run))
+            run = []
+        buffers.append(part)
+    if run:
+        buffers.append(b"".join(run))
+    return buffers

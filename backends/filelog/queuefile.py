@@ -1,0 +1,299 @@
+"""One queue's data file: recovered, appended to, acked in place, compacted, read.
+
+Only the store's writer thread touches a L{QueueFile}. The file holds a header
+naming its queue, then records (see L{backends.filelog.records}); the object
+knows where each valid record is (handle -> offset and size), which is what an
+ack (flip the valid byte), a read and a compaction need.
+"""
+
+import hashlib
+import mmap
+import os
+
+from google.protobuf.message import DecodeError
+from twisted.logger import Logger
+
+from backends.filelog.fileio import fsync_directory, write_all, write_gathered
+from backends.filelog.records import (
+    ACKED_FLAG,
+    FLAG_OFFSET,
+    OVERHEAD,
+    file_header,
+    frame,
+    payload_of,
+    record_problem,
+    scan,
+)
+from brokerd.interfaces import StoreCorrupted
+from brokerd.proto import messages_pb2
+
+log = Logger()
+
+DATA_SUFFIX = ".qlog"
+COMPACT_SUFFIX = ".compact"
+HASHED_PREFIX = "sha256-"
+LONGEST_HEX_NAME = 200  # file systems allow 255 bytes; longer keys are hashed
+COMPACTION_WRITE_SIZE = 1 << 20
+
+
+def queue_file_name(queue):
+    """
+    The data file name of a queue key C{(vhost, name)}: the hex of the UTF-8 of
+    C{"vhost\\0name"}, which is safe on any file system whatever the names hold,
+    or a SHA-256 of it when the hex would be too long for a file name.
+    """
+    key = "\0".join(queue).encode("utf-8")
+    name = key.hex()
+    if len(name) > LONGEST_HEX_NAME:
+        name = HASHED_PREFIX + hashlib.sha256(key).hexdigest()
+    return name + DATA_SUFFIX
+
+
+class Figures:
+    """Counters of a store's files for its stats(): changed on the writer thread, read on the reactor's."""
+
+    def __init__(self):
+        self.file_bytes = 0
+        self.writes = 0
+        self.syncs = 0
+        self.compactions = 0
+
+
+class QueueFile:
+    """
+    One queue's data file.
+
+    @ivar positions: handle -> C{(offset, size)} of every valid record, in
+        file order.
+    @ivar records: how many records the file holds, valid or acked.
+    @ivar damage: the L{StoreCorrupted} recovery found, if any; a damaged file
+        is closed and left as it is until its queue is deleted.
+    """
+
+    def __init__(self, queue, path, descriptor, figures):
+        self.queue = queue
+        self.path = path
+        self.descriptor = descriptor
+        self.figures = figures
+        self.size = 0
+        self.records = 0
+        self.positions = {}
+        self.damage = None
+
+    @classmethod
+    def create(cls, queue, path, figures):
+        """A new, empty file. O_TRUNC: a file of a queue of the same name that the
+        topology no longer holds (ignored at open) must not lend it its messages."""
+        return cls(queue, path, os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644), figures)
+
+    # -- recovery
+
+    def recover(self, first_handle):
+        """
+        Read the file's valid records, cutting off a torn header or tail.
+
+        @return: C{[(handle, StoredMessage)]} in file order, handles counted
+            from C{first_handle}.
+        @raise StoreCorrupted: if the file is damaged before its end or is not
+            this queue's; the file is then marked damaged and left untouched.
+        """
+        recovered, handle = [], first_handle
+        records = self._sound_records()
+        for record in records:
+            if record.payload is None:
+                continue
+            message = messages_pb2.StoredMessage()
+            try:
+                message.ParseFromString(record.payload)
+            except DecodeError:
+                raise self._damaged(f"the record at offset {record.offset} does not decode", record.offset) from None
+            self.positions[handle] = (record.offset, record.size)
+            recovered.append((handle, message))
+            handle += 1
+        self.records = len(records)
+        self.figures.file_bytes += self.size
+        return recovered
+
+    def _sound_records(self):
+        header = file_header(self.queue)
+        size = os.fstat(self.descriptor).st_size
+        if size < len(header):
+            self._drop_torn_header(header, size)
+            return []
+        with mmap.mmap(self.descriptor, size, access=mmap.ACCESS_READ) as data:
+            if data[: len(header)] != header:
+                raise self._damaged(f"it does not start with the header of {self.queue!r}", 0)
+            records, damage = scan(data, len(header))
+        self.size = size
+        if damage is None:
+            return records
+        if not damage.torn:
+            raise self._damaged(
+                f"the record at offset {damage.offset} is bad ({damage.reason}), yet sound records follow it"
+                f" ({size - damage.offset} bytes from there on)",
+                damage.offset,
+            )
+        log.warn(
+            "queue file {path}: dropped a torn tail of {dropped} bytes at offset {offset} ({reason})",
+            path=self.path, dropped=size - damage.offset, offset=damage.offset, reason=damage.reason,
+        )
+        self._truncate(damage.offset)
+        return records
+
+    def _drop_torn_header(self, header, size):
+        """A file too short for its header holds no message: if what it holds is
+        the start of its header (or zeros), its creation was cut short; empty it."""
+        if not size:
+            return
+        start = os.pread(self.descriptor, size, 0)
+        if not header.startswith(start) and start.strip(b"\0"):
+            raise self._damaged(f"it does not start with the header of {self.queue!r}", 0)
+        log.warn("queue file {path}: dropped a torn header of {size} bytes", path=self.path, size=size)
+        self._truncate(0)
+
+    def _truncate(self, size):
+        os.ftruncate(self.descriptor, size)
+        os.fsync(self.descriptor)
+        self.size = size
+        self.figures.syncs += 1
+
+    def _damaged(self, reason, offset):
+        os.close(self.descriptor)
+        self.descriptor = None
+        self.positions = {}
+        self.damage = StoreCorrupted(f"queue file {self.path} is damaged: {reason}", self.path, offset)
+        return self.damage
+
+    # -- writes
+
+    def append(self, handles, payloads, framings):
+        """
+        Append the records of C{handles} with one gathered write (after the
+        header, if the file is empty).
+
+        @param payloads: handle -> encoded StoredMessage as C{(head, body)}.
+        @param framings: handle -> (header, trailer), shared by the files a
+            message goes to so its CRC is computed once; filled in here.
+        """
+        if self.damage is not None:
+            raise StoreCorrupted(f"cannot append to {self.path}: {self.damage}", self.path)
+        parts, positions, offset = [], [], self.size
+        if not offset:
+            parts.append(file_header(self.queue))
+            offset = len(parts[0])
+        for handle in handles:
+            head, body = payloads[handle]
+            framing = framings.get(handle)
+            if framing is None:
+                framing = framings[handle] = frame(head, body)
+            parts += (framing[0], head, body, framing[1])
+            size = OVERHEAD + len(head) + len(body)
+            positions.append((handle, (offset, size)))
+            offset += size
+        try:
+            self.figures.writes += write_gathered(self.descriptor, parts, self.size)
+        except OSError:
+            self._cut_failed_append()
+            raise
+        self.figures.file_bytes += offset - self.size
+        self.positions.update(positions)
+        self.records += len(positions)
+        self.size = offset
+
+    def _cut_failed_append(self):
+        """Cut off whatever part of a failed append reached the file, so no half
+        record sits before the next append; the failure itself is what matters."""
+        try:
+            os.ftruncate(self.descriptor, self.size)
+        except OSError:
+            pass
+
+    def ack(self, handles):
+        """Flip the valid byte of each record of C{handles} the file holds; returns how many it held."""
+        flipped = 0
+        for handle in handles:
+            position = self.positions.pop(handle, None)
+            if position is not None:
+                os.pwrite(self.descriptor, ACKED_FLAG, position[0] + FLAG_OFFSET)
+                flipped += 1
+        return flipped
+
+    def fsync(self):
+        os.fsync(self.descriptor)
+        self.figures.syncs += 1
+
+    # -- compaction
+
+    def worth_compacting(self, min_records, valid_ratio):
+        """At least C{min_records} records, and fewer than C{valid_ratio} of them valid."""
+        return self.damage is None and self.records >= min_records and len(self.positions) < valid_ratio * self.records
+
+    def compact(self):
+        """
+        Rewrite the file with only its valid records: into a temporary file,
+        fsynced, renamed over the data file, directory fsynced. Always durable,
+        whatever the sync policy, as the rename replaces data already committed.
+        """
+        temporary = self.path + COMPACT_SUFFIX
+        descriptor = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            positions, size = self._copy_valid_records(descriptor)
+            os.fsync(descriptor)
+            os.replace(temporary, self.path)
+        except BaseException:
+            os.close(descriptor)
+            os.unlink(temporary)
+            raise
+        os.close(self.descriptor)
+        log.info(
+            "compacted queue file {path}: {records} records in {old_size} bytes to {valid} in {size}",
+            path=self.path, records=self.records, old_size=self.size, valid=len(positions), size=size,
+        )
+        self.figures.file_bytes += size - self.size
+        self.figures.compactions += 1
+        self.descriptor, self.positions, self.size, self.records = descriptor, positions, size, len(positions)
+        fsync_directory(os.path.dirname(self.path))
+        self.figures.syncs += 2
+
+    def _copy_valid_records(self, descriptor):
+        header = file_header(self.queue)
+        positions, pending, pending_size, written = {}, [header], len(header), 0
+        for handle, (offset, size) in self.positions.items():
+            record = os.pread(self.descriptor, size, offset)
+            if len(record) != size:
+                raise OSError(f"{self.path} ends inside the record at offset {offset}")
+            positions[handle] = (written + pending_size, size)
+            pending.append(record)
+            pending_size += size
+            if pending_size >= COMPACTION_WRITE_SIZE:
+                write_all(descriptor, b"".join(pending), written)
+                written, pending, pending_size = written + pending_size, [], 0
+        write_all(descriptor, b"".join(pending), written)
+        return positions, written + pending_size
+
+    # -- reads
+
+    def read(self, handle):
+        """
+        The L{StoredMessage} of C{handle}, or None if the file holds no valid record of it.
+
+        @raise StoreCorrupted: if the record no longer reads back whole.
+        """
+        position = self.positions.get(handle)
+        if position is None:
+            return None
+        offset, size = position
+        record = os.pread(self.descriptor, size, offset)
+        problem = record_problem(record)
+        if problem is not None:
+            raise StoreCorrupted(
+                f"queue file {self.path}: the record at offset {offset} reads back damaged: {problem}", self.path, offset
+            )
+        message = messages_pb2.StoredMessage()
+        message.ParseFromString(payload_of(record))
+        return message
+
+    def close(self):
+        if self.descriptor is not None:
+            os.close(self.descriptor)
+            self.descriptor = None

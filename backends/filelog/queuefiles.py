@@ -1,0 +1,218 @@
+"""The files of a filelog store, as its writer thread works on them.
+
+Everything here runs on the store's one writer thread (L{GroupCommit}'s), one
+call at a time, so it needs no locks: recovery at open, each commit's batch,
+reads of records back. The reactor thread only reads the L{Figures}.
+
+The directory holds a lock file (flocked while a store has it open), the
+topology file, and one L{QueueFile} per durable queue that was ever written to.
+"""
+
+import fcntl
+import os
+from typing import NamedTuple
+
+from twisted.logger import Logger
+
+from backends.filelog.fileio import TEMPORARY_SUFFIX, fsync_directory, replace_file
+from backends.filelog.queuefile import COMPACT_SUFFIX, DATA_SUFFIX, Figures, QueueFile, queue_file_name
+from backends.filelog.records import queue_of_header
+from backends.filelog.topology import TOPOLOGY_FILE, read_topology
+from brokerd.interfaces import StoreCorrupted
+from brokerd.proto import messages_pb2
+
+log = Logger()
+
+LOCK_FILE = "lock"
+HEADER_READ_SIZE = 4096  # more than any header: queue and vhost names are at most 255 bytes
+
+
+class DirectoryInUse(Exception):
+    """Another open store (most likely another broker on the same data directory) holds the files."""
+
+
+class Recovery(NamedTuple):
+    """What L{QueueFiles.open} found, for the store to serve C{topology} and C{recover} from."""
+
+    topology: list  # topology records in file order
+    messages: dict  # queue key -> [(handle, StoredMessage)] in queue order
+    damaged: dict  # queue key -> StoreCorrupted
+    next_handle: int
+
+
+class QueueFiles:
+    """The topology file and queue files under one directory."""
+
+    def __init__(self, directory, compact_min_records, compact_valid_ratio):
+        self.directory = directory
+        self.topology_path = os.path.join(directory, TOPOLOGY_FILE)
+        self.compact_min_records = compact_min_records
+        self.compact_valid_ratio = compact_valid_ratio
+        self.figures = Figures()
+        self._files = {}  # queue key -> QueueFile
+        self._unsynced = set()  # QueueFiles written to since their last fsync
+        self._directory_unsynced = False  # files created, renamed or removed since the last fsync
+        self._lock = None  # descriptor of the lock file, flocked while the store is open
+
+    def path_of(self, queue):
+        return os.path.join(self.directory, queue_file_name(queue))
+
+    # -- open
+
+    def open(self):
+        """
+        Take the directory, read the topology and every queue file it names.
+
+        @return: a L{Recovery}; handles are numbered from 1 in queue order.
+        @raise StoreCorrupted: if the topology file is damaged.
+        @raise DirectoryInUse: if another open store holds the directory.
+        """
+        os.makedirs(self.directory, exist_ok=True)
+        self._take_lock()
+        self._remove_leftovers()
+        topology = read_topology(self.topology_path)
+        queues = [(record.vhost, record.name) for record in topology if isinstance(record, messages_pb2.QueueRecord)]
+        messages, damaged, handle = {}, {}, 1
+        for queue in queues:
+            try:
+                messages[queue] = found = self._recover(queue, handle)
+            except StoreCorrupted as damage:
+                damaged[queue] = damage
+            else:
+                handle += len(found)
+        self._log_orphans(queues)
+        for queue_file in list(self._files.values()):
+            self._compact_if_worth_it(queue_file)
+        return Recovery(topology, messages, damaged, handle)
+
+    def _take_lock(self):
+        """Two stores writing the same files would corrupt them; the second to open fails instead."""
+        self._lock = os.open(os.path.join(self.directory, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock)
+            self._lock = None
+            raise DirectoryInUse(
+                f"{self.directory} is in use by another open filelog store (another broker on the same data"
+                " directory?)"
+            ) from None
+
+    def _remove_leftovers(self):
+        """Temporary files of an interrupted topology replacement or compaction: the
+        rename never happened, so the file they were to replace is still whole."""
+        for file_name in os.listdir(self.directory):
+            if file_name.endswith((TEMPORARY_SUFFIX, COMPACT_SUFFIX)):
+                os.unlink(os.path.join(self.directory, file_name))
+
+    def _recover(self, queue, first_handle):
+        path = self.path_of(queue)
+        try:
+            descriptor = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            return []  # nothing was ever written for the queue
+        except OSError as problem:
+            raise StoreCorrupted(f"queue file {path} cannot be opened: {problem.strerror}", path) from None
+        queue_file = self._files[queue] = QueueFile(queue, path, descriptor, self.figures)
+        return queue_file.recover(first_handle)
+
+    def _log_orphans(self, queues):
+        expected = {queue_file_name(queue) for queue in queues}
+        for file_name in sorted(os.listdir(self.directory)):
+            if file_name.endswith(DATA_SUFFIX) and file_name not in expected:
+                path = os.path.join(self.directory, file_name)
+                with open(path, "rb") as orphan:
+                    queue = queue_of_header(orphan.read(HEADER_READ_SIZE))
+                log.warn(
+                    "queue file {path} (of queue {queue}) belongs to no queue of the topology; ignored",
+                    path=path, queue=repr(queue) if queue else "unknown: no whole header",
+                )
+
+    # -- commits
+
+    def write_batch(self, batch, fsync):
+        """
+        Apply one L{Batch}, in the order that keeps a crash at any point
+        consistent: topology, removed queue files, appends (one write per file),
+        acks, compaction; then, if C{fsync}, make everything written durable.
+        """
+        if batch is not None:
+            if batch.topology is not None:
+                self.figures.syncs += replace_file(self.topology_path, batch.topology, sync_directory=fsync)
+                self._directory_unsynced = self._directory_unsynced or not fsync
+            for queue in batch.deleted:
+                self._remove(queue)
+            framings = {}  # handle -> (header, trailer), shared by the files of one message
+            for queue, handles in batch.appends.items():
+                if handles:
+                    queue_file = self._files.get(queue) or self._create(queue)
+                    queue_file.append(handles, batch.records, framings)
+                    self._unsynced.add(queue_file)
+            for queue, handles in batch.acks.items():
+                queue_file = self._files.get(queue)
+                if queue_file is not None and queue_file.damage is None and queue_file.ack(handles):
+                    self._unsynced.add(queue_file)
+                    self._compact_if_worth_it(queue_file)
+        if fsync:
+            self._sync()
+
+    def _create(self, queue):
+        queue_file = self._files[queue] = QueueFile.create(queue, self.path_of(queue), self.figures)
+        self._directory_unsynced = True
+        return queue_file
+
+    def _remove(self, queue):
+        queue_file = self._files.pop(queue, None)
+        if queue_file is not None:
+            self._unsynced.discard(queue_file)
+            self.figures.file_bytes -= queue_file.size
+            queue_file.close()
+        try:
+            os.unlink(self.path_of(queue))
+        except FileNotFoundError:
+            return
+        self._directory_unsynced = True
+
+    def _sync(self):
+        for queue_file in self._unsynced:
+            queue_file.fsync()
+        self._unsynced.clear()
+        if self._directory_unsynced:
+            fsync_directory(self.directory)
+            self.figures.syncs += 1
+            self._directory_unsynced = False
+
+    def _compact_if_worth_it(self, queue_file):
+        if queue_file.worth_compacting(self.compact_min_records, self.compact_valid_ratio):
+            try:
+                queue_file.compact()
+            except OSError:
+                log.failure("compaction of queue file {path} failed; the file stays as it was", path=queue_file.path)
+            else:
+                self._unsynced.discard(queue_file)  # the compacted file is fsynced whole
+
+    # -- reads
+
+    def read(self, handle, queues):
+        """
+        The L{StoredMessage} of C{handle}, from the file of the first of
+        C{queues} that holds it.
+
+        @raise KeyError: if none of them holds it.
+        @raise StoreCorrupted: if the record no longer reads back whole.
+        """
+        for queue in queues:
+            queue_file = self._files.get(queue)
+            message = queue_file.read(handle) if queue_file is not None else None
+            if message is not None:
+                return message
+        raise KeyError(f"the filelog store holds no message with handle {handle!r}")
+
+    def close(self):
+        """Close every file and give up the lock (once no commit can run any more)."""
+        for queue_file in self._files.values():
+            queue_file.close()
+        self._files.clear()
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None

@@ -1,0 +1,181 @@
+"""The format of a filelog queue file, and the scan that reads a file back.
+
+A queue file starts with a header: ``QUEUE_MAGIC`` (which carries the format
+version), the queue key it belongs to (``[u32 length]["vhost\\0name" in
+UTF-8]``) and a CRC of all that. Records follow, each
+``[u32 length][StoredMessage][u32 CRC]`` (big-endian).
+
+A L{StoredMessage} always serializes its ``valid`` field first, so byte 0 of
+it is the field tag 0x08 and byte 1 the flag: 0x01 valid, 0x00 acked. The CRC
+covers the StoredMessage from byte 2 on, which lets an ack flip the flag in
+place (one byte) without touching the CRC; the tag and the flag are checked on
+their own instead.
+"""
+
+import struct
+import zlib
+from typing import NamedTuple
+
+from brokerd.proto import messages_pb2
+
+LENGTH = struct.Struct(">I")
+HEADER_SIZE = LENGTH.size
+TRAILER_SIZE = LENGTH.size
+OVERHEAD = HEADER_SIZE + TRAILER_SIZE
+VALID_TAG = 0x08
+VALID = 0x01
+ACKED = 0x00
+FLAG_OFFSET = HEADER_SIZE + 1  # of the valid flag, from the start of a record
+ACKED_FLAG = bytes([ACKED])
+QUEUE_MAGIC = b"brokerd filelog queue 1\n"
+BODY_TAG = bytes([5 << 3 | 2])  # StoredMessage.body: field 5, length-delimited
+
+
+def file_header(queue):
+    """The header of the file of C{queue}, a C{(vhost, name)} key."""
+    key = "\0".join(queue).encode("utf-8")
+    body = QUEUE_MAGIC + LENGTH.pack(len(key)) + key
+    return body + LENGTH.pack(zlib.crc32(body))
+
+
+def queue_of_header(data):
+    """The queue key the header at the start of C{data} names, or None if C{data} starts with no whole header."""
+    start = len(QUEUE_MAGIC)
+    if not data.startswith(QUEUE_MAGIC) or len(data) < start + LENGTH.size:
+        return None
+    (length,) = LENGTH.unpack_from(data, start)
+    end = start + LENGTH.size + length
+    if len(data) < end + LENGTH.size or zlib.crc32(data[:end]) != LENGTH.unpack_from(data, end)[0]:
+        return None
+    try:
+        vhost, name = data[start + LENGTH.size : end].decode("utf-8").split("\0")
+    except ValueError:
+        return None
+    return (vhost, name)
+
+
+def encode(message):
+    """
+    The StoredMessage of a published C{message}, valid, encoded in two parts:
+    C{(head, body)}. The head holds every field but the body, then the body's
+    tag and length; C{head + body} is what C{SerializeToString} would give
+    (fields go in number order, the body last), without copying the body.
+    """
+    head = messages_pb2.StoredMessage(
+        valid=True, exchange=message.exchange, routing_key=message.routing_key, properties=message.properties
+    ).SerializeToString()
+    body = bytes(message.body)
+    if body:
+        head += BODY_TAG + _varint(len(body))
+    return head, body
+
+
+def _varint(value):
+    encoded = bytearray()
+    while value > 0x7F:
+        encoded.append(value & 0x7F | 0x80)
+        value >>= 7
+    encoded.append(value)
+    return bytes(encoded)
+
+
+def decode(head, body):
+    """The StoredMessage that L{encode} gave as C{(head, body)}."""
+    return messages_pb2.StoredMessage.FromString(head + body)
+
+
+def frame(head, body):
+    """The header and trailer that make the encoded StoredMessage C{head + body} a record."""
+    crc = zlib.crc32(body, zlib.crc32(memoryview(head)[2:]))
+    return LENGTH.pack(len(head) + len(body)), LENGTH.pack(crc)
+
+
+def record_problem(data, offset=0):
+    """
+    Why no sound record starts at C{offset} of C{data}, or None if one does.
+
+    @param data: the bytes (or mmap) of a queue file, or of one record.
+    @return: None, or a short text saying what is wrong.
+    """
+    available = len(data) - offset
+    if available < OVERHEAD:
+        return f"only {available} bytes are left, too few for a record"
+    (length,) = LENGTH.unpack_from(data, offset)
+    if OVERHEAD + length > available:
+        return f"its length ({length} bytes) runs past the end of the file"
+    if length < 2 or data[offset + HEADER_SIZE] != VALID_TAG or data[offset + FLAG_OFFSET] not in (VALID, ACKED):
+        return "it does not start with a valid flag"
+    payload_end = offset + HEADER_SIZE + length
+    (stored_crc,) = LENGTH.unpack_from(data, payload_end)
+    if zlib.crc32(data[offset + FLAG_OFFSET + 1 : payload_end]) != stored_crc:
+        return "its CRC does not match"
+    return None
+
+
+def record_size(data, offset):
+    """The size of the (sound) record at C{offset}, framing included."""
+    return OVERHEAD + LENGTH.unpack_from(data, offset)[0]
+
+
+def payload_of(record):
+    """The StoredMessage bytes of one whole record."""
+    return record[HEADER_SIZE:-TRAILER_SIZE]
+
+
+class Record(NamedTuple):
+    """A sound record found by L{scan}; C{payload} is None for an acked one."""
+
+    offset: int
+    size: int
+    payload: bytes | None
+
+
+class Damage(NamedTuple):
+    """
+    Where L{scan} stopped early.
+
+    @ivar torn: True if no sound record follows the damage: a write cut short
+        by a crash (a torn tail), safe to truncate. False means damage in the
+        middle of the file, which must not be skipped.
+    """
+
+    offset: int
+    reason: str
+    torn: bool
+
+
+def scan(data, start):
+    """
+    Walk the records of a queue file's contents.
+
+    @param data: the whole file, as bytes or an mmap.
+    @param start: where the first record starts (after the header).
+    @return: C{(records, damage)}: the sound L{Record}s in file order up to the
+        first damage, and that L{Damage} or None.
+    """
+    records, offset, size = [], start, len(data)
+    while offset < size:
+        problem = record_problem(data, offset)
+        if problem is not None:
+            return records, Damage(offset, problem, torn=find_record(data, offset + 1) is None)
+        length = record_size(data, offset)
+        payload = data[offset + HEADER_SIZE : offset + length - TRAILER_SIZE] if data[offset + FLAG_OFFSET] else None
+        records.append(Record(offset, length, payload))
+        offset += length
+    return records, None
+
+
+def find_record(data, start):
+    """The offset of the first sound record starting at or after C{start}, or None.
+
+    Used only after damage, to tell a torn tail (nothing sound follows) from
+    damage in the middle of a file; it jumps between candidate tag bytes."""
+    tag = bytes([VALID_TAG])
+    candidate = start + HEADER_SIZE
+    while True:
+        candidate = data.find(tag, candidate)
+        if candidate < 0:
+            return None
+        if record_problem(data, candidate - HEADER_SIZE) is None:
+            return candidate - HEADER_SIZE
+        candidate += 1

@@ -1,0 +1,261 @@
+"""L{FilelogStore}: the store contract over one append-only file per durable queue.
+
+The reactor thread buffers every change in a L{Batch} and keeps what the
+broker asks about (topology, which queues hold which handles, what open
+recovered); L{GroupCommit} hands each batch to L{QueueFiles} on its writer
+thread and decides when it is fsynced. Nothing here touches a file.
+"""
+
+from twisted.internet import defer
+from zope.interface import implementer
+
+from backends.filelog.queuefiles import QueueFiles
+from backends.filelog.records import decode, encode
+from backends.filelog.topology import Topology
+from brokerd.durability import GroupCommit, SyncPolicy
+from brokerd.interfaces import IMessageStore, StoreCorrupted
+
+
+class Batch:
+    """
+    What the reactor thread buffered since the last commit, shaped for the
+    writer: an append acked before its commit is simply never written, and a
+    deleted queue takes its buffered appends and acks with it, so the writer
+    can apply removals, then appends, then acks.
+    """
+
+    __slots__ = ("records", "appends", "acks", "deleted", "topology")
+
+    def __init__(self):
+        self.records = {}  # handle -> encoded StoredMessage, as (head, body)
+        self.appends = {}  # queue key -> {handle: None}, in append order
+        self.acks = {}  # queue key -> [handle], of records already handed to the writer
+        self.deleted = []  # queue keys whose files go before this batch's appends
+        self.topology = None  # the new topology file's contents, if it changed
+
+    def is_empty(self):
+        return not (self.records or self.acks or self.deleted)
+
+
+@implementer(IMessageStore)
+class FilelogStore:
+    """
+    Keeps each durable queue's persistent messages in its own file, an ack
+    being a one-byte flip of the record's valid flag, and the topology in a
+    small file replaced whole on change.
+
+    Handles are integers from one counter: one handle serves every queue a
+    message was appended for, though each queue's file has its own copy of
+    the record. After a restart each recovered copy has a handle of its own.
+    """
+
+    name = "filelog"
+    durable = True
+
+    def __init__(self, directory, sync_policy=None, compact_min_records=2000, compact_valid_ratio=0.5, reactor=None):
+        self.directory = directory
+        self.sync_policy = sync_policy or SyncPolicy()
+        self.compact_min_records = compact_min_records
+        self.compact_valid_ratio = compact_valid_ratio
+        self._reactor = reactor
+        self._files = QueueFiles(directory, compact_min_records, compact_valid_ratio)
+        self._commit = None
+        self._closed = False
+        self._topology = Topology()
+        self._topology_changed = False
+        self._batch = Batch()
+        self._held = {}  # handle -> [body size, set of queue keys still holding it]
+        self._queue_handles = {}  # queue key -> {handle: None}, in queue order
+        self._recovered = {}  # handle -> StoredMessage that open found, while held
+        self._damaged = {}  # queue key -> StoreCorrupted that open found
+        self._next_handle = 1
+        self._bytes = 0
+        self._appends = 0
+        self._acks = 0
+
+    @defer.inlineCallbacks
+    def open(self):
+        """
+        Start the writer thread and read the files back on it. Fails with
+        StoreCorrupted if the topology file is damaged (the broker cannot
+        start without it), or DirectoryInUse if another open store has the
+        directory; a damaged queue file only makes that queue's C{recover} fail.
+        """
+        self._commit = GroupCommit(
+            self._take_batch, self._files.write_batch, self.sync_policy, self._reactor, name="filelog"
+        )
+        self._commit.start()
+        try:
+            recovery = yield self._commit.call(self._files.open)
+        except BaseException:
+            yield self._shut_down()
+            raise
+        self._topology = Topology(recovery.topology)
+        self._damaged = dict(recovery.damaged)
+        for queue in self._topology.queues:
+            self._queue_handles.setdefault(queue, {})
+        for queue, messages in recovery.messages.items():
+            handles = self._queue_handles[queue]
+            for handle, record in messages:
+                handles[handle] = None
+                self._held[handle] = [len(record.body), {queue}]
+                self._recovered[handle] = record
+                self._bytes += len(record.body)
+        self._next_handle = recovery.next_handle
+
+    def topology(self):
+        return self._topology.records()
+
+    def recover(self, queue):
+        """The messages open found for C{queue} and still held, each flagged as possibly delivered before."""
+        damage = self._damaged.get(queue)
+        if damage is not None:
+            raise StoreCorrupted(str(damage), damage.path, damage.offset)
+        recovered = self._recovered
+        return [(handle, recovered[handle], True) for handle in self._queue_handles.get(queue, ()) if handle in recovered]
+
+    # -- topology
+
+    def save_exchange(self, record):
+        self._topology.save_exchange(record)
+        self._topology_changed = True
+
+    def delete_exchange(self, vhost, name):
+        self._topology.delete_exchange(vhost, name)
+        self._topology_changed = True
+
+    def save_queue(self, record):
+        self._topology.save_queue(record)
+        self._queue_handles.setdefault((record.vhost, record.name), {})
+        self._topology_changed = True
+
+    def delete_queue(self, queue):
+        """Forget a queue, its bindings and messages; its file (damaged or not) is removed."""
+        self._topology.delete_queue(queue)
+        self._topology_changed = True
+        for handle in self._queue_handles.pop(queue, ()):
+            self._release(queue, handle)
+        self._batch.appends.pop(queue, None)
+        self._batch.acks.pop(queue, None)
+        self._batch.deleted.append(queue)
+        self._damaged.pop(queue, None)
+
+    def save_binding(self, record):
+        self._topology.save_binding(record)
+        self._topology_changed = True
+
+    def delete_binding(self, record):
+        self._topology.delete_binding(record)
+        self._topology_changed = True
+
+    # -- messages
+
+    def append(self, message, queues):
+        for queue in queues:
+            if queue in self._damaged:
+                damage = self._damaged[queue]
+                raise StoreCorrupted(f"queue {queue!r} is unavailable: {damage}", damage.path, damage.offset)
+        handle = self._next_handle
+        self._next_handle = handle + 1
+        batch = self._batch
+        batch.records[handle] = encode(message)
+        for queue in queues:
+            batch.appends.setdefault(queue, {})[handle] = None
+            self._queue_handles.setdefault(queue, {})[handle] = None
+        size = len(message.body)
+        self._held[handle] = [size, set(queues)]
+        self._bytes += size
+        self._appends += 1
+        return handle
+
+    def ack(self, queue, handle):
+        handles = self._queue_handles.get(queue)
+        if handles is None or handle not in handles:
+            return
+        del handles[handle]
+        self._acks += 1
+        buffered = self._batch.appends.get(queue)
+        if buffered is not None and handle in buffered:
+            del buffered[handle]  # never written to this queue's file
+        else:
+            self._batch.acks.setdefault(queue, []).append(handle)
+        self._release(queue, handle)
+
+    def purge(self, queue, handles):
+        for handle in handles:
+            self.ack(queue, handle)
+
+    def read(self, handle):
+        held = self._held.get(handle)
+        if held is None:
+            return defer.fail(KeyError(f"the filelog store holds no message with handle {handle!r}"))
+        buffered = self._batch.records.get(handle)
+        if buffered is not None:
+            return defer.succeed(decode(*buffered))
+        if self._commit is None or self._closed:
+            return defer.fail(RuntimeError("the filelog store is not open"))
+        return self._commit.call(self._files.read, handle, tuple(held[1]))
+
+    def _release(self, queue, handle):
+        """C{queue} no longer holds C{handle}; the message goes once no queue does."""
+        held = self._held.get(handle)
+        if held is None:
+            return
+        held[1].discard(queue)
+        if not held[1]:
+            del self._held[handle]
+            self._bytes -= held[0]
+            self._recovered.pop(handle, None)
+            self._batch.records.pop(handle, None)
+
+    # -- commits
+
+    def _take_batch(self):
+        """Called by GroupCommit on the reactor thread: hand over what is buffered."""
+        batch = self._batch
+        if self._topology_changed:
+            batch.topology = self._topology.encode()
+            self._topology_changed = False
+        elif batch.is_empty():
+            return None
+        self._batch = Batch()
+        return batch
+
+    def sync(self):
+        if self._commit is None:
+            return defer.fail(RuntimeError("the filelog store is not open"))
+        return self._commit.sync()
+
+    @defer.inlineCallbacks
+    def close(self):
+        """Commit what is buffered (fsynced unless the policy is none), then close the files."""
+        if self._closed:
+            return
+        self._closed = True
+        yield self._shut_down()
+
+    @defer.inlineCallbacks
+    def _shut_down(self):
+        try:
+            if self._commit is not None:
+                yield self._commit.stop()
+        finally:
+            self._files.close()
+
+    def stats(self):
+        commit, figures = self._commit, self._files.figures
+        return {
+            "messages": len(self._held),
+            "bytes": self._bytes,
+            "queues": len(self._topology.queues),
+            "exchanges": len(self._topology.exchanges),
+            "bindings": len(self._topology.bindings),
+            "appends": self._appends,
+            "acks": self._acks,
+            "commits": commit.commits if commit is not None else 0,
+            "fsyncs": commit.fsyncs if commit is not None else 0,
+            "compactions": figures.compactions,
+            "file_bytes": figures.file_bytes,
+            "file_writes": figures.writes,
+            "file_syncs": figures.syncs,
+        }
