@@ -1,0 +1,34 @@
+"""The SQLite store: durable topology and messages in one SQLite database in
+WAL mode, each group commit one transaction on a writer thread."""
+
+import os
+
+from zope.interface import implementer
+
+from backends.sqlite.database import SCHEMA_VERSION, StoreOpenError
+from backends.sqlite.store import SqliteStore
+from brokerd.interfaces import IStoreBackend
+
+DEFAULT_PATH = os.path.join("sqlite", "brokerd.sqlite")  # under the data directory
+
+
+@implementer(IStoreBackend)
+class SqliteBackend:
+    name = "sqlite"
+    description = "one SQLite database (WAL); a message routed to several queues is stored once"
+    options = {"path": ("<data-dir>/sqlite/brokerd.sqlite", "database file")}
+
+    def make_store(self, data_dir, sync_policy=None, **options):
+        path = options.get("path")
+        if path is None:
+            path = os.path.join(data_dir, DEFAULT_PATH)
+        elif not path or path == ":memory:" or path.startswith("file:"):
+            raise ValueError(f"option 'path' needs the name of a database file, not {path!r}")
+        if os.path.isdir(path):
+            raise ValueError(f"option 'path' names a directory, not a database file: {path!r}")
+        return SqliteStore(path, sync_policy)
+
+
+backend = SqliteBackend()
+
+__all__ = ["SCHEMA_VERSION", "SqliteStore", "StoreOpenError", "backend"]

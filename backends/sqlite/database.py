@@ -1,0 +1,341 @@
+"""The writer thread's half of the sqlite store: one sqlite3 connection, the
+schema and its version, loading everything at open and applying each batch of
+buffered writes in one transaction.
+
+Only L{brokerd.durability.GroupCommit}'s writer thread calls into a
+L{Database}; the reactor thread never touches the connection.
+"""
+
+import os
+import sqlite3
+import zlib
+
+from twisted.logger import Logger
+
+from brokerd.interfaces import StoreCorrupted
+from brokerd.proto import messages_pb2
+
+log = Logger()
+
+SCHEMA_VERSION = 1  # PRAGMA user_version of the files this code writes and reads
+APPLICATION_ID = 0x62726B64  # PRAGMA application_id, b"brkd": marks the file as a brokerd store
+PAGE_SIZE = 65536  # set once, when the file is created: one overflow page holds a 64 KiB body
+CACHE_KIB = 16384  # page cache of the connection
+LOCK_WAIT_SECONDS = 2.0  # how long open waits for another process to let go of the file
+SYNCHRONOUS = {"always": "FULL", "interval": "FULL", "none": "OFF"}
+
+SCHEMA = """
+CREATE TABLE exchanges (
+    vhost TEXT NOT NULL, name TEXT NOT NULL, record BLOB NOT NULL,
+    UNIQUE (vhost, name));
+CREATE TABLE queues (
+    id INTEGER PRIMARY KEY, vhost TEXT NOT NULL, name TEXT NOT NULL,
+    record BLOB,  -- NULL for a queue the store holds messages for but no QueueRecord
+    UNIQUE (vhost, name));
+CREATE TABLE bindings (
+    vhost TEXT NOT NULL, exchange TEXT NOT NULL, queue TEXT NOT NULL, routing_key TEXT NOT NULL,
+    arguments BLOB NOT NULL,  -- the arguments table with its fields sorted by name
+    record BLOB NOT NULL,
+    UNIQUE (vhost, exchange, queue, routing_key, arguments));
+CREATE TABLE messages (
+    id INTEGER PRIMARY KEY, size INTEGER NOT NULL, crc INTEGER NOT NULL, record BLOB NOT NULL);
+CREATE TABLE entries (
+    queue_id INTEGER NOT NULL, message_id INTEGER NOT NULL,
+    PRIMARY KEY (queue_id, message_id)) WITHOUT ROWID;
+"""
+
+UPSERT_EXCHANGE = (
+    "INSERT INTO exchanges (vhost, name, record) VALUES (?, ?, ?)"
+    " ON CONFLICT (vhost, name) DO UPDATE SET record = excluded.record"
+)
+DELETE_EXCHANGE = "DELETE FROM exchanges WHERE vhost = ? AND name = ?"
+DELETE_EXCHANGE_BINDINGS = "DELETE FROM bindings WHERE vhost = ? AND exchange = ?"
+UPSERT_QUEUE = (
+    "INSERT INTO queues (id, vhost, name, record) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT (id) DO UPDATE SET record = excluded.record"
+)
+DELETE_QUEUE = "DELETE FROM queues WHERE id = ?"
+DELETE_QUEUE_BINDINGS = "DELETE FROM bindings WHERE vhost = ? AND queue = ?"
+UPSERT_BINDING = (
+    "INSERT INTO bindings (vhost, exchange, queue, routing_key, arguments, record) VALUES (?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (vhost, exchange, queue, routing_key, arguments) DO UPDATE SET record = excluded.record"
+)
+DELETE_BINDING = (
+    "DELETE FROM bindings WHERE vhost = ? AND exchange = ? AND queue = ? AND routing_key = ? AND arguments = ?"
+)
+
+
+class StoreOpenError(Exception):
+    """The database file is not one this brokerd can use (a newer schema, another
+    program's database, locked by another process); unlike L{StoreCorrupted},
+    nothing in it is damaged."""
+
+
+class Batch:
+    """
+    The writes buffered on the reactor thread between two group commits.
+
+    Appends not yet taken by a commit can be cancelled in place: a message
+    acked by every queue before its batch is written is never written.
+    """
+
+    __slots__ = ("topology", "messages", "entries", "acks", "dropped_queues", "released", "final")
+
+    def __init__(self):
+        self.topology = []  # (sql, parameters), in call order
+        self.messages = {}  # message id -> (body size, StoredMessage bytes), in append order
+        self.entries = {}  # (queue id, message id) -> None, in append order
+        self.acks = []  # (queue id, message id) of entries written by earlier batches
+        self.dropped_queues = []  # queue ids whose entries all go
+        self.released = []  # ids of messages written by earlier batches that no queue holds now
+        self.final = False  # the store is closing: close the connection after this batch
+
+    def __bool__(self):
+        return bool(
+            self.topology or self.messages or self.entries or self.acks or self.dropped_queues or self.released
+        )
+
+
+class Loaded:
+    """What L{Database.open} found, handed from the writer thread to the store."""
+
+    def __init__(self):
+        self.exchanges = []  # ExchangeRecord, in creation order
+        self.queues = []  # (queue id, vhost, name, QueueRecord or None), in creation order
+        self.bindings = []  # (canonical arguments, BindingRecord), in creation order
+        self.messages = {}  # message id -> (body size, crc, StoredMessage bytes)
+        self.entries = []  # (queue id, message id), in queue order
+        self.next_message_id = 1
+        self.next_queue_id = 1
+
+
+class Database:
+    """
+    The SQLite file of one store, used only from the writer thread.
+
+    @param path: the database file; it and its directory are created if missing.
+    @param mode: the sync policy's mode, which picks C{PRAGMA synchronous}.
+    """
+
+    def __init__(self, path, mode):
+        self.path = path
+        self.synchronous = SYNCHRONOUS[mode]
+        self._db = None
+        self._failed = []  # batches of commits that failed, written again before the next one
+        self.final_error = None  # why the commit of the final batch failed, if it did
+
+    def open(self):
+        """Open (creating if need be), check and load the database; returns a L{Loaded}."""
+        try:
+            return self._open()
+        except sqlite3.DatabaseError as error:
+            self.close()
+            raise self._explain(error) from None
+        except BaseException:
+            self.close()
+            raise
+
+    def _explain(self, error):
+        code = getattr(error, "sqlite_errorname", "")
+        if code in ("SQLITE_CORRUPT", "SQLITE_NOTADB") or type(error) is sqlite3.DatabaseError:
+            return StoreCorrupted(
+                f"sqlite store {self.path} is damaged or not a database ({error}); restore it from a backup,"
+                f" or salvage what it holds with `sqlite3 {self.path} .recover`",
+                path=self.path,
+            )
+        hint = " (is another brokerd using it?)" if code in ("SQLITE_BUSY", "SQLITE_LOCKED") else ""
+        return StoreOpenError(f"sqlite store {self.path} cannot be opened: {error}{hint}")
+
+    def _open(self):
+        directory = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(directory, exist_ok=True)
+        wal = self.path + "-wal"
+        if os.path.exists(wal) and os.path.getsize(wal) > 0:
+            log.info(
+                "sqlite store {path} was not closed cleanly: SQLite recovers the commits of its {size}-byte"
+                " write-ahead log and drops a torn tail",
+                path=self.path,
+                size=os.path.getsize(wal),
+            )
+        db = self._db = sqlite3.connect(
+            self.path, timeout=LOCK_WAIT_SECONDS, check_same_thread=False, isolation_level=None
+        )
+        # Exclusive: no other connection may read or write the file while the store is open
+        # (two brokers assigning ids in one file would collide), and WAL needs no shared memory.
+        db.execute("PRAGMA locking_mode = EXCLUSIVE")
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreOpenError(
+                f"sqlite store {self.path} has schema version {version}, newer than version {SCHEMA_VERSION}"
+                " that this brokerd reads; run a newer brokerd or choose another file"
+            )
+        fresh = version == 0 and tables == 0
+        if fresh:
+            db.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+        elif version != SCHEMA_VERSION:
+            raise StoreOpenError(
+                f"sqlite store {self.path} has schema version {version}, not version {SCHEMA_VERSION}"
+                " that this brokerd reads; is it a brokerd store?"
+            )
+        elif db.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
+            raise StoreOpenError(f"{self.path} is an SQLite database but not a brokerd store")
+        mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if mode.lower() != "wal":
+            raise StoreOpenError(f"sqlite store {self.path} cannot use write-ahead logging (journal mode {mode})")
+        db.execute(f"PRAGMA synchronous = {self.synchronous}")
+        db.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
+        db.execute("BEGIN IMMEDIATE")  # takes the exclusive lock now, not at the first commit
+        try:
+            if fresh:
+                for statement in SCHEMA.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            else:
+                self._check()
+            loaded = self._load()
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        return loaded
+
+    def _check(self):
+        """Fail on damage SQLite can see in the file's structure, and note bytes past its end."""
+        problems = [row[0] for row in self._db.execute("PRAGMA quick_check(5)")]
+        if problems != ["ok"]:
+            raise StoreCorrupted(
+                f"sqlite store {self.path} is damaged: {'; '.join(problems)}; restore it from a backup,"
+                f" or salvage what it holds with `sqlite3 {self.path} .recover`",
+                path=self.path,
+            )
+        pages = self._db.execute("PRAGMA page_count").fetchone()[0]
+        page_size = self._db.execute("PRAGMA page_size").fetchone()[0]
+        extra = os.path.getsize(self.path) - pages * page_size
+        if extra > 0:
+            log.warn(
+                "sqlite store {path} has {extra} bytes after the end of its database; SQLite ignores them",
+                path=self.path,
+                extra=extra,
+            )
+
+    def _load(self):
+        db, loaded = self._db, Loaded()
+        for vhost, name, blob in db.execute("SELECT vhost, name, record FROM exchanges ORDER BY rowid"):
+            what = f"exchange {name!r} of vhost {vhost!r}"
+            loaded.exchanges.append(self._parse(messages_pb2.ExchangeRecord, blob, what))
+        for queue_id, vhost, name, blob in db.execute("SELECT id, vhost, name, record FROM queues ORDER BY id"):
+            what = f"queue {name!r} of vhost {vhost!r}"
+            record = None if blob is None else self._parse(messages_pb2.QueueRecord, blob, what)
+            loaded.queues.append((queue_id, vhost, name, record))
+            loaded.next_queue_id = queue_id + 1
+        for arguments, blob in db.execute("SELECT arguments, record FROM bindings ORDER BY rowid"):
+            loaded.bindings.append((arguments, self._parse(messages_pb2.BindingRecord, blob, "a binding")))
+        loaded.messages = {row[0]: row[1:] for row in db.execute("SELECT id, size, crc, record FROM messages")}
+        entries = db.execute("SELECT queue_id, message_id FROM entries ORDER BY queue_id, message_id").fetchall()
+        queue_ids = {queue[0] for queue in loaded.queues}
+        stray = [entry for entry in entries if entry[0] not in queue_ids]
+        if stray:
+            log.warn(
+                "sqlite store {path}: dropping {count} entries of unknown queues", path=self.path, count=len(stray)
+            )
+            db.executemany("DELETE FROM entries WHERE queue_id = ? AND message_id = ?", stray)
+            entries = [entry for entry in entries if entry[0] in queue_ids]
+        held = {message_id for _, message_id in entries}
+        unheld = [(message_id,) for message_id in loaded.messages if message_id not in held]
+        if unheld:
+            log.warn(
+                "sqlite store {path}: dropping {count} messages no queue holds", path=self.path, count=len(unheld)
+            )
+            db.executemany("DELETE FROM messages WHERE id = ?", unheld)
+            for (message_id,) in unheld:
+                del loaded.messages[message_id]
+        loaded.entries = entries
+        loaded.next_message_id = max([0, *loaded.messages, *held]) + 1
+        return loaded
+
+    def _parse(self, kind, blob, what):
+        try:
+            return kind.FromString(blob)
+        except Exception as error:
+            raise StoreCorrupted(
+                f"sqlite store {self.path}: the record of {what} is damaged ({error})", path=self.path
+            ) from None
+
+    def write(self, batch, fsync):
+        """
+        Apply C{batch} (and any batch whose commit failed before) in one
+        transaction; with C{synchronous} FULL the commit is the fsync, so
+        C{fsync} needs no work of its own. A final batch closes the connection.
+        """
+        batches = [*self._failed, batch] if batch else list(self._failed)
+        try:
+            if batches:
+                self._commit(batches)
+            self._failed = []
+        except BaseException as error:
+            self._failed = batches
+            if batch is not None and batch.final:
+                self.final_error = error
+            raise
+        finally:
+            if batch is not None and batch.final:
+                self.close()
+
+    def _commit(self, batches):
+        db = self._db
+        if db is None:
+            raise StoreOpenError(f"sqlite store {self.path} is closed")
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for batch in batches:
+                self._apply(db, batch)
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    @staticmethod
+    def _apply(db, batch):
+        # Topology first, then rows in, then rows out. This order gives what the calls
+        # in their own order would: ids are never reused while the store is open, so
+        # entries dropped with a queue never belong to a queue created in the batch.
+        for statement, parameters in batch.topology:
+            db.execute(statement, parameters)
+        if batch.messages:
+            db.executemany(
+                "INSERT INTO messages (id, size, crc, record) VALUES (?, ?, ?, ?)",
+                [(message_id, size, zlib.crc32(blob), blob) for message_id, (size, blob) in batch.messages.items()],
+            )
+        if batch.entries:
+            db.executemany("INSERT INTO entries (queue_id, message_id) VALUES (?, ?)", batch.entries)
+        if batch.acks:
+            db.executemany("DELETE FROM entries WHERE queue_id = ? AND message_id = ?", batch.acks)
+        if batch.dropped_queues:
+            db.executemany("DELETE FROM entries WHERE queue_id = ?", [(queue_id,) for queue_id in batch.dropped_queues])
+        if batch.released:
+            db.executemany("DELETE FROM messages WHERE id = ?", [(message_id,) for message_id in batch.released])
+
+    def read(self, message_id):
+        """C{(crc, StoredMessage bytes)} of a message, or None if the file holds no such message."""
+        for batch in reversed(self._failed):
+            if message_id in batch.messages:
+                blob = batch.messages[message_id][1]
+                return zlib.crc32(blob), blob
+        if self._db is None:
+            raise StoreOpenError(f"sqlite store {self.path} is closed")
+        return self._db.execute("SELECT crc, record FROM messages WHERE id = ?", (message_id,)).fetchone()
+
+    def pragmas(self):
+        """The connection's settings that matter for durability, by PRAGMA name."""
+        names = ("journal_mode", "synchronous", "locking_mode", "page_size", "user_version", "application_id")
+        return {name: self._db.execute(f"PRAGMA {name}").fetchone()[0] for name in names}
+
+    def close(self):
+        if self._db is not None:
+            db, self._db = self._db, None
+            db.close()

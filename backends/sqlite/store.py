@@ -1,0 +1,359 @@
+"""L{SqliteStore}: the store contract in one SQLite file (WAL), written in
+batches by a L{brokerd.durability.GroupCommit}.
+
+The reactor thread keeps what the broker needs at once (ids, which queue holds
+which message, sizes, topology) and buffers every write in a L{Batch}; the
+writer thread applies each batch in one transaction (see L{Database}).
+"""
+
+import zlib
+
+from twisted.internet import defer
+from zope.interface import implementer
+
+from backends.sqlite.database import (
+    DELETE_BINDING,
+    DELETE_EXCHANGE,
+    DELETE_EXCHANGE_BINDINGS,
+    DELETE_QUEUE,
+    DELETE_QUEUE_BINDINGS,
+    UPSERT_BINDING,
+    UPSERT_EXCHANGE,
+    UPSERT_QUEUE,
+    Batch,
+    Database,
+)
+from brokerd.durability import GroupCommit, SyncPolicy
+from brokerd.interfaces import IMessageStore, StoreCorrupted
+from brokerd.proto import messages_pb2
+
+ADD_QUEUE = "INSERT OR IGNORE INTO queues (id, vhost, name, record) VALUES (?, ?, ?, NULL)"
+
+
+def canonical_arguments(table):
+    """A binding's arguments as bytes that do not depend on the order of its fields."""
+    ordered = messages_pb2.FieldTable()
+    ordered.fields.extend(sorted(table.fields, key=lambda field: field.name))
+    return ordered.SerializeToString(deterministic=True)
+
+
+@implementer(IMessageStore)
+class SqliteStore:
+    """
+    Durable topology and persistent messages in one SQLite database.
+
+    A message routed to several queues is one row of C{messages} plus one row
+    of C{entries} per queue; its handle is its integer id, given out in append
+    order on the reactor thread (so a queue's entries in id order are its
+    queue order). The row goes in the commit after its last entry goes.
+    Everything C{open} finds comes back from C{recover} marked redelivered.
+
+    @ivar path: the database file.
+    """
+
+    name = "sqlite"
+    durable = True
+
+    def __init__(self, path, sync_policy=None, reactor=None):
+        self.path = path
+        self.policy = sync_policy or SyncPolicy()
+        self._reactor = reactor
+        self._db = Database(path, self.policy.mode)
+        self._group = None
+        self._state = "new"  # new, opening, open, closed
+        self._open_waiters = []  # Deferreds of close() calls made while opening
+        self._closing = False
+        self._batch = Batch()
+        self._exchanges = {}  # (vhost, name) -> ExchangeRecord
+        self._queues = {}  # queue key -> QueueRecord
+        self._bindings = {}  # (vhost, exchange, queue, routing key, canonical arguments) -> BindingRecord
+        self._queue_ids = {}  # queue key -> queue id, for every queue with a row in the file
+        self._queue_handles = {}  # queue id -> {message id: None} held for it, in queue order
+        self._held = {}  # message id -> [number of queues holding it, body size]
+        self._recovered = {}  # message id -> (crc, StoredMessage bytes) of messages found at open
+        self._last_recovered = 0  # the highest message id found at open
+        self._next_id = self._next_queue_id = 1
+        self._bytes = self._appends = self._acks = 0
+
+    # -- open, sync, close
+
+    def open(self):
+        if self._state != "new":
+            return defer.fail(RuntimeError(f"sqlite store {self.path} was opened before"))
+        self._state = "opening"
+        self._group = GroupCommit(self._take_batch, self._db.write, self.policy, self._reactor, name="sqlite")
+        self._group.start()
+        opened = self._group.call(self._db.open)
+        opened.addCallbacks(self._loaded, self._open_failed)
+        return opened
+
+    def _loaded(self, loaded):
+        for record in loaded.exchanges:
+            self._exchanges[(record.vhost, record.name)] = record
+        for queue_id, vhost, name, record in loaded.queues:
+            self._queue_ids[(vhost, name)] = queue_id
+            self._queue_handles[queue_id] = {}
+            if record is not None:
+                self._queues[(vhost, name)] = record
+        for arguments, record in loaded.bindings:
+            self._bindings[(record.vhost, record.exchange, record.queue, record.routing_key, arguments)] = record
+        for queue_id, message_id in loaded.entries:
+            self._queue_handles[queue_id][message_id] = None
+            held = self._held.get(message_id)
+            if held is None:
+                size = loaded.messages[message_id][0] if message_id in loaded.messages else 0
+                self._held[message_id] = [1, size]
+                self._bytes += size
+            else:
+                held[0] += 1
+        self._recovered = {message_id: stored[1:] for message_id, stored in loaded.messages.items()}
+        self._last_recovered = loaded.next_message_id - 1
+        self._next_id = loaded.next_message_id
+        self._next_queue_id = loaded.next_queue_id
+        self._state = "open"
+        self._opened()
+
+    def _open_failed(self, failure):
+        self._state = "closed"
+        stopped = self._group.stop()
+        stopped.addBoth(lambda _: self._opened())
+        stopped.addBoth(lambda _: failure)
+        return stopped
+
+    def _opened(self):
+        waiters, self._open_waiters = self._open_waiters, []
+        for waiter in waiters:
+            waiter.callback(None)
+
+    def sync(self):
+        if self._state != "open":
+            return defer.fail(RuntimeError(f"sqlite store {self.path} is not open"))
+        return self._group.sync()
+
+    @defer.inlineCallbacks
+    def close(self):
+        """Commit what is buffered (the last batch closes the connection) and stop the writer thread."""
+        if self._state == "opening":
+            waiter = defer.Deferred()
+            self._open_waiters.append(waiter)
+            yield waiter
+        if self._state != "open":
+            self._state = "closed"
+            return
+        self._state = "closed"
+        self._closing = True
+        yield self._group.stop()
+        self._db.close()  # already closed by the final batch, unless the thread died before it
+        if self._db.final_error is not None:
+            raise self._db.final_error
+
+    def _take_batch(self):
+        batch = self._batch
+        if not batch and not self._closing:
+            return None
+        self._batch = Batch()
+        batch.final = self._closing
+        self._closing = False
+        return batch
+
+    def pragmas(self):
+        """A Deferred firing with the connection's journal mode, synchronous setting and the like."""
+        return self._group.call(self._db.pragmas)
+
+    # -- topology
+
+    def topology(self):
+        return [*self._exchanges.values(), *self._queues.values(), *self._bindings.values()]
+
+    def save_exchange(self, record):
+        self._writable()
+        self._exchanges[(record.vhost, record.name)] = record
+        self._batch.topology.append((UPSERT_EXCHANGE, (record.vhost, record.name, record.SerializeToString())))
+
+    def delete_exchange(self, vhost, name):
+        self._writable()
+        self._exchanges.pop((vhost, name), None)
+        for key in [key for key in self._bindings if key[0] == vhost and key[1] == name]:
+            del self._bindings[key]
+        self._batch.topology += [(DELETE_EXCHANGE, (vhost, name)), (DELETE_EXCHANGE_BINDINGS, (vhost, name))]
+
+    def save_queue(self, record):
+        self._writable()
+        key = (record.vhost, record.name)
+        queue_id = self._queue_ids.get(key)
+        if queue_id is None:
+            queue_id = self._new_queue_id(key)
+        self._queues[key] = record
+        self._batch.topology.append((UPSERT_QUEUE, (queue_id, record.vhost, record.name, record.SerializeToString())))
+
+    def delete_queue(self, queue):
+        self._writable()
+        vhost, name = queue
+        self._queues.pop(queue, None)
+        for key in [key for key in self._bindings if key[0] == vhost and key[2] == name]:
+            del self._bindings[key]
+        batch = self._batch
+        batch.topology.append((DELETE_QUEUE_BINDINGS, (vhost, name)))
+        queue_id = self._queue_ids.pop(queue, None)
+        if queue_id is None:
+            return
+        batch.topology.append((DELETE_QUEUE, (queue_id,)))
+        batch.dropped_queues.append(queue_id)
+        for handle in self._queue_handles.pop(queue_id):
+            batch.entries.pop((queue_id, handle), None)
+            self._release(handle)
+
+    def save_binding(self, record):
+        self._writable()
+        key = (record.vhost, record.exchange, record.queue, record.routing_key, canonical_arguments(record.arguments))
+        self._bindings[key] = record
+        self._batch.topology.append((UPSERT_BINDING, (*key, record.SerializeToString())))
+
+    def delete_binding(self, record):
+        self._writable()
+        key = (record.vhost, record.exchange, record.queue, record.routing_key, canonical_arguments(record.arguments))
+        self._bindings.pop(key, None)
+        self._batch.topology.append((DELETE_BINDING, key))
+
+    # -- messages
+
+    def append(self, message, queues):
+        self._writable()
+        if not queues:
+            raise ValueError("append needs at least one queue")
+        handle = self._next_id
+        self._next_id = handle + 1
+        body = bytes(message.body)
+        stored = messages_pb2.StoredMessage(
+            valid=True,
+            exchange=message.exchange,
+            routing_key=message.routing_key,
+            properties=message.properties,
+            body=body,
+        )
+        batch = self._batch
+        batch.messages[handle] = (len(body), stored.SerializeToString())
+        count = 0
+        for queue in queues:
+            queue_id = self._queue_ids.get(queue)
+            if queue_id is None:
+                queue_id = self._new_queue_id(queue)
+                batch.topology.append((ADD_QUEUE, (queue_id, *queue)))
+            handles = self._queue_handles[queue_id]
+            if handle not in handles:
+                handles[handle] = None
+                batch.entries[(queue_id, handle)] = None
+                count += 1
+        self._held[handle] = [count, len(body)]
+        self._bytes += len(body)
+        self._appends += 1
+        return handle
+
+    def ack(self, queue, handle):
+        self._writable()
+        queue_id = self._queue_ids.get(queue)
+        handles = self._queue_handles.get(queue_id)
+        if handles is None or handle not in handles:
+            return
+        del handles[handle]
+        self._acks += 1
+        entry = (queue_id, handle)
+        batch = self._batch
+        if entry in batch.entries:
+            del batch.entries[entry]
+        else:
+            batch.acks.append(entry)
+        self._release(handle)
+
+    def purge(self, queue, handles):
+        for handle in handles:
+            self.ack(queue, handle)
+
+    def read(self, handle):
+        pending = self._batch.messages.get(handle)
+        if pending is not None:
+            return defer.succeed(messages_pb2.StoredMessage.FromString(pending[1]))
+        if self._state != "open" or handle not in self._held:
+            return defer.fail(KeyError(f"sqlite store {self.path} holds no message with handle {handle!r}"))
+        recovered = self._recovered.get(handle)
+        if recovered is not None:
+            return defer.maybeDeferred(self._parse, handle, *recovered)
+        reading = self._group.call(self._db.read, handle)
+        reading.addCallback(self._read, handle)
+        return reading
+
+    def _read(self, row, handle):
+        if row is None:
+            raise KeyError(f"sqlite store {self.path} holds no message with handle {handle!r}")
+        return self._parse(handle, *row)
+
+    def recover(self, queue):
+        queue_id = self._queue_ids.get(queue)
+        recovered = []
+        for handle in self._queue_handles.get(queue_id, ()):
+            if handle > self._last_recovered:
+                break  # appended since open: not something open found
+            stored = self._recovered.get(handle)
+            if stored is None:
+                raise StoreCorrupted(
+                    f"sqlite store {self.path}: message {handle} of queue {queue[1]!r} in vhost {queue[0]!r}"
+                    " is missing from the messages table",
+                    path=self.path,
+                )
+            recovered.append((handle, self._parse(handle, *stored), True))
+        return recovered
+
+    def stats(self):
+        group = self._group
+        return {
+            "messages": len(self._held),
+            "bytes": self._bytes,
+            "queues": len(self._queues),
+            "exchanges": len(self._exchanges),
+            "bindings": len(self._bindings),
+            "appends": self._appends,
+            "acks": self._acks,
+            "commits": group.commits if group else 0,
+            "fsyncs": group.fsyncs if group else 0,
+        }
+
+    # -- inside
+
+    def _writable(self):
+        if self._state != "open":
+            raise RuntimeError(f"sqlite store {self.path} is not open")
+
+    def _new_queue_id(self, key):
+        queue_id = self._next_queue_id
+        self._next_queue_id = queue_id + 1
+        self._queue_ids[key] = queue_id
+        self._queue_handles[queue_id] = {}
+        return queue_id
+
+    def _release(self, handle):
+        """One queue fewer holds C{handle}; the last one out drops the message."""
+        held = self._held[handle]
+        held[0] -= 1
+        if held[0] > 0:
+            return
+        del self._held[handle]
+        self._bytes -= held[1]
+        self._recovered.pop(handle, None)
+        batch = self._batch
+        if handle in batch.messages:
+            del batch.messages[handle]
+        else:
+            batch.released.append(handle)
+
+    def _parse(self, handle, crc, blob):
+        if zlib.crc32(blob) != crc:
+            raise StoreCorrupted(
+                f"sqlite store {self.path}: message {handle} is damaged (its checksum does not match)", path=self.path
+            )
+        try:
+            return messages_pb2.StoredMessage.FromString(blob)
+        except Exception as error:
+            raise StoreCorrupted(
+                f"sqlite store {self.path}: message {handle} cannot be read as a StoredMessage ({error})",
+                path=self.path,
+            ) from None
