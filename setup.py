@@ -50,6 +50,8 @@ setup(
         # package under backends/ plus one line here.
         "brokerd.backends": [
             "memory = backends.memory:backend",
+            "sqlite = backends.sqlite:backend",
+            "filelog = backends.filelog:backend",
         ],
     },
 )

@@ -87,7 +87,7 @@ def test_help_documents_every_option_with_its_default(tmp_path):
 @pytest.mark.parametrize(
     "args, complaint",
     [
-        (["--backend=nosuch"], "--backend: unknown backend 'nosuch'; known backends: memory"),
+        (["--backend=nosuch"], "--backend: unknown backend 'nosuch'; known backends: filelog, memory, sqlite"),
         (["--backend=memory:size=1"], "--backend: backend 'memory' has no option 'size'"),
         (["--native=bogus:1"], "--native: 'bogus:1' is not a valid endpoint"),
         (["--native-max-frame=lots"], "--native-max-frame: 'lots' is not a size"),
@@ -160,4 +160,5 @@ def test_plugin_is_found_after_a_regular_install(tmp_path):
         [*run_twistd, "brokerd", "--help-backends"],
         cwd=tmp_path, env=env, capture_output=True, text=True,
     )
-    assert backends.stdout.startswith("memory: "), backends.stdout + backends.stderr
+    names = sorted(line.split(":")[0] for line in backends.stdout.splitlines() if not line.startswith(" "))
+    assert names == ["filelog", "memory", "sqlite"], backends.stdout + backends.stderr
