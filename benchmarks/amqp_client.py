@@ -31,6 +31,7 @@ BASIC_NACK = 60 << 16 | 120
 BASIC_PUBLISH = 60 << 16 | 40
 
 TRANSIENT_PROPERTIES = struct.pack(">HB", 0x1000, 1)  # property flags: delivery-mode present; mode 1
+PERSISTENT_PROPERTIES = struct.pack(">HB", 0x1000, 2)  # the same with mode 2: stored by durable backends
 
 
 class BenchmarkError(Exception):
@@ -46,10 +47,11 @@ def short_string(text):
     return bytes((len(encoded),)) + encoded
 
 
-def publish_block(channel, routing_key, size, frame_max):
+def publish_block(channel, routing_key, size, frame_max, properties=TRANSIENT_PROPERTIES):
     """
     The frames of one basic.publish to the default exchange with a C{size}-byte
-    body, and where in them the message number goes.
+    body and the encoded content C{properties}, and where in them the message
+    number goes.
 
     @return: C{(block, number_offset)}
     """
@@ -58,7 +60,7 @@ def publish_block(channel, routing_key, size, frame_max):
         channel,
         METHOD_INDEX.pack(BASIC_PUBLISH) + b"\x00\x00" + short_string("") + short_string(routing_key) + b"\x00",
     )
-    header = frame(FRAME_HEADER, channel, struct.pack(">HHQ", 60, 0, size) + TRANSIENT_PROPERTIES)
+    header = frame(FRAME_HEADER, channel, struct.pack(">HHQ", 60, 0, size) + properties)
     largest = frame_max - 8
     body = bytes(size)
     bodies = b"".join(frame(FRAME_BODY, channel, body[at : at + largest]) for at in range(0, size, largest))

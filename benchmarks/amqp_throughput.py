@@ -34,6 +34,7 @@ from benchmarks.amqp_client import (
     FRAME_START,
     LONG_LONG,
     METHOD_INDEX,
+    TRANSIENT_PROPERTIES,
     BenchmarkError,
     Connection,
     Loop,
@@ -46,11 +47,12 @@ QUEUE = "benchmark-amqp"
 
 class Publisher:
     """
-    Publishes numbered messages, at most C{window} unconfirmed. Each confirm
-    that frees room is answered with one write of as many publishes as fit.
+    Publishes numbered messages to C{queue}, at most C{window} unconfirmed. Each
+    confirm that frees room is answered with one write of as many publishes as fit.
     """
 
-    def __init__(self, connection, count, size, window, first_number, first_tag):
+    def __init__(self, connection, count, size, window, first_number, first_tag, queue=QUEUE,
+                 properties=TRANSIENT_PROPERTIES):
         self.connection = connection
         self.count = count
         self.window = window
@@ -59,7 +61,9 @@ class Publisher:
         self.sent = 0
         self.confirmed = 0
         self.finished_at = None
-        self.block, self.number_offset = publish_block(connection.CHANNEL, QUEUE, size, connection.frame_max)
+        self.block, self.number_offset = publish_block(
+            connection.CHANNEL, queue, size, connection.frame_max, properties
+        )
         self.pack_number = LONG_LONG.pack_into
 
     def start(self):
@@ -106,10 +110,11 @@ class Publisher:
 
 
 class Consumer:
-    """Checks every delivery's number and order; one multiple ack per C{ack_every}."""
+    """Consumes C{queue}, checks every delivery's number and order; one multiple ack per C{ack_every}."""
 
-    def __init__(self, connection, expected, size, ack_every, first_number):
+    def __init__(self, connection, expected, size, ack_every, first_number, queue=QUEUE):
         self.connection = connection
+        self.queue = queue
         self.size = size
         self.expected = expected
         self.ack_every = ack_every
@@ -125,7 +130,7 @@ class Consumer:
     def start(self):
         connection = self.connection
         connection.consumer = self
-        reply = connection.rpc(commands.Basic.Consume(queue=QUEUE, no_ack=False), commands.Basic.ConsumeOk)
+        reply = connection.rpc(commands.Basic.Consume(queue=self.queue, no_ack=False), commands.Basic.ConsumeOk)
         self.consumer_tag = reply.consumer_tag
 
     def cancel(self):

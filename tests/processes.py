@@ -31,10 +31,11 @@ class BrokerProcess:
     @ivar output: every line it printed so far (stdout and stderr together).
     """
 
-    def __init__(self, args, cwd, env=None):
+    def __init__(self, args, cwd, env=None, twistd_args=()):
+        """C{args} go to the brokerd subcommand, C{twistd_args} to twistd itself (e.g. C{--profile=FILE})."""
         if not any(arg.startswith("--amqp") for arg in args):
             args = [*args, "--amqp", "tcp:0:interface=127.0.0.1"]  # never the shared default port in tests
-        command = [*twistd_command(), "-n", "--pidfile=", "brokerd", *args]
+        command = [*twistd_command(), *twistd_args, "-n", "--pidfile=", "brokerd", *args]
         self.command = command
         self.output = []
         self.listening = {}  # label -> "tcp:host:port"

@@ -8,6 +8,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -37,3 +39,43 @@ def test_amqp_throughput_benchmark_moves_every_message_once_in_order():
     assert results["messages"] == 3000
     for phase in ("publish", "consume", "together"):
         assert results[f"{phase}_per_s"] > 0
+
+
+def installed_durable_backends():
+    from benchmarks.crash_loop import DURABLE_BACKENDS, backend_installed
+
+    return [name for name in DURABLE_BACKENDS if backend_installed(name)]
+
+
+def test_store_throughput_benchmark_reports_rates_and_fsyncs_for_each_backend_and_sync_mode():
+    backends = installed_durable_backends()
+    if not backends:
+        pytest.skip("no durable backend is installed")
+    syncs = ["always", "interval:20", "none"]
+    output = run_benchmark(
+        "benchmarks.store_throughput", "--backends", ",".join(backends), "--sync", ",".join(syncs),
+        "--messages", "500", "--window", "100", "--prefetch", "100", "--ack-every", "10", "--json",
+    )
+    rows = json.loads(output)
+    assert [(row["backend"], row["sync"], row["size"]) for row in rows] == [
+        (backend, sync, size) for backend in backends for sync in syncs for size in (100, 65536)
+    ]
+    for row in rows:
+        assert row["messages"] == (500 if row["size"] == 100 else 50)
+        for figure in ("publish_per_s", "publish_mb_per_s", "commits_per_s", "consume_per_s"):
+            assert row[figure] > 0, (figure, row)
+        if row["sync"] == "none":
+            assert row["fsyncs"] == 0, row
+        else:
+            assert row["fsyncs_per_s"] > 0, row
+
+
+def test_crash_loop_benchmark_survives_a_kill():
+    backends = installed_durable_backends()
+    if not backends:
+        pytest.skip("no durable backend is installed")
+    output = run_benchmark("benchmarks.crash_loop", "--backend", backends[0], "--kills", "1",
+                           "--max-kill-confirms", "300", "--json")
+    results = json.loads(output)
+    assert results["summary"]["kills"] == 1
+    assert results["cycles"][0]["confirmed"] > 0

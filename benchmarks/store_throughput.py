@@ -1,0 +1,244 @@
+"""Persistent-message throughput of the durable backends under each --sync mode, through the broker.
+
+    python -m benchmarks.store_throughput [--backends sqlite,filelog]
+        [--sync always,interval:100,none] [--messages N] [--json]
+
+For each backend, sync mode and message size (N bodies of 100 bytes, then N/10
+of 64 KiB) it starts ``twistd -n brokerd --backend=B --sync=S`` on a fresh data
+directory and measures, over AMQP with the pipelining raw-socket client of
+L{benchmarks.amqp_client}:
+
+  publish   N persistent messages (delivery mode 2) to a durable queue with
+            publisher confirms, at most --window unconfirmed; the rate counts
+            until the last confirm. The broker is then stopped with SIGTERM and
+            the "fsyncs" and "commits" of its "store stats at stop" log line are
+            divided by the publish time (each size gets its own broker, so the
+            counts are that phase's alone);
+  recover   the broker restarted on the same directory: seconds until it
+            listens again with every message recovered;
+  consume   the recovered messages with prefetch --prefetch and one multiple
+            basic.ack per --ack-every deliveries, each checked for number and
+            order; the rate counts until the last delivery (--no-consume skips
+            the restart and this phase).
+
+MB/s is body bytes (10^6) per second. ``--profile DIR`` runs each publishing
+broker under twistd's cProfile and saves its stats in DIR. The store alone,
+without broker or network, is measured by L{benchmarks.store_direct_throughput}.
+"""
+
+import argparse
+import json
+import pathlib
+import re
+import shutil
+import sys
+import tempfile
+import time
+
+from pamqp import commands
+
+from benchmarks.amqp_client import PERSISTENT_PROPERTIES, BenchmarkError, Connection, Loop
+from benchmarks.amqp_throughput import Consumer, Publisher, parse_address
+from tests.processes import BrokerProcess
+
+QUEUE = "benchmark-store"
+SIZES = (("100 B", 100, 1), ("64 KiB", 64 * 1024, 10))  # label, body bytes, divisor of N
+STATS = re.compile(r"store stats at stop: (?P<stats>\{.*\})")
+WAIT_SECONDS = 600  # for a broker to start (recovery included) or stop
+
+
+class StoreBroker:
+    """A broker subprocess with one backend and sync mode on one data directory."""
+
+    def __init__(self, backend, sync, data_dir, profile=None):
+        twistd_args = [f"--profile={profile}", "--profiler=cprofile", "--savestats"] if profile else []
+        self.process = BrokerProcess(
+            [f"--backend={backend}", "--data-dir", str(data_dir), f"--sync={sync}", "--native", "none",
+             "--amqp", "tcp:0:interface=127.0.0.1", "--memory-high-watermark", "8G"],
+            cwd=data_dir.parent,
+            twistd_args=twistd_args,
+        )
+        try:
+            self.address = parse_address(self.process.wait_listening("AMQP", timeout=WAIT_SECONDS))
+        except AssertionError as problem:
+            self.process.kill()
+            raise BenchmarkError(f"{backend} --sync={sync}: {problem}") from None
+
+    def stop(self):
+        """SIGTERM; returns the store stats the broker logged at stop."""
+        status = self.process.stop(timeout=WAIT_SECONDS)
+        for line in reversed(self.process.output):
+            found = STATS.search(line)
+            if found:
+                return json.loads(found["stats"])
+        raise BenchmarkError(f"the broker exited with {status} without logging its store stats:\n" + self.tail())
+
+    def fail(self, error):
+        """Kill the broker; a BenchmarkError saying C{error} with its last log lines."""
+        self.process.kill()
+        return BenchmarkError(f"{error}\nlast lines of the broker:\n{self.tail()}")
+
+    def tail(self):
+        return "\n".join(self.process.output[-30:])
+
+
+def publish(address, count, size, window):
+    """Publish C{count} persistent C{size}-byte messages with confirms to the durable queue; returns seconds."""
+    loop = Loop()
+    connection = Connection(loop, *address, "store-benchmark-publisher")
+    try:
+        connection.open()
+        connection.rpc(commands.Queue.Declare(queue=QUEUE, durable=True), commands.Queue.DeclareOk)
+        connection.rpc(commands.Confirm.Select(), commands.Confirm.SelectOk)
+        publisher = Publisher(connection, count, size, window, 0, 1, queue=QUEUE, properties=PERSISTENT_PROPERTIES)
+        started = time.perf_counter()
+        publisher.start()
+        loop.run_until(
+            lambda: publisher.done,
+            lambda: f"publishing, {publisher.sent} sent, {publisher.confirmed} confirmed",
+            lambda: publisher.confirmed,
+        )
+        elapsed = publisher.finished_at - started
+        connection.close()
+    finally:
+        connection.shut()
+    return elapsed
+
+
+def consume(address, count, size, prefetch, ack_every):
+    """Consume and ack the C{count} recovered messages, checking number and order; returns seconds."""
+    loop = Loop()
+    connection = Connection(loop, *address, "store-benchmark-consumer")
+    try:
+        connection.open()
+        declared = connection.rpc(commands.Queue.Declare(queue=QUEUE, durable=True), commands.Queue.DeclareOk)
+        if declared.message_count != count:
+            raise BenchmarkError(f"{declared.message_count} messages recovered, {count} were confirmed")
+        connection.rpc(commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.QosOk)
+        consumer = Consumer(connection, count, size, ack_every, 0, queue=QUEUE)
+        started = time.perf_counter()
+        consumer.start()
+        loop.run_until(
+            lambda: consumer.done, lambda: f"consuming, {consumer.received} received", lambda: consumer.received
+        )
+        elapsed = consumer.finished_at - started
+        consumer.cancel()
+        connection.close()
+    finally:
+        connection.shut()
+    return elapsed
+
+
+def measure(backend, sync, label, size, count, options, workdir):
+    """One row: publish (and the fsync figures), then, unless told not to, recover and consume."""
+    name = f"{backend}-{sync.replace(':', '-')}-{size}"
+    data_dir = workdir / name
+    profile = None
+    if options.profile:
+        profile = pathlib.Path(options.profile).resolve() / f"{name}.cprofile"
+        profile.parent.mkdir(parents=True, exist_ok=True)
+    row = {"backend": backend, "sync": sync, "size": size, "label": label, "messages": count}
+    broker = StoreBroker(backend, sync, data_dir, profile)
+    try:
+        seconds = publish(broker.address, count, size, options.window)
+    except (BenchmarkError, OSError) as error:
+        raise broker.fail(f"{name}, publishing: {error}") from None
+    stats = broker.stop()
+    row.update(
+        publish_s=seconds,
+        publish_per_s=count / seconds,
+        publish_mb_per_s=count * size / seconds / 1e6,
+        fsyncs=stats.get("fsyncs", 0),
+        commits=stats.get("commits", 0),
+        fsyncs_per_s=stats.get("fsyncs", 0) / seconds,
+        commits_per_s=stats.get("commits", 0) / seconds,
+        store_stats=stats,
+    )
+    if profile:
+        row["profile"] = str(profile)
+    if not options.no_consume:
+        started = time.perf_counter()
+        broker = StoreBroker(backend, sync, data_dir)
+        row["recover_s"] = time.perf_counter() - started
+        try:
+            seconds = consume(broker.address, count, size, options.prefetch, options.ack_every)
+        except (BenchmarkError, OSError) as error:
+            raise broker.fail(f"{name}, consuming after the restart: {error}") from None
+        broker.stop()
+        row.update(consume_s=seconds, consume_per_s=count / seconds, consume_mb_per_s=count * size / seconds / 1e6)
+    shutil.rmtree(data_dir, ignore_errors=True)
+    return row
+
+
+def print_table(rows):
+    header = (f"{'backend':<8} {'sync':<12} {'size':>6} {'messages':>8} {'publish msg/s':>13} {'MB/s':>7}"
+              f" {'fsyncs/s':>8} {'commits/s':>9} {'msgs/commit':>11} {'recover s':>9} {'consume msg/s':>13}")
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        per_commit = f"{row['messages'] / row['commits']:>11,.1f}" if row["commits"] else f"{'-':>11}"
+        recover = f"{row['recover_s']:>9.2f}" if "recover_s" in row else f"{'-':>9}"
+        consume = f"{row['consume_per_s']:>13,.0f}" if "consume_per_s" in row else f"{'-':>13}"
+        print(f"{row['backend']:<8} {row['sync']:<12} {row['label']:>6} {row['messages']:>8}"
+              f" {row['publish_per_s']:>13,.0f} {row['publish_mb_per_s']:>7,.1f} {row['fsyncs_per_s']:>8,.0f}"
+              f" {row['commits_per_s']:>9,.0f} {per_commit} {recover} {consume}")
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backends", default="sqlite,filelog", help="comma-separated backend names")
+    parser.add_argument("--sync", default="always,interval:100,none", help="comma-separated --sync values")
+    parser.add_argument("--messages", type=int, default=200_000, help="100-byte messages; N/10 of 64 KiB")
+    parser.add_argument("--sizes", default="100,65536", help="which of the two sizes to run: 100 and/or 65536")
+    parser.add_argument("--window", type=int, default=2000, help="most unconfirmed publishes")
+    parser.add_argument("--prefetch", type=int, default=1000)
+    parser.add_argument("--ack-every", type=int, default=100)
+    parser.add_argument("--no-consume", action="store_true", help="skip the restart and the consume phase")
+    parser.add_argument("--profile", metavar="DIR", help="save a cProfile of each publishing broker in DIR")
+    parser.add_argument("--workdir", help="where the data directories go (default: a new temp dir)")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    options = parser.parse_args(argv)
+    backends = [name for name in options.backends.split(",") if name]
+    syncs = [mode for mode in options.sync.split(",") if mode]
+    try:
+        sizes = {int(size) for size in options.sizes.split(",") if size}
+    except ValueError:
+        sizes = None
+    if not sizes or not sizes <= {size for _, size, _ in SIZES}:
+        parser.error("--sizes takes 100 and/or 65536")
+    if options.messages < 10 or options.window < 1 or options.ack_every < 1 or options.prefetch < 0:
+        parser.error("--messages must be at least 10, --window and --ack-every positive, --prefetch not negative")
+    if options.prefetch and options.ack_every > options.prefetch:
+        parser.error("--ack-every larger than --prefetch would stall the consumer")
+    workdir = pathlib.Path(options.workdir or tempfile.mkdtemp(prefix="brokerd-store-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    failed = False
+    try:
+        for backend in backends:
+            for sync in syncs:
+                for label, size, divisor in SIZES:
+                    if size in sizes:
+                        rows.append(measure(backend, sync, label, size, options.messages // divisor, options, workdir))
+                        print(f"done: {backend} --sync={sync} {label}", file=sys.stderr, flush=True)
+    except (BenchmarkError, OSError) as error:
+        print(f"store_throughput: {error}", file=sys.stderr)
+        failed = True
+    finally:
+        if not options.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if rows:  # what was measured before a failure is still worth seeing
+        if options.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            print_table(rows)
+    return None if failed else rows
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
