@@ -1,28 +1,8 @@
 """Kill the broker with SIGKILL under load, restart it, and check what came back.
 
+L{CrashLoop} runs the cycles, on the command line and in tests/test_crash_recovery.py:
+
     python -m benchmarks.crash_loop --backend filelog --kills 100
-
-One data directory, one chain of crashes. Each cycle:
-
-  1. with the broker running, start L{benchmarks.crash_client} in its own
-     process: publishers send persistent messages with confirms to a durable
-     queue while a consumer acks most of what it gets, logging the confirmed
-     ids and the acks known to be durable (see that module);
-  2. SIGKILL the broker once the client has seen a seeded random number of
-     confirms (read from the client's progress lines, with a deadline);
-  3. restart the broker on the same data directory, drain the queue and check:
-     every confirmed message that was never acked is delivered again; no
-     durably acked message comes back (one acked without proof of durability
-     may or may not: its ack may have ridden on any later commit); every body
-     passes its checksum and keeps its properties; nothing comes back twice or
-     was never published; each publisher's messages come back in publish
-     order. The drain acks everything and makes its acks durable (a confirmed
-     marker publish on the same channel), so the next cycle starts from an
-     empty queue and a message of an earlier cycle coming back is a failure.
-
-The same code runs a few cycles per backend in tests/test_crash_recovery.py and
-hundreds here. A failed check stops the loop, prints what went wrong with both
-brokers' last log lines, and leaves the data directory in place.
 """
 
 import argparse
@@ -39,26 +19,14 @@ import sys
 import tempfile
 import time
 
-from pamqp import commands
-
-from benchmarks.amqp_client import BenchmarkError, Loop
-from benchmarks.crash_client import (
-    MARKER_PUBLISHER,
-    CorruptBody,
-    CrashConnection,
-    check_properties,
-    format_id,
-    make_body,
-    parse_body,
-    parse_id,
-)
+from benchmarks.amqp_client import BenchmarkError
+from benchmarks.crash_check import QUEUE, check_recovery, drain
+from benchmarks.crash_logs import ACKED_LOG, ACKS_SENT_LOG, CONFIRMED_LOG, read_confirmed, read_ids
 from brokerd.storeregistry import available_backends
 from tests.processes import BrokerProcess
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DURABLE_BACKENDS = ("filelog", "sqlite")
-QUEUE = "crash-test"
-MARKERS = QUEUE + ".markers"
 # What a broker prints when something failed in it (twistd log levels, tracebacks).
 FAILURE_MARKS = ("Traceback", "Unhandled", "#critical]", "#error]")
 RECOVERED = re.compile(r"recovered .* \((?P<unavailable>\d+) unavailable\), .* and (?P<messages>\d+) messages from")
@@ -128,149 +96,30 @@ def tail(lines, count=25):
     return "\n".join(lines[-count:])
 
 
-# -- what the client logged
-
-
-def read_confirmed(path):
-    """confirmed.log as {(publisher): [(first, last, acked)]} ranges."""
-    ranges = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            kind, publisher, first, last = line.split()
-            ranges.append((int(publisher), int(first), int(last), kind == "C"))
-    return ranges
-
-
-def read_ids(path):
-    """The ids in acked.log or acks-sent.log (lines ``KIND MARKER ID ID...``)."""
-    ids = set()
-    if path.exists():
-        for line in path.read_text().splitlines():
-            _, _, *texts = line.split()
-            ids.update(parse_id(text) for text in texts)
-    return ids
-
-
-# -- draining the queue after a restart
-
-
-def drain(host, port, queue=QUEUE, markers=MARKERS):
-    """
-    Consume and ack every message of C{queue}; empty C{markers}; then make those
-    acks durable with a confirmed marker publish on the same channel.
-
-    @return: a list of C{(redelivered, properties, body)} in delivery order.
-    """
-    loop = Loop()
-    connection = CrashConnection(loop, host, port, "crash-drain")
-    try:
-        connection.open()
-        declared = connection.rpc(commands.Queue.Declare(queue=queue, durable=True), commands.Queue.DeclareOk)
-        connection.rpc(commands.Queue.Declare(queue=markers, durable=True), commands.Queue.DeclareOk)
-        expected = declared.message_count
-        deliveries = []
-        state = {"acked_through": 0, "last_tag": 0, "confirmed": False}
-
-        def delivered(channel, delivery_tag, redelivered, properties, body):
-            deliveries.append((redelivered, properties, body))
-            state["last_tag"] = delivery_tag
-
-        def after_read():
-            if state["last_tag"] - state["acked_through"] >= 500 or (
-                len(deliveries) >= expected and state["last_tag"] > state["acked_through"]
-            ):
-                connection.ack(state["last_tag"], multiple=True)
-                state["acked_through"] = state["last_tag"]
-
-        def confirmed(channel, delivery_tag, multiple, ack):
-            if not ack:
-                raise BenchmarkError("the broker nacked the drain's marker")
-            state["confirmed"] = True
-
-        connection.on_delivery = delivered
-        connection.after_read = after_read
-        connection.on_confirm = confirmed
-        if expected:
-            connection.rpc(commands.Basic.Qos(prefetch_count=2000), commands.Basic.QosOk)
-            consumer = connection.rpc(commands.Basic.Consume(queue=queue), commands.Basic.ConsumeOk)
-            loop.run_until(
-                lambda: len(deliveries) >= expected and state["acked_through"] == state["last_tag"],
-                lambda: f"draining {queue}: {len(deliveries)} of {expected} delivered",
-                lambda: len(deliveries),
-            )
-            connection.rpc(commands.Basic.Cancel(consumer_tag=consumer.consumer_tag), commands.Basic.CancelOk)
-        left = connection.rpc(commands.Queue.Declare(queue=queue, passive=True), commands.Queue.DeclareOk)
-        if left.message_count:
-            raise BenchmarkError(f"{left.message_count} messages still in {queue} after draining {expected}")
-        connection.rpc(commands.Queue.Purge(queue=markers), commands.Queue.PurgeOk)
-        connection.rpc(commands.Confirm.Select(), commands.Confirm.SelectOk)
-        connection.publish(markers, make_body(0, MARKER_PUBLISHER, 0, b"drained"))
-        loop.run_until(lambda: state["confirmed"], lambda: "waiting for the drain marker's confirm")
-        connection.close()
-    finally:
-        connection.shut()
-    return deliveries
-
-
-# -- the checks
-
-
-def check_recovery(deliveries, run, confirmed, sent, durably_acked, acks_sent):
-    """
-    What is wrong with the messages a restarted broker delivered after the
-    crash of cycle C{run} (every earlier cycle's messages were drained).
-
-    @param deliveries: C{(redelivered, properties, body)} in queue order.
-    @param confirmed: {publisher: [(first, last)]} ranges confirmed in C{run}.
-    @param sent: {publisher: number of messages published in C{run}}.
-    @param durably_acked: ids whose ack a confirmed marker proved durable.
-    @param acks_sent: ids the consumer acked (durable or not).
-    @return: a list of problems, empty if all is well; and the ids delivered.
-    """
-    problems = []
-    seen = set()
-    last_sequence = {}
-    for position, (_redelivered, properties, body) in enumerate(deliveries):
-        try:
-            message_id = parse_body(body)
-        except CorruptBody as corrupt:
-            problems.append(f"delivery {position}: corrupt body: {corrupt}")
-            continue
-        text = format_id(message_id)
-        wrong = check_properties(properties)
-        if wrong:
-            problems.append(f"message {text}: {wrong}")
-        if message_id in seen:
-            problems.append(f"message {text} delivered twice")
-        seen.add(message_id)
-        if message_id in durably_acked:
-            problems.append(f"message {text} came back although its ack was durable")
-        message_run, publisher, sequence = message_id
-        if message_run < run:
-            problems.append(f"message {text} came back although it was drained (acked durably) before")
-        elif message_run > run or sequence > sent.get(publisher, 0):
-            problems.append(f"message {text} was never published")
-        previous = last_sequence.get((message_run, publisher))
-        if previous is not None and sequence <= previous:
-            problems.append(f"message {text} came back after {message_run}:{publisher}:{previous}: out of publish order")
-        last_sequence[(message_run, publisher)] = sequence
-    missing = []
-    for publisher, ranges in sorted(confirmed.items()):
-        for first, last in ranges:
-            for sequence in range(first, last + 1):
-                message_id = (run, publisher, sequence)
-                if message_id not in seen and message_id not in acks_sent:
-                    missing.append(message_id)
-    if missing:
-        shown = ", ".join(map(format_id, missing[:10]))
-        problems.append(f"{len(missing)} confirmed, never acked messages did not come back: {shown}"
-                        + (" ..." if len(missing) > 10 else ""))
-    return problems, seen
-
-
 class CrashLoop:
     """
-    A chain of crash cycles on one data directory (see the module docstring).
+    A chain of crash cycles on one data directory. Each cycle:
+
+      1. with the broker running, start L{benchmarks.crash_client} in its own
+         process: publishers send persistent messages with confirms to a durable
+         queue while a consumer acks most of what it gets, logging the confirmed
+         ids and the acks known to be durable (see L{benchmarks.crash_roles});
+      2. SIGKILL the broker once the client has seen a seeded random number of
+         confirms (read from the client's progress lines, with a deadline);
+      3. restart the broker on the same data directory, drain the queue and check:
+         every confirmed message that was never acked is delivered again; no
+         durably acked message comes back (one acked without proof of durability
+         may or may not: its ack may have ridden on any later commit); every body
+         passes its checksum and keeps its properties; nothing comes back twice or
+         was never published; each publisher's messages come back in publish
+         order. The drain acks everything and makes its acks durable (a confirmed
+         marker publish on the same channel), so the next cycle starts from an
+         empty queue and a message of an earlier cycle coming back is a failure.
+
+    The same code runs a few cycles per backend in tests/test_crash_recovery.py
+    and hundreds from the command line. A failed check stops the loop, raising
+    L{CrashCheckFailed} with what went wrong and both brokers' last log lines,
+    and leaves the data directory in place.
 
     @ivar results: one dict of figures per completed cycle.
     """
@@ -388,11 +237,11 @@ class CrashLoop:
         self.run_number = run
         self.sent = {int(publisher): figures["sent"] for publisher, figures in summary["publishers"].items()}
         self.confirmed = {}
-        for publisher, first, last, acked in read_confirmed(out / "confirmed.log"):
+        for publisher, first, last, acked in read_confirmed(out / CONFIRMED_LOG):
             if acked:
                 self.confirmed.setdefault(publisher, []).append((first, last))
-        self.durably_acked = read_ids(out / "acked.log")
-        self.acks_sent = read_ids(out / "acks-sent.log")
+        self.durably_acked = read_ids(out / ACKED_LOG)
+        self.acks_sent = read_ids(out / ACKS_SENT_LOG)
         restart_seconds = self.start_broker()
         warnings = [line for line in self.broker.output if "#warn]" in line]
         recovered = self.drain_and_check()

@@ -20,8 +20,9 @@ themselves are also run on hand-made deliveries, one defect at a time.
 
 import pytest
 
-from benchmarks.crash_client import PERSISTENT_PROPERTIES, make_body
-from benchmarks.crash_loop import DURABLE_BACKENDS, CrashCheckFailed, CrashLoop, backend_installed, check_recovery
+from benchmarks.crash_body import PERSISTENT_PROPERTIES, make_body
+from benchmarks.crash_check import check_recovery
+from benchmarks.crash_loop import DURABLE_BACKENDS, CrashCheckFailed, CrashLoop, backend_installed
 
 SEEDS = (11, 12, 13)
 KILLS_PER_SEED = 2  # chained on one data directory: the second crash hits a store that already recovered once
