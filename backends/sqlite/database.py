@@ -3,27 +3,29 @@ schema and its version, loading everything at open and applying each batch of
 buffered writes in one transaction.
 
 Only L{brokerd.durability.GroupCommit}'s writer thread calls into a
-L{Database}; the reactor thread never touches the connection.
+L{Database}; the reactor thread never touches its connection. Checkpoints
+(copying the write-ahead log into the database file) are kept off the commit
+path: a L{Checkpointer} runs them on a connection and thread of its own.
 """
 
+import fcntl
 import os
 import sqlite3
 import zlib
 
 from twisted.logger import Logger
 
+from backends.sqlite.checkpointer import LOCK_WAIT_SECONDS, Checkpointer
 from brokerd.interfaces import StoreCorrupted
 from brokerd.proto import messages_pb2
 
 log = Logger()
 
-SCHEMA_VERSION = 1  # PRAGMA user_version of the files this code writes and reads
+SCHEMA_VERSION = 2  # PRAGMA user_version of the files this code writes and reads
 APPLICATION_ID = 0x62726B64  # PRAGMA application_id, b"brkd": marks the file as a brokerd store
 PAGE_SIZE = 65536  # set once, when the file is created: one overflow page holds a 64 KiB body
 CACHE_KIB = 16384  # page cache of the connection
-LOCK_WAIT_SECONDS = 2.0  # how long open waits for another process to let go of the file
 SYNCHRONOUS = {"always": "FULL", "interval": "FULL", "none": "OFF"}
-
 SCHEMA = """
 CREATE TABLE exchanges (
     vhost TEXT NOT NULL, name TEXT NOT NULL, record BLOB NOT NULL,
@@ -38,7 +40,10 @@ CREATE TABLE bindings (
     record BLOB NOT NULL,
     UNIQUE (vhost, exchange, queue, routing_key, arguments));
 CREATE TABLE messages (
-    id INTEGER PRIMARY KEY, size INTEGER NOT NULL, crc INTEGER NOT NULL, record BLOB NOT NULL);
+    id INTEGER PRIMARY KEY, size INTEGER NOT NULL,
+    crc INTEGER NOT NULL,  -- zlib.crc32 of record then body
+    record BLOB NOT NULL,  -- the StoredMessage without its body
+    body BLOB NOT NULL);
 CREATE TABLE entries (
     queue_id INTEGER NOT NULL, message_id INTEGER NOT NULL,
     PRIMARY KEY (queue_id, message_id)) WITHOUT ROWID;
@@ -65,6 +70,11 @@ DELETE_BINDING = (
 )
 
 
+def checksum(record, body):
+    """The C{crc} column of a message: CRC-32 of its record, then of its body."""
+    return zlib.crc32(body, zlib.crc32(record))
+
+
 class StoreOpenError(Exception):
     """The database file is not one this brokerd can use (a newer schema, another
     program's database, locked by another process); unlike L{StoreCorrupted},
@@ -83,7 +93,7 @@ class Batch:
 
     def __init__(self):
         self.topology = []  # (sql, parameters), in call order
-        self.messages = {}  # message id -> (body size, StoredMessage bytes), in append order
+        self.messages = {}  # message id -> (crc, StoredMessage bytes without the body, body), in append order
         self.entries = {}  # (queue id, message id) -> None, in append order
         self.acks = []  # (queue id, message id) of entries written by earlier batches
         self.dropped_queues = []  # queue ids whose entries all go
@@ -103,7 +113,7 @@ class Loaded:
         self.exchanges = []  # ExchangeRecord, in creation order
         self.queues = []  # (queue id, vhost, name, QueueRecord or None), in creation order
         self.bindings = []  # (canonical arguments, BindingRecord), in creation order
-        self.messages = {}  # message id -> (body size, crc, StoredMessage bytes)
+        self.messages = {}  # message id -> (body size, crc, StoredMessage bytes without the body, body)
         self.entries = []  # (queue id, message id), in queue order
         self.next_message_id = 1
         self.next_queue_id = 1
@@ -113,6 +123,11 @@ class Database:
     """
     The SQLite file of one store, used only from the writer thread.
 
+    While the store is open an exclusive C{flock} on C{<path>.lock} keeps
+    any other brokerd off the file: two brokers giving out ids in one file
+    would collide. (SQLite's own exclusive locking mode cannot do this, as it
+    shuts out the L{Checkpointer}'s connection as well.)
+
     @param path: the database file; it and its directory are created if missing.
     @param mode: the sync policy's mode, which picks C{PRAGMA synchronous}.
     """
@@ -121,6 +136,8 @@ class Database:
         self.path = path
         self.synchronous = SYNCHRONOUS[mode]
         self._db = None
+        self._lock = None  # the open lock file, flocked
+        self._checkpointer = None
         self._failed = []  # batches of commits that failed, written again before the next one
         self.final_error = None  # why the commit of the final batch failed, if it did
 
@@ -157,12 +174,10 @@ class Database:
                 path=self.path,
                 size=os.path.getsize(wal),
             )
+        self._take_lock()
         db = self._db = sqlite3.connect(
             self.path, timeout=LOCK_WAIT_SECONDS, check_same_thread=False, isolation_level=None
         )
-        # Exclusive: no other connection may read or write the file while the store is open
-        # (two brokers assigning ids in one file would collide), and WAL needs no shared memory.
-        db.execute("PRAGMA locking_mode = EXCLUSIVE")
         version = db.execute("PRAGMA user_version").fetchone()[0]
         tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
         if version > SCHEMA_VERSION:
@@ -185,7 +200,8 @@ class Database:
             raise StoreOpenError(f"sqlite store {self.path} cannot use write-ahead logging (journal mode {mode})")
         db.execute(f"PRAGMA synchronous = {self.synchronous}")
         db.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
-        db.execute("BEGIN IMMEDIATE")  # takes the exclusive lock now, not at the first commit
+        db.execute("PRAGMA wal_autocheckpoint = 0")  # the Checkpointer's thread does them
+        db.execute("BEGIN IMMEDIATE")
         try:
             if fresh:
                 for statement in SCHEMA.split(";"):
@@ -201,7 +217,23 @@ class Database:
             if db.in_transaction:
                 db.execute("ROLLBACK")
             raise
+        self._checkpointer = Checkpointer(self.path, self.synchronous)
         return loaded
+
+    def _take_lock(self):
+        """Hold an exclusive C{flock} on C{<path>.lock} until L{close}; fail at once if another holds it."""
+        lock = open(self.path + ".lock", "a+b")  # noqa: SIM115 - held until close
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            raise StoreOpenError(
+                f"sqlite store {self.path} is locked by another process (is another brokerd using it?)"
+            ) from None
+        except BaseException:
+            lock.close()
+            raise
+        self._lock = lock
 
     def _check(self):
         """Fail on damage SQLite can see in the file's structure, and note bytes past its end."""
@@ -234,7 +266,7 @@ class Database:
             loaded.next_queue_id = queue_id + 1
         for arguments, blob in db.execute("SELECT arguments, record FROM bindings ORDER BY rowid"):
             loaded.bindings.append((arguments, self._parse(messages_pb2.BindingRecord, blob, "a binding")))
-        loaded.messages = {row[0]: row[1:] for row in db.execute("SELECT id, size, crc, record FROM messages")}
+        loaded.messages = {row[0]: row[1:] for row in db.execute("SELECT id, size, crc, record, body FROM messages")}
         entries = db.execute("SELECT queue_id, message_id FROM entries ORDER BY queue_id, message_id").fetchall()
         queue_ids = {queue[0] for queue in loaded.queues}
         stray = [entry for entry in entries if entry[0] not in queue_ids]
@@ -289,28 +321,39 @@ class Database:
         db = self._db
         if db is None:
             raise StoreOpenError(f"sqlite store {self.path} is closed")
+        checkpointer = self._checkpointer
+        if checkpointer is not None and checkpointer.behind:
+            # The log is long and the Checkpointer has copied all but what was committed
+            # while it ran: copy the rest here, so this transaction writes the log from its
+            # start again rather than making it longer.
+            busy = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[0]
+            checkpointer.behind = bool(busy)  # the Checkpointer was running again: try at the next commit
         db.execute("BEGIN IMMEDIATE")
         try:
-            for batch in batches:
-                self._apply(db, batch)
+            size = sum(self._apply(db, batch) for batch in batches)
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
                 db.execute("ROLLBACK")
             raise
+        if checkpointer is not None:
+            checkpointer.committed(size)
 
     @staticmethod
     def _apply(db, batch):
+        """Write C{batch} in the open transaction; returns about how many bytes of rows it wrote."""
         # Topology first, then rows in, then rows out. This order gives what the calls
         # in their own order would: ids are never reused while the store is open, so
         # entries dropped with a queue never belong to a queue created in the batch.
         for statement, parameters in batch.topology:
             db.execute(statement, parameters)
+        size = 0
         if batch.messages:
-            db.executemany(
-                "INSERT INTO messages (id, size, crc, record) VALUES (?, ?, ?, ?)",
-                [(message_id, size, zlib.crc32(blob), blob) for message_id, (size, blob) in batch.messages.items()],
-            )
+            rows = [
+                (message_id, len(body), crc, record, body) for message_id, (crc, record, body) in batch.messages.items()
+            ]
+            db.executemany("INSERT INTO messages (id, size, crc, record, body) VALUES (?, ?, ?, ?, ?)", rows)
+            size = sum(row[1] + len(row[3]) for row in rows)
         if batch.entries:
             db.executemany("INSERT INTO entries (queue_id, message_id) VALUES (?, ?)", batch.entries)
         if batch.acks:
@@ -319,16 +362,16 @@ class Database:
             db.executemany("DELETE FROM entries WHERE queue_id = ?", [(queue_id,) for queue_id in batch.dropped_queues])
         if batch.released:
             db.executemany("DELETE FROM messages WHERE id = ?", [(message_id,) for message_id in batch.released])
+        return size + 64 * (len(batch.topology) + len(batch.entries) + len(batch.acks) + len(batch.released))
 
     def read(self, message_id):
-        """C{(crc, StoredMessage bytes)} of a message, or None if the file holds no such message."""
+        """C{(crc, StoredMessage bytes without the body, body)} of a message, or None if the file has none."""
         for batch in reversed(self._failed):
             if message_id in batch.messages:
-                blob = batch.messages[message_id][1]
-                return zlib.crc32(blob), blob
+                return batch.messages[message_id]
         if self._db is None:
             raise StoreOpenError(f"sqlite store {self.path} is closed")
-        return self._db.execute("SELECT crc, record FROM messages WHERE id = ?", (message_id,)).fetchone()
+        return self._db.execute("SELECT crc, record, body FROM messages WHERE id = ?", (message_id,)).fetchone()
 
     def pragmas(self):
         """The connection's settings that matter for durability, by PRAGMA name."""
@@ -336,6 +379,21 @@ class Database:
         return {name: self._db.execute(f"PRAGMA {name}").fetchone()[0] for name in names}
 
     def close(self):
-        if self._db is not None:
-            db, self._db = self._db, None
-            db.close()
+        """Stop the Checkpointer, copy the whole log into the database file, close, and let go of the lock."""
+        try:
+            if self._checkpointer is not None:
+                checkpointer, self._checkpointer = self._checkpointer, None
+                checkpointer.stop()
+            if self._db is not None:
+                db, self._db = self._db, None
+                try:
+                    if not db.in_transaction:
+                        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                except sqlite3.Error as error:
+                    log.warn("sqlite store {path}: checkpoint at close failed ({error})", path=self.path, error=error)
+                finally:
+                    db.close()
+        finally:
+            if self._lock is not None:
+                lock, self._lock = self._lock, None
+                lock.close()

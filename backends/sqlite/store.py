@@ -4,9 +4,13 @@ batches by a L{brokerd.durability.GroupCommit}.
 The reactor thread keeps what the broker needs at once (ids, which queue holds
 which message, sizes, topology) and buffers every write in a L{Batch}; the
 writer thread applies each batch in one transaction (see L{Database}).
-"""
 
-import zlib
+A message is stored as its StoredMessage without the body, the body in a
+column of its own (so an append never copies the body into a protobuf) and a
+CRC-32 over both, computed at append on the reactor thread (zlib lets go of
+the GIL for large buffers, so this runs alongside the writer thread) and
+checked whenever the message is read back.
+"""
 
 from twisted.internet import defer
 from zope.interface import implementer
@@ -22,6 +26,7 @@ from backends.sqlite.database import (
     UPSERT_QUEUE,
     Batch,
     Database,
+    checksum,
 )
 from brokerd.durability import GroupCommit, SyncPolicy
 from brokerd.interfaces import IMessageStore, StoreCorrupted
@@ -70,7 +75,7 @@ class SqliteStore:
         self._queue_ids = {}  # queue key -> queue id, for every queue with a row in the file
         self._queue_handles = {}  # queue id -> {message id: None} held for it, in queue order
         self._held = {}  # message id -> [number of queues holding it, body size]
-        self._recovered = {}  # message id -> (crc, StoredMessage bytes) of messages found at open
+        self._recovered = {}  # message id -> (crc, record, body) of messages found at open
         self._last_recovered = 0  # the highest message id found at open
         self._next_id = self._next_queue_id = 1
         self._bytes = self._appends = self._acks = 0
@@ -224,15 +229,14 @@ class SqliteStore:
         handle = self._next_id
         self._next_id = handle + 1
         body = bytes(message.body)
-        stored = messages_pb2.StoredMessage(
+        record = messages_pb2.StoredMessage(
             valid=True,
             exchange=message.exchange,
             routing_key=message.routing_key,
             properties=message.properties,
-            body=body,
-        )
+        ).SerializeToString()
         batch = self._batch
-        batch.messages[handle] = (len(body), stored.SerializeToString())
+        batch.messages[handle] = (checksum(record, body), record, body)
         count = 0
         for queue in queues:
             queue_id = self._queue_ids.get(queue)
@@ -272,7 +276,7 @@ class SqliteStore:
     def read(self, handle):
         pending = self._batch.messages.get(handle)
         if pending is not None:
-            return defer.succeed(messages_pb2.StoredMessage.FromString(pending[1]))
+            return defer.maybeDeferred(self._parse, handle, *pending)
         if self._state != "open" or handle not in self._held:
             return defer.fail(KeyError(f"sqlite store {self.path} holds no message with handle {handle!r}"))
         recovered = self._recovered.get(handle)
@@ -345,15 +349,18 @@ class SqliteStore:
         else:
             batch.released.append(handle)
 
-    def _parse(self, handle, crc, blob):
-        if zlib.crc32(blob) != crc:
+    def _parse(self, handle, crc, record, body):
+        """The StoredMessage of a row, its body put back; L{StoreCorrupted} if its checksum or record is bad."""
+        if checksum(record, body) != crc:
             raise StoreCorrupted(
                 f"sqlite store {self.path}: message {handle} is damaged (its checksum does not match)", path=self.path
             )
         try:
-            return messages_pb2.StoredMessage.FromString(blob)
+            stored = messages_pb2.StoredMessage.FromString(record)
+            stored.body = body
         except Exception as error:
             raise StoreCorrupted(
                 f"sqlite store {self.path}: message {handle} cannot be read as a StoredMessage ({error})",
                 path=self.path,
             ) from None
+        return stored
