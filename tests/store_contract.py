@@ -208,6 +208,16 @@ class StoreContract:
         self.assertEqual(record.properties.message_id, "payload" * 100)
 
     @defer.inlineCallbacks
+    def test_a_message_reads_back_before_and_after_its_commit(self):
+        store = yield self.opened()
+        store.save_queue(queue_record("jobs"))
+        handle = store.append(message(b"fresh"), [JOBS])
+        buffered = yield store.read(handle)
+        yield store.sync()
+        committed = yield store.read(handle)
+        self.assertEqual((buffered.body, committed.body), (b"fresh", b"fresh"))
+
+    @defer.inlineCallbacks
     def test_reading_an_unknown_handle_fails_with_key_error(self):
         store = yield self.opened()
         store.save_queue(queue_record("jobs"))

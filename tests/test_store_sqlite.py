@@ -207,16 +207,6 @@ class SqliteStoreTests(unittest.TestCase):
         yield self.assertOpenFails(StoreOpenError, "locked")
 
     @defer.inlineCallbacks
-    def test_read_finds_a_message_before_and_after_its_commit(self):
-        store = yield self.opened()
-        store.save_queue(queue_record("jobs"))
-        handle = store.append(message(b"early"), [JOBS])
-        buffered = yield store.read(handle)
-        yield store.sync()
-        committed = yield store.read(handle)
-        self.assertEqual((buffered.body, committed.body), (b"early", b"early"))
-
-    @defer.inlineCallbacks
     def test_close_while_opening_waits_for_the_open(self):
         store = SqliteStore(self.path, SyncPolicy("always"))
         opening = store.open()
