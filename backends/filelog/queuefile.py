@@ -6,14 +6,13 @@ knows where each valid record is (handle -> offset and size), which is what an
 ack (flip the valid byte), a read and a compaction need.
 """
 
-import hashlib
 import mmap
 import os
 
 from google.protobuf.message import DecodeError
 from twisted.logger import Logger
 
-from backends.filelog.fileio import fsync_directory, write_all, write_gathered
+from backends.fileio import fsync_directory, queue_key_name, write_all, write_gathered
 from backends.filelog.records import (
     ACKED_FLAG,
     FLAG_OFFSET,
@@ -31,22 +30,12 @@ log = Logger()
 
 DATA_SUFFIX = ".qlog"
 COMPACT_SUFFIX = ".compact"
-HASHED_PREFIX = "sha256-"
-LONGEST_HEX_NAME = 200  # file systems allow 255 bytes; longer keys are hashed
 COMPACTION_WRITE_SIZE = 1 << 20
 
 
 def queue_file_name(queue):
-    """
-    The data file name of a queue key C{(vhost, name)}: the hex of the UTF-8 of
-    C{"vhost\\0name"}, which is safe on any file system whatever the names hold,
-    or a SHA-256 of it when the hex would be too long for a file name.
-    """
-    key = "\0".join(queue).encode("utf-8")
-    name = key.hex()
-    if len(name) > LONGEST_HEX_NAME:
-        name = HASHED_PREFIX + hashlib.sha256(key).hexdigest()
-    return name + DATA_SUFFIX
+    """The data file name of a queue key C{(vhost, name)} (see L{queue_key_name})."""
+    return queue_key_name(queue) + DATA_SUFFIX
 
 
 class Figures:

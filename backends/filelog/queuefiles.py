@@ -14,10 +14,10 @@ from typing import NamedTuple
 
 from twisted.logger import Logger
 
-from backends.filelog.fileio import TEMPORARY_SUFFIX, fsync_directory, replace_file
+from backends.fileio import TEMPORARY_SUFFIX, fsync_directory, replace_file
 from backends.filelog.queuefile import COMPACT_SUFFIX, DATA_SUFFIX, Figures, QueueFile, queue_file_name
 from backends.filelog.records import queue_of_header
-from backends.filelog.topology import TOPOLOGY_FILE, read_topology
+from backends.topologyfile import TOPOLOGY_FILE, read_topology
 from brokerd.interfaces import StoreCorrupted
 from brokerd.proto import messages_pb2
 

@@ -11,7 +11,7 @@ from zope.interface import implementer
 
 from backends.filelog.queuefiles import QueueFiles
 from backends.filelog.records import decode, encode
-from backends.filelog.topology import Topology
+from backends.topologyfile import Topology
 from brokerd.durability import GroupCommit, SyncPolicy
 from brokerd.interfaces import IMessageStore, StoreCorrupted
 

@@ -1,11 +1,28 @@
-"""Small file-system steps the filelog writer thread builds on: whole writes,
-gathered writes, atomic replacement, durable directory changes."""
+"""Small file-system steps the file-based backends' writer threads build on:
+whole writes, gathered writes, atomic replacement, durable directory changes,
+file names made from queue names."""
 
+import hashlib
 import os
 
 TEMPORARY_SUFFIX = ".tmp"
 IOV_MAX = os.sysconf("SC_IOV_MAX")
 SMALL_PART = 16 * 1024  # parts smaller than this are joined; copying them costs less than an iovec
+HASHED_PREFIX = "sha256-"
+LONGEST_HEX_NAME = 200  # file systems allow 255 bytes; longer keys are hashed
+
+
+def queue_key_name(queue):
+    """
+    A file name for a queue key C{(vhost, name)}: the hex of the UTF-8 of
+    C{"vhost\\0name"}, which is safe on any file system whatever the names hold,
+    or a SHA-256 of it when the hex would be too long for a file name.
+    """
+    key = "\0".join(queue).encode("utf-8")
+    name = key.hex()
+    if len(name) > LONGEST_HEX_NAME:
+        name = HASHED_PREFIX + hashlib.sha256(key).hexdigest()
+    return name
 
 
 def replace_file(path, data, sync_directory):

@@ -1,10 +1,11 @@
-"""The durable topology of a filelog store and the small file that keeps it.
+"""The durable topology of a file-based store and the small file that keeps it.
 
 The whole topology is rewritten on every change and replaced atomically
 (write a temporary file, fsync it, rename it over the old one, fsync the
 directory): topology changes are rare and the file is small, and a reader then
-only ever sees a complete topology. The file is ``MAGIC``, then one entry per
-record (``[u8 kind][u32 length][record bytes]``), then a CRC of all before it.
+only ever sees a complete topology. The file is a magic line naming the backend
+and the format version, then one entry per record (``[u8 kind][u32 length]
+[record bytes]``), then a CRC of all before it.
 """
 
 import struct
@@ -17,7 +18,7 @@ from brokerd.proto import messages_pb2
 from brokerd.proto.tables import freeze, table_to_dict
 
 TOPOLOGY_FILE = "topology"
-MAGIC = b"brokerd filelog topology 1\n"
+FILELOG_MAGIC = b"brokerd filelog topology 1\n"
 ENTRY = struct.Struct(">BI")
 CRC = struct.Struct(">I")
 RECORD_KINDS = {1: messages_pb2.ExchangeRecord, 2: messages_pb2.QueueRecord, 3: messages_pb2.BindingRecord}
@@ -71,9 +72,9 @@ class Topology:
     def delete_binding(self, record):
         self.bindings.pop(binding_key(record), None)
 
-    def encode(self):
-        """The topology file's contents."""
-        parts = [MAGIC]
+    def encode(self, magic=FILELOG_MAGIC):
+        """The topology file's contents, starting with C{magic}."""
+        parts = [magic]
         for record in self.records():
             data = record.SerializeToString()
             parts += (ENTRY.pack(KIND_OF[type(record)], len(data)), data)
@@ -81,7 +82,7 @@ class Topology:
         return body + CRC.pack(zlib.crc32(body))
 
 
-def decode_topology(data, path):
+def decode_topology(data, path, magic=FILELOG_MAGIC):
     """
     The records of a topology file's contents.
 
@@ -92,14 +93,14 @@ def decode_topology(data, path):
     def damaged(reason, offset=None):
         return StoreCorrupted(f"topology file {path} is damaged: {reason}; the store cannot start without it", path, offset)
 
-    if not data.startswith(MAGIC):
-        raise damaged("it does not start with the filelog topology header", 0)
-    if len(data) < len(MAGIC) + CRC.size:
+    if not data.startswith(magic):
+        raise damaged(f"it does not start with the topology header {magic!r}", 0)
+    if len(data) < len(magic) + CRC.size:
         raise damaged(f"it is cut short at {len(data)} bytes", len(data))
     body, (stored_crc,) = data[: -CRC.size], CRC.unpack_from(data, len(data) - CRC.size)
     if zlib.crc32(body) != stored_crc:
         raise damaged("its CRC does not match")
-    records, offset = [], len(MAGIC)
+    records, offset = [], len(magic)
     while offset < len(body):
         if len(body) - offset < ENTRY.size:
             raise damaged("an entry header is cut short", offset)
@@ -117,11 +118,11 @@ def decode_topology(data, path):
     return records
 
 
-def read_topology(path):
+def read_topology(path, magic=FILELOG_MAGIC):
     """The records of the topology file at C{path}; none if there is no file yet (a new store)."""
     try:
         with open(path, "rb") as topology_file:
             data = topology_file.read()
     except FileNotFoundError:
         return []
-    return decode_topology(data, path)
+    return decode_topology(data, path, magic)
