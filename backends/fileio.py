@@ -2,6 +2,7 @@
 whole writes, gathered writes, atomic replacement, durable directory changes,
 file names made from queue names."""
 
+import fcntl
 import hashlib
 import os
 
@@ -10,6 +11,28 @@ IOV_MAX = os.sysconf("SC_IOV_MAX")
 SMALL_PART = 16 * 1024  # parts smaller than this are joined; copying them costs less than an iovec
 HASHED_PREFIX = "sha256-"
 LONGEST_HEX_NAME = 200  # file systems allow 255 bytes; longer keys are hashed
+
+
+class DirectoryInUse(Exception):
+    """Another open store (most likely another broker on the same data directory) holds the files."""
+
+
+def lock_directory(lock_path, backend):
+    """
+    Take an exclusive C{flock} on C{lock_path} (created if need be), held
+    until the returned descriptor is closed: two stores writing the same files
+    would corrupt them, so the second to open fails with DirectoryInUse.
+    """
+    descriptor = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        raise DirectoryInUse(
+            f"{os.path.dirname(lock_path)} is in use by another open {backend} store (another broker on the"
+            " same data directory?)"
+        ) from None
+    return descriptor
 
 
 def queue_key_name(queue):

@@ -13,7 +13,7 @@ from twisted.trial import unittest
 
 from backends.filelog import backend, records
 from backends.filelog.queuefile import queue_file_name
-from backends.filelog.queuefiles import DirectoryInUse
+from backends.fileio import DirectoryInUse
 from brokerd.durability import SyncPolicy
 from brokerd.errors import NotFound
 from brokerd.interfaces import StoreCorrupted

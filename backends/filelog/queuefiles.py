@@ -8,13 +8,12 @@ The directory holds a lock file (flocked while a store has it open), the
 topology file, and one L{QueueFile} per durable queue that was ever written to.
 """
 
-import fcntl
 import os
 from typing import NamedTuple
 
 from twisted.logger import Logger
 
-from backends.fileio import TEMPORARY_SUFFIX, fsync_directory, replace_file
+from backends.fileio import TEMPORARY_SUFFIX, fsync_directory, lock_directory, replace_file
 from backends.filelog.queuefile import COMPACT_SUFFIX, DATA_SUFFIX, Figures, QueueFile, queue_file_name
 from backends.filelog.records import queue_of_header
 from backends.topologyfile import TOPOLOGY_FILE, read_topology
@@ -25,10 +24,6 @@ log = Logger()
 
 LOCK_FILE = "lock"
 HEADER_READ_SIZE = 4096  # more than any header: queue and vhost names are at most 255 bytes
-
-
-class DirectoryInUse(Exception):
-    """Another open store (most likely another broker on the same data directory) holds the files."""
 
 
 class Recovery(NamedTuple):
@@ -87,16 +82,7 @@ class QueueFiles:
 
     def _take_lock(self):
         """Two stores writing the same files would corrupt them; the second to open fails instead."""
-        self._lock = os.open(os.path.join(self.directory, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._lock)
-            self._lock = None
-            raise DirectoryInUse(
-                f"{self.directory} is in use by another open filelog store (another broker on the same data"
-                " directory?)"
-            ) from None
+        self._lock = lock_directory(os.path.join(self.directory, LOCK_FILE), "filelog")
 
     def _remove_leftovers(self):
         """Temporary files of an interrupted topology replacement or compaction: the

@@ -1,0 +1,227 @@
+"""The on-disk formats of the chunked store (EQueue's design), as values.
+
+Message log: chunk files ``message-chunk-NNNNNNNNN``, each ``HEADER_SIZE``
+bytes of header, a data area of ``data_size`` bytes and, once the chunk is
+full, a ``FOOTER_SIZE`` footer. A global position ``p`` lives in chunk
+``p // data_size`` at data offset ``p % data_size``. A record is::
+
+    [u32 length][u8 kind][u32 head length][head][body][u32 CRC][u32 length]
+
+where ``length`` counts kind, head length, head and body, and the CRC covers
+the same bytes; the length after the record lets a reader walk backwards. The
+head is a L{StoredMessage} without its body, so reading a body is one slice.
+A length of zero marks unwritten (zero-filled) space.
+
+Queue index: chunk files ``index-chunk-NNNNNNNNN`` of fixed 16-byte entries,
+``[u64 position + 1][u32 body length][u32 CRC of the 12 bytes before]``
+(little-endian); entry N lives at ``HEADER_SIZE + (N % per chunk) * 16``, an
+all-zero entry marks unwritten space.
+
+Every file starts with a header carrying a magic, a format version and a CRC.
+"""
+
+import struct
+import zlib
+
+from brokerd.proto import messages_pb2
+
+VERSION = 1
+MESSAGE_CHUNK = 1
+INDEX_CHUNK = 2
+CHUNK_MAGIC = b"brokerd chunk\0\0\0"
+FOOTER_MAGIC = b"brokerd chunkend"
+
+# magic, version, kind, chunk number, global start, data size, CRC of the bytes before it
+HEADER = struct.Struct(">16sIIQQQI")
+HEADER_SIZE = 64
+# magic, bytes of records, number of records, CRC of the bytes before it
+FOOTER = struct.Struct(">16sQQI")
+FOOTER_SIZE = 64
+
+RECORD_HEAD = struct.Struct(">IBI")  # length, kind, head length
+RECORD_TAIL = struct.Struct(">II")  # CRC, length
+RECORD_OVERHEAD = RECORD_HEAD.size + RECORD_TAIL.size
+MESSAGE_RECORD = 1
+LENGTH = struct.Struct(">I")
+
+INDEX_ENTRY = struct.Struct("<QII")
+INDEX_ENTRY_SIZE = INDEX_ENTRY.size
+INDEX_KEY = struct.Struct("<QI")
+
+HANDLE_SIZE_BITS = 32
+SIZE_MASK = (1 << HANDLE_SIZE_BITS) - 1
+
+
+class FormatError(Exception):
+    """Bytes that are not what the format says should be there; the text says how."""
+
+
+# -- handles and message ids
+
+
+def make_handle(position, body_length):
+    """A message's handle: its global position and its body length in one integer."""
+    return position << HANDLE_SIZE_BITS | body_length
+
+
+def position_of(handle):
+    return handle >> HANDLE_SIZE_BITS
+
+
+def body_length_of(handle):
+    return handle & SIZE_MASK
+
+
+def message_id(handle):
+    """The id that names a stored message: 24 hex digits, its position then its body length."""
+    return f"{position_of(handle):016x}{body_length_of(handle):08x}"
+
+
+def handle_of_message_id(text):
+    """The handle a L{message_id} names; ValueError if C{text} is not one."""
+    if not isinstance(text, str) or len(text) != 24:
+        raise ValueError(f"{text!r} is not a chunked message id (24 hex digits)")
+    try:
+        return make_handle(int(text[:16], 16), int(text[16:], 16))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a chunked message id (24 hex digits)") from None
+
+
+# -- chunk headers and footers
+
+
+def chunk_file_name(prefix, number):
+    return f"{prefix}-{number:09d}"
+
+
+def encode_header(kind, number, start, data_size):
+    body = HEADER.pack(CHUNK_MAGIC, VERSION, kind, number, start, data_size, 0)[:-4]
+    return (body + LENGTH.pack(zlib.crc32(body))).ljust(HEADER_SIZE, b"\0")
+
+
+def decode_header(data, path):
+    """C{(kind, number, start, data size)} of a chunk header; FormatError naming C{path} if it is none."""
+    if len(data) < HEADER.size:
+        raise FormatError(f"chunk {path} is cut short inside its header ({len(data)} bytes)")
+    magic, version, kind, number, start, data_size, crc = HEADER.unpack_from(data)
+    if magic != CHUNK_MAGIC:
+        raise FormatError(f"chunk {path} does not start with the chunk magic")
+    if zlib.crc32(data[: HEADER.size - 4]) != crc:
+        raise FormatError(f"chunk {path} has a damaged header (CRC mismatch)")
+    if version != VERSION:
+        raise FormatError(f"chunk {path} has format version {version}; this brokerd reads version {VERSION}")
+    return kind, number, start, data_size
+
+
+def encode_footer(used, records):
+    body = FOOTER.pack(FOOTER_MAGIC, used, records, 0)[:-4]
+    return (body + LENGTH.pack(zlib.crc32(body))).ljust(FOOTER_SIZE, b"\0")
+
+
+def decode_footer(data):
+    """C{(bytes of records, number of records)} of a whole footer, or None if C{data} holds none."""
+    if len(data) < FOOTER.size:
+        return None
+    magic, used, records, crc = FOOTER.unpack_from(data)
+    if magic != FOOTER_MAGIC or zlib.crc32(data[: FOOTER.size - 4]) != crc:
+        return None
+    return used, records
+
+
+# -- message records
+
+
+def encode_head(message):
+    """The L{StoredMessage} of a published message, without its body (the record keeps that apart)."""
+    return messages_pb2.StoredMessage(
+        exchange=message.exchange, routing_key=message.routing_key, properties=message.properties
+    ).SerializeToString()
+
+
+def record_size(head, body_length):
+    """The bytes a record of this head and body takes in a chunk."""
+    return RECORD_OVERHEAD + len(head) + body_length
+
+
+def frame_parts(head, body):
+    """The parts of one record, in order; the body is one of them, never copied."""
+    length = 5 + len(head) + len(body)
+    prefix = RECORD_HEAD.pack(length, MESSAGE_RECORD, len(head))
+    crc = zlib.crc32(body, zlib.crc32(head, zlib.crc32(prefix[4:])))
+    return (prefix + head, body, RECORD_TAIL.pack(crc, length))
+
+
+def record_problem(buffer, offset, limit):
+    """
+    Why the bytes of C{buffer} at C{offset} (with C{limit} the end of valid
+    data) hold no whole, undamaged record, or None if they hold one.
+    """
+    if offset + RECORD_HEAD.size > limit:
+        return "too few bytes left for a record"
+    length, kind, head_length = RECORD_HEAD.unpack_from(buffer, offset)
+    if length == 0:
+        return "zero-filled"
+    end = offset + 4 + length + RECORD_TAIL.size
+    if length < 5 or end > limit:
+        return f"a length of {length} that does not fit"
+    if kind != MESSAGE_RECORD or head_length > length - 5:
+        return "not a message record"
+    crc, trailing = RECORD_TAIL.unpack_from(buffer, end - RECORD_TAIL.size)
+    if trailing != length:
+        return "lengths before and after it differ"
+    if zlib.crc32(memoryview(buffer)[offset + 4 : offset + 4 + length]) != crc:
+        return "CRC mismatch"
+    return None
+
+
+def full_record_size(buffer, offset):
+    """The size on disk of the record at C{offset}, from its length field."""
+    return LENGTH.unpack_from(buffer, offset)[0] + LENGTH.size + RECORD_TAIL.size
+
+
+def decode_record(buffer, offset):
+    """
+    The C{(StoredMessage head, body bytes)} of the (checked) record at C{offset}
+    of C{buffer}: the body is copied out once, the head parsed alone.
+    """
+    length, _, head_length = RECORD_HEAD.unpack_from(buffer, offset)
+    view = memoryview(buffer)
+    head_start = offset + RECORD_HEAD.size
+    body_start = head_start + head_length
+    head = messages_pb2.StoredMessage.FromString(bytes(view[head_start:body_start]))
+    body = bytes(view[body_start : offset + 4 + length])
+    return head, body
+
+
+# -- index entries
+
+
+def encode_index_entry(handle):
+    """The index entry of a message: its position + 1 (so zero means unwritten), body length and CRC."""
+    position_plus_one, body_length = position_of(handle) + 1, body_length_of(handle)
+    return INDEX_ENTRY.pack(position_plus_one, body_length, zlib.crc32(INDEX_KEY.pack(position_plus_one, body_length)))
+
+
+def decode_index_entries(data):
+    """
+    The handles of the entries of C{data} up to the first unwritten one, and
+    the index (in entries) where reading stopped and why: C{(handles, stop,
+    problem)}, C{problem} None for an all-zero entry or the end of C{data}.
+    """
+    handles = []
+    append = handles.append
+    crc32 = zlib.crc32
+    view = memoryview(data)
+    stop = 0
+    for stop, (position_plus_one, body_length, crc) in enumerate(INDEX_ENTRY.iter_unpack(view)):
+        if position_plus_one == 0:
+            if body_length or crc:
+                return handles, stop, "an entry with no position"
+            return handles, stop, None
+        offset = stop * INDEX_ENTRY_SIZE
+        if crc32(view[offset : offset + 12]) != crc:
+            return handles, stop, "CRC mismatch"
+        append((position_plus_one - 1) << HANDLE_SIZE_BITS | body_length)
+    else:
+        stop = len(data) // INDEX_ENTRY_SIZE
+    return handles, stop, None

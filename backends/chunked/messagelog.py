@@ -1,0 +1,279 @@
+"""The message log: fixed-size chunk files written one after the other.
+
+Only the store's writer thread calls a L{MessageLog} (the reactor thread reads
+the chunk files through its own maps, L{backends.chunked.reads}). Positions
+are assigned by the store before records get here, so writing is placing bytes
+where they belong: a record that would cross the end of a chunk was already
+moved to the start of the next one. A chunk file is created at its full size
+(sparse), so unwritten space reads as zeros; once full it gets a footer.
+
+Opening needs no checkpoint of the write position: every chunk's header is
+read, and only the last chunk is scanned, record by record, until a length or
+CRC check fails; the file is cut there (and grown back to its size, so the
+cut-off bytes read as zeros) and writing resumes at that point.
+"""
+
+import os
+import time
+
+from twisted.logger import Logger
+
+from backends.chunked.format import (
+    FOOTER_SIZE,
+    HEADER_SIZE,
+    MESSAGE_CHUNK,
+    FormatError,
+    chunk_file_name,
+    decode_footer,
+    decode_header,
+    encode_footer,
+    encode_header,
+    full_record_size,
+    record_problem,
+)
+from backends.fileio import fsync_directory, write_all, write_gathered
+from brokerd.interfaces import StoreCorrupted
+
+log = Logger()
+
+PREFIX = "message-chunk"
+SCAN_BLOCK = 8 << 20  # bytes read at a time when the last chunk is scanned
+TORN_CHECK_BYTES = 64 << 10  # non-zero bytes this close after the last whole record make it a torn tail
+
+
+class ChunkFigures:
+    """Reads and writes of one chunk, for metrics; the writer and reactor threads each bump their own counter."""
+
+    __slots__ = ("reads", "writes", "bytes_written")
+
+    def __init__(self):
+        self.reads = 0
+        self.writes = 0
+        self.bytes_written = 0
+
+
+class MessageLog:
+    """
+    The chunk files of one store's directory.
+
+    @ivar data_size: the bytes of records one chunk holds; fixed for a
+        directory by its first chunk, whatever the option says later.
+    @ivar write_position: the global position up to which records are
+        written to the files.
+    @ivar flushed_position: up to which they are also fsynced.
+    @ivar chunks: chunk number -> L{ChunkFigures}, one per chunk file there is.
+    """
+
+    def __init__(self, directory, data_size):
+        self.directory = directory
+        self.data_size = data_size
+        self.write_position = 0
+        self.flushed_position = 0
+        self.records_written = 0
+        self.chunks = {}
+        self.deleted = []  # chunk numbers removed, for the reactor to unmap; it pops them
+        self._current = None  # number of the chunk being written
+        self._descriptor = None  # of the chunk being written
+        self._records_in_current = 0
+        self._unsynced = []  # descriptors written since the last fsync
+        self._finished = []  # descriptors of chunks finished since the last sync, closed after it
+        self._directory_unsynced = False
+
+    def path_of(self, number):
+        return os.path.join(self.directory, chunk_file_name(PREFIX, number))
+
+    def file_size(self):
+        return HEADER_SIZE + self.data_size + FOOTER_SIZE
+
+    # -- open
+
+    def open(self):
+        """Read every chunk's header, scan the last one and take up writing where it ends."""
+        numbers = sorted(
+            int(name[len(PREFIX) + 1 :])
+            for name in os.listdir(self.directory)
+            if name.startswith(PREFIX + "-") and name[len(PREFIX) + 1 :].isdigit()
+        )
+        if numbers:
+            self._adopt_data_size(numbers[0])
+        for number in numbers:
+            self._check_header(number)
+            self.chunks[number] = ChunkFigures()
+        if not numbers:
+            return
+        last = numbers[-1]
+        with open(self.path_of(last), "r+b") as chunk:
+            footer = decode_footer(_pread(chunk.fileno(), FOOTER_SIZE, HEADER_SIZE + self.data_size))
+            if footer is not None:
+                self.write_position = (last + 1) * self.data_size
+            else:
+                used, count = self._scan(chunk, last)
+                self.write_position = last * self.data_size + used
+                self._records_in_current = count
+                self._current = last
+        self.flushed_position = self.write_position
+        if self._current is not None:
+            self._descriptor = os.open(self.path_of(self._current), os.O_RDWR)
+
+    def _read_header(self, number):
+        path = self.path_of(number)
+        with open(path, "rb") as chunk:
+            data = chunk.read(HEADER_SIZE)
+        try:
+            return decode_header(data, path)
+        except FormatError as problem:
+            raise StoreCorrupted(f"{problem}; the message log cannot be read", path, 0) from None
+
+    def _adopt_data_size(self, number):
+        """The chunk size a directory was made with holds for good: positions map to chunks by it."""
+        data_size = self._read_header(number)[3]
+        if data_size != self.data_size:
+            log.warn(
+                "message chunks in {directory} hold {found} bytes each; keeping that size (the chunk_size"
+                " option applies to new stores only)",
+                directory=self.directory, found=data_size,
+            )
+            self.data_size = data_size
+
+    def _check_header(self, number):
+        path = self.path_of(number)
+        kind, found_number, start, data_size = self._read_header(number)
+        if (kind, found_number, start, data_size) != (MESSAGE_CHUNK, number, number * self.data_size, self.data_size):
+            raise StoreCorrupted(
+                f"chunk {path} has the header of another chunk (kind {kind}, number {found_number}, start {start},"
+                f" data size {data_size})", path, 0,
+            )
+
+    def _scan(self, chunk, number):
+        """The bytes of whole records at the start of the last chunk and their count; cut off the rest."""
+        descriptor, path = chunk.fileno(), self.path_of(number)
+        offset, count, buffer, buffer_start = 0, 0, b"", 0
+        problem = None
+        while offset < self.data_size:
+            local = offset - buffer_start
+            if local + 4 > len(buffer) or local + full_record_size(buffer, local) > len(buffer):
+                wanted = full_record_size(buffer, local) if local + 4 <= len(buffer) else 0
+                buffer_start, local = offset, 0
+                buffer = _pread(descriptor, min(max(SCAN_BLOCK, wanted), self.data_size - offset), HEADER_SIZE + offset)
+            problem = record_problem(buffer, local, len(buffer))
+            if problem is not None:
+                break
+            offset += full_record_size(buffer, local)
+            count += 1
+        if problem is not None and any(buffer[local : local + TORN_CHECK_BYTES]):
+            log.warn(
+                "chunk {path}: the record at data offset {offset} is torn ({problem}); the chunk is cut there"
+                " and writing resumes at that point",
+                path=path, offset=offset, problem=problem,
+            )
+            os.ftruncate(descriptor, HEADER_SIZE + offset)
+            os.ftruncate(descriptor, self.file_size())
+            os.fsync(descriptor)
+        return offset, count
+
+    # -- writes
+
+    def write(self, records):
+        """
+        Write records (C{(position, parts)} in position order) where their
+        positions say, starting new chunks (and finishing old ones) as needed.
+        """
+        run, run_start = [], None
+        for position, parts in records:
+            number = position // self.data_size
+            if number != self._current:
+                self._flush_run(run, run_start)
+                run, run_start = [], None
+                self._start_chunk(number)
+            if run_start is None:
+                run_start = position
+            run.extend(parts)
+            self._records_in_current += 1
+            end = position + sum(len(part) for part in parts)
+            self.write_position = end
+        self._flush_run(run, run_start)
+        self.records_written += len(records)
+
+    def _flush_run(self, parts, start):
+        if not parts:
+            return
+        offset = HEADER_SIZE + start % self.data_size
+        write_gathered(self._descriptor, parts, offset)
+        figures = self.chunks[self._current]
+        figures.writes += 1
+        figures.bytes_written += sum(len(part) for part in parts)
+        if self._descriptor not in self._unsynced:
+            self._unsynced.append(self._descriptor)
+
+    def _start_chunk(self, number):
+        """Finish the chunk being written (footer) and create chunk C{number}."""
+        if self._current is not None:
+            used = self.write_position - self._current * self.data_size
+            write_all(self._descriptor, encode_footer(used, self._records_in_current), HEADER_SIZE + self.data_size)
+            if self._descriptor not in self._unsynced:
+                self._unsynced.append(self._descriptor)
+            self._finished.append(self._descriptor)
+        path = self.path_of(number)
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.ftruncate(descriptor, self.file_size())
+        write_all(descriptor, encode_header(MESSAGE_CHUNK, number, number * self.data_size, self.data_size), 0)
+        self._current, self._descriptor, self._records_in_current = number, descriptor, 0
+        self.write_position = number * self.data_size
+        self.chunks[number] = ChunkFigures()
+        self._unsynced.append(descriptor)
+        self._directory_unsynced = True
+
+    def sync(self, fsync):
+        """Make what was written durable (if C{fsync}); close the descriptors of finished chunks."""
+        if fsync:
+            for descriptor in self._unsynced:
+                os.fsync(descriptor)
+            if self._directory_unsynced:
+                fsync_directory(self.directory)
+                self._directory_unsynced = False
+            self.flushed_position = self.write_position
+        self._unsynced = []
+        finished, self._finished = self._finished, []
+        for descriptor in finished:
+            os.close(descriptor)
+
+    # -- cleanup
+
+    def deletable(self, number):
+        """True if chunk C{number} is finished: older than the chunk being written, if any."""
+        return self._current is None or number < self._current
+
+    def delete(self, number):
+        """Remove a chunk whose records no queue needs any more (never the one being written)."""
+        os.unlink(self.path_of(number))
+        self.chunks.pop(number, None)
+        self.deleted.append(number)
+        self._directory_unsynced = True
+
+    def completed_at(self, number):
+        """When chunk C{number}'s file was last changed (its footer written), in seconds since the epoch."""
+        try:
+            return os.stat(self.path_of(number)).st_mtime
+        except FileNotFoundError:
+            return time.time()
+
+    def bytes_on_disk(self):
+        total = 0
+        for number in list(self.chunks):
+            try:
+                total += os.stat(self.path_of(number)).st_blocks * 512
+            except FileNotFoundError:
+                pass
+        return total
+
+    def close(self):
+        if self._descriptor is not None:
+            os.close(self._descriptor)
+            self._descriptor = None
+        for descriptor in self._finished:
+            os.close(descriptor)
+        self._finished = []
+
+
+def _pread(descriptor, size, offset):
+    return os.pread(descriptor, max(size, 0), offset)

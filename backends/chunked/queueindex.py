@@ -1,0 +1,384 @@
+"""One durable queue's index: which messages it holds, in order, and which it acked.
+
+Only the store's writer thread touches a L{QueueIndex}. Its directory holds:
+
+  - index chunks (``index-chunk-NNNNNNNNN``): fixed 16-byte entries naming a
+    message by its position in the message log, entry N at a place computed
+    from N alone (L{backends.chunked.format});
+  - ``acks``: an ack log, one record per commit (``[u32 count][count x u64
+    entry number][u32 CRC]``) after a magic line, so an ack never rewrites
+    the message log or the index;
+  - ``checkpoint``: the queue key, the low-water mark (the first entry not
+    acked) and the acked entries above it, replaced atomically now and then;
+    the ack log is emptied after each checkpoint and index chunks wholly
+    below the mark are deleted.
+
+Entries of a queue are appended in position order, so the handles of its
+un-acked window are sorted and an ack finds its entry by bisection.
+"""
+
+import bisect
+import os
+import shutil
+import struct
+import zlib
+from array import array
+
+from twisted.logger import Logger
+
+from backends.chunked.format import (
+    HEADER_SIZE,
+    INDEX_CHUNK,
+    INDEX_ENTRY_SIZE,
+    FormatError,
+    chunk_file_name,
+    decode_header,
+    decode_index_entries,
+    encode_header,
+    encode_index_entry,
+    position_of,
+)
+from backends.fileio import fsync_directory, replace_file, write_all
+from brokerd.interfaces import StoreCorrupted
+
+log = Logger()
+
+PREFIX = "index-chunk"
+ACK_LOG = "acks"
+CHECKPOINT = "checkpoint"
+ACK_LOG_MAGIC = b"brokerd chunked acks 1\n"
+CHECKPOINT_MAGIC = b"brokerd chunked checkpoint 1\n"
+COUNT = struct.Struct(">I")
+MARK = struct.Struct(">QI")  # low-water mark, number of acked entries above it
+CHECKPOINT_EVERY_ACK_BYTES = 1 << 20  # of ack log before a checkpoint empties it
+
+
+def encode_checkpoint(queue, mark, acked):
+    key = "\0".join(queue).encode("utf-8")
+    body = b"".join((CHECKPOINT_MAGIC, COUNT.pack(len(key)), key, MARK.pack(mark, len(acked)),
+                     array("Q", sorted(acked)).tobytes()))
+    return body + COUNT.pack(zlib.crc32(body))
+
+
+def decode_checkpoint(data, path):
+    """C{(queue key, low-water mark, acked entries)} of a checkpoint file's contents."""
+    start = len(CHECKPOINT_MAGIC) + COUNT.size
+    if not data.startswith(CHECKPOINT_MAGIC) or len(data) < start + COUNT.size:
+        raise StoreCorrupted(f"checkpoint {path} does not start with the checkpoint header", path, 0)
+    if zlib.crc32(data[:-4]) != COUNT.unpack_from(data, len(data) - 4)[0]:
+        raise StoreCorrupted(f"checkpoint {path} is damaged (CRC mismatch)", path, 0)
+    (key_length,) = COUNT.unpack_from(data, len(CHECKPOINT_MAGIC))
+    vhost, _, name = data[start : start + key_length].decode("utf-8").partition("\0")
+    mark, count = MARK.unpack_from(data, start + key_length)
+    acked = array("Q")
+    acked.frombytes(data[start + key_length + MARK.size : start + key_length + MARK.size + 8 * count])
+    return (vhost, name), mark, set(acked)
+
+
+class QueueIndex:
+    """
+    A durable queue's index chunks, ack log and checkpoint.
+
+    @ivar mark: the low-water mark, the first entry number not acked.
+    @ivar next_entry: the number the next appended entry gets.
+    """
+
+    def __init__(self, directory, queue, entries_per_chunk):
+        self.directory = directory
+        self.queue = queue
+        self.entries_per_chunk = entries_per_chunk
+        self.mark = 0
+        self.next_entry = 0
+        self._window = array("Q")  # handles of entries window_base .. next_entry - 1
+        self._window_base = 0
+        self._acked = set()  # acked entry numbers at or above the mark
+        self._new_acks = array("Q")  # acked since the last commit, for the ack log
+        self._ack_log = None  # descriptor
+        self._ack_log_size = 0
+        self._checkpointed_mark = 0
+        self._chunk = None  # (number, descriptor) of the index chunk being appended to
+        self._unsynced = set()
+        self._finished = []  # descriptors of index chunks written to before the current one
+        self._directory_unsynced = False
+
+    def path_of(self, number):
+        return os.path.join(self.directory, chunk_file_name(PREFIX, number))
+
+    @property
+    def held(self):
+        """The number of entries not acked."""
+        return self.next_entry - self.mark - len(self._acked)
+
+    # -- creation and recovery
+
+    def create(self):
+        """Make the files of a new, empty queue (the checkpoint names the queue)."""
+        os.makedirs(self.directory, exist_ok=True)
+        replace_file(os.path.join(self.directory, CHECKPOINT), encode_checkpoint(self.queue, 0, ()), True)
+        self._open_ack_log(create=True)
+
+    def recover(self, write_position, data_size):
+        """
+        Read the checkpoint, the ack log and the index from the mark on.
+        Entries pointing at or past C{write_position} (a message log tail lost
+        in a crash) are cut off with the index tail after them.
+
+        @raise StoreCorrupted: naming the file, if any of them is damaged.
+        """
+        path = os.path.join(self.directory, CHECKPOINT)
+        try:
+            with open(path, "rb") as checkpoint:
+                queue, self.mark, self._acked = decode_checkpoint(checkpoint.read(), path)
+        except FileNotFoundError:
+            raise StoreCorrupted(f"queue {self.queue!r} has index files but no checkpoint {path}", path) from None
+        if queue != self.queue:
+            raise StoreCorrupted(f"checkpoint {path} belongs to queue {queue!r}, not {self.queue!r}", path, 0)
+        self._checkpointed_mark = self.mark
+        self._acked.update(self._read_ack_log())
+        self._window_base = self.mark
+        self._read_entries()
+        self._cut_entries_from(bisect.bisect_left(self._window, write_position << 32), write_position)
+        self._acked = {entry for entry in self._acked if entry >= self.mark}
+        self._advance_mark()
+
+    def _open_ack_log(self, create=False):
+        path = os.path.join(self.directory, ACK_LOG)
+        if create:
+            with open(path, "wb") as ack_log:
+                ack_log.write(ACK_LOG_MAGIC)
+        self._ack_log = os.open(path, os.O_RDWR)
+        self._ack_log_size = os.fstat(self._ack_log).st_size
+
+    def _read_ack_log(self):
+        path = os.path.join(self.directory, ACK_LOG)
+        if not os.path.exists(path):
+            self._open_ack_log(create=True)
+            return []
+        with open(path, "rb") as ack_log:
+            data = ack_log.read()
+        if not data.startswith(ACK_LOG_MAGIC):
+            raise StoreCorrupted(f"ack log {path} does not start with the ack log header", path, 0)
+        offset, acked = len(ACK_LOG_MAGIC), array("Q")
+        while offset + COUNT.size <= len(data):
+            (count,) = COUNT.unpack_from(data, offset)
+            end = offset + COUNT.size + 8 * count + COUNT.size
+            if count == 0 or end > len(data) or zlib.crc32(data[offset : end - 4]) != COUNT.unpack_from(data, end - 4)[0]:
+                break
+            acked.frombytes(data[offset + COUNT.size : end - 4])
+            offset = end
+        self._open_ack_log()
+        if offset < len(data):
+            log.warn("ack log {path}: a torn record at offset {offset} ({size} bytes) is cut off",
+                     path=path, offset=offset, size=len(data) - offset)
+            os.ftruncate(self._ack_log, offset)
+            self._ack_log_size = offset
+        return acked
+
+    def _read_entries(self):
+        """The window: every entry from the mark to the first unwritten one."""
+        numbers = sorted(
+            int(name[len(PREFIX) + 1 :])
+            for name in os.listdir(self.directory)
+            if name.startswith(PREFIX + "-") and name[len(PREFIX) + 1 :].isdigit()
+        )
+        numbers = [number for number in numbers if number >= self.mark // self.entries_per_chunk]
+        entry = self.mark
+        for position, number in enumerate(numbers):
+            if number != entry // self.entries_per_chunk:
+                raise StoreCorrupted(
+                    f"queue {self.queue!r}: index chunk {self.path_of(entry // self.entries_per_chunk)} is missing",
+                    self.path_of(entry // self.entries_per_chunk),
+                )
+            path = self.path_of(number)
+            with open(path, "rb") as chunk:
+                header = chunk.read(HEADER_SIZE)
+                self._check_header(header, number, path)
+                first = entry % self.entries_per_chunk
+                chunk.seek(HEADER_SIZE + first * INDEX_ENTRY_SIZE)
+                data = chunk.read((self.entries_per_chunk - first) * INDEX_ENTRY_SIZE)
+            handles, stop, problem = decode_index_entries(data)
+            self._window.extend(handles)
+            entry += len(handles)
+            last = position == len(numbers) - 1
+            if problem is not None:
+                offset = HEADER_SIZE + (first + stop) * INDEX_ENTRY_SIZE
+                if not last or any(data[(stop + 1) * INDEX_ENTRY_SIZE :]):
+                    raise StoreCorrupted(f"index chunk {path}: the entry at offset {offset} is damaged ({problem})",
+                                         path, offset)
+                log.warn("index chunk {path}: a torn entry at offset {offset} is cut off", path=path, offset=offset)
+                self._zero_from(number, offset)
+            elif entry % self.entries_per_chunk and not last:
+                raise StoreCorrupted(f"index chunk {path} ends before its last entry, yet a later chunk exists", path)
+        self.next_entry = entry
+
+    def _check_header(self, header, number, path):
+        try:
+            kind, found, start, size = decode_header(header, path)
+        except FormatError as problem:
+            raise StoreCorrupted(str(problem), path, 0) from None
+        expected = (INDEX_CHUNK, number, number * self.entries_per_chunk, self.entries_per_chunk * INDEX_ENTRY_SIZE)
+        if (kind, found, start, size) != expected:
+            raise StoreCorrupted(f"index chunk {path} has the header of another chunk", path, 0)
+
+    def _zero_from(self, number, offset):
+        """Cut index chunk C{number} at C{offset}, so what follows reads as zeros again."""
+        with open(self.path_of(number), "r+b") as chunk:
+            os.ftruncate(chunk.fileno(), offset)
+            os.ftruncate(chunk.fileno(), HEADER_SIZE + self.entries_per_chunk * INDEX_ENTRY_SIZE)
+
+    def _cut_entries_from(self, index, write_position):
+        """Drop window entries from C{index} on (they point past the message log's end)."""
+        if index >= len(self._window):
+            return
+        entry = self._window_base + index
+        log.warn(
+            "queue {queue!r}: {count} index entries from entry {entry} point past the end of the message log"
+            " ({position}), which a crash cut short; they are dropped",
+            queue=self.queue, count=len(self._window) - index, entry=entry, position=write_position,
+        )
+        del self._window[index:]
+        for number in range(entry // self.entries_per_chunk, (self.next_entry - 1) // self.entries_per_chunk + 1):
+            first = max(entry - number * self.entries_per_chunk, 0)
+            self._zero_from(number, HEADER_SIZE + first * INDEX_ENTRY_SIZE)
+        self.next_entry = entry
+
+    def unacked(self):
+        """The handles of the entries not acked, in queue order."""
+        start = self.mark - self._window_base
+        if not self._acked:
+            return self._window[start:]
+        acked = self._acked
+        return [handle for number, handle in enumerate(self._window[start:], self.mark) if number not in acked]
+
+    def unacked_positions_by_chunk(self, data_size):
+        """How many un-acked entries point into each message chunk: C{{chunk number: count}}."""
+        counts = {}
+        for handle in self.unacked():
+            number = position_of(handle) // data_size
+            counts[number] = counts.get(number, 0) + 1
+        return counts
+
+    # -- commits
+
+    def append(self, handles):
+        """Write entries for C{handles} (in position order) at the end of the index."""
+        entries = b"".join(map(encode_index_entry, handles))
+        entry, offset = self.next_entry, 0
+        while offset < len(entries):
+            number, first = divmod(entry, self.entries_per_chunk)
+            descriptor = self._chunk_for(number)
+            room = (self.entries_per_chunk - first) * INDEX_ENTRY_SIZE
+            part = entries[offset : offset + room]
+            write_all(descriptor, part, HEADER_SIZE + first * INDEX_ENTRY_SIZE)
+            self._unsynced.add(descriptor)
+            offset += len(part)
+            entry += len(part) // INDEX_ENTRY_SIZE
+        self.next_entry = entry
+        self._window.extend(handles)
+
+    def _chunk_for(self, number):
+        if self._chunk is not None and self._chunk[0] == number:
+            return self._chunk[1]
+        if self._chunk is not None:
+            self._finished.append(self._chunk[1])  # closed once synced
+        path = self.path_of(number)
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if os.fstat(descriptor).st_size == 0:
+            self._directory_unsynced = True
+            size = self.entries_per_chunk * INDEX_ENTRY_SIZE
+            os.ftruncate(descriptor, HEADER_SIZE + size)
+            write_all(descriptor, encode_header(INDEX_CHUNK, number, number * self.entries_per_chunk, size), 0)
+        self._chunk = (number, descriptor)
+        return descriptor
+
+    def ack(self, handle):
+        """Mark the entry of C{handle} acked; False if the queue holds no un-acked entry for it."""
+        window, base = self._window, self._window_base
+        index = bisect.bisect_left(window, handle, self.mark - base)
+        if index == len(window) or window[index] != handle:
+            return False
+        entry = base + index
+        if entry in self._acked:
+            return False
+        self._acked.add(entry)
+        self._new_acks.append(entry)
+        self._advance_mark()
+        return True
+
+    def _advance_mark(self):
+        acked, mark = self._acked, self.mark
+        while mark in acked:
+            acked.remove(mark)
+            mark += 1
+        self.mark = mark
+        dropped = mark - self._window_base
+        if dropped > 4096 and dropped * 2 > len(self._window):
+            del self._window[:dropped]
+            self._window_base = mark
+
+    def write_acks(self):
+        """Append this commit's acks to the ack log (one record)."""
+        if not self._new_acks:
+            return
+        body = COUNT.pack(len(self._new_acks)) + self._new_acks.tobytes()
+        record = body + COUNT.pack(zlib.crc32(body))
+        write_all(self._ack_log, record, self._ack_log_size)
+        self._ack_log_size += len(record)
+        self._unsynced.add(self._ack_log)
+        self._new_acks = array("Q")
+
+    def sync(self, fsync):
+        if fsync:
+            for descriptor in self._unsynced:
+                os.fsync(descriptor)
+            if self._directory_unsynced:
+                fsync_directory(self.directory)
+                self._directory_unsynced = False
+        self._unsynced.clear()
+        finished, self._finished = self._finished, []
+        for descriptor in finished:
+            os.close(descriptor)
+
+    def checkpoint_if_due(self, sync_directory):
+        """
+        Replace the checkpoint and empty the ack log once the log has grown or
+        the mark has passed an index chunk; then delete index chunks below the
+        mark. Called after the commit's acks are durable.
+        """
+        passed_chunk = self.mark // self.entries_per_chunk > self._checkpointed_mark // self.entries_per_chunk
+        if not passed_chunk and self._ack_log_size < CHECKPOINT_EVERY_ACK_BYTES:
+            return
+        self.checkpoint(sync_directory)
+
+    def checkpoint(self, sync_directory):
+        if self.mark == self._checkpointed_mark and self._ack_log_size <= len(ACK_LOG_MAGIC):
+            return
+        replace_file(os.path.join(self.directory, CHECKPOINT), encode_checkpoint(self.queue, self.mark, self._acked),
+                     sync_directory)
+        os.ftruncate(self._ack_log, len(ACK_LOG_MAGIC))
+        self._ack_log_size = len(ACK_LOG_MAGIC)
+        for number in range(self._checkpointed_mark // self.entries_per_chunk, self.mark // self.entries_per_chunk):
+            if self._chunk is not None and self._chunk[0] == number:
+                os.close(self._chunk[1])
+                self._unsynced.discard(self._chunk[1])
+                self._chunk = None
+            try:
+                os.unlink(self.path_of(number))
+            except FileNotFoundError:
+                pass
+        self._checkpointed_mark = self.mark
+
+    # -- the end
+
+    def close(self):
+        descriptors = [self._ack_log, *self._finished] + ([self._chunk[1]] if self._chunk else [])
+        self._finished = []
+        for descriptor in descriptors:
+            if descriptor is not None:
+                os.close(descriptor)
+        self._ack_log, self._chunk = None, None
+
+    def delete(self):
+        """Remove the queue's files; its entries no longer hold any message."""
+        self.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
