@@ -52,6 +52,7 @@ setup(
             "memory = backends.memory:backend",
             "sqlite = backends.sqlite:backend",
             "filelog = backends.filelog:backend",
+            "chunked = backends.chunked:backend",
         ],
     },
 )

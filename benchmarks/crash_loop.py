@@ -26,7 +26,7 @@ from brokerd.storeregistry import available_backends
 from tests.processes import BrokerProcess
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-DURABLE_BACKENDS = ("filelog", "sqlite")
+DURABLE_BACKENDS = ("filelog", "sqlite", "chunked")
 # What a broker prints when something failed in it (twistd log levels, tracebacks).
 FAILURE_MARKS = ("Traceback", "Unhandled", "#critical]", "#error]")
 RECOVERED = re.compile(r"recovered .* \((?P<unavailable>\d+) unavailable\), .* and (?P<messages>\d+) messages from")

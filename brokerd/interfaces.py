@@ -123,6 +123,31 @@ class IMessageStore(Interface):
         """
 
 
+class IPagingStore(IMessageStore):
+    """
+    A store that can hand back any message it holds at once, without a
+    Deferred (from memory or a mapped file), so the broker need not keep the
+    messages of a queue's backlog in memory: it keeps their handles and loads
+    each message when it is delivered.
+    """
+
+    def recovered_handles(queue):
+        """
+        The handles C{recover(queue)} would give, in queue order, without
+        reading any message; every one may have been delivered before.
+
+        @raise StoreCorrupted: as C{recover} does.
+        """
+
+    def load(handle):
+        """
+        The message C{handle} names (a L{brokerd.model.message.Message}), at once.
+
+        @raise KeyError: if the handle names nothing held.
+        @raise StoreCorrupted: if the stored message is damaged.
+        """
+
+
 class StoreCorrupted(Exception):
     """
     A store found damage it cannot repair on its own (a bad record in the middle

@@ -28,6 +28,7 @@ from backends.chunked.format import (
     decode_header,
     encode_footer,
     encode_header,
+    frame_parts,
     full_record_size,
     record_problem,
 )
@@ -175,33 +176,35 @@ class MessageLog:
 
     def write(self, records):
         """
-        Write records (C{(position, parts)} in position order) where their
-        positions say, starting new chunks (and finishing old ones) as needed.
+        Write records (C{(position, head, body)} in position order) where
+        their positions say, starting new chunks (and finishing old ones) as
+        needed. C{write_position} moves only once the bytes are written, as
+        the reactor thread reads everything below it from the files.
         """
-        run, run_start = [], None
-        for position, parts in records:
+        run, run_start, end = [], None, None
+        for position, head, body in records:
             number = position // self.data_size
             if number != self._current:
-                self._flush_run(run, run_start)
+                self._flush_run(run, run_start, end)
                 run, run_start = [], None
                 self._start_chunk(number)
             if run_start is None:
                 run_start = position
+            parts = frame_parts(head, body)
             run.extend(parts)
             self._records_in_current += 1
-            end = position + sum(len(part) for part in parts)
-            self.write_position = end
-        self._flush_run(run, run_start)
+            end = position + len(parts[0]) + len(body) + len(parts[2])
+        self._flush_run(run, run_start, end)
         self.records_written += len(records)
 
-    def _flush_run(self, parts, start):
+    def _flush_run(self, parts, start, end):
         if not parts:
             return
-        offset = HEADER_SIZE + start % self.data_size
-        write_gathered(self._descriptor, parts, offset)
+        write_gathered(self._descriptor, parts, HEADER_SIZE + start % self.data_size)
         figures = self.chunks[self._current]
         figures.writes += 1
-        figures.bytes_written += sum(len(part) for part in parts)
+        figures.bytes_written += end - start
+        self.write_position = end
         if self._descriptor not in self._unsynced:
             self._unsynced.append(self._descriptor)
 

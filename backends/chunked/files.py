@@ -1,0 +1,279 @@
+"""Everything a chunked store keeps on disk, as its writer thread works on it.
+
+Only the store's writer thread (L{brokerd.durability.GroupCommit}'s) calls a
+L{ChunkedFiles}: recovery at open, each commit's batch. Under its directory:
+a lock file, the topology file, the message log's chunks and, under
+``queues/``, one L{QueueIndex} directory per durable queue.
+
+It also decides when a message chunk goes: it counts, per chunk, the un-acked
+queue entries that point into it, and once a finished chunk's count is zero
+(and the retention options let it go) the chunk file is deleted, after the
+acks that freed it are durable.
+"""
+
+import os
+import shutil
+import time
+from typing import NamedTuple
+
+from twisted.logger import Logger
+
+from backends.chunked.format import SIZE_MASK, position_of
+from backends.chunked.messagelog import MessageLog
+from backends.chunked.queueindex import QueueIndex
+from backends.fileio import TEMPORARY_SUFFIX, fsync_directory, lock_directory, queue_key_name, replace_file
+from backends.topologyfile import TOPOLOGY_FILE, read_topology
+from brokerd.interfaces import StoreCorrupted
+from brokerd.proto import messages_pb2
+
+log = Logger()
+
+LOCK_FILE = "lock"
+QUEUES = "queues"
+TOPOLOGY_MAGIC = b"brokerd chunked topology 1\n"
+
+
+class Recovery(NamedTuple):
+    """What L{ChunkedFiles.open} found, for the store to answer C{topology} and C{recover}."""
+
+    topology: list  # topology records in file order
+    unacked: dict  # queue key -> handles of its un-acked entries, in queue order
+    damaged: dict  # queue key -> StoreCorrupted
+    write_position: int
+    data_size: int
+
+
+class Held:
+    """Messages and body bytes held by some queue, kept on the writer thread for stats()."""
+
+    __slots__ = ("messages", "bytes", "shared")
+
+    def __init__(self):
+        self.messages = 0
+        self.bytes = 0
+        self.shared = {}  # handle -> queues still holding it, for messages held by more than one queue
+
+    def add(self, handle, queues):
+        self.messages += 1
+        self.bytes += handle & SIZE_MASK
+        if queues > 1:
+            self.shared[handle] = queues
+
+    def release(self, handle):
+        remaining = self.shared.get(handle)
+        if remaining is not None:
+            if remaining > 1:
+                self.shared[handle] = remaining - 1
+                return
+            del self.shared[handle]
+        self.messages -= 1
+        self.bytes -= handle & SIZE_MASK
+
+
+class ChunkedFiles:
+    """The message log, the queue indexes and the topology file of one directory."""
+
+    def __init__(self, directory, data_size, entries_per_chunk, retain_chunks=0, retain_seconds=0.0):
+        self.directory = directory
+        self.entries_per_chunk = entries_per_chunk
+        self.retain_chunks = retain_chunks
+        self.retain_seconds = retain_seconds
+        self.log = MessageLog(directory, data_size)
+        self.held = Held()
+        self.topology_path = os.path.join(directory, TOPOLOGY_FILE)
+        self.queues_directory = os.path.join(directory, QUEUES)
+        self.checkpoints = 0
+        self._indexes = {}  # queue key -> QueueIndex
+        self._references = {}  # message chunk number -> un-acked entries pointing into it
+        self._consumed = set()  # finished chunks no entry points into, kept for retention
+        self._lock = None
+
+    def index_directory(self, queue):
+        return os.path.join(self.queues_directory, queue_key_name(queue))
+
+    # -- open
+
+    def open(self):
+        """
+        Take the directory and read it back: chunk headers and the last chunk,
+        the topology, each durable queue's index from its mark.
+
+        @raise StoreCorrupted: if the topology file or the message log is damaged.
+        @raise DirectoryInUse: if another open store holds the directory.
+        """
+        os.makedirs(self.queues_directory, exist_ok=True)
+        self._lock = lock_directory(os.path.join(self.directory, LOCK_FILE), "chunked")
+        for name in os.listdir(self.directory):
+            if name.endswith(TEMPORARY_SUFFIX):
+                os.unlink(os.path.join(self.directory, name))
+        self.log.open()
+        topology = read_topology(self.topology_path, TOPOLOGY_MAGIC)
+        queues = [(record.vhost, record.name) for record in topology if isinstance(record, messages_pb2.QueueRecord)]
+        unacked, damaged = {}, {}
+        for queue in queues:
+            try:
+                unacked[queue] = self._recover(queue)
+            except StoreCorrupted as damage:
+                damaged[queue] = damage
+                self._indexes.pop(queue, None)
+        self._remove_orphans(queues)
+        self._count_held(unacked)
+        for number in list(self.log.chunks):
+            self._note_if_consumed(number)
+        self._delete_consumed()
+        return Recovery(topology, unacked, damaged, self.log.write_position, self.log.data_size)
+
+    def _recover(self, queue):
+        directory = self.index_directory(queue)
+        if not os.path.isdir(directory):
+            return []
+        index = QueueIndex(directory, queue, self.entries_per_chunk)
+        self._indexes[queue] = index
+        index.recover(self.log.write_position, self.log.data_size)
+        counts = index.unacked_positions_by_chunk(self.log.data_size)
+        missing = sorted(number for number in counts if number not in self.log.chunks)
+        if missing:
+            path = self.log.path_of(missing[0])
+            raise StoreCorrupted(
+                f"queue {queue!r} holds {counts[missing[0]]} un-acked messages in message chunk {path}, which is"
+                " missing", path,
+            )
+        for number, count in counts.items():
+            self._references[number] = self._references.get(number, 0) + count
+        return index.unacked()
+
+    def _remove_orphans(self, queues):
+        """Index directories of queues the topology no longer holds: a crash came between the two removals."""
+        expected = {queue_key_name(queue) for queue in queues}
+        for name in sorted(os.listdir(self.queues_directory)):
+            if name not in expected:
+                path = os.path.join(self.queues_directory, name)
+                log.warn("queue index {path} belongs to no queue of the topology; removed", path=path)
+                shutil.rmtree(path, ignore_errors=True)
+
+    def _count_held(self, unacked):
+        """Messages held by more than one queue count once: find them without a set of every handle."""
+        lists = sorted(unacked.values(), key=len)
+        counts = {}
+        for handles in lists[:-1]:
+            for handle in handles:
+                counts[handle] = counts.get(handle, 0) + 1
+        if lists:
+            for handle in lists[-1]:
+                if handle in counts:
+                    counts[handle] += 1
+                else:
+                    self.held.add(handle, 1)
+        for handle, queues in counts.items():
+            self.held.add(handle, queues)
+
+    # -- commits
+
+    def write_batch(self, batch, fsync):
+        """
+        Apply one batch in the order that keeps a crash at any point
+        recoverable: the topology, then removed queues, then records, index
+        entries and acks; then make it durable; then checkpoints and deleted
+        chunks, which only follow what is already durable.
+        """
+        if batch is not None:
+            if batch.topology is not None:
+                replace_file(self.topology_path, batch.topology, fsync)
+            for queue in batch.deleted:
+                self._delete_queue(queue)
+            if batch.records:
+                self.log.write(batch.records)
+            for queue, handles in batch.appends.items():
+                self._append(queue, handles, batch.shared)
+            for handle, queues in batch.shared.items():
+                if queues:
+                    self.held.add(handle, queues)
+            for queue, handles in batch.acks.items():
+                self._ack(queue, handles)
+        self.log.sync(fsync)
+        for index in self._indexes.values():
+            index.sync(fsync)
+        if batch is not None:
+            for queue in batch.acks:
+                index = self._indexes.get(queue)
+                if index is not None:
+                    index.checkpoint_if_due(fsync)
+            self._delete_consumed()
+
+    def _append(self, queue, handles, shared):
+        index = self._indexes.get(queue)
+        if index is None:
+            index = self._indexes[queue] = QueueIndex(self.index_directory(queue), queue, self.entries_per_chunk)
+            index.create()
+        index.append(handles)
+        references, data_size, held = self._references, self.log.data_size, self.held
+        for handle in handles:
+            number = position_of(handle) // data_size
+            references[number] = references.get(number, 0) + 1
+            if handle not in shared:
+                held.add(handle, 1)
+
+    def _ack(self, queue, handles):
+        index = self._indexes.get(queue)
+        if index is None:
+            return
+        for handle in handles:
+            if index.ack(handle):
+                self._release(handle)
+        index.write_acks()
+
+    def _release(self, handle):
+        number = position_of(handle) // self.log.data_size
+        remaining = self._references[number] - 1
+        self._references[number] = remaining
+        self.held.release(handle)
+        if remaining == 0:
+            self._note_if_consumed(number)
+
+    def _delete_queue(self, queue):
+        index = self._indexes.pop(queue, None)
+        if index is None:
+            shutil.rmtree(self.index_directory(queue), ignore_errors=True)
+            return
+        for handle in index.unacked():
+            self._release(handle)
+        index.delete()
+        fsync_directory(self.queues_directory)
+
+    # -- chunk cleanup
+
+    def _note_if_consumed(self, number):
+        if self._references.get(number, 0) == 0 and self.log.deletable(number) and number in self.log.chunks:
+            self._consumed.add(number)
+
+    def _delete_consumed(self):
+        """Delete the consumed chunks the retention options do not keep."""
+        if self.log.deletable(max(self.log.chunks, default=-1)):
+            self._note_if_consumed(max(self.log.chunks, default=-1))
+        if not self._consumed:
+            return
+        newest_first = sorted(self._consumed, reverse=True)
+        now = time.time()
+        for rank, number in enumerate(newest_first):
+            if self._references.get(number, 0) != 0:
+                self._consumed.discard(number)
+                continue
+            kept_by_count = rank < self.retain_chunks
+            kept_by_age = self.retain_seconds and now - self.log.completed_at(number) < self.retain_seconds
+            if not (kept_by_count or kept_by_age):
+                self.log.delete(number)
+                self._consumed.discard(number)
+                self._references.pop(number, None)
+
+    # -- the end
+
+    def close(self):
+        """Write final checkpoints, close every file and give up the lock."""
+        for index in self._indexes.values():
+            index.checkpoint(True)
+            index.close()
+        self._indexes.clear()
+        self.log.close()
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None

@@ -1,0 +1,114 @@
+"""Reading messages back on the reactor thread: a ring cache of the most recent
+ones, and read-only maps of the chunk files for the rest.
+
+A chunk's file has its full size from the start, so one map serves it while
+it is written and after; the reactor reads only below the message log's write
+position, which moves once the bytes are in the file. A body is copied out of
+the map once, as bytes; the head is parsed on its own.
+"""
+
+import mmap
+import os
+from collections import OrderedDict
+
+from backends.chunked.format import HEADER_SIZE, body_length_of, decode_record, position_of, record_problem
+from brokerd.interfaces import StoreCorrupted
+from brokerd.model.message import Message
+
+CACHE_ENTRY_OVERHEAD = 512  # bytes a cached message costs beyond its body, as an estimate
+
+
+class RingCache:
+    """The most recently appended messages, up to a byte budget, oldest dropped first."""
+
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self.size = 0
+        self.hits = 0
+        self.misses = 0
+        self._messages = OrderedDict()  # handle -> message
+
+    def put(self, handle, message):
+        if self.capacity <= 0:
+            return
+        self._messages[handle] = message
+        self.size += len(message.body) + CACHE_ENTRY_OVERHEAD
+        while self.size > self.capacity:
+            _, oldest = self._messages.popitem(last=False)
+            self.size -= len(oldest.body) + CACHE_ENTRY_OVERHEAD
+
+    def get(self, handle):
+        message = self._messages.get(handle)
+        if message is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return message
+
+    @property
+    def hit_ratio(self):
+        lookups = self.hits + self.misses
+        return self.hits / lookups if lookups else 0.0
+
+    def clear(self):
+        self._messages.clear()
+        self.size = 0
+
+
+class ChunkReader:
+    """Read-only maps of message chunk files, opened on first read, closed when the chunk goes."""
+
+    def __init__(self, message_log):
+        self._log = message_log
+        self._maps = {}  # chunk number -> mmap
+        self.reads = {}  # chunk number -> records read
+
+    def read(self, handle):
+        """
+        The message stored at C{handle}.
+
+        @raise KeyError: if the handle names no record (never written, or in
+            a chunk deleted since).
+        @raise StoreCorrupted: if the record there is damaged.
+        """
+        position = position_of(handle)
+        data_size = self._log.data_size
+        number, offset = divmod(position, data_size)
+        if position >= self._log.write_position:
+            raise KeyError(f"the chunked store holds no message with handle {handle!r}")
+        chunk = self._map(number, handle)
+        offset += HEADER_SIZE
+        problem = record_problem(chunk, offset, HEADER_SIZE + data_size)
+        if problem is not None:
+            path = self._log.path_of(number)
+            raise StoreCorrupted(f"chunk {path}: the record at data offset {offset - HEADER_SIZE} is damaged"
+                                 f" ({problem})", path, offset)
+        head, body = decode_record(chunk, offset)
+        if len(body) != body_length_of(handle):
+            raise KeyError(f"the chunked store holds no message with handle {handle!r}")
+        self.reads[number] = self.reads.get(number, 0) + 1
+        return Message(head.exchange, head.routing_key, head.properties, body)
+
+    def _map(self, number, handle):
+        chunk = self._maps.get(number)
+        if chunk is not None:
+            return chunk
+        try:
+            descriptor = os.open(self._log.path_of(number), os.O_RDONLY)
+        except FileNotFoundError:
+            raise KeyError(f"the chunked store holds no message with handle {handle!r} (its chunk is gone)") from None
+        try:
+            chunk = self._maps[number] = mmap.mmap(descriptor, 0, prot=mmap.PROT_READ)
+        finally:
+            os.close(descriptor)
+        return chunk
+
+    def forget(self, number):
+        """Chunk C{number} was deleted: drop its map."""
+        chunk = self._maps.pop(number, None)
+        if chunk is not None:
+            chunk.close()
+
+    def close(self):
+        for number in list(self._maps):
+            self.forget(number)

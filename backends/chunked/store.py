@@ -1,0 +1,350 @@
+"""L{ChunkedStore}: the store contract over EQueue's message log and queue indexes.
+
+The reactor thread assigns every message its place in the log as it is
+appended (a handle is that global position and the body's length), buffers
+the change in a L{Batch}, and reads messages back from the batches not yet
+written, the ring cache or the chunk files. L{GroupCommit} hands each batch to
+L{ChunkedFiles} on the writer thread and decides when it is fsynced.
+
+A queue's backlog need not live in Python memory: the store provides
+L{IPagingStore}, so the broker keeps only handles for recovered messages and
+for deep queues, and loads each message when it is delivered.
+"""
+
+from twisted.internet import defer
+from zope.interface import implementer
+
+from backends.chunked.files import TOPOLOGY_MAGIC, ChunkedFiles
+from backends.chunked.format import (
+    encode_head,
+    handle_of_message_id,
+    make_handle,
+    message_id,
+    position_of,
+    record_size,
+)
+from backends.chunked.reads import ChunkReader, RingCache
+from backends.topologyfile import Topology
+from brokerd.durability import GroupCommit, SyncPolicy
+from brokerd.interfaces import IPagingStore, StoreCorrupted
+from brokerd.proto import messages_pb2
+
+
+class MessageTooLarge(ValueError):
+    """A message whose record would not fit in one chunk."""
+
+
+class Batch:
+    """What the reactor thread buffered since the last commit, shaped for the writer."""
+
+    __slots__ = ("records", "messages", "appends", "acks", "shared", "deleted", "topology", "end")
+
+    def __init__(self):
+        self.records = []  # (position, head, body), in position order
+        self.messages = {}  # handle -> message, for reads until the records are written
+        self.appends = {}  # queue key -> [handle], in queue order
+        self.acks = {}  # queue key -> [handle]
+        self.shared = {}  # handle -> number of queues, for messages appended to more than one
+        self.deleted = []  # queue keys whose indexes go before this batch's appends
+        self.topology = None  # the new topology file's contents, if it changed
+        self.end = 0  # the log position after this batch's last record
+
+    def is_empty(self):
+        return not (self.records or self.acks or self.deleted)
+
+
+@implementer(IPagingStore)
+class ChunkedStore:
+    """
+    Keeps every persistent message once in a log of fixed-size chunks, and per
+    durable queue an index of entries pointing into it plus an ack log.
+    """
+
+    name = "chunked"
+    durable = True
+
+    def __init__(self, directory, sync_policy=None, chunk_size=256 << 20, index_chunk_entries=1 << 20,
+                 cache_size=64 << 20, retain_chunks=0, retain_seconds=0.0, reactor=None):
+        self.directory = directory
+        self.sync_policy = sync_policy or SyncPolicy()
+        self._reactor = reactor
+        self._files = ChunkedFiles(directory, chunk_size, index_chunk_entries, retain_chunks, retain_seconds)
+        self._reader = ChunkReader(self._files.log)
+        self._cache = RingCache(cache_size)
+        self._commit = None
+        self._closed = False
+        self._topology = Topology()
+        self._topology_changed = False
+        self._batch = Batch()
+        self._in_flight = []  # batches handed to the writer whose records may not be in the files yet
+        self._recovered = {}  # queue key -> handles open found
+        self._damaged = {}  # queue key -> StoreCorrupted that open found
+        self._position = 0  # where the next record goes
+        self._data_size = chunk_size
+        self._appends = 0
+        self._acks = 0
+
+    @property
+    def chunk_capacity(self):
+        """The largest record a chunk holds: a message must fit in it with its head."""
+        return self._data_size
+
+    @defer.inlineCallbacks
+    def open(self):
+        """
+        Start the writer thread and read the directory back on it. Fails with
+        StoreCorrupted if the topology file or a message chunk header is
+        damaged, or DirectoryInUse if another open store has the directory; a
+        damaged queue index only makes that queue's C{recover} fail.
+        """
+        self._commit = GroupCommit(
+            self._take_batch, self._files.write_batch, self.sync_policy, self._reactor, name="chunked"
+        )
+        self._commit.start()
+        try:
+            recovery = yield self._commit.call(self._files.open)
+        except BaseException:
+            yield self._shut_down()
+            raise
+        self._topology = Topology(recovery.topology)
+        self._damaged = dict(recovery.damaged)
+        self._recovered = dict(recovery.unacked)
+        self._position = recovery.write_position
+        self._data_size = recovery.data_size
+
+    def topology(self):
+        return self._topology.records()
+
+    def _check_available(self, queue):
+        damage = self._damaged.get(queue)
+        if damage is not None:
+            raise StoreCorrupted(f"queue {queue!r} is unavailable: {damage}", damage.path, damage.offset)
+
+    def recovered_handles(self, queue):
+        """The handles of the messages open found for C{queue}, in order, all possibly delivered before."""
+        self._check_available(queue)
+        return self._recovered.get(queue, ())
+
+    def recover(self, queue):
+        """The messages open found for C{queue}, read one at a time as the result is iterated."""
+        handles = self.recovered_handles(queue)
+        return ((handle, self._stored(self.load(handle)), True) for handle in handles)
+
+    # -- topology
+
+    def save_exchange(self, record):
+        self._topology.save_exchange(record)
+        self._topology_changed = True
+
+    def delete_exchange(self, vhost, name):
+        self._topology.delete_exchange(vhost, name)
+        self._topology_changed = True
+
+    def save_queue(self, record):
+        self._topology.save_queue(record)
+        self._topology_changed = True
+
+    def delete_queue(self, queue):
+        """Forget a queue, its bindings and its index (damaged or not); its share of the log is released."""
+        self._topology.delete_queue(queue)
+        self._topology_changed = True
+        batch = self._batch
+        for handle in batch.appends.pop(queue, ()):
+            if handle in batch.shared:
+                batch.shared[handle] -= 1
+        batch.acks.pop(queue, None)
+        batch.deleted.append(queue)
+        self._damaged.pop(queue, None)
+        self._recovered.pop(queue, None)
+
+    def save_binding(self, record):
+        self._topology.save_binding(record)
+        self._topology_changed = True
+
+    def delete_binding(self, record):
+        self._topology.delete_binding(record)
+        self._topology_changed = True
+
+    # -- messages
+
+    def append(self, message, queues):
+        for queue in queues:
+            if queue in self._damaged:
+                self._check_available(queue)
+        head = encode_head(message)
+        body = message.body
+        if type(body) is not bytes:
+            body = bytes(body)
+        size = record_size(head, len(body))
+        data_size = self._data_size
+        if size > data_size:
+            raise MessageTooLarge(
+                f"a message of {len(body)} bytes does not fit in a chunk of {data_size} bytes; raise the chunked"
+                " backend's chunk_size or lower --max-message-size"
+            )
+        position = self._position
+        room = data_size - position % data_size
+        if size > room:
+            position += room  # the record goes to the start of the next chunk
+        self._position = position + size
+        handle = make_handle(position, len(body))
+        batch = self._batch
+        batch.records.append((position, head, body))
+        batch.messages[handle] = message
+        appends = batch.appends
+        for queue in queues:
+            handles = appends.get(queue)
+            if handles is None:
+                appends[queue] = [handle]
+            else:
+                handles.append(handle)
+        if len(queues) > 1:
+            batch.shared[handle] = len(queues)
+        self._cache.put(handle, message)
+        self._appends += 1
+        return handle
+
+    def ack(self, queue, handle):
+        acks = self._batch.acks.get(queue)
+        if acks is None:
+            self._batch.acks[queue] = [handle]
+        else:
+            acks.append(handle)
+        self._acks += 1
+
+    def purge(self, queue, handles):
+        self._batch.acks.setdefault(queue, []).extend(handles)
+        self._acks += len(handles)
+
+    def load(self, handle):
+        """
+        The message of C{handle}, at once: from the batches not yet written,
+        the ring cache or the chunk files.
+
+        @raise KeyError: if the handle names no stored message.
+        @raise StoreCorrupted: if its record is damaged.
+        """
+        message = self._batch.messages.get(handle)
+        if message is None:
+            for batch in self._in_flight:
+                message = batch.messages.get(handle)
+                if message is not None:
+                    break
+            else:
+                message = self._cache.get(handle)
+                if message is None:
+                    if self._closed or self._commit is None:
+                        raise KeyError(f"the chunked store is not open; cannot read {handle!r}")
+                    message = self._reader.read(handle)
+        return message
+
+    @staticmethod
+    def _stored(message):
+        return messages_pb2.StoredMessage(
+            exchange=message.exchange, routing_key=message.routing_key, properties=message.properties,
+            body=message.body,
+        )
+
+    def read(self, handle):
+        try:
+            return defer.succeed(self._stored(self.load(handle)))
+        except (KeyError, StoreCorrupted, TypeError):
+            return defer.fail()
+
+    def message_id(self, handle):
+        """The id of a stored message, which encodes its global position in the log."""
+        return message_id(handle)
+
+    def lookup(self, text):
+        """Read the message a L{message_id} names without consuming it: a Deferred firing with its StoredMessage."""
+        try:
+            handle = handle_of_message_id(text)
+        except ValueError:
+            return defer.fail()
+        return self.read(handle)
+
+    # -- commits
+
+    def _take_batch(self):
+        """Called by GroupCommit on the reactor thread: hand over what is buffered."""
+        written = self._files.log.write_position
+        self._in_flight = [batch for batch in self._in_flight if batch.end > written]
+        for number in self._files.log.deleted[:]:
+            self._files.log.deleted.remove(number)
+            self._reader.forget(number)
+        batch = self._batch
+        if self._topology_changed:
+            batch.topology = self._topology.encode(TOPOLOGY_MAGIC)
+            self._topology_changed = False
+        elif batch.is_empty():
+            return None
+        batch.end = self._position
+        self._batch = Batch()
+        if batch.records:
+            self._in_flight.append(batch)
+        return batch
+
+    def sync(self):
+        if self._commit is None:
+            return defer.fail(RuntimeError("the chunked store is not open"))
+        return self._commit.sync()
+
+    @defer.inlineCallbacks
+    def close(self):
+        """Commit what is buffered (fsynced unless the policy is none), checkpoint the queues, close the files."""
+        if self._closed:
+            return
+        self._closed = True
+        yield self._shut_down()
+
+    @defer.inlineCallbacks
+    def _shut_down(self):
+        try:
+            if self._commit is not None:
+                yield self._commit.stop()
+        finally:
+            self._reader.close()
+            self._cache.clear()
+            self._in_flight = []
+            self._files.close()
+
+    # -- figures
+
+    def stats(self):
+        commit, files, log = self._commit, self._files, self._files.log
+        chunk_reads = sum(self._reader.reads.values())
+        return {
+            "messages": files.held.messages,
+            "bytes": files.held.bytes,
+            "queues": len(self._topology.queues),
+            "exchanges": len(self._topology.exchanges),
+            "bindings": len(self._topology.bindings),
+            "appends": self._appends,
+            "acks": self._acks,
+            "commits": commit.commits if commit is not None else 0,
+            "fsyncs": commit.fsyncs if commit is not None else 0,
+            "chunks": len(log.chunks),
+            "chunk_size": self._data_size,
+            "chunk_reads": chunk_reads,
+            "chunk_writes": sum(figures.writes for figures in list(log.chunks.values())),
+            "bytes_on_disk": log.bytes_on_disk(),
+            "append_position": self._position,
+            "write_position": log.write_position,
+            "flushed_position": log.flushed_position,
+            "cache_hits": self._cache.hits,
+            "cache_misses": self._cache.misses,
+            "cache_hit_ratio": self._cache.hit_ratio,
+            "cache_bytes": self._cache.size,
+        }
+
+    def chunk_stats(self):
+        """Per message chunk: records read back, writes made and bytes written, for metrics."""
+        reads = self._reader.reads
+        return {
+            number: {"reads": reads.get(number, 0), "writes": figures.writes, "bytes_written": figures.bytes_written}
+            for number, figures in sorted(list(self._files.log.chunks.items()))
+        }
+
+    def chunk_of(self, handle):
+        """The number of the message chunk a handle's record is in."""
+        return position_of(handle) // self._data_size
