@@ -18,7 +18,8 @@ from brokerd.native.server import DEFAULT_MAX_FRAME_SIZE
 from brokerd.service import BrokerService
 from brokerd.units import parse_size
 
-DEFAULT_BACKEND = "memory"
+DEFAULT_BACKEND = "chunked"
+MESSAGE_HEAD_ALLOWANCE = 1 << 20  # for a stored message's exchange, routing key and properties
 DEFAULT_DATA_DIR = "./brokerd-data"
 DEFAULT_NATIVE = "tcp:5673:interface=127.0.0.1"
 DEFAULT_AMQP = "tcp:5672:interface=127.0.0.1"
@@ -115,7 +116,17 @@ class Options(usage.Options):
             self["store"] = storeregistry.make_store(self["backend"], self["data-dir"], self["sync"])
         except storeregistry.BackendError as problem:
             raise usage.UsageError(f"--backend: {problem}") from None
+        self._check_message_fits(self["store"], self["amqp-settings"].max_message_size)
 
+    @staticmethod
+    def _check_message_fits(store, max_message_size):
+        """A store whose records have a size limit (the chunked one's chunks) must hold the largest message."""
+        capacity = getattr(store, "chunk_capacity", None)
+        if capacity is not None and max_message_size + MESSAGE_HEAD_ALLOWANCE > capacity:
+            raise usage.UsageError(
+                f"--max-message-size: a message of {max_message_size} bytes would not fit in the {store.name}"
+                f" backend's chunks of {capacity} bytes; raise its chunk_size or lower --max-message-size"
+            )
 
     def _amqp_settings(self):
         try:

@@ -67,7 +67,7 @@ def test_help_documents_every_option_with_its_default(tmp_path):
     result = twistd("brokerd", "--help", cwd=tmp_path)
     assert result.returncode == 0
     for option, default in [
-        ("--backend=", "memory"),
+        ("--backend=", "chunked"),
         ("--data-dir=", "./brokerd-data"),
         ("--native=", "tcp:5673:interface=127.0.0.1"),
         ("--native-max-frame=", "134283264"),
@@ -87,7 +87,7 @@ def test_help_documents_every_option_with_its_default(tmp_path):
 @pytest.mark.parametrize(
     "args, complaint",
     [
-        (["--backend=nosuch"], "--backend: unknown backend 'nosuch'; known backends: filelog, memory, sqlite"),
+        (["--backend=nosuch"], "--backend: unknown backend 'nosuch'; known backends: chunked, filelog, memory, sqlite"),
         (["--backend=memory:size=1"], "--backend: backend 'memory' has no option 'size'"),
         (["--native=bogus:1"], "--native: 'bogus:1' is not a valid endpoint"),
         (["--native-max-frame=lots"], "--native-max-frame: 'lots' is not a size"),
@@ -99,6 +99,10 @@ def test_help_documents_every_option_with_its_default(tmp_path):
         (["--memory-high-watermark=x"], "--memory-high-watermark: 'x' is not a size"),
         (["--sync=sometimes"], "--sync: unknown sync mode 'sometimes'; use always, interval:MS or none"),
         (["--users=/nonexistent/users"], "--users: cannot read '/nonexistent/users': No such file or directory"),
+        (["--backend=chunked:chunk_size=4M", "--max-message-size=16M"],
+         "--max-message-size: a message of 16777216 bytes would not fit in the chunked backend's chunks of 4194304"
+         " bytes; raise its chunk_size or lower --max-message-size"),
+        (["--backend=chunked:chunk_size=1"], "--backend: backend 'chunked': option chunk_size must be at least 4096"),
     ],
 )
 def test_a_bad_option_exits_with_a_one_line_error(tmp_path, args, complaint):
@@ -161,4 +165,4 @@ def test_plugin_is_found_after_a_regular_install(tmp_path):
         cwd=tmp_path, env=env, capture_output=True, text=True,
     )
     names = sorted(line.split(":")[0] for line in backends.stdout.splitlines() if not line.startswith(" "))
-    assert names == ["filelog", "memory", "sqlite"], backends.stdout + backends.stderr
+    assert names == ["chunked", "filelog", "memory", "sqlite"], backends.stdout + backends.stderr

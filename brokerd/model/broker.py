@@ -7,7 +7,7 @@ through the connection's channels to the virtual host they opened.
 from twisted.logger import Logger
 
 from brokerd.errors import NotAllowed
-from brokerd.interfaces import StoreCorrupted
+from brokerd.interfaces import IPagingStore, StoreCorrupted
 from brokerd.model.message import Message
 from brokerd.model.vhost import VirtualHost
 from brokerd.model.watermark import MemoryWatermark
@@ -52,6 +52,10 @@ class Broker:
     def _recover_messages(self, queue):
         """Enqueue a durable queue's stored messages; a damaged queue is marked unavailable."""
         try:
+            if IPagingStore.providedBy(self.store):
+                handles = self.store.recovered_handles(queue.key)
+                queue.restore_paged(handles)
+                return len(handles)
             recovered = [(Message.from_record(stored), handle, redelivered)
                          for handle, stored, redelivered in self.store.recover(queue.key)]
         except StoreCorrupted as damage:

@@ -4,12 +4,25 @@ A queue holds the entries that wait for a consumer (ready) and knows its
 consumers; entries delivered and not yet acked are tracked by the channel that
 delivered them. Persistent entries of a persisted queue carry the store handle
 that acking them releases.
+
+Over a store that can load messages at once (L{IPagingStore}), a deep queue
+keeps only the handle of each persistent message past the first
+C{PAGE_OUT_DEPTH} ready ones, and so do the entries recovered at start: the
+message is loaded from the store when it reaches a consumer. A backlog then
+costs memory per entry, not per body.
 """
 
 from collections import deque
 
+from twisted.logger import Logger
+
 from brokerd.errors import AccessRefused, NotFound, PreconditionFailed, ResourceLocked
+from brokerd.interfaces import IPagingStore, StoreCorrupted
 from brokerd.model.message import QueuedMessage
+
+log = Logger()
+
+PAGE_OUT_DEPTH = 2000  # ready messages a queue keeps in memory before it keeps handles only
 
 
 class Queue:
@@ -37,6 +50,7 @@ class Queue:
         self.deleted = False
         self.unavailable = None  # why the store cannot serve this queue, if it cannot
         self._store = vhost.store
+        self._pages = self.persisted and IPagingStore.providedBy(vhost.store)
         self._watermark = vhost.watermark
         self._ready = deque()
         self._consumers = deque()
@@ -77,10 +91,35 @@ class Queue:
         """Add a message at the tail and hand it to a consumer if one has room."""
         sequence = self._next_sequence
         self._next_sequence = sequence + 1
-        self._ready.append(QueuedMessage(message, self, sequence, handle, redelivered))
-        self._watermark.add(len(message.body))
+        if handle is not None and self._pages and len(self._ready) >= PAGE_OUT_DEPTH:
+            self._ready.append(QueuedMessage(None, self, sequence, handle, redelivered))
+        else:
+            self._ready.append(QueuedMessage(message, self, sequence, handle, redelivered))
+            self._watermark.add(len(message.body))
         if self._consumers:
             self.dispatch()
+
+    def restore_paged(self, handles):
+        """Add stored messages recovered at start, by handle only (each loaded when delivered), as redelivered."""
+        sequence = self._next_sequence
+        self._ready.extend(
+            QueuedMessage(None, self, number, handle, True) for number, handle in enumerate(handles, sequence)
+        )
+        self._next_sequence = sequence + len(handles)
+
+    def _page_in(self, entry):
+        """Load a paged-out entry's message; on failure the queue becomes unavailable and False is returned."""
+        try:
+            message = self._store.load(entry.handle)
+        except (KeyError, StoreCorrupted) as problem:
+            log.error("queue {queue!r} in vhost {vhost!r} is unavailable: a stored message cannot be read: {problem}",
+                      queue=self.name, vhost=self.vhost.name, problem=problem)
+            self._ready.appendleft(entry)
+            self.vhost.mark_unavailable(self, f"a stored message cannot be read: {problem}")
+            return False
+        entry.message = message
+        self._watermark.add(len(message.body))
+        return True
 
     def requeue(self, entries):
         """
@@ -88,7 +127,7 @@ class Queue:
         puts it, marked redelivered.
         """
         if self.deleted:
-            self._watermark.release(sum(len(entry.message.body) for entry in entries))
+            self._watermark.release(sum(map(_body_size, entries)))
             return
         returned = sorted(entries, key=_by_sequence)
         for entry in returned:
@@ -109,20 +148,23 @@ class Queue:
 
     def get(self):
         """Take the head entry for basic.get, or None if nothing is ready."""
-        if self._ready:
-            return self._ready.popleft()
+        if self._ready and self.unavailable is None:
+            entry = self._ready.popleft()
+            if entry.message is None and not self._page_in(entry):
+                return None
+            return entry
         return None
 
     def forget(self, entry):
         """The entry is done with (acked, or delivered without ack)."""
-        self._watermark.release(len(entry.message.body))
+        self._watermark.release(_body_size(entry))
         if entry.handle is not None and not self.deleted:
             self._store.ack(self.key, entry.handle)
 
     def purge(self):
         """Drop every ready message (delivered, un-acked ones stay); returns how many went."""
         purged, self._ready = self._ready, deque()
-        self._watermark.release(sum(len(entry.message.body) for entry in purged))
+        self._watermark.release(sum(map(_body_size, purged)))
         if self.persisted:
             handles = [entry.handle for entry in purged if entry.handle is not None]
             if handles:
@@ -166,7 +208,10 @@ class Queue:
                     break
             else:
                 return
-            consumer.channel.deliver(consumer, ready.popleft())
+            entry = ready.popleft()
+            if entry.message is None and not self._page_in(entry):
+                return
+            consumer.channel.deliver(consumer, entry)
 
     # -- lifecycle
 
@@ -184,7 +229,7 @@ class Queue:
         """
         self.deleted = True
         count = len(self._ready)
-        self._watermark.release(sum(len(entry.message.body) for entry in self._ready))
+        self._watermark.release(sum(map(_body_size, self._ready)))
         self._ready.clear()
         consumers, self._consumers = list(self._consumers), deque()
         self._exclusive_consumer = None
@@ -195,3 +240,9 @@ class Queue:
 
 def _by_sequence(entry):
     return entry.sequence
+
+
+def _body_size(entry):
+    """The body bytes an entry holds in memory: none while its message is paged out."""
+    message = entry.message
+    return 0 if message is None else len(message.body)
