@@ -1,6 +1,6 @@
 """Persistent-message throughput of the durable backends under each --sync mode, through the broker.
 
-    python -m benchmarks.store_throughput [--backends sqlite,filelog]
+    python -m benchmarks.store_throughput [--backends sqlite,filelog,chunked]
         [--sync always,interval:100,none] [--messages N] [--json]
 
 For each backend, sync mode and message size (N bodies of 100 bytes, then N/10
@@ -15,7 +15,8 @@ L{benchmarks.amqp_client}:
             divided by the publish time (each size gets its own broker, so the
             counts are that phase's alone);
   recover   the broker restarted on the same directory: seconds until it
-            listens again with every message recovered;
+            listens again with every message recovered, and its resident
+            memory (VmRSS) then;
   consume   the recovered messages with prefetch --prefetch and one multiple
             basic.ack per --ack-every deliveries, each checked for number and
             order; the rate counts until the last delivery (--no-consume skips
@@ -160,6 +161,7 @@ def measure(backend, sync, label, size, count, options, workdir):
         started = time.perf_counter()
         broker = StoreBroker(backend, sync, data_dir)
         row["recover_s"] = time.perf_counter() - started
+        row["recovered_rss_mb"] = resident_megabytes(broker.process.process.pid)
         try:
             seconds = consume(broker.address, count, size, options.prefetch, options.ack_every)
         except (BenchmarkError, OSError) as error:
@@ -170,23 +172,34 @@ def measure(backend, sync, label, size, count, options, workdir):
     return row
 
 
+def resident_megabytes(pid):
+    """The resident set size of process C{pid}, in MB (10^6 bytes), from /proc."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024 / 1e6
+    raise BenchmarkError(f"no VmRSS for process {pid}")
+
+
 def print_table(rows):
     header = (f"{'backend':<8} {'sync':<12} {'size':>6} {'messages':>8} {'publish msg/s':>13} {'MB/s':>7}"
-              f" {'fsyncs/s':>8} {'commits/s':>9} {'msgs/commit':>11} {'recover s':>9} {'consume msg/s':>13}")
+              f" {'fsyncs/s':>8} {'commits/s':>9} {'msgs/commit':>11} {'recover s':>9} {'RSS MB':>7}"
+              f" {'consume msg/s':>13}")
     print(header)
     print("-" * len(header))
     for row in rows:
         per_commit = f"{row['messages'] / row['commits']:>11,.1f}" if row["commits"] else f"{'-':>11}"
         recover = f"{row['recover_s']:>9.2f}" if "recover_s" in row else f"{'-':>9}"
+        rss = f"{row['recovered_rss_mb']:>7.0f}" if "recovered_rss_mb" in row else f"{'-':>7}"
         consume = f"{row['consume_per_s']:>13,.0f}" if "consume_per_s" in row else f"{'-':>13}"
         print(f"{row['backend']:<8} {row['sync']:<12} {row['label']:>6} {row['messages']:>8}"
               f" {row['publish_per_s']:>13,.0f} {row['publish_mb_per_s']:>7,.1f} {row['fsyncs_per_s']:>8,.0f}"
-              f" {row['commits_per_s']:>9,.0f} {per_commit} {recover} {consume}")
+              f" {row['commits_per_s']:>9,.0f} {per_commit} {recover} {rss} {consume}")
 
 
 def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", default="sqlite,filelog", help="comma-separated backend names")
+    parser.add_argument("--backends", default="sqlite,filelog,chunked", help="comma-separated backend names")
     parser.add_argument("--sync", default="always,interval:100,none", help="comma-separated --sync values")
     parser.add_argument("--messages", type=int, default=200_000, help="100-byte messages; N/10 of 64 KiB")
     parser.add_argument("--sizes", default="100,65536", help="which of the two sizes to run: 100 and/or 65536")
