@@ -8,12 +8,13 @@ import os
 
 from zope.interface import implementer
 
+from backends.chunked.format import BLOCK_SIZE
 from backends.chunked.store import ChunkedStore, MessageTooLarge
 from brokerd.interfaces import IStoreBackend
 from brokerd.units import parse_size
 
 SUBDIRECTORY = "chunked"
-SMALLEST_CHUNK = 4096
+SMALLEST_CHUNK = BLOCK_SIZE
 
 
 @implementer(IStoreBackend)
@@ -33,10 +34,13 @@ class ChunkedBackend:
         if unknown:
             raise ValueError(f"no option {unknown[0]!r}; the options are: {', '.join(sorted(self.options))}")
         given = {name: options.get(name, default) for name, (default, _) in self.options.items()}
+        chunk_size = _size("chunk_size", given["chunk_size"], SMALLEST_CHUNK)
+        if chunk_size % BLOCK_SIZE:
+            raise ValueError(f"option chunk_size must be a whole number of {BLOCK_SIZE}-byte blocks, not {chunk_size}")
         return ChunkedStore(
             os.path.join(data_dir, SUBDIRECTORY),
             sync_policy,
-            chunk_size=_size("chunk_size", given["chunk_size"], SMALLEST_CHUNK),
+            chunk_size=chunk_size,
             index_chunk_entries=_whole_number("index_chunk_entries", given["index_chunk_entries"], 1),
             cache_size=_size("cache_size", given["cache_size"], 0),
             retain_chunks=_whole_number("retain_chunks", given["retain_chunks"], 0),

@@ -1,8 +1,8 @@
 """The on-disk formats of the chunked store (EQueue's design), as values.
 
-Message log: chunk files ``message-chunk-NNNNNNNNN``, each ``HEADER_SIZE``
-bytes of header, a data area of ``data_size`` bytes and, once the chunk is
-full, a ``FOOTER_SIZE`` footer. A global position ``p`` lives in chunk
+Message log: chunk files ``message-chunk-NNNNNNNNN``, each a block of header,
+a data area of ``data_size`` bytes (a whole number of blocks) and, once the
+chunk is full, a block of footer. A global position ``p`` lives in chunk
 ``p // data_size`` at data offset ``p % data_size``. A record is::
 
     [u32 length][u8 kind][u32 head length][head][body][u32 CRC][u32 length]
@@ -33,10 +33,11 @@ FOOTER_MAGIC = b"brokerd chunkend"
 
 # magic, version, kind, chunk number, global start, data size, CRC of the bytes before it
 HEADER = struct.Struct(">16sIIQQQI")
-HEADER_SIZE = 64
+HEADER_SIZE = 4096  # a whole block, so that the data area is block-aligned for direct writes
 # magic, bytes of records, number of records, CRC of the bytes before it
 FOOTER = struct.Struct(">16sQQI")
-FOOTER_SIZE = 64
+FOOTER_SIZE = 4096
+BLOCK_SIZE = 4096  # a message chunk's data size is a multiple of it
 
 RECORD_HEAD = struct.Struct(">IBI")  # length, kind, head length
 RECORD_TAIL = struct.Struct(">II")  # CRC, length

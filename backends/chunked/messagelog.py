@@ -31,8 +31,10 @@ from backends.chunked.format import (
     frame_parts,
     full_record_size,
     record_problem,
+    record_size,
 )
-from backends.fileio import fsync_directory, write_all, write_gathered
+from backends.chunked.directio import BLOCK, AlignedWriter, open_for_writing, write_block
+from backends.fileio import fsync_directory
 from brokerd.interfaces import StoreCorrupted
 
 log = Logger()
@@ -75,6 +77,7 @@ class MessageLog:
         self.deleted = []  # chunk numbers removed, for the reactor to unmap; it pops them
         self._current = None  # number of the chunk being written
         self._descriptor = None  # of the chunk being written
+        self._writer = None  # the AlignedWriter of that descriptor
         self._records_in_current = 0
         self._unsynced = []  # descriptors written since the last fsync
         self._finished = []  # descriptors of chunks finished since the last sync, closed after it
@@ -114,7 +117,11 @@ class MessageLog:
                 self._current = last
         self.flushed_position = self.write_position
         if self._current is not None:
-            self._descriptor = os.open(self.path_of(self._current), os.O_RDWR)
+            offset = HEADER_SIZE + used
+            with open(self.path_of(last), "rb") as chunk:
+                tail = _pread(chunk.fileno(), offset % BLOCK, offset - offset % BLOCK)
+            self._descriptor = open_for_writing(self.path_of(last))
+            self._writer = AlignedWriter(self._descriptor, offset, tail)
 
     def _read_header(self, number):
         path = self.path_of(number)
@@ -181,26 +188,33 @@ class MessageLog:
         needed. C{write_position} moves only once the bytes are written, as
         the reactor thread reads everything below it from the files.
         """
-        run, run_start, end = [], None, None
+        run_start, end = None, None
         for position, head, body in records:
             number = position // self.data_size
             if number != self._current:
-                self._flush_run(run, run_start, end)
-                run, run_start = [], None
+                self._flush_run(run_start, end)
+                run_start = None
                 self._start_chunk(number)
             if run_start is None:
                 run_start = position
-            parts = frame_parts(head, body)
-            run.extend(parts)
+                self._skip_to(HEADER_SIZE + position % self.data_size)
+            for part in frame_parts(head, body):
+                self._writer.write(part)
             self._records_in_current += 1
-            end = position + len(parts[0]) + len(body) + len(parts[2])
-        self._flush_run(run, run_start, end)
+            end = position + record_size(head, len(body))
+        self._flush_run(run_start, end)
         self.records_written += len(records)
 
-    def _flush_run(self, parts, start, end):
-        if not parts:
+    def _skip_to(self, offset):
+        """Records of a batch follow one another; only a new chunk's first one may start further on."""
+        if self._writer.offset != offset:
+            raise RuntimeError(f"chunk {self._current}: a record at offset {offset}, the file ends at"
+                               f" {self._writer.offset}")
+
+    def _flush_run(self, start, end):
+        if start is None:
             return
-        write_gathered(self._descriptor, parts, HEADER_SIZE + start % self.data_size)
+        self._writer.flush()
         figures = self.chunks[self._current]
         figures.writes += 1
         figures.bytes_written += end - start
@@ -212,15 +226,17 @@ class MessageLog:
         """Finish the chunk being written (footer) and create chunk C{number}."""
         if self._current is not None:
             used = self.write_position - self._current * self.data_size
-            write_all(self._descriptor, encode_footer(used, self._records_in_current), HEADER_SIZE + self.data_size)
+            write_block(self._descriptor, HEADER_SIZE + self.data_size, encode_footer(used, self._records_in_current))
             if self._descriptor not in self._unsynced:
                 self._unsynced.append(self._descriptor)
             self._finished.append(self._descriptor)
+            self._writer.close()
         path = self.path_of(number)
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        descriptor = open_for_writing(path, create=True)
         os.ftruncate(descriptor, self.file_size())
-        write_all(descriptor, encode_header(MESSAGE_CHUNK, number, number * self.data_size, self.data_size), 0)
+        write_block(descriptor, 0, encode_header(MESSAGE_CHUNK, number, number * self.data_size, self.data_size))
         self._current, self._descriptor, self._records_in_current = number, descriptor, 0
+        self._writer = AlignedWriter(descriptor, HEADER_SIZE)
         self.write_position = number * self.data_size
         self.chunks[number] = ChunkFigures()
         self._unsynced.append(descriptor)
@@ -230,7 +246,7 @@ class MessageLog:
         """Make what was written durable (if C{fsync}); close the descriptors of finished chunks."""
         if fsync:
             for descriptor in self._unsynced:
-                os.fsync(descriptor)
+                os.fdatasync(descriptor)  # the file's size never changes: its data is all there is to sync
             if self._directory_unsynced:
                 fsync_directory(self.directory)
                 self._directory_unsynced = False
@@ -270,6 +286,9 @@ class MessageLog:
         return total
 
     def close(self):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
         if self._descriptor is not None:
             os.close(self._descriptor)
             self._descriptor = None
