@@ -248,8 +248,9 @@ class ChunkedFiles:
 
     def _delete_consumed(self):
         """Delete the consumed chunks the retention options do not keep."""
-        if self.log.deletable(max(self.log.chunks, default=-1)):
-            self._note_if_consumed(max(self.log.chunks, default=-1))
+        finished, self.log.finished = self.log.finished, []
+        for number in finished:
+            self._note_if_consumed(number)
         if not self._consumed:
             return
         newest_first = sorted(self._consumed, reverse=True)

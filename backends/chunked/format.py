@@ -49,6 +49,7 @@ INDEX_ENTRY = struct.Struct("<QII")
 INDEX_ENTRY_SIZE = INDEX_ENTRY.size
 INDEX_KEY = struct.Struct("<QI")
 
+HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 HANDLE_SIZE_BITS = 32
 SIZE_MASK = (1 << HANDLE_SIZE_BITS) - 1
 
@@ -80,12 +81,9 @@ def message_id(handle):
 
 def handle_of_message_id(text):
     """The handle a L{message_id} names; ValueError if C{text} is not one."""
-    if not isinstance(text, str) or len(text) != 24:
+    if not isinstance(text, str) or len(text) != 24 or not all(digit in HEX_DIGITS for digit in text):
         raise ValueError(f"{text!r} is not a chunked message id (24 hex digits)")
-    try:
-        return make_handle(int(text[:16], 16), int(text[16:], 16))
-    except ValueError:
-        raise ValueError(f"{text!r} is not a chunked message id (24 hex digits)") from None
+    return make_handle(int(text[:16], 16), int(text[16:], 16))
 
 
 # -- chunk headers and footers

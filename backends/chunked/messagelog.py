@@ -75,6 +75,7 @@ class MessageLog:
         self.records_written = 0
         self.chunks = {}
         self.deleted = []  # chunk numbers removed, for the reactor to unmap; it pops them
+        self.finished = []  # chunk numbers given a footer since the writer last looked; it pops them
         self._current = None  # number of the chunk being written
         self._descriptor = None  # of the chunk being written
         self._writer = None  # the AlignedWriter of that descriptor
@@ -231,6 +232,7 @@ class MessageLog:
                 self._unsynced.append(self._descriptor)
             self._finished.append(self._descriptor)
             self._writer.close()
+            self.finished.append(self._current)
         path = self.path_of(number)
         descriptor = open_for_writing(path, create=True)
         os.ftruncate(descriptor, self.file_size())

@@ -181,6 +181,8 @@ class QueueIndex:
             for name in os.listdir(self.directory)
             if name.startswith(PREFIX + "-") and name[len(PREFIX) + 1 :].isdigit()
         )
+        if numbers:
+            self._adopt_chunk_size(numbers[0])
         numbers = [number for number in numbers if number >= self.mark // self.entries_per_chunk]
         entry = self.mark
         for position, number in enumerate(numbers):
@@ -210,6 +212,20 @@ class QueueIndex:
             elif entry % self.entries_per_chunk and not last:
                 raise StoreCorrupted(f"index chunk {path} ends before its last entry, yet a later chunk exists", path)
         self.next_entry = entry
+
+    def _adopt_chunk_size(self, number):
+        """The index chunk size a queue's index was made with holds for it: entry numbers map to chunks by it."""
+        path = self.path_of(number)
+        with open(path, "rb") as chunk:
+            header = chunk.read(HEADER_SIZE)
+        try:
+            size = decode_header(header, path)[3]
+        except FormatError as problem:
+            raise StoreCorrupted(str(problem), path, 0) from None
+        if size != self.entries_per_chunk * INDEX_ENTRY_SIZE and size and size % INDEX_ENTRY_SIZE == 0:
+            log.warn("queue {queue!r}: its index chunks hold {entries} entries each; keeping that size",
+                     queue=self.queue, entries=size // INDEX_ENTRY_SIZE)
+            self.entries_per_chunk = size // INDEX_ENTRY_SIZE
 
     def _check_header(self, header, number, path):
         try:

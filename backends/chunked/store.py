@@ -259,9 +259,12 @@ class ChunkedStore:
         """Read the message a L{message_id} names without consuming it: a Deferred firing with its StoredMessage."""
         try:
             handle = handle_of_message_id(text)
-        except ValueError:
+            return defer.succeed(self._stored(self.load(handle)))
+        except (ValueError, KeyError):
             return defer.fail()
-        return self.read(handle)
+        except StoreCorrupted as problem:
+            # An id made up by hand may point anywhere: no record there is no message, not damage.
+            return defer.fail(KeyError(f"no message has id {text!r}: {problem}"))
 
     # -- commits
 

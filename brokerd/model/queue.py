@@ -7,9 +7,10 @@ that acking them releases.
 
 Over a store that can load messages at once (L{IPagingStore}), a deep queue
 keeps only the handle of each persistent message past the first
-C{PAGE_OUT_DEPTH} ready ones, and so do the entries recovered at start: the
-message is loaded from the store when it reaches a consumer. A backlog then
-costs memory per entry, not per body.
+C{PAGE_OUT_DEPTH} ready ones, and so do the entries recovered at start (runs
+of handles, see L{brokerd.model.ready}): the message is loaded from the store
+when it reaches a consumer. A backlog then costs 8 bytes a message, not its
+body and an object.
 """
 
 from collections import deque
@@ -19,6 +20,7 @@ from twisted.logger import Logger
 from brokerd.errors import AccessRefused, NotFound, PreconditionFailed, ResourceLocked
 from brokerd.interfaces import IPagingStore, StoreCorrupted
 from brokerd.model.message import QueuedMessage
+from brokerd.model.ready import ReadyList
 
 log = Logger()
 
@@ -52,7 +54,7 @@ class Queue:
         self._store = vhost.store
         self._pages = self.persisted and IPagingStore.providedBy(vhost.store)
         self._watermark = vhost.watermark
-        self._ready = deque()
+        self._ready = ReadyList(self)
         self._consumers = deque()
         self._exclusive_consumer = None
         self._next_sequence = 0
@@ -92,7 +94,7 @@ class Queue:
         sequence = self._next_sequence
         self._next_sequence = sequence + 1
         if handle is not None and self._pages and len(self._ready) >= PAGE_OUT_DEPTH:
-            self._ready.append(QueuedMessage(None, self, sequence, handle, redelivered))
+            self._ready.append_paged((handle,), sequence, redelivered)
         else:
             self._ready.append(QueuedMessage(message, self, sequence, handle, redelivered))
             self._watermark.add(len(message.body))
@@ -102,9 +104,7 @@ class Queue:
     def restore_paged(self, handles):
         """Add stored messages recovered at start, by handle only (each loaded when delivered), as redelivered."""
         sequence = self._next_sequence
-        self._ready.extend(
-            QueuedMessage(None, self, number, handle, True) for number, handle in enumerate(handles, sequence)
-        )
+        self._ready.append_paged(handles, sequence, True)
         self._next_sequence = sequence + len(handles)
 
     def _page_in(self, entry):
@@ -137,7 +137,7 @@ class Queue:
         ready = self._ready
         last = returned[-1].sequence
         overtaken = []
-        while ready and ready[0].sequence < last:
+        while ready and ready.head_sequence() < last:
             overtaken.append(ready.popleft())
         if overtaken:
             returned = sorted(returned + overtaken, key=_by_sequence)
@@ -163,10 +163,10 @@ class Queue:
 
     def purge(self):
         """Drop every ready message (delivered, un-acked ones stay); returns how many went."""
-        purged, self._ready = self._ready, deque()
-        self._watermark.release(sum(map(_body_size, purged)))
+        purged, self._ready = self._ready, ReadyList(self)
+        self._watermark.release(sum(map(_body_size, purged.in_memory())))
         if self.persisted:
-            handles = [entry.handle for entry in purged if entry.handle is not None]
+            handles = [handle for handle in purged.handles() if handle is not None]
             if handles:
                 self._store.purge(self.key, handles)
         return len(purged)
@@ -229,7 +229,7 @@ class Queue:
         """
         self.deleted = True
         count = len(self._ready)
-        self._watermark.release(sum(map(_body_size, self._ready)))
+        self._watermark.release(sum(map(_body_size, self._ready.in_memory())))
         self._ready.clear()
         consumers, self._consumers = list(self._consumers), deque()
         self._exclusive_consumer = None

@@ -1,0 +1,111 @@
+"""A queue's ready entries, with paged-out ones kept as runs of store handles.
+
+A backlog of a million recovered messages as a million entry objects would
+cost some 160 MB; kept as runs of handles in arrays it costs 8 bytes a
+message. An entry comes out of its run as a L{QueuedMessage} without a
+message when it reaches the head, and the queue loads the message then.
+"""
+
+from array import array
+from collections import deque
+
+from brokerd.model.message import QueuedMessage
+
+
+class PagedRun:
+    """Entries with consecutive sequence numbers kept only as store handles."""
+
+    __slots__ = ("handles", "head", "first_sequence", "redelivered")
+
+    def __init__(self, first_sequence, redelivered):
+        self.handles = array("Q")
+        self.head = 0  # handles before it have left the run
+        self.first_sequence = first_sequence
+        self.redelivered = redelivered
+
+    def __len__(self):
+        return len(self.handles) - self.head
+
+    @property
+    def sequence(self):
+        """The sequence number of the run's first entry still in it."""
+        return self.first_sequence + self.head
+
+    @property
+    def next_sequence(self):
+        return self.first_sequence + len(self.handles)
+
+
+class ReadyList:
+    """The ready entries of one queue, in order: L{QueuedMessage}s and L{PagedRun}s."""
+
+    def __init__(self, queue):
+        self._queue = queue
+        self._items = deque()
+        self._count = 0
+
+    def __len__(self):
+        return self._count
+
+    def __bool__(self):
+        return self._count > 0
+
+    def append(self, entry):
+        self._items.append(entry)
+        self._count += 1
+
+    def append_paged(self, handles, first_sequence, redelivered):
+        """Add entries by handle only, numbered from C{first_sequence}; they join the last run if they follow it."""
+        items = self._items
+        last = items[-1] if items else None
+        if (type(last) is not PagedRun or last.next_sequence != first_sequence
+                or last.redelivered != redelivered):
+            last = PagedRun(first_sequence, redelivered)
+            items.append(last)
+        last.handles.extend(handles)
+        self._count += len(handles)
+
+    def head_sequence(self):
+        return self._items[0].sequence
+
+    def popleft(self):
+        """The head entry; one taken from a run comes without its message."""
+        item = self._items[0]
+        self._count -= 1
+        if type(item) is not PagedRun:
+            return self._items.popleft()
+        handle = item.handles[item.head]
+        entry = QueuedMessage(None, self._queue, item.first_sequence + item.head, handle, item.redelivered)
+        item.head += 1
+        if item.head == len(item.handles):
+            self._items.popleft()
+        elif item.head >= 65536 and item.head * 2 > len(item.handles):
+            del item.handles[: item.head]  # give back what the head has passed
+            item.first_sequence += item.head
+            item.head = 0
+        return entry
+
+    def appendleft(self, entry):
+        self._items.appendleft(entry)
+        self._count += 1
+
+    def extendleft(self, entries):
+        entries = list(entries)
+        self._items.extendleft(entries)
+        self._count += len(entries)
+
+    def in_memory(self):
+        """The entries kept as objects (those whose message may be loaded)."""
+        return [item for item in self._items if type(item) is not PagedRun]
+
+    def handles(self):
+        """The store handles of every entry, in order (None for entries the store does not keep)."""
+        for item in self._items:
+            if type(item) is PagedRun:
+                yield from item.handles[item.head :]
+            else:
+                yield item.handle
+
+    def clear(self):
+        self._items.clear()
+        self._count = 0
