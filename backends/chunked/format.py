@@ -178,18 +178,20 @@ def full_record_size(buffer, offset):
     return LENGTH.unpack_from(buffer, offset)[0] + LENGTH.size + RECORD_TAIL.size
 
 
-def decode_record(buffer, offset):
+def record_parts(buffer, offset):
     """
-    The C{(StoredMessage head, body bytes)} of the (checked) record at C{offset}
-    of C{buffer}: the body is copied out once, the head parsed alone.
+    The C{(head bytes, body bytes)} of the (checked) record at C{offset} of
+    C{buffer}, each copied out once; the head is a body-less StoredMessage.
     """
     length, _, head_length = RECORD_HEAD.unpack_from(buffer, offset)
-    view = memoryview(buffer)
     head_start = offset + RECORD_HEAD.size
     body_start = head_start + head_length
-    head = messages_pb2.StoredMessage.FromString(bytes(view[head_start:body_start]))
-    body = bytes(view[body_start : offset + 4 + length])
-    return head, body
+    with memoryview(buffer) as view:
+        return bytes(view[head_start:body_start]), bytes(view[body_start : offset + 4 + length])
+
+
+def decode_head(head):
+    return messages_pb2.StoredMessage.FromString(head)
 
 
 # -- index entries

@@ -11,11 +11,13 @@ import mmap
 import os
 from collections import OrderedDict
 
-from backends.chunked.format import HEADER_SIZE, body_length_of, decode_record, position_of, record_problem
+from backends.chunked.format import HEADER_SIZE, body_length_of, decode_head, position_of, record_parts, record_problem
 from brokerd.interfaces import StoreCorrupted
 from brokerd.model.message import Message
 
 CACHE_ENTRY_OVERHEAD = 512  # bytes a cached message costs beyond its body, as an estimate
+HEAD_CACHE_ENTRIES = 256  # distinct message heads (exchange, routing key, properties) remembered
+HEAD_CACHE_BODY_LIMIT = 64 << 10  # a message kept for its encoded properties is at most this big
 
 
 class RingCache:
@@ -55,12 +57,40 @@ class RingCache:
         self.size = 0
 
 
+class HeadCache:
+    """
+    Messages read back mostly share their exchange, routing key and
+    properties: the head of each distinct kind is parsed once, and the
+    properties in AMQP form that a protocol adapter encoded for the last
+    message of a kind are handed to the next (properties are read-only).
+    """
+
+    def __init__(self, capacity=HEAD_CACHE_ENTRIES):
+        self.capacity = capacity
+        self._kinds = {}  # head bytes -> [exchange, routing key, properties, encoded properties, last message]
+
+    def message(self, head, body):
+        kind = self._kinds.get(head)
+        if kind is None:
+            if len(self._kinds) >= self.capacity:
+                self._kinds.clear()
+            stored = decode_head(head)
+            kind = self._kinds[head] = [stored.exchange, stored.routing_key, stored.properties, None, None]
+        encoded = kind[3]
+        if encoded is None and kind[4] is not None:
+            encoded = kind[3] = kind[4].encoded_properties
+        message = Message(kind[0], kind[1], kind[2], body, encoded)
+        kind[4] = message if encoded is None and len(body) <= HEAD_CACHE_BODY_LIMIT else None
+        return message
+
+
 class ChunkReader:
     """Read-only maps of message chunk files, opened on first read, closed when the chunk goes."""
 
     def __init__(self, message_log):
         self._log = message_log
         self._maps = {}  # chunk number -> mmap
+        self._heads = HeadCache()
         self.reads = {}  # chunk number -> records read
 
     def read(self, handle):
@@ -83,11 +113,11 @@ class ChunkReader:
             path = self._log.path_of(number)
             raise StoreCorrupted(f"chunk {path}: the record at data offset {offset - HEADER_SIZE} is damaged"
                                  f" ({problem})", path, offset)
-        head, body = decode_record(chunk, offset)
+        head, body = record_parts(chunk, offset)
         if len(body) != body_length_of(handle):
             raise KeyError(f"the chunked store holds no message with handle {handle!r}")
         self.reads[number] = self.reads.get(number, 0) + 1
-        return Message(head.exchange, head.routing_key, head.properties, body)
+        return self._heads.message(head, body)
 
     def _map(self, number, handle):
         chunk = self._maps.get(number)
