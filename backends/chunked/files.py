@@ -86,6 +86,7 @@ class ChunkedFiles:
         self._indexes = {}  # queue key -> QueueIndex
         self._references = {}  # message chunk number -> un-acked entries pointing into it
         self._consumed = set()  # finished chunks no entry points into, kept for retention
+        self._damaged = set()  # queues whose index could not be read: what they point to is unknown
         self._lock = None
 
     def index_directory(self, queue):
@@ -115,7 +116,10 @@ class ChunkedFiles:
                 unacked[queue] = self._recover(queue)
             except StoreCorrupted as damage:
                 damaged[queue] = damage
-                self._indexes.pop(queue, None)
+                index = self._indexes.pop(queue, None)
+                if index is not None:
+                    index.close()
+        self._damaged = set(damaged)
         self._remove_orphans(queues)
         self._count_held(unacked)
         for number in list(self.log.chunks):
@@ -231,6 +235,7 @@ class ChunkedFiles:
             self._note_if_consumed(number)
 
     def _delete_queue(self, queue):
+        self._damaged.discard(queue)
         index = self._indexes.pop(queue, None)
         if index is None:
             shutil.rmtree(self.index_directory(queue), ignore_errors=True)
@@ -251,7 +256,9 @@ class ChunkedFiles:
         finished, self.log.finished = self.log.finished, []
         for number in finished:
             self._note_if_consumed(number)
-        if not self._consumed:
+        if not self._consumed or self._damaged:
+            # A damaged queue's index may still point into any chunk: keep them all until it is
+            # deleted (which drops its damaged data) or repaired by hand.
             return
         newest_first = sorted(self._consumed, reverse=True)
         now = time.time()

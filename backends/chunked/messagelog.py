@@ -99,6 +99,10 @@ class MessageLog:
             for name in os.listdir(self.directory)
             if name.startswith(PREFIX + "-") and name[len(PREFIX) + 1 :].isdigit()
         )
+        if numbers and header_never_written(self.path_of(numbers[-1])):
+            log.warn("chunk {path} has no header: a crash came before it was written, so nothing in it was"
+                     " ever synced; removed", path=self.path_of(numbers[-1]))
+            os.unlink(self.path_of(numbers.pop()))
         if numbers:
             self._adopt_data_size(numbers[0])
         for number in numbers:
@@ -297,6 +301,14 @@ class MessageLog:
         for descriptor in self._finished:
             os.close(descriptor)
         self._finished = []
+
+
+def header_never_written(path):
+    """True if the file at C{path} is shorter than a header or its header is all zeros: created, never
+    written. (A chunk's header is written before anything else in it, and synced with it.)"""
+    with open(path, "rb") as chunk:
+        header = chunk.read(HEADER_SIZE)
+    return len(header) < HEADER_SIZE or not any(header)
 
 
 def _pread(descriptor, size, offset):

@@ -19,6 +19,7 @@ un-acked window are sorted and an ack finds its entry by bisection.
 
 import bisect
 import os
+import sys
 import shutil
 import struct
 import zlib
@@ -38,6 +39,7 @@ from backends.chunked.format import (
     encode_index_entry,
     position_of,
 )
+from backends.chunked.messagelog import header_never_written
 from backends.fileio import fsync_directory, replace_file, write_all
 from brokerd.interfaces import StoreCorrupted
 
@@ -56,7 +58,7 @@ CHECKPOINT_EVERY_ACK_BYTES = 1 << 20  # of ack log before a checkpoint empties i
 def encode_checkpoint(queue, mark, acked):
     key = "\0".join(queue).encode("utf-8")
     body = b"".join((CHECKPOINT_MAGIC, COUNT.pack(len(key)), key, MARK.pack(mark, len(acked)),
-                     array("Q", sorted(acked)).tobytes()))
+                     _little_endian(array("Q", sorted(acked)))))
     return body + COUNT.pack(zlib.crc32(body))
 
 
@@ -72,7 +74,22 @@ def decode_checkpoint(data, path):
     mark, count = MARK.unpack_from(data, start + key_length)
     acked = array("Q")
     acked.frombytes(data[start + key_length + MARK.size : start + key_length + MARK.size + 8 * count])
-    return (vhost, name), mark, set(acked)
+    return (vhost, name), mark, set(_native(acked))
+
+
+def _little_endian(numbers):
+    """The bytes of an array('Q') as little-endian u64s, whatever the machine's byte order."""
+    if sys.byteorder == "big":
+        numbers = array("Q", numbers)
+        numbers.byteswap()
+    return numbers.tobytes()
+
+
+def _native(numbers):
+    """An array('Q') read from little-endian bytes, in the machine's byte order."""
+    if sys.byteorder == "big":
+        numbers.byteswap()
+    return numbers
 
 
 class QueueIndex:
@@ -137,9 +154,13 @@ class QueueIndex:
         self._acked.update(self._read_ack_log())
         self._window_base = self.mark
         self._read_entries()
-        self._cut_entries_from(bisect.bisect_left(self._window, write_position << 32), write_position)
-        self._acked = {entry for entry in self._acked if entry >= self.mark}
+        cut = self._cut_entries_from(bisect.bisect_left(self._window, write_position << 32), write_position)
+        # Acks of entries past the end (cut off, or never written) must not ack the entries written there next.
+        stale = {entry for entry in self._acked if entry >= self.next_entry}
+        self._acked = {entry for entry in self._acked if self.mark <= entry < self.next_entry}
         self._advance_mark()
+        if cut or stale:
+            self.checkpoint(True, force=True)
 
     def _open_ack_log(self, create=False):
         path = os.path.join(self.directory, ACK_LOG)
@@ -164,7 +185,9 @@ class QueueIndex:
             end = offset + COUNT.size + 8 * count + COUNT.size
             if count == 0 or end > len(data) or zlib.crc32(data[offset : end - 4]) != COUNT.unpack_from(data, end - 4)[0]:
                 break
-            acked.frombytes(data[offset + COUNT.size : end - 4])
+            record = array("Q")
+            record.frombytes(data[offset + COUNT.size : end - 4])
+            acked.extend(_native(record))
             offset = end
         self._open_ack_log()
         if offset < len(data):
@@ -181,6 +204,10 @@ class QueueIndex:
             for name in os.listdir(self.directory)
             if name.startswith(PREFIX + "-") and name[len(PREFIX) + 1 :].isdigit()
         )
+        if numbers and header_never_written(self.path_of(numbers[-1])):
+            log.warn("index chunk {path} has no header: a crash came before it was written, so no entry in it"
+                     " was ever synced; removed", path=self.path_of(numbers[-1]))
+            os.unlink(self.path_of(numbers.pop()))
         if numbers:
             self._adopt_chunk_size(numbers[0])
         numbers = [number for number in numbers if number >= self.mark // self.entries_per_chunk]
@@ -245,7 +272,7 @@ class QueueIndex:
     def _cut_entries_from(self, index, write_position):
         """Drop window entries from C{index} on (they point past the message log's end)."""
         if index >= len(self._window):
-            return
+            return False
         entry = self._window_base + index
         log.warn(
             "queue {queue!r}: {count} index entries from entry {entry} point past the end of the message log"
@@ -257,6 +284,7 @@ class QueueIndex:
             first = max(entry - number * self.entries_per_chunk, 0)
             self._zero_from(number, HEADER_SIZE + first * INDEX_ENTRY_SIZE)
         self.next_entry = entry
+        return True
 
     def unacked(self):
         """The handles of the entries not acked, in queue order."""
@@ -336,7 +364,7 @@ class QueueIndex:
         """Append this commit's acks to the ack log (one record)."""
         if not self._new_acks:
             return
-        body = COUNT.pack(len(self._new_acks)) + self._new_acks.tobytes()
+        body = COUNT.pack(len(self._new_acks)) + _little_endian(self._new_acks)
         record = body + COUNT.pack(zlib.crc32(body))
         write_all(self._ack_log, record, self._ack_log_size)
         self._ack_log_size += len(record)
@@ -366,8 +394,8 @@ class QueueIndex:
             return
         self.checkpoint(sync_directory)
 
-    def checkpoint(self, sync_directory):
-        if self.mark == self._checkpointed_mark and self._ack_log_size <= len(ACK_LOG_MAGIC):
+    def checkpoint(self, sync_directory, force=False):
+        if not force and self.mark == self._checkpointed_mark and self._ack_log_size <= len(ACK_LOG_MAGIC):
             return
         replace_file(os.path.join(self.directory, CHECKPOINT), encode_checkpoint(self.queue, self.mark, self._acked),
                      sync_directory)
