@@ -276,6 +276,7 @@ class Channel:
         source.check_available()
         entry = source.get()
         if entry is None:
+            source.check_available()  # the head could not be read from the store: not empty, unavailable
             return None
         tag = self._next_delivery_tag
         self._next_delivery_tag = tag + 1

@@ -292,7 +292,8 @@ class QueueIndex:
         if not self._acked:
             return self._window[start:]
         acked = self._acked
-        return [handle for number, handle in enumerate(self._window[start:], self.mark) if number not in acked]
+        return array("Q", (handle for number, handle in enumerate(self._window[start:], self.mark)
+                           if number not in acked))
 
     def unacked_positions_by_chunk(self, data_size):
         """How many un-acked entries point into each message chunk: C{{chunk number: count}}."""

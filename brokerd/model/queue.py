@@ -116,6 +116,7 @@ class Queue:
                       queue=self.name, vhost=self.vhost.name, problem=problem)
             self._ready.appendleft(entry)
             self.vhost.mark_unavailable(self, f"a stored message cannot be read: {problem}")
+            self._cancel_consumers()
             return False
         entry.message = message
         self._watermark.add(len(message.body))
@@ -231,11 +232,15 @@ class Queue:
         count = len(self._ready)
         self._watermark.release(sum(map(_body_size, self._ready.in_memory())))
         self._ready.clear()
+        self._cancel_consumers()
+        return count
+
+    def _cancel_consumers(self):
+        """The queue can serve no one any more: every consumer is told it was cancelled."""
         consumers, self._consumers = list(self._consumers), deque()
         self._exclusive_consumer = None
         for consumer in consumers:
             consumer.channel.consumer_cancelled_by_broker(consumer)
-        return count
 
 
 def _by_sequence(entry):

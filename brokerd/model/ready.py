@@ -56,6 +56,8 @@ class ReadyList:
 
     def append_paged(self, handles, first_sequence, redelivered):
         """Add entries by handle only, numbered from C{first_sequence}; they join the last run if they follow it."""
+        if not len(handles):
+            return
         items = self._items
         last = items[-1] if items else None
         if (type(last) is not PagedRun or last.next_sequence != first_sequence
