@@ -1,11 +1,15 @@
 """The store contract, written once: every backend's test module subclasses
 L{StoreContract} with a few lines saying how to make and reopen its store."""
 
+import os
+import shutil
+import tempfile
 import unittest
 
 from twisted.internet import defer
 from zope.interface.verify import verifyObject
 
+from brokerd.durability import SyncPolicy
 from brokerd.interfaces import IMessageStore
 from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
@@ -36,6 +40,53 @@ def binding_record(exchange, queue, routing_key, vhost="/", **arguments):
     return messages_pb2.BindingRecord(
         vhost=vhost, exchange=exchange, queue=queue, routing_key=routing_key, arguments=dict_to_table(arguments)
     )
+
+
+class DirectoryStores:
+    """
+    Mixed into a trial TestCase: makes stores of C{backend} on fresh or
+    existing data directories (closed at test cleanup), for backends that
+    keep their files in C{<data dir>/<subdirectory>}.
+    """
+
+    backend = None
+    subdirectory = None
+    options = {}
+    sync_policy = SyncPolicy()
+
+    def fresh_data_dir(self):
+        data_dir = tempfile.mkdtemp(prefix=f"brokerd-{self.subdirectory}-test-")
+        self.addCleanup(shutil.rmtree, data_dir, True)
+        return data_dir
+
+    def make_store(self, data_dir=None, **options):
+        return self.backend.make_store(
+            data_dir or self.fresh_data_dir(), self.sync_policy, **{**self.options, **options}
+        )
+
+    @staticmethod
+    def data_dir_of(store):
+        return os.path.dirname(store.directory)
+
+    @defer.inlineCallbacks
+    def open_store(self, data_dir=None, **options):
+        store = self.make_store(data_dir, **options)
+        self.addCleanup(store.close)
+        yield store.open()
+        return store
+
+    @defer.inlineCallbacks
+    def reopen(self, store, **options):
+        yield store.close()
+        reopened = yield self.open_store(self.data_dir_of(store), **options)
+        return reopened
+
+    def reopen_after_crash(self, store):
+        # The files as they are now, copied while the store stays open (it holds
+        # their lock), are what a broker restarted after a crash would find.
+        crashed = self.fresh_data_dir()
+        shutil.copytree(store.directory, os.path.join(crashed, self.subdirectory))
+        return self.open_store(crashed)
 
 
 class StoreContract:

@@ -6,9 +6,7 @@ and torn files in L{tests.test_store_chunked_damage}."""
 
 import os
 import re
-import shutil
 import struct
-import tempfile
 import time
 
 from twisted.internet import defer
@@ -25,10 +23,9 @@ from backends.chunked.format import (
     record_size,
 )
 from backends.chunked.queueindex import ACK_LOG_MAGIC, decode_checkpoint
-from brokerd.durability import SyncPolicy
 from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
-from tests.store_contract import AUDIT, JOBS, StoreContract, message, queue_record
+from tests.store_contract import DirectoryStores, AUDIT, JOBS, StoreContract, message, queue_record
 from tests.test_store_filelog import LogWatcher
 
 DATA = 4096  # bytes of records per message chunk, as the tests' chunk_size option says
@@ -96,46 +93,15 @@ def flip(path, offset):
     overwrite(path, offset, bytes([contents(path)[offset] ^ 0xFF]))
 
 
-class ChunkedStores:
+class ChunkedStores(DirectoryStores):
     """Makes chunked stores on fresh or existing data directories, closed at test cleanup.
 
     Chunks are small (4 KiB of records, 64 index entries) so that the tests
     cross chunk boundaries with a few messages."""
 
+    backend = backend
+    subdirectory = "chunked"
     options = {"chunk_size": "4096", "index_chunk_entries": "64"}
-    sync_policy = SyncPolicy()
-
-    def fresh_data_dir(self):
-        data_dir = tempfile.mkdtemp(prefix="brokerd-chunked-test-")
-        self.addCleanup(shutil.rmtree, data_dir, True)
-        return data_dir
-
-    def make_store(self, data_dir=None, **options):
-        return backend.make_store(data_dir or self.fresh_data_dir(), self.sync_policy, **{**self.options, **options})
-
-    @staticmethod
-    def data_dir_of(store):
-        return os.path.dirname(store.directory)
-
-    @defer.inlineCallbacks
-    def open_store(self, data_dir=None, **options):
-        store = self.make_store(data_dir, **options)
-        self.addCleanup(store.close)
-        yield store.open()
-        return store
-
-    @defer.inlineCallbacks
-    def reopen(self, store, **options):
-        yield store.close()
-        reopened = yield self.open_store(self.data_dir_of(store), **options)
-        return reopened
-
-    def reopen_after_crash(self, store):
-        # The files as they are now, copied while the store stays open (it holds
-        # their lock), are what a broker restarted after a crash would find.
-        crashed = self.fresh_data_dir()
-        shutil.copytree(store.directory, os.path.join(crashed, "chunked"))
-        return self.open_store(crashed)
 
     @defer.inlineCallbacks
     def store_with(self, messages, queues=(JOBS,), **options):

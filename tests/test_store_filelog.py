@@ -3,9 +3,7 @@ its file format, compaction, damaged files, and commits under each sync policy."
 
 import math
 import os
-import shutil
 import struct
-import tempfile
 
 from twisted.internet import defer, reactor, task
 from twisted.logger import formatEvent, globalLogPublisher
@@ -19,7 +17,7 @@ from brokerd.errors import NotFound
 from brokerd.interfaces import StoreCorrupted
 from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
-from tests.store_contract import AUDIT, JOBS, StoreContract, binding_record, exchange_record, message, queue_record
+from tests.store_contract import DirectoryStores, AUDIT, JOBS, StoreContract, binding_record, exchange_record, message, queue_record
 from tests.support import make_broker, open_channel
 
 RECORD_LENGTH = struct.Struct(">I")
@@ -45,43 +43,12 @@ def record_spans(path):
     return spans
 
 
-class FilelogStores:
+class FilelogStores(DirectoryStores):
     """Makes filelog stores on fresh or existing data directories, closed at test cleanup."""
 
+    backend = backend
+    subdirectory = "filelog"
     options = {}
-    sync_policy = SyncPolicy()
-
-    def fresh_data_dir(self):
-        data_dir = tempfile.mkdtemp(prefix="brokerd-filelog-test-")
-        self.addCleanup(shutil.rmtree, data_dir, True)
-        return data_dir
-
-    def make_store(self, data_dir=None, **options):
-        return backend.make_store(data_dir or self.fresh_data_dir(), self.sync_policy, **{**self.options, **options})
-
-    @staticmethod
-    def data_dir_of(store):
-        return os.path.dirname(store.directory)
-
-    @defer.inlineCallbacks
-    def open_store(self, data_dir=None, **options):
-        store = self.make_store(data_dir, **options)
-        self.addCleanup(store.close)
-        yield store.open()
-        return store
-
-    @defer.inlineCallbacks
-    def reopen(self, store, **options):
-        yield store.close()
-        reopened = yield self.open_store(self.data_dir_of(store), **options)
-        return reopened
-
-    def reopen_after_crash(self, store):
-        # The files as they are now, copied while the store stays open (it holds
-        # their lock), are what a broker restarted after a crash would find.
-        crashed = self.fresh_data_dir()
-        shutil.copytree(store.directory, os.path.join(crashed, "filelog"))
-        return self.open_store(crashed)
 
     def queue_path(self, store, queue):
         return os.path.join(store.directory, queue_file_name(queue))

@@ -10,8 +10,8 @@ from zope.interface import implementer
 
 from backends.chunked.format import BLOCK_SIZE
 from backends.chunked.store import ChunkedStore, MessageTooLarge
+from backends.options import byte_size, given_options, whole_number
 from brokerd.interfaces import IStoreBackend
-from brokerd.units import parse_size
 
 SUBDIRECTORY = "chunked"
 SMALLEST_CHUNK = BLOCK_SIZE
@@ -30,43 +30,19 @@ class ChunkedBackend:
     }
 
     def make_store(self, data_dir, sync_policy=None, **options):
-        unknown = sorted(set(options) - set(self.options))
-        if unknown:
-            raise ValueError(f"no option {unknown[0]!r}; the options are: {', '.join(sorted(self.options))}")
-        given = {name: options.get(name, default) for name, (default, _) in self.options.items()}
-        chunk_size = _size("chunk_size", given["chunk_size"], SMALLEST_CHUNK)
+        given = given_options(self, options)
+        chunk_size = byte_size("chunk_size", given["chunk_size"], SMALLEST_CHUNK)
         if chunk_size % BLOCK_SIZE:
             raise ValueError(f"option chunk_size must be a whole number of {BLOCK_SIZE}-byte blocks, not {chunk_size}")
         return ChunkedStore(
             os.path.join(data_dir, SUBDIRECTORY),
             sync_policy,
             chunk_size=chunk_size,
-            index_chunk_entries=_whole_number("index_chunk_entries", given["index_chunk_entries"], 1),
-            cache_size=_size("cache_size", given["cache_size"], 0),
-            retain_chunks=_whole_number("retain_chunks", given["retain_chunks"], 0),
-            retain_seconds=_whole_number("retain_seconds", given["retain_seconds"], 0),
+            index_chunk_entries=whole_number("index_chunk_entries", given["index_chunk_entries"], 1),
+            cache_size=byte_size("cache_size", given["cache_size"], 0),
+            retain_chunks=whole_number("retain_chunks", given["retain_chunks"], 0),
+            retain_seconds=whole_number("retain_seconds", given["retain_seconds"], 0),
         )
-
-
-def _size(name, text, smallest):
-    """A byte size like C{64M}; the ValueError names the option."""
-    try:
-        value = parse_size(text)
-    except ValueError as problem:
-        raise ValueError(f"option {name}: {problem}") from None
-    if value < smallest:
-        raise ValueError(f"option {name} must be at least {smallest} bytes, not {text!r}")
-    return value
-
-
-def _whole_number(name, text, smallest):
-    try:
-        value = int(text)
-    except (TypeError, ValueError):
-        value = smallest - 1
-    if value < smallest:
-        raise ValueError(f"option {name} must be a whole number of at least {smallest}, not {text!r}")
-    return value
 
 
 backend = ChunkedBackend()

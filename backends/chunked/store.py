@@ -24,6 +24,7 @@ from backends.chunked.format import (
     record_size,
 )
 from backends.chunked.reads import ChunkReader, RingCache
+from backends.filestore import FileStoreBase
 from backends.topologyfile import Topology
 from brokerd.durability import GroupCommit, SyncPolicy
 from brokerd.interfaces import IPagingStore, StoreCorrupted
@@ -54,7 +55,7 @@ class Batch:
 
 
 @implementer(IPagingStore)
-class ChunkedStore:
+class ChunkedStore(FileStoreBase):
     """
     Keeps every persistent message once in a log of fixed-size chunks, and per
     durable queue an index of entries pointing into it plus an ack log.
@@ -112,9 +113,6 @@ class ChunkedStore:
         self._position = recovery.write_position
         self._data_size = recovery.data_size
 
-    def topology(self):
-        return self._topology.records()
-
     def _check_available(self, queue):
         damage = self._damaged.get(queue)
         if damage is not None:
@@ -132,13 +130,7 @@ class ChunkedStore:
 
     # -- topology
 
-    def save_exchange(self, record):
-        self._topology.save_exchange(record)
-        self._topology_changed = True
 
-    def delete_exchange(self, vhost, name):
-        self._topology.delete_exchange(vhost, name)
-        self._topology_changed = True
 
     def save_queue(self, record):
         self._topology.save_queue(record)
@@ -157,13 +149,7 @@ class ChunkedStore:
         self._damaged.pop(queue, None)
         self._recovered.pop(queue, None)
 
-    def save_binding(self, record):
-        self._topology.save_binding(record)
-        self._topology_changed = True
 
-    def delete_binding(self, record):
-        self._topology.delete_binding(record)
-        self._topology_changed = True
 
     # -- messages
 
@@ -287,29 +273,12 @@ class ChunkedStore:
             self._in_flight.append(batch)
         return batch
 
-    def sync(self):
-        if self._commit is None:
-            return defer.fail(RuntimeError("the chunked store is not open"))
-        return self._commit.sync()
-
-    @defer.inlineCallbacks
-    def close(self):
-        """Commit what is buffered (fsynced unless the policy is none), checkpoint the queues, close the files."""
-        if self._closed:
-            return
-        self._closed = True
-        yield self._shut_down()
-
-    @defer.inlineCallbacks
-    def _shut_down(self):
-        try:
-            if self._commit is not None:
-                yield self._commit.stop()
-        finally:
-            self._reader.close()
-            self._cache.clear()
-            self._in_flight = []
-            self._files.close()
+    def _close_files(self):
+        """Drop the maps and cached messages, then close the files (final checkpoints written)."""
+        self._reader.close()
+        self._cache.clear()
+        self._in_flight = []
+        self._files.close()
 
     # -- figures
 

@@ -8,6 +8,7 @@ import os
 from zope.interface import implementer
 
 from backends.filelog.store import FilelogStore
+from backends.options import given_options, whole_number
 from brokerd.interfaces import IStoreBackend
 
 SUBDIRECTORY = "filelog"
@@ -23,27 +24,13 @@ class FilelogBackend:
     }
 
     def make_store(self, data_dir, sync_policy=None, **options):
-        unknown = sorted(set(options) - set(self.options))
-        if unknown:
-            raise ValueError(f"no option {unknown[0]!r}; the options are: {', '.join(sorted(self.options))}")
-        given = {name: options.get(name, default) for name, (default, _) in self.options.items()}
+        given = given_options(self, options)
         return FilelogStore(
             os.path.join(data_dir, SUBDIRECTORY),
             sync_policy,
-            compact_min_records=_whole_number("compact_min_records", given["compact_min_records"]),
+            compact_min_records=whole_number("compact_min_records", given["compact_min_records"]),
             compact_valid_ratio=_ratio("compact_valid_ratio", given["compact_valid_ratio"]),
         )
-
-
-def _whole_number(name, text):
-    """An option's text as an integer of at least 1; the ValueError names the option."""
-    try:
-        value = int(text)
-    except (TypeError, ValueError):
-        value = 0
-    if value < 1:
-        raise ValueError(f"option {name} must be a whole number of at least 1, not {text!r}")
-    return value
 
 
 def _ratio(name, text):

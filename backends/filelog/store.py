@@ -11,6 +11,7 @@ from zope.interface import implementer
 
 from backends.filelog.queuefiles import QueueFiles
 from backends.filelog.records import decode, encode
+from backends.filestore import FileStoreBase
 from backends.topologyfile import Topology
 from brokerd.durability import GroupCommit, SyncPolicy
 from brokerd.interfaces import IMessageStore, StoreCorrupted
@@ -38,7 +39,7 @@ class Batch:
 
 
 @implementer(IMessageStore)
-class FilelogStore:
+class FilelogStore(FileStoreBase):
     """
     Keeps each durable queue's persistent messages in its own file, an ack
     being a one-byte flip of the record's valid flag, and the topology in a
@@ -103,9 +104,6 @@ class FilelogStore:
                 self._bytes += len(record.body)
         self._next_handle = recovery.next_handle
 
-    def topology(self):
-        return self._topology.records()
-
     def recover(self, queue):
         """The messages open found for C{queue} and still held, each flagged as possibly delivered before."""
         damage = self._damaged.get(queue)
@@ -116,13 +114,7 @@ class FilelogStore:
 
     # -- topology
 
-    def save_exchange(self, record):
-        self._topology.save_exchange(record)
-        self._topology_changed = True
 
-    def delete_exchange(self, vhost, name):
-        self._topology.delete_exchange(vhost, name)
-        self._topology_changed = True
 
     def save_queue(self, record):
         self._topology.save_queue(record)
@@ -140,13 +132,7 @@ class FilelogStore:
         self._batch.deleted.append(queue)
         self._damaged.pop(queue, None)
 
-    def save_binding(self, record):
-        self._topology.save_binding(record)
-        self._topology_changed = True
 
-    def delete_binding(self, record):
-        self._topology.delete_binding(record)
-        self._topology_changed = True
 
     # -- messages
 
@@ -221,26 +207,8 @@ class FilelogStore:
         self._batch = Batch()
         return batch
 
-    def sync(self):
-        if self._commit is None:
-            return defer.fail(RuntimeError("the filelog store is not open"))
-        return self._commit.sync()
-
-    @defer.inlineCallbacks
-    def close(self):
-        """Commit what is buffered (fsynced unless the policy is none), then close the files."""
-        if self._closed:
-            return
-        self._closed = True
-        yield self._shut_down()
-
-    @defer.inlineCallbacks
-    def _shut_down(self):
-        try:
-            if self._commit is not None:
-                yield self._commit.stop()
-        finally:
-            self._files.close()
+    def _close_files(self):
+        self._files.close()
 
     def stats(self):
         commit, figures = self._commit, self._files.figures

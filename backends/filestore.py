@@ -1,0 +1,56 @@
+"""What the file-based stores share: durable topology kept in memory and
+written whole when it changes, and the life of the L{GroupCommit} whose
+writer thread does their file work.
+
+A subclass sets C{self._topology} (a L{backends.topologyfile.Topology}),
+C{self._commit} once open, and provides C{_close_files()}.
+"""
+
+from twisted.internet import defer
+
+
+class FileStoreBase:
+    _topology = None
+    _topology_changed = False
+    _commit = None
+    _closed = False
+
+    def topology(self):
+        return self._topology.records()
+
+    def save_exchange(self, record):
+        self._topology.save_exchange(record)
+        self._topology_changed = True
+
+    def delete_exchange(self, vhost, name):
+        self._topology.delete_exchange(vhost, name)
+        self._topology_changed = True
+
+    def save_binding(self, record):
+        self._topology.save_binding(record)
+        self._topology_changed = True
+
+    def delete_binding(self, record):
+        self._topology.delete_binding(record)
+        self._topology_changed = True
+
+    def sync(self):
+        if self._commit is None:
+            return defer.fail(RuntimeError(f"the {self.name} store is not open"))
+        return self._commit.sync()
+
+    @defer.inlineCallbacks
+    def close(self):
+        """Commit what is buffered (fsynced unless the policy is none), then close the files."""
+        if self._closed:
+            return
+        self._closed = True
+        yield self._shut_down()
+
+    @defer.inlineCallbacks
+    def _shut_down(self):
+        try:
+            if self._commit is not None:
+                yield self._commit.stop()
+        finally:
+            self._close_files()
