@@ -3,10 +3,13 @@ written whole when it changes, and the life of the L{GroupCommit} whose
 writer thread does their file work.
 
 A subclass sets C{self._topology} (a L{backends.topologyfile.Topology}),
-C{self._commit} once open, and provides C{_close_files()}.
+C{sync_policy} and C{_reactor}, and provides C{_take_batch()} and
+C{_close_files()}.
 """
 
 from twisted.internet import defer
+
+from brokerd.durability import GroupCommit
 
 
 class FileStoreBase:
@@ -14,6 +17,22 @@ class FileStoreBase:
     _topology_changed = False
     _commit = None
     _closed = False
+
+    @defer.inlineCallbacks
+    def _start_writer(self, files):
+        """
+        Start the writer thread that commits batches to C{files} (its
+        C{write_batch}) and run C{files.open} on it; its result is what the
+        returned Deferred fires with. If opening fails, the writer is stopped.
+        """
+        self._commit = GroupCommit(self._take_batch, files.write_batch, self.sync_policy, self._reactor, name=self.name)
+        self._commit.start()
+        try:
+            recovery = yield self._commit.call(files.open)
+        except BaseException:
+            yield self._shut_down()
+            raise
+        return recovery
 
     def topology(self):
         return self._topology.records()

@@ -26,7 +26,7 @@ from backends.chunked.format import (
 from backends.chunked.reads import ChunkReader, RingCache
 from backends.filestore import FileStoreBase
 from backends.topologyfile import Topology
-from brokerd.durability import GroupCommit, SyncPolicy
+from brokerd.durability import SyncPolicy
 from brokerd.interfaces import IPagingStore, StoreCorrupted
 from brokerd.proto import messages_pb2
 
@@ -98,15 +98,7 @@ class ChunkedStore(FileStoreBase):
         damaged, or DirectoryInUse if another open store has the directory; a
         damaged queue index only makes that queue's C{recover} fail.
         """
-        self._commit = GroupCommit(
-            self._take_batch, self._files.write_batch, self.sync_policy, self._reactor, name="chunked"
-        )
-        self._commit.start()
-        try:
-            recovery = yield self._commit.call(self._files.open)
-        except BaseException:
-            yield self._shut_down()
-            raise
+        recovery = yield self._start_writer(self._files)
         self._topology = Topology(recovery.topology)
         self._damaged = dict(recovery.damaged)
         self._recovered = dict(recovery.unacked)

@@ -13,7 +13,7 @@ from backends.filelog.queuefiles import QueueFiles
 from backends.filelog.records import decode, encode
 from backends.filestore import FileStoreBase
 from backends.topologyfile import Topology
-from brokerd.durability import GroupCommit, SyncPolicy
+from brokerd.durability import SyncPolicy
 from brokerd.interfaces import IMessageStore, StoreCorrupted
 
 
@@ -82,15 +82,7 @@ class FilelogStore(FileStoreBase):
         start without it), or DirectoryInUse if another open store has the
         directory; a damaged queue file only makes that queue's C{recover} fail.
         """
-        self._commit = GroupCommit(
-            self._take_batch, self._files.write_batch, self.sync_policy, self._reactor, name="filelog"
-        )
-        self._commit.start()
-        try:
-            recovery = yield self._commit.call(self._files.open)
-        except BaseException:
-            yield self._shut_down()
-            raise
+        recovery = yield self._start_writer(self._files)
         self._topology = Topology(recovery.topology)
         self._damaged = dict(recovery.damaged)
         for queue in self._topology.queues:
