@@ -13,7 +13,16 @@ from twisted.internet import defer
 from twisted.trial import unittest
 
 from backends.chunked import backend
-from backends.chunked.format import HEADER_SIZE, RECORD_TAIL, encode_head, position_of, record_size
+from backends.chunked.format import (
+    FOOTER_SIZE,
+    HEADER_SIZE,
+    MESSAGE_CHUNK,
+    RECORD_TAIL,
+    encode_head,
+    encode_header,
+    position_of,
+    record_size,
+)
 from brokerd.durability import SyncPolicy
 from brokerd.errors import NotFound
 from brokerd.model.message import Message
@@ -29,7 +38,11 @@ def body(number):
 
 
 def chunk_path(store, number):
-    return os.path.join(store.directory, "message-chunk-%09d" % number)
+    return chunk_path_in(os.path.dirname(store.directory), number)
+
+
+def chunk_path_in(data_dir, number):
+    return os.path.join(data_dir, "chunked", "message-chunk-%09d" % number)
 
 
 def props(number, persistent=True):
@@ -195,6 +208,23 @@ class Paging(unittest.TestCase):
         self.assertEqual(broker.watermark.queued_bytes, 0)
         broker, _, counts = yield self.restarted()
         self.assertEqual((counts["messages"], self.queue(broker).message_count), (0, 0))
+
+    @defer.inlineCallbacks
+    def test_a_log_past_4_gib_pages_and_recovers_as_any_other(self):
+        # Positions (handles) past 2**32 once overflowed the handle arrays. A log that has
+        # written 8 GiB is made by starting it at a chunk that far in (its file is sparse).
+        far = (8 << 30) // 65536
+        os.makedirs(os.path.join(self.data_dir, "chunked"))
+        with open(chunk_path_in(self.data_dir, far), "wb") as chunk:
+            chunk.write(encode_header(MESSAGE_CHUNK, far, far * 65536, 65536))
+            chunk.truncate(HEADER_SIZE + 65536 + FOOTER_SIZE)
+        broker, _, channel, _ = yield self.started()
+        self.publish(channel, range(DEEP))
+        self.assertGreater(position_of(max(self.queue(broker)._ready.handles())), 1 << 33)
+        broker, _, counts = yield self.restarted()
+        self.assertEqual(counts["messages"], DEEP)
+        channel, _ = open_channel(broker)
+        self.assertEqual(self.get_all(channel), [(n, True) for n in range(DEEP)])
 
     @defer.inlineCallbacks
     def test_queues_recovered_empty_take_and_give_new_messages(self):

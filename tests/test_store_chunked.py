@@ -18,7 +18,6 @@ from backends.chunked.format import (
     HEADER_SIZE,
     RECORD_OVERHEAD,
     encode_head,
-    make_handle,
     position_of,
     record_size,
 )
@@ -230,15 +229,15 @@ class ChunkedRetentionTests(ChunkedStores, unittest.TestCase):
 
 class ChunkedLookupTests(ChunkedStores, unittest.TestCase):
     @defer.inlineCallbacks
-    def test_a_message_id_is_24_hex_digits_of_position_then_body_length(self):
+    def test_a_message_id_is_16_hex_digits_of_its_position_in_the_log(self):
         store, handles = yield self.store_with([message(b"first"), big(1), big(2), big(3), big(4)])
         ids = [store.message_id(handle) for handle in handles]
         self.assertEqual(len(set(ids)), len(ids))
         for handle, text in zip(handles, ids):
-            self.assertRegex(text, re.compile(r"\A[0-9a-f]{24}\Z"))
-            self.assertEqual(int(text[:16], 16), position_of(handle))
-        self.assertEqual(ids[0], "%016x%08x" % (0, 5))
-        self.assertEqual(ids[4], "%016x%08x" % (DATA, 1000), "big(4) starts chunk 1")
+            self.assertRegex(text, re.compile(r"\A[0-9a-f]{16}\Z"))
+            self.assertEqual(int(text, 16), position_of(handle))
+        self.assertEqual(ids[0], "%016x" % 0)
+        self.assertEqual(ids[4], "%016x" % DATA, "big(4) starts chunk 1")
 
     @defer.inlineCallbacks
     def test_lookup_reads_a_message_by_its_id_without_consuming_it(self):
@@ -261,14 +260,13 @@ class ChunkedLookupTests(ChunkedStores, unittest.TestCase):
     @defer.inlineCallbacks
     def test_a_malformed_id_fails_with_value_error(self):
         store, _ = yield self.store_with([message(b"m0")])
-        for text in ("", "nonsense", "0" * 23, "0" * 25, "g" * 24, None, 12):
+        for text in ("", "nonsense", "0" * 15, "0" * 17, "g" * 16, None, 12):
             yield self.assertFailure(store.lookup(text), ValueError)
 
     @defer.inlineCallbacks
     def test_an_id_with_anything_but_hex_digits_fails_with_value_error(self):
         store, _ = yield self.store_with([message(b"m0")])
-        for text in ("0x" + "0" * 22, " " + "0" * 15 + "00000002", "-" + "0" * 15 + "00000002",
-                     "0_" + "0" * 14 + "00000002", "0" * 16 + "+0000002"):
+        for text in ("0x" + "0" * 14, " " + "0" * 15, "-" + "0" * 15, "0_" + "0" * 14, "0" * 8 + "+0000002"):
             yield self.assertFailure(store.lookup(text), ValueError)
 
     @defer.inlineCallbacks
@@ -277,8 +275,7 @@ class ChunkedLookupTests(ChunkedStores, unittest.TestCase):
         store = yield self.reopen(store)
         end = store.stats()["write_position"]
         position = position_of(handles[1])
-        for handle in (make_handle(end, 2), make_handle(end + 100, 2), make_handle(position, 3),
-                       make_handle(7 * DATA, 2)):
+        for handle in (end, end + 100, position + 3, 7 * DATA):
             yield self.assertFailure(store.lookup(store.message_id(handle)), KeyError)
         record = yield store.lookup(store.message_id(handles[1]))
         self.assertEqual(record.body, b"m1")
@@ -289,7 +286,7 @@ class ChunkedLookupTests(ChunkedStores, unittest.TestCase):
         store = yield self.reopen(store)
         gap = position_of(handles[2]) + record_bytes(big(2))  # the end of chunk 0 no record fits in
         for position in (position_of(handles[1]) + 1, position_of(handles[1]) + 40, gap):
-            yield self.assertFailure(store.lookup(store.message_id(make_handle(position, 1000))), KeyError)
+            yield self.assertFailure(store.lookup(store.message_id(position)), KeyError)
 
 
 class ChunkedAckLogTests(ChunkedStores, unittest.TestCase):

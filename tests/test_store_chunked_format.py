@@ -9,7 +9,7 @@ import zlib
 from twisted.internet import defer
 from twisted.trial import unittest
 
-from backends.chunked.format import FOOTER_SIZE, HEADER_SIZE, body_length_of, position_of
+from backends.chunked.format import FOOTER_SIZE, HEADER_SIZE, position_of
 from brokerd.proto import messages_pb2
 from tests.store_contract import AUDIT, JOBS, message, queue_record
 from tests.test_store_chunked import (
@@ -63,8 +63,8 @@ def walk_backwards(area, end):
     return offsets
 
 
-def index_entry(handle):
-    key = struct.pack("<QI", position_of(handle) + 1, body_length_of(handle))
+def index_entry(handle, body_length):
+    key = struct.pack("<QI", position_of(handle) + 1, body_length)
     return key + struct.pack("<I", zlib.crc32(key))
 
 
@@ -108,7 +108,7 @@ class ChunkedFormatTests(ChunkedStores, unittest.TestCase):
         self.assertEqual([body for _, _, body in walk_forwards(data_area(store, 0))], [b"shared"])
         for queue in (JOBS, AUDIT):
             entries = contents(index_chunk_path(store, queue, 0))[HEADER_SIZE:]
-            self.assertEqual(entries[:16], index_entry(handle))
+            self.assertEqual(entries[:16], index_entry(handle, len(b"shared")))
             self.assertFalse(any(entries[16:]))
         self.assertEqual(store.stats()["messages"], 1)
 
@@ -128,7 +128,7 @@ class ChunkedFormatTests(ChunkedStores, unittest.TestCase):
             data = contents(index_chunk_path(store, JOBS, number))
             offset = HEADER_SIZE + slot * 16
             self.assertEqual(INDEX_ENTRY.unpack_from(data, offset)[:2], (position_of(handle) + 1, 3))
-            self.assertEqual(data[offset : offset + 16], index_entry(handle))
+            self.assertEqual(data[offset : offset + 16], index_entry(handle, 3))
         self.assertFalse(any(contents(index_chunk_path(store, JOBS, 1))[HEADER_SIZE + 6 * 16 :]))
 
 

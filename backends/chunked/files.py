@@ -18,7 +18,6 @@ from typing import NamedTuple
 
 from twisted.logger import Logger
 
-from backends.chunked.format import SIZE_MASK, position_of
 from backends.chunked.messagelog import MessageLog
 from backends.chunked.queueindex import QueueIndex
 from backends.fileio import TEMPORARY_SUFFIX, fsync_directory, lock_directory, queue_key_name, replace_file
@@ -37,7 +36,7 @@ class Recovery(NamedTuple):
     """What L{ChunkedFiles.open} found, for the store to answer C{topology} and C{recover}."""
 
     topology: list  # topology records in file order
-    unacked: dict  # queue key -> handles of its un-acked entries, in queue order
+    unacked: dict  # queue key -> handles of its un-acked entries (an array), in queue order
     damaged: dict  # queue key -> StoreCorrupted
     write_position: int
     data_size: int
@@ -53,13 +52,13 @@ class Held:
         self.bytes = 0
         self.shared = {}  # handle -> queues still holding it, for messages held by more than one queue
 
-    def add(self, handle, queues):
+    def add(self, handle, queues, size):
         self.messages += 1
-        self.bytes += handle & SIZE_MASK
+        self.bytes += size
         if queues > 1:
             self.shared[handle] = queues
 
-    def release(self, handle):
+    def release(self, handle, size):
         remaining = self.shared.get(handle)
         if remaining is not None:
             if remaining > 1:
@@ -67,7 +66,7 @@ class Held:
                 return
             del self.shared[handle]
         self.messages -= 1
-        self.bytes -= handle & SIZE_MASK
+        self.bytes -= size
 
 
 class ChunkedFiles:
@@ -121,7 +120,7 @@ class ChunkedFiles:
                     index.close()
         self._damaged = set(damaged)
         self._remove_orphans(queues)
-        self._count_held(unacked)
+        self._count_held()
         for number in list(self.log.chunks):
             self._note_if_consumed(number)
         self._delete_consumed()
@@ -155,21 +154,22 @@ class ChunkedFiles:
                 log.warn("queue index {path} belongs to no queue of the topology; removed", path=path)
                 shutil.rmtree(path, ignore_errors=True)
 
-    def _count_held(self, unacked):
+    def _count_held(self):
         """Messages held by more than one queue count once: find them without a set of every handle."""
-        lists = sorted(unacked.values(), key=len)
+        indexes = sorted(self._indexes.values(), key=lambda index: index.held)
         counts = {}
-        for handles in lists[:-1]:
-            for handle in handles:
-                counts[handle] = counts.get(handle, 0) + 1
-        if lists:
-            for handle in lists[-1]:
+        for index in indexes[:-1]:
+            for handle, size in zip(index.unacked(), index.unacked_sizes()):
+                counts[handle] = (counts[handle][0] + 1, size) if handle in counts else (1, size)
+        held = self.held
+        if indexes:
+            for handle, size in zip(indexes[-1].unacked(), indexes[-1].unacked_sizes()):
                 if handle in counts:
-                    counts[handle] += 1
+                    counts[handle] = (counts[handle][0] + 1, size)
                 else:
-                    self.held.add(handle, 1)
-        for handle, queues in counts.items():
-            self.held.add(handle, queues)
+                    held.add(handle, 1, size)
+        for handle, (queues, size) in counts.items():
+            held.add(handle, queues, size)
 
     # -- commits
 
@@ -187,11 +187,12 @@ class ChunkedFiles:
                 self._delete_queue(queue)
             if batch.records:
                 self.log.write(batch.records)
-            for queue, handles in batch.appends.items():
-                self._append(queue, handles, batch.shared)
-            for handle, queues in batch.shared.items():
-                if queues:
-                    self.held.add(handle, queues)
+                sizes = {position: len(body) for position, _, body in batch.records}
+                for queue, handles in batch.appends.items():
+                    self._append(queue, handles, sizes, batch.shared)
+                for handle, queues in batch.shared.items():
+                    if queues:
+                        self.held.add(handle, queues, sizes[handle])
             for queue, handles in batch.acks.items():
                 self._ack(queue, handles)
         self.log.sync(fsync)
@@ -204,33 +205,35 @@ class ChunkedFiles:
                     index.checkpoint_if_due(fsync)
             self._delete_consumed()
 
-    def _append(self, queue, handles, shared):
+    def _append(self, queue, handles, sizes, shared):
         index = self._indexes.get(queue)
         if index is None:
             index = self._indexes[queue] = QueueIndex(self.index_directory(queue), queue, self.entries_per_chunk)
             index.create()
-        index.append(handles)
+        lengths = [sizes[handle] for handle in handles]
+        index.append(handles, lengths)
         references, data_size, held = self._references, self.log.data_size, self.held
-        for handle in handles:
-            number = position_of(handle) // data_size
+        for handle, size in zip(handles, lengths):
+            number = handle // data_size
             references[number] = references.get(number, 0) + 1
             if handle not in shared:
-                held.add(handle, 1)
+                held.add(handle, 1, size)
 
     def _ack(self, queue, handles):
         index = self._indexes.get(queue)
         if index is None:
             return
         for handle in handles:
-            if index.ack(handle):
-                self._release(handle)
+            size = index.ack(handle)
+            if size is not None:
+                self._release(handle, size)
         index.write_acks()
 
-    def _release(self, handle):
-        number = position_of(handle) // self.log.data_size
+    def _release(self, handle, size):
+        number = handle // self.log.data_size
         remaining = self._references[number] - 1
         self._references[number] = remaining
-        self.held.release(handle)
+        self.held.release(handle, size)
         if remaining == 0:
             self._note_if_consumed(number)
 
@@ -240,8 +243,8 @@ class ChunkedFiles:
         if index is None:
             shutil.rmtree(self.index_directory(queue), ignore_errors=True)
             return
-        for handle in index.unacked():
-            self._release(handle)
+        for handle, size in zip(index.unacked(), index.unacked_sizes()):
+            self._release(handle, size)
         index.delete()
         fsync_directory(self.queues_directory)
 

@@ -22,6 +22,7 @@ Every file starts with a header carrying a magic, a format version and a CRC.
 
 import struct
 import zlib
+from array import array
 
 from brokerd.proto import messages_pb2
 
@@ -48,10 +49,9 @@ LENGTH = struct.Struct(">I")
 INDEX_ENTRY = struct.Struct("<QII")
 INDEX_ENTRY_SIZE = INDEX_ENTRY.size
 INDEX_KEY = struct.Struct("<QI")
+LENGTH_LE = struct.Struct("<I")
 
 HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
-HANDLE_SIZE_BITS = 32
-SIZE_MASK = (1 << HANDLE_SIZE_BITS) - 1
 
 
 class FormatError(Exception):
@@ -61,29 +61,22 @@ class FormatError(Exception):
 # -- handles and message ids
 
 
-def make_handle(position, body_length):
-    """A message's handle: its global position and its body length in one integer."""
-    return position << HANDLE_SIZE_BITS | body_length
-
-
 def position_of(handle):
-    return handle >> HANDLE_SIZE_BITS
-
-
-def body_length_of(handle):
-    return handle & SIZE_MASK
+    """A message's handle is its record's global position in the log: a position can grow past
+    2**64 only after exabytes, so a handle fits the u64 arrays that hold queues of them."""
+    return handle
 
 
 def message_id(handle):
-    """The id that names a stored message: 24 hex digits, its position then its body length."""
-    return f"{position_of(handle):016x}{body_length_of(handle):08x}"
+    """The id that names a stored message: its global position in 16 hex digits."""
+    return f"{handle:016x}"
 
 
 def handle_of_message_id(text):
     """The handle a L{message_id} names; ValueError if C{text} is not one."""
-    if not isinstance(text, str) or len(text) != 24 or not all(digit in HEX_DIGITS for digit in text):
-        raise ValueError(f"{text!r} is not a chunked message id (24 hex digits)")
-    return make_handle(int(text[:16], 16), int(text[16:], 16))
+    if not isinstance(text, str) or len(text) != 16 or not all(digit in HEX_DIGITS for digit in text):
+        raise ValueError(f"{text!r} is not a chunked message id (16 hex digits)")
+    return int(text, 16)
 
 
 # -- chunk headers and footers
@@ -197,32 +190,34 @@ def decode_head(head):
 # -- index entries
 
 
-def encode_index_entry(handle):
-    """The index entry of a message: its position + 1 (so zero means unwritten), body length and CRC."""
-    position_plus_one, body_length = position_of(handle) + 1, body_length_of(handle)
-    return INDEX_ENTRY.pack(position_plus_one, body_length, zlib.crc32(INDEX_KEY.pack(position_plus_one, body_length)))
+def encode_index_entry(position, body_length):
+    """An index entry: the message's position + 1 (so zero means unwritten), its body length and a CRC."""
+    key = INDEX_KEY.pack(position + 1, body_length)
+    return key + LENGTH_LE.pack(zlib.crc32(key))
 
 
 def decode_index_entries(data):
     """
-    The handles of the entries of C{data} up to the first unwritten one, and
-    the index (in entries) where reading stopped and why: C{(handles, stop,
-    problem)}, C{problem} None for an all-zero entry or the end of C{data}.
+    The entries of C{data} up to the first unwritten one: C{(positions,
+    body lengths, stop, problem)}, the first two arrays, C{stop} the index (in
+    entries) where reading stopped and C{problem} why, None for an all-zero
+    entry or the end of C{data}.
     """
-    handles = []
-    append = handles.append
+    positions, lengths = array("Q"), array("I")
+    add_position, add_length = positions.append, lengths.append
     crc32 = zlib.crc32
     view = memoryview(data)
     stop = 0
     for stop, (position_plus_one, body_length, crc) in enumerate(INDEX_ENTRY.iter_unpack(view)):
         if position_plus_one == 0:
             if body_length or crc:
-                return handles, stop, "an entry with no position"
-            return handles, stop, None
+                return positions, lengths, stop, "an entry with no position"
+            return positions, lengths, stop, None
         offset = stop * INDEX_ENTRY_SIZE
         if crc32(view[offset : offset + 12]) != crc:
-            return handles, stop, "CRC mismatch"
-        append((position_plus_one - 1) << HANDLE_SIZE_BITS | body_length)
+            return positions, lengths, stop, "CRC mismatch"
+        add_position(position_plus_one - 1)
+        add_length(body_length)
     else:
         stop = len(data) // INDEX_ENTRY_SIZE
-    return handles, stop, None
+    return positions, lengths, stop, None

@@ -37,7 +37,6 @@ from backends.chunked.format import (
     decode_index_entries,
     encode_header,
     encode_index_entry,
-    position_of,
 )
 from backends.chunked.messagelog import header_never_written
 from backends.fileio import fsync_directory, replace_file, write_all
@@ -106,7 +105,8 @@ class QueueIndex:
         self.entries_per_chunk = entries_per_chunk
         self.mark = 0
         self.next_entry = 0
-        self._window = array("Q")  # handles of entries window_base .. next_entry - 1
+        self._window = array("Q")  # handles (log positions) of entries window_base .. next_entry - 1
+        self._sizes = array("I")  # their body lengths
         self._window_base = 0
         self._acked = set()  # acked entry numbers at or above the mark
         self._new_acks = array("Q")  # acked since the last commit, for the ack log
@@ -154,7 +154,7 @@ class QueueIndex:
         self._acked.update(self._read_ack_log())
         self._window_base = self.mark
         self._read_entries()
-        cut = self._cut_entries_from(bisect.bisect_left(self._window, write_position << 32), write_position)
+        cut = self._cut_entries_from(bisect.bisect_left(self._window, write_position), write_position)
         # Acks of entries past the end (cut off, or never written) must not ack the entries written there next.
         stale = {entry for entry in self._acked if entry >= self.next_entry}
         self._acked = {entry for entry in self._acked if self.mark <= entry < self.next_entry}
@@ -225,8 +225,9 @@ class QueueIndex:
                 first = entry % self.entries_per_chunk
                 chunk.seek(HEADER_SIZE + first * INDEX_ENTRY_SIZE)
                 data = chunk.read((self.entries_per_chunk - first) * INDEX_ENTRY_SIZE)
-            handles, stop, problem = decode_index_entries(data)
+            handles, sizes, stop, problem = decode_index_entries(data)
             self._window.extend(handles)
+            self._sizes.extend(sizes)
             entry += len(handles)
             last = position == len(numbers) - 1
             if problem is not None:
@@ -280,6 +281,7 @@ class QueueIndex:
             queue=self.queue, count=len(self._window) - index, entry=entry, position=write_position,
         )
         del self._window[index:]
+        del self._sizes[index:]
         for number in range(entry // self.entries_per_chunk, (self.next_entry - 1) // self.entries_per_chunk + 1):
             first = max(entry - number * self.entries_per_chunk, 0)
             self._zero_from(number, HEADER_SIZE + first * INDEX_ENTRY_SIZE)
@@ -288,26 +290,32 @@ class QueueIndex:
 
     def unacked(self):
         """The handles of the entries not acked, in queue order."""
+        return self._unacked_of(self._window, "Q")
+
+    def unacked_sizes(self):
+        """The body lengths of the entries not acked, in the order of L{unacked}."""
+        return self._unacked_of(self._sizes, "I")
+
+    def _unacked_of(self, values, typecode):
         start = self.mark - self._window_base
         if not self._acked:
-            return self._window[start:]
+            return values[start:]
         acked = self._acked
-        return array("Q", (handle for number, handle in enumerate(self._window[start:], self.mark)
-                           if number not in acked))
+        return array(typecode, (value for number, value in enumerate(values[start:], self.mark) if number not in acked))
 
     def unacked_positions_by_chunk(self, data_size):
         """How many un-acked entries point into each message chunk: C{{chunk number: count}}."""
         counts = {}
         for handle in self.unacked():
-            number = position_of(handle) // data_size
+            number = handle // data_size
             counts[number] = counts.get(number, 0) + 1
         return counts
 
     # -- commits
 
-    def append(self, handles):
-        """Write entries for C{handles} (in position order) at the end of the index."""
-        entries = b"".join(map(encode_index_entry, handles))
+    def append(self, handles, sizes):
+        """Write entries for C{handles} (in position order; C{sizes} their body lengths) at the end of the index."""
+        entries = b"".join(map(encode_index_entry, handles, sizes))
         entry, offset = self.next_entry, 0
         while offset < len(entries):
             number, first = divmod(entry, self.entries_per_chunk)
@@ -320,6 +328,7 @@ class QueueIndex:
             entry += len(part) // INDEX_ENTRY_SIZE
         self.next_entry = entry
         self._window.extend(handles)
+        self._sizes.extend(sizes)
 
     def _chunk_for(self, number):
         if self._chunk is not None and self._chunk[0] == number:
@@ -337,18 +346,19 @@ class QueueIndex:
         return descriptor
 
     def ack(self, handle):
-        """Mark the entry of C{handle} acked; False if the queue holds no un-acked entry for it."""
+        """Mark the entry of C{handle} acked; its body length, or None if the queue holds no un-acked entry for it."""
         window, base = self._window, self._window_base
         index = bisect.bisect_left(window, handle, self.mark - base)
         if index == len(window) or window[index] != handle:
-            return False
+            return None
         entry = base + index
         if entry in self._acked:
-            return False
+            return None
         self._acked.add(entry)
         self._new_acks.append(entry)
+        size = self._sizes[index]
         self._advance_mark()
-        return True
+        return size
 
     def _advance_mark(self):
         acked, mark = self._acked, self.mark
@@ -359,6 +369,7 @@ class QueueIndex:
         dropped = mark - self._window_base
         if dropped > 4096 and dropped * 2 > len(self._window):
             del self._window[:dropped]
+            del self._sizes[:dropped]
             self._window_base = mark
 
     def write_acks(self):

@@ -11,7 +11,7 @@ import mmap
 import os
 from collections import OrderedDict
 
-from backends.chunked.format import HEADER_SIZE, body_length_of, decode_head, position_of, record_parts, record_problem
+from backends.chunked.format import HEADER_SIZE, decode_head, position_of, record_parts, record_problem
 from brokerd.interfaces import StoreCorrupted
 from brokerd.model.message import Message
 
@@ -114,8 +114,6 @@ class ChunkReader:
             raise StoreCorrupted(f"chunk {path}: the record at data offset {offset - HEADER_SIZE} is damaged"
                                  f" ({problem})", path, offset)
         head, body = record_parts(chunk, offset)
-        if len(body) != body_length_of(handle):
-            raise KeyError(f"the chunked store holds no message with handle {handle!r}")
         self.reads[number] = self.reads.get(number, 0) + 1
         return self._heads.message(head, body)
 
@@ -129,6 +127,8 @@ class ChunkReader:
             raise KeyError(f"the chunked store holds no message with handle {handle!r} (its chunk is gone)") from None
         try:
             chunk = self._maps[number] = mmap.mmap(descriptor, 0, prot=mmap.PROT_READ)
+            if hasattr(chunk, "madvise"):
+                chunk.madvise(mmap.MADV_SEQUENTIAL)  # queues are mostly read in log order: read ahead far
         finally:
             os.close(descriptor)
         return chunk

@@ -1,7 +1,7 @@
 """L{ChunkedStore}: the store contract over EQueue's message log and queue indexes.
 
 The reactor thread assigns every message its place in the log as it is
-appended (a handle is that global position and the body's length), buffers
+appended (its handle is that global position), buffers
 the change in a L{Batch}, and reads messages back from the batches not yet
 written, the ring cache or the chunk files. L{GroupCommit} hands each batch to
 L{ChunkedFiles} on the writer thread and decides when it is fsynced.
@@ -18,9 +18,7 @@ from backends.chunked.files import TOPOLOGY_MAGIC, ChunkedFiles
 from backends.chunked.format import (
     encode_head,
     handle_of_message_id,
-    make_handle,
     message_id,
-    position_of,
     record_size,
 )
 from backends.chunked.reads import ChunkReader, RingCache
@@ -165,7 +163,7 @@ class ChunkedStore(FileStoreBase):
         if size > room:
             position += room  # the record goes to the start of the next chunk
         self._position = position + size
-        handle = make_handle(position, len(body))
+        handle = position
         batch = self._batch
         batch.records.append((position, head, body))
         batch.messages[handle] = message
@@ -311,4 +309,4 @@ class ChunkedStore(FileStoreBase):
 
     def chunk_of(self, handle):
         """The number of the message chunk a handle's record is in."""
-        return position_of(handle) // self._data_size
+        return handle // self._data_size
