@@ -24,7 +24,7 @@ from backends.chunked.format import (
     record_size,
 )
 from brokerd.durability import SyncPolicy
-from brokerd.errors import NotFound
+from brokerd.errors import NotFound, PreconditionFailed
 from brokerd.model.message import Message
 from brokerd.model.queue import PAGE_OUT_DEPTH
 from tests.support import make_broker, open_channel, properties
@@ -225,6 +225,16 @@ class Paging(unittest.TestCase):
         self.assertEqual(counts["messages"], DEEP)
         channel, _ = open_channel(broker)
         self.assertEqual(self.get_all(channel), [(n, True) for n in range(DEEP)])
+
+    @defer.inlineCallbacks
+    def test_a_message_too_big_for_a_chunk_closes_its_channel_with_406_and_the_queue_goes_on(self):
+        broker, _, channel, _ = yield self.started()
+        with self.assertRaises(PreconditionFailed) as raised:
+            channel.basic_publish("", "jobs", props(0), b"x" * 70000)
+        self.assertIn("does not fit in a chunk of 65536 bytes", str(raised.exception))
+        channel, _ = open_channel(broker)
+        self.publish(channel, [1])
+        self.assertEqual(self.get_all(channel), [(1, False)])
 
     @defer.inlineCallbacks
     def test_queues_recovered_empty_take_and_give_new_messages(self):

@@ -261,7 +261,10 @@ class VirtualHost:
         if message.persistent:
             persisted_keys = [queue.key for queue in queues if queue.persisted]
             if persisted_keys:
-                handle = self.store.append(message, persisted_keys)
+                try:
+                    handle = self.store.append(message, persisted_keys)
+                except ValueError as problem:  # e.g. a message bigger than the store can keep in one piece
+                    raise PreconditionFailed(f"the {self.store.name} store cannot keep this message: {problem}") from None
         for queue in queues:
             queue.enqueue(message, handle if queue.persisted else None)
         return len(queues), handle is not None
