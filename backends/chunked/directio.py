@@ -12,6 +12,8 @@ Where the file system refuses O_DIRECT (tmpfs, say) the same writer works on
 an ordinary descriptor.
 """
 
+import errno
+import fcntl
 import mmap
 import os
 
@@ -84,7 +86,7 @@ class AlignedWriter:
         try:
             written = 0
             while written < size:
-                written += os.pwrite(self.descriptor, view[written:size], self._base + written)
+                written += _pwrite(self.descriptor, view[written:size], self._base + written)
         finally:
             view.release()
         self.writes += 1
@@ -108,8 +110,22 @@ def write_block(descriptor, offset, data):
         try:
             written = 0
             while written < len(buffer):
-                written += os.pwrite(descriptor, view[written:], offset + written)
+                written += _pwrite(descriptor, view[written:], offset + written)
         finally:
             view.release()
     finally:
         buffer.close()
+
+
+def _pwrite(descriptor, data, offset):
+    """pwrite; if the file system refuses a direct write (EINVAL: an alignment it
+    wants bigger than a block), the descriptor goes on without O_DIRECT."""
+    try:
+        return os.pwrite(descriptor, data, offset)
+    except OSError as problem:
+        flags = fcntl.fcntl(descriptor, fcntl.F_GETFL)
+        direct = getattr(os, "O_DIRECT", 0)
+        if problem.errno != errno.EINVAL or not flags & direct:
+            raise
+        fcntl.fcntl(descriptor, fcntl.F_SETFL, flags & ~direct)
+        return os.pwrite(descriptor, data, offset)
