@@ -120,8 +120,6 @@ class ChunkedStore(FileStoreBase):
 
     # -- topology
 
-
-
     def save_queue(self, record):
         self._topology.save_queue(record)
         self._topology_changed = True
@@ -138,8 +136,6 @@ class ChunkedStore(FileStoreBase):
         batch.deleted.append(queue)
         self._damaged.pop(queue, None)
         self._recovered.pop(queue, None)
-
-
 
     # -- messages
 
@@ -224,8 +220,10 @@ class ChunkedStore(FileStoreBase):
     def read(self, handle):
         try:
             return defer.succeed(self._stored(self.load(handle)))
-        except (KeyError, StoreCorrupted, TypeError):
+        except (KeyError, StoreCorrupted):
             return defer.fail()
+        except TypeError:
+            return defer.fail(KeyError(f"{handle!r} is not a chunked store handle"))
 
     def message_id(self, handle):
         """The id of a stored message, which encodes its global position in the log."""

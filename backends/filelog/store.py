@@ -106,8 +106,6 @@ class FilelogStore(FileStoreBase):
 
     # -- topology
 
-
-
     def save_queue(self, record):
         self._topology.save_queue(record)
         self._queue_handles.setdefault((record.vhost, record.name), {})
@@ -123,8 +121,6 @@ class FilelogStore(FileStoreBase):
         self._batch.acks.pop(queue, None)
         self._batch.deleted.append(queue)
         self._damaged.pop(queue, None)
-
-
 
     # -- messages
 
