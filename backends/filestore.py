@@ -53,6 +53,17 @@ class FileStoreBase:
         self._topology.delete_binding(record)
         self._topology_changed = True
 
+    def _common_stats(self):
+        """The figures every file-based store reports: topology sizes and commits."""
+        commit = self._commit
+        return {
+            "queues": len(self._topology.queues),
+            "exchanges": len(self._topology.exchanges),
+            "bindings": len(self._topology.bindings),
+            "commits": commit.commits if commit is not None else 0,
+            "fsyncs": commit.fsyncs if commit is not None else 0,
+        }
+
     def sync(self):
         if self._commit is None:
             return defer.fail(RuntimeError(f"the {self.name} store is not open"))

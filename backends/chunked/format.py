@@ -20,6 +20,7 @@ all-zero entry marks unwritten space.
 Every file starts with a header carrying a magic, a format version and a CRC.
 """
 
+import os
 import struct
 import zlib
 from array import array
@@ -84,6 +85,14 @@ def handle_of_message_id(text):
 
 def chunk_file_name(prefix, number):
     return f"{prefix}-{number:09d}"
+
+
+def chunk_numbers(directory, prefix):
+    """The numbers of the chunk files named C{prefix-NNNNNNNNN} in C{directory}, in order."""
+    start = len(prefix) + 1
+    return sorted(
+        int(name[start:]) for name in os.listdir(directory) if name.startswith(prefix + "-") and name[start:].isdigit()
+    )
 
 
 def encode_header(kind, number, start, data_size):

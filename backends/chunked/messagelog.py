@@ -24,6 +24,7 @@ from backends.chunked.format import (
     MESSAGE_CHUNK,
     FormatError,
     chunk_file_name,
+    chunk_numbers,
     decode_footer,
     decode_header,
     encode_footer,
@@ -94,11 +95,7 @@ class MessageLog:
 
     def open(self):
         """Read every chunk's header, scan the last one and take up writing where it ends."""
-        numbers = sorted(
-            int(name[len(PREFIX) + 1 :])
-            for name in os.listdir(self.directory)
-            if name.startswith(PREFIX + "-") and name[len(PREFIX) + 1 :].isdigit()
-        )
+        numbers = chunk_numbers(self.directory, PREFIX)
         if numbers and header_never_written(self.path_of(numbers[-1])):
             log.warn("chunk {path} has no header: a crash came before it was written, so nothing in it was"
                      " ever synced; removed", path=self.path_of(numbers[-1]))

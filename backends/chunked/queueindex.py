@@ -33,6 +33,7 @@ from backends.chunked.format import (
     INDEX_ENTRY_SIZE,
     FormatError,
     chunk_file_name,
+    chunk_numbers,
     decode_header,
     decode_index_entries,
     encode_header,
@@ -199,11 +200,7 @@ class QueueIndex:
 
     def _read_entries(self):
         """The window: every entry from the mark to the first unwritten one."""
-        numbers = sorted(
-            int(name[len(PREFIX) + 1 :])
-            for name in os.listdir(self.directory)
-            if name.startswith(PREFIX + "-") and name[len(PREFIX) + 1 :].isdigit()
-        )
+        numbers = chunk_numbers(self.directory, PREFIX)
         if numbers and header_never_written(self.path_of(numbers[-1])):
             log.warn("index chunk {path} has no header: a crash came before it was written, so no entry in it"
                      " was ever synced; removed", path=self.path_of(numbers[-1]))

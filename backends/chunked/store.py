@@ -271,18 +271,14 @@ class ChunkedStore(FileStoreBase):
     # -- figures
 
     def stats(self):
-        commit, files, log = self._commit, self._files, self._files.log
+        files, log = self._files, self._files.log
         chunk_reads = sum(self._reader.reads.values())
         return {
+            **self._common_stats(),
             "messages": files.held.messages,
             "bytes": files.held.bytes,
-            "queues": len(self._topology.queues),
-            "exchanges": len(self._topology.exchanges),
-            "bindings": len(self._topology.bindings),
             "appends": self._appends,
             "acks": self._acks,
-            "commits": commit.commits if commit is not None else 0,
-            "fsyncs": commit.fsyncs if commit is not None else 0,
             "chunks": len(log.chunks),
             "chunk_size": self._data_size,
             "chunk_reads": chunk_reads,

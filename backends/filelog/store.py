@@ -199,17 +199,13 @@ class FilelogStore(FileStoreBase):
         self._files.close()
 
     def stats(self):
-        commit, figures = self._commit, self._files.figures
+        figures = self._files.figures
         return {
+            **self._common_stats(),
             "messages": len(self._held),
             "bytes": self._bytes,
-            "queues": len(self._topology.queues),
-            "exchanges": len(self._topology.exchanges),
-            "bindings": len(self._topology.bindings),
             "appends": self._appends,
             "acks": self._acks,
-            "commits": commit.commits if commit is not None else 0,
-            "fsyncs": commit.fsyncs if commit is not None else 0,
             "compactions": figures.compactions,
             "file_bytes": figures.file_bytes,
             "file_writes": figures.writes,
