@@ -81,7 +81,6 @@ class ChunkedFiles:
         self.held = Held()
         self.topology_path = os.path.join(directory, TOPOLOGY_FILE)
         self.queues_directory = os.path.join(directory, QUEUES)
-        self.checkpoints = 0
         self._indexes = {}  # queue key -> QueueIndex
         self._references = {}  # message chunk number -> un-acked entries pointing into it
         self._consumed = set()  # finished chunks no entry points into, kept for retention

@@ -46,12 +46,11 @@ TORN_CHECK_BYTES = 64 << 10  # non-zero bytes this close after the last whole re
 
 
 class ChunkFigures:
-    """Reads and writes of one chunk, for metrics; the writer and reactor threads each bump their own counter."""
+    """Writes to one chunk, for metrics (its reads are counted by the reactor thread's reader)."""
 
-    __slots__ = ("reads", "writes", "bytes_written")
+    __slots__ = ("writes", "bytes_written")
 
     def __init__(self):
-        self.reads = 0
         self.writes = 0
         self.bytes_written = 0
 
@@ -73,7 +72,6 @@ class MessageLog:
         self.data_size = data_size
         self.write_position = 0
         self.flushed_position = 0
-        self.records_written = 0
         self.chunks = {}
         self.deleted = []  # chunk numbers removed, for the reactor to unmap; it pops them
         self.finished = []  # chunk numbers given a footer since the writer last looked; it pops them
@@ -205,7 +203,6 @@ class MessageLog:
             self._records_in_current += 1
             end = position + record_size(head, len(body))
         self._flush_run(run_start, end)
-        self.records_written += len(records)
 
     def _skip_to(self, offset):
         """Records of a batch follow one another; only a new chunk's first one may start further on."""
