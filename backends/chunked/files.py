@@ -131,7 +131,7 @@ class ChunkedFiles:
             return []
         index = QueueIndex(directory, queue, self.entries_per_chunk)
         self._indexes[queue] = index
-        index.recover(self.log.write_position, self.log.data_size)
+        index.recover(self.log.write_position)
         counts = index.unacked_positions_by_chunk(self.log.data_size)
         missing = sorted(number for number in counts if number not in self.log.chunks)
         if missing:

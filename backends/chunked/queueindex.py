@@ -135,7 +135,7 @@ class QueueIndex:
         replace_file(os.path.join(self.directory, CHECKPOINT), encode_checkpoint(self.queue, 0, ()), True)
         self._open_ack_log(create=True)
 
-    def recover(self, write_position, data_size):
+    def recover(self, write_position):
         """
         Read the checkpoint, the ack log and the index from the mark on.
         Entries pointing at or past C{write_position} (a message log tail lost
