@@ -162,11 +162,13 @@ class Channel:
         confirms = self._confirms
         if confirms is not None:
             sequence = confirms.next_sequence()
-        routed, stored = self.vhost.publish(message.exchange, message)
-        if not routed and mandatory:
+        routed, stored, refused = self.vhost.publish(message.exchange, message)
+        if not routed and mandatory and not refused:
             self.peer.returned(312, "NO_ROUTE", message)
         if confirms is not None:
-            if stored:
+            if refused:
+                confirms.confirm(sequence, ack=False)  # a full queue with x-overflow reject-publish said no
+            elif stored:
                 confirms.confirm_after_sync(sequence)
             else:
                 confirms.confirm(sequence)
@@ -263,7 +265,7 @@ class Channel:
             consumer.unacked += 1
             self.consumer_unacked += 1
             self._unacked[tag] = entry
-        self.peer.deliver(consumer.tag, tag, entry.redelivered, entry.message)
+        self.peer.deliver(consumer.tag, tag, entry.redelivered, _delivered(entry))
 
     def basic_get(self, queue, no_ack=False):
         """
@@ -284,7 +286,7 @@ class Channel:
             source.forget(entry)
         else:
             self._unacked[tag] = entry
-        return tag, entry.redelivered, entry.message, source.message_count
+        return tag, entry.redelivered, _delivered(entry), source.message_count
 
     def flow(self, active):
         """Pause (False) or resume (True) deliveries to this channel's consumers."""
@@ -367,9 +369,10 @@ class Channel:
                 queue.requeue(returned)
             self.dispatch_all()
         else:
+            self._released(entries, dispatch=False)
             for entry in entries:
-                entry.queue.forget(entry)
-            self._released(entries)
+                entry.queue.reject(entry)
+            self.dispatch_all()
 
     def _released(self, entries, dispatch=True):
         """Give consumers the room the settled entries held, then fill it."""
@@ -410,3 +413,10 @@ class Channel:
         self._settle_refused(entries, True)
         if self._confirms is not None:
             self._confirms.discard()
+
+
+def _delivered(entry):
+    """The message as its consumer gets it: a redelivery says how often it was returned (x-delivery-count)."""
+    if entry.delivery_count:
+        return entry.message.with_header("x-delivery-count", entry.delivery_count)
+    return entry.message

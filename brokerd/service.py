@@ -111,6 +111,7 @@ class BrokerService(Service):
             yield listener.stop()
         for connection in list(self.broker.connections):
             connection.close()
+        self.broker.stop()
         yield self.store.close()
         log.info("store stats at stop: {stats}", stats=json.dumps(self.store.stats(), sort_keys=True))
 

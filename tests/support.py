@@ -70,6 +70,7 @@ def listen_native(testcase, store=None, max_frame_size=None):
     factory = NativeServerFactory(broker) if max_frame_size is None else NativeServerFactory(broker, max_frame_size)
     port = reactor.listenTCP(0, factory, interface="127.0.0.1")
     testcase.addCleanup(port.stopListening)
+    testcase.addCleanup(broker.stop)
     return broker, f"tcp:127.0.0.1:{port.getHost().port}"
 
 

@@ -18,7 +18,7 @@ def publish(vhost, exchange, routing_key, headers=None):
     """Publishes a transient message; returns the names of the queues it landed in."""
     before = {name: queue.message_count for name, queue in vhost.queues.items()}
     props = properties(headers=dict_to_table(headers)) if headers is not None else properties()
-    routed, _stored = vhost.publish(exchange, Message(exchange, routing_key, props, b"body"))
+    routed, _stored, _refused = vhost.publish(exchange, Message(exchange, routing_key, props, b"body"))
     landed = {name for name, queue in vhost.queues.items() if queue.message_count > before[name]}
     assert routed == len(landed)
     for name in landed:

@@ -33,7 +33,7 @@ def stored_topology(store):
 
 def publish(vhost, exchange, routing_key, persistent=False):
     """Publishes through the vhost; returns how many queues took the message."""
-    routed, _stored = vhost.publish(exchange, Message(exchange, routing_key, properties(persistent), b"m"))
+    routed, _stored, _refused = vhost.publish(exchange, Message(exchange, routing_key, properties(persistent), b"m"))
     return routed
 
 

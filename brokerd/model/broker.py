@@ -39,8 +39,14 @@ class Broker:
 
     def add_vhost(self, name):
         if name not in self.vhosts:
-            self.vhosts[name] = VirtualHost(name, self.store, self.watermark)
+            self.vhosts[name] = VirtualHost(name, self.store, self.watermark, self.clock)
         return self.vhosts[name]
+
+    def stop(self):
+        """Cancel every queue timer (expiry, x-expires): the broker is shutting down."""
+        for vhost in self.vhosts.values():
+            for queue in vhost.queues.values():
+                queue.stop_timers()
 
     def vhost(self, name):
         """The virtual host C{name}; raises NotAllowed (530), as AMQP's connection.open does."""

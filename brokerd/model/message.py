@@ -5,7 +5,7 @@ its entry in one queue, with that queue's redelivery state and store handle.
 """
 
 from brokerd.proto import messages_pb2
-from brokerd.proto.tables import table_to_dict
+from brokerd.proto.tables import dict_to_table, table_to_dict
 
 PERSISTENT = messages_pb2.PERSISTENT
 
@@ -43,6 +43,16 @@ class Message:
             self._headers = table_to_dict(self.properties.headers)
         return self._headers
 
+    def with_header(self, name, value):
+        """A copy whose headers say C{name}: C{value} (replacing any of that name); the body is shared."""
+        properties = messages_pb2.BasicProperties()
+        properties.CopyFrom(self.properties)
+        kept = [field for field in properties.headers.fields if field.name != name]
+        del properties.headers.fields[:]
+        properties.headers.fields.extend(kept)
+        dict_to_table({name: value}, properties.headers)
+        return Message(self.exchange, self.routing_key, properties, self.body)
+
     @classmethod
     def from_record(cls, record):
         """The message a store's L{StoredMessage} record holds. The properties are
@@ -66,9 +76,10 @@ class QueuedMessage:
     @ivar handle: the store's handle if the message is persisted for this
         queue, else None.
     @ivar consumer: the consumer it is delivered to and not yet acked by, if any.
+    @ivar delivery_count: how often it was returned to the queue (x-delivery-count on redelivery).
     """
 
-    __slots__ = ("message", "queue", "sequence", "handle", "redelivered", "delivery_count", "consumer")
+    __slots__ = ("message", "queue", "sequence", "handle", "redelivered", "delivery_count", "consumer", "expires_at")
 
     def __init__(self, message, queue, sequence, handle=None, redelivered=False):
         self.message = message
@@ -78,3 +89,4 @@ class QueuedMessage:
         self.redelivered = redelivered
         self.delivery_count = 0
         self.consumer = None
+        self.expires_at = None  # milliseconds on the broker's clock, if the message has a time to live

@@ -19,8 +19,11 @@ from twisted.logger import Logger
 
 from brokerd.errors import AccessRefused, NotFound, PreconditionFailed, ResourceLocked
 from brokerd.interfaces import IPagingStore, StoreCorrupted
+from brokerd.model.arguments import QueueArguments, message_ttl_of
+from brokerd.model.deadletter import DELIVERY_LIMIT, EXPIRED, MAXLEN, REJECTED, dead_letter
+from brokerd.model.expiry import MessageExpiry, UnusedExpiry
 from brokerd.model.message import QueuedMessage
-from brokerd.model.ready import ReadyList
+from brokerd.model.ready import PriorityReady, ReadyList
 
 log = Logger()
 
@@ -48,16 +51,27 @@ class Queue:
         self.persisted = durable and owner is None
         self.auto_delete = auto_delete
         self.arguments = dict(arguments or {})
+        self.policy = QueueArguments(self.arguments, name, vhost.name)
         self.bindings = set()
         self.deleted = False
         self.unavailable = None  # why the store cannot serve this queue, if it cannot
         self._store = vhost.store
-        self._pages = self.persisted and IPagingStore.providedBy(vhost.store)
+        self._pages = self.persisted and IPagingStore.providedBy(vhost.store) and not self.policy.needs_messages
         self._watermark = vhost.watermark
-        self._ready = ReadyList(self)
+        self._ready = self._new_ready()
+        self._ready_bytes = 0  # body bytes of the ready entries kept as objects (for x-max-length-bytes)
         self._consumers = deque()
         self._exclusive_consumer = None
         self._next_sequence = 0
+        self._restored_at = None  # when recovered entries came back: their per-message TTLs count from then
+        self._clock = vhost.clock
+        self._expiry = MessageExpiry(self, vhost.clock)
+        self._unused = UnusedExpiry(self, vhost.clock, self.policy.expires) if self.policy.expires else None
+
+    def _new_ready(self):
+        if self.policy.max_priority is not None:
+            return PriorityReady(self, self.policy.max_priority)
+        return ReadyList(self)
 
     @property
     def exclusive(self):
@@ -89,20 +103,70 @@ class Queue:
 
     # -- messages in
 
+    def refuses(self, message):
+        """
+        True if a full queue with x-overflow reject-publish(-dlx) would refuse
+        C{message} (the publisher then gets a nack); a drop-head queue never does.
+        """
+        policy = self.policy
+        if policy.overflow == "drop-head" or not policy.limited:
+            return False
+        if policy.max_length is not None and len(self._ready) >= policy.max_length:
+            return True
+        return policy.max_length_bytes is not None and self._ready_bytes + len(message.body) > policy.max_length_bytes
+
+    def refused(self, message):
+        """A message this queue refused: with reject-publish-dlx it is dead-lettered."""
+        if self.policy.overflow == "reject-publish-dlx":
+            dead_letter(self, message, MAXLEN, self._clock.seconds())
+
     def enqueue(self, message, handle=None, redelivered=False):
         """Add a message at the tail and hand it to a consumer if one has room."""
         sequence = self._next_sequence
         self._next_sequence = sequence + 1
-        if handle is not None and self._pages and len(self._ready) >= PAGE_OUT_DEPTH:
+        ttl = self._ttl_of(message)
+        if handle is not None and self._pages and ttl is None and len(self._ready) >= PAGE_OUT_DEPTH:
             self._ready.append_paged((handle,), sequence, redelivered)
         else:
-            self._ready.append(QueuedMessage(message, self, sequence, handle, redelivered))
-            self._watermark.add(len(message.body))
+            entry = QueuedMessage(message, self, sequence, handle, redelivered)
+            size = len(message.body)
+            self._ready.append(entry)
+            self._ready_bytes += size
+            self._watermark.add(size)
+            if ttl is not None:
+                entry.expires_at = self._expiry.now() + ttl
+                self._expiry.track(entry)
         if self._consumers:
             self.dispatch()
+        if self.policy.limited:
+            self._drop_overflow()
+        if ttl == 0 and self._ready:
+            self._expire_due()
+
+    def _ttl_of(self, message):
+        """The message's time to live here: the smaller of its own and the queue's, or None."""
+        own = message_ttl_of(message.properties)
+        queue_ttl = self.policy.message_ttl
+        if own is None:
+            return queue_ttl
+        return own if queue_ttl is None else min(own, queue_ttl)
 
     def restore_paged(self, handles):
-        """Add stored messages recovered at start, by handle only (each loaded when delivered), as redelivered."""
+        """
+        Add stored messages recovered at start, flagged redelivered: by handle
+        only (each loaded when delivered), unless the queue must see every
+        message (priority, TTL, byte limit), which loads them now.
+        """
+        self._restored_at = self._expiry.now()
+        if self.policy.needs_messages:
+            for handle in handles:
+                try:
+                    message = self._store.load(handle)
+                except (KeyError, StoreCorrupted) as problem:
+                    self._unreadable(problem)
+                    return
+                self.enqueue(message, handle, True)
+            return
         sequence = self._next_sequence
         self._ready.append_paged(handles, sequence, True)
         self._next_sequence = sequence + len(handles)
@@ -112,47 +176,125 @@ class Queue:
         try:
             message = self._store.load(entry.handle)
         except (KeyError, StoreCorrupted) as problem:
-            log.error("queue {queue!r} in vhost {vhost!r} is unavailable: a stored message cannot be read: {problem}",
-                      queue=self.name, vhost=self.vhost.name, problem=problem)
             self._ready.appendleft(entry)
-            self.vhost.mark_unavailable(self, f"a stored message cannot be read: {problem}")
-            self._cancel_consumers()
+            self._unreadable(problem)
             return False
         entry.message = message
         self._watermark.add(len(message.body))
+        ttl = message_ttl_of(message.properties) if message.properties.HasField("expiration") else None
+        if ttl is not None:
+            entry.expires_at = (self._restored_at or self._expiry.now()) + ttl
+        self._ready_bytes += len(message.body)
         return True
+
+    def _unreadable(self, problem):
+        log.error("queue {queue!r} in vhost {vhost!r} is unavailable: a stored message cannot be read: {problem}",
+                  queue=self.name, vhost=self.vhost.name, problem=problem)
+        self.vhost.mark_unavailable(self, f"a stored message cannot be read: {problem}")
+        self._cancel_consumers()
 
     def requeue(self, entries):
         """
         Put delivered entries back near the head, each where its arrival order
-        puts it, marked redelivered.
+        puts it, marked redelivered; one returned more often than the queue's
+        delivery limit allows dies instead.
         """
         if self.deleted:
             self._watermark.release(sum(map(_body_size, entries)))
             return
-        returned = sorted(entries, key=_by_sequence)
-        for entry in returned:
+        returned = []
+        limit = self.policy.delivery_limit
+        for entry in sorted(entries, key=_by_sequence):
             entry.redelivered = True
             entry.delivery_count += 1
             entry.consumer = None
+            if limit is not None and entry.delivery_count > limit:
+                self._died(entry, DELIVERY_LIMIT)
+            else:
+                returned.append(entry)
+        if returned:
+            self._ready.put_back(returned)
+            self._ready_bytes += sum(map(_body_size, returned))
+            self.dispatch()
+
+    # -- messages that die
+
+    def reject(self, entry):
+        """A delivered entry was rejected or nacked without requeue."""
+        if self.deleted:
+            self.forget(entry)
+        else:
+            self._died(entry, REJECTED)
+
+    def _died(self, entry, reason):
+        """Dead-letter the entry's message if the queue says where, then forget it."""
+        if self.policy.dead_letter_exchange is not None:
+            if entry.message is None and not self._load_for_death(entry):
+                return
+            dead_letter(self, entry.message, reason, self._clock.seconds())
+        self.forget(entry)
+
+    def _load_for_death(self, entry):
+        try:
+            entry.message = self._store.load(entry.handle)
+        except (KeyError, StoreCorrupted) as problem:
+            log.error("queue {queue!r}: a message to dead-letter cannot be read: {problem}; dropped",
+                      queue=self.name, problem=problem)
+            self.forget(entry)
+            return False
+        self._watermark.add(len(entry.message.body))
+        return True
+
+    def _expire_due(self):
+        """Take out every ready entry whose time has come, head first (and behind it if need be)."""
+        now = self._expiry.now()
+        expired = []
         ready = self._ready
-        last = returned[-1].sequence
-        overtaken = []
-        while ready and ready.head_sequence() < last:
-            overtaken.append(ready.popleft())
-        if overtaken:
-            returned = sorted(returned + overtaken, key=_by_sequence)
-        ready.extendleft(reversed(returned))
-        self.dispatch()
+        while ready:
+            entry = ready.popleft()
+            if entry.expires_at is not None and entry.expires_at <= now:
+                expired.append(entry)
+                continue
+            ready.appendleft(entry)
+            break
+        if self._expiry.due(now):
+            expired += ready.remove_where(lambda entry: entry.expires_at is not None and entry.expires_at <= now)
+        for entry in expired:
+            self._ready_bytes -= _body_size(entry)
+            self._died(entry, EXPIRED)
+
+    def _drop_overflow(self):
+        """x-overflow drop-head: a queue over its length limits loses its oldest messages."""
+        policy, ready = self.policy, self._ready
+        while ready and (
+            (policy.max_length is not None and len(ready) > policy.max_length)
+            or (policy.max_length_bytes is not None and self._ready_bytes > policy.max_length_bytes)
+        ):
+            entry = ready.pop_lowest()
+            self._ready_bytes -= _body_size(entry)
+            self._died(entry, MAXLEN)
 
     # -- messages out
 
     def get(self):
         """Take the head entry for basic.get, or None if nothing is ready."""
-        if self._ready and self.unavailable is None:
-            entry = self._ready.popleft()
+        if self._unused is not None:
+            self._unused.touch()
+        if self.unavailable is None:
+            return self._take()
+        return None
+
+    def _take(self):
+        """The next entry to deliver, its message loaded; expired ones on the way die; None if there is none."""
+        ready = self._ready
+        while ready:
+            entry = ready.popleft()
             if entry.message is None and not self._page_in(entry):
                 return None
+            self._ready_bytes -= len(entry.message.body)
+            if entry.expires_at is not None and entry.expires_at <= self._expiry.now():
+                self._died(entry, EXPIRED)
+                continue
             return entry
         return None
 
@@ -164,13 +306,24 @@ class Queue:
 
     def purge(self):
         """Drop every ready message (delivered, un-acked ones stay); returns how many went."""
-        purged, self._ready = self._ready, ReadyList(self)
+        purged, self._ready = self._ready, self._new_ready()
+        self._ready_bytes = 0
         self._watermark.release(sum(map(_body_size, purged.in_memory())))
         if self.persisted:
             handles = [handle for handle in purged.handles() if handle is not None]
             if handles:
                 self._store.purge(self.key, handles)
         return len(purged)
+
+    def stop_timers(self):
+        self._expiry.stop()
+        if self._unused is not None:
+            self._unused.stop()
+
+    def touch(self):
+        """The queue was declared again: it counts as used (x-expires)."""
+        if self._unused is not None:
+            self._unused.touch()
 
     # -- consumers
 
@@ -185,6 +338,8 @@ class Queue:
         if consumer.exclusive:
             self._exclusive_consumer = consumer
         self._consumers.append(consumer)  # the channel starts deliveries once the client knows the tag
+        if self._unused is not None:
+            self._unused.stop()
 
     def remove_consumer(self, consumer):
         """Unregister a consumer; an auto-delete queue goes with its last one."""
@@ -196,6 +351,8 @@ class Queue:
             self._exclusive_consumer = None
         if self.auto_delete and not self._consumers and not self.deleted:
             self.vhost.delete_queue(self.name)
+        elif self._unused is not None and not self._consumers:
+            self._unused.touch()
 
     def dispatch(self):
         """Deliver ready messages to consumers with room, round-robin."""
@@ -209,8 +366,8 @@ class Queue:
                     break
             else:
                 return
-            entry = ready.popleft()
-            if entry.message is None and not self._page_in(entry):
+            entry = self._take()
+            if entry is None:
                 return
             consumer.channel.deliver(consumer, entry)
 
@@ -232,6 +389,8 @@ class Queue:
         count = len(self._ready)
         self._watermark.release(sum(map(_body_size, self._ready.in_memory())))
         self._ready.clear()
+        self._ready_bytes = 0
+        self.stop_timers()
         self._cancel_consumers()
         return count
 

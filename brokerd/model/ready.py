@@ -91,10 +91,38 @@ class ReadyList:
         self._items.appendleft(entry)
         self._count += 1
 
+    pop_lowest = popleft
+
     def extendleft(self, entries):
         entries = list(entries)
         self._items.extendleft(entries)
         self._count += len(entries)
+
+    def put_back(self, returned):
+        """
+        Return delivered entries (sorted by sequence) near the head, each where
+        its arrival order puts it among the entries still waiting.
+        """
+        last = returned[-1].sequence
+        overtaken = []
+        while self._count and self.head_sequence() < last:
+            overtaken.append(self.popleft())
+        if overtaken:
+            returned = sorted(returned + overtaken, key=_by_sequence)
+        self.extendleft(reversed(returned))
+
+    def remove_where(self, condition):
+        """Take out the entries kept as objects for which C{condition(entry)} holds; returns them in order."""
+        removed, kept = [], deque()
+        for item in self._items:
+            if type(item) is not PagedRun and condition(item):
+                removed.append(item)
+            else:
+                kept.append(item)
+        if removed:
+            self._items = kept
+            self._count -= len(removed)
+        return removed
 
     def in_memory(self):
         """The entries kept as objects (those whose message may be loaded)."""
@@ -111,3 +139,91 @@ class ReadyList:
     def clear(self):
         self._items.clear()
         self._count = 0
+
+
+class PriorityReady:
+    """
+    The ready entries of a priority queue: one L{ReadyList} per priority
+    level, the highest served first, FIFO within a level. Its entries are
+    always objects (a priority queue does not page its backlog out).
+    """
+
+    def __init__(self, queue, max_priority):
+        self._queue = queue
+        self._max_priority = max_priority
+        self._levels = [ReadyList(queue) for _ in range(max_priority + 1)]
+        self._count = 0
+
+    def level_of(self, entry):
+        properties = entry.message.properties
+        return min(properties.priority, self._max_priority) if properties.HasField("priority") else 0
+
+    def __len__(self):
+        return self._count
+
+    def __bool__(self):
+        return self._count > 0
+
+    def append(self, entry):
+        self._levels[self.level_of(entry)].append(entry)
+        self._count += 1
+
+    def append_paged(self, handles, first_sequence, redelivered):
+        raise TypeError("a priority queue keeps its entries as objects")
+
+    def _highest(self):
+        for level in reversed(self._levels):
+            if level:
+                return level
+        raise IndexError("no ready entry")
+
+    def head_sequence(self):
+        return self._highest().head_sequence()
+
+    def popleft(self):
+        entry = self._highest().popleft()
+        self._count -= 1
+        return entry
+
+    def pop_lowest(self):
+        """The oldest entry of the lowest priority: what a full priority queue drops first."""
+        for level in self._levels:
+            if level:
+                self._count -= 1
+                return level.popleft()
+        raise IndexError("no ready entry")
+
+    def appendleft(self, entry):
+        self._levels[self.level_of(entry)].appendleft(entry)
+        self._count += 1
+
+    def put_back(self, returned):
+        by_level = {}
+        for entry in returned:
+            by_level.setdefault(self.level_of(entry), []).append(entry)
+        for level, entries in by_level.items():
+            self._levels[level].put_back(entries)
+        self._count += len(returned)
+
+    def remove_where(self, condition):
+        removed = []
+        for level in self._levels:
+            removed += level.remove_where(condition)
+        self._count -= len(removed)
+        return removed
+
+    def in_memory(self):
+        return [entry for level in reversed(self._levels) for entry in level.in_memory()]
+
+    def handles(self):
+        for level in reversed(self._levels):
+            yield from level.handles()
+
+    def clear(self):
+        for level in self._levels:
+            level.clear()
+        self._count = 0
+
+
+def _by_sequence(entry):
+    return entry.sequence

@@ -37,9 +37,12 @@ class VirtualHost:
     @ivar queues: name -> queue.
     """
 
-    def __init__(self, name, store, watermark=None):
+    def __init__(self, name, store, watermark=None, clock=None):
+        if clock is None:
+            from twisted.internet import reactor as clock
         self.name = name
         self.store = store
+        self.clock = clock
         self.watermark = watermark if watermark is not None else MemoryWatermark()
         self.exchanges = {"": DefaultExchange(self, "", durable=True)}
         self.queues = {}
@@ -156,6 +159,7 @@ class VirtualHost:
                 arguments,
                 existing.arguments,
             )
+            existing.touch()
             return existing
         if name:
             check_not_reserved("queue", name)
@@ -243,9 +247,13 @@ class VirtualHost:
     def publish(self, exchange_name, message):
         """
         Route a message and enqueue it on every matching queue, persisting it
-        first if it is persistent and the store keeps some of those queues.
+        first if it is persistent and the store keeps some of those queues. A
+        message no binding takes goes to the exchange's alternate exchange, if
+        it has one (and on to that one's, never twice through the same).
 
-        @return: the number of queues it went to, and whether the store holds it.
+        @return: C{(queues it went to, whether the store holds it, whether a
+            full queue refused it)}; a refusal means a nack for a confirming
+            publisher.
         """
         exchange = self.exchanges.get(exchange_name)
         if exchange is None:
@@ -253,10 +261,20 @@ class VirtualHost:
         if exchange.internal:
             raise AccessRefused(f"cannot publish to internal exchange {exchange_name!r} in vhost {self.name!r}")
         queues = exchange.route(message)
+        if not queues:
+            queues = self._route_to_alternates(exchange, message)
         if self.unavailable_queues:
             queues = [queue for queue in queues if queue.unavailable is None]
+        refused = False
+        if queues:
+            full = [queue for queue in queues if queue.refuses(message)]
+            if full:
+                refused = True
+                queues = [queue for queue in queues if queue not in full]
+                for queue in full:
+                    queue.refused(message)
         if not queues:
-            return 0, False
+            return 0, False, refused
         handle = None
         if message.persistent:
             persisted_keys = [queue.key for queue in queues if queue.persisted]
@@ -267,7 +285,22 @@ class VirtualHost:
                     raise PreconditionFailed(f"the {self.store.name} store cannot keep this message: {problem}") from None
         for queue in queues:
             queue.enqueue(message, handle if queue.persisted else None)
-        return len(queues), handle is not None
+        return len(queues), handle is not None, refused
+
+    def _route_to_alternates(self, exchange, message):
+        """The queues of the first alternate exchange (following the chain) that takes the message."""
+        seen = {exchange.name}
+        name = exchange.arguments.get("alternate-exchange")
+        while isinstance(name, str) and name not in seen:
+            seen.add(name)
+            alternate = self.exchanges.get(name)
+            if alternate is None:
+                return []
+            queues = alternate.route(message)
+            if queues:
+                return queues
+            name = alternate.arguments.get("alternate-exchange")
+        return []
 
     # -- recovery: rebuild durable topology without writing it back
 

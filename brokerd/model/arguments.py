@@ -1,0 +1,95 @@
+"""The optional arguments of queue.declare that shape a queue's life, checked once.
+
+RabbitMQ users pass these as ``x-`` arguments; a value of the wrong type or
+out of range is refused with 406 PRECONDITION_FAILED naming the argument, as
+RabbitMQ does, and an unknown ``x-`` argument is kept but has no effect.
+"""
+
+from brokerd.errors import PreconditionFailed
+
+OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
+MAX_PRIORITY = 255
+
+
+class QueueArguments:
+    """
+    What a queue's declare arguments ask of it.
+
+    @ivar max_priority: highest priority (1-255) of a priority queue, else None.
+    @ivar message_ttl: milliseconds a message may wait in the queue, or None.
+    @ivar expires: milliseconds the queue may go unused before it is deleted, or None.
+    @ivar dead_letter_exchange: where dead messages go, or None (they are dropped).
+    @ivar dead_letter_routing_key: the routing key they go with, or None (their own).
+    @ivar max_length: most ready messages, or None.
+    @ivar max_length_bytes: most body bytes of ready messages, or None.
+    @ivar overflow: what a full queue does: one of L{OVERFLOW_MODES}.
+    @ivar delivery_limit: returns a message may have before it is dead-lettered, or None.
+    """
+
+    def __init__(self, arguments, queue_name="", vhost_name=""):
+        self._where = f"queue {queue_name!r} in vhost {vhost_name!r}"
+        get = arguments.get
+        self.max_priority = self._whole(get("x-max-priority"), "x-max-priority", 1, MAX_PRIORITY)
+        self.message_ttl = self._whole(get("x-message-ttl"), "x-message-ttl", 0)
+        self.expires = self._whole(get("x-expires"), "x-expires", 1)
+        self.dead_letter_exchange = self._text(get("x-dead-letter-exchange"), "x-dead-letter-exchange")
+        self.dead_letter_routing_key = self._text(get("x-dead-letter-routing-key"), "x-dead-letter-routing-key")
+        if self.dead_letter_routing_key is not None and self.dead_letter_exchange is None:
+            raise self._invalid("x-dead-letter-routing-key", "it needs x-dead-letter-exchange too")
+        self.max_length = self._whole(get("x-max-length"), "x-max-length", 0)
+        self.max_length_bytes = self._whole(get("x-max-length-bytes"), "x-max-length-bytes", 0)
+        overflow = self._text(get("x-overflow"), "x-overflow")
+        if overflow is not None and overflow not in OVERFLOW_MODES:
+            raise self._invalid("x-overflow", f"{overflow!r} is none of {', '.join(OVERFLOW_MODES)}")
+        self.overflow = overflow or "drop-head"
+        self.delivery_limit = self._whole(get("x-delivery-limit"), "x-delivery-limit", 0)
+
+    @property
+    def limited(self):
+        return self.max_length is not None or self.max_length_bytes is not None
+
+    @property
+    def needs_messages(self):
+        """True if the queue must see each message (priority, expiry, size) and so cannot page its backlog out."""
+        return self.max_priority is not None or self.message_ttl is not None or self.max_length_bytes is not None
+
+    def _invalid(self, name, reason):
+        return PreconditionFailed(f"invalid arg {name!r} for {self._where}: {reason}")
+
+    def _whole(self, value, name, smallest, largest=None):
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._invalid(name, f"{value!r} is not a whole number")
+        if value < smallest or (largest is not None and value > largest):
+            bounds = f"{smallest}..{largest}" if largest is not None else f"at least {smallest}"
+            raise self._invalid(name, f"{value} is outside {bounds}")
+        return value
+
+    def _text(self, value, name):
+        if value is None:
+            return None
+        if isinstance(value, bytes):
+            try:
+                value = value.decode("utf-8")
+            except UnicodeDecodeError:
+                raise self._invalid(name, "it is not UTF-8 text") from None
+        if not isinstance(value, str):
+            raise self._invalid(name, f"{value!r} is not a string")
+        return value
+
+
+def message_ttl_of(properties):
+    """
+    A message's own time to live from its C{expiration} property (milliseconds
+    as a decimal string), or None if it has none.
+
+    @raise PreconditionFailed: if the property is not such a number (RabbitMQ
+        refuses such a publish the same way).
+    """
+    if not properties.HasField("expiration"):
+        return None
+    text = properties.expiration
+    if not text.isdigit() or not text.isascii():
+        raise PreconditionFailed(f"invalid expiration {text!r}: it must be milliseconds as a decimal string")
+    return int(text)

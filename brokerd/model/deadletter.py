@@ -1,0 +1,109 @@
+"""Dead-lettering: a message a queue gives up on is republished to its dead-letter exchange.
+
+A message dies when it is rejected or nacked without requeue, expires, is
+pushed out by a length limit, or is returned more often than the queue's
+delivery limit allows. If the queue has ``x-dead-letter-exchange``, a copy goes
+there, its ``x-death`` header saying why, as RabbitMQ writes it: a list of
+tables, most recent first, one per (queue, reason), each with ``count``,
+``reason``, ``queue``, ``time``, ``exchange``, ``routing-keys`` and, if the
+message had one, ``original-expiration`` (the copy loses its ``expiration``
+so it does not die again of the same TTL). ``x-first-death-*`` and
+``x-last-death-*`` headers name the first and latest death.
+
+A message that would die into a queue it already died in, with no rejection
+on the way (a cycle of expiries or overflows), is dropped instead: it would
+otherwise go round for ever.
+"""
+
+import datetime
+
+from twisted.logger import Logger
+
+from brokerd.model.message import Message
+from brokerd.proto import messages_pb2
+from brokerd.proto.tables import dict_to_table, value_to_python
+
+log = Logger()
+
+REJECTED = "rejected"
+EXPIRED = "expired"
+MAXLEN = "maxlen"
+DELIVERY_LIMIT = "delivery_limit"
+DEATH_HEADERS = ("x-death", "x-first-death-queue", "x-first-death-reason", "x-first-death-exchange",
+                 "x-last-death-queue", "x-last-death-reason", "x-last-death-exchange")
+
+
+def dead_letter(queue, message, reason, now):
+    """
+    Republish C{message}, which died in C{queue} for C{reason}, to the queue's
+    dead-letter exchange; C{now} is the time in seconds since the epoch.
+
+    @return: True if it was republished, False if it was dropped (no
+        dead-letter exchange, a missing one, or a cycle).
+    """
+    policy = queue.policy
+    if policy.dead_letter_exchange is None:
+        return False
+    vhost = queue.vhost
+    if vhost.exchanges.get(policy.dead_letter_exchange) is None:
+        log.warn("queue {queue!r} in vhost {vhost!r}: dead-letter exchange {exchange!r} does not exist; message"
+                 " dropped", queue=queue.name, vhost=vhost.name, exchange=policy.dead_letter_exchange)
+        return False
+    headers = {field.name: field for field in message.properties.headers.fields}
+    deaths = value_to_python(headers["x-death"].value) if "x-death" in headers else []
+    if not isinstance(deaths, list):
+        deaths = []
+    if reason != REJECTED and _in_cycle(deaths, queue.name):
+        log.warn("queue {queue!r} in vhost {vhost!r}: a message dead-lettered ({reason}) back into a queue it died"
+                 " in before, with no rejection on the way, is dropped", queue=queue.name, vhost=vhost.name,
+                 reason=reason)
+        return False
+    properties = messages_pb2.BasicProperties()
+    properties.CopyFrom(message.properties)
+    original_expiration = properties.expiration if properties.HasField("expiration") else None
+    properties.ClearField("expiration")
+    death = {
+        "count": 1,
+        "reason": reason,
+        "queue": queue.name,
+        "time": datetime.datetime.fromtimestamp(int(now), datetime.timezone.utc),
+        "exchange": message.exchange,
+        "routing-keys": [message.routing_key],
+    }
+    if original_expiration is not None:
+        death["original-expiration"] = original_expiration
+    for earlier in deaths:
+        if isinstance(earlier, dict) and earlier.get("queue") == queue.name and earlier.get("reason") == reason:
+            death["count"] = int(earlier.get("count", 0)) + 1
+            deaths.remove(earlier)
+            break
+    kept = [field for field in properties.headers.fields if field.name not in DEATH_HEADERS]
+    first = {name: headers[name] for name in DEATH_HEADERS[1:4] if name in headers}
+    del properties.headers.fields[:]
+    properties.headers.fields.extend(kept)
+    new_headers = {"x-death": [death, *deaths]}
+    if first:
+        properties.headers.fields.extend(first.values())
+    else:
+        new_headers.update({"x-first-death-queue": queue.name, "x-first-death-reason": reason,
+                            "x-first-death-exchange": message.exchange})
+    new_headers.update({"x-last-death-queue": queue.name, "x-last-death-reason": reason,
+                        "x-last-death-exchange": message.exchange})
+    dict_to_table(new_headers, properties.headers)
+    routing_key = policy.dead_letter_routing_key
+    dead = Message(policy.dead_letter_exchange, message.routing_key if routing_key is None else routing_key,
+                   properties, message.body)
+    vhost.publish(policy.dead_letter_exchange, dead)
+    return True
+
+
+def _in_cycle(deaths, queue_name):
+    """True if the message died in C{queue_name} before and no death since then was a rejection."""
+    for death in deaths:  # most recent first
+        if not isinstance(death, dict):
+            continue
+        if death.get("reason") == REJECTED:
+            return False
+        if death.get("queue") == queue_name:
+            return True
+    return False
