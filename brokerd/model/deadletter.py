@@ -4,7 +4,7 @@ A message dies when it is rejected or nacked without requeue, expires, is
 pushed out by a length limit, or is returned more often than the queue's
 delivery limit allows. If the queue has ``x-dead-letter-exchange``, a copy goes
 there, its ``x-death`` header saying why, as RabbitMQ writes it: a list of
-tables, most recent first, one per (queue, reason), each with ``count``,
+tables, most recently updated first, one per (queue, reason), each with ``count``,
 ``reason``, ``queue``, ``time``, ``exchange``, ``routing-keys`` and, if the
 message had one, ``original-expiration`` (the copy loses its ``expiration``
 so it does not die again of the same TTL). ``x-first-death-*`` and
@@ -74,7 +74,9 @@ def dead_letter(queue, message, reason, now):
         death["original-expiration"] = original_expiration
     for earlier in deaths:
         if isinstance(earlier, dict) and earlier.get("queue") == queue.name and earlier.get("reason") == reason:
-            death["count"] = int(earlier.get("count", 0)) + 1
+            # As RabbitMQ: the entry of an earlier death here for the same reason only counts one more
+            # (its exchange, routing keys, time and original expiration stay) and moves to the front.
+            death = dict(earlier, count=int(earlier.get("count", 0)) + 1)
             deaths.remove(earlier)
             break
     kept = [field for field in properties.headers.fields if field.name not in DEATH_HEADERS]

@@ -270,7 +270,7 @@ class Queue:
             (policy.max_length is not None and len(ready) > policy.max_length)
             or (policy.max_length_bytes is not None and self._ready_bytes > policy.max_length_bytes)
         ):
-            entry = ready.pop_lowest()
+            entry = ready.popleft()  # the head, as RabbitMQ drops: in a priority queue, the highest priority
             self._ready_bytes -= _body_size(entry)
             self._died(entry, MAXLEN)
 

@@ -91,8 +91,6 @@ class ReadyList:
         self._items.appendleft(entry)
         self._count += 1
 
-    pop_lowest = popleft
-
     def extendleft(self, entries):
         entries = list(entries)
         self._items.extendleft(entries)
@@ -184,14 +182,6 @@ class PriorityReady:
         entry = self._highest().popleft()
         self._count -= 1
         return entry
-
-    def pop_lowest(self):
-        """The oldest entry of the lowest priority: what a full priority queue drops first."""
-        for level in self._levels:
-            if level:
-                self._count -= 1
-                return level.popleft()
-        raise IndexError("no ready entry")
 
     def appendleft(self, entry):
         self._levels[self.level_of(entry)].appendleft(entry)
