@@ -334,9 +334,9 @@ class Channel:
             if consumer is not None and self.consumers.get(consumer.tag) is consumer:
                 consumer.unacked -= 1
                 self.consumer_unacked -= 1
-                entry.redelivered = True
-                entry.delivery_count += 1
-                self.deliver(consumer, entry)
+                entry.consumer = None
+                if entry.queue.returned(entry):  # False: past its delivery limit, it died
+                    self.deliver(consumer, entry)
             else:
                 back_to_queue.append(entry)
         self._settle_refused(back_to_queue, True)

@@ -8,6 +8,7 @@ from twisted.logger import Logger
 
 from brokerd.errors import NotAllowed
 from brokerd.interfaces import IPagingStore, StoreCorrupted
+from brokerd.model.delayed import DelayScheduler
 from brokerd.model.message import Message
 from brokerd.model.vhost import VirtualHost
 from brokerd.model.watermark import MemoryWatermark
@@ -34,16 +35,19 @@ class Broker:
         self.watermark = watermark if watermark is not None else MemoryWatermark()
         self.vhosts = {}
         self.connections = set()
+        self.delays = DelayScheduler(self)
         for name in vhosts:
             self.add_vhost(name)
 
     def add_vhost(self, name):
         if name not in self.vhosts:
-            self.vhosts[name] = VirtualHost(name, self.store, self.watermark, self.clock)
+            vhost = self.vhosts[name] = VirtualHost(name, self.store, self.watermark, self.clock)
+            vhost.delays = self.delays
         return self.vhosts[name]
 
     def stop(self):
-        """Cancel every queue timer (expiry, x-expires): the broker is shutting down."""
+        """Cancel every timer (queue expiry, x-expires, delayed delivery): the broker is shutting down."""
+        self.delays.stop()
         for vhost in self.vhosts.values():
             for queue in vhost.queues.values():
                 queue.stop_timers()
@@ -116,6 +120,8 @@ class Broker:
             else:
                 raise TypeError(f"store {store.name!r} returned an unknown topology record: {record!r}")
         counts["unavailable"] = sum(len(vhost.unavailable_queues) for vhost in self.vhosts.values())
+        if hasattr(store, "delayed_after"):
+            self.delays.start()
         log.info(
             "recovered {exchanges} exchanges, {queues} queues ({unavailable} unavailable), {bindings} bindings"
             " and {messages} messages from the {backend} store",

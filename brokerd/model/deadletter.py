@@ -10,9 +10,9 @@ message had one, ``original-expiration`` (the copy loses its ``expiration``
 so it does not die again of the same TTL). ``x-first-death-*`` and
 ``x-last-death-*`` headers name the first and latest death.
 
-A message that would die into a queue it already died in, with no rejection
-on the way (a cycle of expiries or overflows), is dropped instead: it would
-otherwise go round for ever.
+A dead letter is not put into a queue it already died in with no rejection
+since (a cycle of expiries or overflows), as RabbitMQ: it would otherwise go
+round for ever; the other queues its route reaches still get it.
 """
 
 import datetime
@@ -53,11 +53,6 @@ def dead_letter(queue, message, reason, now):
     deaths = value_to_python(headers["x-death"].value) if "x-death" in headers else []
     if not isinstance(deaths, list):
         deaths = []
-    if reason != REJECTED and _in_cycle(deaths, queue.name):
-        log.warn("queue {queue!r} in vhost {vhost!r}: a message dead-lettered ({reason}) back into a queue it died"
-                 " in before, with no rejection on the way, is dropped", queue=queue.name, vhost=vhost.name,
-                 reason=reason)
-        return False
     properties = messages_pb2.BasicProperties()
     properties.CopyFrom(message.properties)
     original_expiration = properties.expiration if properties.HasField("expiration") else None
@@ -83,7 +78,8 @@ def dead_letter(queue, message, reason, now):
     first = {name: headers[name] for name in DEATH_HEADERS[1:4] if name in headers}
     del properties.headers.fields[:]
     properties.headers.fields.extend(kept)
-    new_headers = {"x-death": [death, *deaths]}
+    deaths = [death, *deaths]
+    new_headers = {"x-death": deaths}
     if first:
         properties.headers.fields.extend(first.values())
     else:
@@ -95,12 +91,22 @@ def dead_letter(queue, message, reason, now):
     routing_key = policy.dead_letter_routing_key
     dead = Message(policy.dead_letter_exchange, message.routing_key if routing_key is None else routing_key,
                    properties, message.body)
-    vhost.publish(policy.dead_letter_exchange, dead)
+    exchange = vhost.exchanges[policy.dead_letter_exchange]
+
+    def accepts(target):
+        if _in_cycle(deaths, target.name):
+            log.warn("queue {queue!r} in vhost {vhost!r}: a message dead-lettered ({reason}) into queue {target!r},"
+                     " where it died before with no rejection since, is dropped there", queue=queue.name,
+                     vhost=vhost.name, reason=reason, target=target.name)
+            return False
+        return True
+
+    vhost.route_now(exchange, dead, accepts)  # an internal exchange takes dead letters too
     return True
 
 
 def _in_cycle(deaths, queue_name):
-    """True if the message died in C{queue_name} before and no death since then was a rejection."""
+    """True if the message died in C{queue_name} (this death included) and no death since was a rejection."""
     for death in deaths:  # most recent first
         if not isinstance(death, dict):
             continue

@@ -5,7 +5,7 @@ message goes to. Each type keeps an index shaped for its own lookups, so routing
 costs the same however many bindings unrelated keys have.
 """
 
-from brokerd.errors import PreconditionFailed
+from brokerd.errors import CommandInvalid, PreconditionFailed
 from brokerd.model.topic import TopicTrie
 from brokerd.proto.tables import freeze
 
@@ -38,6 +38,7 @@ class Exchange:
     """
 
     type_name = None
+    delayed = False  # an x-delayed-message exchange holds messages with x-delay until they are due
 
     def __init__(self, vhost, name, durable=False, auto_delete=False, internal=False, arguments=None):
         self.vhost = vhost
@@ -256,3 +257,32 @@ class DefaultExchange(Exchange):
 EXCHANGE_TYPES = {
     cls.type_name: cls for cls in (DirectExchange, FanoutExchange, TopicExchange, HeadersExchange)
 }
+
+DELAYED_TYPE = "x-delayed-message"
+KNOWN_TYPES = (*EXCHANGE_TYPES, DELAYED_TYPE)
+
+
+def make_exchange(vhost, name, type_name, durable=False, auto_delete=False, internal=False, arguments=None):
+    """
+    A new exchange of C{type_name}. An C{x-delayed-message} exchange routes
+    as the type its C{x-delayed-type} argument names, once a message is due.
+
+    @raise CommandInvalid: for an unknown type (503, as RabbitMQ).
+    @raise PreconditionFailed: for a delayed exchange without a valid x-delayed-type.
+    """
+    if type_name == DELAYED_TYPE:
+        inner = (arguments or {}).get("x-delayed-type")
+        cls = EXCHANGE_TYPES.get(inner) if isinstance(inner, str) else None
+        if cls is None:
+            raise PreconditionFailed(
+                f"invalid arg 'x-delayed-type' for exchange {name!r} in vhost {vhost.name!r}: {inner!r} is none of"
+                f" {', '.join(EXCHANGE_TYPES)}"
+            )
+        exchange = cls(vhost, name, durable, auto_delete, internal, arguments)
+        exchange.type_name = DELAYED_TYPE
+        exchange.delayed = True
+        return exchange
+    cls = EXCHANGE_TYPES.get(type_name)
+    if cls is None:
+        raise CommandInvalid(f"unknown exchange type {type_name!r}; known types: {', '.join(KNOWN_TYPES)}")
+    return cls(vhost, name, durable, auto_delete, internal, arguments)

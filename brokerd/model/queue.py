@@ -145,7 +145,10 @@ class Queue:
 
     def _ttl_of(self, message):
         """The message's time to live here: the smaller of its own and the queue's, or None."""
-        own = message_ttl_of(message.properties)
+        try:
+            own = message_ttl_of(message.properties)
+        except PreconditionFailed:  # refused at publish; one kept by an older broker has no TTL of its own
+            own = None
         queue_ttl = self.policy.message_ttl
         if own is None:
             return queue_ttl
@@ -181,7 +184,7 @@ class Queue:
             return False
         entry.message = message
         self._watermark.add(len(message.body))
-        ttl = message_ttl_of(message.properties) if message.properties.HasField("expiration") else None
+        ttl = self._ttl_of(message) if message.properties.HasField("expiration") else None
         if ttl is not None:
             entry.expires_at = (self._restored_at or self._expiry.now()) + ttl
         self._ready_bytes += len(message.body)
@@ -203,19 +206,32 @@ class Queue:
             self._watermark.release(sum(map(_body_size, entries)))
             return
         returned = []
-        limit = self.policy.delivery_limit
+        now = self._expiry.now()
         for entry in sorted(entries, key=_by_sequence):
-            entry.redelivered = True
-            entry.delivery_count += 1
             entry.consumer = None
-            if limit is not None and entry.delivery_count > limit:
-                self._died(entry, DELIVERY_LIMIT)
+            if not self.returned(entry):
+                continue
+            if entry.expires_at is not None and entry.expires_at <= now:
+                self._died(entry, EXPIRED)
             else:
                 returned.append(entry)
         if returned:
             self._ready.put_back(returned)
             self._ready_bytes += sum(map(_body_size, returned))
             self.dispatch()
+
+    def returned(self, entry):
+        """
+        Count a return of a delivered entry (x-delivery-count); False if that
+        was one more than the queue's delivery limit allows, and it died.
+        """
+        entry.redelivered = True
+        entry.delivery_count += 1
+        limit = self.policy.delivery_limit
+        if limit is not None and entry.delivery_count > limit and not self.deleted:
+            self._died(entry, DELIVERY_LIMIT)
+            return False
+        return True
 
     # -- messages that die
 
@@ -231,7 +247,11 @@ class Queue:
         if self.policy.dead_letter_exchange is not None:
             if entry.message is None and not self._load_for_death(entry):
                 return
-            dead_letter(self, entry.message, reason, self._clock.seconds())
+            try:
+                dead_letter(self, entry.message, reason, self._clock.seconds())
+            except Exception:  # the message is gone from here whatever happened there
+                log.failure("queue {queue!r} in vhost {vhost!r}: dead-lettering a message failed",
+                            queue=self.name, vhost=self.vhost.name)
         self.forget(entry)
 
     def _load_for_death(self, entry):
@@ -292,7 +312,8 @@ class Queue:
             if entry.message is None and not self._page_in(entry):
                 return None
             self._ready_bytes -= len(entry.message.body)
-            if entry.expires_at is not None and entry.expires_at <= self._expiry.now():
+            # Strictly past: a message with a TTL of 0 still goes to a consumer that can take it now.
+            if entry.expires_at is not None and entry.expires_at < self._expiry.now():
                 self._died(entry, EXPIRED)
                 continue
             return entry

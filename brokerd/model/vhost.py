@@ -7,7 +7,9 @@ through to the store.
 """
 
 from brokerd.errors import AccessRefused, CommandInvalid, NotFound, PreconditionFailed, ResourceLocked
-from brokerd.model.exchange import EXCHANGE_TYPES, Binding, DefaultExchange
+from brokerd.model.arguments import message_ttl_of
+from brokerd.model.delayed import delay_of
+from brokerd.model.exchange import DELAYED_TYPE, EXCHANGE_TYPES, KNOWN_TYPES, Binding, DefaultExchange, make_exchange
 from brokerd.model.names import check_not_reserved, check_short_string, generate_queue_name
 from brokerd.model.queue import Queue
 from brokerd.model.watermark import MemoryWatermark
@@ -47,6 +49,7 @@ class VirtualHost:
         self.exchanges = {"": DefaultExchange(self, "", durable=True)}
         self.queues = {}
         self.unavailable_queues = set()  # durable queues whose stored data is damaged
+        self.delays = None  # the broker's DelayScheduler, for x-delayed-message exchanges
         for exchange_name, type_name in PREDECLARED_EXCHANGES.items():
             self.exchanges[exchange_name] = EXCHANGE_TYPES[type_name](self, exchange_name, durable=True)
 
@@ -87,9 +90,10 @@ class VirtualHost:
             if existing is None:
                 raise NotFound(f"no exchange {name!r} in vhost {self.name!r}")
             return existing
-        cls = EXCHANGE_TYPES.get(type_name)
-        if cls is None:
-            raise CommandInvalid(f"unknown exchange type {type_name!r}; known types: {', '.join(EXCHANGE_TYPES)}")
+        if type_name not in KNOWN_TYPES:
+            raise CommandInvalid(f"unknown exchange type {type_name!r}; known types: {', '.join(KNOWN_TYPES)}")
+        if type_name == DELAYED_TYPE and not hasattr(self.store, "delay"):
+            raise PreconditionFailed(f"the {self.store.name} store cannot keep delayed messages")
         arguments = dict(arguments or {})
         if existing is not None:
             self._check_equivalent(
@@ -106,7 +110,7 @@ class VirtualHost:
             )
             return existing
         check_not_reserved("exchange", name)
-        exchange = cls(self, name, durable, auto_delete, internal, arguments)
+        exchange = make_exchange(self, name, type_name, durable, auto_delete, internal, arguments)
         self.exchanges[name] = exchange
         if durable:
             self.store.save_exchange(self._exchange_record(exchange))
@@ -260,9 +264,24 @@ class VirtualHost:
             self.exchange(exchange_name)  # raises NotFound with the right text
         if exchange.internal:
             raise AccessRefused(f"cannot publish to internal exchange {exchange_name!r} in vhost {self.name!r}")
+        message_ttl_of(message.properties)  # a malformed expiration is refused before anything is kept
+        if exchange.delayed:
+            milliseconds = delay_of(message)
+            if milliseconds is not None:
+                self.delays.delay(self, exchange, message, milliseconds)
+                return 1, True, False  # kept by the store: confirmed once synced; routed when due
+        return self.route_now(exchange, message)
+
+    def route_now(self, exchange, message, accepts=None):
+        """
+        L{publish} without the delay: route, store if persistent, enqueue (in
+        the queues C{accepts} allows, if given).
+        """
         queues = exchange.route(message)
         if not queues:
             queues = self._route_to_alternates(exchange, message)
+        if accepts is not None:
+            queues = [queue for queue in queues if accepts(queue)]
         if self.unavailable_queues:
             queues = [queue for queue in queues if queue.unavailable is None]
         refused = False
@@ -311,7 +330,7 @@ class VirtualHost:
         self.unavailable_queues.add(queue)
 
     def restore_exchange(self, name, type_name, auto_delete, internal, arguments):
-        exchange = EXCHANGE_TYPES[type_name](self, name, True, auto_delete, internal, arguments)
+        exchange = make_exchange(self, name, type_name, True, auto_delete, internal, arguments)
         self.exchanges[name] = exchange
         return exchange
 

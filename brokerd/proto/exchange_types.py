@@ -7,5 +7,6 @@ EXCHANGE_TYPE_BY_NAME = {
     "fanout": messages_pb2.FANOUT,
     "topic": messages_pb2.TOPIC,
     "headers": messages_pb2.HEADERS,
+    "x-delayed-message": messages_pb2.DELAYED_MESSAGE,
 }
 EXCHANGE_TYPE_NAME = {value: name for name, value in EXCHANGE_TYPE_BY_NAME.items()}

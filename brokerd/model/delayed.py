@@ -1,0 +1,136 @@
+"""Delayed delivery: messages published to an x-delayed-message exchange with an x-delay header.
+
+Such a message is handed to the store (L{IDelayedMessageStore}), which keeps
+it ordered by due time, durably in the durable backends, and it is routed
+through its exchange (as the exchange's x-delayed-type) once due. Millions of
+delayed messages never live in memory at once: the L{DelayScheduler} holds
+only a window of the soonest ones, loaded from the store's due-time index a
+window at a time, plus the ones published since whose time falls inside the
+window. A tick of the broker's clock fires what is due, so a message goes out
+within a tick (10 ms) of its time under normal load; after a restart, what
+fell due while the broker was down goes out at the first tick.
+"""
+
+import heapq
+
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+
+from brokerd.model.message import Message
+
+log = Logger()
+
+TICK_SECONDS = 0.01
+WINDOW_MESSAGES = 1000  # delayed messages loaded from the store at a time
+WINDOW_MILLISECONDS = 60_000  # how far ahead one load looks
+LOAD_AHEAD_MILLISECONDS = 1_000  # the next window is loaded this long before the current one runs out
+LAST_HANDLE = 2**63
+
+
+def delay_of(message):
+    """The x-delay header in milliseconds, or None if there is none worth waiting for (absent, not a number, <= 0)."""
+    if not message.properties.HasField("headers"):
+        return None
+    value = message.headers.get("x-delay")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        return None
+    return int(value)
+
+
+class DelayScheduler:
+    """
+    Keeps a broker's delayed messages moving: into the store when published,
+    out of it in due-time windows, into their exchanges when due.
+    """
+
+    def __init__(self, broker):
+        self._broker = broker
+        self._store = broker.store
+        self._clock = broker.clock
+        self._soonest = []  # heap of (due, handle, vhost name, exchange name, message or record)
+        self._in_soonest = set()  # the handles in it
+        self._cursor = None  # (due, handle): every stored delay up to it is in _soonest or gone
+        self._bound = None  # delays due before this go straight into _soonest (covered by a load done or running)
+        self._loading = None  # the Deferred of a window being loaded
+        self._tick = None
+        self.fired = 0
+
+    def now(self):
+        return int(self._clock.seconds() * 1000)
+
+    def start(self):
+        """Begin: load the first window (overdue ones first) and tick."""
+        if self._tick is not None:
+            return
+        self._tick = LoopingCall(self.fire_due)
+        self._tick.clock = self._clock
+        self._tick.start(TICK_SECONDS, now=False)
+        self._load()
+
+    def stop(self):
+        if self._tick is not None and self._tick.running:
+            self._tick.stop()
+        self._tick = None
+
+    def delay(self, vhost, exchange, message, milliseconds):
+        """Keep C{message}, published to the delayed C{exchange}, until C{milliseconds} from now."""
+        if self._tick is None:
+            self.start()
+        due = self.now() + milliseconds
+        handle = self._store.delay(message, (vhost.name, exchange.name), due)
+        if self._bound is not None and due < self._bound:
+            self._push(due, handle, vhost.name, exchange.name, message)
+        return handle
+
+    def _push(self, due, handle, vhost_name, exchange_name, message):
+        if handle not in self._in_soonest:
+            self._in_soonest.add(handle)
+            heapq.heappush(self._soonest, (due, handle, vhost_name, exchange_name, message))
+
+    def fire_due(self):
+        """Route every delayed message whose time has come; load the next window when it is near."""
+        now = self.now()
+        soonest = self._soonest
+        while soonest and soonest[0][0] <= now:
+            _, handle, vhost_name, exchange_name, message = heapq.heappop(soonest)
+            self._in_soonest.discard(handle)
+            self._route(handle, vhost_name, exchange_name, message)
+        if self._cursor is not None and self._loading is None and now + LOAD_AHEAD_MILLISECONDS >= self._cursor[0]:
+            self._load()
+
+    def _route(self, handle, vhost_name, exchange_name, message):
+        self._store.release(handle)
+        self.fired += 1
+        vhost = self._broker.vhosts.get(vhost_name)
+        exchange = vhost.exchanges.get(exchange_name) if vhost is not None else None
+        if exchange is None:
+            log.warn("delayed message for exchange {exchange!r} in vhost {vhost!r} dropped: the exchange is gone",
+                     exchange=exchange_name, vhost=vhost_name)
+            return
+        if not isinstance(message, Message):
+            message = Message.from_record(message)
+        try:
+            vhost.route_now(exchange, message)
+        except Exception:
+            log.failure("a delayed message for exchange {exchange!r} in vhost {vhost!r} could not be routed",
+                        exchange=exchange_name, vhost=vhost_name)
+
+    def _load(self):
+        until = self.now() + WINDOW_MILLISECONDS
+        self._bound = max(self._bound or 0, until)
+        loading = self._loading = self._store.delayed_after(self._cursor, until, WINDOW_MESSAGES)
+        loading.addCallback(self._loaded, until)  # may run at once (and clear _loading)
+        loading.addErrback(self._load_failed)
+
+    def _loaded(self, window, until):
+        self._loading = None
+        for delayed in window:
+            self._push(delayed.due, delayed.handle, delayed.exchange[0], delayed.exchange[1], delayed.record)
+        if len(window) < WINDOW_MESSAGES:
+            self._cursor = (until, LAST_HANDLE)
+        else:
+            self._cursor = (window[-1].due, window[-1].handle)
+
+    def _load_failed(self, failure):
+        self._loading = None
+        log.failure("delayed messages could not be loaded from the store; trying again at the next tick", failure)
