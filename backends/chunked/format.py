@@ -134,9 +134,12 @@ def decode_footer(data):
 
 def encode_head(message):
     """The L{StoredMessage} of a published message, without its body (the record keeps that apart)."""
-    return messages_pb2.StoredMessage(
+    stored = messages_pb2.StoredMessage(
         exchange=message.exchange, routing_key=message.routing_key, properties=message.properties
-    ).SerializeToString()
+    )
+    if message.published_at is not None:
+        stored.published_at = message.published_at
+    return stored.SerializeToString()
 
 
 def record_size(head, body_length):

@@ -67,7 +67,8 @@ class HeadCache:
 
     def __init__(self, capacity=HEAD_CACHE_ENTRIES):
         self.capacity = capacity
-        self._kinds = {}  # head bytes -> [exchange, routing key, properties, encoded properties, last message]
+        self._kinds = {}  # head bytes -> [exchange, routing key, properties, encoded properties, last message,
+        #                                  published_at]
 
     def message(self, head, body):
         kind = self._kinds.get(head)
@@ -75,11 +76,12 @@ class HeadCache:
             if len(self._kinds) >= self.capacity:
                 self._kinds.clear()
             stored = decode_head(head)
-            kind = self._kinds[head] = [stored.exchange, stored.routing_key, stored.properties, None, None]
+            published = stored.published_at if stored.HasField("published_at") else None
+            kind = self._kinds[head] = [stored.exchange, stored.routing_key, stored.properties, None, None, published]
         encoded = kind[3]
         if encoded is None and kind[4] is not None:
             encoded = kind[3] = kind[4].encoded_properties
-        message = Message(kind[0], kind[1], kind[2], body, encoded)
+        message = Message(kind[0], kind[1], kind[2], body, encoded, kind[5])
         kind[4] = message if encoded is None and len(body) <= HEAD_CACHE_BODY_LIMIT else None
         return message
 

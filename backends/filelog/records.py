@@ -58,12 +58,16 @@ def encode(message):
     """
     The StoredMessage of a published C{message}, valid, encoded in two parts:
     C{(head, body)}. The head holds every field but the body, then the body's
-    tag and length; C{head + body} is what C{SerializeToString} would give
-    (fields go in number order, the body last), without copying the body.
+    tag and length; C{head + body} parses as the whole message (and is what
+    C{SerializeToString} would give, unless published_at is set: that field
+    comes after the body), without copying the body.
     """
-    head = messages_pb2.StoredMessage(
+    stored = messages_pb2.StoredMessage(
         valid=True, exchange=message.exchange, routing_key=message.routing_key, properties=message.properties
-    ).SerializeToString()
+    )
+    if message.published_at is not None:
+        stored.published_at = message.published_at
+    head = stored.SerializeToString()
     body = bytes(message.body)
     if body:
         head += BODY_TAG + _varint(len(body))

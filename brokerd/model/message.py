@@ -19,15 +19,19 @@ class Message:
     properties are read-only: an adapter may share one C{BasicProperties}
     between messages published with the same properties.
 
+    @ivar published_at: when it was published (ms on the broker's clock), set
+        for messages with a time to live, whose TTL counts from then even
+        across a restart; else None.
     @ivar encoded_properties: the properties in AMQP 0-9-1 content-header form
         (flags and property list), or None. A message published over AMQP
         keeps the bytes it came with, and an AMQP delivery sends them as they
         are; for other messages the AMQP adapter fills it on first delivery.
     """
 
-    __slots__ = ("exchange", "routing_key", "properties", "body", "persistent", "_headers", "encoded_properties")
+    __slots__ = ("exchange", "routing_key", "properties", "body", "persistent", "_headers", "encoded_properties",
+                 "published_at")
 
-    def __init__(self, exchange, routing_key, properties, body, encoded_properties=None):
+    def __init__(self, exchange, routing_key, properties, body, encoded_properties=None, published_at=None):
         self.exchange = exchange
         self.routing_key = routing_key
         self.properties = properties
@@ -35,6 +39,7 @@ class Message:
         self.persistent = properties.delivery_mode == PERSISTENT
         self._headers = None
         self.encoded_properties = encoded_properties
+        self.published_at = published_at
 
     @property
     def headers(self):
@@ -59,7 +64,8 @@ class Message:
         copied out so that the record (body included) is not kept alive by them."""
         properties = messages_pb2.BasicProperties()
         properties.CopyFrom(record.properties)
-        return cls(record.exchange, record.routing_key, properties, record.body)
+        published_at = record.published_at if record.HasField("published_at") else None
+        return cls(record.exchange, record.routing_key, properties, record.body, published_at=published_at)
 
     def __repr__(self):
         return f"<Message exchange={self.exchange!r} routing_key={self.routing_key!r} {len(self.body)} bytes>"

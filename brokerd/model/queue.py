@@ -134,7 +134,8 @@ class Queue:
             self._ready_bytes += size
             self._watermark.add(size)
             if ttl is not None:
-                entry.expires_at = self._expiry.now() + ttl
+                published = message.published_at
+                entry.expires_at = (self._expiry.now() if published is None else published) + ttl
                 self._expiry.track(entry)
         if self._consumers:
             self.dispatch()
@@ -186,7 +187,8 @@ class Queue:
         self._watermark.add(len(message.body))
         ttl = self._ttl_of(message) if message.properties.HasField("expiration") else None
         if ttl is not None:
-            entry.expires_at = (self._restored_at or self._expiry.now()) + ttl
+            published = message.published_at
+            entry.expires_at = (published if published is not None else self._restored_at or self._expiry.now()) + ttl
         self._ready_bytes += len(message.body)
         return True
 

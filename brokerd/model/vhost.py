@@ -294,6 +294,10 @@ class VirtualHost:
                     queue.refused(message)
         if not queues:
             return 0, False, refused
+        if message.published_at is None and (
+            message.properties.HasField("expiration") or any(queue.policy.message_ttl is not None for queue in queues)
+        ):
+            message.published_at = int(self.clock.seconds() * 1000)  # kept with it: its TTL counts from now
         handle = None
         if message.persistent:
             persisted_keys = [queue.key for queue in queues if queue.persisted]
