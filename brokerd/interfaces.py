@@ -2,9 +2,13 @@
 
 Protocol adapters sit on top of L{brokerd.model} and L{brokerd.channel}; the model
 reaches storage only through L{IMessageStore}; a storage backend is found by name
-through L{IStoreBackend}. L{IChannelPeer} is what a protocol adapter gives a
-channel so the channel can push deliveries, returns and confirms to its client.
+through L{IStoreBackend}. L{IDelayedMessageStore} is the storage half of
+delayed delivery (the C{x-delayed-message} exchange type). L{IChannelPeer} is
+what a protocol adapter gives a channel so the channel can push deliveries,
+returns and confirms to its client.
 """
+
+from typing import Any, NamedTuple
 
 from zope.interface import Attribute, Interface
 
@@ -145,6 +149,65 @@ class IPagingStore(IMessageStore):
 
         @raise KeyError: if the handle names nothing held.
         @raise StoreCorrupted: if the stored message is damaged.
+        """
+
+
+class DelayedMessage(NamedTuple):
+    """
+    One delayed message kept by an L{IDelayedMessageStore}, as
+    C{delayed_after} hands it back.
+
+    @ivar due: when it is due, in int milliseconds since the epoch.
+    @ivar handle: the int C{delay} returned for it.
+    @ivar exchange: the delayed exchange it was published to, a C{(vhost, name)} key.
+    @ivar record: a L{StoredMessage} with C{exchange}, C{routing_key},
+        C{properties} and C{body}.
+    """
+
+    due: int
+    handle: int
+    exchange: tuple
+    record: Any
+
+
+class IDelayedMessageStore(Interface):
+    """
+    Messages published to delayed exchanges, kept ordered by due time until they are routed.
+
+    A scheduler on the model side asks for windows of due messages, routes
+    them and releases them. A durable store keeps them on disk in an index
+    ordered by C{(due, handle)}, and hands them back a window at a time: it
+    need not hold every delayed message in memory.
+    """
+
+    def delay(message, exchange, due):
+        """
+        Keep C{message} (same shape as C{append}'s) for the delayed exchange
+        C{exchange}, a C{(vhost, name)} key, until C{due} (int milliseconds
+        since the epoch, 0 <= due < 2**63). Buffered like C{append}: durable
+        once a later C{sync()} fires.
+
+        @return: a handle: an int, strictly increasing with each call over the
+            store's whole life (also across restarts).
+        @raise ValueError: if C{due} is not such an int.
+        """
+
+    def delayed_after(cursor, until, limit):
+        """
+        The kept (not released) delayed messages whose key C{(due, handle)} is
+        greater than C{cursor} (a C{(due, handle)} tuple, or None for from the
+        start) and whose C{due <= until}, ordered by C{(due, handle)}, at most
+        C{limit} of them. It sees delays made before the call, committed or not.
+
+        @return: a Deferred firing with a list of L{DelayedMessage}; it fails
+            with L{StoreCorrupted} if the part of the index the window needs is
+            damaged.
+        """
+
+    def release(handle):
+        """
+        The delayed message was routed (or dropped): forget it. Buffered like
+        C{ack}; unknown handles (and handles already released) are ignored.
         """
 
 

@@ -1,7 +1,9 @@
 """The chunked store (EQueue's design): every persistent message written once to
 a log of fixed-size chunk files, per durable queue an index of fixed-size
 entries pointing into it, acks in a per-queue ack log with a checkpointed
-low-water mark. Files live under C{<data dir>/chunked/}.
+low-water mark. Delayed messages are records of the same log, indexed by due
+time in one file per bucket of due time under C{delayed/} (fed through a
+journal). Files live under C{<data dir>/chunked/}.
 """
 
 import os
@@ -27,6 +29,8 @@ class ChunkedBackend:
         "cache_size": ("64M", "bytes of recently appended messages kept in memory for reads"),
         "retain_chunks": ("0", "fully consumed chunks kept anyway, newest first (0: delete at once)"),
         "retain_seconds": ("0", "... and consumed chunks kept until this old (0: delete at once)"),
+        "delayed_bucket_ms": ("60000", "milliseconds of due time per delayed-message index file (bucket)"),
+        "delayed_flush_entries": ("65536", "delayed-message journal entries that make a flush into the buckets"),
     }
 
     def make_store(self, data_dir, sync_policy=None, **options):
@@ -42,6 +46,8 @@ class ChunkedBackend:
             cache_size=byte_size("cache_size", given["cache_size"], 0),
             retain_chunks=whole_number("retain_chunks", given["retain_chunks"], 0),
             retain_seconds=whole_number("retain_seconds", given["retain_seconds"], 0),
+            delayed_bucket_ms=whole_number("delayed_bucket_ms", given["delayed_bucket_ms"]),
+            delayed_flush_entries=whole_number("delayed_flush_entries", given["delayed_flush_entries"]),
         )
 
 

@@ -2,13 +2,14 @@
 
 Only the store's writer thread (L{brokerd.durability.GroupCommit}'s) calls a
 L{ChunkedFiles}: recovery at open, each commit's batch. Under its directory:
-a lock file, the topology file, the message log's chunks and, under
-``queues/``, one L{QueueIndex} directory per durable queue.
+a lock file, the topology file, the message log's chunks, under ``queues/``
+one L{QueueIndex} directory per durable queue and, under ``delayed/``, the
+index of delayed messages (L{DelayedIndex}), whose records are in the log too.
 
 It also decides when a message chunk goes: it counts, per chunk, the un-acked
-queue entries that point into it, and once a finished chunk's count is zero
-(and the retention options let it go) the chunk file is deleted, after the
-acks that freed it are durable.
+queue entries and the kept delayed messages that point into it, and once a
+finished chunk's count is zero (and the retention options let it go) the
+chunk file is deleted, after the acks and releases that freed it are durable.
 """
 
 import os
@@ -18,6 +19,7 @@ from typing import NamedTuple
 
 from twisted.logger import Logger
 
+from backends.chunked.delayedindex import DelayedIndex
 from backends.chunked.messagelog import MessageLog
 from backends.chunked.queueindex import QueueIndex
 from backends.fileio import TEMPORARY_SUFFIX, fsync_directory, lock_directory, queue_key_name, replace_file
@@ -40,6 +42,7 @@ class Recovery(NamedTuple):
     damaged: dict  # queue key -> StoreCorrupted
     write_position: int
     data_size: int
+    delayed: object = None  # the DelayedOpen of the delayed-message index
 
 
 class Held:
@@ -72,12 +75,14 @@ class Held:
 class ChunkedFiles:
     """The message log, the queue indexes and the topology file of one directory."""
 
-    def __init__(self, directory, data_size, entries_per_chunk, retain_chunks=0, retain_seconds=0.0):
+    def __init__(self, directory, data_size, entries_per_chunk, retain_chunks=0, retain_seconds=0.0,
+                 delayed_bucket_ms=60_000, delayed_flush_entries=1 << 16):
         self.directory = directory
         self.entries_per_chunk = entries_per_chunk
         self.retain_chunks = retain_chunks
         self.retain_seconds = retain_seconds
         self.log = MessageLog(directory, data_size)
+        self.delayed = DelayedIndex(directory, delayed_bucket_ms, delayed_flush_entries)
         self.held = Held()
         self.topology_path = os.path.join(directory, TOPOLOGY_FILE)
         self.queues_directory = os.path.join(directory, QUEUES)
@@ -120,10 +125,14 @@ class ChunkedFiles:
         self._damaged = set(damaged)
         self._remove_orphans(queues)
         self._count_held()
+        delayed = self.delayed.open(self.log.write_position, self.log.data_size, self.log.chunks.__contains__)
+        for number, count in delayed.references.items():
+            if count:
+                self._references[number] = self._references.get(number, 0) + count
         for number in list(self.log.chunks):
             self._note_if_consumed(number)
         self._delete_consumed()
-        return Recovery(topology, unacked, damaged, self.log.write_position, self.log.data_size)
+        return Recovery(topology, unacked, damaged, self.log.write_position, self.log.data_size, delayed)
 
     def _recover(self, queue):
         directory = self.index_directory(queue)
@@ -194,10 +203,14 @@ class ChunkedFiles:
                         self.held.add(handle, queues, sizes[handle])
             for queue, handles in batch.acks.items():
                 self._ack(queue, handles)
+            if batch.delays or batch.delay_releases or batch.delayed_meta is not None:
+                self._delayed(batch, fsync)
         self.log.sync(fsync)
         for index in self._indexes.values():
             index.sync(fsync)
+        self.delayed.sync(fsync)
         if batch is not None:
+            self.delayed.flush_if_due()  # what it flushes points into log records already durable
             for queue in batch.acks:
                 index = self._indexes.get(queue)
                 if index is not None:
@@ -227,6 +240,19 @@ class ChunkedFiles:
             if size is not None:
                 self._release(handle, size)
         index.write_acks()
+
+    def _delayed(self, batch, fsync):
+        """Index the batch's delays (their records are written) and releases; count their chunks."""
+        references, data_size = self._references, self.log.data_size
+        for _, _, position, _ in batch.delays:
+            number = position // data_size
+            references[number] = references.get(number, 0) + 1
+        self.delayed.write(batch.delayed_meta, batch.delays, batch.delay_releases, fsync)
+        for _, _, number in batch.delay_releases:
+            remaining = references[number] - 1
+            references[number] = remaining
+            if remaining == 0:
+                self._note_if_consumed(number)
 
     def _release(self, handle, size):
         number = handle // self.log.data_size
@@ -258,9 +284,9 @@ class ChunkedFiles:
         finished, self.log.finished = self.log.finished, []
         for number in finished:
             self._note_if_consumed(number)
-        if not self._consumed or self._damaged:
-            # A damaged queue's index may still point into any chunk: keep them all until it is
-            # deleted (which drops its damaged data) or repaired by hand.
+        if not self._consumed or self._damaged or self.delayed.damaged:
+            # A damaged queue index or delayed index may still point into any chunk: keep them all
+            # until the damaged data is dropped or repaired by hand.
             return
         newest_first = sorted(self._consumed, reverse=True)
         now = time.time()
@@ -283,6 +309,7 @@ class ChunkedFiles:
             index.checkpoint(True)
             index.close()
         self._indexes.clear()
+        self.delayed.close()
         self.log.close()
         if self._lock is not None:
             os.close(self._lock)

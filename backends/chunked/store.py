@@ -9,12 +9,18 @@ L{ChunkedFiles} on the writer thread and decides when it is fsynced.
 A queue's backlog need not live in Python memory: the store provides
 L{IPagingStore}, so the broker keeps only handles for recovered messages and
 for deep queues, and loads each message when it is delivered.
+
+Delayed messages (L{IDelayedMessageStore}) are records of the log too; the
+writer thread indexes them by due time (L{backends.chunked.delayedindex}).
+The reactor thread keeps, per kept handle, its due time and chunk in a
+L{HandleMap}, and reads the records of a window from the chunk files.
 """
 
 from twisted.internet import defer
 from zope.interface import implementer
 
 from backends.chunked.files import TOPOLOGY_MAGIC, ChunkedFiles
+from backends.chunked.delayedindex import KEPT_TYPECODES
 from backends.chunked.format import (
     encode_head,
     handle_of_message_id,
@@ -22,10 +28,13 @@ from backends.chunked.format import (
     record_size,
 )
 from backends.chunked.reads import ChunkReader, RingCache
+from backends.delayed import HandleLease, check_due, check_exchange, delayed_window
+from backends.delayedmeta import Meta
 from backends.filestore import FileStoreBase
+from backends.handlemap import HandleMap
 from backends.topologyfile import Topology
 from brokerd.durability import SyncPolicy
-from brokerd.interfaces import IPagingStore, StoreCorrupted
+from brokerd.interfaces import DelayedMessage, IDelayedMessageStore, IPagingStore, StoreCorrupted
 from brokerd.proto import messages_pb2
 
 
@@ -36,7 +45,8 @@ class MessageTooLarge(ValueError):
 class Batch:
     """What the reactor thread buffered since the last commit, shaped for the writer."""
 
-    __slots__ = ("records", "messages", "appends", "acks", "shared", "deleted", "topology", "end")
+    __slots__ = ("records", "messages", "appends", "acks", "shared", "deleted", "topology", "end", "delays",
+                 "delay_releases", "delayed_meta")
 
     def __init__(self):
         self.records = []  # (position, head, body), in position order
@@ -47,12 +57,15 @@ class Batch:
         self.deleted = []  # queue keys whose indexes go before this batch's appends
         self.topology = None  # the new topology file's contents, if it changed
         self.end = 0  # the log position after this batch's last record
+        self.delays = []  # (due, delayed handle, position, exchange number), in handle order
+        self.delay_releases = []  # (delayed handle, due, chunk number)
+        self.delayed_meta = None  # the delayed index's new Meta, if it changed
 
     def is_empty(self):
-        return not (self.records or self.acks or self.deleted)
+        return not (self.records or self.acks or self.deleted or self.delay_releases or self.delayed_meta)
 
 
-@implementer(IPagingStore)
+@implementer(IPagingStore, IDelayedMessageStore)
 class ChunkedStore(FileStoreBase):
     """
     Keeps every persistent message once in a log of fixed-size chunks, and per
@@ -63,11 +76,13 @@ class ChunkedStore(FileStoreBase):
     durable = True
 
     def __init__(self, directory, sync_policy=None, chunk_size=256 << 20, index_chunk_entries=1 << 20,
-                 cache_size=64 << 20, retain_chunks=0, retain_seconds=0.0, reactor=None):
+                 cache_size=64 << 20, retain_chunks=0, retain_seconds=0.0, reactor=None, delayed_bucket_ms=60_000,
+                 delayed_flush_entries=1 << 16):
         self.directory = directory
         self.sync_policy = sync_policy or SyncPolicy()
         self._reactor = reactor
-        self._files = ChunkedFiles(directory, chunk_size, index_chunk_entries, retain_chunks, retain_seconds)
+        self._files = ChunkedFiles(directory, chunk_size, index_chunk_entries, retain_chunks, retain_seconds,
+                                   delayed_bucket_ms, delayed_flush_entries)
         self._reader = ChunkReader(self._files.log)
         self._cache = RingCache(cache_size)
         self._commit = None
@@ -82,6 +97,13 @@ class ChunkedStore(FileStoreBase):
         self._data_size = chunk_size
         self._appends = 0
         self._acks = 0
+        self._delayed = HandleMap(KEPT_TYPECODES)  # kept delayed handle -> (due, chunk number)
+        self._lease = HandleLease()
+        self._exchanges = []  # delayed exchange keys by number
+        self._exchange_numbers = {}  # delayed exchange key -> number
+        self._delayed_width = delayed_bucket_ms
+        self._delayed_meta_changed = False
+        self._delayed_damage = None  # StoreCorrupted that makes delayed messages unavailable
 
     @property
     def chunk_capacity(self):
@@ -102,6 +124,13 @@ class ChunkedStore(FileStoreBase):
         self._recovered = dict(recovery.unacked)
         self._position = recovery.write_position
         self._data_size = recovery.data_size
+        delayed = recovery.delayed
+        self._delayed = delayed.kept
+        self._lease = HandleLease(delayed.next_handle)
+        self._exchanges = list(delayed.exchanges)
+        self._exchange_numbers = {key: number for number, key in enumerate(self._exchanges)}
+        self._delayed_width = delayed.width
+        self._delayed_damage = delayed.damage
 
     def _check_available(self, queue):
         damage = self._damaged.get(queue)
@@ -143,6 +172,25 @@ class ChunkedStore(FileStoreBase):
         for queue in queues:
             if queue in self._damaged:
                 self._check_available(queue)
+        handle, head, body = self._place(message)
+        batch = self._batch
+        batch.records.append((handle, head, body))
+        batch.messages[handle] = message
+        appends = batch.appends
+        for queue in queues:
+            handles = appends.get(queue)
+            if handles is None:
+                appends[queue] = [handle]
+            else:
+                handles.append(handle)
+        if len(queues) > 1:
+            batch.shared[handle] = len(queues)
+        self._cache.put(handle, message)
+        self._appends += 1
+        return handle
+
+    def _place(self, message):
+        """Give the record of C{message} its position in the log: C{(position, head, body)}."""
         head = encode_head(message)
         body = message.body
         if type(body) is not bytes:
@@ -159,22 +207,7 @@ class ChunkedStore(FileStoreBase):
         if size > room:
             position += room  # the record goes to the start of the next chunk
         self._position = position + size
-        handle = position
-        batch = self._batch
-        batch.records.append((position, head, body))
-        batch.messages[handle] = message
-        appends = batch.appends
-        for queue in queues:
-            handles = appends.get(queue)
-            if handles is None:
-                appends[queue] = [handle]
-            else:
-                handles.append(handle)
-        if len(queues) > 1:
-            batch.shared[handle] = len(queues)
-        self._cache.put(handle, message)
-        self._appends += 1
-        return handle
+        return position, head, body
 
     def ack(self, queue, handle):
         acks = self._batch.acks.get(queue)
@@ -212,10 +245,13 @@ class ChunkedStore(FileStoreBase):
 
     @staticmethod
     def _stored(message):
-        return messages_pb2.StoredMessage(
+        stored = messages_pb2.StoredMessage(
             exchange=message.exchange, routing_key=message.routing_key, properties=message.properties,
             body=message.body,
         )
+        if message.published_at is not None:
+            stored.published_at = message.published_at
+        return stored
 
     def read(self, handle):
         try:
@@ -240,6 +276,61 @@ class ChunkedStore(FileStoreBase):
             # An id made up by hand may point anywhere: no record there is no message, not damage.
             return defer.fail(KeyError(f"no message has id {text!r}: {problem}"))
 
+    # -- delayed messages
+
+    def _delayed_unavailable(self):
+        damage = self._delayed_damage
+        return StoreCorrupted(f"delayed messages are unavailable: {damage}", damage.path, damage.offset)
+
+    def delay(self, message, exchange, due):
+        check_due(due)
+        exchange = check_exchange(exchange)
+        if self._delayed_damage is not None:
+            raise self._delayed_unavailable()
+        number = self._exchange_numbers.get(exchange)
+        if number is None:
+            number = self._exchange_numbers[exchange] = len(self._exchanges)
+            self._exchanges.append(exchange)
+            self._delayed_meta_changed = True
+        position, head, body = self._place(message)
+        handle = self._lease.take()
+        batch = self._batch
+        batch.records.append((position, head, body))
+        batch.messages[position] = message
+        batch.delays.append((due, handle, position, number))
+        self._delayed.add(handle, due, position // self._data_size)
+        # Not put in the ring cache: it is read back once due, long after the queues' recent messages.
+        return handle
+
+    def release(self, handle):
+        if type(handle) is not int or handle < 0:
+            return
+        values = self._delayed.pop(handle)
+        if values is not None:
+            self._batch.delay_releases.append((handle, *values))
+
+    def delayed_after(self, cursor, until, limit):
+        if self._commit is None or self._closed:
+            return defer.fail(RuntimeError("the chunked store is not open"))
+        if self._delayed_damage is not None:
+            return defer.fail(self._delayed_unavailable())
+
+        def fetch(position, bound, count):
+            return self._commit.call(self._files.delayed.window, position, bound, count)
+
+        rows = delayed_window(fetch, list(self._batch.delays), self._delayed.__contains__, cursor, until, limit)
+        return rows.addCallbacks(self._delayed_messages, self._delayed_failed)
+
+    def _delayed_messages(self, rows):
+        exchanges = self._exchanges
+        return [DelayedMessage(due, handle, exchanges[number], self._stored(self.load(position)))
+                for due, handle, position, number in rows]
+
+    def _delayed_failed(self, failure):
+        if failure.check(StoreCorrupted) and self._delayed_damage is None:
+            self._delayed_damage = failure.value  # found in a bucket file while the store runs
+        return failure
+
     # -- commits
 
     def _take_batch(self):
@@ -250,6 +341,9 @@ class ChunkedStore(FileStoreBase):
             self._files.log.deleted.remove(number)
             self._reader.forget(number)
         batch = self._batch
+        if self._lease.persist() is not None or self._delayed_meta_changed:
+            batch.delayed_meta = Meta(self._lease.limit, self._delayed_width, list(self._exchanges))
+            self._delayed_meta_changed = False
         if self._topology_changed:
             batch.topology = self._topology.encode(TOPOLOGY_MAGIC)
             self._topology_changed = False
@@ -291,6 +385,8 @@ class ChunkedStore(FileStoreBase):
             "cache_misses": self._cache.misses,
             "cache_hit_ratio": self._cache.hit_ratio,
             "cache_bytes": self._cache.size,
+            "delayed": len(self._delayed),
+            "delayed_flushes": self._files.delayed.flushes,
         }
 
     def chunk_stats(self):

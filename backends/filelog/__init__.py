@@ -1,6 +1,7 @@
 """The filelog store: one append-only file per durable queue, acks flipping a
 valid flag in place, compaction of files that are mostly acked, the topology
-in a small file replaced atomically. Files live under C{<data dir>/filelog/}.
+in a small file replaced atomically; delayed messages in one more such log,
+indexed by due time in memory. Files live under C{<data dir>/filelog/}.
 """
 
 import os
@@ -21,6 +22,7 @@ class FilelogBackend:
     options = {
         "compact_min_records": ("2000", "compact a queue file only once it holds at least this many records"),
         "compact_valid_ratio": ("0.5", "... and fewer than this fraction of them are un-acked (0 < ratio <= 1)"),
+        "delayed_bucket_ms": ("60000", "milliseconds of due time per bucket of the in-memory delayed-message index"),
     }
 
     def make_store(self, data_dir, sync_policy=None, **options):
@@ -30,6 +32,7 @@ class FilelogBackend:
             sync_policy,
             compact_min_records=whole_number("compact_min_records", given["compact_min_records"]),
             compact_valid_ratio=_ratio("compact_valid_ratio", given["compact_valid_ratio"]),
+            delayed_bucket_ms=whole_number("delayed_bucket_ms", given["delayed_bucket_ms"]),
         )
 
 

@@ -5,7 +5,8 @@ call at a time, so it needs no locks: recovery at open, each commit's batch,
 reads of records back. The reactor thread only reads the L{Figures}.
 
 The directory holds a lock file (flocked while a store has it open), the
-topology file, and one L{QueueFile} per durable queue that was ever written to.
+topology file, one L{QueueFile} per durable queue that was ever written to,
+and the delayed messages' log and meta file (L{DelayedLog}).
 """
 
 import os
@@ -14,6 +15,7 @@ from typing import NamedTuple
 from twisted.logger import Logger
 
 from backends.fileio import TEMPORARY_SUFFIX, fsync_directory, lock_directory, replace_file
+from backends.filelog.delayedlog import DelayedLog
 from backends.filelog.queuefile import COMPACT_SUFFIX, DATA_SUFFIX, Figures, QueueFile, queue_file_name
 from backends.filelog.records import queue_of_header
 from backends.topologyfile import TOPOLOGY_FILE, read_topology
@@ -33,17 +35,19 @@ class Recovery(NamedTuple):
     messages: dict  # queue key -> [(handle, StoredMessage)] in queue order
     damaged: dict  # queue key -> StoreCorrupted
     next_handle: int
+    delayed: object = None  # the DelayedRecovery of the delayed log
 
 
 class QueueFiles:
     """The topology file and queue files under one directory."""
 
-    def __init__(self, directory, compact_min_records, compact_valid_ratio):
+    def __init__(self, directory, compact_min_records, compact_valid_ratio, delayed_bucket_ms=60_000):
         self.directory = directory
         self.topology_path = os.path.join(directory, TOPOLOGY_FILE)
         self.compact_min_records = compact_min_records
         self.compact_valid_ratio = compact_valid_ratio
         self.figures = Figures()
+        self.delayed = DelayedLog(directory, delayed_bucket_ms, compact_min_records, compact_valid_ratio, self.figures)
         self._files = {}  # queue key -> QueueFile
         self._unsynced = set()  # QueueFiles written to since their last fsync
         self._directory_unsynced = False  # files created, renamed or removed since the last fsync
@@ -78,7 +82,7 @@ class QueueFiles:
         self._log_orphans(queues)
         for queue_file in list(self._files.values()):
             self._compact_if_worth_it(queue_file)
-        return Recovery(topology, messages, damaged, handle)
+        return Recovery(topology, messages, damaged, handle, self.delayed.open())
 
     def _take_lock(self):
         """Two stores writing the same files would corrupt them; the second to open fails instead."""
@@ -139,8 +143,13 @@ class QueueFiles:
                 if queue_file is not None and queue_file.damage is None and queue_file.ack(handles):
                     self._unsynced.add(queue_file)
                     self._compact_if_worth_it(queue_file)
+            if batch.delays or batch.delay_releases or batch.delay_lease is not None:
+                self.delayed.write(batch.delay_lease, batch.delays, batch.delay_releases, fsync)
+                if batch.delay_releases:
+                    self.delayed.compact_if_worth_it()
         if fsync:
             self._sync()
+            self.delayed.sync()
 
     def _create(self, queue):
         queue_file = self._files[queue] = QueueFile.create(queue, self.path_of(queue), self.figures)
@@ -199,6 +208,7 @@ class QueueFiles:
         for queue_file in self._files.values():
             queue_file.close()
         self._files.clear()
+        self.delayed.close()
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None

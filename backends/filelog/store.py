@@ -4,17 +4,24 @@ The reactor thread buffers every change in a L{Batch} and keeps what the
 broker asks about (topology, which queues hold which handles, what open
 recovered); L{GroupCommit} hands each batch to L{QueueFiles} on its writer
 thread and decides when it is fsynced. Nothing here touches a file.
+
+Delayed messages go to one more log (L{backends.filelog.delayedlog}); the
+writer thread indexes it by due time, and the reactor thread keeps only which
+handles are kept (a L{HandleMap}) and the delays not yet handed over.
 """
 
 from twisted.internet import defer
 from zope.interface import implementer
 
+from backends.delayed import HandleLease, check_due, check_exchange, delayed_window
+from backends.filelog.delayedlog import decode_delayed, encode_delayed
 from backends.filelog.queuefiles import QueueFiles
 from backends.filelog.records import decode, encode
 from backends.filestore import FileStoreBase
+from backends.handlemap import HandleMap
 from backends.topologyfile import Topology
 from brokerd.durability import SyncPolicy
-from brokerd.interfaces import IMessageStore, StoreCorrupted
+from brokerd.interfaces import DelayedMessage, IDelayedMessageStore, IMessageStore, StoreCorrupted
 
 
 class Batch:
@@ -25,7 +32,7 @@ class Batch:
     can apply removals, then appends, then acks.
     """
 
-    __slots__ = ("records", "appends", "acks", "deleted", "topology")
+    __slots__ = ("records", "appends", "acks", "deleted", "topology", "delays", "delay_releases", "delay_lease")
 
     def __init__(self):
         self.records = {}  # handle -> encoded StoredMessage, as (head, body)
@@ -33,12 +40,16 @@ class Batch:
         self.acks = {}  # queue key -> [handle], of records already handed to the writer
         self.deleted = []  # queue keys whose files go before this batch's appends
         self.topology = None  # the new topology file's contents, if it changed
+        self.delays = {}  # delayed handle -> (due, exchange key, head, body), in handle order
+        self.delay_releases = []  # delayed handles handed to the writer before, released since
+        self.delay_lease = None  # the handle limit to persist, if it moved
 
     def is_empty(self):
-        return not (self.records or self.acks or self.deleted)
+        return not (self.records or self.acks or self.deleted or self.delays or self.delay_releases
+                    or self.delay_lease is not None)
 
 
-@implementer(IMessageStore)
+@implementer(IMessageStore, IDelayedMessageStore)
 class FilelogStore(FileStoreBase):
     """
     Keeps each durable queue's persistent messages in its own file, an ack
@@ -53,13 +64,14 @@ class FilelogStore(FileStoreBase):
     name = "filelog"
     durable = True
 
-    def __init__(self, directory, sync_policy=None, compact_min_records=2000, compact_valid_ratio=0.5, reactor=None):
+    def __init__(self, directory, sync_policy=None, compact_min_records=2000, compact_valid_ratio=0.5, reactor=None,
+                 delayed_bucket_ms=60_000):
         self.directory = directory
         self.sync_policy = sync_policy or SyncPolicy()
         self.compact_min_records = compact_min_records
         self.compact_valid_ratio = compact_valid_ratio
         self._reactor = reactor
-        self._files = QueueFiles(directory, compact_min_records, compact_valid_ratio)
+        self._files = QueueFiles(directory, compact_min_records, compact_valid_ratio, delayed_bucket_ms)
         self._commit = None
         self._closed = False
         self._topology = Topology()
@@ -73,6 +85,9 @@ class FilelogStore(FileStoreBase):
         self._bytes = 0
         self._appends = 0
         self._acks = 0
+        self._delayed = HandleMap()  # kept delayed handles
+        self._lease = HandleLease()
+        self._delayed_damage = None  # StoreCorrupted that open found in the delayed files
 
     @defer.inlineCallbacks
     def open(self):
@@ -95,6 +110,9 @@ class FilelogStore(FileStoreBase):
                 self._recovered[handle] = record
                 self._bytes += len(record.body)
         self._next_handle = recovery.next_handle
+        self._delayed = recovery.delayed.kept
+        self._lease = HandleLease(recovery.delayed.next_handle)
+        self._delayed_damage = recovery.delayed.damage
 
     def recover(self, queue):
         """The messages open found for C{queue} and still held, each flagged as possibly delivered before."""
@@ -182,11 +200,56 @@ class FilelogStore(FileStoreBase):
             self._recovered.pop(handle, None)
             self._batch.records.pop(handle, None)
 
+    # -- delayed messages
+
+    def delay(self, message, exchange, due):
+        check_due(due)
+        exchange = check_exchange(exchange)
+        if self._delayed_damage is not None:
+            damage = self._delayed_damage
+            raise StoreCorrupted(f"delayed messages are unavailable: {damage}", damage.path, damage.offset)
+        handle = self._lease.take()
+        head, body = encode_delayed(message, exchange, due, handle)
+        self._batch.delays[handle] = (due, exchange, head, body)
+        self._delayed.add(handle)
+        return handle
+
+    def release(self, handle):
+        if type(handle) is not int or handle < 0 or self._delayed.pop(handle) is None:
+            return
+        delays = self._batch.delays
+        if handle in delays:
+            del delays[handle]  # never written
+        else:
+            self._batch.delay_releases.append(handle)
+
+    def delayed_after(self, cursor, until, limit):
+        if self._commit is None or self._closed:
+            return defer.fail(RuntimeError("the filelog store is not open"))
+        if self._delayed_damage is not None:
+            return defer.fail(StoreCorrupted(f"delayed messages are unavailable: {self._delayed_damage}",
+                                             self._delayed_damage.path, self._delayed_damage.offset))
+
+        def fetch(position, bound, count):
+            return self._commit.call(self._files.delayed.window, position, bound, count)
+
+        pending = [(due, handle, exchange, (head, body)) for handle, (due, exchange, head, body)
+                   in self._batch.delays.items()]
+        rows = delayed_window(fetch, pending, self._delayed.__contains__, cursor, until, limit)
+        return rows.addCallback(lambda found: [self._delayed_message(*row) for row in found])
+
+    @staticmethod
+    def _delayed_message(due, handle, exchange, record):
+        if isinstance(record, tuple):  # not written yet: still encoded
+            record = decode_delayed(b"".join(record))[3]
+        return DelayedMessage(due, handle, exchange, record)
+
     # -- commits
 
     def _take_batch(self):
         """Called by GroupCommit on the reactor thread: hand over what is buffered."""
         batch = self._batch
+        batch.delay_lease = self._lease.persist()
         if self._topology_changed:
             batch.topology = self._topology.encode()
             self._topology_changed = False
@@ -210,4 +273,5 @@ class FilelogStore(FileStoreBase):
             "file_bytes": figures.file_bytes,
             "file_writes": figures.writes,
             "file_syncs": figures.syncs,
+            "delayed": len(self._delayed),
         }

@@ -1,9 +1,13 @@
 """L{MemoryStore}: the store contract kept in dicts, for one process lifetime."""
 
+from itertools import islice
+
 from twisted.internet import defer
 from zope.interface import implementer
 
-from brokerd.interfaces import IMessageStore
+from backends.delayed import check_cursor, check_due, check_exchange
+from backends.memory.sortedkeys import SortedKeys
+from brokerd.interfaces import DelayedMessage, IDelayedMessageStore, IMessageStore
 from brokerd.proto import messages_pb2
 from brokerd.proto.tables import freeze, table_to_dict
 
@@ -12,13 +16,14 @@ def _binding_key(record):
     return (record.vhost, record.exchange, record.queue, record.routing_key, freeze(table_to_dict(record.arguments)))
 
 
-@implementer(IMessageStore)
+@implementer(IMessageStore, IDelayedMessageStore)
 class MemoryStore:
     """
     Holds topology records and persistent messages in memory.
 
     Handles are integers in append order. A message stays until every queue it
-    was appended for has acked it, purged it or been deleted.
+    was appended for has acked it, purged it or been deleted. Delayed messages
+    are kept as objects, their keys C{(due, handle)} in a L{SortedKeys}.
     """
 
     name = "memory"
@@ -34,6 +39,9 @@ class MemoryStore:
         self._bytes = 0
         self._appends = 0
         self._acks = 0
+        self._delayed = {}  # delayed handle -> (due, exchange key, message)
+        self._delayed_keys = SortedKeys()  # (due, handle) of every kept delayed message
+        self._next_delayed = 1
 
     def open(self):
         return defer.succeed(None)
@@ -101,6 +109,36 @@ class MemoryStore:
         for handle in handles:
             self.ack(queue, handle)
 
+    # -- delayed messages
+
+    def delay(self, message, exchange, due):
+        check_due(due)
+        exchange = check_exchange(exchange)
+        handle = self._next_delayed
+        self._next_delayed = handle + 1
+        self._delayed[handle] = (due, exchange, message)
+        self._delayed_keys.add((due, handle))
+        return handle
+
+    def delayed_after(self, cursor, until, limit):
+        try:
+            cursor = check_cursor(cursor)
+        except ValueError:
+            return defer.fail()
+        found = []
+        if limit > 0:
+            for due, handle in islice(self._delayed_keys.after(cursor), limit):
+                if due > until:
+                    break
+                _, exchange, message = self._delayed[handle]
+                found.append(DelayedMessage(due, handle, exchange, self._record(message)))
+        return defer.succeed(found)
+
+    def release(self, handle):
+        held = self._delayed.pop(handle, None)
+        if held is not None:
+            self._delayed_keys.remove((held[0], handle))
+
     def sync(self):
         return defer.succeed(None)
 
@@ -116,6 +154,7 @@ class MemoryStore:
             "bindings": len(self._bindings),
             "appends": self._appends,
             "acks": self._acks,
+            "delayed": len(self._delayed),
         }
 
     def _release(self, queue, handle):

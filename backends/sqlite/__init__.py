@@ -1,5 +1,5 @@
-"""The SQLite store: durable topology and messages in one SQLite database in
-WAL mode, each group commit one transaction on a writer thread."""
+"""The SQLite store: durable topology, messages and delayed messages in one
+SQLite database in WAL mode, each group commit one transaction on a writer thread."""
 
 import os
 

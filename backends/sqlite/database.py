@@ -15,13 +15,14 @@ import zlib
 
 from twisted.logger import Logger
 
+from backends.sqlite import delayed
 from backends.sqlite.checkpointer import LOCK_WAIT_SECONDS, Checkpointer
 from brokerd.interfaces import StoreCorrupted
 from brokerd.proto import messages_pb2
 
 log = Logger()
 
-SCHEMA_VERSION = 2  # PRAGMA user_version of the files this code writes and reads
+SCHEMA_VERSION = 3  # PRAGMA user_version of the files this code writes (and reads; 2 is upgraded)
 APPLICATION_ID = 0x62726B64  # PRAGMA application_id, b"brkd": marks the file as a brokerd store
 PAGE_SIZE = 65536  # set once, when the file is created: one overflow page holds a 64 KiB body
 CACHE_KIB = 16384  # page cache of the connection
@@ -89,7 +90,8 @@ class Batch:
     acked by every queue before its batch is written is never written.
     """
 
-    __slots__ = ("topology", "messages", "entries", "acks", "dropped_queues", "released", "final")
+    __slots__ = ("topology", "messages", "entries", "acks", "dropped_queues", "released", "delays",
+                 "delay_releases", "next_delayed", "final")
 
     def __init__(self):
         self.topology = []  # (sql, parameters), in call order
@@ -98,11 +100,15 @@ class Batch:
         self.acks = []  # (queue id, message id) of entries written by earlier batches
         self.dropped_queues = []  # queue ids whose entries all go
         self.released = []  # ids of messages written by earlier batches that no queue holds now
+        self.delays = {}  # delayed handle -> row of the delayed table (see backends.sqlite.delayed), in call order
+        self.delay_releases = []  # delayed handles written by earlier batches, released since
+        self.next_delayed = None  # the next delayed handle to give out, if delays were made
         self.final = False  # the store is closing: close the connection after this batch
 
     def __bool__(self):
         return bool(
             self.topology or self.messages or self.entries or self.acks or self.dropped_queues or self.released
+            or self.delays or self.delay_releases or self.next_delayed is not None
         )
 
 
@@ -117,6 +123,8 @@ class Loaded:
         self.entries = []  # (queue id, message id), in queue order
         self.next_message_id = 1
         self.next_queue_id = 1
+        self.delayed = None  # the kept delayed handles, a HandleMap set
+        self.next_delayed = 1
 
 
 class Database:
@@ -139,6 +147,7 @@ class Database:
         self._lock = None  # the open lock file, flocked
         self._checkpointer = None
         self._failed = []  # batches of commits that failed, written again before the next one
+        self._delayed = delayed.DelayedTable()
         self.final_error = None  # why the commit of the final batch failed, if it did
 
     def open(self):
@@ -188,7 +197,7 @@ class Database:
         fresh = version == 0 and tables == 0
         if fresh:
             db.execute(f"PRAGMA page_size = {PAGE_SIZE}")
-        elif version != SCHEMA_VERSION:
+        elif version != SCHEMA_VERSION and version not in delayed.UPGRADABLE_VERSIONS:
             raise StoreOpenError(
                 f"sqlite store {self.path} has schema version {version}, not version {SCHEMA_VERSION}"
                 " that this brokerd reads; is it a brokerd store?"
@@ -207,10 +216,16 @@ class Database:
                 for statement in SCHEMA.split(";"):
                     if statement.strip():
                         db.execute(statement)
+                delayed.create_tables(db)
                 db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             else:
                 self._check()
+                if version != SCHEMA_VERSION:
+                    delayed.create_tables(db)
+                    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                    log.info("sqlite store {path}: schema version {old} upgraded to {new} (delayed messages)",
+                             path=self.path, old=version, new=SCHEMA_VERSION)
             loaded = self._load()
             db.execute("COMMIT")
         except BaseException:
@@ -287,6 +302,7 @@ class Database:
                 del loaded.messages[message_id]
         loaded.entries = entries
         loaded.next_message_id = max([0, *loaded.messages, *held]) + 1
+        loaded.delayed, loaded.next_delayed = self._delayed.load(db)
         return loaded
 
     def _parse(self, kind, blob, what):
@@ -339,8 +355,7 @@ class Database:
         if checkpointer is not None:
             checkpointer.committed(size)
 
-    @staticmethod
-    def _apply(db, batch):
+    def _apply(self, db, batch):
         """Write C{batch} in the open transaction; returns about how many bytes of rows it wrote."""
         # Topology first, then rows in, then rows out. This order gives what the calls
         # in their own order would: ids are never reused while the store is open, so
@@ -362,6 +377,7 @@ class Database:
             db.executemany("DELETE FROM entries WHERE queue_id = ?", [(queue_id,) for queue_id in batch.dropped_queues])
         if batch.released:
             db.executemany("DELETE FROM messages WHERE id = ?", [(message_id,) for message_id in batch.released])
+        size += self._delayed.apply(db, batch)
         return size + 64 * (len(batch.topology) + len(batch.entries) + len(batch.acks) + len(batch.released))
 
     def read(self, message_id):
@@ -372,6 +388,12 @@ class Database:
         if self._db is None:
             raise StoreOpenError(f"sqlite store {self.path} is closed")
         return self._db.execute("SELECT crc, record, body FROM messages WHERE id = ?", (message_id,)).fetchone()
+
+    def delayed_after(self, cursor, until, limit):
+        """Up to C{limit} rows of the delayed table after C{cursor} and due by C{until} (see L{delayed.window})."""
+        if self._db is None:
+            raise StoreOpenError(f"sqlite store {self.path} is closed")
+        return self._delayed.window(self._db, self._failed, cursor, until, limit)
 
     def pragmas(self):
         """The connection's settings that matter for durability, by PRAGMA name."""

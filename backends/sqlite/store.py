@@ -10,11 +10,19 @@ column of its own (so an append never copies the body into a protobuf) and a
 CRC-32 over both, computed at append on the reactor thread (zlib lets go of
 the GIL for large buffers, so this runs alongside the writer thread) and
 checked whenever the message is read back.
+
+Delayed messages (L{IDelayedMessageStore}) are rows of a table indexed by
+C{(due, handle)} (see L{backends.sqlite.delayed}); the reactor thread keeps
+only which handles are kept, as a L{HandleMap}, and reads windows on the
+writer thread.
 """
 
 from twisted.internet import defer
 from zope.interface import implementer
 
+from backends.delayed import check_due, check_exchange, delayed_window
+from backends.handlemap import HandleMap
+from backends.sqlite.delayed import delayed_message
 from backends.sqlite.database import (
     DELETE_BINDING,
     DELETE_EXCHANGE,
@@ -29,7 +37,7 @@ from backends.sqlite.database import (
     checksum,
 )
 from brokerd.durability import GroupCommit, SyncPolicy
-from brokerd.interfaces import IMessageStore, StoreCorrupted
+from brokerd.interfaces import IDelayedMessageStore, IMessageStore, StoreCorrupted
 from brokerd.proto import messages_pb2
 
 ADD_QUEUE = "INSERT OR IGNORE INTO queues (id, vhost, name, record) VALUES (?, ?, ?, NULL)"
@@ -42,7 +50,7 @@ def canonical_arguments(table):
     return ordered.SerializeToString(deterministic=True)
 
 
-@implementer(IMessageStore)
+@implementer(IMessageStore, IDelayedMessageStore)
 class SqliteStore:
     """
     Durable topology and persistent messages in one SQLite database.
@@ -79,6 +87,8 @@ class SqliteStore:
         self._last_recovered = 0  # the highest message id found at open
         self._next_id = self._next_queue_id = 1
         self._bytes = self._appends = self._acks = 0
+        self._delayed = HandleMap()  # the kept delayed handles
+        self._next_delayed = 1
 
     # -- open, sync, close
 
@@ -115,6 +125,8 @@ class SqliteStore:
         self._last_recovered = loaded.next_message_id - 1
         self._next_id = loaded.next_message_id
         self._next_queue_id = loaded.next_queue_id
+        self._delayed = loaded.delayed
+        self._next_delayed = loaded.next_delayed
         self._state = "open"
         self._opened()
 
@@ -229,12 +241,15 @@ class SqliteStore:
         handle = self._next_id
         self._next_id = handle + 1
         body = bytes(message.body)
-        record = messages_pb2.StoredMessage(
+        stored = messages_pb2.StoredMessage(
             valid=True,
             exchange=message.exchange,
             routing_key=message.routing_key,
             properties=message.properties,
-        ).SerializeToString()
+        )
+        if message.published_at is not None:
+            stored.published_at = message.published_at
+        record = stored.SerializeToString()
         batch = self._batch
         batch.messages[handle] = (checksum(record, body), record, body)
         count = 0
@@ -307,6 +322,45 @@ class SqliteStore:
             recovered.append((handle, self._parse(handle, *stored), True))
         return recovered
 
+    # -- delayed messages
+
+    def delay(self, message, exchange, due):
+        self._writable()
+        check_due(due)
+        vhost, name = check_exchange(exchange)
+        handle = self._next_delayed
+        self._next_delayed = handle + 1
+        body = bytes(message.body)
+        record = messages_pb2.StoredMessage(
+            exchange=message.exchange, routing_key=message.routing_key, properties=message.properties
+        ).SerializeToString()
+        batch = self._batch
+        batch.delays[handle] = (due, handle, vhost, name, checksum(record, body), record, body)
+        batch.next_delayed = self._next_delayed
+        self._delayed.add(handle)
+        return handle
+
+    def release(self, handle):
+        self._writable()
+        if type(handle) is not int or handle < 0 or self._delayed.pop(handle) is None:
+            return
+        batch = self._batch
+        if handle in batch.delays:
+            del batch.delays[handle]  # never written
+        else:
+            batch.delay_releases.append(handle)
+
+    def delayed_after(self, cursor, until, limit):
+        if self._state != "open":
+            return defer.fail(RuntimeError(f"sqlite store {self.path} is not open"))
+
+        def fetch(position, bound, count):
+            return self._group.call(self._db.delayed_after, position, bound, count)
+
+        kept = self._delayed.__contains__
+        rows = delayed_window(fetch, list(self._batch.delays.values()), kept, cursor, until, limit)
+        return rows.addCallback(lambda found: [delayed_message(row, self.path, checksum) for row in found])
+
     def stats(self):
         group = self._group
         return {
@@ -319,6 +373,7 @@ class SqliteStore:
             "acks": self._acks,
             "commits": group.commits if group else 0,
             "fsyncs": group.fsyncs if group else 0,
+            "delayed": len(self._delayed),
         }
 
     # -- inside
