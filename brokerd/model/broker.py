@@ -7,7 +7,7 @@ through the connection's channels to the virtual host they opened.
 from twisted.logger import Logger
 
 from brokerd.errors import NotAllowed
-from brokerd.interfaces import IPagingStore, StoreCorrupted
+from brokerd.interfaces import IDelayedMessageStore, IPagingStore, StoreCorrupted
 from brokerd.model.delayed import DelayScheduler
 from brokerd.model.message import Message
 from brokerd.model.vhost import VirtualHost
@@ -120,7 +120,7 @@ class Broker:
             else:
                 raise TypeError(f"store {store.name!r} returned an unknown topology record: {record!r}")
         counts["unavailable"] = sum(len(vhost.unavailable_queues) for vhost in self.vhosts.values())
-        if hasattr(store, "delayed_after"):
+        if IDelayedMessageStore.providedBy(store):
             self.delays.start()
         log.info(
             "recovered {exchanges} exchanges, {queues} queues ({unavailable} unavailable), {bindings} bindings"

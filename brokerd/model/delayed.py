@@ -25,6 +25,7 @@ WINDOW_MESSAGES = 1000  # delayed messages loaded from the store at a time
 WINDOW_MILLISECONDS = 60_000  # how far ahead one load looks
 LOAD_AHEAD_MILLISECONDS = 1_000  # the next window is loaded this long before the current one runs out
 LAST_HANDLE = 2**63
+LONGEST_DELAY = 2**32 - 1  # milliseconds (49.7 days), as RabbitMQ's delayed-message exchange; longer ones wait that long
 
 
 def delay_of(message):
@@ -32,9 +33,9 @@ def delay_of(message):
     if not message.properties.HasField("headers"):
         return None
     value = message.headers.get("x-delay")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         return None
-    return int(value)
+    return int(min(value, LONGEST_DELAY))
 
 
 class DelayScheduler:

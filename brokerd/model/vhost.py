@@ -6,6 +6,7 @@ deletes, exclusive ownership and auto-delete. Durable topology is written
 through to the store.
 """
 
+from brokerd.interfaces import IDelayedMessageStore
 from brokerd.errors import AccessRefused, CommandInvalid, NotFound, PreconditionFailed, ResourceLocked
 from brokerd.model.arguments import message_ttl_of
 from brokerd.model.delayed import delay_of
@@ -92,7 +93,7 @@ class VirtualHost:
             return existing
         if type_name not in KNOWN_TYPES:
             raise CommandInvalid(f"unknown exchange type {type_name!r}; known types: {', '.join(KNOWN_TYPES)}")
-        if type_name == DELAYED_TYPE and not hasattr(self.store, "delay"):
+        if type_name == DELAYED_TYPE and not IDelayedMessageStore.providedBy(self.store):
             raise PreconditionFailed(f"the {self.store.name} store cannot keep delayed messages")
         arguments = dict(arguments or {})
         if existing is not None:

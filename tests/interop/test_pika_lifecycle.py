@@ -373,3 +373,25 @@ def test_invalid_queue_argument_closes_the_channel_with_406(connection, name, ar
     channel.queue_declare(queue, arguments={"x-max-priority": 5})
     channel.basic_publish("", queue, b"still works")
     assert get_bodies(channel, queue) == [b"still works"]
+
+
+# -- delayed delivery
+
+
+def test_delayed_messages_arrive_in_due_order_not_publish_order(connection, channel, name):
+    exchange, queue = name("delayed"), name()
+    channel.exchange_declare(exchange, "x-delayed-message", arguments={"x-delayed-type": "direct"})
+    channel.queue_declare(queue)
+    channel.queue_bind(queue, exchange, "k")
+    channel.confirm_delivery()
+    started = time.monotonic()
+    for body, delay in ((b"third", 600), (b"first", 200), (b"second", 400), (b"now", None)):
+        headers = {"x-delay": delay} if delay is not None else None
+        channel.basic_publish(exchange, "k", body, pika.BasicProperties(headers=headers))
+    received, on_message = collector()
+    channel.basic_consume(queue, on_message, auto_ack=True)
+    pump(connection, lambda: len(received) >= 4, "4 deliveries")
+    elapsed = time.monotonic() - started
+    assert [body for _, _, body in received] == [b"now", b"first", b"second", b"third"]
+    assert elapsed >= 0.6, "the last one was due 600 ms after it was published"
+    assert received[1][1].headers == {"x-delay": 200}, "a delayed message keeps its headers"

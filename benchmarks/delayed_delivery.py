@@ -1,0 +1,170 @@
+"""Delayed delivery at scale, through the broker: memory held and how late messages fire.
+
+    python -m benchmarks.delayed_delivery [--backend chunked] [--messages 1000000]
+        [--max-delay 3600] [--observe 60] [--seed 1] [--json]
+
+Starts ``twistd -n brokerd --backend=B`` on a fresh data directory, declares a
+durable ``x-delayed-message`` exchange (routing as direct) bound to a durable
+queue, and publishes N persistent messages with pika, each with an ``x-delay``
+drawn uniformly from 0 to --max-delay seconds and its due time (publish time
+plus delay, in ms) as its body. A final publish in confirm mode proves every
+earlier one is stored. Meanwhile a consumer on its own connection acks every
+delivery and records how late it came (delivery time minus due time). After
+publishing, the broker's resident memory is read from /proc, and the consumer
+keeps observing for --observe seconds. Reported: publish rate, RSS holding the
+backlog, the number fired, and lateness p50 / p99 / max in milliseconds of the
+messages due once publishing was over (the broker under normal load; those due
+while a million publishes poured in are counted apart).
+"""
+
+import argparse
+import json
+import pathlib
+import random
+import shutil
+import struct
+import sys
+import tempfile
+import threading
+import time
+
+from benchmarks.store_throughput import resident_megabytes
+from tests.processes import BrokerProcess
+
+EXCHANGE = "benchmark-delayed"
+QUEUE = "benchmark-delayed-due"
+DUE = struct.Struct(">Q")
+
+
+class LatenessRecorder(threading.Thread):
+    """Consumes the due messages on its own connection, noting how late each one is."""
+
+    def __init__(self, port):
+        super().__init__(daemon=True)
+        self.port = port
+        self.lateness = []  # (due in ms since the epoch, milliseconds late)
+        self.stopping = threading.Event()
+        self.ready = threading.Event()
+        self.error = None
+
+    def run(self):
+        import pika
+
+        try:
+            connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", self.port))
+            channel = connection.channel()
+            channel.basic_qos(prefetch_count=1000)
+            self.ready.set()
+            for method, _, body in channel.consume(QUEUE, inactivity_timeout=0.2):
+                if method is not None:
+                    due = DUE.unpack(body)[0]
+                    self.lateness.append((due, time.time() * 1000 - due))
+                    channel.basic_ack(method.delivery_tag)
+                if self.stopping.is_set():
+                    break
+            channel.cancel()
+            connection.close()
+        except Exception as error:  # reported by the main thread
+            self.error = error
+            self.ready.set()
+
+
+def percentile(values, fraction):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else float("nan")
+
+
+def run(options):
+    import pika
+
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="brokerd-delayed-bench-"))
+    data_dir = workdir / "data"
+    broker = BrokerProcess(
+        [f"--backend={options.backend}", "--data-dir", str(data_dir), "--native", "none",
+         "--amqp", "tcp:0:interface=127.0.0.1"],
+        cwd=workdir,
+    )
+    try:
+        port = int(broker.wait_listening("AMQP", timeout=120).rsplit(":", 1)[1])
+        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        channel = connection.channel()
+        channel.exchange_declare(EXCHANGE, "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"})
+        channel.queue_declare(QUEUE, durable=True)
+        channel.queue_bind(QUEUE, EXCHANGE, "due")
+        recorder = LatenessRecorder(port)
+        recorder.start()
+        recorder.ready.wait(30)
+        generator = random.Random(options.seed)
+        max_delay_ms = int(options.max_delay * 1000)
+        started = time.perf_counter()
+        for number in range(options.messages):
+            delay = generator.randrange(max_delay_ms + 1)
+            due = int(time.time() * 1000) + delay
+            properties = pika.BasicProperties(delivery_mode=2, headers={"x-delay": delay})
+            channel.basic_publish(EXCHANGE, "due", DUE.pack(due), properties)
+            if number % 10_000 == 0:
+                connection.process_data_events(0)
+                if number and options.progress:
+                    print(f"{number} published", file=sys.stderr, flush=True)
+        channel.confirm_delivery()  # a confirmed publish after all others: every one before it is stored
+        due = int(time.time() * 1000) + max_delay_ms
+        channel.basic_publish(EXCHANGE, "due", DUE.pack(due), pika.BasicProperties(delivery_mode=2,
+                                                                                   headers={"x-delay": max_delay_ms}))
+        published_s = time.perf_counter() - started
+        published_at = time.time() * 1000
+        rss = resident_megabytes(broker.process.pid)
+        observe_until = time.time() + options.observe
+        while time.time() < observe_until and recorder.is_alive():
+            connection.process_data_events(time_limit=min(1.0, max(0.0, observe_until - time.time())))
+        recorder.stopping.set()
+        recorder.join(30)
+        if recorder.error is not None:
+            raise recorder.error
+        connection.close()
+        everything = [late for _, late in recorder.lateness]
+        lateness = [late for due, late in recorder.lateness if due > published_at]  # once publishing was over
+        return {
+            "backend": options.backend,
+            "messages": options.messages,
+            "max_delay_s": options.max_delay,
+            "publish_s": published_s,
+            "publish_per_s": options.messages / published_s,
+            "rss_mb_holding_backlog": rss,
+            "fired": len(everything),
+            "fired_while_publishing": len(everything) - len(lateness),
+            "lateness_all_ms_p99": percentile(everything, 0.99),
+            "lateness_ms_p50": percentile(lateness, 0.50),
+            "lateness_ms_p99": percentile(lateness, 0.99),
+            "lateness_ms_max": max(lateness) if lateness else float("nan"),
+        }
+    finally:
+        broker.stop(timeout=120)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default="chunked")
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--max-delay", type=float, default=3600.0, help="seconds")
+    parser.add_argument("--observe", type=float, default=60.0, help="seconds to watch messages fire after publishing")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--progress", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    options = parser.parse_args(argv)
+    result = run(options)
+    if options.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"{result['messages']} delayed messages (0-{options.max_delay:g} s) on {options.backend}:")
+        print(f"  published in {result['publish_s']:.1f} s ({result['publish_per_s']:,.0f} msg/s)")
+        print(f"  broker RSS holding them: {result['rss_mb_holding_backlog']:.0f} MB")
+        print(f"  fired: {result['fired']} ({result['fired_while_publishing']} due while publishing, p99 late"
+              f" {result['lateness_all_ms_p99']:.1f} ms)")
+        print(f"  due after publishing: lateness p50 {result['lateness_ms_p50']:.1f} ms,"
+              f" p99 {result['lateness_ms_p99']:.1f} ms, max {result['lateness_ms_max']:.1f} ms")
+    return result
+
+
+if __name__ == "__main__":
+    main()
