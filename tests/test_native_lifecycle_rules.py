@@ -1,6 +1,6 @@
 """The queue lifecycle rules through the native client against a real broker:
 priorities, message TTLs, dead-lettering with x-death, reject-publish nacks,
-x-delivery-count, alternate exchanges and refused arguments. The same checks as
+x-delivery-count, alternate exchanges, delayed delivery and refused arguments. The same checks as
 tests/interop/test_pika_lifecycle.py, so both protocols carry them alike."""
 
 import datetime
@@ -205,6 +205,20 @@ class PublishAndRedeliveryTests(LifecycleRulesTestCase):
         self.assertEqual((got.body, got.exchange, got.routing_key), (b"caught", "main", "unknown"))
         yield self.poll(lambda: returned, "the basic.return")
         self.assertEqual([(r.reply_code, r.exchange, r.body) for r in returned], [(312, "main2", b"lost")])
+
+    @defer.inlineCallbacks
+    def test_delayed_messages_arrive_in_due_order(self):
+        yield self.channel.exchange_declare("later", "x-delayed-message", arguments={"x-delayed-type": "direct"})
+        yield self.channel.queue_declare("due")
+        yield self.channel.queue_bind("due", "later", "k")
+        started = reactor.seconds()
+        for body, delay in ((b"third", 600), (b"first", 200), (b"second", 400)):
+            self.channel.basic_publish("later", "k", b"%s" % body, {"headers": {"x-delay": delay}})
+        collector = DeliveryCollector(ack=True)
+        yield self.channel.basic_consume("due", collector)
+        yield collector.wait_for(3)
+        self.assertEqual(collector.bodies(), [b"first", b"second", b"third"])
+        self.assertGreaterEqual(reactor.seconds() - started, 0.6)
 
     @defer.inlineCallbacks
     def test_invalid_arguments_close_the_channel_with_406_naming_them(self):
