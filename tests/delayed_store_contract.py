@@ -5,14 +5,13 @@ into a TestCase with the store-making mixin of its C{tests/test_store_*.py}."""
 import random
 
 from twisted.internet import defer
-from twisted.trial import unittest
 from zope.interface.verify import verifyObject
 
 from brokerd.interfaces import DelayedMessage, IDelayedMessageStore, IMessageStore
 from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
 from brokerd.proto.tables import dict_to_table, table_to_dict
-from tests.store_contract import JOBS, message, queue_record
+from tests.store_contract import JOBS, OpensStores, message, queue_record
 
 DELAYS = ("/", "delays")
 STAGING = ("staging", "later")
@@ -38,7 +37,7 @@ def bodies(found):
     return [item.record.body for item in found]
 
 
-class DelayedStoreContract:
+class DelayedStoreContract(OpensStores):
     """
     Mixed into a C{twisted.trial.unittest.TestCase} with what
     L{tests.store_contract.StoreContract} needs: C{make_store()},
@@ -49,33 +48,6 @@ class DelayedStoreContract:
 
     timeout = 60
     model_seed = 17  # of the random operations checked against a model
-
-    @defer.inlineCallbacks
-    def opened(self):
-        store = self.make_store()
-        yield store.open()
-        self.addCleanup(lambda: self._close_quietly(store))
-        return store
-
-    @staticmethod
-    def _close_quietly(store):
-        return defer.maybeDeferred(store.close).addErrback(lambda _: None)
-
-    @defer.inlineCallbacks
-    def opened_durable(self):
-        store = yield self.opened()
-        if not store.durable:
-            raise unittest.SkipTest(f"the {store.name} store is not durable: nothing of it outlives a restart")
-        return store
-
-    @defer.inlineCallbacks
-    def restarted(self, store, crash=False):
-        """Sync, then reopen (or, with C{crash}, open the data beside the store left running)."""
-        yield store.sync()
-        reopened = yield (self.reopen_after_crash(store) if crash else self.reopen(store))
-        if reopened is not store:
-            self.addCleanup(lambda: self._close_quietly(reopened))
-        return reopened
 
     @defer.inlineCallbacks
     def everything(self, store, until=FOREVER, page=10_000):

@@ -89,7 +89,49 @@ class DirectoryStores:
         return self.open_store(crashed)
 
 
-class StoreContract:
+class OpensStores:
+    """
+    How the contract suites open, restart and close the stores that the
+    test case's C{make_store()}, C{reopen(store)} and C{reopen_after_crash(store)} give.
+    """
+
+    @defer.inlineCallbacks
+    def opened(self):
+        store = self.make_store()
+        yield store.open()
+        self.addCleanup(lambda: self._close_quietly(store))
+        return store
+
+    @staticmethod
+    def _close_quietly(store):
+        return defer.maybeDeferred(store.close).addErrback(lambda _: None)
+
+    @defer.inlineCallbacks
+    def restarted(self, store, crash=False):
+        """Sync, then reopen (or, with C{crash}, open the data beside the store left running): what a
+        client would find after a restart."""
+        yield store.sync()
+        reopened = yield (self.reopen_after_crash(store) if crash else self.reopen(store))
+        if reopened is not store:
+            self.addCleanup(lambda: self._close_quietly(reopened))
+        return reopened
+
+    def reopen_after_crash(self, store):
+        raise NotImplementedError(
+            f"{type(self).__name__} must define reopen_after_crash(store) for the durable tests: a second"
+            " store opened on the data of store, which stays open"
+        )
+
+    @defer.inlineCallbacks
+    def opened_durable(self):
+        """An opened store, or a skip if the store keeps nothing across a restart."""
+        store = yield self.opened()
+        if not store.durable:
+            raise unittest.SkipTest(f"the {store.name} store is not durable: nothing of it outlives a restart")
+        return store
+
+
+class StoreContract(OpensStores):
     """
     Mixed into a C{twisted.trial.unittest.TestCase}; the subclass provides:
 
@@ -109,42 +151,8 @@ class StoreContract:
 
     timeout = 30
 
-    @defer.inlineCallbacks
-    def opened(self):
-        store = self.make_store()
-        yield store.open()
-        self.addCleanup(lambda: self._close_quietly(store))
-        return store
-
-    @staticmethod
-    def _close_quietly(store):
-        return defer.maybeDeferred(store.close).addErrback(lambda _: None)
-
-    @defer.inlineCallbacks
-    def restarted(self, store):
-        """Sync, then reopen: what a client would find after a restart."""
-        yield store.sync()
-        reopened = yield self.reopen(store)
-        if reopened is not store:
-            self.addCleanup(lambda: self._close_quietly(reopened))
-        return reopened
-
     def recovered_bodies(self, store, queue):
         return [record.body for _, record, _ in store.recover(queue)]
-
-    def reopen_after_crash(self, store):
-        raise NotImplementedError(
-            f"{type(self).__name__} must define reopen_after_crash(store) for the durable tests: a second"
-            " store opened on the data of store, which stays open"
-        )
-
-    @defer.inlineCallbacks
-    def opened_durable(self):
-        """An opened store, or a skip if the store keeps nothing across a restart."""
-        store = yield self.opened()
-        if not store.durable:
-            raise unittest.SkipTest(f"the {store.name} store is not durable: nothing of it outlives a restart")
-        return store
 
     # -- the interface
 
