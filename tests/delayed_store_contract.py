@@ -7,7 +7,7 @@ import random
 from twisted.internet import defer
 from zope.interface.verify import verifyObject
 
-from brokerd.interfaces import DelayedMessage, IDelayedMessageStore, IMessageStore
+from brokerd.interfaces import DelayedMessage, IDelayedMessageStore, IMessageStore, StoreCorrupted
 from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
 from brokerd.proto.tables import dict_to_table, table_to_dict
@@ -31,6 +31,26 @@ def delayed(body, routing_key="jobs", exchange="delays", **headers):
 
 def keys(found):
     return [(item.due, item.handle) for item in found]
+
+
+@defer.inlineCallbacks
+def assert_delayed_damage_leaves_queues_working(testcase, store, path, before):
+    """
+    C{store} was opened on data whose delayed file C{path} (which held
+    C{before}) is damaged: its queue "jobs" (holding b"queued") still works
+    and survives a restart, its delayed calls fail naming C{path}, and the
+    damaged file is left as it was.
+    """
+    testcase.assertEqual([record.body for _, record, _ in store.recover(JOBS)], [b"queued"])
+    failure = yield testcase.assertFailure(store.delayed_after(None, FOREVER, 10), StoreCorrupted)
+    testcase.assertEqual(failure.path, path)
+    testcase.assertIn(path, str(failure))
+    testcase.assertRaises(StoreCorrupted, store.delay, delayed(b"x"), DELAYS, NOW)
+    testcase.assertEqual(store.stats()["delayed"], 0)
+    store.append(message(b"after"), [JOBS])
+    store = yield testcase.reopen(store)
+    testcase.assertEqual([record.body for _, record, _ in store.recover(JOBS)], [b"queued", b"after"])
+    testcase.assertEqual(open(path, "rb").read(), before, "the damaged file is left as it was, for repair")
 
 
 def bodies(found):

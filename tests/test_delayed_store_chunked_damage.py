@@ -17,7 +17,7 @@ from backends.chunked.delayedformat import (
 )
 from backends.chunked.format import HEADER_SIZE
 from brokerd.interfaces import StoreCorrupted
-from tests.delayed_store_contract import DELAYS, FOREVER, NOW, bodies, delayed
+from tests.delayed_store_contract import DELAYS, FOREVER, NOW, assert_delayed_damage_leaves_queues_working, bodies, delayed
 from tests.store_contract import JOBS, message, queue_record
 from tests.test_delayed_store_chunked import SECOND, bucket_numbers, bucket_path, delayed_dir
 from tests.test_store_chunked import ChunkedStores, chunk_numbers, chunk_path, contents, flip, overwrite
@@ -66,16 +66,7 @@ class ChunkedDelayedDamageTests(ChunkedStores, unittest.TestCase):
         """A store opens on C{data_dir}: its queue works, its delayed calls fail naming C{path}."""
         before = contents(path)
         store = yield self.open_store(data_dir)
-        self.assertEqual([record.body for _, record, _ in store.recover(JOBS)], [b"queued"])
-        failure = yield self.assertFailure(store.delayed_after(None, FOREVER, 10), StoreCorrupted)
-        self.assertEqual(failure.path, path)
-        self.assertIn(path, str(failure))
-        self.assertRaises(StoreCorrupted, store.delay, delayed(b"x"), DELAYS, NOW)
-        self.assertEqual(store.stats()["delayed"], 0)
-        store.append(message(b"after"), [JOBS])
-        store = yield self.reopen(store)
-        self.assertEqual([record.body for _, record, _ in store.recover(JOBS)], [b"queued", b"after"])
-        self.assertEqual(contents(path), before, "the damaged file is left as it was, for repair")
+        yield assert_delayed_damage_leaves_queues_working(self, store, path, before)
 
     # -- torn tails
 

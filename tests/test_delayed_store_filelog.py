@@ -10,8 +10,16 @@ from twisted.trial import unittest
 
 from backends.filelog.delayedlog import DELAYED_MAGIC, decode_delayed
 from backends.filelog.records import FLAG_OFFSET, record_problem
-from brokerd.interfaces import StoreCorrupted
-from tests.delayed_store_contract import DELAYS, FOREVER, NOW, STAGING, DelayedStoreContract, bodies, delayed
+from tests.delayed_store_contract import (
+    DELAYS,
+    FOREVER,
+    NOW,
+    STAGING,
+    DelayedStoreContract,
+    assert_delayed_damage_leaves_queues_working,
+    bodies,
+    delayed,
+)
 from tests.store_contract import JOBS, message, queue_record
 from tests.test_store_chunked import contents, flip
 from tests.test_store_filelog import FilelogStores, LogWatcher
@@ -115,15 +123,7 @@ class FilelogDelayedLogTests(FilelogStores, unittest.TestCase):
     def assert_delayed_unavailable(self, store, path):
         before = contents(path)
         store = yield self.reopen(store)
-        self.assertEqual([record.body for _, record, _ in store.recover(JOBS)], [b"queued"])
-        failure = yield self.assertFailure(store.delayed_after(None, FOREVER, 10), StoreCorrupted)
-        self.assertEqual(failure.path, path)
-        self.assertRaises(StoreCorrupted, store.delay, delayed(b"x"), DELAYS, NOW)
-        self.assertEqual(store.stats()["delayed"], 0)
-        store.append(message(b"after"), [JOBS])
-        store = yield self.reopen(store)
-        self.assertEqual([record.body for _, record, _ in store.recover(JOBS)], [b"queued", b"after"])
-        self.assertEqual(contents(path), before, "the damaged file is left as it was, for repair")
+        yield assert_delayed_damage_leaves_queues_working(self, store, path, before)
 
     @defer.inlineCallbacks
     def test_a_damaged_record_followed_by_sound_ones_is_reported(self):

@@ -6,22 +6,15 @@ tests/interop/test_pika_lifecycle.py, so both protocols carry them alike."""
 import datetime
 
 from twisted.internet import defer, reactor, task
-from twisted.trial import unittest
 
 from brokerd.native.client import ChannelClosed, PublishNacked
-from tests.support import DeliveryCollector, connect_client, listen_native
+from tests.support import DeliveryCollector
+from tests.test_native_protocol import NativeProtocolTestCase
 
 WAIT = 5.0
 
 
-class LifecycleRulesTestCase(unittest.TestCase):
-    timeout = 30
-
-    @defer.inlineCallbacks
-    def setUp(self):
-        self.broker, self.endpoint = listen_native(self)
-        self.client = yield connect_client(self, self.endpoint)
-        self.channel = yield self.client.channel()
+class LifecycleRulesTestCase(NativeProtocolTestCase):
 
     @defer.inlineCallbacks
     def poll(self, check, what):
