@@ -20,7 +20,10 @@ PROTOBUF_RUNTIME = "protobuf>=7.35.1,<8"  # generated code is from grpcio-tools 
 
 # The AMQP clients users already have; the interop tests drive the broker with each.
 AMQP_CLIENTS = ["pika>=1.3", "kombu>=5.3", "celery>=5.3", "aio-pika>=9"]
-TEST_REQUIREMENTS = ["pytest>=8", "grpcio-tools==1.85.1", *AMQP_CLIENTS]
+# The cross-backend validation job: Spark for the analysis, matplotlib for the
+# report's PNG charts.
+SPARK_REQUIREMENTS = ["pyspark>=3.5", "matplotlib>=3.8"]
+TEST_REQUIREMENTS = ["pytest>=8", "grpcio-tools==1.85.1", *AMQP_CLIENTS, *SPARK_REQUIREMENTS]
 
 setup(
     name="brokerd",
@@ -32,7 +35,7 @@ setup(
     cmdclass={"editable_wheel": EditableWithTwistedPlugins},
     # twisted/plugins has no __init__.py on purpose: Twisted owns that package and
     # finds drop-ins by path, so only our module is shipped into it.
-    packages=find_packages(include=["brokerd", "brokerd.*", "backends", "backends.*"])
+    packages=find_packages(include=["brokerd", "brokerd.*", "backends", "backends.*", "spark_jobs", "spark_jobs.*"])
     + ["twisted.plugins"],
     package_data={"twisted": ["plugins/brokerd_plugin.py"], "brokerd.proto": ["*.proto"]},
     install_requires=[
@@ -43,7 +46,8 @@ setup(
     ],
     extras_require={
         "test": TEST_REQUIREMENTS,
-        "all": [*TEST_REQUIREMENTS, "pyspark>=3.5"],
+        "spark": ["pika>=1.3", *SPARK_REQUIREMENTS],
+        "all": TEST_REQUIREMENTS,
     },
     entry_points={
         # Storage backends, looked up by name for --backend; a new backend is a new

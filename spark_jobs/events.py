@@ -1,0 +1,87 @@
+"""What a workload run leaves on disk: the layout and fields the runner writes,
+the store export writes and the Spark job reads.
+
+One run directory per backend (``<out>/runs/<backend>/``)::
+
+    run.json          the run: backend, seed, settings, times, crashes, topology
+    events/*.jsonl    one JSON object per line, one file per client connection role
+                      (``publisher-0.jsonl``, ``consumer-3.jsonl``)
+    export.jsonl      what the stopped broker's store still holds
+    data/             the broker's data directory
+    broker.log        twistd's log
+
+Every event has C{kind}, C{backend}, C{client} (``publisher-0``), C{session} (the
+client's connection number, from 0, one more after each reconnect), C{epoch} (the
+broker incarnation the client talked to, from 0, one more after each restart) and
+C{t} (``time.time()`` seconds when the client saw or did it). Then, by kind:
+
+- ``publish``: C{message_id} (``p<publisher>-<seq>``, unique in a run and the same
+  on every backend for one seed), C{publisher}, C{seq} (from 0 per publisher),
+  C{exchange}, C{routing_key}, C{queues} (sorted names the topology routes it to),
+  C{size}, C{body_sha256}, C{priority} (0 when none), C{confirm} (published on a
+  confirm-mode channel).
+- ``confirm``: C{message_id}, C{publisher}, C{seq}, C{ok} (basic.ack true,
+  basic.nack false).
+- ``deliver``: C{message_id}, C{queue}, C{consumer}, C{delivery_tag},
+  C{redelivered}, C{delivery_count} (the x-delivery-count header, 0 when absent),
+  C{size}, C{body_sha256}.
+- ``ack``, ``nack``, ``reject``: C{message_id}, C{queue}, C{consumer}, C{requeue}.
+
+A message id travels as the AMQP ``message-id`` property, so deliveries and the
+export name the message without decoding its body.
+
+An export line has C{backend}, C{queue}, C{message_id}, C{body_sha256}, C{size},
+C{priority} and C{state} (``ready``: in the queue, delivered or not; ``delayed``:
+waiting in the delayed index).
+"""
+
+RUN_FILE = "run.json"
+EVENTS_DIRECTORY = "events"
+EXPORT_FILE = "export.jsonl"
+DATA_DIRECTORY = "data"
+BROKER_LOG = "broker.log"
+
+PUBLISH, CONFIRM, DELIVER, ACK, NACK, REJECT = "publish", "confirm", "deliver", "ack", "nack", "reject"
+SETTLE_KINDS = (ACK, NACK, REJECT)
+EVENT_KINDS = (PUBLISH, CONFIRM, DELIVER, *SETTLE_KINDS)
+
+READY, DELAYED = "ready", "delayed"
+STORED_STATES = (READY, DELAYED)
+
+# Every field an event line may carry, with its JSON type; a kind carries the
+# common fields and the ones listed for it in the module docstring.
+COMMON_FIELDS = {"kind": str, "backend": str, "client": str, "session": int, "epoch": int, "t": float}
+EVENT_FIELDS = {
+    **COMMON_FIELDS,
+    "message_id": str,
+    "publisher": int,
+    "seq": int,
+    "exchange": str,
+    "routing_key": str,
+    "queues": list,
+    "size": int,
+    "body_sha256": str,
+    "priority": int,
+    "confirm": bool,
+    "ok": bool,
+    "queue": str,
+    "consumer": int,
+    "delivery_tag": int,
+    "redelivered": bool,
+    "delivery_count": int,
+    "requeue": bool,
+}
+EXPORT_FIELDS = {
+    "backend": str,
+    "queue": str,
+    "message_id": str,
+    "body_sha256": str,
+    "size": int,
+    "priority": int,
+    "state": str,
+}
+
+
+def message_id(publisher, seq):
+    """The id of a publisher's C{seq}th message: sortable and the same on every backend."""
+    return f"p{publisher}-{seq:09d}"
