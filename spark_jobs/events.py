@@ -12,8 +12,10 @@ One run directory per backend (``<out>/runs/<backend>/``)::
 
 Every event has C{kind}, C{backend}, C{client} (``publisher-0``), C{session} (the
 client's connection number, from 0, one more after each reconnect), C{epoch} (the
-broker incarnation the client talked to, from 0, one more after each restart) and
-C{t} (``time.time()`` seconds when the client saw or did it). Then, by kind:
+broker incarnation the client talked to, from 0, one more after each restart),
+C{n} (the event's number in its file, from 0: the order the client saw things in,
+which equal timestamps cannot give) and C{t} (``time.time()`` seconds when the
+client saw or did it). Then, by kind:
 
 - ``publish``: C{message_id} (``p<publisher>-<seq>``, unique in a run and the same
   on every backend for one seed), C{publisher}, C{seq} (from 0 per publisher),
@@ -50,7 +52,7 @@ STORED_STATES = (READY, DELAYED)
 
 # Every field an event line may carry, with its JSON type; a kind carries the
 # common fields and the ones listed for it in the module docstring.
-COMMON_FIELDS = {"kind": str, "backend": str, "client": str, "session": int, "epoch": int, "t": float}
+COMMON_FIELDS = {"kind": str, "backend": str, "client": str, "session": int, "epoch": int, "n": int, "t": float}
 EVENT_FIELDS = {
     **COMMON_FIELDS,
     "message_id": str,
