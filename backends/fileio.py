@@ -5,6 +5,8 @@ file names made from queue names."""
 import fcntl
 import hashlib
 import os
+import sys
+from array import array
 
 TEMPORARY_SUFFIX = ".tmp"
 IOV_MAX = os.sysconf("SC_IOV_MAX")
@@ -129,3 +131,22 @@ def _gather(parts):
     if run:
         buffers.append(b"".join(run))
     return buffers
+
+
+def little_endian_bytes(numbers):
+    """The bytes of an array as little-endian numbers, whatever the machine's byte order."""
+    if sys.byteorder != "little":
+        numbers = array(numbers.typecode, numbers)
+        numbers.byteswap()
+    return numbers.tobytes()
+
+
+def read_little_endian(typecode, data, offset=0, count=None):
+    """An array of C{typecode} read from little-endian bytes of C{data} (C{count} numbers from C{offset},
+    or all that follow), in the machine's byte order."""
+    numbers = array(typecode)
+    end = None if count is None else offset + numbers.itemsize * count
+    numbers.frombytes(data[offset:end])
+    if sys.byteorder != "little":
+        numbers.byteswap()
+    return numbers

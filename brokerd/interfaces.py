@@ -92,6 +92,20 @@ class IMessageStore(Interface):
     def ack(queue, handle):
         """The message C{handle} is done with in C{queue}; it need not come back."""
 
+    def returned(queue, handle, count):
+        """
+        The message C{handle} came back to C{queue} unacked for the C{count}th
+        time (a requeue). Buffered like C{ack}; a durable store keeps the latest
+        count so that x-delivery-count and x-delivery-limit hold across a restart.
+        """
+
+    def delivery_counts(queue):
+        """
+        How often each message C{recover} gives for C{queue} had come back
+        before the restart: a dict of handle to count, holding only the
+        messages that came back at least once.
+        """
+
     def read(handle):
         """
         Read a stored message back.

@@ -494,6 +494,36 @@ class StoreContract(OpensStores):
             self.assertIn(record.body, (b"m0", b"m2", b"m3"))
 
     @defer.inlineCallbacks
+    def test_delivery_counts_survive_restarts_per_queue_and_go_with_acks(self):
+        store = yield self.opened_durable()
+        store.save_queue(queue_record("jobs"))
+        store.save_queue(queue_record("audit"))
+        handles = [store.append(message(b"m%d" % n), [JOBS, AUDIT]) for n in range(5)]
+        store.returned(JOBS, handles[1], 1)
+        store.returned(JOBS, handles[1], 2)
+        store.returned(AUDIT, handles[1], 7)
+        store.returned(JOBS, handles[3], 1)
+        store.returned(JOBS, handles[4], 1)
+        store.ack(JOBS, handles[4])
+        store = yield self.restarted(store)
+        self.assertEqual(self.counts_by_body(store, JOBS), {b"m1": 2, b"m3": 1}, "the latest count wins")
+        self.assertEqual(self.counts_by_body(store, AUDIT), {b"m1": 7}, "each queue counts its own returns")
+        for handle, record, _ in store.recover(JOBS):
+            if record.body == b"m0":
+                store.returned(JOBS, handle, 1)
+            if record.body == b"m3":
+                store.ack(JOBS, handle)
+        store = yield self.restarted(store, crash=True)
+        self.assertEqual(self.counts_by_body(store, JOBS), {b"m0": 1, b"m1": 2})
+        store = yield self.restarted(store)
+        self.assertEqual(self.counts_by_body(store, JOBS), {b"m0": 1, b"m1": 2})
+        self.assertEqual(self.counts_by_body(store, AUDIT), {b"m1": 7})
+
+    def counts_by_body(self, store, queue):
+        counts = store.delivery_counts(queue)
+        return {record.body: counts[handle] for handle, record, _ in store.recover(queue) if handle in counts}
+
+    @defer.inlineCallbacks
     def test_recovered_messages_are_flagged_as_possibly_delivered(self):
         store = yield self.opened_durable()
         store.save_queue(queue_record("jobs"))

@@ -112,6 +112,46 @@ class LifecycleRestart:
         self.assertEqual(queues["short-lived"].message_count, 0)
         self.assertEqual(self.drain(channel, "own-ttl"), [b"no-ttl"])
 
+    @defer.inlineCallbacks
+    def test_delivery_counts_and_the_delivery_limit_hold_across_restarts(self):
+        broker, _, channel = yield self.started(START)
+        channel.queue_declare("graveyard", durable=True)
+        channel.queue_declare("work", durable=True, arguments={
+            "x-delivery-limit": 3, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "graveyard"})
+        for body in (b"poison", b"healthy", b"untouched"):
+            channel.basic_publish("", "work", properties(persistent=True), body)
+
+        def take_and_return(channel, count):
+            """basic.get the head and nack it back C{count} times; the x-delivery-count each delivery showed."""
+            seen = []
+            for _ in range(count):
+                tag, _, message, _ = channel.basic_get("work")
+                seen.append((message.body, message.headers.get("x-delivery-count")))
+                channel.basic_nack(tag, requeue=True)
+            return seen
+
+        self.assertEqual(take_and_return(channel, 2), [(b"poison", None), (b"poison", 1)])
+        tag, _, message, _ = channel.basic_get("work")
+        channel.basic_nack(tag, requeue=True)  # poison back for the 3rd time
+        yield self.stopped(broker)
+
+        broker, _, channel = yield self.started(START + 1)
+        tag, _, message, _ = channel.basic_get("work")
+        self.assertEqual((message.body, message.headers.get("x-delivery-count")), (b"poison", 3))
+        channel.basic_reject(tag, requeue=True)  # the 4th return passes the limit of 3
+        self.assertEqual(self.drain(channel, "graveyard"), [b"poison"])
+        tag, _, message, _ = channel.basic_get("work")
+        channel.basic_nack(tag, requeue=True)
+        yield self.stopped(broker)
+
+        broker, _, channel = yield self.started(START + 2)
+        self.assertEqual(take_and_return(channel, 1), [(b"healthy", 1)])
+        tag, _, message, _ = channel.basic_get("work")
+        self.assertEqual((message.body, message.headers.get("x-delivery-count")), (b"healthy", 2))
+        channel.basic_ack(tag)
+        tag, _, message, _ = channel.basic_get("work")
+        self.assertEqual((message.body, message.headers.get("x-delivery-count")), (b"untouched", None))
+
 
 class SqliteLifecycleRestartTests(LifecycleRestart, unittest.TestCase):
     backend = "sqlite"

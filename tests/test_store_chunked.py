@@ -6,8 +6,10 @@ and torn files in L{tests.test_store_chunked_damage}."""
 
 import os
 import re
+import shutil
 import struct
 import time
+import zlib
 
 from twisted.internet import defer
 from twisted.trial import unittest
@@ -21,7 +23,7 @@ from backends.chunked.format import (
     position_of,
     record_size,
 )
-from backends.chunked.queueindex import ACK_LOG_MAGIC, decode_checkpoint
+from backends.chunked.ackformat import ACK_LOG_MAGIC, decode_checkpoint
 from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
 from tests.store_contract import DirectoryStores, AUDIT, JOBS, StoreContract, message, queue_record
@@ -292,7 +294,7 @@ class ChunkedLookupTests(ChunkedStores, unittest.TestCase):
 class ChunkedAckLogTests(ChunkedStores, unittest.TestCase):
     def checkpoint_of(self, store, queue=JOBS):
         path = os.path.join(index_dir(store, queue), "checkpoint")
-        key, mark, acked = decode_checkpoint(contents(path), path)
+        key, mark, acked, _ = decode_checkpoint(contents(path), path)
         self.assertEqual(key, queue)
         return mark, acked
 
@@ -347,6 +349,70 @@ class ChunkedAckLogTests(ChunkedStores, unittest.TestCase):
         store = yield self.reopen(store)
         self.assertEqual(index_chunk_numbers(store, JOBS), [2, 3])
         self.assertEqual(self.bodies(store), [b"m%03d" % n for n in range(130, 200)])
+
+
+class ChunkedDeliveryCountTests(ChunkedStores, unittest.TestCase):
+    """Delivery counts go to the ack log as records of their own and into the checkpoint."""
+
+    @defer.inlineCallbacks
+    def test_counts_survive_a_crash_through_the_ack_log_and_a_checkpoint_that_empties_it(self):
+        store, handles = yield self.store_with([message(b"m%03d" % n) for n in range(150)])
+        store.returned(JOBS, handles[70], 2)
+        store.returned(JOBS, handles[140], 1)
+        store.returned(JOBS, handles[3], 5)
+        yield store.sync()
+        crashed = yield self.reopen_after_crash(store)
+        self.assertEqual(crashed.delivery_counts(JOBS), {handles[70]: 2, handles[140]: 1, handles[3]: 5})
+        for handle in handles[:130]:
+            if handle != handles[70]:
+                crashed.ack(JOBS, handle)
+        crashed.returned(JOBS, handles[140], 4)
+        yield crashed.sync()
+        path = os.path.join(index_dir(crashed, JOBS), "checkpoint")
+        self.assertEqual(decode_checkpoint(contents(path), path)[1:], (70, set(range(71, 130)), {70: 2, 140: 4}),
+                         "the mark passed an index chunk: the checkpoint holds the counts of entries not acked")
+        crashed = yield self.reopen_after_crash(crashed)
+        self.assertEqual(crashed.delivery_counts(JOBS), {handles[70]: 2, handles[140]: 4})
+
+    @defer.inlineCallbacks
+    def test_files_of_version_1_are_read_and_take_counts_afterwards(self):
+        store, handles = yield self.store_with([message(b"m%d" % n) for n in range(6)])
+        store.ack(JOBS, handles[0])
+        yield store.close()
+        directory = index_dir(store, JOBS)
+        checkpoint = os.path.join(directory, "checkpoint")
+        key = b"/\0jobs"
+        body = b"brokerd chunked checkpoint 1\n" + struct.pack(">I", len(key)) + key + struct.pack(">QI", 1, 1)
+        body += struct.pack("<Q", 3)
+        with open(checkpoint, "wb") as old:
+            old.write(body + struct.pack(">I", zlib.crc32(body)))
+        acks = struct.pack(">I", 1) + struct.pack("<Q", 4)
+        with open(os.path.join(directory, "acks"), "wb") as old:
+            old.write(b"brokerd chunked acks 1\n" + acks + struct.pack(">I", zlib.crc32(acks)))
+        store = yield self.reopen(store)
+        self.assertEqual(self.bodies(store), [b"m1", b"m2", b"m5"])
+        self.assertEqual(store.delivery_counts(JOBS), {})
+        store.returned(JOBS, handles[2], 1)
+        store = yield self.reopen(store)
+        self.assertEqual(self.bodies(store), [b"m1", b"m2", b"m5"])
+        self.assertEqual(store.delivery_counts(JOBS), {handles[2]: 1})
+
+    @defer.inlineCallbacks
+    def test_a_torn_returns_record_is_cut_off_and_the_records_before_it_kept(self):
+        store, handles = yield self.store_with([message(b"m%d" % n) for n in range(4)])
+        store.returned(JOBS, handles[1], 1)
+        store.ack(JOBS, handles[3])
+        yield store.sync()
+        store.returned(JOBS, handles[2], 7)
+        yield store.sync()
+        crashed_dir = self.fresh_data_dir()
+        shutil.copytree(store.directory, os.path.join(crashed_dir, self.subdirectory))
+        path = os.path.join(crashed_dir, self.subdirectory, os.path.relpath(index_dir(store, JOBS), store.directory),
+                            "acks")
+        os.truncate(path, os.path.getsize(path) - 3)
+        crashed = yield self.open_store(crashed_dir)
+        self.assertEqual(crashed.delivery_counts(JOBS), {handles[1]: 1})
+        self.assertEqual(self.bodies(crashed), [b"m0", b"m1", b"m2"])
 
 
 class ChunkedFiguresTests(ChunkedStores, unittest.TestCase):

@@ -249,6 +249,21 @@ class SqliteStoreTests(unittest.TestCase):
         yield self.assertOpenFails(StoreOpenError, f"version {SCHEMA_VERSION + 1}", f"version {SCHEMA_VERSION}")
 
     @defer.inlineCallbacks
+    def test_a_file_of_schema_version_3_gains_delivery_counts(self):
+        held = yield self.filled(count=2)
+        query(self.path, "ALTER TABLE entries DROP COLUMN delivery_count")
+        query(self.path, "PRAGMA user_version = 3")
+        store = yield self.opened()
+        recovered = list(store.recover(JOBS))
+        self.assertEqual([record.body for _, record, _ in recovered], held[JOBS])
+        self.assertEqual(store.delivery_counts(JOBS), {})
+        store.returned(JOBS, recovered[1][0], 2)
+        yield store.close()
+        self.assertEqual(query(self.path, "PRAGMA user_version"), [(SCHEMA_VERSION,)])
+        store = yield self.opened()
+        self.assertEqual(store.delivery_counts(JOBS), {recovered[1][0]: 2})
+
+    @defer.inlineCallbacks
     def test_a_database_of_another_program_is_refused(self):
         os.makedirs(os.path.dirname(self.path))
         query(self.path, "CREATE TABLE accounts (id INTEGER PRIMARY KEY)")

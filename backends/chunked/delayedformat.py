@@ -25,10 +25,10 @@ carries a CRC; a block's length is checked against its count.
 """
 
 import struct
-import sys
 import zlib
 from array import array
 
+from backends.fileio import little_endian_bytes, read_little_endian
 from backends.delayedruns import Run
 
 VERSION = 1
@@ -65,19 +65,6 @@ def bucket_number_of(name):
     """The bucket number a file name names, or None if it names no bucket file."""
     digits = name[len(BUCKET_PREFIX) :]
     return int(digits) if name.startswith(BUCKET_PREFIX) and len(digits) == 20 and digits.isdigit() else None
-
-
-def _native(values):
-    if sys.byteorder != "little":
-        values.byteswap()
-    return values
-
-
-def _little_endian(values):
-    if sys.byteorder != "little":
-        values = array(values.typecode, values)
-        values.byteswap()
-    return values.tobytes()
 
 
 # -- the journal
@@ -165,11 +152,11 @@ def encode_run_block(flushed, run):
     words = array("Q", bytes(8 * ENTRY_WORDS * len(run)))
     words[0::4], words[1::4] = run.dues, run.handles
     words[2::4], words[3::4] = array("Q", run.extra[0]), array("Q", run.extra[1])
-    return _block(RUN, flushed, len(run), _little_endian(words))
+    return _block(RUN, flushed, len(run), little_endian_bytes(words))
 
 
 def encode_releases_block(flushed, handles):
-    return _block(RELEASES, flushed, len(handles), _little_endian(array("Q", sorted(handles))))
+    return _block(RELEASES, flushed, len(handles), little_endian_bytes(array("Q", sorted(handles))))
 
 
 def _block(kind, flushed, count, payload):
@@ -202,16 +189,12 @@ def decode_blocks(data, start):
 
 def run_of(payload):
     """The L{Run} of a C{RUN} block's payload: its columns taken out at C speed."""
-    words = array("Q")
-    words.frombytes(payload)
-    _native(words)
+    words = read_little_endian("Q", payload)
     return Run(words[0::4], words[1::4], (words[2::4], words[3::4]))
 
 
 def handles_of(payload):
-    handles = array("Q")
-    handles.frombytes(payload)
-    return _native(handles)
+    return read_little_endian("Q", payload)
 
 
 def sound_block_after(data, start):

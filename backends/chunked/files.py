@@ -43,6 +43,7 @@ class Recovery(NamedTuple):
     write_position: int
     data_size: int
     delayed: object = None  # the DelayedOpen of the delayed-message index
+    delivery_counts: dict = {}  # queue key -> {handle: delivery count}, for messages that came back unacked
 
 
 class Held:
@@ -113,10 +114,12 @@ class ChunkedFiles:
         self.log.open()
         topology = read_topology(self.topology_path, TOPOLOGY_MAGIC)
         queues = [(record.vhost, record.name) for record in topology if isinstance(record, messages_pb2.QueueRecord)]
-        unacked, damaged = {}, {}
+        unacked, damaged, delivery_counts = {}, {}, {}
         for queue in queues:
             try:
                 unacked[queue] = self._recover(queue)
+                if queue in self._indexes:
+                    delivery_counts[queue] = self._indexes[queue].delivery_counts()
             except StoreCorrupted as damage:
                 damaged[queue] = damage
                 index = self._indexes.pop(queue, None)
@@ -132,7 +135,8 @@ class ChunkedFiles:
         for number in list(self.log.chunks):
             self._note_if_consumed(number)
         self._delete_consumed()
-        return Recovery(topology, unacked, damaged, self.log.write_position, self.log.data_size, delayed)
+        return Recovery(topology, unacked, damaged, self.log.write_position, self.log.data_size, delayed,
+                        delivery_counts)
 
     def _recover(self, queue):
         directory = self.index_directory(queue)
@@ -201,6 +205,13 @@ class ChunkedFiles:
                 for handle, queues in batch.shared.items():
                     if queues:
                         self.held.add(handle, queues, sizes[handle])
+            for queue, counts in batch.returns.items():
+                index = self._indexes.get(queue)
+                if index is not None:
+                    for handle, count in counts.items():
+                        index.returned(handle, count)
+                    if queue not in batch.acks:
+                        index.write_acks()
             for queue, handles in batch.acks.items():
                 self._ack(queue, handles)
             if batch.delays or batch.delay_releases or batch.delayed_meta is not None:
@@ -211,7 +222,7 @@ class ChunkedFiles:
         self.delayed.sync(fsync)
         if batch is not None:
             self.delayed.flush_if_due()  # what it flushes points into log records already durable
-            for queue in batch.acks:
+            for queue in {*batch.acks, *batch.returns}:
                 index = self._indexes.get(queue)
                 if index is not None:
                     index.checkpoint_if_due(fsync)

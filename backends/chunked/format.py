@@ -233,3 +233,4 @@ def decode_index_entries(data):
     else:
         stop = len(data) // INDEX_ENTRY_SIZE
     return positions, lengths, stop, None
+

@@ -5,13 +5,15 @@ Only the store's writer thread touches a L{QueueIndex}. Its directory holds:
   - index chunks (``index-chunk-NNNNNNNNN``): fixed 16-byte entries naming a
     message by its position in the message log, entry N at a place computed
     from N alone (L{backends.chunked.format});
-  - ``acks``: an ack log, one record per commit (``[u32 count][count x u64
-    entry number][u32 CRC]``) after a magic line, so an ack never rewrites
-    the message log or the index;
+  - ``acks``: an ack log, per commit a record of acks and one of delivery
+    counts of entries that came back unacked, so neither rewrites the message
+    log or the index;
   - ``checkpoint``: the queue key, the low-water mark (the first entry not
-    acked) and the acked entries above it, replaced atomically now and then;
-    the ack log is emptied after each checkpoint and index chunks wholly
-    below the mark are deleted.
+    acked), the acked entries above it and the delivery counts of entries
+    not acked, replaced atomically now and then; the ack log is emptied after
+    each checkpoint and index chunks wholly below the mark are deleted.
+
+Both formats are in L{backends.chunked.ackformat}.
 
 Entries of a queue are appended in position order, so the handles of its
 un-acked window are sorted and an ack finds its entry by bisection.
@@ -19,14 +21,18 @@ un-acked window are sorted and an ack finds its entry by bisection.
 
 import bisect
 import os
-import sys
 import shutil
-import struct
-import zlib
 from array import array
 
 from twisted.logger import Logger
 
+from backends.chunked.ackformat import (
+    ACK_LOG_MAGIC,
+    decode_ack_log,
+    decode_checkpoint,
+    encode_ack_records,
+    encode_checkpoint,
+)
 from backends.chunked.format import (
     HEADER_SIZE,
     INDEX_CHUNK,
@@ -48,48 +54,7 @@ log = Logger()
 PREFIX = "index-chunk"
 ACK_LOG = "acks"
 CHECKPOINT = "checkpoint"
-ACK_LOG_MAGIC = b"brokerd chunked acks 1\n"
-CHECKPOINT_MAGIC = b"brokerd chunked checkpoint 1\n"
-COUNT = struct.Struct(">I")
-MARK = struct.Struct(">QI")  # low-water mark, number of acked entries above it
 CHECKPOINT_EVERY_ACK_BYTES = 1 << 20  # of ack log before a checkpoint empties it
-
-
-def encode_checkpoint(queue, mark, acked):
-    key = "\0".join(queue).encode("utf-8")
-    body = b"".join((CHECKPOINT_MAGIC, COUNT.pack(len(key)), key, MARK.pack(mark, len(acked)),
-                     _little_endian(array("Q", sorted(acked)))))
-    return body + COUNT.pack(zlib.crc32(body))
-
-
-def decode_checkpoint(data, path):
-    """C{(queue key, low-water mark, acked entries)} of a checkpoint file's contents."""
-    start = len(CHECKPOINT_MAGIC) + COUNT.size
-    if not data.startswith(CHECKPOINT_MAGIC) or len(data) < start + COUNT.size:
-        raise StoreCorrupted(f"checkpoint {path} does not start with the checkpoint header", path, 0)
-    if zlib.crc32(data[:-4]) != COUNT.unpack_from(data, len(data) - 4)[0]:
-        raise StoreCorrupted(f"checkpoint {path} is damaged (CRC mismatch)", path, 0)
-    (key_length,) = COUNT.unpack_from(data, len(CHECKPOINT_MAGIC))
-    vhost, _, name = data[start : start + key_length].decode("utf-8").partition("\0")
-    mark, count = MARK.unpack_from(data, start + key_length)
-    acked = array("Q")
-    acked.frombytes(data[start + key_length + MARK.size : start + key_length + MARK.size + 8 * count])
-    return (vhost, name), mark, set(_native(acked))
-
-
-def _little_endian(numbers):
-    """The bytes of an array('Q') as little-endian u64s, whatever the machine's byte order."""
-    if sys.byteorder == "big":
-        numbers = array("Q", numbers)
-        numbers.byteswap()
-    return numbers.tobytes()
-
-
-def _native(numbers):
-    """An array('Q') read from little-endian bytes, in the machine's byte order."""
-    if sys.byteorder == "big":
-        numbers.byteswap()
-    return numbers
 
 
 class QueueIndex:
@@ -111,6 +76,8 @@ class QueueIndex:
         self._window_base = 0
         self._acked = set()  # acked entry numbers at or above the mark
         self._new_acks = array("Q")  # acked since the last commit, for the ack log
+        self._delivery_counts = {}  # entry number -> how often it came back unacked, for entries not acked
+        self._new_returns = {}  # entry number -> delivery count, changed since the last commit
         self._ack_log = None  # descriptor
         self._ack_log_size = 0
         self._checkpointed_mark = 0
@@ -146,7 +113,7 @@ class QueueIndex:
         path = os.path.join(self.directory, CHECKPOINT)
         try:
             with open(path, "rb") as checkpoint:
-                queue, self.mark, self._acked = decode_checkpoint(checkpoint.read(), path)
+                queue, self.mark, self._acked, self._delivery_counts = decode_checkpoint(checkpoint.read(), path)
         except FileNotFoundError:
             raise StoreCorrupted(f"queue {self.queue!r} has index files but no checkpoint {path}", path) from None
         if queue != self.queue:
@@ -160,6 +127,8 @@ class QueueIndex:
         stale = {entry for entry in self._acked if entry >= self.next_entry}
         self._acked = {entry for entry in self._acked if self.mark <= entry < self.next_entry}
         self._advance_mark()
+        self._delivery_counts = {entry: count for entry, count in self._delivery_counts.items()
+                                 if self.mark <= entry < self.next_entry and entry not in self._acked}
         if cut or stale:
             self.checkpoint(True, force=True)
 
@@ -170,6 +139,8 @@ class QueueIndex:
                 ack_log.write(ACK_LOG_MAGIC)
         self._ack_log = os.open(path, os.O_RDWR)
         self._ack_log_size = os.fstat(self._ack_log).st_size
+        if os.pread(self._ack_log, len(ACK_LOG_MAGIC), 0) != ACK_LOG_MAGIC:
+            write_all(self._ack_log, ACK_LOG_MAGIC, 0)  # version 1 records read the same; returns follow
 
     def _read_ack_log(self):
         path = os.path.join(self.directory, ACK_LOG)
@@ -178,18 +149,8 @@ class QueueIndex:
             return []
         with open(path, "rb") as ack_log:
             data = ack_log.read()
-        if not data.startswith(ACK_LOG_MAGIC):
-            raise StoreCorrupted(f"ack log {path} does not start with the ack log header", path, 0)
-        offset, acked = len(ACK_LOG_MAGIC), array("Q")
-        while offset + COUNT.size <= len(data):
-            (count,) = COUNT.unpack_from(data, offset)
-            end = offset + COUNT.size + 8 * count + COUNT.size
-            if count == 0 or end > len(data) or zlib.crc32(data[offset : end - 4]) != COUNT.unpack_from(data, end - 4)[0]:
-                break
-            record = array("Q")
-            record.frombytes(data[offset + COUNT.size : end - 4])
-            acked.extend(_native(record))
-            offset = end
+        acked, delivery_counts, offset = decode_ack_log(data, path)
+        self._delivery_counts.update(delivery_counts)
         self._open_ack_log()
         if offset < len(data):
             log.warn("ack log {path}: a torn record at offset {offset} ({size} bytes) is cut off",
@@ -279,6 +240,7 @@ class QueueIndex:
         )
         del self._window[index:]
         del self._sizes[index:]
+        self._delivery_counts = {number: count for number, count in self._delivery_counts.items() if number < entry}
         for number in range(entry // self.entries_per_chunk, (self.next_entry - 1) // self.entries_per_chunk + 1):
             first = max(entry - number * self.entries_per_chunk, 0)
             self._zero_from(number, HEADER_SIZE + first * INDEX_ENTRY_SIZE)
@@ -288,6 +250,11 @@ class QueueIndex:
     def unacked(self):
         """The handles of the entries not acked, in queue order."""
         return self._unacked_of(self._window, "Q")
+
+    def delivery_counts(self):
+        """How often entries not acked came back unacked: C{{handle: count}}, counts above 0 only."""
+        window, base = self._window, self._window_base
+        return {window[entry - base]: count for entry, count in self._delivery_counts.items() if count}
 
     def unacked_sizes(self):
         """The body lengths of the entries not acked, in the order of L{unacked}."""
@@ -353,9 +320,20 @@ class QueueIndex:
             return None
         self._acked.add(entry)
         self._new_acks.append(entry)
+        if self._delivery_counts:
+            self._delivery_counts.pop(entry, None)
         size = self._sizes[index]
         self._advance_mark()
         return size
+
+    def returned(self, handle, count):
+        """Note the delivery count of C{handle}'s entry; ignored if the queue holds no un-acked entry for it."""
+        window, base = self._window, self._window_base
+        index = bisect.bisect_left(window, handle, self.mark - base)
+        if index == len(window) or window[index] != handle or base + index in self._acked:
+            return
+        self._delivery_counts[base + index] = count
+        self._new_returns[base + index] = count
 
     def _advance_mark(self):
         acked, mark = self._acked, self.mark
@@ -370,15 +348,14 @@ class QueueIndex:
             self._window_base = mark
 
     def write_acks(self):
-        """Append this commit's acks to the ack log (one record)."""
-        if not self._new_acks:
+        """Append this commit's returns and acks to the ack log (a record each)."""
+        if not (self._new_returns or self._new_acks):
             return
-        body = COUNT.pack(len(self._new_acks)) + _little_endian(self._new_acks)
-        record = body + COUNT.pack(zlib.crc32(body))
-        write_all(self._ack_log, record, self._ack_log_size)
-        self._ack_log_size += len(record)
+        data = encode_ack_records(self._new_acks, self._new_returns)
+        self._new_acks, self._new_returns = array("Q"), {}
+        write_all(self._ack_log, data, self._ack_log_size)
+        self._ack_log_size += len(data)
         self._unsynced.add(self._ack_log)
-        self._new_acks = array("Q")
 
     def sync(self, fsync):
         if fsync:
@@ -406,8 +383,8 @@ class QueueIndex:
     def checkpoint(self, sync_directory, force=False):
         if not force and self.mark == self._checkpointed_mark and self._ack_log_size <= len(ACK_LOG_MAGIC):
             return
-        replace_file(os.path.join(self.directory, CHECKPOINT), encode_checkpoint(self.queue, self.mark, self._acked),
-                     sync_directory)
+        replace_file(os.path.join(self.directory, CHECKPOINT),
+                     encode_checkpoint(self.queue, self.mark, self._acked, self._delivery_counts), sync_directory)
         os.ftruncate(self._ack_log, len(ACK_LOG_MAGIC))
         self._ack_log_size = len(ACK_LOG_MAGIC)
         for number in range(self._checkpointed_mark // self.entries_per_chunk, self.mark // self.entries_per_chunk):

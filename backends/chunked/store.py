@@ -45,14 +45,15 @@ class MessageTooLarge(ValueError):
 class Batch:
     """What the reactor thread buffered since the last commit, shaped for the writer."""
 
-    __slots__ = ("records", "messages", "appends", "acks", "shared", "deleted", "topology", "end", "delays",
-                 "delay_releases", "delayed_meta")
+    __slots__ = ("records", "messages", "appends", "acks", "returns", "shared", "deleted", "topology", "end",
+                 "delays", "delay_releases", "delayed_meta")
 
     def __init__(self):
         self.records = []  # (position, head, body), in position order
         self.messages = {}  # handle -> message, for reads until the records are written
         self.appends = {}  # queue key -> [handle], in queue order
         self.acks = {}  # queue key -> [handle]
+        self.returns = {}  # queue key -> {handle: delivery count}
         self.shared = {}  # handle -> number of queues, for messages appended to more than one
         self.deleted = []  # queue keys whose indexes go before this batch's appends
         self.topology = None  # the new topology file's contents, if it changed
@@ -62,7 +63,8 @@ class Batch:
         self.delayed_meta = None  # the delayed index's new Meta, if it changed
 
     def is_empty(self):
-        return not (self.records or self.acks or self.deleted or self.delay_releases or self.delayed_meta)
+        return not (self.records or self.acks or self.returns or self.deleted or self.delay_releases
+                    or self.delayed_meta)
 
 
 @implementer(IPagingStore, IDelayedMessageStore)
@@ -92,6 +94,7 @@ class ChunkedStore(FileStoreBase):
         self._batch = Batch()
         self._in_flight = []  # batches handed to the writer whose records may not be in the files yet
         self._recovered = {}  # queue key -> handles open found
+        self._recovered_counts = {}  # queue key -> {handle: delivery count} open found
         self._damaged = {}  # queue key -> StoreCorrupted that open found
         self._position = 0  # where the next record goes
         self._data_size = chunk_size
@@ -122,6 +125,7 @@ class ChunkedStore(FileStoreBase):
         self._topology = Topology(recovery.topology)
         self._damaged = dict(recovery.damaged)
         self._recovered = dict(recovery.unacked)
+        self._recovered_counts = dict(recovery.delivery_counts)
         self._position = recovery.write_position
         self._data_size = recovery.data_size
         delayed = recovery.delayed
@@ -141,6 +145,9 @@ class ChunkedStore(FileStoreBase):
         """The handles of the messages open found for C{queue}, in order, all possibly delivered before."""
         self._check_available(queue)
         return self._recovered.get(queue, ())
+
+    def delivery_counts(self, queue):
+        return dict(self._recovered_counts.get(queue, ()))
 
     def recover(self, queue):
         """The messages open found for C{queue}, read one at a time as the result is iterated."""
@@ -162,6 +169,7 @@ class ChunkedStore(FileStoreBase):
             if handle in batch.shared:
                 batch.shared[handle] -= 1
         batch.acks.pop(queue, None)
+        batch.returns.pop(queue, None)
         batch.deleted.append(queue)
         self._damaged.pop(queue, None)
         self._recovered.pop(queue, None)
@@ -216,6 +224,14 @@ class ChunkedStore(FileStoreBase):
         else:
             acks.append(handle)
         self._acks += 1
+
+    def returned(self, queue, handle, count):
+        """Buffered: the writer adds the count to the queue's ack log after this batch's entries and acks."""
+        returns = self._batch.returns.get(queue)
+        if returns is None:
+            self._batch.returns[queue] = {handle: count}
+        else:
+            returns[handle] = count
 
     def purge(self, queue, handles):
         self._batch.acks.setdefault(queue, []).extend(handles)

@@ -17,8 +17,11 @@ from backends.filelog.records import (
     ACKED_FLAG,
     FLAG_OFFSET,
     OVERHEAD,
+    decode_returns,
+    encode_returns,
     file_header,
     frame,
+    is_returns,
     payload_of,
     record_problem,
     scan,
@@ -54,7 +57,9 @@ class QueueFile:
 
     @ivar positions: handle -> C{(offset, size)} of every valid record, in
         file order.
-    @ivar records: how many records the file holds, valid or acked.
+    @ivar records: how many records the file holds, valid, acked or of delivery counts.
+    @ivar delivery_counts: handle -> how often its message came back to the
+        queue unacked, for valid records that came back at least once.
     @ivar damage: the L{StoreCorrupted} recovery found, if any; a damaged file
         is closed and left as it is until its queue is deleted.
     """
@@ -67,6 +72,7 @@ class QueueFile:
         self.size = 0
         self.records = 0
         self.positions = {}
+        self.delivery_counts = {}
         self.damage = None
 
     @classmethod
@@ -86,10 +92,16 @@ class QueueFile:
         @raise StoreCorrupted: if the file is damaged before its end or is not
             this queue's; the file is then marked damaged and left untouched.
         """
-        recovered, handle = [], first_handle
+        recovered, handle, counts = [], first_handle, {}
         records = self._sound_records()
         for record in records:
             if record.payload is None:
+                continue
+            if is_returns(record.payload):
+                try:
+                    counts.update(decode_returns(record.payload))
+                except ValueError as problem:
+                    raise self._damaged(f"the record at offset {record.offset}: {problem}", record.offset) from None
                 continue
             message = messages_pb2.StoredMessage()
             try:
@@ -99,6 +111,9 @@ class QueueFile:
             self.positions[handle] = (record.offset, record.size)
             recovered.append((handle, message))
             handle += 1
+        if counts:
+            self.delivery_counts = {handle: counts[offset] for handle, (offset, _) in self.positions.items()
+                                    if counts.get(offset)}
         self.records = len(records)
         self.figures.file_bytes += self.size
         return recovered
@@ -189,6 +204,31 @@ class QueueFile:
         self.records += len(positions)
         self.size = offset
 
+    def returned(self, counts):
+        """
+        Keep the delivery counts of C{counts} (handle -> count) whose records
+        the file holds valid: one record of counts appended, naming the
+        message records by offset.
+        """
+        kept = {handle: count for handle, count in counts.items() if handle in self.positions}
+        if not kept or self.damage is not None:
+            return False
+        self.delivery_counts.update(kept)
+        self._append_counts({self.positions[handle][0]: count for handle, count in kept.items()})
+        return True
+
+    def _append_counts(self, counts):
+        parts = self._counts_record(counts)
+        try:
+            self.figures.writes += write_gathered(self.descriptor, parts, self.size)
+        except OSError:
+            self._cut_failed_append()
+            raise
+        size = sum(map(len, parts))
+        self.figures.file_bytes += size
+        self.records += 1
+        self.size += size
+
     def _cut_failed_append(self):
         """Cut off whatever part of a failed append reached the file, so no half
         record sits before the next append; the failure itself is what matters."""
@@ -203,6 +243,7 @@ class QueueFile:
         for handle in handles:
             position = self.positions.pop(handle, None)
             if position is not None:
+                self.delivery_counts.pop(handle, None)
                 os.pwrite(self.descriptor, ACKED_FLAG, position[0] + FLAG_OFFSET)
                 flipped += 1
         return flipped
@@ -241,6 +282,7 @@ class QueueFile:
         self.figures.file_bytes += size - self.size
         self.figures.compactions += 1
         self.descriptor, self.positions, self.size, self.records = descriptor, positions, size, len(positions)
+        self.records += bool(self.delivery_counts)
         fsync_directory(os.path.dirname(self.path))
         self.figures.syncs += 2
 
@@ -257,8 +299,17 @@ class QueueFile:
             if pending_size >= COMPACTION_WRITE_SIZE:
                 write_all(descriptor, b"".join(pending), written)
                 written, pending, pending_size = written + pending_size, [], 0
+        if self.delivery_counts:
+            pending += self._counts_record({positions[handle][0]: count for handle, count in self.delivery_counts.items()})
         write_all(descriptor, b"".join(pending), written)
-        return positions, written + pending_size
+        return positions, written + sum(map(len, pending))
+
+    @staticmethod
+    def _counts_record(counts):
+        """The parts of a record of delivery counts, C{counts} mapping record offsets to counts."""
+        payload = encode_returns(counts)
+        header, trailer = frame(payload, b"")
+        return [header, payload, trailer]
 
     # -- reads
 

@@ -36,6 +36,7 @@ class Recovery(NamedTuple):
     damaged: dict  # queue key -> StoreCorrupted
     next_handle: int
     delayed: object = None  # the DelayedRecovery of the delayed log
+    delivery_counts: dict = {}  # queue key -> {handle: delivery count}, for messages that came back unacked
 
 
 class QueueFiles:
@@ -80,9 +81,12 @@ class QueueFiles:
             else:
                 handle += len(found)
         self._log_orphans(queues)
-        for queue_file in list(self._files.values()):
+        delivery_counts = {}
+        for queue, queue_file in list(self._files.items()):
+            if queue_file.delivery_counts:
+                delivery_counts[queue] = dict(queue_file.delivery_counts)
             self._compact_if_worth_it(queue_file)
-        return Recovery(topology, messages, damaged, handle, self.delayed.open())
+        return Recovery(topology, messages, damaged, handle, self.delayed.open(), delivery_counts)
 
     def _take_lock(self):
         """Two stores writing the same files would corrupt them; the second to open fails instead."""
@@ -124,7 +128,8 @@ class QueueFiles:
         """
         Apply one L{Batch}, in the order that keeps a crash at any point
         consistent: topology, removed queue files, appends (one write per file),
-        acks, compaction; then, if C{fsync}, make everything written durable.
+        acks, delivery counts, compaction; then, if C{fsync}, make everything
+        written durable.
         """
         if batch is not None:
             if batch.topology is not None:
@@ -141,6 +146,11 @@ class QueueFiles:
             for queue, handles in batch.acks.items():
                 queue_file = self._files.get(queue)
                 if queue_file is not None and queue_file.damage is None and queue_file.ack(handles):
+                    self._unsynced.add(queue_file)
+                    self._compact_if_worth_it(queue_file)
+            for queue, counts in batch.returns.items():
+                queue_file = self._files.get(queue)
+                if queue_file is not None and queue_file.returned(counts):
                     self._unsynced.add(queue_file)
                     self._compact_if_worth_it(queue_file)
             if batch.delays or batch.delay_releases or batch.delay_lease is not None:

@@ -10,12 +10,21 @@ it is the field tag 0x08 and byte 1 the flag: 0x01 valid, 0x00 acked. The CRC
 covers the StoredMessage from byte 2 on, which lets an ack flip the flag in
 place (one byte) without touching the CRC; the tag and the flag are checked on
 their own instead.
+
+A record whose flag is 0x02 holds no message but delivery counts: after the
+tag and flag, ``[u32 count][count x u64 offset][count x u32 delivery count]``
+(little-endian arrays), how often the message records at those offsets of the
+same file came back to the queue unacked. Later ones win; compaction writes
+one with the counts of the records it keeps, at their new offsets, so the
+counts move with the records inside one atomic rename.
 """
 
 import struct
 import zlib
+from array import array
 from typing import NamedTuple
 
+from backends.fileio import little_endian_bytes, read_little_endian
 from brokerd.proto import messages_pb2
 
 LENGTH = struct.Struct(">I")
@@ -25,6 +34,8 @@ OVERHEAD = HEADER_SIZE + TRAILER_SIZE
 VALID_TAG = 0x08
 VALID = 0x01
 ACKED = 0x00
+RETURNS = 0x02  # the flag of a record of delivery counts
+FLAGS = (VALID, ACKED, RETURNS)
 FLAG_OFFSET = HEADER_SIZE + 1  # of the valid flag, from the start of a record
 ACKED_FLAG = bytes([ACKED])
 QUEUE_MAGIC = b"brokerd filelog queue 1\n"
@@ -83,6 +94,28 @@ def _varint(value):
     return bytes(encoded)
 
 
+def encode_returns(counts):
+    """The payload of a delivery-counts record: C{counts} maps record offsets to counts."""
+    offsets = sorted(counts)
+    return b"".join((bytes([VALID_TAG, RETURNS]), LENGTH.pack(len(offsets)), little_endian_bytes(array("Q", offsets)),
+                     little_endian_bytes(array("I", (counts[offset] for offset in offsets)))))
+
+
+def is_returns(payload):
+    """Whether the payload of a sound record is one of delivery counts rather than a message."""
+    return payload[1] == RETURNS
+
+
+def decode_returns(payload):
+    """C{{record offset: delivery count}} of a delivery-counts record's payload."""
+    (count,) = LENGTH.unpack_from(payload, 2)
+    start = 2 + LENGTH.size
+    if len(payload) != start + 12 * count:
+        raise ValueError(f"a delivery-counts record of {count} entries is {len(payload)} bytes long")
+    offsets = read_little_endian("Q", payload, start, count)
+    return dict(zip(offsets, read_little_endian("I", payload, start + 8 * count, count)))
+
+
 def decode(head, body):
     """The StoredMessage that L{encode} gave as C{(head, body)}."""
     return messages_pb2.StoredMessage.FromString(head + body)
@@ -107,7 +140,7 @@ def record_problem(data, offset=0):
     (length,) = LENGTH.unpack_from(data, offset)
     if OVERHEAD + length > available:
         return f"its length ({length} bytes) runs past the end of the file"
-    if length < 2 or data[offset + HEADER_SIZE] != VALID_TAG or data[offset + FLAG_OFFSET] not in (VALID, ACKED):
+    if length < 2 or data[offset + HEADER_SIZE] != VALID_TAG or data[offset + FLAG_OFFSET] not in FLAGS:
         return "it does not start with a valid flag"
     payload_end = offset + HEADER_SIZE + length
     (stored_crc,) = LENGTH.unpack_from(data, payload_end)
@@ -127,7 +160,7 @@ def payload_of(record):
 
 
 class Record(NamedTuple):
-    """A sound record found by L{scan}; C{payload} is None for an acked one."""
+    """A sound record found by L{scan}; C{payload} is None for an acked one (see L{is_returns} for the others)."""
 
     offset: int
     size: int

@@ -32,12 +32,14 @@ class Batch:
     can apply removals, then appends, then acks.
     """
 
-    __slots__ = ("records", "appends", "acks", "deleted", "topology", "delays", "delay_releases", "delay_lease")
+    __slots__ = ("records", "appends", "acks", "returns", "deleted", "topology", "delays", "delay_releases",
+                 "delay_lease")
 
     def __init__(self):
         self.records = {}  # handle -> encoded StoredMessage, as (head, body)
         self.appends = {}  # queue key -> {handle: None}, in append order
         self.acks = {}  # queue key -> [handle], of records already handed to the writer
+        self.returns = {}  # queue key -> {handle: delivery count}, the latest count of each
         self.deleted = []  # queue keys whose files go before this batch's appends
         self.topology = None  # the new topology file's contents, if it changed
         self.delays = {}  # delayed handle -> (due, exchange key, head, body), in handle order
@@ -45,7 +47,7 @@ class Batch:
         self.delay_lease = None  # the handle limit to persist, if it moved
 
     def is_empty(self):
-        return not (self.records or self.acks or self.deleted or self.delays or self.delay_releases
+        return not (self.records or self.acks or self.returns or self.deleted or self.delays or self.delay_releases
                     or self.delay_lease is not None)
 
 
@@ -80,6 +82,7 @@ class FilelogStore(FileStoreBase):
         self._held = {}  # handle -> [body size, set of queue keys still holding it]
         self._queue_handles = {}  # queue key -> {handle: None}, in queue order
         self._recovered = {}  # handle -> StoredMessage that open found, while held
+        self._recovered_counts = {}  # queue key -> {handle: delivery count} that open found
         self._damaged = {}  # queue key -> StoreCorrupted that open found
         self._next_handle = 1
         self._bytes = 0
@@ -109,6 +112,7 @@ class FilelogStore(FileStoreBase):
                 self._held[handle] = [len(record.body), {queue}]
                 self._recovered[handle] = record
                 self._bytes += len(record.body)
+        self._recovered_counts = dict(recovery.delivery_counts)
         self._next_handle = recovery.next_handle
         self._delayed = recovery.delayed.kept
         self._lease = HandleLease(recovery.delayed.next_handle)
@@ -137,6 +141,7 @@ class FilelogStore(FileStoreBase):
             self._release(queue, handle)
         self._batch.appends.pop(queue, None)
         self._batch.acks.pop(queue, None)
+        self._batch.returns.pop(queue, None)
         self._batch.deleted.append(queue)
         self._damaged.pop(queue, None)
 
@@ -166,6 +171,9 @@ class FilelogStore(FileStoreBase):
             return
         del handles[handle]
         self._acks += 1
+        returns = self._batch.returns.get(queue)
+        if returns:
+            returns.pop(handle, None)
         buffered = self._batch.appends.get(queue)
         if buffered is not None and handle in buffered:
             del buffered[handle]  # never written to this queue's file
@@ -176,6 +184,15 @@ class FilelogStore(FileStoreBase):
     def purge(self, queue, handles):
         for handle in handles:
             self.ack(queue, handle)
+
+    def returned(self, queue, handle, count):
+        """Buffered: the writer appends one record of the queue's new counts to its file."""
+        handles = self._queue_handles.get(queue)
+        if handles is not None and handle in handles:
+            self._batch.returns.setdefault(queue, {})[handle] = count
+
+    def delivery_counts(self, queue):
+        return dict(self._recovered_counts.get(queue, ()))
 
     def read(self, handle):
         held = self._held.get(handle)

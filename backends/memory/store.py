@@ -35,6 +35,7 @@ class MemoryStore:
         self._bindings = {}  # binding key -> BindingRecord
         self._messages = {}  # handle -> [message, set of queue keys still holding it]
         self._queue_handles = {}  # queue key -> {handle: None}, in append order
+        self._delivery_counts = {}  # queue key -> {handle: how often it came back unacked}
         self._next_handle = 1
         self._bytes = 0
         self._appends = 0
@@ -73,6 +74,7 @@ class MemoryStore:
         vhost, name = queue
         for key in [key for key in self._bindings if key[0] == vhost and key[2] == name]:
             del self._bindings[key]
+        self._delivery_counts.pop(queue, None)
         for handle in self._queue_handles.pop(queue, ()):
             self._release(queue, handle)
 
@@ -97,6 +99,9 @@ class MemoryStore:
         if handles is not None and handle in handles:
             del handles[handle]
             self._acks += 1
+            counts = self._delivery_counts.get(queue)
+            if counts:
+                counts.pop(handle, None)
             self._release(queue, handle)
 
     def read(self, handle):
@@ -108,6 +113,14 @@ class MemoryStore:
     def purge(self, queue, handles):
         for handle in handles:
             self.ack(queue, handle)
+
+    def returned(self, queue, handle, count):
+        handles = self._queue_handles.get(queue)
+        if handles is not None and handle in handles:
+            self._delivery_counts.setdefault(queue, {})[handle] = count
+
+    def delivery_counts(self, queue):
+        return dict(self._delivery_counts.get(queue, ()))
 
     # -- delayed messages
 

@@ -22,7 +22,8 @@ from brokerd.proto import messages_pb2
 
 log = Logger()
 
-SCHEMA_VERSION = 3  # PRAGMA user_version of the files this code writes (and reads; 2 is upgraded)
+SCHEMA_VERSION = 4  # PRAGMA user_version of the files this code writes (and reads; 2 and 3 are upgraded)
+UPGRADABLE_VERSIONS = (2, 3)
 APPLICATION_ID = 0x62726B64  # PRAGMA application_id, b"brkd": marks the file as a brokerd store
 PAGE_SIZE = 65536  # set once, when the file is created: one overflow page holds a 64 KiB body
 CACHE_KIB = 16384  # page cache of the connection
@@ -47,6 +48,7 @@ CREATE TABLE messages (
     body BLOB NOT NULL);
 CREATE TABLE entries (
     queue_id INTEGER NOT NULL, message_id INTEGER NOT NULL,
+    delivery_count INTEGER NOT NULL DEFAULT 0,  -- how often the message came back to the queue unacked
     PRIMARY KEY (queue_id, message_id)) WITHOUT ROWID;
 """
 
@@ -66,6 +68,8 @@ UPSERT_BINDING = (
     "INSERT INTO bindings (vhost, exchange, queue, routing_key, arguments, record) VALUES (?, ?, ?, ?, ?, ?)"
     " ON CONFLICT (vhost, exchange, queue, routing_key, arguments) DO UPDATE SET record = excluded.record"
 )
+ADD_DELIVERY_COUNT = "ALTER TABLE entries ADD COLUMN delivery_count INTEGER NOT NULL DEFAULT 0"
+SET_DELIVERY_COUNT = "UPDATE entries SET delivery_count = ? WHERE queue_id = ? AND message_id = ?"
 DELETE_BINDING = (
     "DELETE FROM bindings WHERE vhost = ? AND exchange = ? AND queue = ? AND routing_key = ? AND arguments = ?"
 )
@@ -90,13 +94,14 @@ class Batch:
     acked by every queue before its batch is written is never written.
     """
 
-    __slots__ = ("topology", "messages", "entries", "acks", "dropped_queues", "released", "delays",
+    __slots__ = ("topology", "messages", "entries", "returns", "acks", "dropped_queues", "released", "delays",
                  "delay_releases", "next_delayed", "final")
 
     def __init__(self):
         self.topology = []  # (sql, parameters), in call order
         self.messages = {}  # message id -> (crc, StoredMessage bytes without the body, body), in append order
         self.entries = {}  # (queue id, message id) -> None, in append order
+        self.returns = {}  # (queue id, message id) -> the entry's latest delivery count
         self.acks = []  # (queue id, message id) of entries written by earlier batches
         self.dropped_queues = []  # queue ids whose entries all go
         self.released = []  # ids of messages written by earlier batches that no queue holds now
@@ -107,7 +112,8 @@ class Batch:
 
     def __bool__(self):
         return bool(
-            self.topology or self.messages or self.entries or self.acks or self.dropped_queues or self.released
+            self.topology or self.messages or self.entries or self.returns or self.acks or self.dropped_queues
+            or self.released
             or self.delays or self.delay_releases or self.next_delayed is not None
         )
 
@@ -121,6 +127,7 @@ class Loaded:
         self.bindings = []  # (canonical arguments, BindingRecord), in creation order
         self.messages = {}  # message id -> (body size, crc, StoredMessage bytes without the body, body)
         self.entries = []  # (queue id, message id), in queue order
+        self.delivery_counts = {}  # queue id -> {message id: delivery count}, for counts above 0
         self.next_message_id = 1
         self.next_queue_id = 1
         self.delayed = None  # the kept delayed handles, a HandleMap set
@@ -197,7 +204,7 @@ class Database:
         fresh = version == 0 and tables == 0
         if fresh:
             db.execute(f"PRAGMA page_size = {PAGE_SIZE}")
-        elif version != SCHEMA_VERSION and version not in delayed.UPGRADABLE_VERSIONS:
+        elif version != SCHEMA_VERSION and version not in UPGRADABLE_VERSIONS:
             raise StoreOpenError(
                 f"sqlite store {self.path} has schema version {version}, not version {SCHEMA_VERSION}"
                 " that this brokerd reads; is it a brokerd store?"
@@ -222,10 +229,7 @@ class Database:
             else:
                 self._check()
                 if version != SCHEMA_VERSION:
-                    delayed.create_tables(db)
-                    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                    log.info("sqlite store {path}: schema version {old} upgraded to {new} (delayed messages)",
-                             path=self.path, old=version, new=SCHEMA_VERSION)
+                    self._upgrade(version)
             loaded = self._load()
             db.execute("COMMIT")
         except BaseException:
@@ -234,6 +238,19 @@ class Database:
             raise
         self._checkpointer = Checkpointer(self.path, self.synchronous)
         return loaded
+
+    def _upgrade(self, version):
+        """Bring a file of an older schema version up to this one, in the open transaction."""
+        db, added = self._db, []
+        if version < 3:
+            delayed.create_tables(db)
+            added.append("delayed messages")
+        if version < 4:
+            db.execute(ADD_DELIVERY_COUNT)
+            added.append("delivery counts")
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        log.info("sqlite store {path}: schema version {old} upgraded to {new} ({added})",
+                 path=self.path, old=version, new=SCHEMA_VERSION, added=", ".join(added))
 
     def _take_lock(self):
         """Hold an exclusive C{flock} on C{<path>.lock} until L{close}; fail at once if another holds it."""
@@ -283,6 +300,9 @@ class Database:
             loaded.bindings.append((arguments, self._parse(messages_pb2.BindingRecord, blob, "a binding")))
         loaded.messages = {row[0]: row[1:] for row in db.execute("SELECT id, size, crc, record, body FROM messages")}
         entries = db.execute("SELECT queue_id, message_id FROM entries ORDER BY queue_id, message_id").fetchall()
+        for queue_id, message_id, count in db.execute(
+                "SELECT queue_id, message_id, delivery_count FROM entries WHERE delivery_count > 0"):
+            loaded.delivery_counts.setdefault(queue_id, {})[message_id] = count
         queue_ids = {queue[0] for queue in loaded.queues}
         stray = [entry for entry in entries if entry[0] not in queue_ids]
         if stray:
@@ -371,6 +391,8 @@ class Database:
             size = sum(row[1] + len(row[3]) for row in rows)
         if batch.entries:
             db.executemany("INSERT INTO entries (queue_id, message_id) VALUES (?, ?)", batch.entries)
+        if batch.returns:
+            db.executemany(SET_DELIVERY_COUNT, [(count, *entry) for entry, count in batch.returns.items()])
         if batch.acks:
             db.executemany("DELETE FROM entries WHERE queue_id = ? AND message_id = ?", batch.acks)
         if batch.dropped_queues:

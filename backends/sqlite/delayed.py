@@ -17,7 +17,7 @@ C{PURGE_ROWS} of them or they are half the table, and at open; windows leave
 them out meanwhile.
 
 Schema version 3 added these tables; a version-2 file is upgraded in place
-when opened (the tables are created; nothing else changes).
+when opened (the tables are created).
 """
 
 from backends.delayed import MAX_DUE
@@ -25,7 +25,6 @@ from backends.handlemap import HandleMap
 from brokerd.interfaces import DelayedMessage, StoreCorrupted
 from brokerd.proto import messages_pb2
 
-UPGRADABLE_VERSIONS = (2,)
 PURGE_ROWS = 1 << 16  # released rows that make a purge
 DELAYED_SCHEMA = """
 CREATE TABLE IF NOT EXISTS delayed (

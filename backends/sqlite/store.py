@@ -84,6 +84,7 @@ class SqliteStore:
         self._queue_handles = {}  # queue id -> {message id: None} held for it, in queue order
         self._held = {}  # message id -> [number of queues holding it, body size]
         self._recovered = {}  # message id -> (crc, record, body) of messages found at open
+        self._recovered_counts = {}  # queue id -> {message id: delivery count} found at open
         self._last_recovered = 0  # the highest message id found at open
         self._next_id = self._next_queue_id = 1
         self._bytes = self._appends = self._acks = 0
@@ -122,6 +123,7 @@ class SqliteStore:
             else:
                 held[0] += 1
         self._recovered = {message_id: stored[1:] for message_id, stored in loaded.messages.items()}
+        self._recovered_counts = loaded.delivery_counts
         self._last_recovered = loaded.next_message_id - 1
         self._next_id = loaded.next_message_id
         self._next_queue_id = loaded.next_queue_id
@@ -278,6 +280,7 @@ class SqliteStore:
         self._acks += 1
         entry = (queue_id, handle)
         batch = self._batch
+        batch.returns.pop(entry, None)
         if entry in batch.entries:
             del batch.entries[entry]
         else:
@@ -287,6 +290,17 @@ class SqliteStore:
     def purge(self, queue, handles):
         for handle in handles:
             self.ack(queue, handle)
+
+    def returned(self, queue, handle, count):
+        """Keep the entry's delivery count: one UPDATE in the next commit, the latest count winning."""
+        self._writable()
+        queue_id = self._queue_ids.get(queue)
+        handles = self._queue_handles.get(queue_id)
+        if handles is not None and handle in handles:
+            self._batch.returns[(queue_id, handle)] = count
+
+    def delivery_counts(self, queue):
+        return dict(self._recovered_counts.get(self._queue_ids.get(queue), ()))
 
     def read(self, handle):
         pending = self._batch.messages.get(handle)

@@ -62,6 +62,7 @@ class Broker:
     def _recover_messages(self, queue):
         """Enqueue a durable queue's stored messages; a damaged queue is marked unavailable."""
         try:
+            queue.restore_delivery_counts(self.store.delivery_counts(queue.key))
             if IPagingStore.providedBy(self.store):
                 handles = self.store.recovered_handles(queue.key)
                 queue.restore_paged(handles)

@@ -64,6 +64,7 @@ class Queue:
         self._exclusive_consumer = None
         self._next_sequence = 0
         self._restored_at = None  # when recovered entries came back: their per-message TTLs count from then
+        self._counts_before_restart = {}  # handle -> how often a recovered message had come back (x-delivery-count)
         self._clock = vhost.clock
         self._expiry = MessageExpiry(self, vhost.clock)
         self._unused = UnusedExpiry(self, vhost.clock, self.policy.expires) if self.policy.expires else None
@@ -129,6 +130,8 @@ class Queue:
             self._ready.append_paged((handle,), sequence, redelivered)
         else:
             entry = QueuedMessage(message, self, sequence, handle, redelivered)
+            if self._counts_before_restart and handle is not None:
+                entry.delivery_count = self._counts_before_restart.pop(handle, 0)
             size = len(message.body)
             self._ready.append(entry)
             self._ready_bytes += size
@@ -154,6 +157,14 @@ class Queue:
         if own is None:
             return queue_ttl
         return own if queue_ttl is None else min(own, queue_ttl)
+
+    def restore_delivery_counts(self, counts):
+        """
+        How often recovered messages had come back before the restart (handle
+        to count), given before they are restored: each entry takes its count
+        when it is made, a paged one when it is loaded.
+        """
+        self._counts_before_restart = dict(counts)
 
     def restore_paged(self, handles):
         """
@@ -184,6 +195,8 @@ class Queue:
             self._unreadable(problem)
             return False
         entry.message = message
+        if self._counts_before_restart:
+            entry.delivery_count = self._counts_before_restart.pop(entry.handle, 0)
         self._watermark.add(len(message.body))
         ttl = self._ttl_of(message) if message.properties.HasField("expiration") else None
         if ttl is not None:
@@ -233,6 +246,8 @@ class Queue:
         if limit is not None and entry.delivery_count > limit and not self.deleted:
             self._died(entry, DELIVERY_LIMIT)
             return False
+        if entry.handle is not None and not self.deleted:
+            self._store.returned(self.key, entry.handle, entry.delivery_count)
         return True
 
     # -- messages that die
