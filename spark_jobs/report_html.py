@@ -1,0 +1,281 @@
+"""The validation report as one self-contained HTML page.
+
+Everything the page needs is inside it: the CSS inline and the charts as
+base64 C{data:image/png} URIs, so the file can be mailed, attached to a CI run
+or opened from disk with no network. Every string taken from the summary is
+escaped with L{html.escape}, since check examples quote message data.
+"""
+
+import base64
+import html
+import math
+
+from spark_jobs.charts import CROSS_BACKEND_COLUMN, correctness_matrix
+
+STYLE = """
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto;
+       max-width: 1100px; color: #222; line-height: 1.4; }
+h1 { margin-bottom: 0.2em; }
+h2 { margin-top: 1.8em; border-bottom: 1px solid #ddd; padding-bottom: 0.2em; }
+.verdict { padding: 0.8em 1.2em; border-radius: 6px; color: white; font-size: 1.3em; font-weight: bold; }
+.verdict.pass { background: #2e9d4a; }
+.verdict.fail { background: #d2352c; }
+.verdict ul { font-size: 0.75em; font-weight: normal; margin: 0.4em 0 0 0; }
+table { border-collapse: collapse; margin: 0.6em 0; }
+th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; vertical-align: top; }
+th { background: #f3f3f3; text-align: left; }
+td.number { text-align: right; font-variant-numeric: tabular-nums; }
+tr.group th { background: #e6eef7; }
+td.pass { background: #dff3e3; }
+td.fail { background: #f9d9d6; }
+td.absent { background: #f1f1f1; color: #999; }
+.result { font-weight: bold; }
+ul.examples { margin: 0.3em 0 0 0; padding-left: 1.2em; font-family: monospace; font-size: 0.85em; }
+figure { margin: 1em 0; }
+figure img { max-width: 100%; border: 1px solid #ddd; }
+figcaption { color: #555; font-size: 0.9em; }
+"""
+
+# Rows of the per-backend table: (label, field of the backend's section, number style).
+RUN_ROWS = [
+    ("published", "published", "count"),
+    ("confirmed", "confirmed", "count"),
+    ("nacked by the broker", "nacked_by_broker", "count"),
+    ("delivered", "delivered", "count"),
+    ("redelivered", "redelivered", "count"),
+    ("acked", "acked", "count"),
+    ("nacked", "nacked", "count"),
+    ("rejected", "rejected", "count"),
+    ("stored at the end", "stored", "count"),
+    ("acks lost to a crash", "acks_lost_to_crash", "count"),
+    ("crashes", "crashes", "count"),
+    ("wall time (s)", "wall_seconds", "seconds"),
+]
+THROUGHPUT_ROWS = [
+    ("publish msgs/s", "publish_msgs_per_s", "rate"),
+    ("delivery msgs/s", "deliver_msgs_per_s", "rate"),
+    ("publish MB/s", "publish_mb_per_s", "megabytes"),
+    ("delivery MB/s", "deliver_mb_per_s", "megabytes"),
+]
+LATENCY_GROUPS = [("confirm", "confirm latency (ms)"), ("end_to_end", "end-to-end latency (ms)")]
+LATENCY_FIELDS = ["count", "p50", "p90", "p99", "max"]
+
+CHART_CAPTIONS = {
+    "throughput": "Published and delivered messages per second over each run.",
+    "confirm_latency": "Publisher confirm latency: publish to basic.ack, per backend (log scale).",
+    "end_to_end_latency": "End-to-end latency: publish to first delivery, per backend (log scale).",
+    "correctness": "Correctness checks: green passed, red failed, with the violation count.",
+}
+
+NOT_AVAILABLE = "n/a"
+
+
+def escape(value):
+    """Any summary value as escaped HTML text."""
+    return html.escape(str(value), quote=True)
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def format_value(value, style="count"):
+    """A figure as table text: C{n/a} when absent, thousands separators for counts."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return NOT_AVAILABLE
+    if not _is_number(value):
+        return escape(value)
+    if style == "count":
+        return f"{value:,}" if isinstance(value, int) else f"{value:,.1f}"
+    if style == "seconds":
+        return f"{value:,.2f}"
+    if style == "rate":
+        return f"{value:,.1f}"
+    if style == "megabytes":
+        return f"{value:,.3f}"
+    if style == "milliseconds":
+        return f"{value:,.3g}" if value < 100 else f"{value:,.0f}"
+    raise ValueError(f"unknown number style {style!r}")
+
+
+def data_uri(png):
+    """A C{data:image/png;base64,...} URI holding PNG bytes."""
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def _verdict_section(summary):
+    verdict = summary["verdict"]
+    columns, rows = correctness_matrix(summary)
+    failing = [
+        f"{column}: {name}"
+        for name, cells in rows
+        for column, cell in zip(columns, cells)
+        if cell is not None and not cell["pass"]
+    ]
+    text = verdict.upper()
+    if failing:
+        text += f": {len(failing)} check{'s' if len(failing) != 1 else ''} failed"
+    elif verdict == "pass":
+        text += ": every check passed"
+    items = "".join(f"<li>{escape(item)}</li>" for item in failing)
+    listing = f"<ul>{items}</ul>" if items else ""
+    return f'<div class="verdict {escape(verdict)}" id="verdict">{escape(text)}{listing}</div>'
+
+
+def _settings_section(summary):
+    settings = summary.get("settings")
+    if not settings:
+        return "<h2>Workload</h2><p>The summary records no workload settings.</p>"
+    rows = []
+    for key, value in settings.items():
+        if isinstance(value, list):
+            shown = ", ".join(str(item) for item in value)
+        elif isinstance(value, bool):
+            shown = "yes" if value else "no"
+        else:
+            shown = value
+        rows.append(f"<tr><th>{escape(key)}</th><td>{escape(shown)}</td></tr>")
+    return f'<h2>Workload</h2><table id="settings">{"".join(rows)}</table>'
+
+
+def _figures_section(summary):
+    backends = summary["backends"]
+    header = "<tr><th>figure</th>" + "".join(f"<th>{escape(name)}</th>" for name in backends) + "</tr>"
+    width = len(backends) + 1
+
+    def group(title):
+        return f'<tr class="group"><th colspan="{width}">{escape(title)}</th></tr>'
+
+    def row(label, values, style):
+        cells = "".join(f'<td class="number">{format_value(value, style)}</td>' for value in values)
+        return f"<tr><th>{escape(label)}</th>{cells}</tr>"
+
+    rows = [group("run")]
+    for label, field, style in RUN_ROWS:
+        rows.append(row(label, [(figures.get("run") or {}).get(field) for figures in backends.values()], style))
+    rows.append(group("throughput"))
+    for label, field, style in THROUGHPUT_ROWS:
+        rows.append(row(label, [(figures.get("throughput") or {}).get(field) for figures in backends.values()], style))
+    for kind, title in LATENCY_GROUPS:
+        rows.append(group(title))
+        latencies = [((figures.get("latency_ms") or {}).get(kind)) or {} for figures in backends.values()]
+        for field in LATENCY_FIELDS:
+            values = [_latency_figure(latency, field) for latency in latencies]
+            rows.append(row(field, values, "count" if field == "count" else "milliseconds"))
+    return f'<h2>Figures per backend</h2><table id="figures">{header}{"".join(rows)}</table>'
+
+
+def _latency_figure(latency, field):
+    """A latency figure, or None (shown as n/a) when no latency was measured."""
+    if field != "count" and not latency.get("count"):
+        return None
+    return latency.get(field)
+
+
+def _image(charts, images, key, alt):
+    if key not in images:
+        return ""
+    return (
+        f'<figure><img src="{data_uri(images[key])}" alt="{escape(alt)}">'
+        f"<figcaption>{escape(CHART_CAPTIONS[key])} ({escape(charts[key])})</figcaption></figure>"
+    )
+
+
+def _charts_section(charts, images):
+    body = "".join(
+        _image(charts, images, key, alt)
+        for key, alt in (
+            ("throughput", "throughput over time"),
+            ("confirm_latency", "confirm latency CDF"),
+            ("end_to_end_latency", "end-to-end latency CDF"),
+        )
+    )
+    return f"<h2>Charts</h2>{body}" if body else ""
+
+
+def _result_cell(cell, column, name):
+    attributes = f'data-check="{escape(name)}" data-column="{escape(column)}"'
+    if cell is None:
+        return f'<td class="absent" {attributes}>&ndash;</td>'
+    outcome = "pass" if cell["pass"] else "fail"
+    counts = f"{format_value(cell.get('violations'))} violations of {format_value(cell.get('checked'))} checked"
+    return (
+        f'<td class="{outcome}" {attributes}><span class="result">{outcome.upper()}</span> '
+        f"{counts}{_examples(cell)}</td>"
+    )
+
+
+def _examples(check):
+    """A check's examples as an escaped list, or nothing when it has none."""
+    items = "".join(f"<li>{escape(example)}</li>" for example in check.get("examples") or [])
+    return f'<ul class="examples">{items}</ul>' if items else ""
+
+
+def _correctness_section(summary, charts, images):
+    columns, rows = correctness_matrix(summary)
+    if not rows:
+        return "<h2>Correctness</h2><p>The summary holds no checks.</p>"
+    header = "<tr><th>check</th>" + "".join(f"<th>{escape(column)}</th>" for column in columns) + "</tr>"
+    body = "".join(
+        f"<tr><th>{escape(name)}</th>"
+        + "".join(_result_cell(cell, column, name) for column, cell in zip(columns, cells))
+        + "</tr>"
+        for name, cells in rows
+    )
+    return (
+        f"<h2>Correctness</h2>{_image(charts, images, 'correctness', 'correctness matrix')}"
+        f'<table id="correctness">{header}{body}</table>'
+    )
+
+
+def _cross_backend_section(summary):
+    checks = (summary.get("cross_backend") or {}).get("checks") or {}
+    if not checks:
+        return "<h2>Cross-backend checks</h2><p>No cross-backend checks were computed.</p>"
+    _, rows = correctness_matrix(summary)
+    names = [name for name, cells in rows if cells[-1] is not None and name in checks]
+    header = "<tr><th>check</th><th>result</th><th>checked</th><th>violations</th><th>examples</th></tr>"
+    body = []
+    for name in names:
+        check = checks[name]
+        outcome = "pass" if check["pass"] else "fail"
+        examples = _examples(check)
+        body.append(
+            f'<tr><th>{escape(name)}</th><td class="{outcome}"><span class="result">{outcome.upper()}</span></td>'
+            f'<td class="number">{format_value(check.get("checked"))}</td>'
+            f'<td class="number">{format_value(check.get("violations"))}</td>'
+            f"<td>{examples}</td></tr>"
+        )
+    return (
+        "<h2>Cross-backend checks</h2><p>Every backend played the same seeded workload; "
+        f'these compare them (the &ldquo;{escape(CROSS_BACKEND_COLUMN)}&rdquo; column above).</p>'
+        f'<table id="cross-backend">{header}{"".join(body)}</table>'
+    )
+
+
+def render_html(summary, images):
+    """
+    The report page for a checked summary (see L{spark_jobs.report.write_report}).
+
+    @param summary: the summary, with C{"verdict"} set and C{"charts"} naming
+        the chart files.
+    @param images: a dict of chart key (as in C{summary["charts"]}) to PNG bytes
+        to embed; charts missing from it are left out of the page.
+    @return: the page as a string.
+    """
+    charts = summary.get("charts") or {}
+    backends = ", ".join(summary["backends"])
+    sections = [
+        f"<h1>brokerd cross-backend validation</h1><p>Backends: {escape(backends)}</p>",
+        _verdict_section(summary),
+        _settings_section(summary),
+        _figures_section(summary),
+        _charts_section(charts, images),
+        _correctness_section(summary, charts, images),
+        _cross_backend_section(summary),
+    ]
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>brokerd validation: {escape(summary['verdict'])}</title>"
+        f"<style>{STYLE}</style></head><body>\n" + "\n".join(sections) + "\n</body></html>\n"
+    )
