@@ -32,9 +32,15 @@ client saw or did it). Then, by kind:
 A message id travels as the AMQP ``message-id`` property, so deliveries and the
 export name the message without decoding its body.
 
-An export line has C{backend}, C{queue}, C{message_id}, C{body_sha256}, C{size},
-C{priority} and C{state} (``ready``: in the queue, delivered or not; ``delayed``:
-waiting in the delayed index).
+An export line (``python -m spark_jobs.export``) has C{backend}, C{vhost},
+C{queue}, C{exchange}, C{message_id} (empty when the message has none),
+C{body_sha256}, C{size}, C{priority} (0 when none) and C{state} (``ready``: in
+the queue, delivered or not, C{exchange} being the one it was published or
+dead-lettered through; ``delayed``: waiting in the delayed index, with
+C{queue} ``""`` and C{exchange} the delayed exchange it waits for). A message
+held by several queues has one line per queue; ready lines come queue by
+queue (sorted by vhost and name), each queue's in its order, then the delayed
+ones in due order.
 """
 
 RUN_FILE = "run.json"
@@ -75,7 +81,9 @@ EVENT_FIELDS = {
 }
 EXPORT_FIELDS = {
     "backend": str,
+    "vhost": str,
     "queue": str,
+    "exchange": str,
     "message_id": str,
     "body_sha256": str,
     "size": int,
