@@ -32,6 +32,22 @@ client saw or did it). Then, by kind:
 A message id travels as the AMQP ``message-id`` property, so deliveries and the
 export name the message without decoding its body.
 
+run.json (written by L{spark_jobs.workload}) has C{backend} (the C{--backend}
+string), C{label} (the C{backend} field of the events), C{seed}, C{settings}
+(C{WorkloadSettings.to_json()}), C{started} and C{ended} (C{time.time()} of
+the whole run, broker start and stop included), C{workload_started} (every
+client ready, publishing allowed) and C{workload_ended} (the consumed queues
+drained), C{wall_seconds} (the workload's span between those two),
+C{drain_seconds} (waiting for the consumed queues to empty after the last
+publish), C{crashes} (one C{{epoch, t, published_before}} per
+SIGKILL: the epoch killed, when, and how many publishes all publishers had made
+by then), C{epochs} (one C{{epoch, port, started, listening_seconds}} per broker
+start), C{topology} (C{exchanges} name -> type, C{queues} (consumed), C{parked},
+C{queue_arguments}, C{bindings}), C{broker_command}, C{ports} (C{amqp}: the port
+of each epoch), C{broker_stop_status} and C{clients} (per client name its
+counters: C{published}, C{confirmed}, C{nacked_by_broker}, C{delivered},
+C{acked}, C{nacked}, C{rejected}, C{sessions}).
+
 An export line (``python -m spark_jobs.export``) has C{backend}, C{vhost},
 C{queue}, C{exchange}, C{message_id} (empty when the message has none),
 C{body_sha256}, C{size}, C{priority} (0 when none) and C{state} (``ready``: in
@@ -78,6 +94,17 @@ EVENT_FIELDS = {
     "redelivered": bool,
     "delivery_count": int,
     "requeue": bool,
+}
+# The fields each kind carries beyond the common ones, in the order the runner writes them.
+KIND_FIELDS = {
+    PUBLISH: ("message_id", "publisher", "seq", "exchange", "routing_key", "queues", "size", "body_sha256",
+              "priority", "confirm"),
+    CONFIRM: ("message_id", "publisher", "seq", "ok"),
+    DELIVER: ("message_id", "queue", "consumer", "delivery_tag", "redelivered", "delivery_count", "size",
+              "body_sha256"),
+    ACK: ("message_id", "queue", "consumer", "requeue"),
+    NACK: ("message_id", "queue", "consumer", "requeue"),
+    REJECT: ("message_id", "queue", "consumer", "requeue"),
 }
 EXPORT_FIELDS = {
     "backend": str,

@@ -1,0 +1,387 @@
+"""The workload runner: plays one seeded workload against one backend through a
+real ``twistd -n brokerd`` and real AMQP clients, and leaves the run directory
+L{spark_jobs.events} describes (run.json, events/*.jsonl, data/, broker.log).
+
+    python -m spark_jobs.workload --backend sqlite --out runs/sqlite --messages 100000 --crash-every 30000
+
+The broker gets its own data directory and a free port. Publishers and
+consumers run in their own processes (L{spark_jobs.clients}); with
+C{crash_every} the runner SIGKILLs the broker after every that many publishes
+and starts it again on the same data directory, as a crash would. Once the
+publishers are done it waits for the consumed queues to drain, then stops the
+broker cleanly so the export can open its store.
+"""
+
+import argparse
+import json
+import multiprocessing
+import pathlib
+import signal
+import sys
+import time
+
+import pika
+
+from brokerd import storeregistry
+from spark_jobs import events
+from spark_jobs.brokerprocess import BrokerProcess, broker_command
+from spark_jobs.clients import ClientConfig, run_consumer, run_publisher
+from spark_jobs.control import BROKER_NACKED, CONFIRMED, DELIVERED, PUBLISHED, RunControl
+from spark_jobs.plan import build_topology, check_settings
+from spark_jobs.settings import WorkloadSettings, add_workload_arguments, settings_from_arguments
+
+PROGRESS_INTERVAL = 5.0  # seconds between progress lines
+WATCH_INTERVAL = 0.1  # seconds between the runner's looks at its clients while they publish
+DRAIN_POLL = 0.2  # seconds between looks at the consumed queues once publishing is over
+DRAIN_STABLE_LOOKS = 3  # consecutive looks that must find the queues drained and nothing moving
+CLIENT_START_TIMEOUT = 120.0  # seconds for every client process to start, connect and get ready
+CLIENT_EXIT_TIMEOUT = 60.0  # seconds for a client process to end once its work is done
+STALL_TIMEOUT = 300.0  # seconds without any publish, confirm or delivery before a run is declared stuck
+
+
+class WorkloadFailed(RuntimeError):
+    """The run could not complete: a client failed, the broker died, or the queues did not drain in time."""
+
+
+def default_label(backend):
+    """The label a run's events carry by default: the backend's name without its options."""
+    return backend.split(":", 1)[0]
+
+
+def run_workload(backend, settings, run_dir, progress=None, label=None):
+    """
+    Play the workload C{settings} against backend C{backend} (a C{--backend}
+    string, e.g. C{sqlite} or C{chunked:chunk_size=64M}) and write the run
+    directory C{run_dir}; returns the contents of its run.json.
+
+    @param progress: C{True} for a progress line on stderr every few seconds, a
+        callable to receive those lines instead, or C{None} for none.
+    @param label: the C{backend} field of every event; the backend's name by default.
+    @raise WorkloadFailed: the run could not complete; the broker and every
+        client process are stopped by then.
+    """
+    if not isinstance(settings, WorkloadSettings):
+        raise TypeError(f"settings must be a WorkloadSettings, not {type(settings).__name__}")
+    check_settings(settings)
+    _check_backend(backend)
+    run = _Run(backend, settings, pathlib.Path(run_dir), label or default_label(backend), _progress_sink(progress))
+    return run.play()
+
+
+def declare_topology(channel, topology):
+    """Declare C{topology}'s durable exchanges, queues and bindings on a pika BlockingChannel."""
+    for exchange, kind in topology.exchanges.items():
+        channel.exchange_declare(exchange, kind, durable=True)
+    for queue in topology.all_queues:
+        channel.queue_declare(queue, durable=True, arguments=topology.queue_arguments[queue] or None)
+    for binding in topology.bindings:
+        channel.queue_bind(binding.queue, binding.exchange, binding.routing_key, arguments=binding.arguments or None)
+
+
+def _check_backend(backend):
+    if not isinstance(backend, str) or not backend:
+        raise ValueError(f"backend must be a backend string such as 'sqlite', not {backend!r}")
+    try:
+        name, _ = storeregistry.split_backend_string(backend)
+    except storeregistry.BackendError as problem:
+        raise ValueError(str(problem)) from None
+    known = storeregistry.available_backends()
+    if name not in known:
+        raise ValueError(f"unknown backend {name!r}; known backends: {', '.join(known) or 'none'}")
+
+
+def _progress_sink(progress):
+    if progress is None or progress is False:
+        return None
+    if progress is True:
+        return lambda line: print(line, file=sys.stderr, flush=True)
+    if callable(progress):
+        return progress
+    raise TypeError(f"progress must be None, True or a callable taking a line, not {progress!r}")
+
+
+class _Run:
+    """One run of the workload: the broker's incarnations, the client processes and what they did."""
+
+    def __init__(self, backend, settings, run_dir, label, say):
+        self.backend = backend
+        self.settings = settings
+        self.run_dir = run_dir
+        self.label = label
+        self.say = say
+        self.topology = build_topology(settings)
+        self.data_dir = run_dir / events.DATA_DIRECTORY
+        self.events_dir = run_dir / events.EVENTS_DIRECTORY
+        self.context = multiprocessing.get_context("spawn")
+        self.control = RunControl(self.context, settings.publishers + settings.consumers)
+        self.broker = None
+        self.broker_log = None
+        self.epoch = -1
+        self.epochs = []
+        self.crashes = []
+        self.publishers = []
+        self.consumers = []
+        self.started = None
+        self.workload_started = None  # the gate opened: every client was ready
+        self.workload_ended = None  # the consumed queues were drained
+        self.last_progress = None
+
+    # -- the run
+
+    def play(self):
+        self._prepare_directory()
+        self.started = time.time()
+        self.broker_log = open(self.run_dir / events.BROKER_LOG, "a", encoding="utf-8")
+        try:
+            self._start_broker()
+            self._declare_topology()
+            self._start_clients()
+            self._publish_phase()
+            drain_seconds = self._drain_phase()
+            self.workload_ended = time.time()
+            self._stop_consumers()
+            stop_status = self._stop_broker()
+        except BaseException:
+            self._abandon()
+            raise
+        finally:
+            self.broker_log.close()
+        ended = time.time()
+        result = self._describe(ended, drain_seconds, stop_status)
+        (self.run_dir / events.RUN_FILE).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        if self.say:
+            self.say(self._progress_line(final=True))
+        return result
+
+    def _prepare_directory(self):
+        if (self.run_dir / events.RUN_FILE).exists() or any(self.events_dir.glob("*.jsonl")) or (
+                self.data_dir.exists() and any(self.data_dir.iterdir())):
+            raise ValueError(f"run directory {self.run_dir} already holds a run; give an empty or new directory")
+        self.events_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+
+    def _start_broker(self):
+        self.epoch += 1
+        began = time.time()
+        self.broker_log.write(f"--- brokerd epoch {self.epoch} starting at {began:.6f}\n")
+        self.broker_log.flush()
+        self.broker = BrokerProcess(broker_command(self.backend, self.data_dir.resolve()), self.run_dir,
+                                    self.broker_log)
+        port = self.broker.wait_listening()
+        self.epochs.append({"epoch": self.epoch, "port": port, "started": began,
+                            "listening_seconds": time.time() - began})
+        self.control.set_broker(self.epoch, port)
+
+    def _declare_topology(self):
+        try:
+            with self._admin_connection() as connection:
+                declare_topology(connection.channel(), self.topology)
+        except pika.exceptions.AMQPError as problem:
+            raise WorkloadFailed(f"{self.label}: declaring the workload's exchanges and queues failed:"
+                                 f" {problem!r}") from None
+
+    def _admin_connection(self):
+        return pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", self.epochs[-1]["port"], connection_attempts=3, retry_delay=0.2,
+            client_properties={"connection_name": "workload-runner"}))
+
+    def _start_clients(self):
+        """Start every client process and open the gate once all of them are connected and ready."""
+        config = ClientConfig(self.label, self.settings.to_json(), str(self.events_dir))
+        for number in range(self.settings.consumers):
+            self.consumers.append(self._spawn(run_consumer, config, f"consumer-{number}", number))
+        for number in range(self.settings.publishers):
+            self.publishers.append(self._spawn(run_publisher, config, f"publisher-{number}", number))
+        deadline = time.monotonic() + CLIENT_START_TIMEOUT
+        while not self.control.all_ready.wait(WATCH_INTERVAL):
+            self._check_clients()
+            if time.monotonic() > deadline:
+                raise WorkloadFailed(f"{self.label}: only {self.control.ready_clients} of {self.control.clients}"
+                                     f" clients were ready after {CLIENT_START_TIMEOUT:.0f} s")
+        self.workload_started = time.time()
+        self.control.open_gate(self._next_limit())
+
+    def _spawn(self, target, config, name, number):
+        process = self.context.Process(target=target, args=(config, self.control, number), name=name, daemon=True)
+        process.start()
+        return process
+
+    def _next_limit(self):
+        """The publish count of the next crash, or every message when no crash is left."""
+        every = self.settings.crash_every
+        if not every:
+            return self.settings.messages
+        return min((self.control.published_total // every + 1) * every, self.settings.messages)
+
+    def _publish_phase(self):
+        """Watch the publishers to their end, crashing the broker at each boundary of the gate."""
+        self.last_progress = time.monotonic()
+        moved, last_counts = time.monotonic(), None
+        while any(process.is_alive() for process in self.publishers):
+            if self.control.gate_reached.wait(WATCH_INTERVAL) and \
+                    self.control.published_total < self.settings.messages:
+                self._crash()
+            self._check_clients()
+            self._maybe_progress()
+            counts = tuple(self.control.total(counter) for counter in (PUBLISHED, CONFIRMED, BROKER_NACKED, DELIVERED))
+            if counts != last_counts:
+                moved, last_counts = time.monotonic(), counts
+            elif time.monotonic() - moved > STALL_TIMEOUT:
+                raise WorkloadFailed(f"{self.label}: nothing was published, confirmed or delivered for"
+                                     f" {STALL_TIMEOUT:.0f} s ({self._progress_line()}); is the broker blocking"
+                                     f" publishers (memory watermark) or stuck? Its last lines:\n{self.broker.tail()}")
+        self._check_clients()
+
+    def _crash(self):
+        published = self.control.published_total
+        killed_at = time.time()
+        self.broker.kill()
+        self.control.set_broker(self.epoch, 0)  # no address until the next incarnation listens
+        self.crashes.append({"epoch": self.epoch, "t": killed_at, "published_before": published})
+        self._start_broker()
+        self.control.open_gate(self._next_limit())
+
+    def _check_clients(self):
+        failed = [process for process in self.publishers + self.consumers
+                  if process.exitcode not in (None, 0)]
+        if failed:
+            reasons = dict(self.control.failures())
+            details = [f"{process.name} exited with status {process.exitcode}:"
+                       f"\n{reasons.get(process.name, '(no reason reported)')}" for process in failed]
+            raise WorkloadFailed(f"{self.label}: client processes failed:\n" + "\n".join(details))
+        if self.broker.process.poll() is not None:
+            raise WorkloadFailed(f"{self.label}: the broker (epoch {self.epoch}) exited with status"
+                                 f" {self.broker.process.returncode}; its last lines:\n{self.broker.tail()}")
+
+    def _drain_phase(self):
+        """Wait until every message in the consumed queues was settled for good; returns the seconds it took."""
+        if not self.settings.consumers:
+            return 0.0
+        try:
+            return self._wait_drained()
+        except pika.exceptions.AMQPError as problem:
+            raise WorkloadFailed(f"{self.label}: looking at the consumed queues failed: {problem!r}") from None
+
+    def _wait_drained(self):
+        began = time.monotonic()
+        deadline = began + 60.0 + 2 * (time.time() - self.started)
+        stable, last = 0, None
+        with self._admin_connection() as connection:
+            channel = connection.channel()
+            while True:
+                ready = sum(channel.queue_declare(queue, passive=True).method.message_count
+                            for queue in self.topology.queues)
+                delivered = self.control.total(DELIVERED)
+                settled = sum(self.control.counters(row)[name] for row in range(self.control.clients)
+                              for name in ("acked", "nacked", "rejected"))
+                state = (ready, delivered, settled)
+                stable = stable + 1 if ready == 0 and delivered == settled and state == last else 0
+                last = state
+                if stable >= DRAIN_STABLE_LOOKS - 1:
+                    return time.monotonic() - began
+                self._check_clients()
+                self._maybe_progress()
+                if time.monotonic() > deadline:
+                    raise WorkloadFailed(
+                        f"{self.label}: the consumed queues did not drain within {deadline - began:.0f} s:"
+                        f" {ready} messages ready, {delivered} delivered, {settled} settled")
+                connection.sleep(DRAIN_POLL)
+
+    def _stop_consumers(self):
+        self.control.stop.set()
+        self._join(self.consumers)
+
+    def _join(self, processes):
+        for process in processes:
+            process.join(CLIENT_EXIT_TIMEOUT)
+            if process.is_alive():
+                raise WorkloadFailed(f"{self.label}: {process.name} did not end within {CLIENT_EXIT_TIMEOUT:.0f} s")
+        self._check_clients()
+
+    def _stop_broker(self):
+        status = self.broker.stop()
+        if status not in (0, -signal.SIGTERM):
+            raise WorkloadFailed(f"{self.label}: the broker stopped with status {status}; its last lines:\n"
+                                 f"{self.broker.tail()}")
+        return status
+
+    def _abandon(self):
+        """After a failure: end every client process and the broker, so nothing outlives the run."""
+        self.control.stop.set()
+        for process in self.publishers + self.consumers:
+            if process.is_alive():
+                process.terminate()
+        for process in self.publishers + self.consumers:
+            process.join(CLIENT_EXIT_TIMEOUT)
+        if self.broker is not None:
+            self.broker.kill()
+
+    # -- what it says
+
+    def _maybe_progress(self):
+        if self.say and time.monotonic() - self.last_progress >= PROGRESS_INTERVAL:
+            self.last_progress = time.monotonic()
+            self.say(self._progress_line())
+
+    def _progress_line(self, final=False):
+        elapsed = max((self.workload_ended or time.time()) - (self.workload_started or self.started), 1e-9)
+        published = self.control.total(PUBLISHED)
+        return (f"{self.label}: {'done, ' if final else ''}published {published:,}/{self.settings.messages:,},"
+                f" confirmed {self.control.total(CONFIRMED):,}, delivered {self.control.total(DELIVERED):,}"
+                f" in {elapsed:.0f} s ({published / elapsed:,.0f} published/s), crashes {len(self.crashes)}")
+
+    def _describe(self, ended, drain_seconds, stop_status):
+        clients = {process.name: self.control.counters(row)
+                   for row, process in enumerate(self.publishers + self.consumers)}
+        return {
+            "backend": self.backend,
+            "label": self.label,
+            "seed": self.settings.seed,
+            "settings": self.settings.to_json(),
+            "started": self.started,
+            "ended": ended,
+            "workload_started": self.workload_started,
+            "workload_ended": self.workload_ended,
+            "wall_seconds": self.workload_ended - self.workload_started,
+            "drain_seconds": drain_seconds,
+            "crashes": self.crashes,
+            "epochs": self.epochs,
+            "topology": self.topology.to_json(),
+            "broker_command": broker_command(self.backend, self.data_dir.resolve()),
+            "ports": {"amqp": [epoch["port"] for epoch in self.epochs]},
+            "broker_stop_status": stop_status,
+            "clients": clients,
+        }
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="python -m spark_jobs.workload",
+        description="Play one seeded workload against one brokerd backend and write its run directory.")
+    parser.add_argument("--backend", required=True, help="backend string as twistd brokerd --backend takes it")
+    parser.add_argument("--out", required=True, help="the run directory to write (empty or new)")
+    parser.add_argument("--label", help="the backend label events carry (default: the backend's name)")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="a progress line on stderr every few seconds (default: when stderr is a terminal)")
+    add_workload_arguments(parser)
+    return parser
+
+
+def main(argv=None):
+    arguments = build_parser().parse_args(argv)
+    progress = sys.stderr.isatty() if arguments.progress is None else arguments.progress
+    try:
+        result = run_workload(arguments.backend, settings_from_arguments(arguments), arguments.out,
+                              progress=progress or None, label=arguments.label)
+    except (WorkloadFailed, ValueError) as problem:
+        print(f"workload: {problem}", file=sys.stderr)
+        return 1
+    counts = {name: sum(client[name] for client in result["clients"].values())
+              for name in ("published", "confirmed", "nacked_by_broker", "delivered", "acked", "nacked", "rejected")}
+    print(json.dumps({"run_dir": str(arguments.out), "wall_seconds": round(result["wall_seconds"], 3),
+                      "crashes": len(result["crashes"]), **counts}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
