@@ -26,7 +26,10 @@ def _exchange_type_list(text):
 
 
 def _share(text):
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a share is a number between 0 and 1, not {text!r}") from None
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"a share is between 0 and 1, not {text}")
     return value
@@ -34,7 +37,10 @@ def _share(text):
 
 def _count(minimum):
     def parse(text):
-        value = int(text)
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {text}")
         return value

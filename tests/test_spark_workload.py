@@ -113,6 +113,11 @@ def test_the_command_line_names_a_bad_backend_and_exits_1(tmp_path, capsys):
     with pytest.raises(SystemExit) as exited:
         main(["--backend", "sqlite", "--out", str(tmp_path / "run"), "--sizes", "0"])
     assert exited.value.code == 2 and "every size must be at least 1 byte" in capsys.readouterr().err
+    for flag, value, named in (("--messages", "many", "--messages: must be a whole number, not 'many'"),
+                               ("--nack-share", "lots", "--nack-share: a share is a number between 0 and 1")):
+        with pytest.raises(SystemExit) as exited:
+            main(["--backend", "sqlite", "--out", str(tmp_path / "run"), flag, value])
+        assert exited.value.code == 2 and named in capsys.readouterr().err
 
 
 # -- the plan against a real broker
