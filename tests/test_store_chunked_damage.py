@@ -234,6 +234,28 @@ class ChunkedDamageTests(ChunkedStores, unittest.TestCase):
         self.assertEqual(self.bodies(store, AUDIT), [b"m0"])
 
     @defer.inlineCallbacks
+    def test_a_queue_index_whose_creation_a_crash_cut_short_is_an_empty_queue(self):
+        store, _ = yield self.store_with([message(b"m0")], queues=(JOBS,))
+        store.save_queue(queue_record("audit"))
+        yield store.close()
+        directory = index_dir(store, AUDIT)
+        for leftovers in ({}, {"checkpoint.tmp": b"a checkpoint not yet renamed into place"}):
+            os.makedirs(directory)
+            for name, data in leftovers.items():
+                with open(os.path.join(directory, name), "wb") as leftover:
+                    leftover.write(data)
+            logged = LogWatcher(self)
+            store = yield self.reopen(store)
+            self.assertEqual(self.bodies(store, AUDIT), [])
+            self.assertEqual(len(logged.matching(directory, "cut short")), 1)
+            store.append(message(b"a0"), [AUDIT])
+            store = yield self.reopen(store)
+            self.assertEqual((self.bodies(store, AUDIT), self.bodies(store, JOBS)), ([b"a0"], [b"m0"]))
+            store.delete_queue(AUDIT)
+            store.save_queue(queue_record("audit"))
+            yield store.close()
+
+    @defer.inlineCallbacks
     def test_a_queue_index_the_topology_does_not_hold_is_removed_at_open_and_never_revived(self):
         store, _ = yield self.store_with([message(b"old")], queues=(JOBS, AUDIT))
         yield store.close()

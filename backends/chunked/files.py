@@ -21,7 +21,7 @@ from twisted.logger import Logger
 
 from backends.chunked.delayedindex import DelayedIndex
 from backends.chunked.messagelog import MessageLog
-from backends.chunked.queueindex import QueueIndex
+from backends.chunked.queueindex import QueueIndex, creation_cut_short
 from backends.fileio import TEMPORARY_SUFFIX, fsync_directory, lock_directory, queue_key_name, replace_file
 from backends.topologyfile import TOPOLOGY_FILE, read_topology
 from brokerd.interfaces import StoreCorrupted
@@ -141,6 +141,10 @@ class ChunkedFiles:
     def _recover(self, queue):
         directory = self.index_directory(queue)
         if not os.path.isdir(directory):
+            return []
+        if creation_cut_short(directory):
+            log.warn("queue index {path}: its creation was cut short by a crash; the queue starts empty", path=directory)
+            shutil.rmtree(directory)
             return []
         index = QueueIndex(directory, queue, self.entries_per_chunk)
         self._indexes[queue] = index

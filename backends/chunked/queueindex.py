@@ -46,7 +46,7 @@ from backends.chunked.format import (
     encode_index_entry,
 )
 from backends.chunked.messagelog import header_never_written
-from backends.fileio import fsync_directory, replace_file, write_all
+from backends.fileio import TEMPORARY_SUFFIX, fsync_directory, replace_file, write_all
 from brokerd.interfaces import StoreCorrupted
 
 log = Logger()
@@ -55,6 +55,15 @@ PREFIX = "index-chunk"
 ACK_LOG = "acks"
 CHECKPOINT = "checkpoint"
 CHECKPOINT_EVERY_ACK_BYTES = 1 << 20  # of ack log before a checkpoint empties it
+
+
+def creation_cut_short(directory):
+    """
+    Whether an index directory holds only what an interrupted L{QueueIndex.create}
+    leaves: nothing, or a checkpoint not yet renamed into place. No entry can
+    have been written before the checkpoint, so the queue holds nothing.
+    """
+    return set(os.listdir(directory)) <= {CHECKPOINT + TEMPORARY_SUFFIX}
 
 
 class QueueIndex:
