@@ -1,0 +1,311 @@
+"""The Spark job: reads the runs under C{<out>/runs/<label>/} (event logs and
+store exports, L{spark_jobs.events}) and computes the summary the report
+shows: per run its counts, throughput, latency and correctness checks
+(L{spark_jobs.checks}), and the checks across runs (L{spark_jobs.cross_checks}).
+
+All runs go through one Spark session and are analysed together: each query
+groups by run label, so one pass serves every backend. The JSON lines are
+parsed once and staged as Parquet under C{<out>/spark-work/}
+(L{spark_jobs.tables}), deleted at the end. Nothing collects raw events to
+the driver: only per-kind counts, per-second series, percentiles and at most
+five example violations per check come back. No Python UDFs: the order and
+pair checks are window functions, so the work stays in the JVM.
+
+L{create_session} starts Spark in local mode by default (C{local[*]}, web UI
+off, a few shuffle partitions per core, driver memory half of this machine's
+RAM, fixed when the JVM starts); a C{master} URL runs the same job on a
+cluster, where every path must be readable by the executors (a shared file
+system). Under C{spark-submit} the JVM is already running: its own
+C{--master} and C{--driver-memory} flags apply.
+"""
+
+import os
+import pathlib
+import shutil
+from dataclasses import dataclass
+
+from pyspark.sql import SparkSession, Window
+from pyspark.sql import functions as F
+
+from spark_jobs import events
+from spark_jobs.checks import ACKS_LOST_TO_CRASH, RUN_CHECKS, SCOPE, run_checks
+from spark_jobs.cross_checks import CROSS_CHECKS, cross_checks
+from spark_jobs.figures import latency, throughput
+from spark_jobs.tables import (
+    COMMON_REQUIRED_FIELDS, EXPORT_REQUIRED_FIELDS, LABEL, REQUIRED_FIELDS, RunInputError, read_run_facts,
+    stage_runs,
+)
+
+APP_NAME = "brokerd-validate-backends"
+DEFAULT_MASTER = "local[*]"
+WORK_DIRECTORY = "spark-work"
+RUNS_DIRECTORY = "runs"
+EXAMPLES_PER_CHECK = 5
+
+
+def default_driver_memory():
+    """Half of this machine's RAM (at least 1 GiB), as a Spark memory string: room for the
+    shuffles and caches of a million-message run, and for the OS's page cache."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return "4g"
+    return f"{max(1024, total // 2 // (1 << 20))}m"
+
+
+def create_session(master=None, driver_memory=None, app_name=APP_NAME):
+    """
+    A Spark session for the job.
+
+    @param master: a Spark master URL; None for C{local[*]}, or for the master
+        C{spark-submit} chose when it launched this program.
+    @param driver_memory: e.g. C{"12g"}; None for L{default_driver_memory} in
+        local mode. It only applies to a JVM started here.
+    """
+    launched_by_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    if master is None and not launched_by_submit:
+        master = DEFAULT_MASTER
+    builder = (SparkSession.builder.appName(app_name)
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.log.level", "WARN"))
+    if master is not None:
+        builder = builder.master(master)
+    if master is not None and master.startswith("local"):
+        # A few partitions per core (adaptive execution merges small ones), and
+        # a loopback driver: no hostname lookups on a laptop or CI box.
+        builder = (builder.config("spark.sql.shuffle.partitions", str(max(4, 4 * (os.cpu_count() or 1))))
+                   .config("spark.driver.host", "127.0.0.1")
+                   .config("spark.driver.bindAddress", "127.0.0.1"))
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        if not launched_by_submit:
+            builder = builder.config("spark.driver.memory", driver_memory or default_driver_memory())
+    elif driver_memory is not None and not launched_by_submit:
+        builder = builder.config("spark.driver.memory", driver_memory)
+    return builder.getOrCreate()
+
+
+@dataclass
+class KindFigures:
+    """What the events of one kind in one run add up to."""
+
+    count: int = 0
+    first_t: float = None
+    last_t: float = None
+    bytes: int = 0
+    max_epoch: int = None
+    redelivered: int = 0
+    ok: int = 0
+    not_ok: int = 0
+
+
+class Inventory:
+    """Per run and event kind: counts, time span, bytes, epochs; and export line counts."""
+
+    def __init__(self, kinds, stored):
+        self.kinds = kinds  # (label, kind) -> KindFigures
+        self.stored = stored  # label -> export lines
+
+    def kind(self, label, kind):
+        return self.kinds.get((label, kind), KindFigures())
+
+    def _of(self, label):
+        return [figures for (run, _), figures in self.kinds.items() if run == label]
+
+    def first_t(self, label):
+        return min(figures.first_t for figures in self._of(label))
+
+    def last_t(self, label):
+        return max(figures.last_t for figures in self._of(label))
+
+    def max_epoch(self, label):
+        return max(figures.max_epoch for figures in self._of(label))
+
+
+def _any_null(names):
+    column = F.lit(False)
+    for name in names:
+        column = column | F.col(name).isNull()
+    return column
+
+
+def take_inventory(tables):
+    """
+    Counts what each run holds and refuses runs the checks cannot trust.
+
+    @raise RunInputError: a run has no events, events of an unknown kind, or
+        events or export lines lacking a field their kind needs.
+    """
+    incomplete = F.lit(False)
+    for kind, names in REQUIRED_FIELDS.items():
+        incomplete = F.when(F.col("kind") == kind, _any_null(names + COMMON_REQUIRED_FIELDS)).otherwise(incomplete)
+    rows = tables.events.groupBy(LABEL, "kind").agg(
+        F.count(F.lit(1)).alias("count"), F.min("t").alias("first_t"), F.max("t").alias("last_t"),
+        F.sum(F.coalesce("size", F.lit(0))).alias("bytes"), F.max("epoch").alias("max_epoch"),
+        F.sum(F.coalesce(F.col("redelivered"), F.lit(False)).cast("long")).alias("redelivered"),
+        F.sum((F.col("ok") == True).cast("long")).alias("ok"),  # noqa: E712 (a column comparison)
+        F.sum((F.col("ok") == False).cast("long")).alias("not_ok"),  # noqa: E712
+        F.sum(incomplete.cast("long")).alias("incomplete"),
+    ).collect()
+    problems, kinds = [], {}
+    for row in rows:
+        if row["kind"] not in events.EVENT_KINDS:
+            problems.append(f"run {row[LABEL]}: {row['count']} events of unknown kind {row['kind']!r}"
+                            f" (known: {', '.join(events.EVENT_KINDS)})")
+            continue
+        if row["incomplete"]:
+            needed = ", ".join(REQUIRED_FIELDS[row["kind"]] + COMMON_REQUIRED_FIELDS)
+            problems.append(f"run {row[LABEL]}: {row['incomplete']} {row['kind']} events lack one of {needed}")
+        kinds[row[LABEL], row["kind"]] = KindFigures(
+            row["count"], row["first_t"], row["last_t"], row["bytes"], row["max_epoch"], row["redelivered"],
+            row["ok"], row["not_ok"])
+    stored = {}
+    export_rows = tables.export.groupBy(LABEL).agg(
+        F.count(F.lit(1)).alias("count"),
+        F.sum(_any_null(EXPORT_REQUIRED_FIELDS).cast("long")).alias("incomplete"),
+        F.sum((~F.col("state").isin(*events.STORED_STATES)).cast("long")).alias("bad_state"),
+    ).collect()
+    for row in export_rows:
+        stored[row[LABEL]] = row["count"]
+        if row["incomplete"]:
+            problems.append(f"run {row[LABEL]}: {row['incomplete']} export lines lack one of"
+                            f" {', '.join(EXPORT_REQUIRED_FIELDS)}")
+        if row["bad_state"]:
+            problems.append(f"run {row[LABEL]}: {row['bad_state']} export lines have a state other than"
+                            f" {' or '.join(events.STORED_STATES)}")
+    for label in tables.labels:
+        if not any(run == label for run, _ in kinds):
+            problems.append(f"run {label}: no events")
+    if problems:
+        raise RunInputError("; ".join(problems))
+    return Inventory(kinds, stored)
+
+
+def _run_crashes(facts, inventory, label):
+    """SIGKILLs in the run: run.json's C{crashes} (a count or a list), else the last event epoch."""
+    crashes = facts.get("crashes")
+    if isinstance(crashes, bool) or not isinstance(crashes, (int, list)):
+        return inventory.max_epoch(label)
+    return len(crashes) if isinstance(crashes, list) else crashes
+
+
+def _wall_seconds(facts, inventory, label):
+    """run.json's C{wall_seconds}, else the span of the run's events."""
+    seconds = facts.get("wall_seconds")
+    if isinstance(seconds, (int, float)) and not isinstance(seconds, bool):
+        return float(seconds)
+    return float(inventory.last_t(label) - inventory.first_t(label))
+
+
+def tally_checks(tables, outcomes):
+    """
+    Tallies the checks' outcome rows (L{spark_jobs.checks.outcome_rows}) in
+    one aggregation, written as Parquet: one row per check and run for what
+    passed, one per distinct violation (normally none). Two small reads of it
+    give the counts and the first examples.
+
+    @return: C{{(scope, check): {"checked": n, "violations": n, "examples": [...]}}}
+        for every (scope, check) with outcomes; scope is a label, or None
+        across backends.
+    """
+    tallied_path = str(tables.work_dir / "tallied")
+    (_union(outcomes).groupBy(SCOPE, "check", "sort_key", "example").agg(F.count(F.lit(1)).alias("items"))
+     .write.mode("overwrite").parquet(tallied_path))
+    tallied = tables.spark.read.parquet(tallied_path)
+    violating = F.col("sort_key").isNotNull()
+    results = {}
+    for row in tallied.groupBy(SCOPE, "check").agg(
+            F.sum("items").alias("checked"), F.sum(F.when(violating, F.col("items"))).alias("violations")).collect():
+        results[row[SCOPE], row["check"]] = {"checked": row["checked"], "violations": row["violations"] or 0,
+                                            "examples": []}
+    first = Window.partitionBy(SCOPE, "check").orderBy("sort_key", "example")
+    for row in (tallied.where(violating).withColumn("rank", F.row_number().over(first))
+                .where(F.col("rank") <= EXAMPLES_PER_CHECK).orderBy(SCOPE, "check", "rank").collect()):
+        results[row[SCOPE], row["check"]]["examples"].append(row["example"])
+    return results
+
+
+def _check_result(tally):
+    """The summary's dict for one check; nothing checked when it had no outcomes."""
+    tally = tally or {"checked": 0, "violations": 0, "examples": []}
+    return {"pass": tally["violations"] == 0, "checked": int(tally["checked"]),
+            "violations": int(tally["violations"]), "examples": tally["examples"]}
+
+
+def _union(frames):
+    result = frames[0]
+    for frame in frames[1:]:
+        result = result.unionByName(frame)
+    return result
+
+
+def _run_figures(label, facts, inventory, lost_acks):
+    figures = inventory.kind
+    return {
+        "wall_seconds": _wall_seconds(facts, inventory, label),
+        "crashes": int(_run_crashes(facts, inventory, label)),
+        "published": figures(label, events.PUBLISH).count,
+        "confirmed": figures(label, events.CONFIRM).ok,
+        "nacked_by_broker": figures(label, events.CONFIRM).not_ok,
+        "delivered": figures(label, events.DELIVER).count,
+        "redelivered": figures(label, events.DELIVER).redelivered,
+        "acked": figures(label, events.ACK).count,
+        "nacked": figures(label, events.NACK).count,
+        "rejected": figures(label, events.REJECT).count,
+        "stored": inventory.stored.get(label, 0),
+        "acks_lost_to_crash": int(lost_acks),
+    }
+
+
+def _settings_json(settings):
+    if settings is None:
+        return {}
+    return settings.to_json() if hasattr(settings, "to_json") else dict(settings)
+
+
+def analyse_runs(spark, out_dir, labels, settings=None):
+    """
+    Analyses the runs C{<out_dir>/runs/<label>/} for every label together.
+
+    @param settings: the L{spark_jobs.settings.WorkloadSettings} the runs
+        played (or its JSON dict), copied into the summary.
+    @return: the summary dict (see L{spark_jobs.report}), without C{"charts"}.
+    @raise RunInputError: a run is missing, incomplete or unreadable.
+    """
+    out_dir = pathlib.Path(out_dir)
+    runs_dir = out_dir / RUNS_DIRECTORY
+    labels = list(labels)
+    facts = {label: read_run_facts(runs_dir / label) for label in labels}
+    work_dir = out_dir / WORK_DIRECTORY
+    try:
+        tables = stage_runs(spark, runs_dir, labels, work_dir)
+        inventory = take_inventory(tables)
+        tables.derive()
+        last_epochs = spark.createDataFrame(
+            [(label, max(inventory.max_epoch(label), _run_crashes(facts[label], inventory, label)))
+             for label in labels],
+            f"{LABEL} string, last_epoch long")
+        tallies = tally_checks(tables, run_checks(tables, last_epochs) + cross_checks(tables))
+        rates = throughput(tables, inventory)
+        latencies = latency(tables)
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    backends = {}
+    for label in labels:
+        lost_acks = tallies.get((label, ACKS_LOST_TO_CRASH), {}).get("checked", 0)
+        backends[label] = {
+            "run": _run_figures(label, facts[label], inventory, lost_acks),
+            "throughput": rates[label],
+            "latency_ms": latencies[label],
+            "checks": {name: _check_result(tallies.get((label, name))) for name in RUN_CHECKS},
+        }
+    cross = {name: _check_result(tallies.get((None, name))) for name in CROSS_CHECKS}
+    every_check = [check for backend in backends.values() for check in backend["checks"].values()]
+    every_check += list(cross.values())
+    return {
+        "verdict": "pass" if all(check["pass"] for check in every_check) else "fail",
+        "settings": _settings_json(settings),
+        "backends": backends,
+        "cross_backend": {"checks": cross},
+    }
+
