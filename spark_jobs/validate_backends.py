@@ -21,6 +21,7 @@ import argparse
 import pathlib
 import shutil
 import sys
+import time
 import tempfile
 
 from brokerd.storeregistry import BackendError, make_store, split_backend_string
@@ -137,8 +138,9 @@ def _run_settings(arguments):
     return settings
 
 
-def produce_runs(arguments, progress):
-    """Runs the workload (unless reusing runs) and the export for every backend."""
+def produce_runs(arguments, progress, timings):
+    """Runs the workload (unless reusing runs) and the export for every backend, noting each one's
+    wall time in C{timings} (C{workload_seconds} and C{export_seconds}, per label)."""
     from spark_jobs.export import ExportError, export_store
 
     settings = settings_from_arguments(arguments)
@@ -150,16 +152,20 @@ def produce_runs(arguments, progress):
 
             _fresh_run_dir(run_dir)
             progress(f"{step} workload")
+            started = time.monotonic()
             try:
                 run_workload(backend, settings, run_dir, progress=progress if arguments.progress else None,
                              label=label)
             except (WorkloadFailed, ValueError) as problem:
                 raise ValidationError(f"the workload on {backend} failed: {problem}") from None
+            timings.setdefault("workload_seconds", {})[label] = round(time.monotonic() - started, 3)
         progress(f"{step} export")
+        started = time.monotonic()
         try:
             lines = export_store(backend, run_dir / events.DATA_DIRECTORY, run_dir / events.EXPORT_FILE, label=label)
         except ExportError as problem:
             raise ValidationError(f"exporting the {backend} store of {run_dir} failed: {problem}") from None
+        timings.setdefault("export_seconds", {})[label] = round(time.monotonic() - started, 3)
         progress(f"{step} exported {lines} stored messages")
 
 
@@ -200,14 +206,26 @@ def summary_table(summary):
     return "\n".join(lines)
 
 
+def timings_line(timings):
+    """Where the wall time went: the workload and export per backend, then the Spark job."""
+    parts = [f"{step.removesuffix('_seconds')} {label} {seconds:.1f} s"
+             for step in ("workload_seconds", "export_seconds") for label, seconds in timings.get(step, {}).items()]
+    parts.append(f"Spark job {timings.get('spark_seconds', 0):.1f} s")
+    return "wall time: " + ", ".join(parts)
+
+
 def main(argv=None):
     arguments = parse_arguments(argv)
     progress = _progress_printer(arguments.progress)
+    timings = {}
     try:
         arguments.out.mkdir(parents=True, exist_ok=True)
-        produce_runs(arguments, progress)
+        produce_runs(arguments, progress, timings)
         settings = _run_settings(arguments)
+        started = time.monotonic()
         summary = analyse(arguments, settings, progress)
+        timings["spark_seconds"] = round(time.monotonic() - started, 3)
+        summary["timings"] = timings
         from spark_jobs.report import SummaryError, write_report
 
         progress("report")
@@ -219,6 +237,7 @@ def main(argv=None):
         print(f"validation not carried out: {problem}", file=sys.stderr)
         return NOT_CARRIED_OUT
     print(summary_table(summary))
+    print(timings_line(timings))
     print(f"report: {arguments.out / 'report.html'} (summary: {arguments.out / 'summary.json'})")
     print(f"verdict: {summary['verdict']}")
     return PASSED if summary["verdict"] == "pass" else FAILED

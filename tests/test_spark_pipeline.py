@@ -67,6 +67,9 @@ def test_the_whole_pipeline_passes_on_every_backend_with_a_crash_in_the_middle(p
         assert backend["latency_ms"]["confirm"]["count"] > 0
     for check in CROSS_CHECKS:
         assert summary["cross_backend"]["checks"][check]["pass"], check
+    assert sorted(summary["timings"]["workload_seconds"]) == sorted(BACKENDS)
+    assert summary["timings"]["spark_seconds"] > 0
+    assert "wall time: workload sqlite" in finished.stdout
     assert (out / "report.html").stat().st_size > 0
     for chart in summary["charts"].values():
         assert (out / chart).read_bytes().startswith(b"\x89PNG")
