@@ -11,22 +11,13 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from spark_jobs.events import BACKEND_CHECKS, CROSS_BACKEND_CHECKS
+
 DPI = 100
 THROUGHPUT_SIZE = (10.0, 6.0)  # inches; at DPI, 1000 x 600 pixels
 LATENCY_SIZE = (8.0, 5.0)
 CORRECTNESS_SIZE = (10.0, 6.0)
 
-# Checks in the order the report lists them; names a summary adds beyond these
-# follow, sorted.
-BACKEND_CHECKS = (
-    "confirmed_delivered_or_stored",
-    "no_unflagged_duplicates",
-    "order_per_publisher_and_priority",
-    "acked_not_redelivered",
-    "delivered_bodies_match",
-    "stored_matches_published",
-)
-CROSS_BACKEND_CHECKS = ("same_messages", "same_bodies", "same_queue_sequences")
 CROSS_BACKEND_COLUMN = "all"
 
 PASS_COLOUR = "#2e9d4a"

@@ -23,13 +23,12 @@ Which runs hold a row is kept as a bit mask (bit i for the i-th label), so
 
 from pyspark.sql import functions as F
 
+from spark_jobs import events
 from spark_jobs.checks import in_consumer_order, outcome_rows
 from spark_jobs.tables import LABEL
 
-SAME_MESSAGES = "same_messages"
-SAME_BODIES = "same_bodies"
-SAME_QUEUE_SEQUENCES = "same_queue_sequences"
-CROSS_CHECKS = (SAME_MESSAGES, SAME_BODIES, SAME_QUEUE_SEQUENCES)
+CROSS_CHECKS = events.CROSS_BACKEND_CHECKS
+SAME_MESSAGES, SAME_BODIES, SAME_QUEUE_SEQUENCES = CROSS_CHECKS
 MAX_RUNS = 62  # one bit each in a long mask
 
 

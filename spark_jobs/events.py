@@ -122,3 +122,16 @@ EXPORT_FIELDS = {
 def message_id(publisher, seq):
     """The id of a publisher's C{seq}th message: sortable and the same on every backend."""
     return f"p{publisher}-{seq:09d}"
+
+
+# The checks of a summary, in the order the report lists them: per backend
+# (L{spark_jobs.checks}), then across backends (L{spark_jobs.cross_checks}).
+BACKEND_CHECKS = (
+    "confirmed_delivered_or_stored",
+    "no_unflagged_duplicates",
+    "order_per_publisher_and_priority",
+    "acked_not_redelivered",
+    "delivered_bodies_match",
+    "stored_matches_published",
+)
+CROSS_BACKEND_CHECKS = ("same_messages", "same_bodies", "same_queue_sequences")

@@ -22,9 +22,7 @@ from spark_jobs.settings import WorkloadSettings
 from spark_jobs.tables import RunInputError, stage_runs
 from tests.spark_events import FAULT_MESSAGES, SyntheticRun, write_lines
 
-RUN_CHECKS = ("confirmed_delivered_or_stored", "no_unflagged_duplicates", "order_per_publisher_and_priority",
-              "acked_not_redelivered", "delivered_bodies_match", "stored_matches_published")
-CROSS_CHECKS = ("same_messages", "same_bodies", "same_queue_sequences")
+RUN_CHECKS, CROSS_CHECKS = events.BACKEND_CHECKS, events.CROSS_BACKEND_CHECKS
 
 # Label -> the faults planted in it, as (check that must find it, message it must name).
 PLANTED = {

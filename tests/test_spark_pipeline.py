@@ -18,9 +18,7 @@ from tests.storedamage import drop_stored_message
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BACKENDS = ("sqlite", "filelog", "chunked")
-PER_BACKEND_CHECKS = ("confirmed_delivered_or_stored", "no_unflagged_duplicates", "order_per_publisher_and_priority",
-                      "acked_not_redelivered", "delivered_bodies_match", "stored_matches_published")
-CROSS_CHECKS = ("same_messages", "same_bodies", "same_queue_sequences")
+PER_BACKEND_CHECKS, CROSS_CHECKS = events.BACKEND_CHECKS, events.CROSS_BACKEND_CHECKS
 
 
 def validate(out, *arguments):

@@ -14,19 +14,11 @@ from matplotlib.image import imread
 
 from spark_jobs.charts import FAIL_COLOUR, PASS_COLOUR, per_second_counts
 from spark_jobs.report import CHART_FILES, SummaryError, write_report
+from spark_jobs.events import BACKEND_CHECKS, CROSS_BACKEND_CHECKS as CROSS_CHECKS
 from spark_jobs.settings import WorkloadSettings
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-BACKEND_CHECKS = (
-    "confirmed_delivered_or_stored",
-    "no_unflagged_duplicates",
-    "order_per_publisher_and_priority",
-    "acked_not_redelivered",
-    "delivered_bodies_match",
-    "stored_matches_published",
-)
-CROSS_CHECKS = ("same_messages", "same_bodies", "same_queue_sequences")
 HOSTILE_EXAMPLE = "p0-000000042 body <script>alert('x')</script> & more"
 
 
