@@ -53,6 +53,15 @@ class FilelogStores(DirectoryStores):
     def queue_path(self, store, queue):
         return os.path.join(store.directory, queue_file_name(queue))
 
+    @defer.inlineCallbacks
+    def filled(self, count):
+        """An open store whose queue C{jobs} holds C{count} committed messages, and their handles."""
+        store = yield self.open_store()
+        store.save_queue(queue_record("jobs"))
+        handles = [store.append(message(b"m%02d" % n), [JOBS]) for n in range(count)]
+        yield store.sync()
+        return store, handles
+
 
 class FilelogStoreContractTests(FilelogStores, StoreContract, unittest.TestCase):
     pass
@@ -229,14 +238,6 @@ class FilelogFormatTests(FilelogStores, unittest.TestCase):
 
 class FilelogCompactionTests(FilelogStores, unittest.TestCase):
     options = {"compact_min_records": "10", "compact_valid_ratio": "0.5"}
-
-    @defer.inlineCallbacks
-    def filled(self, count):
-        store = yield self.open_store()
-        store.save_queue(queue_record("jobs"))
-        handles = [store.append(message(b"m%02d" % n), [JOBS]) for n in range(count)]
-        yield store.sync()
-        return store, handles
 
     @defer.inlineCallbacks
     def test_a_file_is_compacted_once_fewer_than_the_ratio_of_its_records_are_valid(self):

@@ -6,20 +6,12 @@ import os
 from twisted.internet import defer
 from twisted.trial import unittest
 
-from tests.store_contract import JOBS, message, queue_record
+from tests.store_contract import JOBS
 from tests.test_store_filelog import FilelogStores, LogWatcher, record_spans
 
 
 class FilelogDeliveryCountTests(FilelogStores, unittest.TestCase):
     options = {"compact_min_records": "10", "compact_valid_ratio": "0.5"}
-
-    @defer.inlineCallbacks
-    def filled(self, count):
-        store = yield self.open_store()
-        store.save_queue(queue_record("jobs"))
-        handles = [store.append(message(b"m%02d" % n), [JOBS]) for n in range(count)]
-        yield store.sync()
-        return store, handles
 
     def counts_by_body(self, store):
         counts = store.delivery_counts(JOBS)
