@@ -123,6 +123,21 @@ class ChunkedStoreContractTests(ChunkedStores, StoreContract, unittest.TestCase)
     pass
 
 
+class ChunkedWriteTests(ChunkedStores, unittest.TestCase):
+    @defer.inlineCallbacks
+    def test_one_commit_of_small_and_large_records_across_chunks_reads_back_intact(self):
+        # Small records go to the chunk joined into writes of up to 1 MiB, bodies of 64 KiB or more on their own.
+        sizes = [100 << 10 if number % 500 == 0 else 1000 + number % 7 for number in range(3000)]
+        published = [sized("w%05d" % number, size) for number, size in enumerate(sizes)]
+        store, handles = yield self.store_with(published, chunk_size=str(2 << 20))
+        self.assertEqual(chunk_numbers(store), [0, 1])
+        store = yield self.reopen(store)
+        self.assertEqual(self.bodies(store), [each.body for each in published])
+        for handle, each in list(zip(handles, published))[::97]:
+            record = yield store.read(handle)
+            self.assertEqual((record.properties.message_id, record.body), (each.properties.message_id, each.body))
+
+
 class ChunkedChunkDeletionTests(ChunkedStores, unittest.TestCase):
     @defer.inlineCallbacks
     def test_a_chunk_is_deleted_only_once_its_last_message_is_acked(self):

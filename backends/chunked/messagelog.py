@@ -43,6 +43,8 @@ log = Logger()
 PREFIX = "message-chunk"
 SCAN_BLOCK = 8 << 20  # bytes read at a time when the last chunk is scanned
 TORN_CHECK_BYTES = 64 << 10  # non-zero bytes this close after the last whole record make it a torn tail
+JOINED_BYTES = 1 << 20  # small records are joined into one write of up to this much (one call per record is slow)
+OWN_WRITE_BODY = 64 << 10  # a body this big is written on its own rather than copied once more by a join
 
 
 class ChunkFigures:
@@ -189,20 +191,38 @@ class MessageLog:
         the reactor thread reads everything below it from the files.
         """
         run_start, end = None, None
+        parts, joined = [], 0  # record parts not yet handed to the writer
         for position, head, body in records:
             number = position // self.data_size
             if number != self._current:
+                self._write_joined(parts)
+                parts, joined = [], 0
                 self._flush_run(run_start, end)
                 run_start = None
                 self._start_chunk(number)
             if run_start is None:
                 run_start = position
                 self._skip_to(HEADER_SIZE + position % self.data_size)
-            for part in frame_parts(head, body):
-                self._writer.write(part)
+            prefix, body, tail = frame_parts(head, body)
+            if len(body) >= OWN_WRITE_BODY:
+                parts.append(prefix)
+                self._write_joined(parts)
+                self._writer.write(body)
+                parts, joined = [tail], 0
+            else:
+                parts += (prefix, body, tail)
+                joined += len(prefix) + len(body)
+                if joined >= JOINED_BYTES:
+                    self._write_joined(parts)
+                    parts, joined = [], 0
             self._records_in_current += 1
             end = position + record_size(head, len(body))
+        self._write_joined(parts)
         self._flush_run(run_start, end)
+
+    def _write_joined(self, parts):
+        if parts:
+            self._writer.write(parts[0] if len(parts) == 1 else b"".join(parts))
 
     def _skip_to(self, offset):
         """Records of a batch follow one another; only a new chunk's first one may start further on."""
