@@ -284,11 +284,18 @@ class DelayedIndex:
         self._unsynced = True
         if self.damage is not None:
             return
-        width = self.width
-        for due, handle, position, exchange in delays:
-            state = self._state(due // width)
-            state.memtable.add(due, handle, position, exchange)
-            state.live += 1
+        width, by_bucket = self.width, {}
+        for delay in delays:
+            number = delay[0] // width
+            rows = by_bucket.get(number)
+            if rows is None:
+                by_bucket[number] = [delay]
+            else:
+                rows.append(delay)
+        for number, rows in by_bucket.items():
+            state = self._state(number)
+            state.memtable.add_rows(rows)
+            state.live += len(rows)
         for handle, due, _ in releases:
             state = self.buckets[due // width]
             state.live -= 1
