@@ -81,11 +81,16 @@ def test_crash_loop_benchmark_survives_a_kill():
     assert results["cycles"][0]["confirmed"] > 0
 
 
-def test_delayed_delivery_benchmark_fires_every_message_due_while_it_watches():
+def test_delayed_delivery_benchmark_fires_every_message_and_every_probe_due_while_it_watches():
     output = run_benchmark("benchmarks.delayed_delivery", "--backend", "chunked", "--messages", "300",
-                           "--max-delay", "0.5", "--observe", "2", "--json")
+                           "--max-delay", "0.5", "--observe", "4", "--probe-rate", "20", "--probe-max-delay", "0.5",
+                           "--json")
     results = json.loads(output)
     assert results["messages"] == 300
     assert results["fired"] == 301, "the 300 and the final confirmed one, all due within the watch"
     assert results["rss_mb_holding_backlog"] > 0
+    assert 0 <= results["backlog_lateness_ms_p50"] <= results["backlog_lateness_ms_p99"] \
+        <= results["backlog_lateness_ms_max"]
+    assert results["probes_published"] >= 10, "probes go out at 20/s for the first 1.5 s of the watch"
+    assert results["probes_fired"] == results["probes_published"], "every probe is due 2 s before the watch ends"
     assert 0 <= results["lateness_ms_p50"] <= results["lateness_ms_p99"] <= results["lateness_ms_max"]
