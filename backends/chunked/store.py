@@ -193,7 +193,7 @@ class ChunkedStore(FileStoreBase):
                 handles.append(handle)
         if len(queues) > 1:
             batch.shared[handle] = len(queues)
-        self._cache.put(handle, message)
+        self._cache.put(handle, head, body)
         self._appends += 1
         return handle
 
@@ -252,8 +252,10 @@ class ChunkedStore(FileStoreBase):
                 if message is not None:
                     break
             else:
-                message = self._cache.get(handle)
-                if message is None:
+                record = self._cache.get(handle)
+                if record is not None:
+                    message = self._reader.message(*record)
+                else:
                     if self._closed or self._commit is None:
                         raise KeyError(f"the chunked store is not open; cannot read {handle!r}")
                     message = self._reader.read(handle)
