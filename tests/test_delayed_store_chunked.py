@@ -27,9 +27,11 @@ from backends.chunked.delayedformat import (
     handles_of,
     run_of,
 )
+from backends.chunked.format import HEADER_SIZE
+from brokerd.interfaces import StoreCorrupted
 from tests.delayed_store_contract import DELAYS, FOREVER, NOW, DelayedStoreContract, bodies, delayed, keys
 from tests.store_contract import JOBS, queue_record
-from tests.test_store_chunked import ChunkedStores, big, chunk_numbers, contents, sized
+from tests.test_store_chunked import ChunkedStores, big, chunk_numbers, chunk_path, contents, flip, sized
 
 SECOND = 1000  # ms: the bucket width of the tests below
 
@@ -282,6 +284,34 @@ class ChunkedDelayedChunkTests(ChunkedStores, unittest.TestCase):
         store = yield self.reopen(store)
         self.assertNotIn(0, chunk_numbers(store))
         self.assertEqual((yield store.delayed_after(None, FOREVER, 10)), [])
+
+
+class ChunkedDelayedWindowReadTests(ChunkedStores, unittest.TestCase):
+    @defer.inlineCallbacks
+    def test_a_window_s_records_are_read_by_the_writer_thread_whatever_their_size(self):
+        # The reactor thread would wait for the disk on each record it read (100 ms stalls with a million delays).
+        sizes = [10, 5000, 30000, 700]  # 5000 and 30000 take more than the first read of a record
+        store = yield self.open_store(chunk_size=str(1 << 16))
+        for number, size in enumerate(sizes):
+            store.delay(sized("d%d" % number, size), DELAYS, NOW + number)
+        store = yield self.reopen(store, chunk_size=str(1 << 16))
+        found = yield store.delayed_after(None, FOREVER, 10)
+        self.assertEqual([(item.record.properties.message_id, item.record.body) for item in found],
+                         [("d%d" % number, sized("d%d" % number, size).body) for number, size in enumerate(sizes)])
+        self.assertEqual(store.stats()["chunk_reads"], 0, "the reactor thread read no chunk")
+
+    @defer.inlineCallbacks
+    def test_a_damaged_record_fails_the_window_naming_its_chunk(self):
+        store = yield self.open_store()
+        for number in range(4):  # three fill chunk 0 (a damaged last chunk would be a crash's torn tail)
+            store.delay(big(number), DELAYS, NOW + number)
+        store = yield self.reopen(store)
+        yield store.close()
+        flip(chunk_path(store, 0), HEADER_SIZE + 100)
+        store = yield self.open_store(self.data_dir_of(store))
+        failure = yield self.assertFailure(store.delayed_after(None, FOREVER, 10), StoreCorrupted)
+        self.assertIn(chunk_path(store, 0), str(failure))
+        self.assertIn("CRC mismatch", str(failure))
 
 
 class ChunkedDelayedMemoryTests(ChunkedStores, unittest.TestCase):

@@ -256,6 +256,12 @@ class ChunkedFiles:
                 self._release(handle, size)
         index.write_acks()
 
+    def delayed_window(self, cursor, until, limit):
+        """The delayed index's window (L{DelayedIndex.window}), each row followed by its record's head and body."""
+        rows = self.delayed.window(cursor, until, limit)
+        records = self.log.read_records([position for _, _, position, _ in rows])
+        return [(*row, head, body) for row, (head, body) in zip(rows, records)]
+
     def _delayed(self, batch, fsync):
         """Index the batch's delays (their records are written) and releases; count their chunks."""
         references, data_size = self._references, self.log.data_size

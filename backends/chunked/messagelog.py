@@ -31,6 +31,7 @@ from backends.chunked.format import (
     encode_header,
     frame_parts,
     full_record_size,
+    record_parts,
     record_problem,
     record_size,
 )
@@ -43,6 +44,7 @@ log = Logger()
 PREFIX = "message-chunk"
 SCAN_BLOCK = 8 << 20  # bytes read at a time when the last chunk is scanned
 TORN_CHECK_BYTES = 64 << 10  # non-zero bytes this close after the last whole record make it a torn tail
+RECORD_READ_AHEAD = 4096  # bytes read for a record at first: most records fit, bigger ones take a second read
 JOINED_BYTES = 1 << 20  # small records are joined into one write of up to this much (one call per record is slow)
 OWN_WRITE_BODY = 64 << 10  # a body this big is written on its own rather than copied once more by a join
 
@@ -90,6 +92,42 @@ class MessageLog:
 
     def file_size(self):
         return HEADER_SIZE + self.data_size + FOOTER_SIZE
+
+    def read_records(self, positions):
+        """
+        The C{(head, body)} of the records at C{positions} (all below
+        C{write_position}), for the writer thread. They are read with pread,
+        which lets the reactor thread run while the disk works; a page fault
+        through a map would hold the interpreter lock for as long.
+
+        @raise KeyError: if a record's chunk is gone.
+        @raise StoreCorrupted: if a record is damaged.
+        """
+        records, descriptors = [], {}
+        try:
+            for position in positions:
+                number, offset = divmod(position, self.data_size)
+                descriptor = descriptors.get(number)
+                if descriptor is None:
+                    try:
+                        descriptor = descriptors[number] = os.open(self.path_of(number), os.O_RDONLY)
+                    except FileNotFoundError:
+                        raise KeyError(f"no record at {position}: message chunk {number} is gone") from None
+                offset += HEADER_SIZE
+                limit = HEADER_SIZE + self.data_size - offset
+                data = os.pread(descriptor, min(RECORD_READ_AHEAD, limit), offset)
+                if len(data) >= 4 and len(data) < min(full_record_size(data, 0), limit):
+                    data = os.pread(descriptor, min(full_record_size(data, 0), limit), offset)
+                problem = record_problem(data, 0, len(data))
+                if problem is not None:
+                    path = self.path_of(number)
+                    raise StoreCorrupted(f"chunk {path}: the record at data offset {offset - HEADER_SIZE} is"
+                                         f" damaged ({problem})", path, offset)
+                records.append(record_parts(data, 0))
+        finally:
+            for descriptor in descriptors.values():
+                os.close(descriptor)
+        return records
 
     # -- open
 

@@ -22,6 +22,7 @@ from zope.interface import implementer
 from backends.chunked.files import TOPOLOGY_MAGIC, ChunkedFiles
 from backends.chunked.delayedindex import KEPT_TYPECODES
 from backends.chunked.format import (
+    decode_head,
     encode_head,
     handle_of_message_id,
     message_id,
@@ -334,15 +335,24 @@ class ChunkedStore(FileStoreBase):
             return defer.fail(self._delayed_unavailable())
 
         def fetch(position, bound, count):
-            return self._commit.call(self._files.delayed.window, position, bound, count)
+            # The writer thread reads the records too: the reactor thread never waits for the disk here.
+            return self._commit.call(self._files.delayed_window, position, bound, count)
 
         rows = delayed_window(fetch, list(self._batch.delays), self._delayed.__contains__, cursor, until, limit)
         return rows.addCallbacks(self._delayed_messages, self._delayed_failed)
 
     def _delayed_messages(self, rows):
-        exchanges = self._exchanges
-        return [DelayedMessage(due, handle, exchanges[number], self._stored(self.load(position)))
-                for due, handle, position, number in rows]
+        """DelayedMessages of rows read with their records by the writer, or of delays not yet handed to it."""
+        exchanges, found = self._exchanges, []
+        for row in rows:
+            due, handle, position, number = row[:4]
+            if len(row) > 4:
+                record = decode_head(row[4])
+                record.body = row[5]
+            else:
+                record = self._stored(self.load(position))
+            found.append(DelayedMessage(due, handle, exchanges[number], record))
+        return found
 
     def _delayed_failed(self, failure):
         if failure.check(StoreCorrupted) and self._delayed_damage is None:
