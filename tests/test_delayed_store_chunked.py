@@ -311,7 +311,7 @@ class ChunkedDelayedWindowReadTests(ChunkedStores, unittest.TestCase):
         store = yield self.open_store(self.data_dir_of(store))
         failure = yield self.assertFailure(store.delayed_after(None, FOREVER, 10), StoreCorrupted)
         self.assertIn(chunk_path(store, 0), str(failure))
-        self.assertIn("CRC mismatch", str(failure))
+        self.assertIn("the record at data offset 0 is damaged (CRC mismatch)", str(failure))
 
 
 class ChunkedDelayedMemoryTests(ChunkedStores, unittest.TestCase):

@@ -25,6 +25,7 @@ import struct
 import zlib
 from array import array
 
+from brokerd.interfaces import StoreCorrupted
 from brokerd.proto import messages_pb2
 
 VERSION = 1
@@ -193,6 +194,20 @@ def record_parts(buffer, offset):
     body_start = head_start + head_length
     with memoryview(buffer) as view:
         return bytes(view[head_start:body_start]), bytes(view[body_start : offset + 4 + length])
+
+
+def checked_record_parts(buffer, offset, limit, path, file_offset):
+    """
+    The C{(head, body)} of the record at C{offset} of C{buffer} (C{limit} the
+    end of valid data), read from C{file_offset} of the chunk file at C{path}.
+
+    @raise StoreCorrupted: naming the file and the data offset, if the record is damaged.
+    """
+    problem = record_problem(buffer, offset, limit)
+    if problem is not None:
+        raise StoreCorrupted(f"chunk {path}: the record at data offset {file_offset - HEADER_SIZE} is damaged"
+                             f" ({problem})", path, file_offset)
+    return record_parts(buffer, offset)
 
 
 def decode_head(head):

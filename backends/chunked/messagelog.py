@@ -21,8 +21,10 @@ from twisted.logger import Logger
 from backends.chunked.format import (
     FOOTER_SIZE,
     HEADER_SIZE,
+    LENGTH,
     MESSAGE_CHUNK,
     FormatError,
+    checked_record_parts,
     chunk_file_name,
     chunk_numbers,
     decode_footer,
@@ -31,7 +33,6 @@ from backends.chunked.format import (
     encode_header,
     frame_parts,
     full_record_size,
-    record_parts,
     record_problem,
     record_size,
 )
@@ -114,16 +115,12 @@ class MessageLog:
                     except FileNotFoundError:
                         raise KeyError(f"no record at {position}: message chunk {number} is gone") from None
                 offset += HEADER_SIZE
-                limit = HEADER_SIZE + self.data_size - offset
-                data = os.pread(descriptor, min(RECORD_READ_AHEAD, limit), offset)
-                if len(data) >= 4 and len(data) < min(full_record_size(data, 0), limit):
-                    data = os.pread(descriptor, min(full_record_size(data, 0), limit), offset)
-                problem = record_problem(data, 0, len(data))
-                if problem is not None:
-                    path = self.path_of(number)
-                    raise StoreCorrupted(f"chunk {path}: the record at data offset {offset - HEADER_SIZE} is"
-                                         f" damaged ({problem})", path, offset)
-                records.append(record_parts(data, 0))
+                room = HEADER_SIZE + self.data_size - offset
+                data = os.pread(descriptor, min(RECORD_READ_AHEAD, room), offset)
+                size = min(full_record_size(data, 0), room) if len(data) >= LENGTH.size else 0
+                if size > len(data):
+                    data = os.pread(descriptor, size, offset)
+                records.append(checked_record_parts(data, 0, len(data), self.path_of(number), offset))
         finally:
             for descriptor in descriptors.values():
                 os.close(descriptor)

@@ -16,8 +16,7 @@ import mmap
 import os
 from collections import OrderedDict
 
-from backends.chunked.format import HEADER_SIZE, decode_head, position_of, record_parts, record_problem
-from brokerd.interfaces import StoreCorrupted
+from backends.chunked.format import HEADER_SIZE, checked_record_parts, decode_head, position_of
 from brokerd.model.message import Message
 
 CACHE_ENTRY_OVERHEAD = 200  # bytes a cached record costs beyond its head and body (dict slot, tuple, bytes headers)
@@ -116,12 +115,7 @@ class ChunkReader:
             raise KeyError(f"the chunked store holds no message with handle {handle!r}")
         chunk = self._map(number, handle)
         offset += HEADER_SIZE
-        problem = record_problem(chunk, offset, HEADER_SIZE + data_size)
-        if problem is not None:
-            path = self._log.path_of(number)
-            raise StoreCorrupted(f"chunk {path}: the record at data offset {offset - HEADER_SIZE} is damaged"
-                                 f" ({problem})", path, offset)
-        head, body = record_parts(chunk, offset)
+        head, body = checked_record_parts(chunk, offset, HEADER_SIZE + data_size, self._log.path_of(number), offset)
         self.reads[number] = self.reads.get(number, 0) + 1
         return self._heads.message(head, body)
 
