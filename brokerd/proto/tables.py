@@ -11,6 +11,13 @@ import decimal
 
 from brokerd.proto import messages_pb2
 
+# How deep field tables and arrays may nest, counting the outermost table (a
+# message's headers, a declare's arguments) as 1. Stores keep tables as nested
+# protobuf messages, and protobuf refuses to parse past 100 nested messages
+# (three per table level): 24 levels stay well inside that in every record and
+# envelope that carries a table, so whatever is accepted can be read back.
+MAX_TABLE_DEPTH = 24
+
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 
