@@ -34,7 +34,7 @@ from tests.interop.conftest import (
     start_broker,
     unique_names,
 )
-from tests.interop.rawamqp import FRAME_HEADER, raw_frame
+from tests.interop.rawamqp import FRAME_BODY, FRAME_HEADER, raw_frame
 from tests.rawnative import RawNative
 
 pytestmark = pytest.mark.usefixtures("no_broker_tracebacks")
@@ -242,7 +242,7 @@ def test_an_amqp_timestamp_of_any_int64_value_routes_through_a_headers_exchange(
             body = b"stamped"
             raw.send_method(1, commands.Basic.Publish(exchange=exchange, routing_key=""))
             content_header = struct.pack(">HHQ", 60, 0, len(body)) + amqp_timestamp_header("stamp", seconds)
-            raw.send(raw_frame(FRAME_HEADER, 1, content_header) + raw_frame(3, 1, body))
+            raw.send(raw_frame(FRAME_HEADER, 1, content_header) + raw_frame(FRAME_BODY, 1, body))
             raw.round_trip(1, unique("after-stamp"))  # the connection is still open: no 541
 
         # A timestamp header is not equal to an integer argument of the same number.
