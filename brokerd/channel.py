@@ -15,6 +15,7 @@ from twisted.logger import Logger
 from brokerd.errors import NotAllowed, NotFound, PreconditionFailed
 from brokerd.model.message import Message
 from brokerd.model.names import check_short_string, generate_consumer_tag
+from brokerd.model.property_rules import check_arguments, check_properties
 from brokerd.publisher_confirms import PublisherConfirms
 
 log = Logger()
@@ -99,6 +100,7 @@ class Channel:
         self, exchange, type_name="direct", passive=False, durable=False, auto_delete=False, internal=False,
         arguments=None,
     ):
+        check_arguments(arguments)
         self.vhost.declare_exchange(exchange, type_name, passive, durable, auto_delete, internal, arguments)
 
     def exchange_delete(self, exchange, if_unused=False):
@@ -106,6 +108,7 @@ class Channel:
 
     def queue_declare(self, queue="", passive=False, durable=False, exclusive=False, auto_delete=False, arguments=None):
         """Declare a queue; returns C{(name, message_count, consumer_count)}."""
+        check_arguments(arguments)
         declared = self.vhost.declare_queue(
             self._queue_name(queue) if passive else queue,
             self.connection,
@@ -119,9 +122,11 @@ class Channel:
         return declared.name, declared.message_count, declared.consumer_count
 
     def queue_bind(self, queue, exchange, routing_key="", arguments=None):
+        check_arguments(arguments)
         self.vhost.bind(self._queue_name(queue), exchange, routing_key, arguments, self.connection)
 
     def queue_unbind(self, queue, exchange, routing_key="", arguments=None):
+        check_arguments(arguments)
         self.vhost.unbind(self._queue_name(queue), exchange, routing_key, arguments, self.connection)
 
     def queue_purge(self, queue):
@@ -155,7 +160,14 @@ class Channel:
         self.publish(Message(exchange, routing_key, properties, body), mandatory)
 
     def publish(self, message, mandatory=False):
-        """L{basic_publish} for a message the adapter has built (routing key already checked)."""
+        """
+        L{basic_publish} for a message the adapter has built (routing key already checked).
+
+        Properties that did not come as AMQP bytes are checked first, so that nothing is
+        kept (not even by a transaction) that either protocol could not deliver.
+        """
+        if message.encoded_properties is None:
+            check_properties(message.properties)
         if self._transaction is not None:
             self._transaction.append((self.publish, (message, mandatory)))
             return
@@ -227,6 +239,7 @@ class Channel:
         Deliveries start on the next reactor turn, after the adapter has had
         the chance to confirm the consumer to its client.
         """
+        check_arguments(arguments)
         target = self.vhost.queue(self._queue_name(queue), self.connection)
         target.check_available()
         if consumer_tag:

@@ -4,13 +4,17 @@ Property bytes are what a content header frame carries after class-id, weight an
 body-size: flag words (bit 0 set: another follows), then the present properties.
 Field tables keep each value's AMQP type and their order, so they re-encode to the
 same bytes. Precompiled structs and plain loops keep this cheap enough for every publish.
+Tables and arrays nested deeper than L{MAX_TABLE_DEPTH} are refused while decoding (406,
+naming the field), which also bounds the decoder's recursion.
 """
 
 from struct import Struct
 from struct import error as StructError
 
 from brokerd.errors import FrameSyntaxError
+from brokerd.model.property_rules import ARGUMENT, HEADER, table_too_deep
 from brokerd.proto import messages_pb2
+from brokerd.proto.tables import MAX_TABLE_DEPTH
 
 _UINT8 = Struct(">B")
 _UINT16 = Struct(">H")
@@ -73,16 +77,22 @@ class _Malformed(Exception):
         super().__init__(problem)
         self.problem = problem
         self.path = [] if where is None else [where]  # innermost first
+        self.name = None  # the outermost field's name, once known
 
     def describe(self, subject):
         where = f": {' in '.join(self.path)}" if self.path else ""
         return f"{subject}{where} {self.problem}"
 
 
+class _TooDeep(_Malformed):
+    """A table or array nested deeper than L{MAX_TABLE_DEPTH}: well-formed, but refused."""
+
+
 def decode_properties(data, offset=0):
     """The C{BasicProperties} in the flag words and property list at C{data[offset:]}.
 
-    Raises L{FrameSyntaxError}, which closes the connection, if the bytes are malformed.
+    Raises L{FrameSyntaxError}, which closes the connection, if the bytes are malformed,
+    and L{PreconditionFailed}, which closes the channel, if headers nest too deep.
     """
     properties = messages_pb2.BasicProperties()
     size = len(data)
@@ -109,7 +119,7 @@ def decode_properties(data, offset=0):
                 offset += 1
             elif wire_type == _TABLE:
                 properties.headers.SetInParent()
-                offset = _read_table(data, offset, size, properties.headers.fields)
+                offset = _read_table(data, offset, size, properties.headers.fields, 1)
             else:
                 properties.timestamp = _INT64.unpack_from(data, offset)[0]
                 offset += 8
@@ -117,6 +127,8 @@ def decode_properties(data, offset=0):
         raise FrameSyntaxError(f"content header property {name} is truncated") from None
     except UnicodeDecodeError:
         raise FrameSyntaxError(f"content header property {name} is not valid UTF-8") from None
+    except _TooDeep as too_deep:
+        raise table_too_deep(HEADER, too_deep.name) from None
     except _Malformed as malformed:
         raise FrameSyntaxError(malformed.describe(f"content header property {name}")) from None
     return properties
@@ -155,16 +167,19 @@ def encode_properties(properties):
     return b"".join(parts)
 
 
-def decode_table(data, offset=0):
+def decode_table(data, offset=0, kind=ARGUMENT):
     """The C{FieldTable} whose 4-byte length starts at C{data[offset]}, and the offset after it.
 
-    Raises L{FrameSyntaxError} if the table is malformed.
+    Raises L{FrameSyntaxError} if the table is malformed, and L{PreconditionFailed}
+    naming the field as a C{kind} (L{ARGUMENT} or L{HEADER}) if it nests too deep.
     """
     table = messages_pb2.FieldTable()
     try:
-        offset = _read_table(data, offset, len(data), table.fields)
+        offset = _read_table(data, offset, len(data), table.fields, 1)
     except (IndexError, StructError):
         raise FrameSyntaxError("field table is truncated") from None
+    except _TooDeep as too_deep:
+        raise table_too_deep(kind, too_deep.name) from None
     except _Malformed as malformed:
         raise FrameSyntaxError(malformed.describe("field table")) from None
     return table, offset
@@ -179,7 +194,8 @@ def _read_length(data, offset, limit):
     return offset, offset + length
 
 
-def _read_table(data, offset, limit, fields):
+def _read_table(data, offset, limit, fields, depth):
+    """Reads the table at C{offset} (nested C{depth} levels deep, the outermost being 1) into C{fields}."""
     offset, end = _read_length(data, offset, limit)
     while offset < end:
         name_end = offset + 1 + data[offset]
@@ -193,23 +209,24 @@ def _read_table(data, offset, limit, fields):
         field = fields.add()
         field.name = name
         try:
-            offset = _read_value(data, name_end, end, field.value)
+            offset = _read_value(data, name_end, end, field.value, depth)
             if offset > end:
                 raise _Malformed("runs past the end of its table")
         except (IndexError, StructError):
             raise _Malformed("is truncated", f"field {name!r}") from None
         except _Malformed as malformed:
             malformed.path.append(f"field {name!r}")
+            malformed.name = name
             raise
     return end
 
 
-def _read_array(data, offset, limit, values):
+def _read_array(data, offset, limit, values, depth):
     offset, end = _read_length(data, offset, limit)
     index = 0
     while offset < end:
         try:
-            offset = _read_value(data, offset, end, values.add())
+            offset = _read_value(data, offset, end, values.add(), depth)
             if offset > end:
                 raise _Malformed("runs past the end of its array")
         except (IndexError, StructError):
@@ -221,8 +238,9 @@ def _read_array(data, offset, limit, values):
     return end
 
 
-def _read_value(data, offset, limit, value):
-    """Fills C{value} from the tagged value at C{offset}; returns the offset past it."""
+def _read_value(data, offset, limit, value, depth):
+    """Fills C{value} from the tagged value at C{offset}, in a table or array C{depth} levels deep;
+    returns the offset past it."""
     tag = data[offset]
     offset += 1
     number = _NUMBER_READERS.get(tag)
@@ -248,13 +266,17 @@ def _read_value(data, offset, limit, value):
         value.boolean_value = data[offset] != 0
         return offset + 1
     if tag == _TABLE_TAG:
+        if depth >= MAX_TABLE_DEPTH:
+            raise _TooDeep("nests too deep")
         table = value.table_value
         table.SetInParent()
-        return _read_table(data, offset, limit, table.fields)
+        return _read_table(data, offset, limit, table.fields, depth + 1)
     if tag == _ARRAY:
+        if depth >= MAX_TABLE_DEPTH:
+            raise _TooDeep("nests too deep")
         array = value.array_value
         array.SetInParent()
-        return _read_array(data, offset, limit, array.values)
+        return _read_array(data, offset, limit, array.values, depth + 1)
     if tag == _VOID:
         value.void_value.SetInParent()
         return offset

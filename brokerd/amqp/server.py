@@ -328,7 +328,11 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
         state.publish = state.properties = state.parts = None
         decoded = self._decoded_properties.get(properties)
         if decoded is None:
-            decoded = decode_properties(properties)  # malformed properties are a connection error (502)
+            try:
+                decoded = decode_properties(properties)  # malformed properties are a connection error (502)
+            except ChannelError as error:  # headers nested too deep: 406 closes this channel only
+                self._close_channel(state, error, frames.BASIC_PUBLISH)
+                return
             if len(self._decoded_properties) >= PROPERTIES_CACHE_SIZE:
                 self._decoded_properties.clear()
             self._decoded_properties[properties] = decoded

@@ -25,6 +25,7 @@ from brokerd.errors import (
     UnexpectedFrame,
 )
 from brokerd.interfaces import IChannelPeer
+from brokerd.model.property_rules import ARGUMENT, check_table
 from brokerd.model.watermark import PublisherGate
 from brokerd.native.framing import FrameReceiver
 from brokerd.proto import messages_pb2
@@ -92,7 +93,11 @@ def _fill_content(target, message):
 
 
 def _arguments(message):
-    return table_to_dict(message.arguments) if message.arguments.fields else {}
+    """A request's arguments as a dict, once they pass the rules every field table from a client meets."""
+    if not message.arguments.fields:
+        return {}
+    check_table(message.arguments, ARGUMENT)
+    return table_to_dict(message.arguments)
 
 
 class NativeServerProtocol(FrameReceiver):

@@ -4,8 +4,12 @@ AMQP field tables travel as ``FieldTable`` messages; the broker's model and the
 native client work with dicts. The mapping is: None <-> void, bool <-> boolean,
 int <-> integer, float <-> double, str <-> string, bytes <-> bytes, aware or naive
 UTC datetime <-> timestamp, Decimal <-> decimal, dict <-> table, list <-> array.
+Every value a C{FieldValue} can hold has a Python value, so reading a table never
+fails: a timestamp beyond datetime's years 1-9999 (AMQP allows any 64-bit number
+of seconds) reads as a L{TimestampSeconds}.
 """
 
+import dataclasses
 import datetime
 import decimal
 
@@ -20,6 +24,28 @@ MAX_TABLE_DEPTH = 24
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+# The timestamps (seconds since the epoch) a datetime can hold: 0001-01-01 to 9999-12-31 23:59:59 UTC.
+FIRST_DATETIME_SECONDS = -62135596800
+LAST_DATETIME_SECONDS = 253402300799
+
+
+@dataclasses.dataclass(frozen=True)
+class TimestampSeconds:
+    """A field-table timestamp outside the years a datetime can hold, kept as its
+    seconds since the epoch so that it is passed on unchanged. It equals only a
+    timestamp of the same seconds (not an integer), as datetimes do."""
+
+    seconds: int
+
+
+def timestamp_value(seconds):
+    """The Python value of a field-table timestamp: an aware UTC datetime, or a
+    L{TimestampSeconds} for one beyond the years 1-9999."""
+    if FIRST_DATETIME_SECONDS <= seconds <= LAST_DATETIME_SECONDS:
+        return _EPOCH + datetime.timedelta(seconds=seconds)
+    return TimestampSeconds(seconds)
 
 
 def dict_to_table(values, table=None):
@@ -59,6 +85,8 @@ def _fill_value(target, value, where):
         if value.tzinfo is None:
             value = value.replace(tzinfo=datetime.timezone.utc)
         target.timestamp_value = int(value.timestamp())
+    elif isinstance(value, TimestampSeconds):
+        target.timestamp_value = value.seconds
     elif isinstance(value, decimal.Decimal):
         sign, digits, exponent = value.as_tuple()
         if not isinstance(exponent, int):
@@ -80,7 +108,7 @@ def _fill_value(target, value, where):
 
 
 def value_to_python(value):
-    """The Python value of one C{FieldValue}."""
+    """The Python value of one C{FieldValue}; never fails, whatever the value holds."""
     kind = value.WhichOneof("kind")
     if kind is None or kind == "void_value":
         return None
@@ -89,10 +117,16 @@ def value_to_python(value):
     if kind == "array_value":
         return [value_to_python(item) for item in value.array_value.values]
     if kind == "timestamp_value":
-        return datetime.datetime.fromtimestamp(value.timestamp_value, tz=datetime.timezone.utc)
+        return timestamp_value(value.timestamp_value)
     if kind == "decimal_value":
-        return decimal.Decimal(value.decimal_value.value).scaleb(-value.decimal_value.scale)
+        return decimal_value(value.decimal_value.scale, value.decimal_value.value)
     return getattr(value, kind)
+
+
+def decimal_value(scale, unscaled):
+    """C{unscaled * 10 ** -scale} as an exact Decimal, for any scale (no context, so no rounding or overflow)."""
+    digits = tuple(map(int, str(abs(unscaled))))
+    return decimal.Decimal((1 if unscaled < 0 else 0, digits, -scale))
 
 
 def freeze(value):
