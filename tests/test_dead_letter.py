@@ -333,3 +333,14 @@ def test_an_overflow_cycle_ends(broker):
     send(channel, b"1")
     send(channel, b"2")
     assert ready(broker, "q") == 1
+
+
+@pytest.mark.parametrize("count, counted", [("abc", 1), (-5, 1), (2.5, 1), (2**63 - 1, 2**63 - 1)])
+def test_an_x_death_count_a_publisher_wrote_badly_still_dead_letters(broker, count, counted):
+    channel, _ = open_channel(broker)
+    setup(channel)
+    send(channel, b"forged", headers={"x-death": [{"queue": "q", "reason": "rejected", "count": count}]})
+    channel.basic_reject(channel.basic_get("q")[0], requeue=False)
+    dead = get(channel, "dead")
+    assert dead.body == b"forged"
+    assert dead.headers["x-death"][0]["count"] == counted

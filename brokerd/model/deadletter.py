@@ -71,7 +71,7 @@ def dead_letter(queue, message, reason, now):
         if isinstance(earlier, dict) and earlier.get("queue") == queue.name and earlier.get("reason") == reason:
             # As RabbitMQ: the entry of an earlier death here for the same reason only counts one more
             # (its exchange, routing keys, time and original expiration stay) and moves to the front.
-            death = dict(earlier, count=int(earlier.get("count", 0)) + 1)
+            death = dict(earlier, count=_count_of(earlier) + 1)
             deaths.remove(earlier)
             break
     kept = [field for field in properties.headers.fields if field.name not in DEATH_HEADERS]
@@ -103,6 +103,18 @@ def dead_letter(queue, message, reason, now):
 
     vhost.route_now(exchange, dead, accepts)  # an internal exchange takes dead letters too
     return True
+
+
+def _count_of(death):
+    """The count of an earlier x-death entry; a publisher may have written anything there, and a
+    count that is not a whole number reads as 0, and one at the 64-bit limit stays there, rather than failing."""
+    count = death.get("count", 0)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        return 0
+    return min(count, _LARGEST_COUNT - 1)
+
+
+_LARGEST_COUNT = 2**63 - 1  # a field-table long-long; one more would not fit
 
 
 def _in_cycle(deaths, queue_name):
