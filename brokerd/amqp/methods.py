@@ -162,15 +162,13 @@ def basic_get(protocol, state, method):
         _reply(protocol, state, commands.Basic.GetEmpty())
         return
     delivery_tag, redelivered, message, message_count = result
+    content = frames.content_frames(state.id, encoded_properties(message), message.body, protocol.frame_max)
     protocol.send(
         frames.encode_get_ok(
             state.id, delivery_tag, redelivered, message.exchange, message.routing_key, message_count
         )
     )
-    protocol.send_pieces(
-        frames.content_frames(state.id, encoded_properties(message), message.body, protocol.frame_max),
-        len(message.body),
-    )
+    protocol.send_pieces(content, len(message.body))
 
 
 @_handles(commands.Basic.Nack)

@@ -37,24 +37,23 @@ class AmqpChannelPeer:
         protocol = self._protocol
         channel_id = self._channel_id
         body = message.body
+        content = frames.content_frames(channel_id, encoded_properties(message), body, protocol.frame_max)
+        # Everything is encoded before anything is queued, so a message that cannot be encoded never
+        # leaves a basic.deliver without its content (which would hang the client).
         protocol.send(
             frames.encode_deliver(
                 channel_id, tag, delivery_tag, redelivered, message.exchange.encode(), message.routing_key.encode()
             )
         )
-        protocol.send_pieces(
-            frames.content_frames(channel_id, encoded_properties(message), body, protocol.frame_max), len(body)
-        )
+        protocol.send_pieces(content, len(body))
 
     def returned(self, reply_code, reply_text, message):
         protocol = self._protocol
+        content = frames.content_frames(self._channel_id, encoded_properties(message), message.body, protocol.frame_max)
         protocol.send(
             frames.encode_return(self._channel_id, reply_code, reply_text, message.exchange, message.routing_key)
         )
-        protocol.send_pieces(
-            frames.content_frames(self._channel_id, encoded_properties(message), message.body, protocol.frame_max),
-            len(message.body),
-        )
+        protocol.send_pieces(content, len(message.body))
 
     def publish_confirmed(self, sequence, multiple, ack):
         self._protocol.send(frames.encode_confirm(self._channel_id, sequence, multiple, ack))
