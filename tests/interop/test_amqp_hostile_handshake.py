@@ -236,6 +236,40 @@ def test_start_ok_arrays_of_voids_from_six_strangers_do_not_stall_a_logged_in_cl
     assert max(round_trips) < 1.0, f"round trips of a logged-in client took {round_trips} s"
 
 
+def consume_frame(channel, queue, arguments_table):
+    """A basic.consume whose arguments are the encoded table C{arguments_table}."""
+    payload = struct.pack(">HH", 60, 20) + b"\0\0" + short_string(queue.encode()) + b"\0" + b"\0" + arguments_table
+    return raw_frame(FRAME_METHOD, channel, payload)
+
+
+def test_arguments_holding_arrays_of_voids_from_logged_in_clients_are_read_in_linear_time(broker):
+    queue = unique("linear")
+    voids = void_array_properties(130000)
+    with raw_client(broker) as client:
+        client.timeout = 60  # a stalled broker is measured, not timed out
+        client.open_channel(1)
+        client.round_trip(1, queue)
+        senders = []
+        try:
+            for _ in range(3):
+                sender = RawAmqp(broker.host, broker.amqp_port)
+                senders.append(sender)
+                sender.handshake()
+                sender.open_channel(1)
+            for sender in senders:
+                sender.send(consume_frame(1, unique("missing"), voids))
+            began = time.monotonic()
+            client.round_trip(1, queue)
+            round_trip = time.monotonic() - began
+            for sender in senders:
+                sender.expect_channel_close(1, 404, "NOT_FOUND")
+        finally:
+            for sender in senders:
+                sender.close()
+
+    assert round_trip < 1.0, f"a round trip of another client took {round_trip:.2f} s"
+
+
 def nested_arguments(depth):
     """Queue arguments nested C{depth} levels deep, counting the arguments table itself as 1."""
     value = None
