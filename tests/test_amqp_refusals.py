@@ -11,7 +11,7 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial import unittest
 
-from brokerd.amqp.handshake import LOGIN_REFUSAL_DELAY, REFUSAL_LOG_INTERVAL, AmqpSettings
+from brokerd.amqp.handshake import HANDSHAKE_TIMEOUT, LOGIN_REFUSAL_DELAY, REFUSAL_LOG_INTERVAL, AmqpSettings
 from brokerd.amqp.server import AmqpServerProtocol
 from tests.support import make_broker
 
@@ -114,3 +114,20 @@ class RefusalTests(unittest.SynchronousTestCase):
         protocol.dataReceived(start_ok("again"))
         self.assertEqual(len(self.lines), 3)
         self.assertIn("203.0.113.5", self.lines[2])
+
+    def test_wrong_protocol_headers_and_silent_strangers_share_the_bounded_log(self):
+        for number in range(20):
+            protocol = AmqpServerProtocol(self.broker, self.settings)
+            protocol.makeConnection(StringTransport(peerAddress=IPv4Address("TCP", "192.0.2.9", 41000 + number)))
+            protocol.dataReceived(b"GET / HTTP/1.1\r\n\r\n")
+        for number in range(20):
+            self.connect("192.0.2.10", 42000 + number)  # then says nothing
+        self.clock.advance(HANDSHAKE_TIMEOUT)
+        self.clock.advance(REFUSAL_LOG_INTERVAL)
+
+        self.assertEqual(len(self.lines), 3, self.lines)
+        self.assertIn("protocol header b'GET / HT' is not AMQP 0-9-1", self.lines[0])
+        self.assertIn("refused 19 more", self.lines[1])
+        self.assertIn("refused 20 more", self.lines[2])
+        self.assertIn("192.0.2.10 (20)", self.lines[2])
+        self.assertIn("no login within 10 s", self.lines[2])

@@ -104,7 +104,7 @@ class RefusalLog:
         self._last = None
 
     def refused(self, clock, host, peer, error):
-        """Log (now or in the next summary) that C{peer} (at C{host}) was refused with C{error}."""
+        """Log (now or in the next summary) that C{peer} (at C{host}) was refused with C{error}, an error or a text."""
         if self._window is None:
             log.info("refused AMQP client {peer} before login: {error}", peer=peer, error=error)
             self._window = clock.callLater(self.interval, self._summarise, clock)
@@ -320,8 +320,13 @@ class ConnectionMethods:
     def _handshake_timed_out(self):
         self._timeout_call = None
         if self._state < OPEN:
-            log.info("dropping {peer}: no connection.open within {seconds} s", peer=self._peer_name(),
-                     seconds=HANDSHAKE_TIMEOUT)
+            if self.user is None:
+                self.settings.refusal_log.refused(
+                    self.clock, self._peer_host(), self._peer_name(), f"no login within {HANDSHAKE_TIMEOUT:.0f} s"
+                )
+            else:
+                log.info("dropping {peer}: no connection.open within {seconds} s", peer=self._peer_name(),
+                         seconds=HANDSHAKE_TIMEOUT)
             self._state = CLOSING
             self.transport.abortConnection()
 

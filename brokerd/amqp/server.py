@@ -188,8 +188,8 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
         """Checks the 8-byte protocol header; returns the bytes after it, or None."""
         header = data[:8]
         if not frames.PROTOCOL_HEADER.startswith(header):
-            log.info("refusing {peer}: protocol header {header!r} is not AMQP 0-9-1", peer=self._peer_name(),
-                     header=bytes(header))
+            problem = f"protocol header {bytes(header)!r} is not AMQP 0-9-1"
+            self.settings.refusal_log.refused(self.clock, self._peer_host(), self._peer_name(), problem)
             self._state = CLOSING
             self.transport.write(frames.PROTOCOL_HEADER)
             self.transport.loseConnection()
