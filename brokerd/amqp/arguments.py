@@ -88,11 +88,11 @@ def decode_table_fields(data, start, end, depth=1):
 def _read_length(data, offset, end, what):
     """The start and end of the C{what} whose 4-byte length is at C{offset}."""
     if offset + 4 > end:
-        raise Malformed(f"has a {what} whose length is cut off")
+        raise Malformed(f"has {what} whose length is cut off")
     length = _LONG.unpack_from(data, offset)[0]
     offset += 4
     if length > end - offset:
-        raise Malformed(f"has a {what} of {length} bytes but only {end - offset} bytes follow")
+        raise Malformed(f"has {what} of {length} bytes but only {end - offset} bytes follow")
     return offset, offset + length
 
 
@@ -117,14 +117,14 @@ def _read_value(data, offset, end, depth):
     if tag in _VOIDS:
         return offset, None
     if tag == _LONG_STRING:
-        start, offset = _read_length(data, offset, end, "long string")
+        start, offset = _read_length(data, offset, end, "a long string")
         raw = data[start:offset]
         try:
             return offset, str(raw, "utf-8")
         except UnicodeDecodeError:
             return offset, bytes(raw)
     if tag == _TABLE or tag == _ARRAY:
-        what = "table" if tag == _TABLE else "array"
+        what = "a table" if tag == _TABLE else "an array"
         if depth >= MAX_TABLE_DEPTH:
             raise Unacceptable(f"nests tables and arrays deeper than {MAX_TABLE_DEPTH} levels")
         start, offset = _read_length(data, offset, end, what)
@@ -136,7 +136,7 @@ def _read_value(data, offset, end, depth):
             raise Malformed("has a boolean value cut off")
         return offset + 1, data[offset] != 0
     if tag == _BYTE_ARRAY:
-        start, offset = _read_length(data, offset, end, "byte array")
+        start, offset = _read_length(data, offset, end, "a byte array")
         return offset, bytearray(data[start:offset])
     if tag == _TIMESTAMP_TAG:
         if offset + 8 > end:
@@ -258,13 +258,13 @@ def _read_argument(method, name, kind, data, offset, end):
             raise Malformed("is not valid UTF-8") from None
         return after
     if kind == "longstr":
-        start, offset = _read_length(data, offset, end, "long string")
+        start, offset = _read_length(data, offset, end, "a long string")
         raw = data[start:offset]
         try:
             setattr(method, name, str(raw, "utf-8"))
         except UnicodeDecodeError:
             setattr(method, name, bytes(raw))
         return offset
-    start, offset = _read_length(data, offset, end, "table")  # the only other type: table
+    start, offset = _read_length(data, offset, end, "a table")  # the only other type: table
     setattr(method, name, decode_table_fields(data, start, offset))
     return offset
