@@ -66,7 +66,7 @@ def parse_response(mechanism, response):
         try:
             table = decode_table_fields(response, 0, len(response))
         except (Malformed, Unacceptable) as problem:
-            raise LoginRefused(f"AMQPLAIN response is not a field table: it {problem}") from None
+            raise LoginRefused(f"AMQPLAIN response is not a field table: {problem}") from None
         login, password = table.get("LOGIN"), table.get("PASSWORD")
         if login is None or password is None:
             raise LoginRefused("AMQPLAIN response needs LOGIN and PASSWORD")
