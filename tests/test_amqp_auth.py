@@ -67,3 +67,43 @@ def test_users_file_replaces_the_default_user(tmp_path):
     assert isinstance(outcome(authenticator.login("PLAIN", b"\0alice\0wrong", "127.0.0.1")), LoginRefused)
     users.write_text("alice:changed\n")  # re-read on every login: no restart needed
     assert outcome(authenticator.login("PLAIN", b"\0alice\0changed", "127.0.0.1")) == "alice"
+
+
+def amqplain_entries(login_tag, login_value, password=b"S\x00\x00\x00\x01p"):
+    return b"\x05LOGIN" + login_tag + login_value + b"\x08PASSWORD" + password
+
+
+@pytest.mark.parametrize(
+    "response, complaint",
+    [
+        (amqplain_entries(b"l", (2**28).to_bytes(8, "big")), "AMQPLAIN LOGIN must be a string, not an integer"),
+        (amqplain_entries(b"I", b"\xff\xff\xff\xff"), "AMQPLAIN LOGIN must be a string, not an integer"),
+        (amqplain_entries(b"d", b"\0" * 8), "AMQPLAIN LOGIN must be a string, not a floating-point number"),
+        (amqplain_entries(b"D", b"\x02\0\0\0\x05"), "AMQPLAIN LOGIN must be a string, not a decimal"),
+        (amqplain_entries(b"A", b"\0\0\0\0"), "AMQPLAIN LOGIN must be a string, not an array"),
+        (amqplain_entries(b"F", b"\0\0\0\0"), "AMQPLAIN LOGIN must be a string, not a field table"),
+        (amqplain_entries(b"t", b"\x01"), "AMQPLAIN LOGIN must be a string, not a boolean"),
+        (amqplain_entries(b"V", b""), "AMQPLAIN response needs LOGIN and PASSWORD"),
+        (amqplain_entries(b"S", (2**28).to_bytes(4, "big") + b"x"), "has a long string of 268435456 bytes but only"),
+        (amqplain_entries(b"x", b"\0\0\0\x02\xff\xfe"), "AMQPLAIN LOGIN is not valid UTF-8"),
+        (amqplain_entries(b"S", b"\0\0\0\x01a", b"I\0\0\0\x01"), "AMQPLAIN PASSWORD must be a string, not an integer"),
+        (b"\0al\xffce\0secret", None),
+    ],
+    ids=["2^28", "negative", "float", "decimal", "array", "table", "boolean", "void", "giant-string", "bytes-not-utf8",
+         "password-int", "plain-not-utf8"],
+)
+def test_credentials_that_are_not_utf8_strings_are_refused_with_the_reason(response, complaint):
+    mechanism = "PLAIN" if complaint is None else "AMQPLAIN"
+    with pytest.raises(LoginRefused) as refused:
+        parse_response(mechanism, response)
+    assert (complaint or "PLAIN user name is not valid UTF-8") in str(refused.value)
+
+
+def test_non_ascii_credentials_are_utf8_in_both_mechanisms_and_the_users_file(tmp_path):
+    users = tmp_path / "users"
+    users.write_text("alice:päss\n€ve:p€ss\n", encoding="utf-8")
+    authenticator = Authenticator(file_checker(str(users)))
+    assert outcome(authenticator.login("PLAIN", "\0alice\0päss".encode(), "127.0.0.1")) == "alice"
+    assert outcome(authenticator.login("AMQPLAIN", amqplain("€ve", "p€ss"), "127.0.0.1")) == "€ve"
+    assert isinstance(outcome(authenticator.login("PLAIN", "\0alice\0päss".encode("latin-1"), "::1")), LoginRefused)
+    assert isinstance(outcome(authenticator.login("AMQPLAIN", amqplain("€ve", "pess"), "::1")), LoginRefused)

@@ -2,15 +2,23 @@
 
 Users come from a file of ``user:password`` lines (twisted.cred's
 C{FilePasswordDB}) or, without one, the single user guest/guest. As in
-RabbitMQ, guest may only log in from a loopback address.
+RabbitMQ, guest may only log in from a loopback address, and user names and
+passwords are UTF-8 in both mechanisms and in the users file.
+
+A response comes from a peer that has not logged in yet: it is read by
+offsets with every declared length checked, and anything but a string where a
+credential belongs is a refused login, never a failure of the broker.
 """
 
+import datetime
+import decimal
 import ipaddress
 
-from pamqp import decode as pamqp_decode
 from twisted.cred import checkers, credentials, error, portal
 from twisted.internet import defer
 from zope.interface import Interface, implementer
+
+from brokerd.amqp.arguments import Malformed, Unacceptable, decode_table_fields
 
 MECHANISMS = ("PLAIN", "AMQPLAIN")
 LOOPBACK_ONLY_USERS = frozenset({"guest"})
@@ -44,26 +52,55 @@ def file_checker(path):
 
 
 def parse_response(mechanism, response):
-    """The C{(username, password)} in a connection.start-ok response, as bytes."""
+    """
+    The C{(username, password)} in a connection.start-ok response (bytes), as
+    UTF-8 bytes. Raises L{LoginRefused} saying what is wrong with a response
+    that holds no such pair.
+    """
     if mechanism == "PLAIN":
         parts = response.split(b"\0")
         if len(parts) != 3:
             raise LoginRefused("PLAIN response must be \\0user\\0password")
-        return parts[1], parts[2]
+        return _utf8(parts[1], "PLAIN user name"), _utf8(parts[2], "PLAIN password")
     if mechanism == "AMQPLAIN":
         try:
-            _, table = pamqp_decode.field_table(len(response).to_bytes(4, "big") + response)
-        except Exception as problem:
+            table = decode_table_fields(response, 0, len(response))
+        except (Malformed, Unacceptable) as problem:
             raise LoginRefused(f"AMQPLAIN response is not a field table: {problem}") from None
         login, password = table.get("LOGIN"), table.get("PASSWORD")
         if login is None or password is None:
             raise LoginRefused("AMQPLAIN response needs LOGIN and PASSWORD")
-        return _as_bytes(login), _as_bytes(password)
+        return _credential(login, "LOGIN"), _credential(password, "PASSWORD")
     raise LoginRefused(f"unsupported authentication mechanism {mechanism!r}; use one of {', '.join(MECHANISMS)}")
 
 
-def _as_bytes(value):
-    return value.encode() if isinstance(value, str) else bytes(value)
+def _credential(value, name):
+    """An AMQPLAIN LOGIN or PASSWORD as UTF-8 bytes: a long string or byte array, nothing else."""
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, (bytes, bytearray)):
+        return _utf8(bytes(value), f"AMQPLAIN {name}")
+    kind = _KINDS.get(type(value), type(value).__name__)
+    raise LoginRefused(f"AMQPLAIN {name} must be a string, not {kind}")
+
+
+_KINDS = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a floating-point number",
+    decimal.Decimal: "a decimal",
+    datetime.datetime: "a timestamp",
+    list: "an array",
+    dict: "a field table",
+}
+
+
+def _utf8(raw, what):
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        raise LoginRefused(f"{what} is not valid UTF-8") from None
+    return raw
 
 
 def is_loopback(host):
@@ -88,7 +125,7 @@ class Authenticator:
             username, password = parse_response(mechanism, response)
         except LoginRefused:
             return defer.fail()
-        name = username.decode(errors="replace")
+        name = username.decode()
         if name in self.loopback_only_users and not is_loopback(peer_host):
             return defer.fail(LoginRefused(f"user {name!r} can only connect via localhost"))
         d = self.portal.login(credentials.UsernamePassword(username, password), None, IBrokerUser)

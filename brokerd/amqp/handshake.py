@@ -4,7 +4,17 @@ L{ConnectionMethods} is mixed into L{brokerd.amqp.server.AmqpServerProtocol}:
 start / start-ok (credentials checked by L{brokerd.amqp.auth}) / tune /
 tune-ok / open, heartbeats both ways, connection.close in both directions, and
 connection.blocked / unblocked while the broker holds publishers back.
+
+Until a client has logged in it is a stranger: a channel-0 method is checked
+against the handshake's state from its index alone, before its arguments are
+decoded, and any error (a refused login, a malformed or misplaced frame) is
+answered only after L{LOGIN_REFUSAL_DELAY}, as RabbitMQ delays a failed
+handshake, so that guessing passwords is slow. Nothing more is read from such
+a connection, other clients are served meanwhile, and the refusals are logged
+at a bounded rate (L{RefusalLog}).
 """
+
+import collections
 
 from pamqp import commands
 from twisted.internet.task import LoopingCall
@@ -12,9 +22,17 @@ from twisted.logger import Logger
 
 import brokerd
 from brokerd.amqp import frames
+from brokerd.amqp.arguments import decode_method
 from brokerd.amqp.auth import MECHANISMS, Authenticator, LoginRefused
 from brokerd.connection import Connection
-from brokerd.errors import AccessRefused, CommandInvalid, NotAllowed
+from brokerd.errors import (
+    AccessRefused,
+    CommandInvalid,
+    FrameError,
+    FrameSyntaxError,
+    MethodNotImplemented,
+    NotAllowed,
+)
 from brokerd.model.watermark import PublisherGate
 
 log = Logger()
@@ -25,6 +43,15 @@ DEFAULT_HEARTBEAT = 60
 DEFAULT_MAX_MESSAGE_SIZE = 128 * 1024 * 1024
 HANDSHAKE_TIMEOUT = 10.0
 CLOSE_OK_TIMEOUT = 5.0
+# A client that has not logged in gets its refusal (403 for a wrong password,
+# 501/502/503/540 for a bad frame) this many seconds after the fault, so that a
+# password guesser gets at most one answer per second and connection. RabbitMQ
+# waits 3 s (SILENT_CLOSE_DELAY) before closing a failed handshake.
+LOGIN_REFUSAL_DELAY = 1.0
+# Refusals before login are logged as one line, then at most one summary line
+# (how many more, from where) per this many seconds.
+REFUSAL_LOG_INTERVAL = 10.0
+REFUSAL_LOG_PEERS = 1024  # distinct addresses counted per summary; more are counted as "other"
 
 SERVER_CAPABILITIES = {
     "publisher_confirms": True,
@@ -50,12 +77,61 @@ class AmqpSettings:
         channel_max=DEFAULT_CHANNEL_MAX,
         heartbeat=DEFAULT_HEARTBEAT,
         max_message_size=DEFAULT_MAX_MESSAGE_SIZE,
+        refusal_delay=LOGIN_REFUSAL_DELAY,
     ):
         self.authenticator = authenticator or Authenticator()
         self.frame_max = frame_max
         self.channel_max = channel_max
         self.heartbeat = heartbeat
         self.max_message_size = max_message_size
+        self.refusal_delay = refusal_delay
+        self.refusal_log = RefusalLog()
+
+
+class RefusalLog:
+    """
+    Logs the connections refused before login, shared by all connections of a
+    listener: the first refusal as one line, then, while refusals keep coming,
+    one line per L{REFUSAL_LOG_INTERVAL} with how many there were and the
+    addresses they came from, so a flood of failed logins cannot flood the log.
+    """
+
+    def __init__(self, interval=REFUSAL_LOG_INTERVAL):
+        self.interval = interval
+        self._window = None  # the call that ends the current interval, while one runs
+        self._peers = collections.Counter()  # host -> refusals not logged yet
+        self._unlisted = 0  # refusals from hosts beyond REFUSAL_LOG_PEERS
+        self._last = None
+
+    def refused(self, clock, host, peer, error):
+        """Log (now or in the next summary) that C{peer} (at C{host}) was refused with C{error}, an error or a text."""
+        if self._window is None:
+            log.info("refused AMQP client {peer} before login: {error}", peer=peer, error=error)
+            self._window = clock.callLater(self.interval, self._summarise, clock)
+            return
+        if host in self._peers or len(self._peers) < REFUSAL_LOG_PEERS:
+            self._peers[host] += 1
+        else:
+            self._unlisted += 1
+        self._last = (peer, error)
+
+    def _summarise(self, clock):
+        count = sum(self._peers.values()) + self._unlisted
+        if not count:
+            self._window = None
+            return
+        hosts = ", ".join(f"{host} ({number})" for host, number in self._peers.most_common(5))
+        if len(self._peers) > 5 or self._unlisted:
+            hosts += f" and {count - sum(number for _, number in self._peers.most_common(5))} from other addresses"
+        peer, error = self._last
+        log.info(
+            "refused {count} more AMQP clients before login in the last {seconds:.0f} s, from {hosts};"
+            " the last, {peer}: {error}",
+            count=count, seconds=self.interval, hosts=hosts, peer=peer, error=error,
+        )
+        self._peers.clear()
+        self._unlisted = 0
+        self._window = clock.callLater(self.interval, self._summarise, clock)
 
 
 class ConnectionMethods:
@@ -87,33 +163,50 @@ class ConnectionMethods:
         )
         self.send(frames.method_frame(0, start))
 
-    def _connection_method(self, index, method):
-        handler = _CONNECTION_METHODS.get(type(method))
+    def _connection_frame(self, index, data, start, end):
+        """
+        A method frame on channel 0 whose arguments are C{data[start:end]}.
+        Its place in the handshake is checked from C{index} before anything is
+        decoded, so a stranger cannot make the broker decode what it would refuse.
+        """
         if self._state == CLOSING:
-            if isinstance(method, (commands.Connection.CloseOk, commands.Connection.Close)):
-                if isinstance(method, commands.Connection.Close):
-                    self.send(frames.method_frame(0, commands.Connection.CloseOk()))
+            if index == _CONNECTION_CLOSE:
+                self.send(frames.method_frame(0, commands.Connection.CloseOk()))
+                self._drop_after_flush()
+            elif index == _CONNECTION_CLOSE_OK:
                 self._drop_after_flush()
             return
-        if handler is None:
+        expected = _CONNECTION_METHODS.get(index)
+        if expected is None:
+            name = frames.method_name(index)
+            if index not in commands.INDEX_MAPPING:
+                raise MethodNotImplemented(f"unknown method class {index >> 16} id {index & 0xFFFF}")
             if index >> 16 == 10:
-                raise CommandInvalid(f"{method.name} is not expected from a client")
-            raise CommandInvalid(f"{method.name} on channel 0, which carries only connection methods")
-        handler(self, method)
+                raise CommandInvalid(f"{name} is not expected from a client")
+            raise CommandInvalid(f"{name} on channel 0, which carries only connection methods")
+        state, handler = expected
+        if state is not None and self._state != state:
+            raise CommandInvalid(f"{frames.method_name(index)} is out of order in the connection handshake")
+        handler(self, decode_method(index, data, start, end, FrameSyntaxError))
 
-    def _expect(self, state, method):
-        if self._state != state:
-            raise CommandInvalid(f"{method.name} is out of order in the connection handshake")
+    def _frame_too_large(self, length):
+        """The error for a frame whose payload of C{length} bytes is over the limit."""
+        size = length + frames.FRAME_OVERHEAD
+        if self._state < AWAITING_OPEN:
+            return FrameError(
+                f"frame of {size} bytes exceeds {frames.FRAME_MIN_SIZE} bytes, the largest allowed before"
+                " connection.tune-ok"
+            )
+        return FrameError(f"frame of {size} bytes exceeds frame_max {self.frame_max}")
 
     def on_start_ok(self, method):
-        self._expect(AWAITING_START_OK, method)
         self.client_properties = method.client_properties or {}
         capabilities = self.client_properties.get("capabilities")
         self.client_capabilities = capabilities if isinstance(capabilities, dict) else {}
         self._state = AUTHENTICATING
         response = method.response
         if isinstance(response, str):
-            response = response.encode("latin-1")
+            response = response.encode()  # pamqp decoded these bytes as UTF-8: the same bytes again
         d = self.settings.authenticator.login(method.mechanism, response, self._peer_host())
         d.addCallbacks(self._logged_in, self._login_refused)
 
@@ -130,12 +223,14 @@ class ConnectionMethods:
     def _login_refused(self, failure):
         if self._state != AUTHENTICATING:
             return
-        reason = failure.value if failure.check(LoginRefused) else "login failed"
-        log.info("refused login from {peer}: {reason}", peer=self._peer_name(), reason=reason)
-        self._close_connection(AccessRefused(str(reason)))
+        if failure.check(LoginRefused):
+            reason = str(failure.value)
+        else:
+            log.failure("checking the login of {peer} failed", failure, peer=self._peer_name())
+            reason = "the broker could not check the login; see its log"
+        self._close_connection(AccessRefused(reason))
 
     def on_tune_ok(self, method):
-        self._expect(AWAITING_TUNE_OK, method)
         if method.frame_max and not frames.FRAME_MIN_SIZE <= method.frame_max <= self.settings.frame_max:
             raise NotAllowed(
                 f"frame_max {method.frame_max} is outside {frames.FRAME_MIN_SIZE}..{self.settings.frame_max}"
@@ -153,7 +248,6 @@ class ConnectionMethods:
         self._state = AWAITING_OPEN
 
     def on_open(self, method):
-        self._expect(AWAITING_OPEN, method)
         name = self.client_properties.get("connection_name") or self.client_properties.get("product") or ""
         self.connection = Connection(self.broker, method.virtual_host or "/", str(name))
         self._gate = PublisherGate(self._watermark, self.transport, self._blocked_changed)
@@ -171,10 +265,34 @@ class ConnectionMethods:
         self._drop_after_flush()
 
     def _close_connection(self, error, index=0):
-        """Send connection.close for C{error}; the socket is dropped on close-ok or after a timeout."""
+        """
+        Send connection.close for C{error}; the socket is dropped on close-ok or
+        after a timeout. A client that has not logged in gets it only after
+        the refusal delay, and reads nothing more meanwhile.
+        """
         if self._state == CLOSING:
             return
+        if self.user is None:
+            self._refuse_before_login(error, index)
+            return
         log.info("closing AMQP connection from {peer}: {error}", peer=self._peer_name(), error=error)
+        self._send_close(error, index)
+
+    def _refuse_before_login(self, error, index):
+        self.settings.refusal_log.refused(self.clock, self._peer_host(), self._peer_name(), error)
+        self._state = CLOSING
+        self._refusing = True
+        self._read_buffer.clear()
+        if self._timeout_call is not None and self._timeout_call.active():
+            self._timeout_call.cancel()
+        self._timeout_call = self.clock.callLater(self.settings.refusal_delay, self._refusal_delay_over, error, index)
+
+    def _refusal_delay_over(self, error, index):
+        self._timeout_call = None
+        self._refusing = False
+        self._send_close(error, index)
+
+    def _send_close(self, error, index):
         self._shut_model_connection()
         self._state = CLOSING
         self._read_buffer.clear()
@@ -202,8 +320,13 @@ class ConnectionMethods:
     def _handshake_timed_out(self):
         self._timeout_call = None
         if self._state < OPEN:
-            log.info("dropping {peer}: no connection.open within {seconds} s", peer=self._peer_name(),
-                     seconds=HANDSHAKE_TIMEOUT)
+            if self.user is None:
+                self.settings.refusal_log.refused(
+                    self.clock, self._peer_host(), self._peer_name(), f"no login within {HANDSHAKE_TIMEOUT:.0f} s"
+                )
+            else:
+                log.info("dropping {peer}: no connection.open within {seconds} s", peer=self._peer_name(),
+                         seconds=HANDSHAKE_TIMEOUT)
             self._state = CLOSING
             self.transport.abortConnection()
 
@@ -222,9 +345,12 @@ class ConnectionMethods:
             self._sent_at = now
 
 
+_CONNECTION_CLOSE = commands.Connection.Close.index
+_CONNECTION_CLOSE_OK = commands.Connection.CloseOk.index
+# method index -> (the handshake state it belongs to, or None for any, and its handler)
 _CONNECTION_METHODS = {
-    commands.Connection.StartOk: ConnectionMethods.on_start_ok,
-    commands.Connection.TuneOk: ConnectionMethods.on_tune_ok,
-    commands.Connection.Open: ConnectionMethods.on_open,
-    commands.Connection.Close: ConnectionMethods.on_close,
+    commands.Connection.StartOk.index: (AWAITING_START_OK, ConnectionMethods.on_start_ok),
+    commands.Connection.TuneOk.index: (AWAITING_TUNE_OK, ConnectionMethods.on_tune_ok),
+    commands.Connection.Open.index: (AWAITING_OPEN, ConnectionMethods.on_open),
+    _CONNECTION_CLOSE: (None, ConnectionMethods.on_close),
 }

@@ -4,8 +4,10 @@ One L{AmqpServerProtocol} per client. It checks the protocol header, leaves
 the handshake and heartbeats to L{brokerd.amqp.handshake.ConnectionMethods},
 and splits the byte stream into frames. basic.publish with its content and
 basic.ack take a struct-based path (L{brokerd.amqp.frames}); every other method
-is decoded by pamqp and handed to L{brokerd.amqp.methods}, which calls the
-same L{brokerd.channel.Channel} the native protocol uses.
+is decoded by L{brokerd.amqp.arguments} (linear for the methods carrying field
+tables, pamqp for the rest) and handed to L{brokerd.amqp.methods}, which calls
+the same L{brokerd.channel.Channel} the native protocol uses. Until tune-ok,
+frames are limited to 4096 bytes, as in RabbitMQ.
 
 A L{ChannelError} closes only its channel (and the channel's frames are then
 dropped until the client's close-ok); any other L{BrokerError} closes the
@@ -21,6 +23,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from brokerd.amqp import frames, methods
+from brokerd.amqp.arguments import decode_method
 from brokerd.amqp.handshake import (
     AWAITING_HEADER,
     AWAITING_START_OK,
@@ -94,7 +97,8 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
         self.connection = None  # the model's Connection, after connection.open
         self._state = AWAITING_HEADER
         self._channels = {}
-        self._max_payload = settings.frame_max - frames.FRAME_OVERHEAD
+        self._max_payload = frames.FRAME_MIN_SIZE - frames.FRAME_OVERHEAD  # until tune-ok, as in RabbitMQ
+        self._refusing = False  # a refusal before login is on its way: nothing more is read
         self._read_buffer = ReadBuffer()
         self._outgoing = None
         self._outgoing_bytes = 0
@@ -133,6 +137,8 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
             self.connection = None
 
     def dataReceived(self, data):
+        if self._refusing:
+            return
         self._received_at = self.clock.seconds()
         data = self._read_buffer.add(data)
         if data is None:
@@ -155,7 +161,7 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
         while size - offset >= frames.FRAME_START_SIZE:
             frame_type, channel_id, length = unpack_from(data, offset)
             if length > self._max_payload:
-                raise FrameError(f"frame of {length + frames.FRAME_OVERHEAD} bytes exceeds frame_max {self.frame_max}")
+                raise self._frame_too_large(length)
             start = offset + frames.FRAME_START_SIZE
             end = start + length
             if end >= size:
@@ -182,8 +188,8 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
         """Checks the 8-byte protocol header; returns the bytes after it, or None."""
         header = data[:8]
         if not frames.PROTOCOL_HEADER.startswith(header):
-            log.info("refusing {peer}: protocol header {header!r} is not AMQP 0-9-1", peer=self._peer_name(),
-                     header=bytes(header))
+            problem = f"protocol header {bytes(header)!r} is not AMQP 0-9-1"
+            self.settings.refusal_log.refused(self.clock, self._peer_host(), self._peer_name(), problem)
             self._state = CLOSING
             self.transport.write(frames.PROTOCOL_HEADER)
             self.transport.loseConnection()
@@ -203,7 +209,7 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
         (index,) = frames.METHOD_INDEX.unpack_from(data, start)
         self._method_in_progress = index
         if channel_id == 0:
-            self._connection_method(index, self._decode_method(index, data, start, end))
+            self._connection_frame(index, data, start + 4, end)
             return
         if self._state != OPEN:
             if self._state == CLOSING:
@@ -240,21 +246,9 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
             handler = methods.CHANNEL_METHODS.get(index)
             if handler is None:
                 raise self._not_a_channel_method(index)
-            handler(self, state, self._decode_method(index, data, start, end))
+            handler(self, state, decode_method(index, data, start + 4, end, PreconditionFailed))
         except ChannelError as error:
             self._close_channel(state, error, index)
-
-    @staticmethod
-    def _decode_method(index, data, start, end):
-        method_class = commands.INDEX_MAPPING.get(index)
-        if method_class is None:
-            raise MethodNotImplemented(f"unknown method class {index >> 16} id {index & 0xFFFF}")
-        method = method_class()
-        try:
-            method.unmarshal(bytes(data[start + 4 : end]))
-        except Exception as problem:
-            raise FrameSyntaxError(f"{method_class.name} arguments cannot be decoded: {problem}") from None
-        return method
 
     @staticmethod
     def _not_a_channel_method(index):
