@@ -60,7 +60,8 @@ def deep_headers():
     return _deep_table(33, lambda value: value.void_value.SetInParent())
 
 
-def _message(exchange, routing_key, body, poisoned=False):
+def persistent_message(exchange, routing_key, body, poisoned=False):
+    """A persistent message (with headers nested too deep if C{poisoned}), its message id its body."""
     properties = messages_pb2.BasicProperties(delivery_mode=messages_pb2.PERSISTENT, message_id=body.decode())
     if poisoned:
         properties.headers.CopyFrom(deep_headers())
@@ -96,20 +97,20 @@ def write_poisoned_state(store, delayed=True, topology=True):
                                                             routing_key=POISON_ROUTING_KEY)))
     jobs = ("/", JOBS)
     for body in JOB_BODIES[:2]:
-        store.append(_message(EVENTS, JOBS, body), [jobs])
-    store.append(_message(EVENTS, JOBS, POISON_BODY, poisoned=True), [jobs])
+        store.append(persistent_message(EVENTS, JOBS, body), [jobs])
+    store.append(persistent_message(EVENTS, JOBS, POISON_BODY, poisoned=True), [jobs])
     for body in JOB_BODIES[2:]:
-        store.append(_message(EVENTS, JOBS, body), [jobs])
+        store.append(persistent_message(EVENTS, JOBS, body), [jobs])
     for body in AUDIT_BODIES:
-        store.append(_message(EVENTS, AUDIT, body), [("/", AUDIT)])
+        store.append(persistent_message(EVENTS, AUDIT, body), [("/", AUDIT)])
     for body in POISON_QUEUE_BODIES:
-        store.append(_message("", POISON_QUEUE, body), [("/", POISON_QUEUE)])
+        store.append(persistent_message("", POISON_QUEUE, body), [("/", POISON_QUEUE)])
     if not delayed:
         return store.sync()
     # Overdue at once, wherever the clock stands: the poisoned one first, then the ordinary one.
-    store.delay(_message(LATER, LATER, POISON_BODY, poisoned=True), ("/", LATER), 1)
+    store.delay(persistent_message(LATER, LATER, POISON_BODY, poisoned=True), ("/", LATER), 1)
     for body in DELAYED_BODIES:
-        store.delay(_message(LATER, LATER, body), ("/", LATER), 2)
+        store.delay(persistent_message(LATER, LATER, body), ("/", LATER), 2)
     return store.sync()
 
 

@@ -121,6 +121,55 @@ class QuarantineContract:
         self.assertEqual(self.failures, [], "no traceback in the log")
 
     @defer.inlineCallbacks
+    def test_a_record_whose_values_the_broker_refuses_is_quarantined(self):
+        store = yield self.open_store()
+        yield state.write_poisoned_state(store, delayed=False, topology=False)
+        store.save_exchange(messages_pb2.ExchangeRecord(vhost="/", name="odd-x", type=99, durable=True))
+        odd = messages_pb2.QueueRecord(vhost="/", name="odd-q", durable=True)
+        odd.arguments.fields.add(name="x-overflow").value.string_value = "bogus"
+        store.save_queue(odd)
+        store.append(state.persistent_message("", "odd-q", b"o1"), [("/", "odd-q")])
+        yield store.sync()
+        yield store.close()
+        store = yield self.open_store()
+        broker, _ = make_broker(store)
+        counts = broker.recover()
+        broker.stop()
+        self.assertEqual(counts["quarantined"], 2)
+        vhost = broker.vhost("/")
+        self.assertNotIn("odd-x", vhost.exchanges)
+        self.assertIsNotNone(vhost.queues["odd-q"].unavailable)
+        channel, _ = open_channel(broker)
+        self.assertEqual(self.drain(channel, state.JOBS), state.JOB_BODIES)
+        self.assertTrue(self.log.matching("quarantined exchange 'odd-x'", "cannot be taken"), self.log.texts)
+        self.assertTrue(self.log.matching("quarantined queue 'odd-q'", "x-overflow"), self.log.texts)
+        self.assertEqual(self.failures, [])
+        yield store.sync()
+        yield store.close()
+        store = yield self.open_store()  # its message is kept for it
+        self.assertEqual([record.body for _, record, _ in store.recover(("/", "odd-q"))], [b"o1"])
+
+    @defer.inlineCallbacks
+    def test_a_queue_that_loads_its_messages_at_recovery_quarantines_only_the_unreadable_one(self):
+        store = yield self.open_store()
+        ranked = messages_pb2.QueueRecord(vhost="/", name="ranked", durable=True)
+        ranked.arguments.fields.add(name="x-max-priority").value.integer_value = 5
+        store.save_queue(ranked)  # a priority queue sees every message at recovery (no paging)
+        for body, poisoned in ((b"r1", False), (b"r2", True), (b"r3", False)):
+            store.append(state.persistent_message("", "ranked", body, poisoned), [("/", "ranked")])
+        yield store.sync()
+        yield store.close()
+        store = yield self.open_store()
+        broker, _ = make_broker(store)
+        counts = broker.recover()
+        broker.stop()
+        self.assertEqual(counts["unavailable"], 0)
+        channel, _ = open_channel(broker)
+        self.assertEqual(self.drain(channel, "ranked"), [b"r1", b"r3"])
+        self.assertTrue(self.log.matching("'ranked'", "quarantined stored message"), self.log.texts)
+        self.assertEqual(self.failures, [])
+
+    @defer.inlineCallbacks
     def test_the_data_of_a_quarantined_queue_is_kept_until_its_record_is_repaired(self):
         store = yield self.poisoned_store_reopened(delayed=False)
         broker, _ = make_broker(store)

@@ -105,7 +105,7 @@ class Broker:
             try:
                 self._restore(record, counts)
             except Exception as problem:  # values the model cannot take: that record alone is lost to service
-                self._quarantine(_unrestorable(record, problem))
+                self._quarantine(_unrestorable(record, problem, store.name))
                 counts["quarantined"] += 1
         counts["unavailable"] = sum(len(vhost.unavailable_queues) for vhost in self.vhosts.values())
         if IDelayedMessageStore.providedBy(store):
@@ -173,15 +173,15 @@ class Broker:
             consequence = "it is not served; its record and messages are kept on disk as they are"
         else:
             consequence = "it is not served; its record is kept on disk as it is"
-        log.error("quarantined {what}: its stored record ({where}) cannot be read: {reason}; {consequence}",
+        log.error("quarantined {what}: its stored record ({where}) cannot be used: {reason}; {consequence}",
                   what=what, where=quarantined.where, reason=quarantined.reason, consequence=consequence)
 
 
-def _unrestorable(record, problem):
+def _unrestorable(record, problem, backend):
     """The L{QuarantinedRecord} of a record that parsed but whose values the model refused."""
     if isinstance(record, messages_pb2.BindingRecord):
         kind, name = "binding", (record.exchange, record.queue, record.routing_key)
     else:
         kind = "exchange" if isinstance(record, messages_pb2.ExchangeRecord) else "queue"
         name = record.name
-    return QuarantinedRecord(kind, record.vhost, name, "its topology record", f"its values cannot be taken ({problem})")
+    return QuarantinedRecord(kind, record.vhost, name, f"in the {backend} store", f"its values cannot be taken ({problem})")
