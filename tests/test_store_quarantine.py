@@ -5,6 +5,8 @@ by the store's own code (L{tests.poisonedstate}); the broker recovers them
 in-process here, and as a real twistd process in L{tests.test_quarantine_restart}."""
 
 import os
+import shutil
+import tempfile
 
 from twisted.internet import defer, reactor, task
 from twisted.logger import globalLogPublisher
@@ -27,8 +29,8 @@ class QuarantineContract:
     backend = None
 
     def setUp(self):
-        self.data_dir = self.mktemp()
-        os.makedirs(self.data_dir)
+        self.data_dir = tempfile.mkdtemp(prefix="brokerd-quarantine-test-")
+        self.addCleanup(shutil.rmtree, self.data_dir, True)
         self.log = LogWatcher(self)
         self.failures = []
         observe = self.failures.append
