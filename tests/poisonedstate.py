@@ -52,7 +52,10 @@ def deep_arguments():
     32 tables deep: a store writes a record holding them (its own code builds
     and serialises it), and protobuf cannot parse that record back.
     """
-    return _deep_table(32, lambda value: value.array_value.values.add().array_value.values.add().void_value.SetInParent())
+    def innermost(value):
+        value.array_value.values.add().array_value.values.add().void_value.SetInParent()
+
+    return _deep_table(32, innermost)
 
 
 def deep_headers():

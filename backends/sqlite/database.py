@@ -299,7 +299,8 @@ class Database:
             else:
                 loaded.exchanges.append(record)
         for queue_id, vhost, name, blob in db.execute("SELECT id, vhost, name, record FROM queues ORDER BY id"):
-            record = None if blob is None else self._parse(messages_pb2.QueueRecord, blob, f"queue {name!r} of vhost {vhost!r}")
+            what = f"queue {name!r} of vhost {vhost!r}"
+            record = None if blob is None else self._parse(messages_pb2.QueueRecord, blob, what)
             if blob is not None and record is None:
                 loaded.quarantined.append(QuarantinedRecord(
                     "queue", vhost, name, f"sqlite store {self.path}, queues row {queue_id}", UNPARSABLE))

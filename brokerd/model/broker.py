@@ -17,6 +17,7 @@ from brokerd.proto.exchange_types import EXCHANGE_TYPE_NAME
 from brokerd.proto.tables import table_to_dict
 
 DEFAULT_VHOST = "/"
+TOPOLOGY_RECORDS = (messages_pb2.ExchangeRecord, messages_pb2.QueueRecord, messages_pb2.BindingRecord)
 
 log = Logger()
 
@@ -100,7 +101,7 @@ class Broker:
                 self._quarantine(record)
                 counts["quarantined"] += 1
                 continue
-            if not isinstance(record, (messages_pb2.ExchangeRecord, messages_pb2.QueueRecord, messages_pb2.BindingRecord)):
+            if not isinstance(record, TOPOLOGY_RECORDS):
                 raise TypeError(f"store {store.name!r} returned an unknown topology record: {record!r}")
             try:
                 self._restore(record, counts)
@@ -184,4 +185,5 @@ def _unrestorable(record, problem, backend):
     else:
         kind = "exchange" if isinstance(record, messages_pb2.ExchangeRecord) else "queue"
         name = record.name
-    return QuarantinedRecord(kind, record.vhost, name, f"in the {backend} store", f"its values cannot be taken ({problem})")
+    reason = f"its values cannot be taken ({problem})"
+    return QuarantinedRecord(kind, record.vhost, name, f"in the {backend} store", reason)
