@@ -118,18 +118,6 @@ class Topology:
             del self.bindings[key]
         self._drop_kept(lambda entry: entry.names("queue", vhost, name) or entry.binds(vhost, queue=name))
 
-    def kept_queue_names(self):
-        """The keys of the queues whose records cannot be read, and whether some such queue has no readable name."""
-        keys, unnamed = set(), False
-        for entry in self.kept:
-            quarantined = entry.quarantined
-            if quarantined.kind == "queue":
-                if quarantined.name is None or quarantined.vhost is None:
-                    unnamed = True
-                else:
-                    keys.add((quarantined.vhost, quarantined.name))
-        return keys, unnamed
-
     def save_binding(self, record):
         self.bindings[binding_key(record)] = record
 
@@ -185,6 +173,22 @@ def decode_topology(data, path, magic=FILELOG_MAGIC):
         records.append(record)
         offset = end
     return records
+
+
+def kept_queue_names(records):
+    """
+    The keys of the queues whose records in C{records} (as L{decode_topology}
+    gives them) cannot be read, and whether some such queue has no readable name.
+    """
+    keys, unnamed = set(), False
+    for record in records:
+        if isinstance(record, KeptEntry) and record.quarantined.kind == "queue":
+            quarantined = record.quarantined
+            if quarantined.name is None or quarantined.vhost is None:
+                unnamed = True
+            else:
+                keys.add((quarantined.vhost, quarantined.name))
+    return keys, unnamed
 
 
 def read_topology(path, magic=FILELOG_MAGIC):

@@ -12,7 +12,7 @@ from twisted.internet import defer, reactor, task
 from twisted.logger import globalLogPublisher
 from twisted.trial import unittest
 
-from backends.quarantine import QUARANTINE_DIRECTORY
+from backends.quarantine import QUARANTINE_DIRECTORY, quarantined_topology
 from brokerd import storeregistry
 from brokerd.errors import NotFound
 from brokerd.proto import messages_pb2
@@ -246,3 +246,12 @@ class ChunkedQuarantineTests(QuarantineContract, unittest.TestCase):
         yield store.close()
         store = yield self.open_store()
         self.assertEqual(list(store.recover(("/", state.JOBS))), [])
+
+
+def test_a_quarantined_record_is_named_from_its_top_level_fields_without_parsing_the_rest():
+    record = messages_pb2.BindingRecord(vhost="v", exchange="e", queue="q", routing_key="k")
+    record.arguments.CopyFrom(state.deep_arguments())
+    named = quarantined_topology(messages_pb2.BindingRecord, record.SerializeToString(), "here")
+    assert (named.kind, named.vhost, named.name, named.where) == ("binding", "v", ("e", "q", "k"), "here")
+    garbage = quarantined_topology(messages_pb2.QueueRecord, b"\x12\xff\xff\xff", "there")
+    assert (garbage.kind, garbage.vhost, garbage.name) == ("queue", None, None)

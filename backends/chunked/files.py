@@ -24,7 +24,7 @@ from backends.chunked.messagelog import MessageLog
 from backends.chunked.queueindex import QueueIndex, creation_cut_short
 from backends.fileio import TEMPORARY_SUFFIX, fsync_directory, lock_directory, queue_key_name, replace_file
 from backends.quarantine import keep_aside
-from backends.topologyfile import TOPOLOGY_FILE, Topology, read_topology
+from backends.topologyfile import TOPOLOGY_FILE, kept_queue_names, read_topology
 from brokerd.interfaces import StoreCorrupted
 from brokerd.proto import messages_pb2
 
@@ -117,7 +117,7 @@ class ChunkedFiles:
         self.log.open()
         topology = read_topology(self.topology_path, TOPOLOGY_MAGIC)
         queues = [(record.vhost, record.name) for record in topology if isinstance(record, messages_pb2.QueueRecord)]
-        self._kept_queues, self._unnamed_kept_queue = Topology(topology).kept_queue_names()
+        self._kept_queues, self._unnamed_kept_queue = kept_queue_names(topology)
         unacked, damaged, delivery_counts = {}, {}, {}
         # A quarantined queue's index is read too (it needs no topology record): its messages stay, and
         # so do the chunks they are in, until the queue is deleted.

@@ -18,7 +18,7 @@ from backends.fileio import TEMPORARY_SUFFIX, fsync_directory, lock_directory, r
 from backends.filelog.delayedlog import DelayedLog
 from backends.filelog.queuefile import COMPACT_SUFFIX, DATA_SUFFIX, Figures, QueueFile, queue_file_name
 from backends.filelog.records import queue_of_header
-from backends.topologyfile import TOPOLOGY_FILE, Topology, read_topology
+from backends.topologyfile import TOPOLOGY_FILE, kept_queue_names, read_topology
 from brokerd.interfaces import StoreCorrupted
 from brokerd.proto import messages_pb2
 
@@ -82,7 +82,7 @@ class QueueFiles:
                 queue_file = self._files.get(queue)
                 if queue_file is not None:
                     handle = queue_file.next_handle
-        self._log_orphans(queues, Topology(topology).kept_queue_names())
+        self._log_orphans(queues, kept_queue_names(topology))
         delivery_counts = {}
         for queue, queue_file in list(self._files.items()):
             if queue_file.delivery_counts:
