@@ -6,6 +6,8 @@ from a writer-thread query plus the delays not yet handed to the writer.
 
 from twisted.internet import defer
 
+from brokerd.interfaces import UnreadableMessage
+
 MAX_DUE = (1 << 63) - 1
 LEASE = 1 << 16  # handles reserved on disk at a time by the file-based stores
 
@@ -109,3 +111,21 @@ def delayed_window(fetch, pending, kept, cursor, until, limit):
         # The writer's rows are complete only up to the last one fetched.
         rows = [row for row in rows if key_of(row) <= position]
     return rows[:limit]
+
+
+def readable_messages(rows, convert, quarantine):
+    """
+    The L{DelayedMessage}s C{convert(row)} makes of C{rows}, and how many rows
+    it could not: each of those (C{convert} raised L{UnreadableMessage}) goes
+    to C{quarantine(row, problem)}, which must stop the store from counting
+    its handle as kept, so that the window asked for again leaves it out and
+    still holds as many messages as a window may.
+    """
+    found, quarantined = [], 0
+    for row in rows:
+        try:
+            found.append(convert(row))
+        except UnreadableMessage as problem:
+            quarantine(row, problem)
+            quarantined += 1
+    return found, quarantined

@@ -241,6 +241,40 @@ class StoreCorrupted(Exception):
         self.offset = offset
 
 
+class UnreadableMessage(StoreCorrupted):
+    """
+    A stored message whose record is intact (its checksum holds) but cannot
+    be read back, e.g. a field table nested deeper than protobuf parses.
+    Raised by C{IPagingStore.load}: the store has kept a copy of the record
+    aside, and the queue quarantines that one message (never delivers it,
+    forgets it) and goes on with the next. As a L{StoreCorrupted}, code that
+    knows nothing of quarantine still treats it as damage.
+    """
+
+
+class QuarantinedRecord(NamedTuple):
+    """
+    A topology record a store holds but cannot read back, handed out by
+    C{IMessageStore.topology} in its place. The store keeps the record (and a
+    queue's messages) on disk as they are; the broker names it in the log and,
+    for a queue whose name is known, keeps the name taken by an unavailable
+    queue, so that nothing new mixes with the data kept for it.
+
+    @ivar kind: C{"exchange"}, C{"queue"} or C{"binding"}.
+    @ivar vhost: its virtual host, or None if even that cannot be read.
+    @ivar name: the exchange's or queue's name, a binding's C{(exchange,
+        queue, routing key)}, or None if it cannot be read.
+    @ivar where: where the store keeps it (a file and offset, a table row).
+    @ivar reason: why it cannot be read.
+    """
+
+    kind: str
+    vhost: Any
+    name: Any
+    where: str
+    reason: str
+
+
 class IStoreBackend(Interface):
     """
     A storage backend that C{--backend=NAME[:key=value...]} can pick.

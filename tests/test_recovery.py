@@ -37,7 +37,9 @@ def fill_store():
 def test_recover_reports_what_it_rebuilt():
     store = fill_store()
     broker, _ = make_broker(store)
-    assert broker.recover() == {"exchanges": 3, "queues": 1, "bindings": 3, "messages": 2, "unavailable": 0}
+    assert broker.recover() == {
+        "exchanges": 3, "queues": 1, "bindings": 3, "messages": 2, "unavailable": 0, "quarantined": 0,
+    }
 
 
 def test_recover_brings_back_unacked_persistent_messages_in_queue_order():

@@ -23,7 +23,8 @@ from backends.chunked.delayedindex import DelayedIndex
 from backends.chunked.messagelog import MessageLog
 from backends.chunked.queueindex import QueueIndex, creation_cut_short
 from backends.fileio import TEMPORARY_SUFFIX, fsync_directory, lock_directory, queue_key_name, replace_file
-from backends.topologyfile import TOPOLOGY_FILE, read_topology
+from backends.quarantine import keep_aside
+from backends.topologyfile import TOPOLOGY_FILE, kept_queue_names, read_topology
 from brokerd.interfaces import StoreCorrupted
 from brokerd.proto import messages_pb2
 
@@ -91,6 +92,8 @@ class ChunkedFiles:
         self._references = {}  # message chunk number -> un-acked entries pointing into it
         self._consumed = set()  # finished chunks no entry points into, kept for retention
         self._damaged = set()  # queues whose index could not be read: what they point to is unknown
+        self._kept_queues = set()  # queues whose topology records are quarantined: their indexes are kept
+        self._unnamed_kept_queue = False  # a quarantined queue record's name could not be read
         self._lock = None
 
     def index_directory(self, queue):
@@ -114,8 +117,11 @@ class ChunkedFiles:
         self.log.open()
         topology = read_topology(self.topology_path, TOPOLOGY_MAGIC)
         queues = [(record.vhost, record.name) for record in topology if isinstance(record, messages_pb2.QueueRecord)]
+        self._kept_queues, self._unnamed_kept_queue = kept_queue_names(topology)
         unacked, damaged, delivery_counts = {}, {}, {}
-        for queue in queues:
+        # A quarantined queue's index is read too (it needs no topology record): its messages stay, and
+        # so do the chunks they are in, until the queue is deleted.
+        for queue in [*queues, *sorted(self._kept_queues - set(queues))]:
             try:
                 unacked[queue] = self._recover(queue)
                 if queue in self._indexes:
@@ -162,11 +168,20 @@ class ChunkedFiles:
         return index.unacked()
 
     def _remove_orphans(self, queues):
-        """Index directories of queues the topology no longer holds: a crash came between the two removals."""
-        expected = {queue_key_name(queue) for queue in queues}
+        """
+        Index directories of queues the topology no longer holds: a crash came
+        between the two removals. Those of queues whose topology records are
+        quarantined are kept, and all of them are if one such queue's name
+        cannot be read.
+        """
+        expected = {queue_key_name(queue) for queue in [*queues, *self._kept_queues]}
         for name in sorted(os.listdir(self.queues_directory)):
             if name not in expected:
                 path = os.path.join(self.queues_directory, name)
+                if self._unnamed_kept_queue:
+                    log.warn("queue index {path} belongs to no readable queue of the topology; kept, as it may be"
+                             " the quarantined queue's whose name cannot be read", path=path)
+                    continue
                 log.warn("queue index {path} belongs to no queue of the topology; removed", path=path)
                 shutil.rmtree(path, ignore_errors=True)
 
@@ -197,6 +212,9 @@ class ChunkedFiles:
         chunks, which only follow what is already durable.
         """
         if batch is not None:
+            for name, parts in batch.kept_aside.items():
+                path = keep_aside(self.directory, name, parts)
+                log.info("kept a copy of a quarantined record in {path}", path=path)
             if batch.topology is not None:
                 replace_file(self.topology_path, batch.topology, fsync)
             for queue in batch.deleted:
@@ -305,9 +323,10 @@ class ChunkedFiles:
         finished, self.log.finished = self.log.finished, []
         for number in finished:
             self._note_if_consumed(number)
-        if not self._consumed or self._damaged or self.delayed.damaged:
-            # A damaged queue index or delayed index may still point into any chunk: keep them all
-            # until the damaged data is dropped or repaired by hand.
+        if not self._consumed or self._damaged or self.delayed.damaged or self._unnamed_kept_queue:
+            # A damaged queue index or delayed index, or the index of a quarantined queue whose name
+            # cannot be read, may still point into any chunk: keep them all until the damaged data is
+            # dropped or repaired by hand.
             return
         newest_first = sorted(self._consumed, reverse=True)
         now = time.time()

@@ -107,6 +107,17 @@ class ChunkReader:
         @raise KeyError: if the handle names no record (never written, or in
             a chunk deleted since).
         @raise StoreCorrupted: if the record there is damaged.
+        @raise DecodeError: if the record is whole but its head does not parse.
+        """
+        head, body = self.record(handle)
+        return self._heads.message(head, body)
+
+    def record(self, handle):
+        """
+        The C{(head, body)} bytes of the record at C{handle}, checked.
+
+        @raise KeyError: as L{read}.
+        @raise StoreCorrupted: as L{read}.
         """
         position = position_of(handle)
         data_size = self._log.data_size
@@ -115,9 +126,14 @@ class ChunkReader:
             raise KeyError(f"the chunked store holds no message with handle {handle!r}")
         chunk = self._map(number, handle)
         offset += HEADER_SIZE
-        head, body = checked_record_parts(chunk, offset, HEADER_SIZE + data_size, self._log.path_of(number), offset)
+        parts = checked_record_parts(chunk, offset, HEADER_SIZE + data_size, self._log.path_of(number), offset)
         self.reads[number] = self.reads.get(number, 0) + 1
-        return self._heads.message(head, body)
+        return parts
+
+    def where(self, handle):
+        """Where the record of C{handle} is, in words: its chunk file and data offset."""
+        number, offset = divmod(position_of(handle), self._log.data_size)
+        return f"chunk {self._log.path_of(number)}, data offset {offset}"
 
     def message(self, head, body):
         """The message of a record already in memory (the ring cache's)."""

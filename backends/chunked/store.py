@@ -16,7 +16,11 @@ The reactor thread keeps, per kept handle, its due time and chunk in a
 L{HandleMap}, and reads the records of a window from the chunk files.
 """
 
+import os
+
+from google.protobuf.message import DecodeError
 from twisted.internet import defer
+from twisted.logger import Logger
 from zope.interface import implementer
 
 from backends.chunked.files import TOPOLOGY_MAGIC, ChunkedFiles
@@ -29,14 +33,17 @@ from backends.chunked.format import (
     record_size,
 )
 from backends.chunked.reads import ChunkReader, RingCache
-from backends.delayed import HandleLease, check_due, check_exchange, delayed_window
+from backends.delayed import HandleLease, check_due, check_exchange, delayed_window, readable_messages
 from backends.delayedmeta import Meta
 from backends.filestore import FileStoreBase
 from backends.handlemap import HandleMap
+from backends.quarantine import QUARANTINE_DIRECTORY, RECORD_SUFFIX, unreadable_message
 from backends.topologyfile import Topology
 from brokerd.durability import SyncPolicy
-from brokerd.interfaces import DelayedMessage, IDelayedMessageStore, IPagingStore, StoreCorrupted
+from brokerd.interfaces import DelayedMessage, IDelayedMessageStore, IPagingStore, StoreCorrupted, UnreadableMessage
 from brokerd.proto import messages_pb2
+
+log = Logger()
 
 
 class MessageTooLarge(ValueError):
@@ -47,7 +54,7 @@ class Batch:
     """What the reactor thread buffered since the last commit, shaped for the writer."""
 
     __slots__ = ("records", "messages", "appends", "acks", "returns", "shared", "deleted", "topology", "end",
-                 "delays", "delay_releases", "delayed_meta")
+                 "delays", "delay_releases", "delayed_meta", "kept_aside")
 
     def __init__(self):
         self.records = []  # (position, head, body), in position order
@@ -62,10 +69,11 @@ class Batch:
         self.delays = []  # (due, delayed handle, position, exchange number), in handle order
         self.delay_releases = []  # (delayed handle, due, chunk number)
         self.delayed_meta = None  # the delayed index's new Meta, if it changed
+        self.kept_aside = {}  # quarantine file name -> (head, body) of a record that does not parse
 
     def is_empty(self):
         return not (self.records or self.acks or self.returns or self.deleted or self.delay_releases
-                    or self.delayed_meta)
+                    or self.delayed_meta or self.kept_aside)
 
 
 @implementer(IPagingStore, IDelayedMessageStore)
@@ -151,9 +159,22 @@ class ChunkedStore(FileStoreBase):
         return dict(self._recovered_counts.get(queue, ()))
 
     def recover(self, queue):
-        """The messages open found for C{queue}, read one at a time as the result is iterated."""
-        handles = self.recovered_handles(queue)
-        return ((handle, self._stored(self.load(handle)), True) for handle in handles)
+        """
+        The messages open found for C{queue}, read one at a time as the result
+        is iterated; one that cannot be read is quarantined (logged, kept
+        aside) and left out.
+        """
+        return self._readable(queue, self.recovered_handles(queue))
+
+    def _readable(self, queue, handles):
+        for handle in handles:
+            try:
+                message = self.load(handle)
+            except UnreadableMessage as problem:
+                log.error("queue {queue!r} in vhost {vhost!r}: stored message {handle} left out: {problem}",
+                          queue=queue[1], vhost=queue[0], handle=handle, problem=problem)
+                continue
+            yield handle, self._stored(message), True
 
     # -- topology
 
@@ -245,6 +266,9 @@ class ChunkedStore(FileStoreBase):
 
         @raise KeyError: if the handle names no stored message.
         @raise StoreCorrupted: if its record is damaged.
+        @raise UnreadableMessage: if its record is whole but does not parse;
+            a copy of it is written to the store's quarantine directory with
+            the next commit, before the acks that let its chunk go.
         """
         message = self._batch.messages.get(handle)
         if message is None:
@@ -254,13 +278,24 @@ class ChunkedStore(FileStoreBase):
                     break
             else:
                 record = self._cache.get(handle)
-                if record is not None:
-                    message = self._reader.message(*record)
-                else:
-                    if self._closed or self._commit is None:
-                        raise KeyError(f"the chunked store is not open; cannot read {handle!r}")
-                    message = self._reader.read(handle)
+                try:
+                    if record is not None:
+                        message = self._reader.message(*record)
+                    else:
+                        if self._closed or self._commit is None:
+                            raise KeyError(f"the chunked store is not open; cannot read {handle!r}")
+                        message = self._reader.read(handle)
+                except DecodeError as problem:
+                    raise self._keep_aside(handle, record, problem) from None
         return message
+
+    def _keep_aside(self, handle, record, problem):
+        """Buffer a copy of an unparsable record for the quarantine directory; the UnreadableMessage to raise."""
+        where = self._reader.where(handle)
+        name = f"message-{handle}"
+        self._batch.kept_aside[name] = record if record is not None else self._reader.record(handle)
+        copy = os.path.join(self.directory, QUARANTINE_DIRECTORY, name + RECORD_SUFFIX)
+        return unreadable_message(f"{where} (copied to {copy})", problem)
 
     @staticmethod
     def _stored(message):
@@ -339,20 +374,37 @@ class ChunkedStore(FileStoreBase):
             return self._commit.call(self._files.delayed_window, position, bound, count)
 
         rows = delayed_window(fetch, list(self._batch.delays), self._delayed.__contains__, cursor, until, limit)
-        return rows.addCallbacks(self._delayed_messages, self._delayed_failed)
+        return rows.addCallbacks(self._delayed_messages, self._delayed_failed, (cursor, until, limit))
 
-    def _delayed_messages(self, rows):
-        """DelayedMessages of rows read with their records by the writer, or of delays not yet handed to it."""
-        exchanges, found = self._exchanges, []
-        for row in rows:
-            due, handle, position, number = row[:4]
-            if len(row) > 4:
-                record = decode_head(row[4])
-                record.body = row[5]
-            else:
-                record = self._stored(self.load(position))
-            found.append(DelayedMessage(due, handle, exchanges[number], record))
+    def _delayed_messages(self, rows, cursor, until, limit):
+        """
+        DelayedMessages of rows read with their records by the writer, or of
+        delays not yet handed to it. A record that does not parse is kept
+        aside and released, and the window is asked for again without it.
+        """
+        found, quarantined = readable_messages(rows, self._delayed_message, self._quarantine_delayed)
+        if quarantined:
+            return self.delayed_after(cursor, until, limit)
         return found
+
+    def _delayed_message(self, row):
+        due, handle, position, number = row[:4]
+        if len(row) > 4:
+            try:
+                record = decode_head(row[4])
+            except DecodeError as problem:
+                raise self._keep_aside(position, row[4:6], problem) from None
+            record.body = row[5]
+        else:
+            record = self._stored(self.load(position))
+        return DelayedMessage(due, handle, self._exchanges[number], record)
+
+    def _quarantine_delayed(self, row, problem):
+        due, handle, _, number = row[:4]
+        vhost, exchange = self._exchanges[number]
+        log.error("delayed message {handle} for exchange {exchange!r} in vhost {vhost!r} (due {due}) is quarantined,"
+                  " not routed: {problem}", handle=handle, exchange=exchange, vhost=vhost, due=due, problem=problem)
+        self.release(handle)
 
     def _delayed_failed(self, failure):
         if failure.check(StoreCorrupted) and self._delayed_damage is None:

@@ -24,6 +24,7 @@ import os
 import struct
 from typing import NamedTuple
 
+from google.protobuf.message import DecodeError
 from twisted.logger import Logger
 
 from backends.delayedmeta import Meta, encode_meta, read_meta
@@ -43,6 +44,7 @@ from backends.filelog.records import (
     record_size,
 )
 from backends.handlemap import HandleMap
+from backends.quarantine import unreadable_message
 from brokerd.interfaces import StoreCorrupted
 from brokerd.proto import messages_pb2
 
@@ -67,8 +69,12 @@ def encode_delayed(message, exchange, due, handle):
     return head[:2] + prefix + head[2:], body
 
 
-def decode_delayed(payload):
-    """C{(due, handle, exchange key, StoredMessage)} of a delayed record's payload."""
+def decode_delayed(payload, where="a delayed record"):
+    """
+    C{(due, handle, exchange key, StoredMessage)} of a delayed record's
+    payload; an L{UnreadableMessage} naming C{where} in place of the
+    StoredMessage if that does not parse.
+    """
     due, handle = PREFIX.unpack_from(payload, 2)
     offset = 2 + PREFIX.size
     key = []
@@ -76,7 +82,11 @@ def decode_delayed(payload):
         (length,) = KEY_LENGTH.unpack_from(payload, offset)
         key.append(bytes(payload[offset + 2 : offset + 2 + length]).decode("utf-8"))
         offset += 2 + length
-    return due, handle, tuple(key), messages_pb2.StoredMessage.FromString(bytes(payload[offset:]))
+    try:
+        stored = messages_pb2.StoredMessage.FromString(bytes(payload[offset:]))
+    except DecodeError as problem:
+        stored = unreadable_message(where, problem)
+    return due, handle, tuple(key), stored
 
 
 class DelayedRecovery(NamedTuple):
@@ -282,7 +292,8 @@ class DelayedLog:
         """Up to C{limit} C{(due, handle, exchange key, StoredMessage)} after C{cursor}, due by C{until}."""
         if self.damage is not None:
             raise StoreCorrupted(f"delayed messages are unavailable: {self.damage}", self.damage.path)
-        return [decode_delayed(self._read(offset)) for _, _, offset in self.index.window(cursor, until, limit)]
+        return [decode_delayed(self._read(offset), f"delayed log {self.path}, offset {offset}")
+                for _, _, offset in self.index.window(cursor, until, limit)]
 
     def _read(self, offset):
         record = os.pread(self.descriptor, READ_SIZE, offset)

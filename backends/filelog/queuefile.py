@@ -26,6 +26,7 @@ from backends.filelog.records import (
     record_problem,
     scan,
 )
+from backends.quarantine import unreadable_message
 from brokerd.interfaces import StoreCorrupted
 from brokerd.proto import messages_pb2
 
@@ -74,6 +75,7 @@ class QueueFile:
         self.positions = {}
         self.delivery_counts = {}
         self.damage = None
+        self.next_handle = None  # after recovery: the first handle not given to one of its records
 
     @classmethod
     def create(cls, queue, path, figures):
@@ -86,6 +88,10 @@ class QueueFile:
     def recover(self, first_handle):
         """
         Read the file's valid records, cutting off a torn header or tail.
+
+        A record that is whole but does not parse is quarantined: logged and
+        left out of what is returned, yet kept valid in the file (compaction
+        copies it along) until the queue is deleted; it uses up a handle.
 
         @return: C{[(handle, StoredMessage)]} in file order, handles counted
             from C{first_handle}.
@@ -104,13 +110,18 @@ class QueueFile:
                     raise self._damaged(f"the record at offset {record.offset}: {problem}", record.offset) from None
                 continue
             message = messages_pb2.StoredMessage()
+            self.positions[handle] = (record.offset, record.size)
             try:
                 message.ParseFromString(record.payload)
-            except DecodeError:
-                raise self._damaged(f"the record at offset {record.offset} does not decode", record.offset) from None
-            self.positions[handle] = (record.offset, record.size)
-            recovered.append((handle, message))
+            except DecodeError as problem:
+                log.error("queue {queue!r} in vhost {vhost!r}: quarantined stored message at offset {offset} of"
+                          " {path}, not delivered: its intact record does not parse ({problem}); it is kept in the"
+                          " file as it is", queue=self.queue[1], vhost=self.queue[0], offset=record.offset,
+                          path=self.path, problem=problem)
+            else:
+                recovered.append((handle, message))
             handle += 1
+        self.next_handle = handle
         if counts:
             self.delivery_counts = {handle: counts[offset] for handle, (offset, _) in self.positions.items()
                                     if counts.get(offset)}
@@ -330,7 +341,10 @@ class QueueFile:
                 f"queue file {self.path}: the record at offset {offset} reads back damaged: {problem}", self.path, offset
             )
         message = messages_pb2.StoredMessage()
-        message.ParseFromString(payload_of(record))
+        try:
+            message.ParseFromString(payload_of(record))
+        except DecodeError as problem:
+            raise unreadable_message(f"queue file {self.path}, offset {offset}", problem) from None
         return message
 
     def close(self):

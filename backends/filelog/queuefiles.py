@@ -18,7 +18,7 @@ from backends.fileio import TEMPORARY_SUFFIX, fsync_directory, lock_directory, r
 from backends.filelog.delayedlog import DelayedLog
 from backends.filelog.queuefile import COMPACT_SUFFIX, DATA_SUFFIX, Figures, QueueFile, queue_file_name
 from backends.filelog.records import queue_of_header
-from backends.topologyfile import TOPOLOGY_FILE, read_topology
+from backends.topologyfile import TOPOLOGY_FILE, kept_queue_names, read_topology
 from brokerd.interfaces import StoreCorrupted
 from brokerd.proto import messages_pb2
 
@@ -75,12 +75,14 @@ class QueueFiles:
         messages, damaged, handle = {}, {}, 1
         for queue in queues:
             try:
-                messages[queue] = found = self._recover(queue, handle)
+                messages[queue] = self._recover(queue, handle)
             except StoreCorrupted as damage:
                 damaged[queue] = damage
             else:
-                handle += len(found)
-        self._log_orphans(queues)
+                queue_file = self._files.get(queue)
+                if queue_file is not None:
+                    handle = queue_file.next_handle
+        self._log_orphans(queues, kept_queue_names(topology))
         delivery_counts = {}
         for queue, queue_file in list(self._files.items()):
             if queue_file.delivery_counts:
@@ -110,13 +112,24 @@ class QueueFiles:
         queue_file = self._files[queue] = QueueFile(queue, path, descriptor, self.figures)
         return queue_file.recover(first_handle)
 
-    def _log_orphans(self, queues):
+    def _log_orphans(self, queues, kept):
+        """
+        Name the queue files no queue of the topology holds (they are left
+        alone); those of quarantined queues (C{kept}: their keys, and whether
+        one has no readable name) are kept unread, and said so.
+        """
+        kept_queues, unnamed = kept
         expected = {queue_file_name(queue) for queue in queues}
+        kept_names = {queue_file_name(queue) for queue in kept_queues}
         for file_name in sorted(os.listdir(self.directory)):
             if file_name.endswith(DATA_SUFFIX) and file_name not in expected:
                 path = os.path.join(self.directory, file_name)
                 with open(path, "rb") as orphan:
                     queue = queue_of_header(orphan.read(HEADER_READ_SIZE))
+                if file_name in kept_names or unnamed:
+                    log.warn("queue file {path} (of queue {queue}) is kept as it is, unread: it may hold the messages"
+                             " of a quarantined queue", path=path, queue=repr(queue) if queue else "unknown")
+                    continue
                 log.warn(
                     "queue file {path} (of queue {queue}) belongs to no queue of the topology; ignored",
                     path=path, queue=repr(queue) if queue else "unknown: no whole header",

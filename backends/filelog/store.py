@@ -11,9 +11,10 @@ handles are kept (a L{HandleMap}) and the delays not yet handed over.
 """
 
 from twisted.internet import defer
+from twisted.logger import Logger
 from zope.interface import implementer
 
-from backends.delayed import HandleLease, check_due, check_exchange, delayed_window
+from backends.delayed import HandleLease, check_due, check_exchange, delayed_window, readable_messages
 from backends.filelog.delayedlog import decode_delayed, encode_delayed
 from backends.filelog.queuefiles import QueueFiles
 from backends.filelog.records import decode, encode
@@ -21,7 +22,9 @@ from backends.filestore import FileStoreBase
 from backends.handlemap import HandleMap
 from backends.topologyfile import Topology
 from brokerd.durability import SyncPolicy
-from brokerd.interfaces import DelayedMessage, IDelayedMessageStore, IMessageStore, StoreCorrupted
+from brokerd.interfaces import DelayedMessage, IDelayedMessageStore, IMessageStore, StoreCorrupted, UnreadableMessage
+
+log = Logger()
 
 
 class Batch:
@@ -253,13 +256,34 @@ class FilelogStore(FileStoreBase):
         pending = [(due, handle, exchange, (head, body)) for handle, (due, exchange, head, body)
                    in self._batch.delays.items()]
         rows = delayed_window(fetch, pending, self._delayed.__contains__, cursor, until, limit)
-        return rows.addCallback(lambda found: [self._delayed_message(*row) for row in found])
+        return rows.addCallback(self._delayed_messages, cursor, until, limit)
+
+    def _delayed_messages(self, rows, cursor, until, limit):
+        """
+        The window's DelayedMessages. One whose record does not parse is
+        quarantined: logged, no longer counted as kept (so the window asked
+        for again leaves it out), and kept in the log as it is.
+        """
+        found, quarantined = readable_messages(rows, self._delayed_message, self._quarantine_delayed)
+        if quarantined:
+            return self.delayed_after(cursor, until, limit)
+        return found
 
     @staticmethod
-    def _delayed_message(due, handle, exchange, record):
+    def _delayed_message(row):
+        due, handle, exchange, record = row
         if isinstance(record, tuple):  # not written yet: still encoded
             record = decode_delayed(b"".join(record))[3]
+        if isinstance(record, UnreadableMessage):
+            raise record
         return DelayedMessage(due, handle, exchange, record)
+
+    def _quarantine_delayed(self, row, problem):
+        due, handle, (vhost, exchange), _ = row
+        log.error("delayed message {handle} for exchange {exchange!r} in vhost {vhost!r} (due {due}) is quarantined,"
+                  " not routed, and kept in the delayed log as it is: {problem}",
+                  handle=handle, exchange=exchange, vhost=vhost, due=due, problem=problem)
+        self._delayed.pop(handle)
 
     # -- commits
 

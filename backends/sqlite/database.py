@@ -17,7 +17,8 @@ from twisted.logger import Logger
 
 from backends.sqlite import delayed
 from backends.sqlite.checkpointer import LOCK_WAIT_SECONDS, Checkpointer
-from brokerd.interfaces import StoreCorrupted
+from backends.quarantine import parse_or_none
+from brokerd.interfaces import QuarantinedRecord, StoreCorrupted
 from brokerd.proto import messages_pb2
 
 log = Logger()
@@ -27,6 +28,7 @@ UPGRADABLE_VERSIONS = (2, 3)
 APPLICATION_ID = 0x62726B64  # PRAGMA application_id, b"brkd": marks the file as a brokerd store
 PAGE_SIZE = 65536  # set once, when the file is created: one overflow page holds a 64 KiB body
 CACHE_KIB = 16384  # page cache of the connection
+UNPARSABLE = "its record does not parse (nested deeper than protobuf reads)"
 SYNCHRONOUS = {"always": "FULL", "interval": "FULL", "none": "OFF"}
 SCHEMA = """
 CREATE TABLE exchanges (
@@ -132,6 +134,7 @@ class Loaded:
         self.next_queue_id = 1
         self.delayed = None  # the kept delayed handles, a HandleMap set
         self.next_delayed = 1
+        self.quarantined = []  # QuarantinedRecord of each topology row whose record does not parse
 
 
 class Database:
@@ -288,16 +291,30 @@ class Database:
 
     def _load(self):
         db, loaded = self._db, Loaded()
-        for vhost, name, blob in db.execute("SELECT vhost, name, record FROM exchanges ORDER BY rowid"):
-            what = f"exchange {name!r} of vhost {vhost!r}"
-            loaded.exchanges.append(self._parse(messages_pb2.ExchangeRecord, blob, what))
+        for rowid, vhost, name, blob in db.execute("SELECT rowid, vhost, name, record FROM exchanges ORDER BY rowid"):
+            record = self._parse(messages_pb2.ExchangeRecord, blob, f"exchange {name!r} of vhost {vhost!r}")
+            if record is None:
+                loaded.quarantined.append(QuarantinedRecord(
+                    "exchange", vhost, name, f"sqlite store {self.path}, exchanges row {rowid}", UNPARSABLE))
+            else:
+                loaded.exchanges.append(record)
         for queue_id, vhost, name, blob in db.execute("SELECT id, vhost, name, record FROM queues ORDER BY id"):
             what = f"queue {name!r} of vhost {vhost!r}"
             record = None if blob is None else self._parse(messages_pb2.QueueRecord, blob, what)
+            if blob is not None and record is None:
+                loaded.quarantined.append(QuarantinedRecord(
+                    "queue", vhost, name, f"sqlite store {self.path}, queues row {queue_id}", UNPARSABLE))
             loaded.queues.append((queue_id, vhost, name, record))
             loaded.next_queue_id = queue_id + 1
-        for arguments, blob in db.execute("SELECT arguments, record FROM bindings ORDER BY rowid"):
-            loaded.bindings.append((arguments, self._parse(messages_pb2.BindingRecord, blob, "a binding")))
+        for rowid, vhost, exchange, queue, routing_key, arguments, blob in db.execute(
+                "SELECT rowid, vhost, exchange, queue, routing_key, arguments, record FROM bindings ORDER BY rowid"):
+            record = self._parse(messages_pb2.BindingRecord, blob, "a binding")
+            if record is None:
+                loaded.quarantined.append(QuarantinedRecord(
+                    "binding", vhost, (exchange, queue, routing_key), f"sqlite store {self.path}, bindings row {rowid}",
+                    UNPARSABLE))
+            else:
+                loaded.bindings.append((arguments, record))
         loaded.messages = {row[0]: row[1:] for row in db.execute("SELECT id, size, crc, record, body FROM messages")}
         entries = db.execute("SELECT queue_id, message_id FROM entries ORDER BY queue_id, message_id").fetchall()
         for queue_id, message_id, count in db.execute(
@@ -326,12 +343,18 @@ class Database:
         return loaded
 
     def _parse(self, kind, blob, what):
-        try:
-            return kind.FromString(blob)
-        except Exception as error:
+        """
+        The record of C{kind} in C{blob}; None if the blob does not parse
+        (its row is then quarantined: left as it is, and not served).
+
+        @raise StoreCorrupted: if C{blob} is not bytes at all.
+        """
+        if not isinstance(blob, bytes):
             raise StoreCorrupted(
-                f"sqlite store {self.path}: the record of {what} is damaged ({error})", path=self.path
-            ) from None
+                f"sqlite store {self.path}: the record of {what} is damaged (not a blob but {type(blob).__name__})",
+                path=self.path,
+            )
+        return parse_or_none(kind, blob)
 
     def write(self, batch, fsync):
         """

@@ -20,8 +20,11 @@ Schema version 3 added these tables; a version-2 file is upgraded in place
 when opened (the tables are created).
 """
 
+from google.protobuf.message import DecodeError
+
 from backends.delayed import MAX_DUE
 from backends.handlemap import HandleMap
+from backends.quarantine import unreadable_message
 from brokerd.interfaces import DelayedMessage, StoreCorrupted
 from brokerd.proto import messages_pb2
 
@@ -128,7 +131,8 @@ class DelayedTable:
 
 
 def delayed_message(row, path, checksum):
-    """The L{DelayedMessage} of a row; L{StoreCorrupted} if its checksum or record is bad."""
+    """The L{DelayedMessage} of a row; L{StoreCorrupted} if its checksum or record is bad
+    (L{UnreadableMessage} if the record is intact but does not parse)."""
     due, handle, vhost, exchange, crc, record, body = row
     if checksum(record, body) != crc:
         raise StoreCorrupted(
@@ -136,6 +140,8 @@ def delayed_message(row, path, checksum):
         )
     try:
         stored = messages_pb2.StoredMessage.FromString(record)
+    except DecodeError as error:
+        raise unreadable_message(f"sqlite store {path}, delayed row {handle}", error) from None
     except Exception as error:
         raise StoreCorrupted(
             f"sqlite store {path}: delayed message {handle} cannot be read as a StoredMessage ({error})", path=path

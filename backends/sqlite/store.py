@@ -17,10 +17,12 @@ only which handles are kept, as a L{HandleMap}, and reads windows on the
 writer thread.
 """
 
+from google.protobuf.message import DecodeError
 from twisted.internet import defer
+from twisted.logger import Logger
 from zope.interface import implementer
 
-from backends.delayed import check_due, check_exchange, delayed_window
+from backends.delayed import check_due, check_exchange, delayed_window, readable_messages
 from backends.handlemap import HandleMap
 from backends.sqlite.delayed import delayed_message
 from backends.sqlite.database import (
@@ -37,8 +39,11 @@ from backends.sqlite.database import (
     checksum,
 )
 from brokerd.durability import GroupCommit, SyncPolicy
-from brokerd.interfaces import IDelayedMessageStore, IMessageStore, StoreCorrupted
+from backends.quarantine import unreadable_message
+from brokerd.interfaces import IDelayedMessageStore, IMessageStore, StoreCorrupted, UnreadableMessage
 from brokerd.proto import messages_pb2
+
+log = Logger()
 
 ADD_QUEUE = "INSERT OR IGNORE INTO queues (id, vhost, name, record) VALUES (?, ?, ?, NULL)"
 
@@ -129,6 +134,7 @@ class SqliteStore:
         self._next_queue_id = loaded.next_queue_id
         self._delayed = loaded.delayed
         self._next_delayed = loaded.next_delayed
+        self._quarantined = {(record.kind, record.vhost, record.name): record for record in loaded.quarantined}
         self._state = "open"
         self._opened()
 
@@ -182,11 +188,14 @@ class SqliteStore:
     # -- topology
 
     def topology(self):
-        return [*self._exchanges.values(), *self._queues.values(), *self._bindings.values()]
+        """The records, with a QuarantinedRecord in place of each row whose record does not parse (kept as it is)."""
+        return [*self._exchanges.values(), *self._queues.values(), *self._quarantined.values(),
+                *self._bindings.values()]
 
     def save_exchange(self, record):
         self._writable()
         self._exchanges[(record.vhost, record.name)] = record
+        self._quarantined.pop(("exchange", record.vhost, record.name), None)
         self._batch.topology.append((UPSERT_EXCHANGE, (record.vhost, record.name, record.SerializeToString())))
 
     def delete_exchange(self, vhost, name):
@@ -194,6 +203,7 @@ class SqliteStore:
         self._exchanges.pop((vhost, name), None)
         for key in [key for key in self._bindings if key[0] == vhost and key[1] == name]:
             del self._bindings[key]
+        self._forget_quarantined(vhost, exchange=name)
         self._batch.topology += [(DELETE_EXCHANGE, (vhost, name)), (DELETE_EXCHANGE_BINDINGS, (vhost, name))]
 
     def save_queue(self, record):
@@ -203,6 +213,7 @@ class SqliteStore:
         if queue_id is None:
             queue_id = self._new_queue_id(key)
         self._queues[key] = record
+        self._quarantined.pop(("queue", *key), None)
         self._batch.topology.append((UPSERT_QUEUE, (queue_id, record.vhost, record.name, record.SerializeToString())))
 
     def delete_queue(self, queue):
@@ -211,6 +222,7 @@ class SqliteStore:
         self._queues.pop(queue, None)
         for key in [key for key in self._bindings if key[0] == vhost and key[2] == name]:
             del self._bindings[key]
+        self._forget_quarantined(vhost, queue=name)
         batch = self._batch
         batch.topology.append((DELETE_QUEUE_BINDINGS, (vhost, name)))
         queue_id = self._queue_ids.pop(queue, None)
@@ -233,6 +245,19 @@ class SqliteStore:
         key = (record.vhost, record.exchange, record.queue, record.routing_key, canonical_arguments(record.arguments))
         self._bindings.pop(key, None)
         self._batch.topology.append((DELETE_BINDING, key))
+
+    def _forget_quarantined(self, vhost, exchange=None, queue=None):
+        """The exchange or queue is deleted: so are its quarantined rows and those of its bindings."""
+        if not self._quarantined:
+            return
+        kind, name = ("exchange", exchange) if exchange is not None else ("queue", queue)
+        for key in list(self._quarantined):
+            record_kind, record_vhost, record_name = key
+            if record_vhost != vhost:
+                continue
+            if (record_kind == kind and record_name == name) or (
+                    record_kind == "binding" and record_name[0 if exchange is not None else 1] == name):
+                del self._quarantined[key]
 
     # -- messages
 
@@ -333,7 +358,12 @@ class SqliteStore:
                     " is missing from the messages table",
                     path=self.path,
                 )
-            recovered.append((handle, self._parse(handle, *stored), True))
+            try:
+                recovered.append((handle, self._parse(handle, *stored), True))
+            except UnreadableMessage as problem:
+                log.error("queue {queue!r} in vhost {vhost!r}: quarantined stored message {handle}, not delivered:"
+                          " {problem}; its row is kept as it is", queue=queue[1], vhost=queue[0], handle=handle,
+                          problem=problem)
         return recovered
 
     # -- delayed messages
@@ -373,7 +403,26 @@ class SqliteStore:
 
         kept = self._delayed.__contains__
         rows = delayed_window(fetch, list(self._batch.delays.values()), kept, cursor, until, limit)
-        return rows.addCallback(lambda found: [delayed_message(row, self.path, checksum) for row in found])
+        return rows.addCallback(self._delayed_messages, cursor, until, limit)
+
+    def _delayed_messages(self, rows, cursor, until, limit):
+        """
+        The window's DelayedMessages. One whose record does not parse is
+        quarantined: logged, no longer counted as kept (so the window asked
+        for again leaves it out), and its row kept as it is.
+        """
+        found, quarantined = readable_messages(
+            rows, lambda row: delayed_message(row, self.path, checksum), self._quarantine_delayed)
+        if quarantined:
+            return self.delayed_after(cursor, until, limit)
+        return found
+
+    def _quarantine_delayed(self, row, problem):
+        due, handle, vhost, exchange = row[:4]
+        log.error("delayed message {handle} for exchange {exchange!r} in vhost {vhost!r} (due {due}) is quarantined,"
+                  " not routed, and its row kept as it is: {problem}",
+                  handle=handle, exchange=exchange, vhost=vhost, due=due, problem=problem)
+        self._delayed.pop(handle)
 
     def stats(self):
         group = self._group
@@ -426,10 +475,12 @@ class SqliteStore:
             )
         try:
             stored = messages_pb2.StoredMessage.FromString(record)
-            stored.body = body
+        except DecodeError as error:
+            raise unreadable_message(f"sqlite store {self.path}, messages row {handle}", error) from None
         except Exception as error:
             raise StoreCorrupted(
                 f"sqlite store {self.path}: message {handle} cannot be read as a StoredMessage ({error})",
                 path=self.path,
             ) from None
+        stored.body = body
         return stored

@@ -7,7 +7,7 @@ through the connection's channels to the virtual host they opened.
 from twisted.logger import Logger
 
 from brokerd.errors import NotAllowed
-from brokerd.interfaces import IDelayedMessageStore, IPagingStore, StoreCorrupted
+from brokerd.interfaces import IDelayedMessageStore, IPagingStore, QuarantinedRecord, StoreCorrupted
 from brokerd.model.delayed import DelayScheduler
 from brokerd.model.message import Message
 from brokerd.model.vhost import VirtualHost
@@ -17,6 +17,7 @@ from brokerd.proto.exchange_types import EXCHANGE_TYPE_NAME
 from brokerd.proto.tables import table_to_dict
 
 DEFAULT_VHOST = "/"
+TOPOLOGY_RECORDS = (messages_pb2.ExchangeRecord, messages_pb2.QueueRecord, messages_pb2.BindingRecord)
 
 log = Logger()
 
@@ -85,48 +86,104 @@ class Broker:
         Rebuild durable topology and messages from the (opened) store, in queue
         order. Called once at start, before any listener accepts clients.
 
+        A record the store cannot read back, or whose values the model cannot
+        take, is quarantined: named in the log and left out, and everything
+        else is recovered. A quarantined queue whose name is known comes back
+        unavailable, holding its name and stored data until it is deleted.
+
         @return: a dict with the numbers of exchanges, queues, bindings and
-            messages recovered.
+            messages recovered, and of records quarantined.
         """
-        counts = {"exchanges": 0, "queues": 0, "bindings": 0, "messages": 0, "unavailable": 0}
+        counts = {"exchanges": 0, "queues": 0, "bindings": 0, "messages": 0, "unavailable": 0, "quarantined": 0}
         store = self.store
         for record in store.topology():
-            vhost = self.add_vhost(record.vhost)
-            if isinstance(record, messages_pb2.ExchangeRecord):
-                vhost.restore_exchange(
-                    record.name,
-                    EXCHANGE_TYPE_NAME[record.type],
-                    record.auto_delete,
-                    record.internal,
-                    table_to_dict(record.arguments),
-                )
-                counts["exchanges"] += 1
-            elif isinstance(record, messages_pb2.QueueRecord):
-                queue = vhost.restore_queue(record.name, record.auto_delete, table_to_dict(record.arguments))
-                counts["messages"] += self._recover_messages(queue)
-                counts["queues"] += 1
-            elif isinstance(record, messages_pb2.BindingRecord):
-                arguments = table_to_dict(record.arguments)
-                if vhost.restore_binding(record.queue, record.exchange, record.routing_key, arguments):
-                    counts["bindings"] += 1
-                else:
-                    log.warn(
-                        "store {backend!r} holds a binding from {exchange!r} to {queue!r} in vhost {vhost!r}"
-                        " whose exchange or queue it does not hold; skipped",
-                        backend=store.name,
-                        exchange=record.exchange,
-                        queue=record.queue,
-                        vhost=record.vhost,
-                    )
-            else:
+            if isinstance(record, QuarantinedRecord):
+                self._quarantine(record)
+                counts["quarantined"] += 1
+                continue
+            if not isinstance(record, TOPOLOGY_RECORDS):
                 raise TypeError(f"store {store.name!r} returned an unknown topology record: {record!r}")
+            try:
+                self._restore(record, counts)
+            except Exception as problem:  # values the model cannot take: that record alone is lost to service
+                self._quarantine(_unrestorable(record, problem, store.name))
+                counts["quarantined"] += 1
         counts["unavailable"] = sum(len(vhost.unavailable_queues) for vhost in self.vhosts.values())
         if IDelayedMessageStore.providedBy(store):
             self.delays.start()
         log.info(
             "recovered {exchanges} exchanges, {queues} queues ({unavailable} unavailable), {bindings} bindings"
-            " and {messages} messages from the {backend} store",
+            " and {messages} messages from the {backend} store; {quarantined} records quarantined",
             backend=store.name,
             **counts,
         )
         return counts
+
+    def _restore(self, record, counts):
+        """Put one readable topology record back in its vhost (and a queue's messages in the queue)."""
+        vhost = self.add_vhost(record.vhost)
+        if isinstance(record, messages_pb2.ExchangeRecord):
+            vhost.restore_exchange(
+                record.name,
+                EXCHANGE_TYPE_NAME[record.type],
+                record.auto_delete,
+                record.internal,
+                table_to_dict(record.arguments),
+            )
+            counts["exchanges"] += 1
+        elif isinstance(record, messages_pb2.QueueRecord):
+            queue = vhost.restore_queue(record.name, record.auto_delete, table_to_dict(record.arguments))
+            counts["messages"] += self._recover_messages(queue)
+            counts["queues"] += 1
+        else:
+            arguments = table_to_dict(record.arguments)
+            if vhost.restore_binding(record.queue, record.exchange, record.routing_key, arguments):
+                counts["bindings"] += 1
+            else:
+                log.warn(
+                    "store {backend!r} holds a binding from {exchange!r} to {queue!r} in vhost {vhost!r}"
+                    " whose exchange or queue it does not hold; skipped",
+                    backend=self.store.name,
+                    exchange=record.exchange,
+                    queue=record.queue,
+                    vhost=record.vhost,
+                )
+
+    def _quarantine(self, quarantined):
+        """
+        Log a topology record that cannot be served; a queue whose name is
+        known stays, unavailable, so that its name and stored data are kept.
+        """
+        kind, vhost_name, name = quarantined.kind, quarantined.vhost, quarantined.name
+        if name is None:
+            what = f"a {kind} whose name cannot be read"
+        elif kind == "binding":
+            what = f"the binding of exchange {name[0]!r} to queue {name[1]!r} with routing key {name[2]!r}"
+        else:
+            what = f"{kind} {name!r}"
+        if vhost_name is not None:
+            what += f" in vhost {vhost_name!r}"
+        if kind == "queue" and name is not None and vhost_name is not None:
+            vhost = self.add_vhost(vhost_name)
+            queue = vhost.queues.get(name)
+            if queue is None:
+                queue = vhost.restore_queue(name, False, {})
+            vhost.mark_unavailable(queue, f"its stored record cannot be read: {quarantined.reason}")
+            consequence = "it is unavailable (404) until deleted; its record and messages are kept on disk as they are"
+        elif kind == "queue":
+            consequence = "it is not served; its record and messages are kept on disk as they are"
+        else:
+            consequence = "it is not served; its record is kept on disk as it is"
+        log.error("quarantined {what}: its stored record ({where}) cannot be used: {reason}; {consequence}",
+                  what=what, where=quarantined.where, reason=quarantined.reason, consequence=consequence)
+
+
+def _unrestorable(record, problem, backend):
+    """The L{QuarantinedRecord} of a record that parsed but whose values the model refused."""
+    if isinstance(record, messages_pb2.BindingRecord):
+        kind, name = "binding", (record.exchange, record.queue, record.routing_key)
+    else:
+        kind = "exchange" if isinstance(record, messages_pb2.ExchangeRecord) else "queue"
+        name = record.name
+    reason = f"its values cannot be taken ({problem})"
+    return QuarantinedRecord(kind, record.vhost, name, f"in the {backend} store", reason)

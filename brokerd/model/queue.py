@@ -18,7 +18,7 @@ from collections import deque
 from twisted.logger import Logger
 
 from brokerd.errors import AccessRefused, NotFound, PreconditionFailed, ResourceLocked
-from brokerd.interfaces import IPagingStore, StoreCorrupted
+from brokerd.interfaces import IPagingStore, StoreCorrupted, UnreadableMessage
 from brokerd.model.arguments import QueueArguments, message_ttl_of
 from brokerd.model.deadletter import DELIVERY_LIMIT, EXPIRED, MAXLEN, REJECTED, dead_letter
 from brokerd.model.expiry import MessageExpiry, UnusedExpiry
@@ -177,6 +177,9 @@ class Queue:
             for handle in handles:
                 try:
                     message = self._store.load(handle)
+                except UnreadableMessage as problem:
+                    self._quarantine(handle, problem)
+                    continue
                 except (KeyError, StoreCorrupted) as problem:
                     self._unreadable(problem)
                     return
@@ -187,9 +190,16 @@ class Queue:
         self._next_sequence = sequence + len(handles)
 
     def _page_in(self, entry):
-        """Load a paged-out entry's message; on failure the queue becomes unavailable and False is returned."""
+        """
+        Load a paged-out entry's message. Returns True if it was loaded; None
+        if it cannot be read and was quarantined (the queue goes on with the
+        next); False if the store failed, and the queue became unavailable.
+        """
         try:
             message = self._store.load(entry.handle)
+        except UnreadableMessage as problem:
+            self._quarantine(entry.handle, problem)
+            return None
         except (KeyError, StoreCorrupted) as problem:
             self._ready.appendleft(entry)
             self._unreadable(problem)
@@ -204,6 +214,15 @@ class Queue:
             entry.expires_at = (published if published is not None else self._restored_at or self._expiry.now()) + ttl
         self._ready_bytes += len(message.body)
         return True
+
+    def _quarantine(self, handle, problem):
+        """A stored message that cannot be read: never delivered, named in the log, and forgotten here
+        (the store has kept its record aside)."""
+        log.error("queue {queue!r} in vhost {vhost!r}: quarantined stored message {handle!r}, not delivered: {problem}",
+                  queue=self.name, vhost=self.vhost.name, handle=handle, problem=problem)
+        self._counts_before_restart.pop(handle, None)
+        if not self.deleted:
+            self._store.ack(self.key, handle)
 
     def _unreadable(self, problem):
         log.error("queue {queue!r} in vhost {vhost!r} is unavailable: a stored message cannot be read: {problem}",
@@ -274,6 +293,9 @@ class Queue:
     def _load_for_death(self, entry):
         try:
             entry.message = self._store.load(entry.handle)
+        except UnreadableMessage as problem:
+            self._quarantine(entry.handle, problem)
+            return False
         except (KeyError, StoreCorrupted) as problem:
             log.error("queue {queue!r}: a message to dead-letter cannot be read: {problem}; dropped",
                       queue=self.name, problem=problem)
@@ -326,8 +348,12 @@ class Queue:
         ready = self._ready
         while ready:
             entry = ready.popleft()
-            if entry.message is None and not self._page_in(entry):
-                return None
+            if entry.message is None:
+                loaded = self._page_in(entry)
+                if loaded is None:
+                    continue
+                if not loaded:
+                    return None
             self._ready_bytes -= len(entry.message.body)
             # Strictly past: a message with a TTL of 0 still goes to a consumer that can take it now.
             if entry.expires_at is not None and entry.expires_at < self._expiry.now():
