@@ -38,6 +38,7 @@ LOGIN_SECONDS = 3.0  # for the guest login before an input that needs one
 CANARY_SECONDS = 3.0  # for one canary, start to close
 RECOVERY_SECONDS = 15.0  # a broker whose canary failed gets this long to serve again before it is restarted
 START_SECONDS = 60.0  # for a broker to start listening
+RESTART_CANARIES = 200  # canaries after the final restart, until the shared queue is drained
 RSS_RISE_NOTED = 16 << 20  # an input that raises the broker's peak RSS by this much is named in the summary
 DEFAULT_WATERMARK = "256M"
 DEFAULT_RSS_MARGIN = "128M"  # resident memory a broker may use beyond its watermark (interpreter, code, caches)
@@ -139,6 +140,7 @@ class Fuzzer:
         self.deaths = []
         self.canary_failures = []
         self.restart = None
+        self.slowest_canary = (0.0, None)  # seconds, the input before it
         self.rss_raisers = []  # (MiB the peak RSS rose by, input), for the inputs that raised it most
 
     # -- the run
@@ -233,14 +235,18 @@ class Fuzzer:
             problem = self.broker.start()
             if problem is not None:
                 raise RuntimeError(f"the broker does not start even on an empty data directory: {problem}")
-        self._canaries(None, setup=True)
+            self._canaries(None, setup=True)  # a fresh data directory: the shared queue again
 
     def _canaries(self, item, setup=False):
         """Both canaries; a failure is counted, then the broker gets time to serve again (else it is restarted)."""
         for run in (canary.amqp_canary, canary.native_canary):
             port = self.broker.amqp_port if run is canary.amqp_canary else self.broker.native_port
+            started = time.monotonic()
             try:
-                run(port, time.monotonic() + CANARY_SECONDS, setup=setup)
+                run(port, started + CANARY_SECONDS, setup=setup)
+                took = time.monotonic() - started
+                if took > self.slowest_canary[0]:
+                    self.slowest_canary = (took, item.describe() if item else "setup")
             except CanaryFailed as problem:
                 self._canary_failed(item, str(problem))
                 self._recover(item)
@@ -284,13 +290,13 @@ class Fuzzer:
             self.canary_failures.append({"after": "restart check", "what": f"durable state unavailable: {recovered}"})
         before = len(self.canary_failures)
         for run, port in ((canary.amqp_canary, self.broker.amqp_port), (canary.native_canary, self.broker.native_port)):
-            for _ in range(100):  # drain the shared queue: whatever was confirmed must be deliverable after a restart
+            for _ in range(RESTART_CANARIES):  # whatever the broker took must be deliverable after a restart
                 try:
-                    run(port, time.monotonic() + CANARY_SECONDS * 2)
+                    drained = run(port, time.monotonic() + CANARY_SECONDS * 2)
                 except CanaryFailed as problem:
                     self.canary_failures.append({"after": "restart check", "what": str(problem)})
                     break
-                if not self.broker.alive():
+                if not drained:
                     break
         if len(self.canary_failures) > before:
             self.restart += "; canary FAILED"
@@ -308,6 +314,7 @@ class Fuzzer:
             "replies": {f"{protocol} {code}": count for (protocol, code), count in sorted(self.replies.items())},
             "peak_rss": self.broker.peak_rss, "watermark": self.watermark, "rss_margin": self.rss_margin,
             "rss_raisers": [{"mib": mib, "input": described} for mib, described in self.rss_raisers],
+            "slowest_canary_seconds": round(self.slowest_canary[0], 3), "slowest_canary_after": self.slowest_canary[1],
             "restart": self.restart,
         }
 

@@ -121,7 +121,10 @@ def amqp_get(session, deadline, channel, queue):
 
 
 def amqp_canary(port, deadline, setup=False):
-    """One AMQP canary run (see the module docstring); C{setup} also declares the shared queue."""
+    """
+    One AMQP canary run (see the module docstring); C{setup} also declares the
+    shared queue. Returns how many messages it took from the shared queue.
+    """
     token = f"canary-{next(_serial)}-{time.monotonic_ns()}".encode()
     session = Session(port, timeout=max(deadline - time.monotonic(), 0.1))
     stage = "login"
@@ -157,12 +160,14 @@ def amqp_canary(port, deadline, setup=False):
         session.sock.sendall(wire.channel_open(2) + wire.queue_declare(2, SHARED_QUEUE, passive=True))
         expect_method(session, deadline, [wire.CHANNEL_OPEN_OK], 2)
         method_id, _, arguments = expect_method(session, deadline, [wire.QUEUE_DECLARE_OK, wire.CHANNEL_CLOSE], 2)
+        drained = 0
         if method_id == wire.QUEUE_DECLARE_OK:
             for _ in range(SHARED_GETS):
                 got = amqp_get(session, deadline, 2, SHARED_QUEUE)
                 if got is None:
                     break
                 session.sock.sendall(wire.basic_ack(2, got[0]))
+                drained += 1
         elif struct.unpack_from(">H", arguments)[0] != NOT_FOUND:
             raise CanaryFailed(f"passive declare of {SHARED_QUEUE} closed its channel: {arguments[3:3 + arguments[2]]!r}")
         else:
@@ -170,6 +175,7 @@ def amqp_canary(port, deadline, setup=False):
         stage = "close"
         session.sock.sendall(wire.connection_close())
         expect_method(session, deadline, [wire.CONNECTION_CLOSE_OK])
+        return drained
     except CanaryFailed as problem:
         raise CanaryFailed(f"amqp canary, {stage}: {problem}") from None
     except OSError as problem:
@@ -231,7 +237,10 @@ def native_get(session, deadline, channel, queue):
 
 
 def native_canary(port, deadline, setup=False):
-    """One native canary run (see the module docstring); C{setup} also declares the shared queue."""
+    """
+    One native canary run (see the module docstring); C{setup} also declares the
+    shared queue. Returns how many messages it took from the shared queue.
+    """
     token = f"canary-{next(_serial)}-{time.monotonic_ns()}".encode()
     session = Session(port, timeout=max(deadline - time.monotonic(), 0.1))
     stage = "hello"
@@ -269,12 +278,14 @@ def native_canary(port, deadline, setup=False):
               wire.envelope("queue_declare", 2, 2, queue=SHARED_QUEUE, passive=True))
         expect_envelope(session, deadline, ["ok"], 2)
         kind, parsed = expect_envelope(session, deadline, ["queue_declare_ok", "channel_close"], 2)
+        drained = 0
         if kind == "queue_declare_ok":
             for _ in range(SHARED_GETS):
                 got = native_get(session, deadline, 2, SHARED_QUEUE)
                 if got is None:
                     break
                 _send(session, wire.envelope("basic_ack", 2, 0, delivery_tag=got[0]))
+                drained += 1
         elif parsed.channel_close.reply_code != NOT_FOUND:
             raise CanaryFailed(f"passive declare of {SHARED_QUEUE} closed its channel: "
                                f"{parsed.channel_close.reply_code} {parsed.channel_close.reply_text}")
@@ -283,6 +294,7 @@ def native_canary(port, deadline, setup=False):
         stage = "close"
         _send(session, wire.envelope("connection_close", 0, 5))
         expect_envelope(session, deadline, ["connection_close_ok"])
+        return drained
     except CanaryFailed as problem:
         raise CanaryFailed(f"native canary, {stage}: {problem}") from None
     except OSError as problem:

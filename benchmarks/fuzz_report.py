@@ -93,6 +93,7 @@ def format_summary(results):
     for failure in results["canary_failure_details"][:SHOWN]:
         lines.append(f"  after {failure['after']}:")
         lines.append(f"       {failure['what']}")
+    lines.append(f"slowest canary: {results['slowest_canary_seconds']:.2f} s, after {results['slowest_canary_after']}")
     internal = {key: count for key, count in results["replies"].items() if key.endswith(" 541")}
     lines.append("closes the inputs got (protocol code: count): "
                  + (", ".join(f"{key}: {count}" for key, count in results["replies"].items()) or "none"))
