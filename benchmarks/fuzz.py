@@ -12,11 +12,13 @@ restarted on the same data directory; a canary failure is counted with the
 input before it. At the end the broker is SIGKILLed and restarted on its data
 directory: it must start and serve (poisoned durable state must never stop a
 restart). Exit status 1 on any death, traceback in the broker log or canary failure.
+The broker runs this checkout's code, or that of the tree PYTHONPATH names first.
 """
 
 import argparse
 import collections
 import json
+import os
 import pathlib
 import shutil
 import socket
@@ -39,9 +41,26 @@ CANARY_SECONDS = 3.0  # for one canary, start to close
 RECOVERY_SECONDS = 15.0  # a broker whose canary failed gets this long to serve again before it is restarted
 START_SECONDS = 60.0  # for a broker to start listening
 RESTART_CANARIES = 200  # canaries after the final restart, until the shared queue is drained
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 RSS_RISE_NOTED = 16 << 20  # an input that raises the broker's peak RSS by this much is named in the summary
 DEFAULT_WATERMARK = "256M"
 DEFAULT_RSS_MARGIN = "128M"  # resident memory a broker may use beyond its watermark (interpreter, code, caches)
+
+
+def broker_path():
+    """
+    The PYTHONPATH the broker runs with: the caller's entries made absolute (the
+    broker runs in another directory), then this checkout. So the broker is this
+    checkout's unless PYTHONPATH names another tree, e.g. to fuzz a released one.
+    """
+    entries = [os.path.abspath(entry) for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    return [*entries, str(ROOT)]
+
+
+def broker_code():
+    """Where the broker's C{brokerd} package comes from, for the summary."""
+    return next((entry for entry in broker_path() if os.path.exists(os.path.join(entry, "brokerd", "__init__.py"))),
+                "the installed brokerd")
 
 
 class ManagedBroker:
@@ -65,6 +84,7 @@ class ManagedBroker:
             [f"--backend={self.backend}", "--data-dir", str(self.data_dir), f"--memory-high-watermark={self.watermark}",
              "--amqp", "tcp:0:interface=127.0.0.1", "--native", "tcp:0:interface=127.0.0.1"],
             cwd=self.workdir,
+            env=dict(os.environ, PYTHONPATH=os.pathsep.join(broker_path())),
         )
         self.starts += 1
         self.log.attach(self.process.output)
@@ -120,7 +140,7 @@ class Fuzzer:
     """One seeded run against one broker; L{run} returns the results as a dict (see L{format_summary})."""
 
     def __init__(self, seconds, seed, backend="chunked", watermark=DEFAULT_WATERMARK, rss_margin=DEFAULT_RSS_MARGIN,
-                 data_dir=None, protocols=PROTOCOLS, max_inputs=None, progress=None, out=sys.stdout):
+                 data_dir=None, protocols=PROTOCOLS, max_inputs=None, progress=None, only=None, out=sys.stdout):
         self.seconds = seconds
         self.seed = seed
         self.backend = backend
@@ -128,6 +148,7 @@ class Fuzzer:
         self.rss_margin = parse_size(rss_margin)
         self.protocols = tuple(protocols)
         self.max_inputs = max_inputs
+        self.only = set(only or ())  # input numbers to send (the others are generated and skipped), to replay a finding
         self.progress = progress
         self.out = out
         self.workdir = tempfile.mkdtemp(prefix="brokerd-fuzz-")
@@ -156,7 +177,9 @@ class Fuzzer:
             next_progress = time.monotonic() + (self.progress or 0)
             while time.monotonic() < end and (self.max_inputs is None or sum(self.inputs.values()) < self.max_inputs):
                 item = next(self.stream)
-                if item.protocol not in self.protocols:
+                if self.only and item.index > max(self.only):
+                    break
+                if item.protocol not in self.protocols or (self.only and item.index not in self.only):
                     continue
                 self.fuzz_one(item)
                 if self.progress and time.monotonic() >= next_progress:
@@ -306,12 +329,13 @@ class Fuzzer:
     def results(self):
         log = self.broker.log
         return {
-            "seed": self.seed, "backend": self.backend, "seconds": self.seconds, "protocols": list(self.protocols),
+            "seed": self.seed, "backend": self.backend, "broker_code": broker_code(), "seconds": self.seconds, "protocols": list(self.protocols),
             "inputs": sum(self.inputs.values()), "inputs_by_kind": dict(sorted(self.inputs.items())),
             "deaths": len(self.deaths), "death_details": self.deaths,
             "tracebacks": log.traceback_count, "distinct_tracebacks": log.distinct(),
             "canary_failures": len(self.canary_failures), "canary_failure_details": self.canary_failures,
-            "replies": {f"{protocol} {code}": count for (protocol, code), count in sorted(self.replies.items())},
+            "replies": {f"{protocol} {code or 'protocol-header'}": count
+                        for (protocol, code), count in sorted(self.replies.items())},
             "peak_rss": self.broker.peak_rss, "watermark": self.watermark, "rss_margin": self.rss_margin,
             "rss_raisers": [{"mib": mib, "input": described} for mib, described in self.rss_raisers],
             "slowest_canary_seconds": round(self.slowest_canary[0], 3), "slowest_canary_after": self.slowest_canary[1],
@@ -340,6 +364,7 @@ def build_parser():
     parser.add_argument("--data-dir", help="the broker's data directory, kept afterwards (default: a temporary one)")
     parser.add_argument("--protocols", default=",".join(PROTOCOLS), help="amqp, native or both (default both)")
     parser.add_argument("--max-inputs", type=int, help="stop after this many inputs, even before --seconds")
+    parser.add_argument("--only", help="send only these inputs (comma-separated numbers from a summary) to replay them")
     parser.add_argument("--progress", type=float, help="print a progress line every this many seconds")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     return parser
@@ -349,7 +374,8 @@ def main(argv=None):
     options = build_parser().parse_args(argv)
     protocols = [name.strip() for name in options.protocols.split(",") if name.strip()]
     fuzzer = Fuzzer(options.seconds, options.seed, options.backend, options.memory_high_watermark, options.rss_margin,
-                    options.data_dir, protocols, options.max_inputs, options.progress)
+                    options.data_dir, protocols, options.max_inputs, options.progress,
+                    [int(number) for number in options.only.split(",")] if options.only else None)
     results = fuzzer.run()
     print(json.dumps(results, indent=2) if options.json else format_summary(results), flush=True)
     return 1 if failed(results) else 0

@@ -11,7 +11,8 @@ import re
 TRACEBACK = "Traceback (most recent call last)"
 FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
 TIMESTAMP = re.compile(r"^\S+ \[(?P<source>[^\]]+)\] ")
-SHOWN = 5  # distinct tracebacks and failures printed in full
+SHOWN = 5  # deaths and canary failures printed in full
+SHOWN_TRACEBACKS = 12  # distinct tracebacks printed in full
 
 
 class BrokerLog:
@@ -75,7 +76,7 @@ def format_summary(results):
     mib = 2**20
     lines = [
         f"fuzz: seed {results['seed']}, backend {results['backend']}, {results['seconds']:g} s,"
-        f" protocols {','.join(results['protocols'])}",
+        f" protocols {','.join(results['protocols'])}, broker code from {results['broker_code']}",
         f"inputs tried: {results['inputs']}",
     ]
     lines += [f"  {kind}: {count}" for kind, count in results["inputs_by_kind"].items()]
@@ -85,14 +86,18 @@ def format_summary(results):
         lines += [f"    | {line}" for line in death.get("log", [])[-4:]]
     distinct = results["distinct_tracebacks"]
     lines.append(f"tracebacks in the broker log: {results['tracebacks']} ({len(distinct)} distinct)")
-    for entry in distinct[:SHOWN]:
+    for entry in distinct[:SHOWN_TRACEBACKS]:
         lines.append(f"  [{entry['count']}x] {entry['exception']}")
         lines.append(f"       at {entry['where']}; logged as: {entry['logged']}")
         lines += [f"       after {after}" for after in entry["after"][:2]]
+    if len(distinct) > SHOWN_TRACEBACKS:
+        lines.append(f"  ... {len(distinct) - SHOWN_TRACEBACKS} more distinct ones (--json lists them all)")
     lines.append(f"canary failures: {results['canary_failures']}")
     for failure in results["canary_failure_details"][:SHOWN]:
         lines.append(f"  after {failure['after']}:")
         lines.append(f"       {failure['what']}")
+    if results["canary_failures"] > SHOWN:
+        lines.append(f"  ... {results['canary_failures'] - SHOWN} more (--json lists them all)")
     lines.append(f"slowest canary: {results['slowest_canary_seconds']:.2f} s, after {results['slowest_canary_after']}")
     internal = {key: count for key, count in results["replies"].items() if key.endswith(" 541")}
     lines.append("closes the inputs got (protocol code: count): "
