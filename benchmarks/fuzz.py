@@ -167,6 +167,7 @@ class Fuzzer:
     # -- the run
 
     def run(self):
+        self.started = time.monotonic(), time.process_time()
         try:
             problem = self.broker.start()
             if problem is not None:
@@ -340,6 +341,8 @@ class Fuzzer:
             "rss_raisers": [{"mib": mib, "input": described} for mib, described in self.rss_raisers],
             "slowest_canary_seconds": round(self.slowest_canary[0], 3), "slowest_canary_after": self.slowest_canary[1],
             "restart": self.restart,
+            "wall_seconds": round(time.monotonic() - self.started[0], 1),
+            "fuzzer_cpu_seconds": round(time.process_time() - self.started[1], 1),
         }
 
     def progress_line(self):
