@@ -11,7 +11,8 @@ protocol (L{benchmarks.fuzz_canary}). A broker that died is counted and
 restarted on the same data directory; a canary failure is counted with the
 input before it. At the end the broker is SIGKILLed and restarted on its data
 directory: it must start and serve (poisoned durable state must never stop a
-restart). Exit status 1 on any death, traceback in the broker log or canary failure.
+restart). Exit status 1 on any death, traceback in the broker log or canary
+failure, or a peak RSS above the watermark plus --rss-margin.
 The broker runs this checkout's code, or that of the tree PYTHONPATH names first.
 """
 
@@ -39,6 +40,7 @@ READ_SECONDS = 1.0  # and stop reading this long after sending at the latest
 LOGIN_SECONDS = 3.0  # for the guest login before an input that needs one
 CANARY_SECONDS = 3.0  # for one canary, start to close
 RECOVERY_SECONDS = 15.0  # a broker whose canary failed gets this long to serve again before it is restarted
+RECOVERY_ATTEMPTS = 5  # canary pairs tried in that time (each waits CANARY_SECONDS at most)
 START_SECONDS = 60.0  # for a broker to start listening
 RESTART_CANARIES = 200  # canaries after the final restart, until the shared queue is drained
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -279,7 +281,9 @@ class Fuzzer:
     def _recover(self, item):
         deadline = time.monotonic() + RECOVERY_SECONDS
         canary.purge_shared(self.broker.amqp_port, self.broker.native_port, min(deadline, time.monotonic() + 5))
-        while time.monotonic() < deadline and self.broker.alive():
+        for _ in range(RECOVERY_ATTEMPTS):
+            if time.monotonic() >= deadline or not self.broker.alive():
+                break
             try:
                 canary.amqp_canary(self.broker.amqp_port, time.monotonic() + CANARY_SECONDS)
                 canary.native_canary(self.broker.native_port, time.monotonic() + CANARY_SECONDS)
@@ -291,7 +295,7 @@ class Fuzzer:
             self.deaths.append({"after": after, "what": f"exit status {self.broker.exit_status()}",
                                 "log": self.broker.process.output[-8:]})
         else:
-            self.canary_failures[-1]["what"] += f"; not serving after {RECOVERY_SECONDS:.0f} s, restarted"
+            self.canary_failures[-1]["what"] += f"; still not serving after {RECOVERY_ATTEMPTS} more tries: restarted"
             self.broker.kill()
         self._restart_after_death(after)
 
@@ -352,7 +356,12 @@ class Fuzzer:
 
 
 def failed(results):
-    return bool(results["deaths"] or results["tracebacks"] or results["canary_failures"])
+    """True if the run found anything: a death, a traceback, a canary failure or too much memory."""
+    return bool(results["deaths"] or results["tracebacks"] or results["canary_failures"] or rss_over(results))
+
+
+def rss_over(results):
+    return results["peak_rss"] > results["watermark"] + results["rss_margin"]
 
 
 def build_parser():

@@ -111,7 +111,7 @@ def format_summary(results):
     lines += [f"  +{raiser['mib']} MiB during {raiser['input']}" for raiser in results["rss_raisers"]]
     lines.append(f"restart after SIGKILL: {results['restart']}")
     lines.append(f"fuzzer's own CPU: {results['fuzzer_cpu_seconds']:.1f} s in {results['wall_seconds']:.0f} s")
-    bad = results["deaths"] or results["tracebacks"] or results["canary_failures"]
+    bad = results["deaths"] or results["tracebacks"] or results["canary_failures"] or verdict == "over"
     lines.append(f"result: {'FAIL' if bad else 'ok'} (deaths {results['deaths']}, tracebacks {results['tracebacks']},"
-                 f" canary failures {results['canary_failures']})")
+                 f" canary failures {results['canary_failures']}, peak RSS {verdict} watermark + margin)")
     return "\n".join(lines)
