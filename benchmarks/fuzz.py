@@ -334,7 +334,8 @@ class Fuzzer:
     def results(self):
         log = self.broker.log
         return {
-            "seed": self.seed, "backend": self.backend, "broker_code": broker_code(), "seconds": self.seconds, "protocols": list(self.protocols),
+            "seed": self.seed, "backend": self.backend, "broker_code": broker_code(), "seconds": self.seconds,
+            "protocols": list(self.protocols),
             "inputs": sum(self.inputs.values()), "inputs_by_kind": dict(sorted(self.inputs.items())),
             "deaths": len(self.deaths), "death_details": self.deaths,
             "tracebacks": log.traceback_count, "distinct_tracebacks": log.distinct(),
@@ -370,9 +371,11 @@ def build_parser():
     parser.add_argument("--seed", type=int, default=1, help="the same seed gives the same inputs (default 1)")
     parser.add_argument("--backend", default="chunked", help="the broker's --backend (default chunked)")
     parser.add_argument("--memory-high-watermark", default=DEFAULT_WATERMARK,
-                        help=f"the broker's watermark; also scales the resource-abuse inputs (default {DEFAULT_WATERMARK})")
+                        help="the broker's watermark; also scales the resource-abuse inputs"
+                             f" (default {DEFAULT_WATERMARK})")
     parser.add_argument("--rss-margin", default=DEFAULT_RSS_MARGIN,
-                        help=f"peak RSS allowed beyond the watermark before it is reported as over (default {DEFAULT_RSS_MARGIN})")
+                        help="peak RSS allowed beyond the watermark before the run fails"
+                             f" (default {DEFAULT_RSS_MARGIN})")
     parser.add_argument("--data-dir", help="the broker's data directory, kept afterwards (default: a temporary one)")
     parser.add_argument("--protocols", default=",".join(PROTOCOLS), help="amqp, native or both (default both)")
     parser.add_argument("--max-inputs", type=int, help="stop after this many inputs, even before --seconds")

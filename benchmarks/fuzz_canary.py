@@ -85,7 +85,8 @@ def amqp_login(session, deadline, response=b"\0guest\0guest", mechanism="PLAIN")
 
 def _closed_instead(frame_type, payload):
     """The reply code and text of a close frame read where content was expected, else ''."""
-    if frame_type == wire.FRAME_METHOD and struct.unpack_from(">HH", payload) in (wire.CONNECTION_CLOSE, wire.CHANNEL_CLOSE):
+    closes = (wire.CONNECTION_CLOSE, wire.CHANNEL_CLOSE)
+    if frame_type == wire.FRAME_METHOD and len(payload) >= 7 and struct.unpack_from(">HH", payload) in closes:
         code = struct.unpack_from(">H", payload, 4)[0]
         return f": the broker closed instead: {code} {payload[7:7 + payload[6]].decode('utf-8', 'replace')}"
     return ""
@@ -169,7 +170,8 @@ def amqp_canary(port, deadline, setup=False):
                 session.sock.sendall(wire.basic_ack(2, got[0]))
                 drained += 1
         elif struct.unpack_from(">H", arguments)[0] != NOT_FOUND:
-            raise CanaryFailed(f"passive declare of {SHARED_QUEUE} closed its channel: {arguments[3:3 + arguments[2]]!r}")
+            text = arguments[3 : 3 + arguments[2]].decode("utf-8", "replace")
+            raise CanaryFailed(f"passive declare of {SHARED_QUEUE} closed its channel: {text}")
         else:
             session.sock.sendall(wire.method(2, wire.CHANNEL_CLOSE_OK))
         stage = "close"

@@ -62,11 +62,12 @@ def amqp_deep_arguments(rng, volume):
         frame = wire.method(1, wire.EXCHANGE_DECLARE, wire.short(0) + wire.shortstr(f"fuzz-deep-x{rng.randrange(4)}")
                             + wire.shortstr("direct") + wire.bits(False, True) + wire.table(arguments))
     elif target == "bind":
-        frame = wire.method(1, wire.QUEUE_BIND, wire.short(0) + wire.shortstr(SHARED_QUEUE) + wire.shortstr("amq.direct")
-                            + wire.shortstr(f"deep{rng.randrange(4)}") + wire.bits(False) + wire.table(arguments))
+        frame = wire.method(1, wire.QUEUE_BIND, wire.short(0) + wire.shortstr(SHARED_QUEUE)
+                            + wire.shortstr("amq.direct") + wire.shortstr(f"deep{rng.randrange(4)}") + wire.bits(False)
+                            + wire.table(arguments))
     else:
-        frame = wire.queue_declare(1, "", exclusive=True) + wire.method(
-            1, wire.BASIC_CONSUME, wire.short(0) + wire.shortstr("") + wire.shortstr("") + wire.bits() + wire.table(arguments))
+        consume = wire.short(0) + wire.shortstr("") + wire.shortstr("") + wire.bits() + wire.table(arguments)
+        frame = wire.queue_declare(1, "", exclusive=True) + wire.method(1, wire.BASIC_CONSUME, consume)
     return dict(login=True, chunks=amqp_login_frames(frame), detail=f"{target} arguments nested {depth} deep")
 
 
@@ -93,7 +94,7 @@ def amqp_long_strings(rng, volume):
             1, wire.QUEUE_DECLARE, wire.short(0) + wire.octet(254) + ("€" * 85).encode()[:254] + wire.bits()
             + wire.table({}))],
         "content header declaring 2**63 bytes": lambda: [
-            wire.method(1, wire.BASIC_PUBLISH, wire.short(0) + wire.shortstr("") + wire.shortstr(SHARED_QUEUE) + wire.bits()),
+            wire.publish_method(1, SHARED_QUEUE),
             wire.amqp_frame(wire.FRAME_HEADER, 1, struct.pack(">HHQH", 60, 0, 1 << 63, 0)),
             wire.amqp_frame(wire.FRAME_BODY, 1, b"x" * 100)],
         "body longer than its header declared": lambda: [
@@ -125,7 +126,8 @@ def amqp_amqplain_typed(rng, volume):
 
 def amqp_credentials(rng, volume):
     mechanism, response = rng.choice((
-        ("PLAIN", "\0guest\0gu€st".encode()), ("PLAIN", "\0gü€st\0guest".encode()), ("PLAIN", b"\0\xff\xfe\0\xc3\x28"),
+        ("PLAIN", "\0guest\0gu€st".encode()), ("PLAIN", "\0gü€st\0guest".encode()),
+        ("PLAIN", b"\0\xff\xfe\0\xc3\x28"),
         ("PLAIN", b"\0guest\0guest\0extra"), ("PLAIN", b""), ("PLAIN", b"\0\0"), ("PLAIN", b"\0guest\0" + b"p" * 65536),
         ("AMQPLAIN", wire.shortstr("LOGIN") + wire.field_value("gü€st") + wire.shortstr("PASSWORD")
          + wire.field_value("pä€ss")),
@@ -138,7 +140,8 @@ def amqp_credentials(rng, volume):
 AMQP_ODD_VALUES = (
     ("timestamp 2**64-1", Raw(b"T" + wire.longlong(2**64 - 1))), ("timestamp 2**63", Raw(b"T" + wire.longlong(2**63))),
     ("decimal scale 255", Raw(b"D" + wire.octet(255) + wire.long_(0xFFFFFFFF))),
-    ("decimal scale 200", Raw(b"D" + wire.octet(200) + wire.long_(1))), ("float NaN", Raw(b"f" + struct.pack(">f", math.nan))),
+    ("decimal scale 200", Raw(b"D" + wire.octet(200) + wire.long_(1))),
+    ("float NaN", Raw(b"f" + struct.pack(">f", math.nan))),
     ("double inf", Raw(b"d" + struct.pack(">d", math.inf))), ("uint64 max", Raw(b"L" + wire.longlong(2**64 - 1))),
     ("int8 -128", Raw(b"b\x80")), ("int16 -1", Raw(b"s\xff\xff")), ("unknown type Z", Raw(b"Z\x00\x00")),
     ("long string of invalid UTF-8", Raw(b"S" + wire.longstr(b"\xff\xfe"))),
@@ -165,7 +168,8 @@ QUEUE_ARGUMENTS = (
     ("x-max-length", -1), ("x-max-length", Raw(b"D" + wire.octet(255) + wire.long_(1))), ("x-message-ttl", -1),
     ("x-message-ttl", 2**63 - 1), ("x-max-priority", 300), ("x-max-priority", -1), ("x-max-priority", 2**40),
     ("x-expires", 0), ("x-overflow", "sideways"), ("x-dead-letter-exchange", "d" * 255), ("x-max-length-bytes", 1.5),
-    ("x-single-active-consumer", "yes"), ("x-queue-mode", {"a": [None]}), ("x-message-ttl", Raw(b"T" + wire.longlong(2**64 - 1))),
+    ("x-single-active-consumer", "yes"), ("x-queue-mode", {"a": [None]}),
+    ("x-message-ttl", Raw(b"T" + wire.longlong(2**64 - 1))),
 )
 
 
@@ -199,8 +203,8 @@ def amqp_unfinished_bodies(rng, volume):
     each = min(declared - 1, volume * 5 // 4 // channels)
     frames = []
     for channel in range(1, channels + 1):
-        frames += [wire.channel_open(channel), wire.method(channel, wire.BASIC_PUBLISH, wire.short(0) + wire.shortstr("")
-                   + wire.shortstr(SHARED_QUEUE) + wire.bits()), wire.content_header(channel, declared, {"delivery_mode": 2})]
+        frames += [wire.channel_open(channel), wire.publish_method(channel, SHARED_QUEUE),
+                   wire.content_header(channel, declared, {"delivery_mode": 2})]
     bodies = [_body_frames(channel, each) for channel in range(1, channels + 1)]
     for row in zip(*bodies):
         frames += row
@@ -212,7 +216,7 @@ def amqp_tx_uncommitted(rng, volume):
     size = 4 * MiB
     count = volume * 5 // 4 // size
     frames = amqp_login_frames(wire.queue_declare(1, "fuzz-tx", exclusive=True), wire.method(1, wire.TX_SELECT))
-    publish = wire.method(1, wire.BASIC_PUBLISH, wire.short(0) + wire.shortstr("") + wire.shortstr("fuzz-tx") + wire.bits())
+    publish = wire.publish_method(1, "fuzz-tx")
     header = wire.content_header(1, size, {"delivery_mode": 2})
     bodies = _body_frames(1, size)
     for _ in range(count):
@@ -225,11 +229,11 @@ def amqp_get_reject_noread(rng, volume):
     size = min(16 * MiB, volume // 8)
     rounds = volume * 5 // 4 // size
     frames = amqp_login_frames(wire.queue_declare(1, "fuzz-gr", exclusive=True),
-                               wire.method(1, wire.BASIC_PUBLISH, wire.short(0) + wire.shortstr("")
-                                           + wire.shortstr("fuzz-gr") + wire.bits()),
+                               wire.publish_method(1, "fuzz-gr"),
                                wire.content_header(1, size), *_body_frames(1, size))
     for tag in range(1, rounds + 1):
-        frames += [wire.basic_get(1, "fuzz-gr"), wire.method(1, wire.BASIC_REJECT, wire.longlong(tag) + wire.bits(True))]
+        reject = wire.method(1, wire.BASIC_REJECT, wire.longlong(tag) + wire.bits(True))
+        frames += [wire.basic_get(1, "fuzz-gr"), reject]
     return dict(login=True, chunks=frames, send_seconds=HEAVY_SEND_SECONDS, read_while_sending=False,
                 detail=f"{rounds} x basic.get + reject(requeue) of a {size}-byte message, never reading")
 
@@ -254,7 +258,8 @@ def amqp_preauth_table(rng, volume):
 
 def amqp_frame_too_big(rng, volume):
     size = rng.choice((131073, 1 << 20))
-    frames = amqp_login_frames(wire.amqp_frame(wire.FRAME_METHOD, 1, struct.pack(">HH", *wire.BASIC_PUBLISH) + bytes(size)))
+    oversized = wire.amqp_frame(wire.FRAME_METHOD, 1, struct.pack(">HH", *wire.BASIC_PUBLISH) + bytes(size))
+    frames = amqp_login_frames(oversized)
     return dict(login=True, chunks=frames, detail=f"a {size}-byte method frame over frame_max")
 
 
@@ -285,7 +290,8 @@ def native_deep_arguments(rng, volume):
     else:
         requests = [wire.envelope("queue_declare", 1, 2, queue="fuzz-nc", exclusive=True),
                     wire.envelope("basic_consume", 1, 3, queue="fuzz-nc", arguments=arguments)]
-    return dict(login=True, chunks=native_frames(native_channel(), *requests), detail=f"{target} arguments nested {depth} deep")
+    return dict(login=True, chunks=native_frames(native_channel(), *requests),
+                detail=f"{target} arguments nested {depth} deep")
 
 
 def native_publish(properties, exchange="", routing_key=SHARED_QUEUE, body=b"hostile"):
@@ -303,7 +309,8 @@ def native_deep_headers(rng, volume):
 
 def native_bad_properties(rng, volume):
     name, fields = rng.choice((
-        ("priority 256", dict(priority=256)), ("priority 300", dict(priority=300)), ("priority 2**32-1", dict(priority=2**32 - 1)),
+        ("priority 256", dict(priority=256)), ("priority 300", dict(priority=300)),
+        ("priority 2**32-1", dict(priority=2**32 - 1)),
         ("300-byte content_type", dict(content_type="c" * 300)), ("256-byte message_id", dict(message_id="m" * 256)),
         ("300-byte header name", dict(headers={"h" * 300: 1})),
         ("header name of 100 euro signs", dict(headers={"€" * 100: 1})),
@@ -323,7 +330,8 @@ def _odd_native_values():
     decimal = messages_pb2.Decimal
     return (
         ("timestamp 2**63-1", value(timestamp_value=2**63 - 1)), ("timestamp -2**63", value(timestamp_value=-(2**63))),
-        ("timestamp year 10000", value(timestamp_value=253402300800)), ("timestamp year 0", value(timestamp_value=-62135596801)),
+        ("timestamp year 10000", value(timestamp_value=253402300800)),
+        ("timestamp year 0", value(timestamp_value=-62135596801)),
         ("decimal scale 2**32-1", value(decimal_value=decimal(scale=2**32 - 1, value=1))),
         ("decimal scale 300", value(decimal_value=decimal(scale=300, value=2**63 - 1))),
         ("decimal value 2**63-1", value(decimal_value=decimal(scale=2, value=2**63 - 1))),
@@ -372,8 +380,8 @@ def native_consume_noread(rng, volume):
     publish = wire.native_frame(wire.envelope("basic_publish", 1, 0, routing_key="fuzz-ncn", body=body))
     chunks = native_frames(native_channel(), wire.envelope("queue_declare", 1, 2, queue="fuzz-ncn", exclusive=True),
                            wire.envelope("basic_consume", 1, 3, queue="fuzz-ncn", no_ack=True))
-    return dict(login=True, chunks=chunks + [publish] * count, send_seconds=HEAVY_SEND_SECONDS, read_while_sending=False,
-                detail=f"consume no-ack, {count} publishes of {size} bytes, never reading")
+    return dict(login=True, chunks=chunks + [publish] * count, send_seconds=HEAVY_SEND_SECONDS,
+                read_while_sending=False, detail=f"consume no-ack, {count} publishes of {size} bytes, never reading")
 
 
 MAKERS = {  # protocol -> [(name, maker, weight)]
@@ -396,7 +404,7 @@ MAKERS = {  # protocol -> [(name, maker, weight)]
 
 
 def make(rng, protocol, volume):
-    """One structured hostile input for C{protocol}, as a dict of L{benchmarks.fuzz_inputs.Input} fields plus its name."""
+    """One structured hostile input for C{protocol}: a dict of L{benchmarks.fuzz_inputs.Input} fields and its name."""
     entries = MAKERS[protocol]
     name, maker, _ = rng.choices(entries, [weight for _, _, weight in entries])[0]
     made = maker(rng, volume)

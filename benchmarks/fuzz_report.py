@@ -106,7 +106,8 @@ def format_summary(results):
         lines.append(f"  541 INTERNAL_ERROR answers to bad input: {sum(internal.values())}")
     limit = results["watermark"] + results["rss_margin"]
     verdict = "over" if results["peak_rss"] > limit else "within"
-    lines.append(f"peak RSS of the broker: {results['peak_rss'] / mib:.0f} MiB (watermark {results['watermark'] / mib:.0f}"
+    watermark = results["watermark"] / mib
+    lines.append(f"peak RSS of the broker: {results['peak_rss'] / mib:.0f} MiB (watermark {watermark:.0f}"
                  f" MiB; {verdict} watermark + margin = {limit / mib:.0f} MiB)")
     lines += [f"  +{raiser['mib']} MiB during {raiser['input']}" for raiser in results["rss_raisers"]]
     lines.append(f"restart after SIGKILL: {results['restart']}")

@@ -32,7 +32,8 @@ CONNECTION_CLOSE, CONNECTION_CLOSE_OK = (10, 50), (10, 51)
 CHANNEL_OPEN, CHANNEL_OPEN_OK = (20, 10), (20, 11)
 CHANNEL_CLOSE, CHANNEL_CLOSE_OK = (20, 40), (20, 41)
 EXCHANGE_DECLARE, EXCHANGE_DELETE = (40, 10), (40, 20)
-QUEUE_DECLARE, QUEUE_DECLARE_OK, QUEUE_BIND, QUEUE_PURGE, QUEUE_DELETE = (50, 10), (50, 11), (50, 20), (50, 30), (50, 40)
+QUEUE_DECLARE, QUEUE_DECLARE_OK, QUEUE_BIND = (50, 10), (50, 11), (50, 20)
+QUEUE_PURGE, QUEUE_DELETE = (50, 30), (50, 40)
 BASIC_QOS, BASIC_CONSUME, BASIC_CANCEL, BASIC_PUBLISH = (60, 10), (60, 20), (60, 30), (60, 40)
 BASIC_DELIVER, BASIC_GET, BASIC_GET_OK, BASIC_GET_EMPTY = (60, 60), (60, 70), (60, 71), (60, 72)
 BASIC_ACK, BASIC_REJECT, BASIC_RECOVER, BASIC_NACK = (60, 80), (60, 90), (60, 110), (60, 120)
@@ -145,9 +146,14 @@ def content_header(channel, body_size, properties=None):
     return amqp_frame(FRAME_HEADER, channel, struct.pack(">HHQH", 60, 0, body_size, flags) + encoded)
 
 
+def publish_method(channel, routing_key, exchange=""):
+    """basic.publish alone, without its content."""
+    return method(channel, BASIC_PUBLISH, short(0) + shortstr(exchange) + shortstr(routing_key) + bits())
+
+
 def publish(channel, routing_key, body, properties=None, exchange="", frame_max=4096):
     """basic.publish with its content header and body frames."""
-    frames = [method(channel, BASIC_PUBLISH, short(0) + shortstr(exchange) + shortstr(routing_key) + bits())]
+    frames = [publish_method(channel, routing_key, exchange)]
     frames.append(content_header(channel, len(body), properties))
     largest = frame_max - 8
     frames += [amqp_frame(FRAME_BODY, channel, body[at : at + largest]) for at in range(0, len(body), largest)]
