@@ -94,3 +94,18 @@ def test_delayed_delivery_benchmark_fires_every_message_and_every_probe_due_whil
     assert results["probes_published"] >= 10, "probes go out at 20/s for the first 1.5 s of the watch"
     assert results["probes_fired"] == results["probes_published"], "every probe is due 2 s before the watch ends"
     assert 0 <= results["lateness_ms_p50"] <= results["lateness_ms_p99"] <= results["lateness_ms_max"]
+
+
+def test_fuzz_benchmark_prints_what_it_tried_and_found():
+    # Exit status 1 means it found something (a death, traceback, canary failure, too much memory): a finding,
+    # not a broken fuzzer.
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.fuzz", "--seconds", "3", "--seed", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode in (0, 1), result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    for field in ("inputs tried:", "broker deaths:", "tracebacks in the broker log:", "canary failures:",
+                  "peak RSS of the broker:", "restart after SIGKILL: started", "result:"):
+        assert field in result.stdout, (field, result.stdout)
+    assert int(result.stdout.split("inputs tried: ")[1].split()[0]) > 0
