@@ -154,7 +154,6 @@ class Fuzzer:
         self.progress = progress
         self.out = out
         self.workdir = tempfile.mkdtemp(prefix="brokerd-fuzz-")
-        self.keep_data = data_dir is not None
         data_dir = pathlib.Path(data_dir) if data_dir else pathlib.Path(self.workdir) / "data"
         self.broker = ManagedBroker(backend, self.watermark, data_dir, self.workdir)
         self.stream = InputStream(seed, volume=self.watermark)
@@ -193,8 +192,7 @@ class Fuzzer:
         finally:
             self.broker.stop()
             self.broker.log.scan()
-            if not self.keep_data:
-                shutil.rmtree(self.workdir, ignore_errors=True)
+            shutil.rmtree(self.workdir, ignore_errors=True)  # holds the data directory unless --data-dir chose one
 
     def fuzz_one(self, item):
         peak_before = self.broker.peak_rss
