@@ -154,7 +154,6 @@ class Fuzzer:
         self.progress = progress
         self.out = out
         self.workdir = tempfile.mkdtemp(prefix="brokerd-fuzz-")
-        self.keep_data = data_dir is not None
         data_dir = pathlib.Path(data_dir) if data_dir else pathlib.Path(self.workdir) / "data"
         self.broker = ManagedBroker(backend, self.watermark, data_dir, self.workdir)
         self.stream = InputStream(seed, volume=self.watermark)
@@ -193,8 +192,7 @@ class Fuzzer:
         finally:
             self.broker.stop()
             self.broker.log.scan()
-            if not self.keep_data:
-                shutil.rmtree(self.workdir, ignore_errors=True)
+            shutil.rmtree(self.workdir, ignore_errors=True)  # holds the data directory unless --data-dir chose one
 
     def fuzz_one(self, item):
         peak_before = self.broker.peak_rss
@@ -207,18 +205,19 @@ class Fuzzer:
         self.inputs[item.kind] += 1
         self.broker.log.current_input = item.describe()
         port = self.broker.amqp_port if item.protocol == "amqp" else self.broker.native_port
+        held = []
         try:
-            session = Session(port)
+            for _ in range(item.connections - 1):  # the same input over more sockets, held open
+                held.append(Session(port))
+                self._send_input(held[-1], item, quiet_seconds=0.0)
+            held.append(Session(port))
+            self._send_input(held[-1], item)
+        except CanaryFailed as problem:
+            self._canary_failed(item, f"guest login before the input failed: {problem}")
         except OSError:
-            session = None
-        if session is not None:
-            try:
-                self._send_input(session, item)
-            except CanaryFailed as problem:
-                self._canary_failed(item, f"guest login before the input failed: {problem}")
-            except OSError:
-                pass  # the broker closed the socket on us: an answer like any other
-            finally:
+            pass  # the broker refused or closed the socket on us: an answer like any other
+        finally:
+            for session in held:
                 session.close()
         self.broker.sample_rss()
         if not self._check_alive(item):
@@ -227,7 +226,7 @@ class Fuzzer:
         self.broker.sample_rss()
         self.broker.log.scan()
 
-    def _send_input(self, session, item):
+    def _send_input(self, session, item, quiet_seconds=QUIET_SECONDS):
         if item.login:
             deadline = time.monotonic() + LOGIN_SECONDS
             if item.protocol == "amqp":
@@ -237,7 +236,7 @@ class Fuzzer:
         if not item.read_while_sending:
             session.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         received = session.buffer + session.converse(
-            item.chunks, item.send_seconds, QUIET_SECONDS, item.send_seconds + READ_SECONDS,
+            item.chunks, item.send_seconds, quiet_seconds, item.send_seconds + READ_SECONDS,
             read_while_sending=item.read_while_sending)
         scan = ReplyScanner.amqp if item.protocol == "amqp" else ReplyScanner.native
         for code, _ in scan(received):

@@ -3,8 +3,9 @@
 Deeply nested tables in arguments and headers, long strings and declared
 lengths far beyond their frame, typed and non-ASCII credentials, values out of
 range, many channels, unfinished bodies, uncommitted transactions, clients that
-do not read. The resource-abuse ones push about 1.25 x C{volume} bytes (the
-broker's memory watermark) at the broker. L{make} picks one, by weight.
+do not read. The resource-abuse ones push L{OVERSHOOT} x C{volume} bytes (the
+broker's memory watermark) at the broker: a broker that holds them all is over
+its watermark by far more than its own baseline. L{make} picks one, by weight.
 """
 
 import math
@@ -22,6 +23,7 @@ AMQP_METHODS = (
     (85, 10), (90, 10), (90, 20), (90, 30), (10, 60), (10, 61),
 )
 MiB = 1 << 20
+OVERSHOOT = 2  # the resource-abuse inputs push this many times the watermark
 HEAVY_SEND_SECONDS = 3.0  # resource-abuse inputs may take this long to send
 
 
@@ -200,7 +202,7 @@ def _body_frames(channel, total, frame_max=131072):
 def amqp_unfinished_bodies(rng, volume):
     channels = rng.choice((4, 8, 16))
     declared = rng.choice((24 * MiB, 64 * MiB, 1 << 40))
-    each = min(declared - 1, volume * 5 // 4 // channels)
+    each = min(declared - 1, volume * OVERSHOOT // channels)
     frames = []
     for channel in range(1, channels + 1):
         frames += [wire.channel_open(channel), wire.publish_method(channel, SHARED_QUEUE),
@@ -214,7 +216,7 @@ def amqp_unfinished_bodies(rng, volume):
 
 def amqp_tx_uncommitted(rng, volume):
     size = 4 * MiB
-    count = volume * 5 // 4 // size
+    count = volume * OVERSHOOT // size
     frames = amqp_login_frames(wire.queue_declare(1, "fuzz-tx", exclusive=True), wire.method(1, wire.TX_SELECT))
     publish = wire.publish_method(1, "fuzz-tx")
     header = wire.content_header(1, size, {"delivery_mode": 2})
@@ -227,7 +229,7 @@ def amqp_tx_uncommitted(rng, volume):
 
 def amqp_get_reject_noread(rng, volume):
     size = min(16 * MiB, volume // 8)
-    rounds = volume * 5 // 4 // size
+    rounds = volume * OVERSHOOT // size
     frames = amqp_login_frames(wire.queue_declare(1, "fuzz-gr", exclusive=True),
                                wire.publish_method(1, "fuzz-gr"),
                                wire.content_header(1, size), *_body_frames(1, size))
@@ -367,15 +369,16 @@ def native_many_channels(rng, volume):
 
 def native_partial_frame(rng, volume):
     declared = rng.choice((64 * MiB, 128 * MiB, 1 << 31, 0xFFFFFFFF))
-    sent = min(declared - 1, volume // 4)
+    connections = rng.choice((1, 4))
+    sent = min(declared - 1, volume * OVERSHOOT // connections) // MiB * MiB
     chunks = [struct.pack(">I", declared), *([bytes(MiB)] * (sent // MiB))]
-    return dict(chunks=chunks, send_seconds=HEAVY_SEND_SECONDS,
+    return dict(chunks=chunks, send_seconds=HEAVY_SEND_SECONDS, connections=connections,
                 detail=f"a frame declaring {declared} bytes, {sent} sent, no hello")
 
 
 def native_consume_noread(rng, volume):
     size = 4 * MiB
-    count = volume * 5 // 4 // size
+    count = volume * OVERSHOOT // size
     body = bytes(size)
     publish = wire.native_frame(wire.envelope("basic_publish", 1, 0, routing_key="fuzz-ncn", body=body))
     chunks = native_frames(native_channel(), wire.envelope("queue_declare", 1, 2, queue="fuzz-ncn", exclusive=True),

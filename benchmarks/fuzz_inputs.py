@@ -34,6 +34,7 @@ class Input:
     login: bool = False
     send_seconds: float = SEND_SECONDS
     read_while_sending: bool = True  # False: a client that never reads while it sends
+    connections: int = 1  # more: the same chunks over that many sockets, all held open until the last is sent
 
     @property
     def size(self):
@@ -44,11 +45,12 @@ class Input:
         for chunk in self.chunks:
             content.update(struct.pack(">Q", len(chunk)))
             content.update(chunk)
-        return f"{self.kind}|{self.login}|{self.detail}|{content.hexdigest()}"
+        return f"{self.kind}|{self.login}|{self.connections}|{self.detail}|{content.hexdigest()}"
 
     def describe(self):
         login = " after guest login" if self.login else ""
-        return f"input #{self.index} {self.kind}{login}: {self.detail} ({self.size} bytes)"
+        sockets = f" on each of {self.connections} connections" if self.connections > 1 else ""
+        return f"input #{self.index} {self.kind}{login}: {self.detail} ({self.size} bytes{sockets})"
 
 
 class InputStream:

@@ -19,7 +19,7 @@ from benchmarks.fuzz_report import format_summary
 SEED = 1
 SECONDS = 22  # per protocol; with start-up and the restart check each run stays under 30 s
 MAX_INPUTS = 250
-WATERMARK = "128M"  # the resource-abuse inputs push 1.25 x this at the broker
+WATERMARK = "128M"  # the resource-abuse inputs push twice this at the broker
 RSS_MARGIN = "128M"
 
 
