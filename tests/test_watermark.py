@@ -132,3 +132,40 @@ def test_partial_frames_count_until_complete_or_cleared():
     buffer.clear()
     buffer.clear()
     assert watermark.queued_bytes == 0
+
+
+def test_only_a_large_partial_frame_blocks_its_connection(clock):
+    """While the broker is blocked, a consumer whose small frame (an ack) was split across
+    two reads is still read (its acks free memory); one part-way through a large frame is not."""
+    import struct
+
+    from twisted.internet.testing import StringTransport
+
+    from brokerd.model.watermark import LARGE_PARTIAL_FRAME
+    from brokerd.native.server import PROTOCOL_VERSION, NativeServerFactory
+    from brokerd.proto.native_pb2 import Envelope
+    from tests.support import encode_frame
+
+    broker, watermark = small_broker(clock)
+    hello = Envelope()
+    hello.hello.protocol_version = PROTOCOL_VERSION
+    connections = []
+    for _ in range(2):
+        protocol = NativeServerFactory(broker).buildProtocol(None)
+        transport = StringTransport()
+        protocol.makeConnection(transport)
+        protocol.dataReceived(encode_frame(hello))
+        connections.append((protocol, transport))
+    watermark.add(2000)
+    assert watermark.blocked
+    (consumer, consumer_transport), (publisher, publisher_transport) = connections
+    consumer.dataReceived(struct.pack(">I", 30) + b"\x08")
+    assert consumer_transport.producerState == "producing"
+    publisher.dataReceived(struct.pack(">I", 2 * LARGE_PARTIAL_FRAME) + b"p" * LARGE_PARTIAL_FRAME)
+    assert publisher_transport.producerState == "paused"
+    watermark.release(2000)
+    assert watermark.blocked  # the partial frames are still held
+    publisher.connectionLost(None)
+    assert not watermark.blocked
+    consumer.connectionLost(None)
+    assert watermark.queued_bytes == 0

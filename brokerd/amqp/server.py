@@ -51,7 +51,7 @@ from brokerd.errors import (
     UnexpectedFrame,
 )
 from brokerd.model.message import Message
-from brokerd.model.watermark import SLOW_READER, HeldBytes, reading_pauses
+from brokerd.model.watermark import LARGE_PARTIAL_FRAME, SLOW_READER, HeldBytes, reading_pauses
 from brokerd.readbuffer import ReadBuffer
 
 log = Logger()
@@ -154,7 +154,11 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
         self._last_received_at = self.clock.seconds()
         data = self._read_buffer.add(data)
         if data is None:
-            if self._watermark.blocked and self._gate is not None:
+            if (
+                self._watermark.blocked
+                and self._gate is not None
+                and self._read_buffer.partial_frame_bytes >= LARGE_PARTIAL_FRAME
+            ):
                 self._gate.check()  # the start of a large frame holds memory like a publish
             return
         if self._reading.reasons:

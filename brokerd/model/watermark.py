@@ -23,6 +23,10 @@ log = Logger()
 
 DEFAULT_HIGH_WATERMARK = 1024 * 1024 * 1024
 LOW_WATERMARK_RATIO = 0.8
+# A connection part-way through a frame at least this large holds memory as a
+# publisher does and is blocked like one; a smaller frame split across two reads
+# (a consumer's ack) never blocks its connection, whose acks may be what frees memory.
+LARGE_PARTIAL_FRAME = 64 * 1024
 
 # Why reading from a client is paused (see ReadingPauses).
 BROKER_BLOCKED = "broker blocked"  # memory above the watermark and this connection publishes

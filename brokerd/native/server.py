@@ -35,7 +35,7 @@ from brokerd.errors import (
     UnexpectedFrame,
 )
 from brokerd.interfaces import IChannelPeer
-from brokerd.model.watermark import SLOW_READER, PublisherGate, reading_pauses
+from brokerd.model.watermark import LARGE_PARTIAL_FRAME, SLOW_READER, PublisherGate, reading_pauses
 from brokerd.native.framing import FrameReceiver
 from brokerd.proto import messages_pb2
 from brokerd.proto.exchange_types import EXCHANGE_TYPE_NAME
@@ -163,7 +163,11 @@ class NativeServerProtocol(FrameReceiver):
 
     def partialFrameReceived(self):
         # The start of a large frame holds memory: like a publish, it is gated while the broker is blocked.
-        if self.watermark.blocked and self.connection is not None:
+        if (
+            self.watermark.blocked
+            and self.connection is not None
+            and self._read_buffer.partial_frame_bytes >= LARGE_PARTIAL_FRAME
+        ):
             self._publisher_gate().check()
 
     def _publisher_gate(self):
