@@ -253,33 +253,38 @@ def test_unfinished_bodies_count_against_the_watermark(broker):
 class RawNative:
     """A native-protocol client on a plain socket: envelopes out, envelopes in."""
 
-    def __init__(self, endpoint, timeout=5.0):
+    def __init__(self, endpoint, timeout=5.0, receive_buffer=None):
         _, host, port = endpoint.split(":")
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
-        self.buffer = b""
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if receive_buffer is not None:  # before connecting, so that the window is sized for it
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        self.sock.settimeout(timeout)
+        self.sock.connect((host, int(port)))
+        self.buffer = bytearray()
 
     def send(self, *envelopes):
         self.sock.sendall(b"".join(encode_frame(envelope) for envelope in envelopes))
 
     def read(self):
         """The next envelope; ConnectionError if the broker closed the socket first."""
+        buffer = self.buffer
         while True:
-            if len(self.buffer) >= 4:
-                (length,) = struct.unpack_from(">I", self.buffer)
-                if len(self.buffer) >= 4 + length:
+            if len(buffer) >= 4:
+                (length,) = struct.unpack_from(">I", buffer)
+                if len(buffer) >= 4 + length:
                     envelope = Envelope()
-                    envelope.ParseFromString(self.buffer[4 : 4 + length])
-                    self.buffer = self.buffer[4 + length :]
+                    envelope.ParseFromString(bytes(buffer[4 : 4 + length]))
+                    del buffer[: 4 + length]
                     return envelope
-            data = self.sock.recv(65536)
+            data = self.sock.recv(1 << 20)
             if not data:
                 raise ConnectionError("the broker closed the socket")
-            self.buffer += data
+            buffer += data
 
-    def wait_for(self, kind):
+    def wait_for(self, kind, correlation_id=None):
         while True:
             envelope = self.read()
-            if envelope.WhichOneof("payload") == kind:
+            if envelope.WhichOneof("payload") == kind and correlation_id in (None, envelope.correlation_id):
                 return envelope
 
     def hello(self):
@@ -357,3 +362,43 @@ def test_native_channels_per_connection_are_limited(broker):
     client.close()
     assert_peak_memory_bounded(broker)
     confirmed_round_trip(broker)
+
+
+def test_native_get_replies_are_not_made_for_a_client_that_does_not_read_them(broker):
+    """The native protocol's basic_get + basic_reject(requeue) of a big message, repeated by
+    a client that never reads: its requests wait until it reads, and nothing is lost."""
+    client = RawNative(broker.native_endpoint, receive_buffer=4096)
+    client.hello()
+    opened = Envelope(channel=1, correlation_id=1)
+    opened.channel_open.SetInParent()
+    declare = Envelope(channel=1, correlation_id=2)
+    declare.queue_declare.queue = "big"
+    publish = Envelope(channel=1)
+    publish.basic_publish.routing_key = "big"
+    publish.basic_publish.body = b"g" * (4 * MiB)
+    count = Envelope(channel=1, correlation_id=3)
+    count.queue_declare.queue = "big"
+    count.queue_declare.passive = True
+    client.send(opened, declare, publish, count)
+    assert client.wait_for("queue_declare_ok", 3).queue_declare_ok.message_count == 1
+
+    rounds = 32
+    requests = []
+    for tag in range(1, rounds + 1):
+        get = Envelope(channel=1, correlation_id=100 + tag)
+        get.basic_get.queue = "big"
+        reject = Envelope(channel=1)
+        reject.basic_reject.delivery_tag = tag
+        reject.basic_reject.requeue = True
+        requests += [get, reject]
+    client.send(*requests)
+
+    confirmed_round_trip(broker)
+    assert_peak_memory_bounded(broker)
+
+    got = 0
+    while got < rounds:
+        got += client.read().WhichOneof("payload") == "basic_get_ok"
+    client.send(count)
+    assert client.wait_for("queue_declare_ok", 3).queue_declare_ok.message_count == 1
+    client.close()
