@@ -166,8 +166,9 @@ class PublisherGate:
 
 class HeldBytes:
     """
-    Bytes one connection holds for the watermark (e.g. replies its client has
-    not read yet): added as they are taken, all released at once when they go.
+    Bytes one connection holds for the watermark (replies its client has not
+    read yet, bodies being assembled): added as they are taken, released as
+    they go, and all at once when the connection goes.
     """
 
     __slots__ = ("_watermark", "size")
@@ -180,7 +181,10 @@ class HeldBytes:
         self.size += size
         self._watermark.add(size)
 
-    def release(self):
-        size, self.size = self.size, 0
+    def release(self, size=None):
+        """Release C{size} of the bytes held, or all of them."""
+        if size is None:
+            size = self.size
+        self.size -= size
         if size:
             self._watermark.release(size)
