@@ -51,7 +51,7 @@ from brokerd.errors import (
     UnexpectedFrame,
 )
 from brokerd.model.message import Message
-from brokerd.model.watermark import LARGE_PARTIAL_FRAME, SLOW_READER, HeldBytes, reading_pauses
+from brokerd.model.watermark import LARGE_PARTIAL_FRAME, SLOW_READER, ConnectionFlow, reading_pauses
 from brokerd.readbuffer import ReadBuffer
 
 log = Logger()
@@ -62,25 +62,6 @@ PROPERTIES_CACHE_SIZE = 256
 _CHANNEL_OPEN = frames.method_index(20, 10)
 _CHANNEL_CLOSE = frames.method_index(20, 40)
 _CHANNEL_CLOSE_OK = frames.method_index(20, 41)
-
-
-class _Flow:
-    """
-    How bytes flow through one connection besides its frames: why we are not
-    reading from it (L{ReadingPauses}), what it holds against the memory
-    watermark (replies waiting for a client that does not read; bodies being
-    assembled) and when it last sent anything. One slotted object keeps the
-    protocol's own attributes few: past 30 of them, CPython's attribute lookups,
-    which every frame makes, get slower.
-    """
-
-    __slots__ = ("pauses", "unsent", "body_bytes", "received_at")
-
-    def __init__(self, watermark):
-        self.pauses = None  # the transport's ReadingPauses, once connected
-        self.unsent = HeldBytes(watermark)  # written while the transport had paused us, until it drains
-        self.body_bytes = HeldBytes(watermark)  # in the channels' unfinished contents
-        self.received_at = 0.0
 
 
 class ChannelState:
@@ -121,7 +102,7 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
         self._channels = {}
         self._max_payload = settings.frame_max - frames.FRAME_OVERHEAD
         self._read_buffer = ReadBuffer(broker.watermark)
-        self._flow = _Flow(broker.watermark)
+        self._flow = ConnectionFlow(broker.watermark)
         self._outgoing = None
         self._outgoing_bytes = 0
         self._flush_call = None
