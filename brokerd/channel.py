@@ -86,6 +86,7 @@ class Channel:
         self._last_queue_name = None
         self._confirms = None
         self._transaction = None  # pending (operation, arguments) while in tx mode
+        self._transaction_bytes = 0  # body bytes of the pending publishes, counted against the watermark
 
     def __repr__(self):
         return f"<Channel {self.id} of {self.connection!r}>"
@@ -170,6 +171,7 @@ class Channel:
             check_properties(message.properties)
         if self._transaction is not None:
             self._transaction.append((self.publish, (message, mandatory)))
+            self._hold_for_transaction(len(message.body))
             return
         confirms = self._confirms
         if confirms is not None:
@@ -198,6 +200,7 @@ class Channel:
         """Apply the transaction's publishes and acks, in the order they came; a new one begins."""
         pending = self._pending_transaction()
         self._transaction = None
+        self._release_transaction_bytes()  # the queues count the bodies they take from here on
         try:
             for operation, arguments in pending:
                 operation(*arguments)
@@ -208,6 +211,17 @@ class Channel:
         """Drop the transaction's publishes and acks (the deliveries stay un-acked); a new one begins."""
         self._pending_transaction()
         self._transaction = []
+        self._release_transaction_bytes()
+
+    def _hold_for_transaction(self, size):
+        """A publish waits for commit: its body counts against the memory watermark meanwhile."""
+        self._transaction_bytes += size
+        self.vhost.watermark.add(size)
+
+    def _release_transaction_bytes(self):
+        size, self._transaction_bytes = self._transaction_bytes, 0
+        if size:
+            self.vhost.watermark.release(size)
 
     def _deferred_by_transaction(self, operation, arguments, delivery_tag, multiple):
         """In tx mode, check C{delivery_tag} now and keep the settlement for commit."""
@@ -424,6 +438,9 @@ class Channel:
         entries = list(self._unacked.values())
         self._unacked.clear()
         self._settle_refused(entries, True)
+        if self._transaction:
+            self._transaction = []  # an uncommitted transaction is rolled back
+        self._release_transaction_bytes()
         if self._confirms is not None:
             self._confirms.discard()
 

@@ -2,29 +2,42 @@
 
 A frame that arrives over many TCP reads is gathered as a list of chunks and
 joined once it is complete, instead of re-copying the whole buffer on every
-read, so a 100 MiB body costs one copy, not thousands.
+read, so a 100 MiB body costs one copy, not thousands. The chunks of such a
+frame count against the memory watermark (when one is given) until the frame
+is complete or dropped: a peer that sends the start of huge frames and never
+the rest holds memory like a queue does.
 """
 
 
 class ReadBuffer:
-    __slots__ = ("_rest", "_chunks", "_buffered", "_needed")
+    __slots__ = ("_rest", "_chunks", "_buffered", "_needed", "_watermark")
 
-    def __init__(self):
+    def __init__(self, watermark=None):
         self._rest = b""  # the start of a frame whose size is not known yet
         self._chunks = None  # the reads of a frame whose size is known
-        self._buffered = 0
+        self._buffered = 0  # bytes in _chunks, all counted in the watermark
         self._needed = 0
+        self._watermark = watermark
+
+    @property
+    def partial_frame_bytes(self):
+        """Bytes held of a frame whose size is known and that is not complete."""
+        return self._buffered
 
     def add(self, data):
         """The bytes to parse now, kept bytes first; None while a known-size frame is incomplete."""
         if self._needed:
             self._chunks.append(data)
-            self._buffered += len(data)
-            if self._buffered < self._needed:
+            buffered = self._buffered + len(data)
+            if buffered < self._needed:
+                self._buffered = buffered
+                if self._watermark is not None:
+                    self._watermark.add(len(data))
                 return None
             data = b"".join(self._chunks)
             self._chunks = None
-            self._needed = self._buffered = 0
+            self._needed = 0
+            self._release()
             return data
         if self._rest:
             data = self._rest + data
@@ -39,8 +52,19 @@ class ReadBuffer:
             self._chunks = [rest]
             self._buffered = len(rest)
             self._needed = needed
+            if self._watermark is not None:
+                self._watermark.add(self._buffered)
         else:
             self._rest = rest
 
     def clear(self):
-        self.__init__()
+        """Drop everything kept (the connection is closing)."""
+        self._release()
+        self._rest = b""
+        self._chunks = None
+        self._needed = 0
+
+    def _release(self):
+        buffered, self._buffered = self._buffered, 0
+        if buffered and self._watermark is not None:
+            self._watermark.release(buffered)

@@ -18,7 +18,7 @@ from twisted.logger import Logger
 from brokerd.amqp.server import AmqpServerFactory
 from brokerd.model.broker import Broker
 from brokerd.model.watermark import DEFAULT_HIGH_WATERMARK, MemoryWatermark
-from brokerd.native.server import DEFAULT_MAX_FRAME_SIZE, NativeServerFactory
+from brokerd.native.server import DEFAULT_CHANNEL_MAX, DEFAULT_MAX_FRAME_SIZE, NativeServerFactory
 
 log = Logger()
 
@@ -62,6 +62,7 @@ class BrokerService(Service):
         reactor,
         native_endpoint=None,
         native_max_frame_size=DEFAULT_MAX_FRAME_SIZE,
+        native_channel_max=DEFAULT_CHANNEL_MAX,
         amqp_endpoint=None,
         amqp_settings=None,
         memory_high_watermark=DEFAULT_HIGH_WATERMARK,
@@ -74,7 +75,7 @@ class BrokerService(Service):
             factory = AmqpServerFactory(self.broker, amqp_settings)
             self.listeners.append(Listener(reactor, amqp_endpoint, factory, "AMQP"))
         if native_endpoint:
-            factory = NativeServerFactory(self.broker, native_max_frame_size)
+            factory = NativeServerFactory(self.broker, native_max_frame_size, native_channel_max)
             self.listeners.append(Listener(reactor, native_endpoint, factory, "native protocol"))
         self.started = defer.Deferred()
 

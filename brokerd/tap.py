@@ -14,6 +14,7 @@ from brokerd import storeregistry
 from brokerd.durability import SyncPolicy
 from brokerd.amqp import auth
 from brokerd.amqp.handshake import DEFAULT_FRAME_MAX, DEFAULT_HEARTBEAT, DEFAULT_MAX_MESSAGE_SIZE, AmqpSettings
+from brokerd.native.server import DEFAULT_CHANNEL_MAX as DEFAULT_NATIVE_CHANNEL_MAX
 from brokerd.native.server import DEFAULT_MAX_FRAME_SIZE
 from brokerd.service import BrokerService
 from brokerd.units import parse_size
@@ -44,8 +45,8 @@ class Options(usage.Options):
             "memory-high-watermark",
             None,
             "1G",
-            "Body bytes queued in memory above which publishers are blocked (K, M, G suffixes);"
-            " they resume below 80% of it.",
+            "Message bytes in memory (queued bodies, bodies and transactions on their way in, replies clients"
+            " have not read) above which publishers are blocked (K, M, G suffixes); they resume below 80% of it.",
         ],
         ["data-dir", None, DEFAULT_DATA_DIR, "Directory where durable backends keep their files."],
         [
@@ -80,6 +81,13 @@ class Options(usage.Options):
             "Largest native-protocol frame accepted, in bytes (K, M, G suffixes allowed);"
             " a larger one closes that client's connection.",
         ],
+        [
+            "native-channel-max",
+            None,
+            str(DEFAULT_NATIVE_CHANNEL_MAX),
+            "Most channels one native-protocol connection may have open; opening one more closes the"
+            " connection with 530 NOT_ALLOWED.",
+        ],
     ]
 
     def opt_help_backends(self):
@@ -101,6 +109,14 @@ class Options(usage.Options):
             self["native-max-frame"] = parse_size(self["native-max-frame"])
         except ValueError as problem:
             raise usage.UsageError(f"--native-max-frame: {problem}") from None
+        try:
+            self["native-channel-max"] = int(self["native-channel-max"])
+            if self["native-channel-max"] < 1:
+                raise ValueError
+        except ValueError:
+            raise usage.UsageError(
+                f"--native-channel-max: {self['native-channel-max']!r} is not a positive number of channels"
+            ) from None
         for name in ("native", "amqp"):
             self[name] = _endpoint_option(reactor, name, self[name])
         self["amqp-settings"] = self._amqp_settings()
@@ -178,6 +194,7 @@ def makeService(options):
         reactor,
         native_endpoint=options["native"],
         native_max_frame_size=options["native-max-frame"],
+        native_channel_max=options["native-channel-max"],
         amqp_endpoint=options["amqp"],
         amqp_settings=options["amqp-settings"],
         memory_high_watermark=options["memory-high-watermark"],

@@ -62,3 +62,110 @@ def test_unacked_messages_of_a_deleted_queue_are_released_when_settled(clock):
     channel.basic_ack(1)
     channel.basic_reject(2, requeue=True)  # the queue is gone: nothing to requeue into
     assert watermark.queued_bytes == 0
+
+
+def test_uncommitted_publishes_count_once_until_commit_rollback_or_close(clock):
+    broker, watermark = small_broker(clock, high=10_000)
+    channel, _ = open_channel(broker)
+    channel.queue_declare("q")
+    channel.tx_select()
+    publish(channel, "q", b"a" * 100, b"b" * 200)
+    assert watermark.queued_bytes == 300  # held by the transaction, not yet by the queue
+    channel.tx_commit()
+    assert watermark.queued_bytes == 300  # now held by the queue, and only by it
+    publish(channel, "q", b"c" * 50)
+    assert watermark.queued_bytes == 350
+    channel.tx_rollback()
+    assert watermark.queued_bytes == 300
+    publish(channel, "q", b"d" * 70)
+    broker_connection = channel.connection
+    broker_connection.close()  # an open transaction dies with its channel
+    assert watermark.queued_bytes == 300
+    assert broker.vhost("/").queues["q"].message_count == 2
+
+
+def test_a_transaction_past_the_high_mark_blocks(clock):
+    broker, watermark = small_broker(clock)
+    channel, _ = open_channel(broker)
+    channel.queue_declare("q")
+    channel.tx_select()
+    publish(channel, "q", *[b"x" * 600] * 2)
+    assert watermark.blocked
+    channel.tx_rollback()
+    assert not watermark.blocked and watermark.queued_bytes == 0
+
+
+def test_reading_pauses_compose_their_reasons():
+    from twisted.internet.testing import StringTransport
+
+    from brokerd.model.watermark import BROKER_BLOCKED, SLOW_READER, reading_pauses
+
+    transport = StringTransport()
+    pauses = reading_pauses(transport)
+    assert reading_pauses(transport) is pauses  # one per transport, shared by all who pause it
+    resumed = []
+    pauses.on_resume = lambda: resumed.append(True)
+    pauses.pause(SLOW_READER)
+    pauses.pause(BROKER_BLOCKED)
+    assert transport.producerState == "paused"
+    pauses.resume(BROKER_BLOCKED)
+    assert transport.producerState == "paused" and not resumed  # the client still does not read
+    pauses.resume(BROKER_BLOCKED)  # lifting a reason twice changes nothing
+    pauses.resume(SLOW_READER)
+    assert transport.producerState == "producing" and resumed == [True]
+
+
+def test_partial_frames_count_until_complete_or_cleared():
+    from brokerd.readbuffer import ReadBuffer
+
+    watermark = MemoryWatermark(high=1000, low=500)
+    buffer = ReadBuffer(watermark)
+    assert buffer.add(b"12345") == b"12345"
+    buffer.keep(b"12345", 1, needed=10)  # 4 of a 10-byte frame kept
+    assert watermark.queued_bytes == 4
+    assert buffer.add(b"abc") is None
+    assert watermark.queued_bytes == 7
+    assert buffer.add(b"XYZ!") == b"2345abcXYZ!"
+    assert watermark.queued_bytes == 0
+    buffer.keep(b"0123456789", 2, needed=100)
+    assert watermark.queued_bytes == 8
+    buffer.clear()
+    buffer.clear()
+    assert watermark.queued_bytes == 0
+
+
+def test_only_a_large_partial_frame_blocks_its_connection(clock):
+    """While the broker is blocked, a consumer whose small frame (an ack) was split across
+    two reads is still read (its acks free memory); one part-way through a large frame is not."""
+    import struct
+
+    from twisted.internet.testing import StringTransport
+
+    from brokerd.model.watermark import LARGE_PARTIAL_FRAME
+    from brokerd.native.server import PROTOCOL_VERSION, NativeServerFactory
+    from brokerd.proto.native_pb2 import Envelope
+    from tests.support import encode_frame
+
+    broker, watermark = small_broker(clock)
+    hello = Envelope()
+    hello.hello.protocol_version = PROTOCOL_VERSION
+    connections = []
+    for _ in range(2):
+        protocol = NativeServerFactory(broker).buildProtocol(None)
+        transport = StringTransport()
+        protocol.makeConnection(transport)
+        protocol.dataReceived(encode_frame(hello))
+        connections.append((protocol, transport))
+    watermark.add(2000)
+    assert watermark.blocked
+    (consumer, consumer_transport), (publisher, publisher_transport) = connections
+    consumer.dataReceived(struct.pack(">I", 30) + b"\x08")
+    assert consumer_transport.producerState == "producing"
+    publisher.dataReceived(struct.pack(">I", 2 * LARGE_PARTIAL_FRAME) + b"p" * LARGE_PARTIAL_FRAME)
+    assert publisher_transport.producerState == "paused"
+    watermark.release(2000)
+    assert watermark.blocked  # the partial frames are still held
+    publisher.connectionLost(None)
+    assert not watermark.blocked
+    consumer.connectionLost(None)
+    assert watermark.queued_bytes == 0

@@ -281,7 +281,7 @@ class ConnectionMethods:
     def _refuse_before_login(self, error, index):
         self.settings.refusal_log.refused(self.clock, self._peer_host(), self._peer_name(), error)
         self._state = CLOSING
-        self._refusing = True
+        self._flow.refusing = True
         self._read_buffer.clear()
         if self._timeout_call is not None and self._timeout_call.active():
             self._timeout_call.cancel()
@@ -289,7 +289,7 @@ class ConnectionMethods:
 
     def _refusal_delay_over(self, error, index):
         self._timeout_call = None
-        self._refusing = False
+        self._flow.refusing = False
         self._send_close(error, index)
 
     def _send_close(self, error, index):

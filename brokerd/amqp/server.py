@@ -13,7 +13,12 @@ A L{ChannelError} closes only its channel (and the channel's frames are then
 dropped until the client's close-ok); any other L{BrokerError} closes the
 connection with its reply code. Frames written during one reactor turn go out
 in one write; the protocol is also the transport's producer, so a client that
-reads slowly pauses deliveries to it instead of filling memory.
+reads slowly pauses deliveries to it instead of filling memory, and its
+requests are not read either until it catches up (no basic.get reply is made
+for a client that does not take them). What such a client has not read yet,
+the bodies being assembled and the partial frame being read all count against
+the memory watermark, and a connection in the middle of a body is blocked like
+any publisher while the broker is above it.
 """
 
 from pamqp import commands
@@ -49,6 +54,7 @@ from brokerd.errors import (
     UnexpectedFrame,
 )
 from brokerd.model.message import Message
+from brokerd.model.watermark import LARGE_PARTIAL_FRAME, SLOW_READER, ConnectionFlow, reading_pauses
 from brokerd.readbuffer import ReadBuffer
 
 log = Logger()
@@ -75,7 +81,7 @@ class ChannelState:
         self.properties = None  # encoded properties, once the content header came
         self.body_size = 0
         self.parts = None
-        self.received = 0
+        self.received = 0  # body bytes held in parts, counted against the watermark
 
 
 @implementer(IPushProducer)
@@ -98,8 +104,8 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
         self._state = AWAITING_HEADER
         self._channels = {}
         self._max_payload = frames.FRAME_MIN_SIZE - frames.FRAME_OVERHEAD  # until tune-ok, as in RabbitMQ
-        self._refusing = False  # a refusal before login is on its way: nothing more is read
-        self._read_buffer = ReadBuffer()
+        self._read_buffer = ReadBuffer(broker.watermark)
+        self._flow = ConnectionFlow(broker.watermark)
         self._outgoing = None
         self._outgoing_bytes = 0
         self._flush_call = None
@@ -117,6 +123,8 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
         # Confirms and small replies must not wait for the client's delayed ACK (Nagle).
         if hasattr(self.transport, "setTcpNoDelay"):
             self.transport.setTcpNoDelay(True)
+        pauses = self._flow.pauses = reading_pauses(self.transport)
+        pauses.on_resume = self._parse_held_back
         self.transport.registerProducer(self, True)
         self._received_at = self._sent_at = self.clock.seconds()
         self._timeout_call = self.clock.callLater(HANDSHAKE_TIMEOUT, self._handshake_timed_out)
@@ -128,6 +136,9 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
                 call.cancel()
         self._flush_call = self._timeout_call = None
         self._outgoing = None
+        self._read_buffer.clear()
+        self._flow.unsent.release()
+        self._flow.body_bytes.release()  # of channels the connection's close has already forgotten
         if self._heartbeat_loop is not None and self._heartbeat_loop.running:
             self._heartbeat_loop.stop()
         if self._gate is not None:
@@ -137,11 +148,20 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
             self.connection = None
 
     def dataReceived(self, data):
-        if self._refusing:
+        if self._flow.refusing:
             return
-        self._received_at = self.clock.seconds()
+        self._flow.received_at = self.clock.seconds()
         data = self._read_buffer.add(data)
         if data is None:
+            if (
+                self._watermark.blocked
+                and self._gate is not None
+                and self._read_buffer.partial_frame_bytes >= LARGE_PARTIAL_FRAME
+            ):
+                self._gate.check()  # the start of a large frame holds memory like a publish
+            return
+        if self._flow.pauses.reasons:
+            self._read_buffer.keep(data, 0)  # parsed when reading resumes
             return
         if self._state == AWAITING_HEADER:
             data = self._protocol_header(data)
@@ -158,6 +178,7 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
     def _frames(self, data):
         offset, size = 0, len(data)
         unpack_from = frames.FRAME_START.unpack_from
+        not_reading = self._flow.pauses.reasons
         while size - offset >= frames.FRAME_START_SIZE:
             frame_type, channel_id, length = unpack_from(data, offset)
             if length > self._max_payload:
@@ -181,6 +202,8 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
             else:
                 raise FrameError(f"unknown frame type {frame_type}")
             offset = end + 1
+            if not_reading:
+                break  # the client does not read our replies, or the broker is blocked: the rest waits
         if offset < size:
             self._read_buffer.keep(data, offset)
 
@@ -304,6 +327,15 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
         else:
             parts.append(memoryview(data)[start:end])
             state.received = received
+            self._flow.body_bytes.add(end - start)
+            if self._watermark.blocked:
+                self._gate.check()  # a body on its way holds memory: its sender is a publisher to block
+
+    def _release_content(self, state):
+        """The content assembled on C{state} was published or dropped: its body bytes leave the watermark."""
+        received, state.received = state.received, 0
+        if received:
+            self._flow.body_bytes.release(received)
 
     def _content_channel(self, channel_id, what):
         if self._state != OPEN:
@@ -320,6 +352,8 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
     def _publish(self, state, properties, body):
         exchange, routing_key, mandatory = state.publish
         state.publish = state.properties = state.parts = None
+        if state.received:
+            self._release_content(state)
         decoded = self._decoded_properties.get(properties)
         if decoded is None:
             try:
@@ -351,6 +385,7 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
     def close_channel_by_client(self, state):
         """channel.close from the client: close it and answer close-ok."""
         del self._channels[state.id]
+        self._release_content(state)
         self.connection.close_channel(state.id)
         self.send(frames.method_frame(state.id, commands.Channel.CloseOk()))
 
@@ -359,6 +394,7 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
         self.connection.close_channel(state.id)
         state.closing = True
         state.publish = state.properties = state.parts = None
+        self._release_content(state)
         close = commands.Channel.Close(
             reply_code=error.reply_code, reply_text=error.reply_text[:255], class_id=index >> 16,
             method_id=index & 0xFFFF,
@@ -392,21 +428,50 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
         if call is not None and call.active():
             call.cancel()
         if outgoing and self.transport is not None:
-            self.transport.write(b"".join(outgoing))  # one copy, and memoryview slices are welcome
+            data = b"".join(outgoing)  # one copy, and memoryview slices are welcome
+            self.transport.write(data)
             self._sent_at = self.clock.seconds()
+            if SLOW_READER in self._flow.pauses.reasons:
+                self._flow.unsent.add(len(data))  # waits in the transport until the client reads
 
     # -- IPushProducer: the transport tells us when the client is not keeping up
 
     def pauseProducing(self):
+        """The transport's write buffer is full: no deliveries, and no requests read, until it drains."""
+        self._flow.pauses.pause(SLOW_READER)
         if self.connection is not None:
             self.connection.pause_deliveries()
 
     def resumeProducing(self):
+        """The transport wrote everything: what waited in it is released, and the client is served again."""
+        self._flow.unsent.release()
+        self._flow.pauses.resume(SLOW_READER)
         if self.connection is not None:
             self.connection.resume_deliveries()
 
     def stopProducing(self):
-        pass
+        self._flow.unsent.release()
+
+    def _parse_held_back(self):
+        """Reading resumed: parse what was read but held back, on the next turn (not inside a release)."""
+        self.clock.callLater(0, self._parse_now)
+
+    def _parse_now(self):
+        if self._state != CLOSING and not self._flow.pauses.reasons:
+            self.dataReceived(b"")
+
+    @property
+    def _received_at(self):
+        """When the client last sent bytes, for the heartbeat check; while we do not read
+        from it (blocked, or it does not read), its heartbeats wait unread, so: now."""
+        flow = self._flow
+        if flow.pauses is not None and flow.pauses.reasons:
+            return self.clock.seconds()
+        return flow.received_at
+
+    @_received_at.setter
+    def _received_at(self, when):
+        self._flow.received_at = when
 
     # -- helpers
 

@@ -1,11 +1,21 @@
-"""Back-pressure on publishers: how many body bytes the queues hold in memory.
+"""Back-pressure on publishers: how many message bytes the broker holds in memory.
 
 Queues add a message's body size when they take it and release it when it
-leaves (acked, dropped, purged, deleted). Past the high watermark the broker
-is "blocked": protocol adapters stop reading from connections that publish
-(and tell AMQP clients with connection.blocked) until consumers bring the
-total back under the low watermark. RabbitMQ's memory alarm works the same way.
+leaves (acked, dropped, purged, deleted). Connections add what they hold on the
+way in and out: partial frames, unfinished content bodies, publishes of an
+uncommitted transaction, and replies the client has not read yet; each is
+released once, when it is published, committed, rolled back, written or
+dropped, or when its channel or connection closes. Past the high watermark the
+broker is "blocked": protocol adapters stop reading from connections that
+publish (and tell AMQP clients with connection.blocked) until the total is back
+under the low watermark. RabbitMQ's memory alarm works the same way.
+
+Reading from one client can stop for more than one reason at a time (the
+broker is blocked; the client does not read what we write to it):
+L{ReadingPauses} keeps the reasons, so that lifting one does not lift another.
 """
+
+import weakref
 
 from twisted.logger import Logger
 
@@ -13,11 +23,20 @@ log = Logger()
 
 DEFAULT_HIGH_WATERMARK = 1024 * 1024 * 1024
 LOW_WATERMARK_RATIO = 0.8
+# A connection part-way through a frame at least this large holds memory as a
+# publisher does and is blocked like one; a smaller frame split across two reads
+# (a consumer's ack) never blocks its connection, whose acks may be what frees memory.
+LARGE_PARTIAL_FRAME = 64 * 1024
+
+# Why reading from a client is paused (see ReadingPauses).
+BROKER_BLOCKED = "broker blocked"  # memory above the watermark and this connection publishes
+SLOW_READER = "slow reader"  # the transport's write buffer is full: the client is not reading
 
 
 class MemoryWatermark:
     """
-    @ivar queued_bytes: body bytes held by queues now (ready and un-acked).
+    @ivar queued_bytes: message bytes held in memory now: bodies in queues
+        (ready and un-acked) and what connections hold on the way in and out.
     @ivar blocked: True from crossing C{high} until falling to C{low}.
     """
 
@@ -33,7 +52,7 @@ class MemoryWatermark:
         if not self.blocked and self.queued_bytes > self.high:
             self.blocked = True
             log.warn(
-                "queued messages hold {size} bytes, above the {high}-byte watermark: blocking publishers",
+                "messages in memory hold {size} bytes, above the {high}-byte watermark: blocking publishers",
                 size=self.queued_bytes,
                 high=self.high,
             )
@@ -42,7 +61,7 @@ class MemoryWatermark:
         self.queued_bytes -= size
         if self.blocked and self.queued_bytes <= self.low:
             self.blocked = False
-            log.info("queued messages down to {size} bytes: unblocking publishers", size=self.queued_bytes)
+            log.info("messages in memory down to {size} bytes: unblocking publishers", size=self.queued_bytes)
             waiting, self._waiting = self._waiting, {}
             for resume in waiting:
                 resume()
@@ -59,25 +78,75 @@ class MemoryWatermark:
         self._waiting.pop(resume, None)
 
 
+class ReadingPauses:
+    """
+    Why the broker is not reading one client's transport: a set of reasons.
+
+    The transport stops reading with the first reason and starts again when
+    the last one is lifted; C{on_resume} is then called (a protocol parses the
+    bytes it had read but held back meanwhile). Use L{reading_pauses} to get
+    the one instance of a transport, shared by everything that pauses it.
+    """
+
+    __slots__ = ("_transport", "reasons", "on_resume", "__weakref__")
+
+    def __init__(self, transport):
+        self._transport = weakref.ref(transport)  # the registry's key: a strong reference would keep it alive
+        self.reasons = set()
+        self.on_resume = None
+
+    def pause(self, reason):
+        if not self.reasons:
+            transport = self._transport()
+            if transport is not None:
+                transport.pauseProducing()
+        self.reasons.add(reason)
+
+    def resume(self, reason):
+        if reason not in self.reasons:
+            return
+        self.reasons.discard(reason)
+        if self.reasons:
+            return
+        transport = self._transport()
+        if transport is not None:
+            transport.resumeProducing()
+        if self.on_resume is not None:
+            self.on_resume()
+
+
+_pauses_by_transport = weakref.WeakKeyDictionary()
+
+
+def reading_pauses(transport):
+    """The L{ReadingPauses} of C{transport}, made on first use."""
+    pauses = _pauses_by_transport.get(transport)
+    if pauses is None:
+        pauses = _pauses_by_transport[transport] = ReadingPauses(transport)
+    return pauses
+
+
 class PublisherGate:
     """
     Pauses reading from one publishing connection while the broker is blocked.
 
     C{notify(blocked)} is called on each change so a protocol can tell its
-    client (AMQP's connection.blocked / unblocked).
+    client (AMQP's connection.blocked / unblocked). The pause is one reason
+    among others (L{ReadingPauses}): unblocking does not resume reading from a
+    client that is paused for another reason.
     """
 
     def __init__(self, watermark, transport, notify=None):
         self._watermark = watermark
-        self._transport = transport
+        self._reading = reading_pauses(transport)
         self._notify = notify
         self.paused = False
 
     def check(self):
-        """After a publish: stop reading from this connection if the broker is blocked."""
+        """After a publish, or bytes of one: stop reading from this connection if the broker is blocked."""
         if self._watermark.blocked and not self.paused:
             self.paused = True
-            self._transport.pauseProducing()
+            self._reading.pause(BROKER_BLOCKED)
             if self._notify is not None:
                 self._notify(True)
             self._watermark.when_unblocked(self._resume)
@@ -88,8 +157,54 @@ class PublisherGate:
         self.paused = False
         if self._notify is not None:
             self._notify(False)
-        self._transport.resumeProducing()
+        self._reading.resume(BROKER_BLOCKED)
 
     def close(self):
         self._watermark.forget(self._resume)
         self.paused = False
+
+
+class HeldBytes:
+    """
+    Bytes one connection holds for the watermark (replies its client has not
+    read yet, bodies being assembled): added as they are taken, released as
+    they go, and all at once when the connection goes.
+    """
+
+    __slots__ = ("_watermark", "size")
+
+    def __init__(self, watermark):
+        self._watermark = watermark
+        self.size = 0
+
+    def add(self, size):
+        self.size += size
+        self._watermark.add(size)
+
+    def release(self, size=None):
+        """Release C{size} of the bytes held, or all of them."""
+        if size is None:
+            size = self.size
+        self.size -= size
+        if size:
+            self._watermark.release(size)
+
+
+class ConnectionFlow:
+    """
+    How bytes flow through one connection besides its frames: why we are not
+    reading from it (L{ReadingPauses}), what it holds against the memory
+    watermark (replies waiting for a client that does not read; bodies being
+    assembled) and when it last sent anything. One slotted object keeps a
+    protocol's own attributes few: past 30 of them, CPython's attribute lookups,
+    which every frame makes, get slower.
+    """
+
+    __slots__ = ("pauses", "unsent", "body_bytes", "received_at", "refusing")
+
+    def __init__(self, watermark):
+        self.pauses = None  # the transport's ReadingPauses, once connected
+        self.unsent = HeldBytes(watermark)  # written while the transport had paused us, until it drains
+        self.body_bytes = HeldBytes(watermark)  # in the channels' unfinished contents
+        self.received_at = 0.0
+        self.refusing = False  # a refusal before login is on its way: nothing more is read

@@ -5,14 +5,23 @@ on channel N are dispatched to the connection's channel N. Rules live in the
 model and the channel; this module only translates. A channel error closes that
 channel (the client answers C{channel_close_ok}), a connection error closes the
 connection, and a frame that cannot be read closes only this connection.
+
+Until hello, frames are capped at L{PRE_HELLO_MAX_FRAME_SIZE} bytes and a client
+has L{HANDSHAKE_TIMEOUT} seconds to send it (as AMQP caps frames until tune-ok
+and times out its handshake); a connection has at most C{channel_max} channels
+open. The protocol is its transport's producer: while the client does not read
+what we write, it gets no deliveries and its requests are not read either, so
+it cannot make the broker queue replies it will not take.
 """
 
 from google.protobuf.message import DecodeError
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import ServerFactory
 from twisted.logger import Logger
 from zope.interface import implementer
 
 import brokerd
+from brokerd.amqp.handshake import HANDSHAKE_TIMEOUT
 from brokerd.connection import Connection
 from brokerd.errors import (
     BrokerError,
@@ -22,11 +31,12 @@ from brokerd.errors import (
     InternalError,
     InvalidChannel,
     MethodNotImplemented,
+    NotAllowed,
     UnexpectedFrame,
 )
 from brokerd.interfaces import IChannelPeer
 from brokerd.model.property_rules import ARGUMENT, check_table
-from brokerd.model.watermark import PublisherGate
+from brokerd.model.watermark import LARGE_PARTIAL_FRAME, SLOW_READER, PublisherGate, reading_pauses
 from brokerd.native.framing import FrameReceiver
 from brokerd.proto import messages_pb2
 from brokerd.proto.exchange_types import EXCHANGE_TYPE_NAME
@@ -35,6 +45,8 @@ from brokerd.proto.tables import table_to_dict
 
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME_SIZE = 128 * 1024 * 1024 + 64 * 1024  # a 128 MiB body plus room for its properties
+PRE_HELLO_MAX_FRAME_SIZE = 4096  # the largest frame before hello (AMQP's limit before tune-ok)
+DEFAULT_CHANNEL_MAX = 2047  # channels open at once on one connection (AMQP's default channel_max)
 
 log = Logger()
 
@@ -100,16 +112,22 @@ def _arguments(message):
     return table_to_dict(message.arguments)
 
 
+@implementer(IPushProducer)
 class NativeServerProtocol(FrameReceiver):
     """One client connection speaking the native protocol."""
 
-    def __init__(self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE):
+    def __init__(self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE, channel_max=DEFAULT_CHANNEL_MAX):
         self.broker = broker
         self.clock = broker.clock
-        self.MAX_LENGTH = max_frame_size
+        self.watermark = broker.watermark
+        self.max_frame_size = max_frame_size  # the frame limit once hello is done
+        self.MAX_LENGTH = PRE_HELLO_MAX_FRAME_SIZE
+        self.channel_max = channel_max
         self.connection = None  # the model's Connection, once hello is done
         self._closing_channels = set()  # closed by us, awaiting channel_close_ok
         self._gate = None  # pauses reading from us while the broker is blocked
+        self._hello_timeout = None
+        self._resume_call = None
 
     # -- transport events
 
@@ -117,19 +135,78 @@ class NativeServerProtocol(FrameReceiver):
         # Confirms and small replies must not wait for the client's delayed ACK (Nagle).
         if hasattr(self.transport, "setTcpNoDelay"):
             self.transport.setTcpNoDelay(True)
+        self.read_pauses = reading_pauses(self.transport)
+        self.read_pauses.on_resume = self._parse_held_back
+        self.transport.registerProducer(self, True)
+        self._hello_timeout = self.clock.callLater(HANDSHAKE_TIMEOUT, self._hello_timed_out)
 
     def connectionLost(self, reason):
         FrameReceiver.connectionLost(self, reason)
+        for call in (self._hello_timeout, self._resume_call):
+            if call is not None and call.active():
+                call.cancel()
+        self._hello_timeout = self._resume_call = None
         if self._gate is not None:
             self._gate.close()
         if self.connection is not None:
             self.connection.close()
             self.connection = None
 
+    def _hello_timed_out(self):
+        self._hello_timeout = None
+        if self.connection is None:
+            log.info("dropping native connection from {peer}: no hello within {seconds} s", peer=self._peer_name(),
+                     seconds=HANDSHAKE_TIMEOUT)
+            self.stopped_reading = True
+            self.transport.abortConnection()
+
     def lengthLimitExceeded(self, length):
+        when = "" if self.connection is not None else " before hello"
         self._close_connection(
-            FrameError(f"frame of {length} bytes is larger than the limit of {self.MAX_LENGTH} bytes")
+            FrameError(f"frame of {length} bytes is larger than the limit of {self.MAX_LENGTH} bytes{when}")
         )
+
+    def partialFrameReceived(self):
+        # The start of a large frame holds memory: like a publish, it is gated while the broker is blocked.
+        if (
+            self.watermark.blocked
+            and self.connection is not None
+            and self._read_buffer.partial_frame_bytes >= LARGE_PARTIAL_FRAME
+        ):
+            self._publisher_gate().check()
+
+    def _publisher_gate(self):
+        if self._gate is None:
+            self._gate = PublisherGate(self.watermark, self.transport)
+        return self._gate
+
+    # -- IPushProducer: the transport tells us when the client is not reading what we write
+
+    def pauseProducing(self):
+        self.writes_paused = True
+        self.read_pauses.pause(SLOW_READER)
+        if self.connection is not None:
+            self.connection.pause_deliveries()
+
+    def resumeProducing(self):
+        self.writes_paused = False
+        self.release_unsent()
+        self.read_pauses.resume(SLOW_READER)
+        if self.connection is not None:
+            self.connection.resume_deliveries()
+
+    def stopProducing(self):
+        self.release_unsent()
+
+    def _parse_held_back(self):
+        """Reading resumed: parse what was read but held back, on the next turn (not inside a release)."""
+        if self._resume_call is None or not self._resume_call.active():
+            self._resume_call = self.clock.callLater(0, self._parse_now)
+
+    def _parse_now(self):
+        self._resume_call = None
+        if not self.read_pauses.reasons and not self.stopped_reading:
+            self.dataReceived(b"")
 
     def stringReceived(self, frame):
         envelope = Envelope()
@@ -214,10 +291,14 @@ class NativeServerProtocol(FrameReceiver):
                 f"client speaks native protocol version {hello.protocol_version}; this broker speaks {PROTOCOL_VERSION}"
             )
         self.connection = Connection(self.broker, hello.vhost or "/", hello.client_name)
+        self.MAX_LENGTH = self.max_frame_size
+        if self._hello_timeout is not None and self._hello_timeout.active():
+            self._hello_timeout.cancel()
+        self._hello_timeout = None
         reply = self._reply_to(envelope)
         reply.hello_ok.protocol_version = PROTOCOL_VERSION
         reply.hello_ok.server_version = brokerd.__version__
-        reply.hello_ok.max_frame_size = self.MAX_LENGTH
+        reply.hello_ok.max_frame_size = self.max_frame_size
         self.sendFrame(reply.SerializeToString())
 
     def on_connection_close(self, envelope, close):
@@ -235,6 +316,9 @@ class NativeServerProtocol(FrameReceiver):
     def on_channel_open(self, envelope, open_):
         if envelope.channel == 0:
             raise InvalidChannel("channel 0 is the connection itself and cannot be opened")
+        opened = len(self.connection.channels) + len(self._closing_channels)
+        if opened >= self.channel_max and envelope.channel not in self.connection.channels:
+            raise NotAllowed(f"number of channels opened ({opened}) has reached the channel_max ({self.channel_max})")
         self.connection.open_channel(envelope.channel, _ChannelPeer(self, envelope.channel))
         self._ok(envelope)
 
@@ -325,9 +409,7 @@ class NativeServerProtocol(FrameReceiver):
             request.exchange, request.routing_key, request.properties, request.body, request.mandatory
         )
         if self.broker.watermark.blocked:
-            if self._gate is None:
-                self._gate = PublisherGate(self.broker.watermark, self.transport)
-            self._gate.check()
+            self._publisher_gate().check()
 
     def on_basic_get(self, envelope, request):
         result = self._channel(envelope).basic_get(request.queue, request.no_ack)
@@ -375,11 +457,12 @@ class NativeServerFactory(ServerFactory):
 
     noisy = False
 
-    def __init__(self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE):
+    def __init__(self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE, channel_max=DEFAULT_CHANNEL_MAX):
         self.broker = broker
         self.max_frame_size = max_frame_size
+        self.channel_max = channel_max
 
     def buildProtocol(self, address):
-        protocol = NativeServerProtocol(self.broker, self.max_frame_size)
+        protocol = NativeServerProtocol(self.broker, self.max_frame_size, self.channel_max)
         protocol.factory = self
         return protocol
