@@ -53,6 +53,7 @@ from brokerd.errors import (
     PreconditionFailed,
     UnexpectedFrame,
 )
+from brokerd.hangup import HangupWatch
 from brokerd.model.message import Message
 from brokerd.model.watermark import LARGE_PARTIAL_FRAME, SLOW_READER, ConnectionFlow, reading_pauses
 from brokerd.readbuffer import ReadBuffer
@@ -125,6 +126,7 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
             self.transport.setTcpNoDelay(True)
         pauses = self._flow.pauses = reading_pauses(self.transport)
         pauses.on_resume = self._parse_held_back
+        pauses.hangup_watch = HangupWatch(self.transport, self.clock, self._probe_paused_peer)
         self.transport.registerProducer(self, True)
         self._received_at = self._sent_at = self.clock.seconds()
         self._timeout_call = self.clock.callLater(HANDSHAKE_TIMEOUT, self._handshake_timed_out)
@@ -139,6 +141,8 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
         self._read_buffer.clear()
         self._flow.unsent.release()
         self._flow.body_bytes.release()  # of channels the connection's close has already forgotten
+        if self._flow.pauses is not None and self._flow.pauses.hangup_watch is not None:
+            self._flow.pauses.hangup_watch.stop()
         if self._heartbeat_loop is not None and self._heartbeat_loop.running:
             self._heartbeat_loop.stop()
         if self._gate is not None:
@@ -459,6 +463,14 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
     def _parse_now(self):
         if self._state != CLOSING and not self._flow.pauses.reasons:
             self.dataReceived(b"")
+
+    def _probe_paused_peer(self):
+        """A heartbeat frame (clients take one whatever was negotiated) to a client we are not
+        reading, so that one that went away is noticed (L{brokerd.hangup}); not to one that
+        does not read what we write, whose buffer would only grow."""
+        if self._state not in (AWAITING_HEADER, CLOSING) and self._outgoing is None:
+            if SLOW_READER not in self._flow.pauses.reasons:
+                self.transport.write(frames.HEARTBEAT_FRAME)
 
     @property
     def _received_at(self):

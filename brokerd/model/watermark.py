@@ -88,18 +88,23 @@ class ReadingPauses:
     the one instance of a transport, shared by everything that pauses it.
     """
 
-    __slots__ = ("_transport", "reasons", "on_resume", "__weakref__")
+    __slots__ = ("_transport", "reasons", "on_resume", "hangup_watch", "__weakref__")
 
     def __init__(self, transport):
         self._transport = weakref.ref(transport)  # the registry's key: a strong reference would keep it alive
         self.reasons = set()
         self.on_resume = None
+        # Started while reading is paused, so that a client that goes away then is still noticed
+        # (a protocol sets one: brokerd.hangup.HangupWatch).
+        self.hangup_watch = None
 
     def pause(self, reason):
         if not self.reasons:
             transport = self._transport()
             if transport is not None:
                 transport.pauseProducing()
+            if self.hangup_watch is not None:
+                self.hangup_watch.start()
         self.reasons.add(reason)
 
     def resume(self, reason):
@@ -108,6 +113,8 @@ class ReadingPauses:
         self.reasons.discard(reason)
         if self.reasons:
             return
+        if self.hangup_watch is not None:
+            self.hangup_watch.stop()
         transport = self._transport()
         if transport is not None:
             transport.resumeProducing()

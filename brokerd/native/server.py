@@ -34,6 +34,7 @@ from brokerd.errors import (
     NotAllowed,
     UnexpectedFrame,
 )
+from brokerd.hangup import HangupWatch
 from brokerd.interfaces import IChannelPeer
 from brokerd.model.property_rules import ARGUMENT, check_table
 from brokerd.model.watermark import LARGE_PARTIAL_FRAME, SLOW_READER, PublisherGate, reading_pauses
@@ -45,6 +46,7 @@ from brokerd.proto.tables import table_to_dict
 
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME_SIZE = 128 * 1024 * 1024 + 64 * 1024  # a 128 MiB body plus room for its properties
+EMPTY_FRAME = b"\x00\x00\x00\x00"  # a frame holding an empty envelope: a no-op for clients
 PRE_HELLO_MAX_FRAME_SIZE = 4096  # the largest frame before hello (AMQP's limit before tune-ok)
 DEFAULT_CHANNEL_MAX = 2047  # channels open at once on one connection (AMQP's default channel_max)
 
@@ -137,6 +139,7 @@ class NativeServerProtocol(FrameReceiver):
             self.transport.setTcpNoDelay(True)
         self.read_pauses = reading_pauses(self.transport)
         self.read_pauses.on_resume = self._parse_held_back
+        self.read_pauses.hangup_watch = HangupWatch(self.transport, self.clock, self._probe_paused_peer)
         self.transport.registerProducer(self, True)
         self._hello_timeout = self.clock.callLater(HANDSHAKE_TIMEOUT, self._hello_timed_out)
 
@@ -146,11 +149,20 @@ class NativeServerProtocol(FrameReceiver):
             if call is not None and call.active():
                 call.cancel()
         self._hello_timeout = self._resume_call = None
+        if self.read_pauses is not None and self.read_pauses.hangup_watch is not None:
+            self.read_pauses.hangup_watch.stop()
         if self._gate is not None:
             self._gate.close()
         if self.connection is not None:
             self.connection.close()
             self.connection = None
+
+    def _probe_paused_peer(self):
+        """An empty frame (an envelope with nothing in it, which clients ignore) to a client we are
+        not reading, so that one that went away is noticed (L{brokerd.hangup}); not to one that
+        does not read what we write."""
+        if self._outgoing is None and SLOW_READER not in self.read_pauses.reasons and self.transport is not None:
+            self.transport.write(EMPTY_FRAME)
 
     def _hello_timed_out(self):
         self._hello_timeout = None

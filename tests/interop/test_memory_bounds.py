@@ -402,3 +402,43 @@ def test_native_get_replies_are_not_made_for_a_client_that_does_not_read_them(br
     client.send(count)
     assert client.wait_for("queue_declare_ok", 3).queue_declare_ok.message_count == 1
     client.close()
+
+
+# -- clients that hang up while they are not read
+
+
+def test_a_blocked_amqp_client_that_hangs_up_releases_what_it_held(broker):
+    """A client without heartbeats sends the start of bodies past the watermark and goes
+    away while the broker is not reading it: the broker notices the hang-up all the same,
+    releases the bodies and unblocks, so other publishers are served again."""
+    client = RawAmqp(broker.host, broker.amqp_port)
+    client.handshake(heartbeat=0)
+    client.open_channel()
+    announced = 64 * MiB
+    client.sock.sendall(
+        frame.marshal(commands.Basic.Publish(routing_key="nowhere"), 1)
+        + frame.marshal(pamqp_header.ContentHeader(0, announced, commands.Basic.Properties()), 1)
+    )
+    piece = frame.marshal(pamqp_body.ContentBody(b"h" * (client.tune.frame_max - 8)), 1)
+    watch = BlockedWatch(client)
+    count = (48 * MiB) // len(piece)
+    assert push(client.sock, piece, count, watch) < count, "the broker never stopped reading the body"
+    assert watch.blocked, "the publisher was not told connection.blocked"
+    client.sock.close()
+    confirmed_round_trip(broker)  # pika gives up after its blocked_connection_timeout
+    assert_peak_memory_bounded(broker)
+
+
+def test_a_blocked_native_client_that_hangs_up_releases_what_it_held(broker):
+    """Connections that hold the start of large frames past the watermark and then go away
+    unread are noticed, their bytes released, and publishing works again."""
+    clients = [RawNative(broker.native_endpoint) for _ in range(4)]
+    stalled = []
+    for client in clients:
+        client.hello()
+        stalled.append(push(client.sock, struct.pack(">I", 96 * MiB) + b"p" * (16 * MiB - 4), 1) < 1)
+    assert any(stalled), "the broker read every partial frame: none hung up unread"
+    for client in clients:
+        client.sock.close()
+    confirmed_round_trip(broker)
+    assert_peak_memory_bounded(broker)
