@@ -141,8 +141,9 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
         self._read_buffer.clear()
         self._flow.unsent.release()
         self._flow.body_bytes.release()  # of channels the connection's close has already forgotten
-        if self._flow.pauses is not None and self._flow.pauses.hangup_watch is not None:
-            self._flow.pauses.hangup_watch.stop()
+        if self._flow.pauses is not None:
+            self._flow.pauses.close()
+        self._channels.clear()  # with any content being assembled
         if self._heartbeat_loop is not None and self._heartbeat_loop.running:
             self._heartbeat_loop.stop()
         if self._gate is not None:

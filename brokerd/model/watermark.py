@@ -122,6 +122,17 @@ class ReadingPauses:
             self.on_resume()
 
 
+    def close(self):
+        """The connection is gone: stop watching it and let go of its protocol (whose callbacks
+        would otherwise keep the transport, the registry's key, and all it holds alive)."""
+        if self.hangup_watch is not None:
+            self.hangup_watch.stop()
+        self.hangup_watch = self.on_resume = None
+        transport = self._transport()
+        if transport is not None:
+            _pauses_by_transport.pop(transport, None)
+
+
 _pauses_by_transport = weakref.WeakKeyDictionary()
 
 

@@ -149,8 +149,8 @@ class NativeServerProtocol(FrameReceiver):
             if call is not None and call.active():
                 call.cancel()
         self._hello_timeout = self._resume_call = None
-        if self.read_pauses is not None and self.read_pauses.hangup_watch is not None:
-            self.read_pauses.hangup_watch.stop()
+        if self.read_pauses is not None:
+            self.read_pauses.close()
         if self._gate is not None:
             self._gate.close()
         if self.connection is not None:
