@@ -330,9 +330,15 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
                 body = data[start:end]
             self._publish(state, state.properties, body)
         else:
-            parts.append(memoryview(data)[start:end])
+            size = end - start
+            if len(data) - size > size >> 2:
+                # A view would keep the whole read alive, which may be far larger than the part
+                # counted against the watermark (small body frames among other frames): copy it.
+                parts.append(data[start:end])
+            else:
+                parts.append(memoryview(data)[start:end])
             state.received = received
-            self._flow.body_bytes.add(end - start)
+            self._flow.body_bytes.add(size)
             if self._watermark.blocked:
                 self._gate.check()  # a body on its way holds memory: its sender is a publisher to block
 
