@@ -213,6 +213,11 @@ class Channel:
         self._transaction = []
         self._release_transaction_bytes()
 
+    @property
+    def transaction_bytes(self):
+        """Body bytes of the publishes waiting for tx.commit (counted against the watermark)."""
+        return self._transaction_bytes
+
     def _hold_for_transaction(self, size):
         """A publish waits for commit: its body counts against the memory watermark meanwhile."""
         self._transaction_bytes += size

@@ -53,6 +53,10 @@ class Connection:
         if channel is not None:
             channel.close()
 
+    def held_bytes(self):
+        """Body bytes this connection's channels hold for transactions not yet committed."""
+        return sum(channel.transaction_bytes for channel in self.channels.values())
+
     def pause_deliveries(self):
         """The client is not reading fast enough: hold deliveries back until it catches up."""
         self.deliveries_paused = True

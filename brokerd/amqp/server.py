@@ -473,10 +473,14 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
 
     def _probe_paused_peer(self):
         """A heartbeat frame (clients take one whatever was negotiated) to a client we are not
-        reading, so that one that went away is noticed (L{brokerd.hangup}); not to one that
-        does not read what we write, whose buffer would only grow."""
-        if self._state not in (AWAITING_HEADER, CLOSING) and self._outgoing is None:
-            if SLOW_READER not in self._flow.pauses.reasons:
+        reading and that holds memory, so that one that went away is noticed (L{brokerd.hangup}).
+        Only with heartbeats off (negotiated ones go on while we do not read), and not to a
+        client that does not read what we write, whose buffer would only grow."""
+        if self._state not in (AWAITING_HEADER, CLOSING) and self._outgoing is None and not self.heartbeat:
+            held = self._flow.body_bytes.size + self._read_buffer.partial_frame_bytes
+            if self.connection is not None:
+                held += self.connection.held_bytes()
+            if held >= LARGE_PARTIAL_FRAME and SLOW_READER not in self._flow.pauses.reasons:
                 self.transport.write(frames.HEARTBEAT_FRAME)
 
     @property

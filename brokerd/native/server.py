@@ -159,10 +159,14 @@ class NativeServerProtocol(FrameReceiver):
 
     def _probe_paused_peer(self):
         """An empty frame (an envelope with nothing in it, which clients ignore) to a client we are
-        not reading, so that one that went away is noticed (L{brokerd.hangup}); not to one that
-        does not read what we write."""
+        not reading and that holds memory, so that one that went away is noticed
+        (L{brokerd.hangup}); not to one that does not read what we write."""
         if self._outgoing is None and SLOW_READER not in self.read_pauses.reasons and self.transport is not None:
-            self.transport.write(EMPTY_FRAME)
+            held = self._read_buffer.partial_frame_bytes if self._read_buffer is not None else 0
+            if self.connection is not None:
+                held += self.connection.held_bytes()
+            if held >= LARGE_PARTIAL_FRAME:
+                self.transport.write(EMPTY_FRAME)
 
     def _hello_timed_out(self):
         self._hello_timeout = None
