@@ -30,6 +30,7 @@ from brokerd.errors import (
     CommandInvalid,
     FrameError,
     FrameSyntaxError,
+    InvalidChannel,
     MethodNotImplemented,
     NotAllowed,
 )
@@ -183,6 +184,8 @@ class ConnectionMethods:
                 raise MethodNotImplemented(f"unknown method class {index >> 16} id {index & 0xFFFF}")
             if index >> 16 == 10:
                 raise CommandInvalid(f"{name} is not expected from a client")
+            if self._state == OPEN:  # RabbitMQ's code and words; channel 0 is never a channel
+                raise InvalidChannel(f"unexpected method in connection state running: {name} on channel 0")
             raise CommandInvalid(f"{name} on channel 0, which carries only connection methods")
         state, handler = expected
         if state is not None and self._state != state:

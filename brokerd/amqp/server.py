@@ -386,8 +386,14 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
     # -- channels
 
     def _open_channel(self, channel_id):
-        if channel_id > self.channel_max:
-            raise NotAllowed(f"channel {channel_id} is above the negotiated channel_max {self.channel_max}")
+        # As RabbitMQ, channel_max bounds how many channels are open (any number 1-65535 may be
+        # used), and refuses one more at connection level naming no method.
+        opened = len(self._channels)
+        if opened >= self.channel_max:
+            self._method_in_progress = 0
+            raise NotAllowed(
+                f"number of channels opened ({opened}) has reached the negotiated channel_max ({self.channel_max})"
+            )
         peer = AmqpChannelPeer(self, channel_id)
         channel = self.connection.open_channel(channel_id, peer)
         self._channels[channel_id] = ChannelState(channel_id, channel, peer)
