@@ -2,8 +2,9 @@
 
 L{ConnectionMethods} is mixed into L{brokerd.amqp.server.AmqpServerProtocol}:
 start / start-ok (credentials checked by L{brokerd.amqp.auth}) / tune /
-tune-ok / open, heartbeats both ways, connection.close in both directions, and
-connection.blocked / unblocked while the broker holds publishers back.
+tune-ok / open, update-secret (the new secret re-checked), heartbeats both
+ways, connection.close in both directions, and connection.blocked / unblocked
+while the broker holds publishers back.
 
 Until a client has logged in it is a stranger: a channel-0 method is checked
 against the handshake's state from its index alone, before its arguments are
@@ -260,6 +261,36 @@ class ConnectionMethods:
         self._timeout_call = None
         self.send(frames.method_frame(0, commands.Connection.OpenOk()))
 
+    def on_update_secret(self, method):
+        """
+        connection.update-secret (pika and aiormq use it to refresh credentials):
+        the new secret is checked as the password of the user who logged in.
+        A refused one closes the connection with RabbitMQ's 530, which RabbitMQ
+        sends when an authentication backend refuses the new secret.
+        """
+        secret = method.new_secret
+        if isinstance(secret, str):
+            secret = secret.encode()  # pamqp decoded these bytes as UTF-8: the same bytes again
+        d = self.settings.authenticator.check_secret(self.user, secret)
+        d.addCallbacks(self._secret_updated, self._secret_refused, callbackArgs=(method.reason,))
+
+    def _secret_updated(self, user, reason):
+        if self._state != OPEN:
+            return
+        log.debug("AMQP connection {peer}: user {user!r} updated secret, reason: {reason!r}",
+                  peer=self._peer_name(), user=self.user, reason=reason)
+        self.send(frames.method_frame(0, commands.Connection.UpdateSecretOk()))
+
+    def _secret_refused(self, failure):
+        if self._state != OPEN:
+            return
+        if failure.check(LoginRefused):
+            error = NotAllowed("New secret was refused by one of the backends")
+        else:
+            log.failure("checking the new secret of {peer} failed", failure, peer=self._peer_name())
+            error = NotAllowed("Secret update failed")
+        self._close_connection(error, _CONNECTION_UPDATE_SECRET)
+
     def on_close(self, method):
         log.debug("client closed: {code} {text}", code=method.reply_code, text=method.reply_text)
         self._shut_model_connection()
@@ -350,10 +381,12 @@ class ConnectionMethods:
 
 _CONNECTION_CLOSE = commands.Connection.Close.index
 _CONNECTION_CLOSE_OK = commands.Connection.CloseOk.index
+_CONNECTION_UPDATE_SECRET = commands.Connection.UpdateSecret.index
 # method index -> (the handshake state it belongs to, or None for any, and its handler)
 _CONNECTION_METHODS = {
     commands.Connection.StartOk.index: (AWAITING_START_OK, ConnectionMethods.on_start_ok),
     commands.Connection.TuneOk.index: (AWAITING_TUNE_OK, ConnectionMethods.on_tune_ok),
     commands.Connection.Open.index: (AWAITING_OPEN, ConnectionMethods.on_open),
     _CONNECTION_CLOSE: (None, ConnectionMethods.on_close),
+    _CONNECTION_UPDATE_SECRET: (OPEN, ConnectionMethods.on_update_secret),
 }
