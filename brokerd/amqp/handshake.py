@@ -26,6 +26,7 @@ from brokerd.amqp import frames
 from brokerd.amqp.arguments import decode_method
 from brokerd.amqp.auth import MECHANISMS, Authenticator, LoginRefused
 from brokerd.connection import Connection
+from brokerd.connectionlog import ConnectionRecord, client_text, describe_amqp_client, lost_reason
 from brokerd.errors import (
     AccessRefused,
     CommandInvalid,
@@ -260,6 +261,10 @@ class ConnectionMethods:
             self._timeout_call.cancel()
         self._timeout_call = None
         self.send(frames.method_frame(0, commands.Connection.OpenOk()))
+        self._record = ConnectionRecord(
+            "AMQP", self.transport, self.user, self.connection.vhost.name,
+            describe_amqp_client(self.client_properties), self.clock.seconds(),
+        )
 
     def on_update_secret(self, method):
         """
@@ -292,7 +297,7 @@ class ConnectionMethods:
         self._close_connection(error, _CONNECTION_UPDATE_SECRET)
 
     def on_close(self, method):
-        log.debug("client closed: {code} {text}", code=method.reply_code, text=method.reply_text)
+        self._ending(f"the client closed it: {method.reply_code} {client_text(method.reply_text)!r}")
         self._shut_model_connection()
         self._state = CLOSING
         self.send(frames.method_frame(0, commands.Connection.CloseOk()))
@@ -309,8 +314,20 @@ class ConnectionMethods:
         if self.user is None:
             self._refuse_before_login(error, index)
             return
-        log.info("closing AMQP connection from {peer}: {error}", peer=self._peer_name(), error=error)
+        if self._record is None:
+            log.info("closing AMQP connection from {peer}: {error}", peer=self._peer_name(), error=error)
+        self._ending(f"the broker closed it: {error}")
         self._send_close(error, index)
+
+    def _ending(self, reason):
+        """Keep why the connection ends (the first reason given) for its closing log line."""
+        if self._close_reason is None:
+            self._close_reason = reason
+
+    def _log_closed(self, lost):
+        """The closing log line of an accepted connection; C{lost} is the transport's reason."""
+        if self._record is not None:
+            self._record.close(self._close_reason or lost_reason(lost), self.clock.seconds())
 
     def _refuse_before_login(self, error, index):
         self.settings.refusal_log.refused(self.clock, self._peer_host(), self._peer_name(), error)
@@ -367,8 +384,10 @@ class ConnectionMethods:
     def _heartbeat_tick(self):
         now = self.clock.seconds()
         if now - self._received_at > 2 * self.heartbeat:
-            log.info("missed heartbeats from {peer}, timeout: {seconds} s", peer=self._peer_name(),
-                     seconds=self.heartbeat)
+            if self._record is None:
+                log.info("missed heartbeats from {peer}, timeout: {seconds} s", peer=self._peer_name(),
+                         seconds=self.heartbeat)
+            self._ending(f"missed heartbeats from the client, timeout: {self.heartbeat} s")
             self._heartbeat_loop.stop()
             self._shut_model_connection()
             self._state = CLOSING

@@ -117,6 +117,8 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
         self._decoded_properties = {}  # encoded properties -> BasicProperties
         self._gate = None  # pauses reading from us while the broker is blocked, once open
         self._method_in_progress = 0  # the index of the last method frame, for close's class and method ids
+        self._record = None  # the connection as logged once accepted (brokerd.connectionlog)
+        self._close_reason = None  # why it ends, for its closing log line
 
     # -- transport events
 
@@ -133,6 +135,7 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
 
     def connectionLost(self, reason):
         self._state = CLOSING
+        self._log_closed(reason)
         for call in (self._flush_call, self._timeout_call):
             if call is not None and call.active():
                 call.cancel()

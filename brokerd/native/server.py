@@ -23,6 +23,7 @@ from zope.interface import implementer
 import brokerd
 from brokerd.amqp.handshake import HANDSHAKE_TIMEOUT
 from brokerd.connection import Connection
+from brokerd.connectionlog import ConnectionRecord, client_text, lost_reason
 from brokerd.errors import (
     BrokerError,
     ChannelError,
@@ -130,6 +131,8 @@ class NativeServerProtocol(FrameReceiver):
         self._gate = None  # pauses reading from us while the broker is blocked
         self._hello_timeout = None
         self._resume_call = None
+        self._record = None  # the connection as logged once hello is answered (brokerd.connectionlog)
+        self._close_reason = None  # why it ends, for its closing log line
 
     # -- transport events
 
@@ -145,6 +148,8 @@ class NativeServerProtocol(FrameReceiver):
 
     def connectionLost(self, reason):
         FrameReceiver.connectionLost(self, reason)
+        if self._record is not None:
+            self._record.close(self._close_reason or lost_reason(reason), self.clock.seconds())
         for call in (self._hello_timeout, self._resume_call):
             if call is not None and call.active():
                 call.cancel()
@@ -285,7 +290,10 @@ class NativeServerProtocol(FrameReceiver):
         self.sendFrame(envelope.SerializeToString())
 
     def _close_connection(self, error):
-        log.info("closing native connection from {peer}: {error}", peer=self._peer_name(), error=error)
+        if self._record is None:
+            log.info("closing native connection from {peer}: {error}", peer=self._peer_name(), error=error)
+        elif self._close_reason is None:
+            self._close_reason = f"the broker closed it: {error}"
         self.stopped_reading = True
         envelope = Envelope()
         envelope.connection_close.reply_code = error.reply_code
@@ -316,8 +324,14 @@ class NativeServerProtocol(FrameReceiver):
         reply.hello_ok.server_version = brokerd.__version__
         reply.hello_ok.max_frame_size = self.max_frame_size
         self.sendFrame(reply.SerializeToString())
+        self._record = ConnectionRecord(
+            "native", self.transport, None, self.connection.vhost.name,
+            client_text(hello.client_name) or "unnamed client", self.clock.seconds(),
+        )
 
     def on_connection_close(self, envelope, close):
+        if self._close_reason is None:
+            self._close_reason = f"the client closed it: {close.reply_code} {client_text(close.reply_text)!r}"
         self.stopped_reading = True
         reply = self._reply_to(envelope)
         reply.connection_close_ok.SetInParent()
