@@ -236,7 +236,7 @@ class VirtualHost:
         check_short_string("queue name", queue_name)
         check_short_string("exchange name", exchange_name)
         if exchange_name == "":
-            raise AccessRefused(f"operation not permitted on the default exchange of vhost {self.name!r}")
+            raise AccessRefused("operation not permitted on the default exchange")  # RabbitMQ's text
         queue, exchange = self.queues.get(queue_name), self.exchanges.get(exchange_name)
         if queue is None or exchange is None:
             return
