@@ -21,7 +21,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 import brokerd
-from brokerd.amqp.handshake import HANDSHAKE_TIMEOUT
+from brokerd.amqp.handshake import HANDSHAKE_TIMEOUT, RefusalLog
 from brokerd.connection import Connection
 from brokerd.connectionlog import ConnectionRecord, client_text, lost_reason
 from brokerd.errors import (
@@ -119,9 +119,12 @@ def _arguments(message):
 class NativeServerProtocol(FrameReceiver):
     """One client connection speaking the native protocol."""
 
-    def __init__(self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE, channel_max=DEFAULT_CHANNEL_MAX):
+    def __init__(
+        self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE, channel_max=DEFAULT_CHANNEL_MAX, refusal_log=None
+    ):
         self.broker = broker
         self.clock = broker.clock
+        self.refusal_log = refusal_log or RefusalLog(protocol="native", before="hello")  # the listener's, shared
         self.watermark = broker.watermark
         self.max_frame_size = max_frame_size  # the frame limit once hello is done
         self.MAX_LENGTH = PRE_HELLO_MAX_FRAME_SIZE
@@ -176,8 +179,7 @@ class NativeServerProtocol(FrameReceiver):
     def _hello_timed_out(self):
         self._hello_timeout = None
         if self.connection is None:
-            log.info("dropping native connection from {peer}: no hello within {seconds} s", peer=self._peer_name(),
-                     seconds=HANDSHAKE_TIMEOUT)
+            self._refused(f"no hello within {HANDSHAKE_TIMEOUT:.0f} s")
             self.stopped_reading = True
             self.transport.abortConnection()
 
@@ -291,7 +293,7 @@ class NativeServerProtocol(FrameReceiver):
 
     def _close_connection(self, error):
         if self._record is None:
-            log.info("closing native connection from {peer}: {error}", peer=self._peer_name(), error=error)
+            self._refused(error)
         elif self._close_reason is None:
             self._close_reason = f"the broker closed it: {error}"
         self.stopped_reading = True
@@ -304,6 +306,11 @@ class NativeServerProtocol(FrameReceiver):
     def _peer_name(self):
         peer = self.transport.getPeer() if self.transport is not None else None
         return f"{peer.host}:{peer.port}" if hasattr(peer, "port") else str(peer)
+
+    def _refused(self, error):
+        """A client refused before hello: logged at a bounded rate with every other (L{RefusalLog})."""
+        peer = self.transport.getPeer() if self.transport is not None else None
+        self.refusal_log.refused(self.clock, getattr(peer, "host", ""), self._peer_name(), error)
 
     # -- connection
 
@@ -491,8 +498,12 @@ class NativeServerFactory(ServerFactory):
         self.broker = broker
         self.max_frame_size = max_frame_size
         self.channel_max = channel_max
+        self.refusal_log = RefusalLog(protocol="native", before="hello")
+
+    def stopFactory(self):
+        self.refusal_log.stop()
 
     def buildProtocol(self, address):
-        protocol = NativeServerProtocol(self.broker, self.max_frame_size, self.channel_max)
+        protocol = NativeServerProtocol(self.broker, self.max_frame_size, self.channel_max, self.refusal_log)
         protocol.factory = self
         return protocol

@@ -60,7 +60,8 @@ def test_unbind_of_a_binding_that_does_not_exist_is_unbind_ok_and_keeps_the_othe
 
 def test_unbind_from_the_default_exchange_is_refused_even_for_a_missing_queue(connection, name):
     closed = closed_by_broker(connection.channel().queue_unbind, name("gone"), "", "k")
-    assert (closed.reply_code, closed.reply_text) == (403, "ACCESS_REFUSED - operation not permitted on the default exchange")
+    assert closed.reply_code == 403
+    assert closed.reply_text == "ACCESS_REFUSED - operation not permitted on the default exchange"
 
 
 def test_unbind_of_another_connections_exclusive_queue_is_locked_only_when_bound(connect, name):
