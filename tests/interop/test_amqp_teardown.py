@@ -159,3 +159,32 @@ def test_aio_pika_rpc_carries_a_one_mib_argument(amqp_broker, name):
     payload = bytes(range(256)) * (MiB // 256)
     result = _run(_rpc_round_trip(amqp_broker, name("rpc-big"), payload))
     assert result == {"length": MiB, "ends": payload[-4:]}
+
+
+def test_aio_pika_rpc_close_cancels_the_calls_still_waiting(amqp_broker, name):
+    method_name = name("rpc-sleeper")
+
+    async def scenario():
+        connection = await _step(aio_pika.connect(amqp_broker.amqp_url), "connecting")
+        async with connection:
+            channel = await _step(connection.channel(), "channel.open")
+            rpc = await _step(RPC.create(channel), "RPC.create")
+            never, all_running = asyncio.Event(), asyncio.Event()
+            running = []
+
+            async def sleeper():
+                running.append(True)
+                if len(running) == 3:
+                    all_running.set()
+                await never.wait()
+
+            await _step(rpc.register(method_name, sleeper, auto_delete=True), "RPC.register")
+            calls = [asyncio.ensure_future(rpc.call(method_name)) for _ in range(3)]
+            await _step(all_running.wait(), "the three calls to reach the method")
+            await _step(rpc.close(), "RPC.close")
+            outcomes = await asyncio.gather(*calls, return_exceptions=True)
+            never.set()
+            assert all(isinstance(outcome, asyncio.CancelledError) for outcome in outcomes), outcomes
+            assert not channel.is_closed
+
+    _run(scenario())
