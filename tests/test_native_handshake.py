@@ -4,9 +4,11 @@ bytes until it has, and the larger limit applies from hello on."""
 
 import struct
 
+from twisted.internet.address import IPv4Address
 from twisted.internet.testing import StringTransport
+from twisted.logger import formatEvent, globalLogPublisher
 
-from brokerd.amqp.handshake import HANDSHAKE_TIMEOUT
+from brokerd.amqp.handshake import HANDSHAKE_TIMEOUT, REFUSAL_LOG_INTERVAL
 from brokerd.native.server import PRE_HELLO_MAX_FRAME_SIZE, PROTOCOL_VERSION, NativeServerFactory
 from brokerd.proto.native_pb2 import Envelope
 from tests.support import decode_frames, encode_frame, make_broker
@@ -69,3 +71,38 @@ def test_after_hello_the_configured_frame_limit_applies_even_within_the_same_rea
     assert kinds == ["hello_ok", "ok"]  # the 8192-byte frame that follows is awaited, not refused
     assert not transport.disconnecting
     assert protocol.watermark.queued_bytes == 100  # what has come of it counts against the watermark
+
+
+def test_clients_refused_before_hello_share_one_bounded_log():
+    """A flood of native clients that never say hello (or send too large a first frame) writes
+    one line, then one summary per interval, as AMQP's refusals before login do."""
+    broker, clock = make_broker()
+    factory = NativeServerFactory(broker)
+    lines = []
+
+    def observe(event):
+        if event.get("log_namespace", "").startswith("brokerd.") and "native" in formatEvent(event):
+            lines.append(formatEvent(event))
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        for number in range(20):
+            protocol = factory.buildProtocol(None)
+            transport = StringTransport(peerAddress=IPv4Address("TCP", "192.0.2.9", 41000 + number))
+            protocol.makeConnection(transport)
+            protocol.dataReceived(struct.pack(">I", PRE_HELLO_MAX_FRAME_SIZE + 1))
+            assert transport.disconnecting
+            protocol.connectionLost(None)
+        for number in range(20):
+            protocol = factory.buildProtocol(None)
+            protocol.makeConnection(StringTransport(peerAddress=IPv4Address("TCP", "192.0.2.10", 42000 + number)))
+        clock.advance(HANDSHAKE_TIMEOUT)
+        clock.advance(REFUSAL_LOG_INTERVAL)
+        clock.advance(REFUSAL_LOG_INTERVAL)
+    finally:
+        globalLogPublisher.removeObserver(observe)
+    assert len(lines) == 3, "\n".join(lines)
+    assert "refused native client 192.0.2.9:41000 before hello: 501 FRAME_ERROR" in lines[0]
+    assert "refused 19 more native clients before hello in the last 10 s, from 192.0.2.9 (19)" in lines[1]
+    assert "refused 20 more native clients before hello in the last 10 s, from 192.0.2.10 (20)" in lines[2]
+    assert "no hello within 10 s" in lines[2]

@@ -309,6 +309,7 @@ EXCLUSIVE_QUEUE_USES = {
 def test_exclusive_queue_is_locked_to_other_connections(broker, vhost, use):
     owner, _ = open_channel(broker)
     owner.queue_declare("mine", exclusive=True)
+    owner.queue_bind("mine", "amq.direct", "k")  # unbind is refused only for a binding that exists
     owner.basic_publish("", "mine", properties(), b"kept")
     other, _ = open_channel(broker)
     with pytest.raises(ResourceLocked) as caught:

@@ -136,3 +136,22 @@ class Authenticator:
 
         d.addCallbacks(lambda result: result[1], refused)
         return d
+
+    def check_secret(self, username, secret):
+        """
+        A Deferred firing with C{username} if C{secret} (bytes) is still that
+        user's password, for connection.update-secret, or failing with
+        L{LoginRefused}.
+        """
+        try:
+            secret = _utf8(secret, "the new secret")
+        except LoginRefused:
+            return defer.fail()
+        d = self.portal.login(credentials.UsernamePassword(username.encode(), secret), None, IBrokerUser)
+
+        def refused(failure):
+            failure.trap(error.UnauthorizedLogin, error.UnhandledCredentials)
+            raise LoginRefused(f"the new secret of user {username!r} was refused")
+
+        d.addCallbacks(lambda result: result[1], refused)
+        return d

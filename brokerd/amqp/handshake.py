@@ -2,8 +2,9 @@
 
 L{ConnectionMethods} is mixed into L{brokerd.amqp.server.AmqpServerProtocol}:
 start / start-ok (credentials checked by L{brokerd.amqp.auth}) / tune /
-tune-ok / open, heartbeats both ways, connection.close in both directions, and
-connection.blocked / unblocked while the broker holds publishers back.
+tune-ok / open, update-secret (the new secret re-checked), heartbeats both
+ways, connection.close in both directions, and connection.blocked / unblocked
+while the broker holds publishers back.
 
 Until a client has logged in it is a stranger: a channel-0 method is checked
 against the handshake's state from its index alone, before its arguments are
@@ -25,11 +26,13 @@ from brokerd.amqp import frames
 from brokerd.amqp.arguments import decode_method
 from brokerd.amqp.auth import MECHANISMS, Authenticator, LoginRefused
 from brokerd.connection import Connection
+from brokerd.connectionlog import ConnectionRecord, client_text, describe_amqp_client, lost_reason
 from brokerd.errors import (
     AccessRefused,
     CommandInvalid,
     FrameError,
     FrameSyntaxError,
+    InvalidChannel,
     MethodNotImplemented,
     NotAllowed,
 )
@@ -94,10 +97,13 @@ class RefusalLog:
     listener: the first refusal as one line, then, while refusals keep coming,
     one line per L{REFUSAL_LOG_INTERVAL} with how many there were and the
     addresses they came from, so a flood of failed logins cannot flood the log.
+    The native protocol's listener has one too, for clients refused before hello.
     """
 
-    def __init__(self, interval=REFUSAL_LOG_INTERVAL):
+    def __init__(self, interval=REFUSAL_LOG_INTERVAL, protocol="AMQP", before="login"):
         self.interval = interval
+        self.protocol = protocol  # the protocol and the handshake step named in the lines
+        self.before = before
         self._window = None  # the call that ends the current interval, while one runs
         self._peers = collections.Counter()  # host -> refusals not logged yet
         self._unlisted = 0  # refusals from hosts beyond REFUSAL_LOG_PEERS
@@ -106,7 +112,8 @@ class RefusalLog:
     def refused(self, clock, host, peer, error):
         """Log (now or in the next summary) that C{peer} (at C{host}) was refused with C{error}, an error or a text."""
         if self._window is None:
-            log.info("refused AMQP client {peer} before login: {error}", peer=peer, error=error)
+            log.info("refused {protocol} client {peer} before {before}: {error}", protocol=self.protocol, peer=peer,
+                     before=self.before, error=error)
             self._window = clock.callLater(self.interval, self._summarise, clock)
             return
         if host in self._peers or len(self._peers) < REFUSAL_LOG_PEERS:
@@ -114,6 +121,14 @@ class RefusalLog:
         else:
             self._unlisted += 1
         self._last = (peer, error)
+
+    def stop(self):
+        """The listener stopped: no more summaries (refusals not yet summarised are dropped)."""
+        if self._window is not None and self._window.active():
+            self._window.cancel()
+        self._window = None
+        self._peers.clear()
+        self._unlisted = 0
 
     def _summarise(self, clock):
         count = sum(self._peers.values()) + self._unlisted
@@ -125,9 +140,10 @@ class RefusalLog:
             hosts += f" and {count - sum(number for _, number in self._peers.most_common(5))} from other addresses"
         peer, error = self._last
         log.info(
-            "refused {count} more AMQP clients before login in the last {seconds:.0f} s, from {hosts};"
+            "refused {count} more {protocol} clients before {before} in the last {seconds:.0f} s, from {hosts};"
             " the last, {peer}: {error}",
-            count=count, seconds=self.interval, hosts=hosts, peer=peer, error=error,
+            count=count, protocol=self.protocol, before=self.before, seconds=self.interval, hosts=hosts, peer=peer,
+            error=error,
         )
         self._peers.clear()
         self._unlisted = 0
@@ -183,6 +199,8 @@ class ConnectionMethods:
                 raise MethodNotImplemented(f"unknown method class {index >> 16} id {index & 0xFFFF}")
             if index >> 16 == 10:
                 raise CommandInvalid(f"{name} is not expected from a client")
+            if self._state == OPEN:  # RabbitMQ's code and words; channel 0 is never a channel
+                raise InvalidChannel(f"unexpected method in connection state running: {name} on channel 0")
             raise CommandInvalid(f"{name} on channel 0, which carries only connection methods")
         state, handler = expected
         if state is not None and self._state != state:
@@ -256,9 +274,43 @@ class ConnectionMethods:
             self._timeout_call.cancel()
         self._timeout_call = None
         self.send(frames.method_frame(0, commands.Connection.OpenOk()))
+        self._record = ConnectionRecord(
+            "AMQP", self.transport, self.user, self.connection.vhost.name,
+            describe_amqp_client(self.client_properties), self.clock.seconds(),
+        )
+
+    def on_update_secret(self, method):
+        """
+        connection.update-secret (pika and aiormq use it to refresh credentials):
+        the new secret is checked as the password of the user who logged in.
+        A refused one closes the connection with RabbitMQ's 530, which RabbitMQ
+        sends when an authentication backend refuses the new secret.
+        """
+        secret = method.new_secret
+        if isinstance(secret, str):
+            secret = secret.encode()  # pamqp decoded these bytes as UTF-8: the same bytes again
+        d = self.settings.authenticator.check_secret(self.user, secret)
+        d.addCallbacks(self._secret_updated, self._secret_refused, callbackArgs=(method.reason,))
+
+    def _secret_updated(self, user, reason):
+        if self._state != OPEN:
+            return
+        log.debug("AMQP connection {peer}: user {user!r} updated secret, reason: {reason!r}",
+                  peer=self._peer_name(), user=self.user, reason=reason)
+        self.send(frames.method_frame(0, commands.Connection.UpdateSecretOk()))
+
+    def _secret_refused(self, failure):
+        if self._state != OPEN:
+            return
+        if failure.check(LoginRefused):
+            error = NotAllowed("New secret was refused by one of the backends")
+        else:
+            log.failure("checking the new secret of {peer} failed", failure, peer=self._peer_name())
+            error = NotAllowed("Secret update failed")
+        self._close_connection(error, _CONNECTION_UPDATE_SECRET)
 
     def on_close(self, method):
-        log.debug("client closed: {code} {text}", code=method.reply_code, text=method.reply_text)
+        self._ending(f"the client closed it: {method.reply_code} {client_text(method.reply_text)!r}")
         self._shut_model_connection()
         self._state = CLOSING
         self.send(frames.method_frame(0, commands.Connection.CloseOk()))
@@ -275,8 +327,20 @@ class ConnectionMethods:
         if self.user is None:
             self._refuse_before_login(error, index)
             return
-        log.info("closing AMQP connection from {peer}: {error}", peer=self._peer_name(), error=error)
+        if self._record is None:
+            log.info("closing AMQP connection from {peer}: {error}", peer=self._peer_name(), error=error)
+        self._ending(f"the broker closed it: {error}")
         self._send_close(error, index)
+
+    def _ending(self, reason):
+        """Keep why the connection ends (the first reason given) for its closing log line."""
+        if self._close_reason is None:
+            self._close_reason = reason
+
+    def _log_closed(self, lost):
+        """The closing log line of an accepted connection; C{lost} is the transport's reason."""
+        if self._record is not None:
+            self._record.close(self._close_reason or lost_reason(lost), self.clock.seconds())
 
     def _refuse_before_login(self, error, index):
         self.settings.refusal_log.refused(self.clock, self._peer_host(), self._peer_name(), error)
@@ -333,8 +397,10 @@ class ConnectionMethods:
     def _heartbeat_tick(self):
         now = self.clock.seconds()
         if now - self._received_at > 2 * self.heartbeat:
-            log.info("missed heartbeats from {peer}, timeout: {seconds} s", peer=self._peer_name(),
-                     seconds=self.heartbeat)
+            if self._record is None:
+                log.info("missed heartbeats from {peer}, timeout: {seconds} s", peer=self._peer_name(),
+                         seconds=self.heartbeat)
+            self._ending(f"missed heartbeats from the client, timeout: {self.heartbeat} s")
             self._heartbeat_loop.stop()
             self._shut_model_connection()
             self._state = CLOSING
@@ -347,10 +413,12 @@ class ConnectionMethods:
 
 _CONNECTION_CLOSE = commands.Connection.Close.index
 _CONNECTION_CLOSE_OK = commands.Connection.CloseOk.index
+_CONNECTION_UPDATE_SECRET = commands.Connection.UpdateSecret.index
 # method index -> (the handshake state it belongs to, or None for any, and its handler)
 _CONNECTION_METHODS = {
     commands.Connection.StartOk.index: (AWAITING_START_OK, ConnectionMethods.on_start_ok),
     commands.Connection.TuneOk.index: (AWAITING_TUNE_OK, ConnectionMethods.on_tune_ok),
     commands.Connection.Open.index: (AWAITING_OPEN, ConnectionMethods.on_open),
     _CONNECTION_CLOSE: (None, ConnectionMethods.on_close),
+    _CONNECTION_UPDATE_SECRET: (OPEN, ConnectionMethods.on_update_secret),
 }

@@ -117,6 +117,8 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
         self._decoded_properties = {}  # encoded properties -> BasicProperties
         self._gate = None  # pauses reading from us while the broker is blocked, once open
         self._method_in_progress = 0  # the index of the last method frame, for close's class and method ids
+        self._record = None  # the connection as logged once accepted (brokerd.connectionlog)
+        self._close_reason = None  # why it ends, for its closing log line
 
     # -- transport events
 
@@ -133,6 +135,7 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
 
     def connectionLost(self, reason):
         self._state = CLOSING
+        self._log_closed(reason)
         for call in (self._flush_call, self._timeout_call):
             if call is not None and call.active():
                 call.cancel()
@@ -386,8 +389,14 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
     # -- channels
 
     def _open_channel(self, channel_id):
-        if channel_id > self.channel_max:
-            raise NotAllowed(f"channel {channel_id} is above the negotiated channel_max {self.channel_max}")
+        # As RabbitMQ, channel_max bounds how many channels are open (any number 1-65535 may be
+        # used), and refuses one more at connection level naming no method.
+        opened = len(self._channels)
+        if opened >= self.channel_max:
+            self._method_in_progress = 0
+            raise NotAllowed(
+                f"number of channels opened ({opened}) has reached the negotiated channel_max ({self.channel_max})"
+            )
         peer = AmqpChannelPeer(self, channel_id)
         channel = self.connection.open_channel(channel_id, peer)
         self._channels[channel_id] = ChannelState(channel_id, channel, peer)

@@ -225,13 +225,27 @@ class VirtualHost:
                 self.store.save_binding(self._binding_record(binding))
 
     def unbind(self, queue_name, exchange_name, routing_key, arguments=None, connection=None):
-        """Remove a binding; removing one that does not exist is not an error."""
+        """
+        Remove a binding. As in RabbitMQ 3.10, unbinding is idempotent: a missing
+        queue, exchange or binding is not an error (aio-pika's RPC unbinds its
+        reply queue after that auto-delete queue went), and another connection's
+        exclusive queue is refused (405) only when the binding exists; the
+        default exchange is always refused (403).
+        """
         check_short_string("routing key", routing_key)
-        queue = self.queue(queue_name, connection)
-        exchange = self._bindable_exchange(exchange_name)
+        check_short_string("queue name", queue_name)
+        check_short_string("exchange name", exchange_name)
+        if exchange_name == "":
+            raise AccessRefused("operation not permitted on the default exchange")  # RabbitMQ's text
+        queue, exchange = self.queues.get(queue_name), self.exchanges.get(exchange_name)
+        if queue is None or exchange is None:
+            return
         existing = exchange.bindings.get((queue, routing_key, freeze(dict(arguments or {}))))
-        if existing is not None:
-            self._remove_binding(existing, persist=True)
+        if existing is None:
+            return
+        if connection is not None:
+            queue.check_access(connection)
+        self._remove_binding(existing, persist=True)
 
     def _bindable_exchange(self, name):
         if name == "":

@@ -8,8 +8,10 @@ connection, and a frame that cannot be read closes only this connection.
 
 Until hello, frames are capped at L{PRE_HELLO_MAX_FRAME_SIZE} bytes and a client
 has L{HANDSHAKE_TIMEOUT} seconds to send it (as AMQP caps frames until tune-ok
-and times out its handshake); a connection has at most C{channel_max} channels
-open. The protocol is its transport's producer: while the client does not read
+and times out its handshake); clients refused before hello are logged at a
+bounded rate, as AMQP's refusals before login, and one that said hello gets an
+accepted and a closed line (L{brokerd.connectionlog}). A connection has at most
+C{channel_max} channels open, whatever their numbers. The protocol is its transport's producer: while the client does not read
 what we write, it gets no deliveries and its requests are not read either, so
 it cannot make the broker queue replies it will not take.
 """
@@ -21,8 +23,9 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 import brokerd
-from brokerd.amqp.handshake import HANDSHAKE_TIMEOUT
+from brokerd.amqp.handshake import HANDSHAKE_TIMEOUT, RefusalLog
 from brokerd.connection import Connection
+from brokerd.connectionlog import ConnectionRecord, client_text, lost_reason
 from brokerd.errors import (
     BrokerError,
     ChannelError,
@@ -118,9 +121,12 @@ def _arguments(message):
 class NativeServerProtocol(FrameReceiver):
     """One client connection speaking the native protocol."""
 
-    def __init__(self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE, channel_max=DEFAULT_CHANNEL_MAX):
+    def __init__(
+        self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE, channel_max=DEFAULT_CHANNEL_MAX, refusal_log=None
+    ):
         self.broker = broker
         self.clock = broker.clock
+        self.refusal_log = refusal_log or RefusalLog(protocol="native", before="hello")  # the listener's, shared
         self.watermark = broker.watermark
         self.max_frame_size = max_frame_size  # the frame limit once hello is done
         self.MAX_LENGTH = PRE_HELLO_MAX_FRAME_SIZE
@@ -130,6 +136,8 @@ class NativeServerProtocol(FrameReceiver):
         self._gate = None  # pauses reading from us while the broker is blocked
         self._hello_timeout = None
         self._resume_call = None
+        self._record = None  # the connection as logged once hello is answered (brokerd.connectionlog)
+        self._close_reason = None  # why it ends, for its closing log line
 
     # -- transport events
 
@@ -145,6 +153,8 @@ class NativeServerProtocol(FrameReceiver):
 
     def connectionLost(self, reason):
         FrameReceiver.connectionLost(self, reason)
+        if self._record is not None:
+            self._record.close(self._close_reason or lost_reason(reason), self.clock.seconds())
         for call in (self._hello_timeout, self._resume_call):
             if call is not None and call.active():
                 call.cancel()
@@ -171,8 +181,7 @@ class NativeServerProtocol(FrameReceiver):
     def _hello_timed_out(self):
         self._hello_timeout = None
         if self.connection is None:
-            log.info("dropping native connection from {peer}: no hello within {seconds} s", peer=self._peer_name(),
-                     seconds=HANDSHAKE_TIMEOUT)
+            self._refused(f"no hello within {HANDSHAKE_TIMEOUT:.0f} s")
             self.stopped_reading = True
             self.transport.abortConnection()
 
@@ -285,7 +294,10 @@ class NativeServerProtocol(FrameReceiver):
         self.sendFrame(envelope.SerializeToString())
 
     def _close_connection(self, error):
-        log.info("closing native connection from {peer}: {error}", peer=self._peer_name(), error=error)
+        if self._record is None:
+            self._refused(error)
+        elif self._close_reason is None:
+            self._close_reason = f"the broker closed it: {error}"
         self.stopped_reading = True
         envelope = Envelope()
         envelope.connection_close.reply_code = error.reply_code
@@ -296,6 +308,11 @@ class NativeServerProtocol(FrameReceiver):
     def _peer_name(self):
         peer = self.transport.getPeer() if self.transport is not None else None
         return f"{peer.host}:{peer.port}" if hasattr(peer, "port") else str(peer)
+
+    def _refused(self, error):
+        """A client refused before hello: logged at a bounded rate with every other (L{RefusalLog})."""
+        peer = self.transport.getPeer() if self.transport is not None else None
+        self.refusal_log.refused(self.clock, getattr(peer, "host", ""), self._peer_name(), error)
 
     # -- connection
 
@@ -316,8 +333,14 @@ class NativeServerProtocol(FrameReceiver):
         reply.hello_ok.server_version = brokerd.__version__
         reply.hello_ok.max_frame_size = self.max_frame_size
         self.sendFrame(reply.SerializeToString())
+        self._record = ConnectionRecord(
+            "native", self.transport, None, self.connection.vhost.name,
+            client_text(hello.client_name) or "unnamed client", self.clock.seconds(),
+        )
 
     def on_connection_close(self, envelope, close):
+        if self._close_reason is None:
+            self._close_reason = f"the client closed it: {close.reply_code} {client_text(close.reply_text)!r}"
         self.stopped_reading = True
         reply = self._reply_to(envelope)
         reply.connection_close_ok.SetInParent()
@@ -477,8 +500,12 @@ class NativeServerFactory(ServerFactory):
         self.broker = broker
         self.max_frame_size = max_frame_size
         self.channel_max = channel_max
+        self.refusal_log = RefusalLog(protocol="native", before="hello")
+
+    def stopFactory(self):
+        self.refusal_log.stop()
 
     def buildProtocol(self, address):
-        protocol = NativeServerProtocol(self.broker, self.max_frame_size, self.channel_max)
+        protocol = NativeServerProtocol(self.broker, self.max_frame_size, self.channel_max, self.refusal_log)
         protocol.factory = self
         return protocol

@@ -218,8 +218,11 @@ class RawAmqp:
         frame_max=0,
         heartbeat=0,
         capabilities=None,
+        channel_max=None,
+        product="rawamqp",
     ):
-        """Protocol header, start-ok, tune-ok and open; returns the connection.tune the broker sent."""
+        """Protocol header, start-ok, tune-ok and open; returns the connection.tune the broker sent.
+        C{channel_max} goes in tune-ok (default: what the broker offered); C{product} in the client properties."""
         self.send(PROTOCOL_HEADER)
         _, start = self.wait_for(commands.Connection.Start)
         assert mechanism in start.mechanisms.split()
@@ -230,7 +233,7 @@ class RawAmqp:
         self.send_method(
             0,
             commands.Connection.StartOk(
-                client_properties={"product": "rawamqp", "capabilities": capabilities},
+                client_properties={"product": product, "capabilities": capabilities},
                 mechanism=mechanism,
                 response=response,
                 locale="en_US",
@@ -241,7 +244,9 @@ class RawAmqp:
         self.send_method(
             0,
             commands.Connection.TuneOk(
-                channel_max=tune.channel_max, frame_max=frame_max or tune.frame_max, heartbeat=heartbeat
+                channel_max=tune.channel_max if channel_max is None else channel_max,
+                frame_max=frame_max or tune.frame_max,
+                heartbeat=heartbeat,
             ),
         )
         self.send_method(0, commands.Connection.Open(virtual_host="/"))
