@@ -137,15 +137,16 @@ class Broker:
             counts["queues"] += 1
         else:
             arguments = table_to_dict(record.arguments)
-            if vhost.restore_binding(record.queue, record.exchange, record.routing_key, arguments):
+            destination = record.destination_exchange
+            if vhost.restore_binding(record.queue, record.exchange, record.routing_key, arguments, destination):
                 counts["bindings"] += 1
             else:
                 log.warn(
-                    "store {backend!r} holds a binding from {exchange!r} to {queue!r} in vhost {vhost!r}"
-                    " whose exchange or queue it does not hold; skipped",
+                    "store {backend!r} holds a binding from {exchange!r} to {destination} in vhost {vhost!r}"
+                    " whose source or destination it does not hold; skipped",
                     backend=self.store.name,
                     exchange=record.exchange,
-                    queue=record.queue,
+                    destination=f"exchange {destination!r}" if destination else f"queue {record.queue!r}",
                     vhost=record.vhost,
                 )
 

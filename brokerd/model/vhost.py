@@ -3,7 +3,9 @@
 Every topology rule lives here: idempotent declares, refused redeclares with
 other attributes, passive checks, reserved ``amq.`` names, if-unused / if-empty
 deletes, exclusive ownership and auto-delete. Durable topology is written
-through to the store.
+through to the store. A binding's destination is a queue or, for
+exchange-to-exchange bindings, another exchange; routing follows those from
+exchange to exchange (see L{VirtualHost.route_now}).
 """
 
 from brokerd.interfaces import IDelayedMessageStore
@@ -25,7 +27,7 @@ PREDECLARED_EXCHANGES = {
     "amq.headers": "headers",
     "amq.match": "headers",
 }
-
+DEFAULT_EXCHANGE_REFUSAL = "operation not permitted on the default exchange"  # RabbitMQ's text, word for word
 
 
 def _flag(value):
@@ -125,12 +127,14 @@ class VirtualHost:
         exchange = self.exchanges.get(name)
         if exchange is None:
             return
-        if if_unused and exchange.bindings:
+        if if_unused and exchange.bindings:  # as RabbitMQ, only bindings whose source it is count
             raise PreconditionFailed(f"exchange {name!r} in vhost {self.name!r} in use")
         del self.exchanges[name]
         for binding in list(exchange.bindings.values()):
             exchange.remove_binding(binding)
-            binding.queue.bindings.discard(binding)
+            _detach(binding)
+        for binding in list(exchange.incoming):  # the store forgets these with the exchange
+            self._remove_binding(binding, persist=False)
         if exchange.durable:
             self.store.delete_exchange(self.name, name)
 
@@ -233,6 +237,44 @@ class VirtualHost:
         if existing is not None:
             self._remove_binding(existing, persist=True)
 
+    def bind_exchange(self, destination_name, source_name, routing_key, arguments=None):
+        """
+        exchange.bind: what C{source_name} routes under the binding goes on to
+        C{destination_name}, which routes it by its own type and bindings.
+        Binding again what is bound is not an error; either end being the
+        default exchange is 403, a missing one 404 (the source checked first).
+        """
+        check_short_string("routing key", routing_key)
+        self._check_not_default(destination_name, source_name)
+        source = self.exchange(source_name)
+        destination = self.exchange(destination_name)
+        arguments = dict(arguments or {})
+        source.check_binding_arguments(arguments)
+        binding = Binding(source, destination, routing_key, arguments)
+        if source.add_binding(binding):
+            destination.incoming.add(binding)
+            if binding.durable:
+                self.store.save_binding(self._binding_record(binding))
+
+    def unbind_exchange(self, destination_name, source_name, routing_key, arguments=None):
+        """exchange.unbind; as RabbitMQ 3.10, a missing source, destination or
+        binding is not an error (only the default exchange at either end is)."""
+        check_short_string("routing key", routing_key)
+        self._check_not_default(destination_name, source_name)
+        check_short_string("exchange name", source_name)
+        check_short_string("exchange name", destination_name)
+        source = self.exchanges.get(source_name)
+        destination = self.exchanges.get(destination_name)
+        if source is None or destination is None:
+            return
+        existing = source.bindings.get((destination, routing_key, freeze(dict(arguments or {}))))
+        if existing is not None:
+            self._remove_binding(existing, persist=True)
+
+    def _check_not_default(self, *names):
+        if "" in names:
+            raise AccessRefused(DEFAULT_EXCHANGE_REFUSAL)
+
     def _bindable_exchange(self, name):
         if name == "":
             raise AccessRefused(f"operation not permitted on the default exchange of vhost {self.name!r}")
@@ -241,7 +283,7 @@ class VirtualHost:
     def _remove_binding(self, binding, persist):
         exchange = binding.exchange
         exchange.remove_binding(binding)
-        binding.queue.bindings.discard(binding)
+        _detach(binding)
         if persist and binding.durable:
             self.store.delete_binding(self._binding_record(binding))
         if exchange.auto_delete and not exchange.bindings and self.exchanges.get(exchange.name) is exchange:
@@ -279,8 +321,8 @@ class VirtualHost:
         the queues C{accepts} allows, if given).
         """
         queues = exchange.route(message)
-        if not queues:
-            queues = self._route_to_alternates(exchange, message)
+        if exchange.forwards is not None or (not queues and "alternate-exchange" in exchange.arguments):
+            queues = self._route_onwards(exchange, message, queues)
         if accepts is not None:
             queues = [queue for queue in queues if accepts(queue)]
         if self.unavailable_queues:
@@ -311,20 +353,33 @@ class VirtualHost:
             queue.enqueue(message, handle if queue.persisted else None)
         return len(queues), handle is not None, refused
 
-    def _route_to_alternates(self, exchange, message):
-        """The queues of the first alternate exchange (following the chain) that takes the message."""
-        seen = {exchange.name}
-        name = exchange.arguments.get("alternate-exchange")
-        while isinstance(name, str) and name not in seen:
-            seen.add(name)
-            alternate = self.exchanges.get(name)
-            if alternate is None:
-                return []
-            queues = alternate.route(message)
-            if queues:
-                return queues
-            name = alternate.arguments.get("alternate-exchange")
-        return []
+    def _route_onwards(self, exchange, message, queues):
+        """
+        The queues C{message} reaches from C{exchange} (whose own queues are
+        C{queues}) through bindings to other exchanges and alternate
+        exchanges, as RabbitMQ's rabbit_exchange:route: every exchange reached
+        routes it by its own type; one that routes it nowhere (to no queue and
+        no exchange) passes it to its alternate exchange; no exchange is
+        visited twice, so chains and cycles end and each queue gets it once.
+        """
+        reached = dict.fromkeys(queues)
+        seen = {exchange}
+        pending = [exchange]
+        while pending:
+            current = pending.pop()
+            matched = queues if current is exchange else current.route(message)
+            onward = () if current.forwards is None else current.forwards.route(message)
+            if matched:
+                reached.update(dict.fromkeys(matched))
+            elif not onward:
+                name = current.arguments.get("alternate-exchange")
+                alternate = self.exchanges.get(name) if isinstance(name, str) else None
+                onward = () if alternate is None else (alternate,)
+            for destination in onward:
+                if destination not in seen:
+                    seen.add(destination)
+                    pending.append(destination)
+        return list(reached)
 
     # -- recovery: rebuild durable topology without writing it back
 
@@ -344,15 +399,19 @@ class VirtualHost:
         self.queues[name] = queue
         return queue
 
-    def restore_binding(self, queue_name, exchange_name, routing_key, arguments):
-        """Re-adds a stored binding; returns False if either end is missing."""
-        queue = self.queues.get(queue_name)
+    def restore_binding(self, queue_name, exchange_name, routing_key, arguments, destination_exchange=""):
+        """Re-adds a stored binding (to the exchange C{destination_exchange} if
+        it names one, else to the queue); returns False if either end is missing."""
+        if destination_exchange:
+            destination = self.exchanges.get(destination_exchange)
+        else:
+            destination = self.queues.get(queue_name)
         exchange = self.exchanges.get(exchange_name)
-        if queue is None or exchange is None:
+        if destination is None or exchange is None:
             return False
-        binding = Binding(exchange, queue, routing_key, arguments)
+        binding = Binding(exchange, destination, routing_key, arguments)
         if exchange.add_binding(binding):
-            queue.bindings.add(binding)
+            _incoming(binding).add(binding)
         return True
 
     # -- records
@@ -369,12 +428,16 @@ class VirtualHost:
         )
 
     def _binding_record(self, binding):
+        if binding.to_exchange:
+            ends = {"destination_exchange": binding.destination.name}
+        else:
+            ends = {"queue": binding.destination.name}
         return messages_pb2.BindingRecord(
             vhost=self.name,
             exchange=binding.exchange.name,
-            queue=binding.queue.name,
             routing_key=binding.routing_key,
             arguments=dict_to_table(binding.arguments),
+            **ends,
         )
 
     def _check_equivalent(self, kind, name, attributes, arguments, current_arguments):
@@ -396,3 +459,13 @@ class VirtualHost:
 
 def _flags(**pairs):
     return {name: (_flag(received), _flag(current)) for name, (received, current) in pairs.items()}
+
+
+def _incoming(binding):
+    """The set of bindings to C{binding}'s destination (a queue's or an exchange's)."""
+    destination = binding.destination
+    return destination.incoming if binding.to_exchange else destination.bindings
+
+
+def _detach(binding):
+    _incoming(binding).discard(binding)
