@@ -59,7 +59,8 @@ class KeptEntry:
 
 def binding_key(record):
     """What makes two bindings the same binding."""
-    return (record.vhost, record.exchange, record.queue, record.routing_key, freeze(table_to_dict(record.arguments)))
+    return (record.vhost, record.exchange, record.queue, record.routing_key, freeze(table_to_dict(record.arguments)),
+            record.destination_exchange)
 
 
 class Topology:
@@ -103,7 +104,7 @@ class Topology:
 
     def delete_exchange(self, vhost, name):
         self.exchanges.pop((vhost, name), None)
-        for key in [key for key in self.bindings if key[0] == vhost and key[1] == name]:
+        for key in [key for key in self.bindings if key[0] == vhost and name in (key[1], key[5])]:
             del self.bindings[key]
         self._drop_kept(lambda entry: entry.names("exchange", vhost, name) or entry.binds(vhost, exchange=name))
 
