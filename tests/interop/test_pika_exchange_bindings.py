@@ -11,6 +11,7 @@ from pika import spec
 from benchmarks.crash_loop import DURABLE_BACKENDS, backend_installed
 from tests.interop.conftest import raw_client, start_broker
 from tests.interop.pika_support import closed_by_broker, get_bodies, pump
+from tests.processes import native_cli
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 
@@ -199,6 +200,26 @@ def test_nowait_bind_and_unbind_get_no_reply(amqp_broker, name):
         assert isinstance(call(commands.Exchange.Bind(destination=destination, source=destination)),
                           commands.Exchange.BindOk)
         assert isinstance(call(commands.Exchange.Delete(exchange=destination)), commands.Exchange.DeleteOk)
+
+
+def test_the_command_line_binds_and_unbinds_exchanges(amqp_broker, confirming, name):
+    channel = confirming
+    source, destination = name("source"), name("destination")
+    channel.exchange_declare(source, "direct")
+    channel.exchange_declare(destination, "fanout")
+    queue = channel.queue_declare(name("q")).method.queue
+    channel.queue_bind(queue, destination)
+    endpoint = amqp_broker.native_endpoint
+
+    bound = native_cli(endpoint, "bind-exchange", destination, source, "--routing-key", "k")
+    assert (bound.returncode, bound.stdout, bound.stderr) == (0, b"", b"")
+    assert published(channel, source, "k", b"bound by the command line")
+    unbound = native_cli(endpoint, "unbind-exchange", destination, source, "--routing-key", "k")
+    assert (unbound.returncode, unbound.stdout, unbound.stderr) == (0, b"", b"")
+    assert not published(channel, source, "k", b"unbound")
+    refused = native_cli(endpoint, "bind-exchange", destination, name("missing"))
+    assert refused.returncode == 1 and b"404 NOT_FOUND - no exchange" in refused.stderr, refused
+    assert get_bodies(channel, queue) == [b"bound by the command line"]
 
 
 def durable_backend(backend):
