@@ -113,6 +113,8 @@ def test_deleting_either_end_removes_the_binding_and_if_unused_counts_only_sourc
     channel = connection.channel()
     channel.confirm_delivery()
     channel.exchange_delete(destination, if_unused=True)  # bound only as a destination: unused, as in RabbitMQ
+    channel.exchange_delete(source, if_unused=True)  # its binding went with its destination
+    channel.exchange_declare(source, "fanout")
 
     channel.exchange_declare(destination, "fanout")
     channel.queue_declare(queue)
