@@ -50,11 +50,12 @@ class KeptEntry:
         return quarantined.kind == kind_name and quarantined.vhost == vhost and quarantined.name == name
 
     def binds(self, vhost, exchange=None, queue=None):
-        """Whether this entry is a binding of C{vhost} from C{exchange} or to C{queue}."""
+        """Whether this entry is a binding of C{vhost} from or to C{exchange}, or to C{queue}."""
         quarantined = self.quarantined
         if quarantined.kind != "binding" or quarantined.vhost != vhost or quarantined.name is None:
             return False
-        return quarantined.name[0] == exchange or quarantined.name[1] == queue
+        name = quarantined.name  # (source, queue, key) or (source, "", key, destination exchange)
+        return name[0] == exchange or name[3:] == (exchange,) or name[1] == queue
 
 
 def binding_key(record):

@@ -270,7 +270,8 @@ class QuarantinedRecord(NamedTuple):
     @ivar kind: C{"exchange"}, C{"queue"} or C{"binding"}.
     @ivar vhost: its virtual host, or None if even that cannot be read.
     @ivar name: the exchange's or queue's name, a binding's C{(exchange,
-        queue, routing key)}, or None if it cannot be read.
+        queue, routing key)} (or, for a binding to an exchange, C{(exchange,
+        "", routing key, destination exchange)}), or None if it cannot be read.
     @ivar where: where the store keeps it (a file and offset, a table row).
     @ivar reason: why it cannot be read.
     """

@@ -342,9 +342,9 @@ class Database:
                 "SELECT rowid, vhost, source, destination, routing_key, arguments, record FROM exchange_bindings"
                 " ORDER BY rowid"):
             record = self._parse(messages_pb2.BindingRecord, blob, "a binding")
-            if record is None:  # named as a binding of its source, to no queue
+            if record is None:
                 loaded.quarantined.append(QuarantinedRecord(
-                    "binding", vhost, (source, "", routing_key),
+                    "binding", vhost, (source, "", routing_key, destination),
                     f"sqlite store {self.path}, exchange_bindings row {rowid}", UNPARSABLE))
             else:
                 loaded.bindings.append((arguments, record))

@@ -277,8 +277,12 @@ class SqliteStore:
             record_kind, record_vhost, record_name = key
             if record_vhost != vhost:
                 continue
-            if (record_kind == kind and record_name == name) or (
-                    record_kind == "binding" and record_name[0 if exchange is not None else 1] == name):
+            if record_kind == "binding":
+                # (source, queue, routing key), or (source, "", routing key, destination exchange)
+                ends = (record_name[0], *record_name[3:]) if exchange is not None else record_name[1:2]
+                if name in ends:
+                    del self._quarantined[key]
+            elif record_kind == kind and record_name == name:
                 del self._quarantined[key]
 
     # -- messages

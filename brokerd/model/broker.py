@@ -158,6 +158,8 @@ class Broker:
         kind, vhost_name, name = quarantined.kind, quarantined.vhost, quarantined.name
         if name is None:
             what = f"a {kind} whose name cannot be read"
+        elif kind == "binding" and len(name) > 3:
+            what = f"the binding of exchange {name[0]!r} to exchange {name[3]!r} with routing key {name[2]!r}"
         elif kind == "binding":
             what = f"the binding of exchange {name[0]!r} to queue {name[1]!r} with routing key {name[2]!r}"
         else:
@@ -183,6 +185,8 @@ def _unrestorable(record, problem, backend):
     """The L{QuarantinedRecord} of a record that parsed but whose values the model refused."""
     if isinstance(record, messages_pb2.BindingRecord):
         kind, name = "binding", (record.exchange, record.queue, record.routing_key)
+        if record.destination_exchange:
+            name += (record.destination_exchange,)
     else:
         kind = "exchange" if isinstance(record, messages_pb2.ExchangeRecord) else "queue"
         name = record.name
