@@ -1,7 +1,8 @@
 """Exchanges and their routing: direct, fanout, topic, headers and the default.
 
 An exchange keeps its bindings and answers C{route(message)} with the queues a
-message goes to. Each type keeps an index shaped for its own lookups, so routing
+message goes to (and, through C{forwards}, the exchanges it goes on to: see
+L{route_onwards}). Each type keeps an index shaped for its own lookups, so routing
 costs the same however many bindings unrelated keys have.
 """
 
@@ -319,3 +320,33 @@ def make_exchange(vhost, name, type_name, durable=False, auto_delete=False, inte
     if cls is None:
         raise CommandInvalid(f"unknown exchange type {type_name!r}; known types: {', '.join(KNOWN_TYPES)}")
     return cls(vhost, name, durable, auto_delete, internal, arguments)
+
+
+def route_onwards(exchange, message, queues, exchanges):
+    """
+    The queues C{message} reaches from C{exchange} (whose own queues are
+    C{queues}) through bindings to other exchanges and alternate exchanges
+    (looked up by name in C{exchanges}), as RabbitMQ's rabbit_exchange:route:
+    every exchange reached routes it by its own type; one that routes it
+    nowhere (to no queue and no exchange) passes it to its alternate exchange;
+    no exchange is visited twice, so chains and cycles end and each queue gets
+    it once. A loop, not recursion: a chain may be long.
+    """
+    reached = dict.fromkeys(queues)
+    seen = {exchange}
+    pending = [exchange]
+    while pending:
+        current = pending.pop()
+        matched = queues if current is exchange else current.route(message)
+        onward = () if current.forwards is None else current.forwards.route(message)
+        if matched:
+            reached.update(dict.fromkeys(matched))
+        elif not onward:
+            name = current.arguments.get("alternate-exchange")
+            alternate = exchanges.get(name) if isinstance(name, str) else None
+            onward = () if alternate is None else (alternate,)
+        for destination in onward:
+            if destination not in seen:
+                seen.add(destination)
+                pending.append(destination)
+    return list(reached)

@@ -12,7 +12,15 @@ from brokerd.interfaces import IDelayedMessageStore
 from brokerd.errors import AccessRefused, CommandInvalid, NotFound, PreconditionFailed, ResourceLocked
 from brokerd.model.arguments import message_ttl_of
 from brokerd.model.delayed import delay_of
-from brokerd.model.exchange import DELAYED_TYPE, EXCHANGE_TYPES, KNOWN_TYPES, Binding, DefaultExchange, make_exchange
+from brokerd.model.exchange import (
+    DELAYED_TYPE,
+    EXCHANGE_TYPES,
+    KNOWN_TYPES,
+    Binding,
+    DefaultExchange,
+    make_exchange,
+    route_onwards,
+)
 from brokerd.model.names import check_not_reserved, check_short_string, generate_queue_name
 from brokerd.model.queue import Queue
 from brokerd.model.watermark import MemoryWatermark
@@ -129,14 +137,31 @@ class VirtualHost:
             return
         if if_unused and exchange.bindings:  # as RabbitMQ, only bindings whose source it is count
             raise PreconditionFailed(f"exchange {name!r} in vhost {self.name!r} in use")
-        del self.exchanges[name]
-        for binding in list(exchange.bindings.values()):
-            exchange.remove_binding(binding)
-            _detach(binding)
-        for binding in list(exchange.incoming):  # the store forgets these with the exchange
-            self._remove_binding(binding, persist=False)
-        if exchange.durable:
-            self.store.delete_exchange(self.name, name)
+        self._delete_exchanges(exchange)
+
+    def _delete_exchanges(self, exchange):
+        """
+        Delete C{exchange} with the bindings it is the source or destination
+        of, then each auto-delete exchange that this leaves with no binding as
+        a source, and so on (in a loop: a chain of them may be long).
+        """
+        pending = [exchange]
+        while pending:
+            exchange = pending.pop()
+            if self.exchanges.get(exchange.name) is not exchange:
+                continue
+            del self.exchanges[exchange.name]
+            for binding in list(exchange.bindings.values()):
+                exchange.remove_binding(binding)
+                _detach(binding)
+            for binding in list(exchange.incoming):  # the store forgets these with the exchange
+                source = binding.exchange
+                source.remove_binding(binding)
+                _detach(binding)
+                if source.auto_delete and not source.bindings:
+                    pending.append(source)
+            if exchange.durable:
+                self.store.delete_exchange(self.name, exchange.name)
 
     # -- queues
 
@@ -286,17 +311,18 @@ class VirtualHost:
         _detach(binding)
         if persist and binding.durable:
             self.store.delete_binding(self._binding_record(binding))
-        if exchange.auto_delete and not exchange.bindings and self.exchanges.get(exchange.name) is exchange:
-            self.delete_exchange(exchange.name)
+        if exchange.auto_delete and not exchange.bindings:
+            self._delete_exchanges(exchange)
 
     # -- publishing
 
     def publish(self, exchange_name, message):
         """
         Route a message and enqueue it on every matching queue, persisting it
-        first if it is persistent and the store keeps some of those queues. A
-        message no binding takes goes to the exchange's alternate exchange, if
-        it has one (and on to that one's, never twice through the same).
+        first if it is persistent and the store keeps some of those queues. It
+        goes on through exchange-to-exchange bindings, and an exchange that
+        routes it nowhere hands it to its alternate exchange, if it has one
+        (see L{route_onwards}; no exchange is visited twice).
 
         @return: C{(queues it went to, whether the store holds it, whether a
             full queue refused it)}; a refusal means a nack for a confirming
@@ -322,7 +348,7 @@ class VirtualHost:
         """
         queues = exchange.route(message)
         if exchange.forwards is not None or (not queues and "alternate-exchange" in exchange.arguments):
-            queues = self._route_onwards(exchange, message, queues)
+            queues = route_onwards(exchange, message, queues, self.exchanges)
         if accepts is not None:
             queues = [queue for queue in queues if accepts(queue)]
         if self.unavailable_queues:
@@ -352,34 +378,6 @@ class VirtualHost:
         for queue in queues:
             queue.enqueue(message, handle if queue.persisted else None)
         return len(queues), handle is not None, refused
-
-    def _route_onwards(self, exchange, message, queues):
-        """
-        The queues C{message} reaches from C{exchange} (whose own queues are
-        C{queues}) through bindings to other exchanges and alternate
-        exchanges, as RabbitMQ's rabbit_exchange:route: every exchange reached
-        routes it by its own type; one that routes it nowhere (to no queue and
-        no exchange) passes it to its alternate exchange; no exchange is
-        visited twice, so chains and cycles end and each queue gets it once.
-        """
-        reached = dict.fromkeys(queues)
-        seen = {exchange}
-        pending = [exchange]
-        while pending:
-            current = pending.pop()
-            matched = queues if current is exchange else current.route(message)
-            onward = () if current.forwards is None else current.forwards.route(message)
-            if matched:
-                reached.update(dict.fromkeys(matched))
-            elif not onward:
-                name = current.arguments.get("alternate-exchange")
-                alternate = self.exchanges.get(name) if isinstance(name, str) else None
-                onward = () if alternate is None else (alternate,)
-            for destination in onward:
-                if destination not in seen:
-                    seen.add(destination)
-                    pending.append(destination)
-        return list(reached)
 
     # -- recovery: rebuild durable topology without writing it back
 

@@ -224,6 +224,25 @@ def test_the_command_line_binds_and_unbinds_exchanges(amqp_broker, confirming, n
     assert get_bodies(channel, queue) == [b"bound by the command line"]
 
 
+def test_a_long_chain_of_auto_delete_exchanges_goes_with_its_end(amqp_broker, name):
+    """Deleting the last of CHAIN auto-delete exchanges, each bound to the next, deletes them all (each
+    left with no binding as a source), however long the chain: no recursion limit is reached."""
+    chain = [name(f"link{number}") for number in range(1500)]
+    with raw_client(amqp_broker) as client:
+        client.open_channel(1)
+        for source, destination in zip([None, *chain], chain):
+            client.send_method(1, commands.Exchange.Declare(exchange=destination, exchange_type="fanout",
+                                                            auto_delete=True, nowait=True))
+            if source is not None:
+                client.send_method(1, commands.Exchange.Bind(destination=destination, source=source, nowait=True))
+        client.send_method(1, commands.Exchange.Declare(exchange=chain[0], passive=True))
+        client.wait_for(commands.Exchange.DeclareOk)
+        client.send_method(1, commands.Exchange.Delete(exchange=chain[-1]))
+        client.wait_for(commands.Exchange.DeleteOk)
+        client.send_method(1, commands.Exchange.Declare(exchange=chain[0], passive=True))
+        client.expect_channel_close(1, 404, chain[0])
+
+
 def durable_backend(backend):
     return pytest.param(backend, id=backend, marks=pytest.mark.skipif(
         not backend_installed(backend), reason=f"backend {backend!r} is not installed"))
