@@ -75,6 +75,10 @@ class TopologyAndRoutingTests(NativeProtocolTestCase):
         error = yield self.assertFailure(self.channel.exchange_bind("", "events"), ChannelClosed)
         self.assertEqual((error.reply_code, error.reply_text),
                          (403, "ACCESS_REFUSED - operation not permitted on the default exchange"))
+        channel = yield self.client.channel()
+        error = yield self.assertFailure(channel.exchange_unbind("x" * 300, "events"), ChannelClosed)
+        self.assertEqual(error.reply_code, 406)
+        self.assertIn("exchange name is 300 bytes of UTF-8; the limit is 255", error.reply_text)
 
     @defer.inlineCallbacks
     def test_server_named_queue_is_reported_in_declare_ok(self):
