@@ -30,6 +30,7 @@ _NAME_FIELDS = {  # record type -> (vhost field, name fields): the field numbers
     messages_pb2.QueueRecord: (1, (2,)),
     messages_pb2.BindingRecord: (1, (2, 3, 4)),
 }
+DESTINATION_EXCHANGE_FIELD = 6  # BindingRecord.destination_exchange
 
 
 def parse_or_none(record_type, data):
@@ -88,10 +89,19 @@ def top_level_strings(data, numbers):
 def quarantined_topology(record_type, data, where, reason="it does not parse (nested deeper than protobuf reads)"):
     """The L{QuarantinedRecord} of the topology record C{data} of C{record_type} that did not parse."""
     vhost_field, name_fields = _NAME_FIELDS[record_type]
-    fields = top_level_strings(data, {vhost_field, *name_fields})
+    fields = top_level_strings(data, {vhost_field, *name_fields, DESTINATION_EXCHANGE_FIELD})
+    destination_exchange = None
+    if record_type is messages_pb2.BindingRecord and fields.get(DESTINATION_EXCHANGE_FIELD):
+        # A binding to an exchange: (source, "", routing key, destination exchange); protobuf
+        # leaves its empty queue (and an empty routing key) out.
+        destination_exchange = fields[DESTINATION_EXCHANGE_FIELD]
+        fields.setdefault(3, "")
+        fields.setdefault(4, "")
     names = [fields.get(number) for number in name_fields]
     if any(name is None for name in names):
         name = None
+    elif destination_exchange is not None:
+        name = (*names, destination_exchange)
     else:
         name = names[0] if len(names) == 1 else tuple(names)
     return QuarantinedRecord(KIND_NAMES[record_type], fields.get(vhost_field), name, where, reason)

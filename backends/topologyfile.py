@@ -50,16 +50,18 @@ class KeptEntry:
         return quarantined.kind == kind_name and quarantined.vhost == vhost and quarantined.name == name
 
     def binds(self, vhost, exchange=None, queue=None):
-        """Whether this entry is a binding of C{vhost} from C{exchange} or to C{queue}."""
+        """Whether this entry is a binding of C{vhost} from or to C{exchange}, or to C{queue}."""
         quarantined = self.quarantined
         if quarantined.kind != "binding" or quarantined.vhost != vhost or quarantined.name is None:
             return False
-        return quarantined.name[0] == exchange or quarantined.name[1] == queue
+        name = quarantined.name  # (source, queue, key) or (source, "", key, destination exchange)
+        return name[0] == exchange or name[3:] == (exchange,) or name[1] == queue
 
 
 def binding_key(record):
     """What makes two bindings the same binding."""
-    return (record.vhost, record.exchange, record.queue, record.routing_key, freeze(table_to_dict(record.arguments)))
+    return (record.vhost, record.exchange, record.queue, record.routing_key, freeze(table_to_dict(record.arguments)),
+            record.destination_exchange)
 
 
 class Topology:
@@ -103,7 +105,7 @@ class Topology:
 
     def delete_exchange(self, vhost, name):
         self.exchanges.pop((vhost, name), None)
-        for key in [key for key in self.bindings if key[0] == vhost and key[1] == name]:
+        for key in [key for key in self.bindings if key[0] == vhost and name in (key[1], key[5])]:
             del self.bindings[key]
         self._drop_kept(lambda entry: entry.names("exchange", vhost, name) or entry.binds(vhost, exchange=name))
 

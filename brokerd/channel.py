@@ -107,6 +107,15 @@ class Channel:
     def exchange_delete(self, exchange, if_unused=False):
         self.vhost.delete_exchange(exchange, if_unused)
 
+    def exchange_bind(self, destination, source, routing_key="", arguments=None):
+        """exchange.bind: what C{source} routes under this binding goes on to C{destination}."""
+        check_arguments(arguments)
+        self.vhost.bind_exchange(destination, source, routing_key, arguments)
+
+    def exchange_unbind(self, destination, source, routing_key="", arguments=None):
+        check_arguments(arguments)
+        self.vhost.unbind_exchange(destination, source, routing_key, arguments)
+
     def queue_declare(self, queue="", passive=False, durable=False, exclusive=False, auto_delete=False, arguments=None):
         """Declare a queue; returns C{(name, message_count, consumer_count)}."""
         check_arguments(arguments)

@@ -46,7 +46,8 @@ class IMessageStore(Interface):
 
         @return: an iterable of L{ExchangeRecord}, L{QueueRecord} and
             L{BindingRecord} protobuf messages, exchanges and queues before the
-            bindings that refer to them.
+            bindings that refer to them (every exchange before any binding,
+            as a binding's destination may be an exchange).
         """
 
     def recover(queue):
@@ -65,7 +66,7 @@ class IMessageStore(Interface):
         """Persist a durable exchange (an L{ExchangeRecord}), replacing one of the same name."""
 
     def delete_exchange(vhost, name):
-        """Forget a durable exchange and every binding whose source it is."""
+        """Forget a durable exchange and every binding whose source or destination exchange it is."""
 
     def save_queue(record):
         """Persist a durable queue (a L{QueueRecord}), replacing one of the same name."""
@@ -74,10 +75,16 @@ class IMessageStore(Interface):
         """Forget a durable queue, its bindings and every message held for it."""
 
     def save_binding(record):
-        """Persist a binding (a L{BindingRecord}) between durable ends."""
+        """
+        Persist a binding (a L{BindingRecord}) between durable ends: to the
+        queue C{queue} names, or, when C{destination_exchange} names one, to
+        that exchange (C{queue} then empty). Two bindings are the same when
+        vhost, source, destination, routing key and arguments (as a set of
+        fields) are; saving one again is not an error.
+        """
 
     def delete_binding(record):
-        """Forget a binding equal to C{record}."""
+        """Forget a binding equal to C{record} (see L{save_binding}); forgetting a missing one is not an error."""
 
     def append(message, queues):
         """
@@ -263,7 +270,8 @@ class QuarantinedRecord(NamedTuple):
     @ivar kind: C{"exchange"}, C{"queue"} or C{"binding"}.
     @ivar vhost: its virtual host, or None if even that cannot be read.
     @ivar name: the exchange's or queue's name, a binding's C{(exchange,
-        queue, routing key)}, or None if it cannot be read.
+        queue, routing key)} (or, for a binding to an exchange, C{(exchange,
+        "", routing key, destination exchange)}), or None if it cannot be read.
     @ivar where: where the store keeps it (a file and offset, a table row).
     @ivar reason: why it cannot be read.
     """

@@ -42,6 +42,20 @@ def binding_record(exchange, queue, routing_key, vhost="/", **arguments):
     )
 
 
+def exchange_binding_record(source, destination, routing_key, vhost="/", **arguments):
+    """The record of a binding from exchange C{source} to exchange C{destination}."""
+    return messages_pb2.BindingRecord(
+        vhost=vhost, exchange=source, destination_exchange=destination, routing_key=routing_key,
+        arguments=dict_to_table(arguments),
+    )
+
+
+def binding_ends(store):
+    """(source, queue, destination exchange, routing key) of each binding C{store} holds, sorted."""
+    return sorted((record.exchange, record.queue, record.destination_exchange, record.routing_key)
+                  for record in store.topology() if isinstance(record, messages_pb2.BindingRecord))
+
+
 class DirectoryStores:
     """
     Mixed into a trial TestCase: makes stores of C{backend} on fresh or
@@ -218,6 +232,37 @@ class StoreContract(OpensStores):
             (type(r).__name__, getattr(r, "name", "") or getattr(r, "routing_key", "")) for r in store.topology()
         )
         self.assertEqual(names, [("BindingRecord", "b"), ("ExchangeRecord", "events"), ("QueueRecord", "jobs")])
+
+    @defer.inlineCallbacks
+    def test_exchange_to_exchange_bindings_come_back_apart_from_queue_bindings(self):
+        store = yield self.opened()
+        for name in ("events", "audit", "jobs"):
+            store.save_exchange(exchange_record(name))
+        store.save_queue(queue_record("jobs"))
+        store.save_binding(binding_record("events", "jobs", "k"))  # a queue and an exchange of the same name
+        store.save_binding(exchange_binding_record("events", "jobs", "k"))
+        store.save_binding(exchange_binding_record("events", "audit", "k", **{"x-match": "any"}))
+        store.save_binding(exchange_binding_record("events", "audit", "k"))
+        store.save_binding(exchange_binding_record("events", "audit", "k"))  # the same binding again
+        store.delete_binding(exchange_binding_record("events", "audit", "k", **{"x-match": "any"}))
+        store = yield self.restarted(store)
+        self.assertEqual(binding_ends(store), [("events", "", "audit", "k"), ("events", "", "jobs", "k"),
+                                               ("events", "jobs", "", "k")])
+
+    @defer.inlineCallbacks
+    def test_deleting_an_exchange_forgets_the_bindings_it_is_source_or_destination_of(self):
+        store = yield self.opened()
+        for name in ("upstream", "middle", "downstream"):
+            store.save_exchange(exchange_record(name))
+        store.save_queue(queue_record("jobs"))
+        store.save_binding(exchange_binding_record("upstream", "middle", "a"))
+        store.save_binding(exchange_binding_record("middle", "downstream", "b"))
+        store.save_binding(binding_record("middle", "jobs", "c"))
+        store.save_binding(exchange_binding_record("upstream", "downstream", "d"))
+        store.delete_queue(JOBS)  # a queue of another name goes alone
+        store.delete_exchange("/", "middle")
+        store = yield self.restarted(store)
+        self.assertEqual(binding_ends(store), [("upstream", "", "downstream", "d")])
 
     @defer.inlineCallbacks
     def test_saving_a_queue_again_replaces_it(self):

@@ -94,7 +94,8 @@ class SqliteDelayedTableTests(unittest.TestCase):
         store.append(message(b"from version 2"), [JOBS])
         yield store.close()
         for statement in ("DROP TABLE delayed", "DROP TABLE delayed_released", "DROP TABLE counters",
-                          "ALTER TABLE entries DROP COLUMN delivery_count", "PRAGMA user_version = 2"):
+                          "ALTER TABLE entries DROP COLUMN delivery_count", "DROP TABLE exchange_bindings",
+                          "PRAGMA user_version = 2"):
             query(self.path, statement)
         logged = []
         observer = lambda event: logged.append(formatEvent(event))  # noqa: E731
@@ -102,12 +103,13 @@ class SqliteDelayedTableTests(unittest.TestCase):
         self.addCleanup(globalLogPublisher.removeObserver, observer)
         store = yield self.opened()
         self.assertEqual([record.body for _, record, _ in store.recover(JOBS)], [b"from version 2"])
-        self.assertTrue([text for text in logged if "schema version 2 upgraded to 4 (delayed messages, delivery counts)"
+        self.assertTrue([text for text in logged if "schema version 2 upgraded to 5 (delayed messages, delivery counts,"
+                                                   " exchange-to-exchange bindings)"
                          in text], logged)
         handle = store.delay(delayed(b"later"), DELAYS, NOW)
         yield store.close()
         self.assertEqual(query(self.path, "PRAGMA user_version"), [(SCHEMA_VERSION,)])
-        self.assertEqual(SCHEMA_VERSION, 4)
+        self.assertEqual(SCHEMA_VERSION, 5)
         store = yield self.opened()
         found = yield store.delayed_after(None, FOREVER, 10)
         self.assertEqual([(item.handle, item.record.body) for item in found], [(handle, b"later")])

@@ -57,6 +57,30 @@ class TopologyAndRoutingTests(NativeProtocolTestCase):
         self.assertIsNone((yield self.channel.basic_get("orders.eu")))
 
     @defer.inlineCallbacks
+    def test_exchange_to_exchange_binding_routes_on_until_unbound(self):
+        yield self.channel.exchange_declare("events", "topic")
+        yield self.channel.exchange_declare("audit", "fanout")
+        yield self.channel.queue_declare("audit.log")
+        yield self.channel.queue_bind("audit.log", "audit")
+        yield self.channel.exchange_bind("audit", "events", "orders.#")
+
+        self.channel.basic_publish("events", "orders.new", b"audited")
+        self.channel.basic_publish("events", "invoices.new", b"not audited")
+        got = yield self.channel.basic_get("audit.log", no_ack=True)
+        self.assertEqual((got.body, got.exchange, got.routing_key), (b"audited", "events", "orders.new"))
+        yield self.channel.exchange_unbind("audit", "events", "orders.#")
+        yield self.channel.exchange_unbind("audit", "events", "orders.#")  # gone already: not an error
+        self.channel.basic_publish("events", "orders.new", b"unbound")
+        self.assertEqual((yield self.queue_counts("audit.log")), (0, 0))
+        error = yield self.assertFailure(self.channel.exchange_bind("", "events"), ChannelClosed)
+        self.assertEqual((error.reply_code, error.reply_text),
+                         (403, "ACCESS_REFUSED - operation not permitted on the default exchange"))
+        channel = yield self.client.channel()
+        error = yield self.assertFailure(channel.exchange_unbind("x" * 300, "events"), ChannelClosed)
+        self.assertEqual(error.reply_code, 406)
+        self.assertIn("exchange name is 300 bytes of UTF-8; the limit is 255", error.reply_text)
+
+    @defer.inlineCallbacks
     def test_server_named_queue_is_reported_in_declare_ok(self):
         declared = yield self.channel.queue_declare("")
         self.assertTrue(declared.queue.startswith("amq.gen-"), declared.queue)

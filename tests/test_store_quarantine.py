@@ -205,6 +205,31 @@ class QuarantineContract:
         yield store.sync()
         self.assertEqual(list(store.recover(("/", state.POISON_QUEUE))), [])
 
+    @defer.inlineCallbacks
+    def test_an_unreadable_exchange_to_exchange_binding_is_named_and_goes_with_its_destination(self):
+        store = yield self.open_store()
+        for name in ("upstream", "downstream"):
+            store.save_exchange(messages_pb2.ExchangeRecord(vhost="/", name=name, type=messages_pb2.FANOUT,
+                                                            durable=True))
+        record = messages_pb2.BindingRecord(vhost="/", exchange="upstream", destination_exchange="downstream",
+                                            routing_key="poison-e2e")
+        record.arguments.CopyFrom(state.deep_arguments())
+        store.save_binding(record)
+        yield store.sync()
+        yield store.close()
+        store = yield self.open_store()
+        broker, _ = make_broker(store)
+        self.assertEqual(broker.recover()["quarantined"], 1)
+        broker.stop()
+        self.assertTrue(self.log.matching(
+            "quarantined the binding of exchange 'upstream' to exchange 'downstream' with routing key 'poison-e2e'"),
+            self.log.texts)
+        broker.vhost("/").delete_exchange("downstream")
+        yield store.sync()
+        yield store.close()
+        store = yield self.open_store()
+        self.assertEqual([type(record).__name__ for record in store.topology()], ["ExchangeRecord"])
+
     def assert_poisoned_message_kept(self, store):
         """Where the backend keeps the poisoned message after quarantining it."""
         raise NotImplementedError
@@ -253,5 +278,9 @@ def test_a_quarantined_record_is_named_from_its_top_level_fields_without_parsing
     record.arguments.CopyFrom(state.deep_arguments())
     named = quarantined_topology(messages_pb2.BindingRecord, record.SerializeToString(), "here")
     assert (named.kind, named.vhost, named.name, named.where) == ("binding", "v", ("e", "q", "k"), "here")
+    record = messages_pb2.BindingRecord(vhost="v", exchange="e", destination_exchange="d")  # no queue, no key
+    record.arguments.CopyFrom(state.deep_arguments())
+    named = quarantined_topology(messages_pb2.BindingRecord, record.SerializeToString(), "here")
+    assert (named.kind, named.vhost, named.name) == ("binding", "v", ("e", "", "", "d"))
     garbage = quarantined_topology(messages_pb2.QueueRecord, b"\x12\xff\xff\xff", "there")
     assert (garbage.kind, garbage.vhost, garbage.name) == ("queue", None, None)

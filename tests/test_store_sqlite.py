@@ -17,7 +17,17 @@ from brokerd import storeregistry
 from brokerd.durability import SyncPolicy
 from brokerd.errors import NotFound
 from brokerd.interfaces import StoreCorrupted
-from tests.store_contract import AUDIT, JOBS, StoreContract, message, queue_record
+from tests.store_contract import (
+    AUDIT,
+    JOBS,
+    StoreContract,
+    binding_ends,
+    binding_record,
+    exchange_binding_record,
+    exchange_record,
+    message,
+    queue_record,
+)
 from tests.support import make_broker, open_channel
 
 
@@ -252,6 +262,7 @@ class SqliteStoreTests(unittest.TestCase):
     def test_a_file_of_schema_version_3_gains_delivery_counts(self):
         held = yield self.filled(count=2)
         query(self.path, "ALTER TABLE entries DROP COLUMN delivery_count")
+        query(self.path, "DROP TABLE exchange_bindings")
         query(self.path, "PRAGMA user_version = 3")
         store = yield self.opened()
         recovered = list(store.recover(JOBS))
@@ -262,6 +273,24 @@ class SqliteStoreTests(unittest.TestCase):
         self.assertEqual(query(self.path, "PRAGMA user_version"), [(SCHEMA_VERSION,)])
         store = yield self.opened()
         self.assertEqual(store.delivery_counts(JOBS), {recovered[1][0]: 2})
+
+    @defer.inlineCallbacks
+    def test_a_file_of_schema_version_4_gains_exchange_to_exchange_bindings_in_place(self):
+        store = yield self.opened()
+        store.save_exchange(exchange_record("events"))
+        store.save_exchange(exchange_record("audit"))
+        store.save_queue(queue_record("jobs"))
+        store.save_binding(binding_record("events", "jobs", "job.#"))
+        yield store.close()
+        query(self.path, "DROP TABLE exchange_bindings")
+        query(self.path, "PRAGMA user_version = 4")
+        store = yield self.opened()
+        self.assertEqual(binding_ends(store), [("events", "jobs", "", "job.#")])
+        store.save_binding(exchange_binding_record("events", "audit", "job.#"))
+        yield store.close()
+        self.assertEqual(query(self.path, "PRAGMA user_version"), [(SCHEMA_VERSION,)])
+        store = yield self.opened()
+        self.assertEqual(binding_ends(store), [("events", "", "audit", "job.#"), ("events", "jobs", "", "job.#")])
 
     @defer.inlineCallbacks
     def test_a_database_of_another_program_is_refused(self):

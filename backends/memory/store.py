@@ -13,7 +13,9 @@ from brokerd.proto.tables import freeze, table_to_dict
 
 
 def _binding_key(record):
-    return (record.vhost, record.exchange, record.queue, record.routing_key, freeze(table_to_dict(record.arguments)))
+    """What makes two bindings the same; the queue is empty for one to an exchange, the exchange for one to a queue."""
+    return (record.vhost, record.exchange, record.queue, record.routing_key, freeze(table_to_dict(record.arguments)),
+            record.destination_exchange)
 
 
 @implementer(IMessageStore, IDelayedMessageStore)
@@ -61,7 +63,7 @@ class MemoryStore:
 
     def delete_exchange(self, vhost, name):
         self._exchanges.pop((vhost, name), None)
-        for key in [key for key in self._bindings if key[0] == vhost and key[1] == name]:
+        for key in [key for key in self._bindings if key[0] == vhost and name in (key[1], key[5])]:
             del self._bindings[key]
 
     def save_queue(self, record):

@@ -23,8 +23,8 @@ from brokerd.proto import messages_pb2
 
 log = Logger()
 
-SCHEMA_VERSION = 4  # PRAGMA user_version of the files this code writes (and reads; 2 and 3 are upgraded)
-UPGRADABLE_VERSIONS = (2, 3)
+SCHEMA_VERSION = 5  # PRAGMA user_version of the files this code writes (and reads; 2 to 4 are upgraded)
+UPGRADABLE_VERSIONS = (2, 3, 4)
 APPLICATION_ID = 0x62726B64  # PRAGMA application_id, b"brkd": marks the file as a brokerd store
 PAGE_SIZE = 65536  # set once, when the file is created: one overflow page holds a 64 KiB body
 CACHE_KIB = 16384  # page cache of the connection
@@ -53,6 +53,15 @@ CREATE TABLE entries (
     delivery_count INTEGER NOT NULL DEFAULT 0,  -- how often the message came back to the queue unacked
     PRIMARY KEY (queue_id, message_id)) WITHOUT ROWID;
 """
+# Exchange-to-exchange bindings (schema version 5) have a table of their own, so that a file of an
+# older version gains them by one CREATE TABLE, its bindings table and their unique key unchanged.
+EXCHANGE_BINDINGS_SCHEMA = """
+CREATE TABLE exchange_bindings (
+    vhost TEXT NOT NULL, source TEXT NOT NULL, destination TEXT NOT NULL, routing_key TEXT NOT NULL,
+    arguments BLOB NOT NULL,  -- the arguments table with its fields sorted by name
+    record BLOB NOT NULL,
+    UNIQUE (vhost, source, destination, routing_key, arguments))
+"""
 
 UPSERT_EXCHANGE = (
     "INSERT INTO exchanges (vhost, name, record) VALUES (?, ?, ?)"
@@ -70,6 +79,16 @@ UPSERT_BINDING = (
     "INSERT INTO bindings (vhost, exchange, queue, routing_key, arguments, record) VALUES (?, ?, ?, ?, ?, ?)"
     " ON CONFLICT (vhost, exchange, queue, routing_key, arguments) DO UPDATE SET record = excluded.record"
 )
+UPSERT_EXCHANGE_BINDING = (
+    "INSERT INTO exchange_bindings (vhost, source, destination, routing_key, arguments, record)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (vhost, source, destination, routing_key, arguments) DO UPDATE SET record = excluded.record"
+)
+DELETE_EXCHANGE_BINDING = (
+    "DELETE FROM exchange_bindings WHERE vhost = ? AND source = ? AND destination = ? AND routing_key = ?"
+    " AND arguments = ?"
+)
+DELETE_BINDINGS_OF_EXCHANGE = "DELETE FROM exchange_bindings WHERE vhost = ? AND (source = ? OR destination = ?)"
 ADD_DELIVERY_COUNT = "ALTER TABLE entries ADD COLUMN delivery_count INTEGER NOT NULL DEFAULT 0"
 SET_DELIVERY_COUNT = "UPDATE entries SET delivery_count = ? WHERE queue_id = ? AND message_id = ?"
 DELETE_BINDING = (
@@ -226,6 +245,7 @@ class Database:
                 for statement in SCHEMA.split(";"):
                     if statement.strip():
                         db.execute(statement)
+                db.execute(EXCHANGE_BINDINGS_SCHEMA)
                 delayed.create_tables(db)
                 db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -251,6 +271,9 @@ class Database:
         if version < 4:
             db.execute(ADD_DELIVERY_COUNT)
             added.append("delivery counts")
+        if version < 5:
+            db.execute(EXCHANGE_BINDINGS_SCHEMA)
+            added.append("exchange-to-exchange bindings")
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         log.info("sqlite store {path}: schema version {old} upgraded to {new} ({added})",
                  path=self.path, old=version, new=SCHEMA_VERSION, added=", ".join(added))
@@ -313,6 +336,16 @@ class Database:
                 loaded.quarantined.append(QuarantinedRecord(
                     "binding", vhost, (exchange, queue, routing_key), f"sqlite store {self.path}, bindings row {rowid}",
                     UNPARSABLE))
+            else:
+                loaded.bindings.append((arguments, record))
+        for rowid, vhost, source, destination, routing_key, arguments, blob in db.execute(
+                "SELECT rowid, vhost, source, destination, routing_key, arguments, record FROM exchange_bindings"
+                " ORDER BY rowid"):
+            record = self._parse(messages_pb2.BindingRecord, blob, "a binding")
+            if record is None:
+                loaded.quarantined.append(QuarantinedRecord(
+                    "binding", vhost, (source, "", routing_key, destination),
+                    f"sqlite store {self.path}, exchange_bindings row {rowid}", UNPARSABLE))
             else:
                 loaded.bindings.append((arguments, record))
         loaded.messages = {row[0]: row[1:] for row in db.execute("SELECT id, size, crc, record, body FROM messages")}

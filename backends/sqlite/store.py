@@ -27,11 +27,14 @@ from backends.handlemap import HandleMap
 from backends.sqlite.delayed import delayed_message
 from backends.sqlite.database import (
     DELETE_BINDING,
+    DELETE_BINDINGS_OF_EXCHANGE,
+    DELETE_EXCHANGE_BINDING,
     DELETE_EXCHANGE,
     DELETE_EXCHANGE_BINDINGS,
     DELETE_QUEUE,
     DELETE_QUEUE_BINDINGS,
     UPSERT_BINDING,
+    UPSERT_EXCHANGE_BINDING,
     UPSERT_EXCHANGE,
     UPSERT_QUEUE,
     Batch,
@@ -53,6 +56,22 @@ def canonical_arguments(table):
     ordered = messages_pb2.FieldTable()
     ordered.fields.extend(sorted(table.fields, key=lambda field: field.name))
     return ordered.SerializeToString(deterministic=True)
+
+
+def _binding_key(record, arguments):
+    """What makes two bindings the same: (vhost, source, queue, routing key, canonical arguments,
+    destination exchange), the queue empty for a binding to an exchange and the exchange for one to a queue."""
+    return (record.vhost, record.exchange, record.queue, record.routing_key, arguments, record.destination_exchange)
+
+
+def _binding_row(key):
+    """The key columns of a binding's row: in the bindings table, or in exchange_bindings for one to an exchange."""
+    vhost, source, queue, routing_key, arguments, destination_exchange = key
+    return (vhost, source, destination_exchange or queue, routing_key, arguments)
+
+
+def _binding_statement(record, to_queue, to_exchange):
+    return to_exchange if record.destination_exchange else to_queue
 
 
 @implementer(IMessageStore, IDelayedMessageStore)
@@ -84,7 +103,7 @@ class SqliteStore:
         self._batch = Batch()
         self._exchanges = {}  # (vhost, name) -> ExchangeRecord
         self._queues = {}  # queue key -> QueueRecord
-        self._bindings = {}  # (vhost, exchange, queue, routing key, canonical arguments) -> BindingRecord
+        self._bindings = {}  # see _binding_key -> BindingRecord
         self._queue_ids = {}  # queue key -> queue id, for every queue with a row in the file
         self._queue_handles = {}  # queue id -> {message id: None} held for it, in queue order
         self._held = {}  # message id -> [number of queues holding it, body size]
@@ -117,7 +136,7 @@ class SqliteStore:
             if record is not None:
                 self._queues[(vhost, name)] = record
         for arguments, record in loaded.bindings:
-            self._bindings[(record.vhost, record.exchange, record.queue, record.routing_key, arguments)] = record
+            self._bindings[_binding_key(record, arguments)] = record
         for queue_id, message_id in loaded.entries:
             self._queue_handles[queue_id][message_id] = None
             held = self._held.get(message_id)
@@ -201,10 +220,11 @@ class SqliteStore:
     def delete_exchange(self, vhost, name):
         self._writable()
         self._exchanges.pop((vhost, name), None)
-        for key in [key for key in self._bindings if key[0] == vhost and key[1] == name]:
+        for key in [key for key in self._bindings if key[0] == vhost and name in (key[1], key[5])]:
             del self._bindings[key]
         self._forget_quarantined(vhost, exchange=name)
-        self._batch.topology += [(DELETE_EXCHANGE, (vhost, name)), (DELETE_EXCHANGE_BINDINGS, (vhost, name))]
+        self._batch.topology += [(DELETE_EXCHANGE, (vhost, name)), (DELETE_EXCHANGE_BINDINGS, (vhost, name)),
+                                 (DELETE_BINDINGS_OF_EXCHANGE, (vhost, name, name))]
 
     def save_queue(self, record):
         self._writable()
@@ -236,15 +256,17 @@ class SqliteStore:
 
     def save_binding(self, record):
         self._writable()
-        key = (record.vhost, record.exchange, record.queue, record.routing_key, canonical_arguments(record.arguments))
+        key = _binding_key(record, canonical_arguments(record.arguments))
         self._bindings[key] = record
-        self._batch.topology.append((UPSERT_BINDING, (*key, record.SerializeToString())))
+        self._batch.topology.append((_binding_statement(record, UPSERT_BINDING, UPSERT_EXCHANGE_BINDING),
+                                     (*_binding_row(key), record.SerializeToString())))
 
     def delete_binding(self, record):
         self._writable()
-        key = (record.vhost, record.exchange, record.queue, record.routing_key, canonical_arguments(record.arguments))
+        key = _binding_key(record, canonical_arguments(record.arguments))
         self._bindings.pop(key, None)
-        self._batch.topology.append((DELETE_BINDING, key))
+        self._batch.topology.append((_binding_statement(record, DELETE_BINDING, DELETE_EXCHANGE_BINDING),
+                                     _binding_row(key)))
 
     def _forget_quarantined(self, vhost, exchange=None, queue=None):
         """The exchange or queue is deleted: so are its quarantined rows and those of its bindings."""
@@ -255,8 +277,12 @@ class SqliteStore:
             record_kind, record_vhost, record_name = key
             if record_vhost != vhost:
                 continue
-            if (record_kind == kind and record_name == name) or (
-                    record_kind == "binding" and record_name[0 if exchange is not None else 1] == name):
+            if record_kind == "binding":
+                # (source, queue, routing key), or (source, "", routing key, destination exchange)
+                ends = (record_name[0], *record_name[3:]) if exchange is not None else record_name[1:2]
+                if name in ends:
+                    del self._quarantined[key]
+            elif record_kind == kind and record_name == name:
                 del self._quarantined[key]
 
     # -- messages

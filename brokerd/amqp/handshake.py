@@ -58,7 +58,7 @@ REFUSAL_LOG_PEERS = 1024  # distinct addresses counted per summary; more are cou
 
 SERVER_CAPABILITIES = {
     "publisher_confirms": True,
-    "exchange_exchange_bindings": False,
+    "exchange_exchange_bindings": True,
     "basic.nack": True,
     "consumer_cancel_notify": True,
     "connection.blocked": True,

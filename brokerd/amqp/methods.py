@@ -78,9 +78,17 @@ def exchange_delete(protocol, state, method):
 
 
 @_handles(commands.Exchange.Bind)
-@_handles(commands.Exchange.Unbind)
 def exchange_bind(protocol, state, method):
-    raise MethodNotImplemented("exchange-to-exchange bindings")
+    state.channel.exchange_bind(method.destination, method.source, method.routing_key, method.arguments or {})
+    if not method.nowait:
+        _reply(protocol, state, commands.Exchange.BindOk())
+
+
+@_handles(commands.Exchange.Unbind)
+def exchange_unbind(protocol, state, method):
+    state.channel.exchange_unbind(method.destination, method.source, method.routing_key, method.arguments or {})
+    if not method.nowait:
+        _reply(protocol, state, commands.Exchange.UnbindOk())
 
 
 # -- queues

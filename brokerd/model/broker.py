@@ -137,15 +137,16 @@ class Broker:
             counts["queues"] += 1
         else:
             arguments = table_to_dict(record.arguments)
-            if vhost.restore_binding(record.queue, record.exchange, record.routing_key, arguments):
+            destination = record.destination_exchange
+            if vhost.restore_binding(record.queue, record.exchange, record.routing_key, arguments, destination):
                 counts["bindings"] += 1
             else:
                 log.warn(
-                    "store {backend!r} holds a binding from {exchange!r} to {queue!r} in vhost {vhost!r}"
-                    " whose exchange or queue it does not hold; skipped",
+                    "store {backend!r} holds a binding from {exchange!r} to {destination} in vhost {vhost!r}"
+                    " whose source or destination it does not hold; skipped",
                     backend=self.store.name,
                     exchange=record.exchange,
-                    queue=record.queue,
+                    destination=f"exchange {destination!r}" if destination else f"queue {record.queue!r}",
                     vhost=record.vhost,
                 )
 
@@ -157,6 +158,8 @@ class Broker:
         kind, vhost_name, name = quarantined.kind, quarantined.vhost, quarantined.name
         if name is None:
             what = f"a {kind} whose name cannot be read"
+        elif kind == "binding" and len(name) > 3:
+            what = f"the binding of exchange {name[0]!r} to exchange {name[3]!r} with routing key {name[2]!r}"
         elif kind == "binding":
             what = f"the binding of exchange {name[0]!r} to queue {name[1]!r} with routing key {name[2]!r}"
         else:
@@ -182,6 +185,8 @@ def _unrestorable(record, problem, backend):
     """The L{QuarantinedRecord} of a record that parsed but whose values the model refused."""
     if isinstance(record, messages_pb2.BindingRecord):
         kind, name = "binding", (record.exchange, record.queue, record.routing_key)
+        if record.destination_exchange:
+            name += (record.destination_exchange,)
     else:
         kind = "exchange" if isinstance(record, messages_pb2.ExchangeRecord) else "queue"
         name = record.name

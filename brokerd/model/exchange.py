@@ -1,7 +1,8 @@
 """Exchanges and their routing: direct, fanout, topic, headers and the default.
 
 An exchange keeps its bindings and answers C{route(message)} with the queues a
-message goes to. Each type keeps an index shaped for its own lookups, so routing
+message goes to (and, through C{forwards}, the exchanges it goes on to: see
+L{route_onwards}). Each type keeps an index shaped for its own lookups, so routing
 costs the same however many bindings unrelated keys have.
 """
 
@@ -11,23 +12,38 @@ from brokerd.proto.tables import freeze
 
 
 class Binding:
-    """A binding from an exchange to a queue under a key, with arguments."""
+    """
+    A binding from a source exchange to a destination under a key, with arguments.
 
-    __slots__ = ("exchange", "queue", "routing_key", "arguments", "identity")
+    The destination is a queue, or (an exchange-to-exchange binding, made by
+    ``exchange.bind``) another exchange, which then routes what the source
+    gives it by its own type and bindings.
+    """
 
-    def __init__(self, exchange, queue, routing_key, arguments):
+    __slots__ = ("exchange", "destination", "routing_key", "arguments", "identity", "to_exchange")
+
+    def __init__(self, exchange, destination, routing_key, arguments):
         self.exchange = exchange
-        self.queue = queue
+        self.destination = destination
         self.routing_key = routing_key
         self.arguments = arguments
-        self.identity = (queue, routing_key, freeze(arguments))
+        self.identity = (destination, routing_key, freeze(arguments))
+        self.to_exchange = isinstance(destination, Exchange)
+
+    @property
+    def queue(self):
+        """The destination queue, or None for a binding to an exchange."""
+        return None if self.to_exchange else self.destination
 
     @property
     def durable(self):
-        return self.exchange.durable and self.queue.persisted
+        """Kept by the store: both ends are durable (a queue: kept by the store)."""
+        destination = self.destination
+        return self.exchange.durable and (destination.durable if self.to_exchange else destination.persisted)
 
     def __repr__(self):
-        return f"<Binding {self.exchange.name!r} -> {self.queue.name!r} key={self.routing_key!r}>"
+        kind = "exchange" if self.to_exchange else "queue"
+        return f"<Binding {self.exchange.name!r} -> {kind} {self.destination.name!r} key={self.routing_key!r}>"
 
 
 class Exchange:
@@ -47,7 +63,10 @@ class Exchange:
         self.auto_delete = auto_delete
         self.internal = internal
         self.arguments = dict(arguments or {})
-        self.bindings = {}  # identity -> Binding
+        self.bindings = {}  # identity -> Binding, for every binding whose source this exchange is
+        self.incoming = set()  # the bindings whose destination this exchange is
+        self.forwards = None  # an index of this type over the bindings to exchanges, while there are any
+        self._forward_count = 0
 
     def __repr__(self):
         return f"<{type(self).__name__} {self.name!r} in vhost {self.vhost.name!r}>"
@@ -61,18 +80,33 @@ class Exchange:
         if binding.identity in self.bindings:
             return False
         self.bindings[binding.identity] = binding
-        self._index(binding)
+        if binding.to_exchange:
+            if self.forwards is None:
+                self.forwards = type(self)(self.vhost, self.name)
+            self.forwards._index(binding)
+            self._forward_count += 1
+        else:
+            self._index(binding)
         return True
 
     def remove_binding(self, binding):
         """Removes a binding equal to C{binding}; returns the removed one or None."""
         existing = self.bindings.pop(binding.identity, None)
-        if existing is not None:
+        if existing is None:
+            return None
+        if existing.to_exchange:
+            self._forward_count -= 1
+            if self._forward_count:
+                self.forwards._unindex(existing)
+            else:
+                self.forwards = None
+        else:
             self._unindex(existing)
         return existing
 
     def route(self, message):
-        """The queues C{message} goes to (an iterable without repeats)."""
+        """The queues C{message} goes to (an iterable without repeats); C{forwards.route}
+        gives the exchanges it goes on to."""
         raise NotImplementedError
 
     def _index(self, binding):
@@ -120,10 +154,10 @@ class DirectExchange(Exchange):
         return self._queues.by_key.get(message.routing_key, ())
 
     def _index(self, binding):
-        self._queues.add(binding.routing_key, binding.queue)
+        self._queues.add(binding.routing_key, binding.destination)
 
     def _unindex(self, binding):
-        self._queues.remove(binding.routing_key, binding.queue)
+        self._queues.remove(binding.routing_key, binding.destination)
 
 
 class FanoutExchange(Exchange):
@@ -139,10 +173,10 @@ class FanoutExchange(Exchange):
         return self._queues.by_key.get(None, ())
 
     def _index(self, binding):
-        self._queues.add(None, binding.queue)
+        self._queues.add(None, binding.destination)
 
     def _unindex(self, binding):
-        self._queues.remove(None, binding.queue)
+        self._queues.remove(None, binding.destination)
 
 
 class TopicExchange(Exchange):
@@ -167,11 +201,11 @@ class TopicExchange(Exchange):
 
     def _index(self, binding):
         self._cache.clear()
-        self._trie.add(binding.routing_key, binding.queue)
+        self._trie.add(binding.routing_key, binding.destination)
 
     def _unindex(self, binding):
         self._cache.clear()
-        self._trie.remove(binding.routing_key, binding.queue)
+        self._trie.remove(binding.routing_key, binding.destination)
 
 
 class HeadersExchange(Exchange):
@@ -218,7 +252,7 @@ class HeadersExchange(Exchange):
             for name, value in arguments.items()
             if name != "x-match" and (with_x or not name.startswith("x-"))
         )
-        self._matchers[binding.identity] = (binding.queue, mode.startswith("all"), required)
+        self._matchers[binding.identity] = (binding.destination, mode.startswith("all"), required)
 
     def _unindex(self, binding):
         self._matchers.pop(binding.identity, None)
@@ -286,3 +320,33 @@ def make_exchange(vhost, name, type_name, durable=False, auto_delete=False, inte
     if cls is None:
         raise CommandInvalid(f"unknown exchange type {type_name!r}; known types: {', '.join(KNOWN_TYPES)}")
     return cls(vhost, name, durable, auto_delete, internal, arguments)
+
+
+def route_onwards(exchange, message, queues, exchanges):
+    """
+    The queues C{message} reaches from C{exchange} (whose own queues are
+    C{queues}) through bindings to other exchanges and alternate exchanges
+    (looked up by name in C{exchanges}), as RabbitMQ's rabbit_exchange:route:
+    every exchange reached routes it by its own type; one that routes it
+    nowhere (to no queue and no exchange) passes it to its alternate exchange;
+    no exchange is visited twice, so chains and cycles end and each queue gets
+    it once. A loop, not recursion: a chain may be long.
+    """
+    reached = dict.fromkeys(queues)
+    seen = {exchange}
+    pending = [exchange]
+    while pending:
+        current = pending.pop()
+        matched = queues if current is exchange else current.route(message)
+        onward = () if current.forwards is None else current.forwards.route(message)
+        if matched:
+            reached.update(dict.fromkeys(matched))
+        elif not onward:
+            name = current.arguments.get("alternate-exchange")
+            alternate = exchanges.get(name) if isinstance(name, str) else None
+            onward = () if alternate is None else (alternate,)
+        for destination in onward:
+            if destination not in seen:
+                seen.add(destination)
+                pending.append(destination)
+    return list(reached)

@@ -3,14 +3,24 @@
 Every topology rule lives here: idempotent declares, refused redeclares with
 other attributes, passive checks, reserved ``amq.`` names, if-unused / if-empty
 deletes, exclusive ownership and auto-delete. Durable topology is written
-through to the store.
+through to the store. A binding's destination is a queue or, for
+exchange-to-exchange bindings, another exchange; routing follows those from
+exchange to exchange (see L{VirtualHost.route_now}).
 """
 
 from brokerd.interfaces import IDelayedMessageStore
 from brokerd.errors import AccessRefused, CommandInvalid, NotFound, PreconditionFailed, ResourceLocked
 from brokerd.model.arguments import message_ttl_of
 from brokerd.model.delayed import delay_of
-from brokerd.model.exchange import DELAYED_TYPE, EXCHANGE_TYPES, KNOWN_TYPES, Binding, DefaultExchange, make_exchange
+from brokerd.model.exchange import (
+    DELAYED_TYPE,
+    EXCHANGE_TYPES,
+    KNOWN_TYPES,
+    Binding,
+    DefaultExchange,
+    make_exchange,
+    route_onwards,
+)
 from brokerd.model.names import check_not_reserved, check_short_string, generate_queue_name
 from brokerd.model.queue import Queue
 from brokerd.model.watermark import MemoryWatermark
@@ -25,7 +35,7 @@ PREDECLARED_EXCHANGES = {
     "amq.headers": "headers",
     "amq.match": "headers",
 }
-
+DEFAULT_EXCHANGE_REFUSAL = "operation not permitted on the default exchange"  # RabbitMQ's text, word for word
 
 
 def _flag(value):
@@ -125,14 +135,33 @@ class VirtualHost:
         exchange = self.exchanges.get(name)
         if exchange is None:
             return
-        if if_unused and exchange.bindings:
+        if if_unused and exchange.bindings:  # as RabbitMQ, only bindings whose source it is count
             raise PreconditionFailed(f"exchange {name!r} in vhost {self.name!r} in use")
-        del self.exchanges[name]
-        for binding in list(exchange.bindings.values()):
-            exchange.remove_binding(binding)
-            binding.queue.bindings.discard(binding)
-        if exchange.durable:
-            self.store.delete_exchange(self.name, name)
+        self._delete_exchanges(exchange)
+
+    def _delete_exchanges(self, exchange):
+        """
+        Delete C{exchange} with the bindings it is the source or destination
+        of, then each auto-delete exchange that this leaves with no binding as
+        a source, and so on (in a loop: a chain of them may be long).
+        """
+        pending = [exchange]
+        while pending:
+            exchange = pending.pop()
+            if self.exchanges.get(exchange.name) is not exchange:
+                continue
+            del self.exchanges[exchange.name]
+            for binding in list(exchange.bindings.values()):
+                exchange.remove_binding(binding)
+                _detach(binding)
+            for binding in list(exchange.incoming):  # the store forgets these with the exchange
+                source = binding.exchange
+                source.remove_binding(binding)
+                _detach(binding)
+                if source.auto_delete and not source.bindings:
+                    pending.append(source)
+            if exchange.durable:
+                self.store.delete_exchange(self.name, exchange.name)
 
     # -- queues
 
@@ -247,6 +276,44 @@ class VirtualHost:
             queue.check_access(connection)
         self._remove_binding(existing, persist=True)
 
+    def bind_exchange(self, destination_name, source_name, routing_key, arguments=None):
+        """
+        exchange.bind: what C{source_name} routes under the binding goes on to
+        C{destination_name}, which routes it by its own type and bindings.
+        Binding again what is bound is not an error; either end being the
+        default exchange is 403, a missing one 404 (the source checked first).
+        """
+        check_short_string("routing key", routing_key)
+        self._check_not_default(destination_name, source_name)
+        source = self.exchange(source_name)
+        destination = self.exchange(destination_name)
+        arguments = dict(arguments or {})
+        source.check_binding_arguments(arguments)
+        binding = Binding(source, destination, routing_key, arguments)
+        if source.add_binding(binding):
+            destination.incoming.add(binding)
+            if binding.durable:
+                self.store.save_binding(self._binding_record(binding))
+
+    def unbind_exchange(self, destination_name, source_name, routing_key, arguments=None):
+        """exchange.unbind; as RabbitMQ 3.10, a missing source, destination or
+        binding is not an error (only the default exchange at either end is)."""
+        check_short_string("routing key", routing_key)
+        self._check_not_default(destination_name, source_name)
+        check_short_string("exchange name", source_name)
+        check_short_string("exchange name", destination_name)
+        source = self.exchanges.get(source_name)
+        destination = self.exchanges.get(destination_name)
+        if source is None or destination is None:
+            return
+        existing = source.bindings.get((destination, routing_key, freeze(dict(arguments or {}))))
+        if existing is not None:
+            self._remove_binding(existing, persist=True)
+
+    def _check_not_default(self, *names):
+        if "" in names:
+            raise AccessRefused(DEFAULT_EXCHANGE_REFUSAL)
+
     def _bindable_exchange(self, name):
         if name == "":
             raise AccessRefused(f"operation not permitted on the default exchange of vhost {self.name!r}")
@@ -255,20 +322,21 @@ class VirtualHost:
     def _remove_binding(self, binding, persist):
         exchange = binding.exchange
         exchange.remove_binding(binding)
-        binding.queue.bindings.discard(binding)
+        _detach(binding)
         if persist and binding.durable:
             self.store.delete_binding(self._binding_record(binding))
-        if exchange.auto_delete and not exchange.bindings and self.exchanges.get(exchange.name) is exchange:
-            self.delete_exchange(exchange.name)
+        if exchange.auto_delete and not exchange.bindings:
+            self._delete_exchanges(exchange)
 
     # -- publishing
 
     def publish(self, exchange_name, message):
         """
         Route a message and enqueue it on every matching queue, persisting it
-        first if it is persistent and the store keeps some of those queues. A
-        message no binding takes goes to the exchange's alternate exchange, if
-        it has one (and on to that one's, never twice through the same).
+        first if it is persistent and the store keeps some of those queues. It
+        goes on through exchange-to-exchange bindings, and an exchange that
+        routes it nowhere hands it to its alternate exchange, if it has one
+        (see L{route_onwards}; no exchange is visited twice).
 
         @return: C{(queues it went to, whether the store holds it, whether a
             full queue refused it)}; a refusal means a nack for a confirming
@@ -293,8 +361,8 @@ class VirtualHost:
         the queues C{accepts} allows, if given).
         """
         queues = exchange.route(message)
-        if not queues:
-            queues = self._route_to_alternates(exchange, message)
+        if exchange.forwards is not None or (not queues and "alternate-exchange" in exchange.arguments):
+            queues = route_onwards(exchange, message, queues, self.exchanges)
         if accepts is not None:
             queues = [queue for queue in queues if accepts(queue)]
         if self.unavailable_queues:
@@ -325,21 +393,6 @@ class VirtualHost:
             queue.enqueue(message, handle if queue.persisted else None)
         return len(queues), handle is not None, refused
 
-    def _route_to_alternates(self, exchange, message):
-        """The queues of the first alternate exchange (following the chain) that takes the message."""
-        seen = {exchange.name}
-        name = exchange.arguments.get("alternate-exchange")
-        while isinstance(name, str) and name not in seen:
-            seen.add(name)
-            alternate = self.exchanges.get(name)
-            if alternate is None:
-                return []
-            queues = alternate.route(message)
-            if queues:
-                return queues
-            name = alternate.arguments.get("alternate-exchange")
-        return []
-
     # -- recovery: rebuild durable topology without writing it back
 
     def mark_unavailable(self, queue, reason):
@@ -358,15 +411,19 @@ class VirtualHost:
         self.queues[name] = queue
         return queue
 
-    def restore_binding(self, queue_name, exchange_name, routing_key, arguments):
-        """Re-adds a stored binding; returns False if either end is missing."""
-        queue = self.queues.get(queue_name)
+    def restore_binding(self, queue_name, exchange_name, routing_key, arguments, destination_exchange=""):
+        """Re-adds a stored binding (to the exchange C{destination_exchange} if
+        it names one, else to the queue); returns False if either end is missing."""
+        if destination_exchange:
+            destination = self.exchanges.get(destination_exchange)
+        else:
+            destination = self.queues.get(queue_name)
         exchange = self.exchanges.get(exchange_name)
-        if queue is None or exchange is None:
+        if destination is None or exchange is None:
             return False
-        binding = Binding(exchange, queue, routing_key, arguments)
+        binding = Binding(exchange, destination, routing_key, arguments)
         if exchange.add_binding(binding):
-            queue.bindings.add(binding)
+            _incoming(binding).add(binding)
         return True
 
     # -- records
@@ -383,12 +440,16 @@ class VirtualHost:
         )
 
     def _binding_record(self, binding):
+        if binding.to_exchange:
+            ends = {"destination_exchange": binding.destination.name}
+        else:
+            ends = {"queue": binding.destination.name}
         return messages_pb2.BindingRecord(
             vhost=self.name,
             exchange=binding.exchange.name,
-            queue=binding.queue.name,
             routing_key=binding.routing_key,
             arguments=dict_to_table(binding.arguments),
+            **ends,
         )
 
     def _check_equivalent(self, kind, name, attributes, arguments, current_arguments):
@@ -410,3 +471,13 @@ class VirtualHost:
 
 def _flags(**pairs):
     return {name: (_flag(received), _flag(current)) for name, (received, current) in pairs.items()}
+
+
+def _incoming(binding):
+    """The set of bindings to C{binding}'s destination (a queue's or an exchange's)."""
+    destination = binding.destination
+    return destination.incoming if binding.to_exchange else destination.bindings
+
+
+def _detach(binding):
+    _incoming(binding).discard(binding)

@@ -2,6 +2,7 @@
 
     python -m brokerd.native declare queue jobs --durable
     python -m brokerd.native bind jobs amq.topic --routing-key 'jobs.#'
+    python -m brokerd.native bind-exchange audit amq.topic --routing-key 'jobs.#'
     python -m brokerd.native publish --routing-key jobs --persistent --confirm 'hello'
     python -m brokerd.native consume jobs --count 1
     python -m brokerd.native get jobs
@@ -55,6 +56,18 @@ def build_parser():
     unbind.add_argument("queue")
     unbind.add_argument("exchange")
     unbind.add_argument("--routing-key", default="")
+
+    bind_exchange = commands.add_parser(
+        "bind-exchange", help="bind an exchange to another: what SOURCE routes goes on to DESTINATION too"
+    )
+    bind_exchange.add_argument("destination")
+    bind_exchange.add_argument("source")
+    bind_exchange.add_argument("--routing-key", default="")
+
+    unbind_exchange = commands.add_parser("unbind-exchange", help="remove an exchange-to-exchange binding")
+    unbind_exchange.add_argument("destination")
+    unbind_exchange.add_argument("source")
+    unbind_exchange.add_argument("--routing-key", default="")
 
     purge = commands.add_parser("purge", help="drop a queue's ready messages")
     purge.add_argument("queue")
@@ -127,6 +140,16 @@ def _bind(channel, options):
 
 def _unbind(channel, options):
     return channel.queue_unbind(options.queue, options.exchange, options.routing_key)
+
+
+@defer.inlineCallbacks
+def _bind_exchange(channel, options):
+    yield channel.exchange_bind(options.destination, options.source, options.routing_key)
+
+
+@defer.inlineCallbacks
+def _unbind_exchange(channel, options):
+    yield channel.exchange_unbind(options.destination, options.source, options.routing_key)
 
 
 @defer.inlineCallbacks
@@ -206,6 +229,8 @@ _COMMANDS = {
     "delete": _delete,
     "bind": _bind,
     "unbind": _unbind,
+    "bind-exchange": _bind_exchange,
+    "unbind-exchange": _unbind_exchange,
     "purge": _purge,
     "publish": _publish,
     "consume": _consume,

@@ -281,6 +281,20 @@ class ClientChannel:
     def exchange_delete(self, exchange, if_unused=False):
         return self._request("exchange_delete", exchange=exchange, if_unused=if_unused)
 
+    def exchange_bind(self, destination, source, routing_key="", arguments=None):
+        """Route what C{source} takes under C{routing_key} (and C{arguments}) on to exchange C{destination}."""
+        return self._request(
+            "exchange_bind", destination=destination, source=source, routing_key=routing_key,
+            arguments=arguments or {},
+        )
+
+    def exchange_unbind(self, destination, source, routing_key="", arguments=None):
+        """Remove an exchange-to-exchange binding; one that does not exist is not an error."""
+        return self._request(
+            "exchange_unbind", destination=destination, source=source, routing_key=routing_key,
+            arguments=arguments or {},
+        )
+
     def queue_declare(self, queue="", passive=False, durable=False, exclusive=False, auto_delete=False,
                       arguments=None):
         """Fires with a C{QueueDeclareOk} (C{queue}, C{message_count}, C{consumer_count})."""

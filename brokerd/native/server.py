@@ -395,6 +395,18 @@ class NativeServerProtocol(FrameReceiver):
         self._channel(envelope).exchange_delete(request.exchange, request.if_unused)
         self._ok(envelope)
 
+    def on_exchange_bind(self, envelope, request):
+        self._channel(envelope).exchange_bind(
+            request.destination, request.source, request.routing_key, _arguments(request)
+        )
+        self._ok(envelope)
+
+    def on_exchange_unbind(self, envelope, request):
+        self._channel(envelope).exchange_unbind(
+            request.destination, request.source, request.routing_key, _arguments(request)
+        )
+        self._ok(envelope)
+
     def on_queue_declare(self, envelope, request):
         name, messages, consumers = self._channel(envelope).queue_declare(
             request.queue, request.passive, request.durable, request.exclusive, request.auto_delete, _arguments(request)

@@ -180,6 +180,26 @@ def test_each_exchange_type_routes_as_declared(amqp_broker):
     run(scenario)
 
 
+def test_exchange_bind_routes_through_to_the_destination_exchange_until_unbound(amqp_broker):
+    async def scenario():
+        async with await connect(amqp_broker) as connection:
+            channel = await step(connection.channel(), "channel.open")
+            source = await step(channel.declare_exchange(unique("events"), ExchangeType.TOPIC), "exchange.declare")
+            destination = await step(channel.declare_exchange(unique("audit"), ExchangeType.FANOUT),
+                                     "exchange.declare")
+            queue = await step(channel.declare_queue(unique("audit-log")), "queue.declare")
+            await step(queue.bind(destination), "queue.bind")
+            await step(destination.bind(source, routing_key="orders.#"), "exchange.bind")
+
+            await step(source.publish(Message(b"order"), routing_key="orders.new"), "confirm of a bound publish")
+            await step(source.publish(Message(b"invoice"), routing_key="invoices.new"), "confirm of another")
+            await step(destination.unbind(source, routing_key="orders.#"), "exchange.unbind")
+            await step(source.publish(Message(b"after unbind"), routing_key="orders.new"), "confirm after unbind")
+            assert await drain(queue) == [b"order"]
+
+    run(scenario)
+
+
 def test_get_reports_message_count_and_empty_queue(amqp_broker):
     async def scenario():
         async with await connect(amqp_broker) as connection:
