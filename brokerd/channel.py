@@ -12,7 +12,8 @@ from collections import OrderedDict
 
 from twisted.logger import Logger
 
-from brokerd.errors import NotAllowed, NotFound, PreconditionFailed
+from brokerd.errors import MethodNotImplemented, NotAllowed, NotFound, PreconditionFailed
+from brokerd.model.consumers import consumer_priority
 from brokerd.model.message import Message
 from brokerd.model.names import check_short_string, generate_consumer_tag
 from brokerd.model.property_rules import check_arguments, check_properties
@@ -27,11 +28,12 @@ class Consumer:
 
     @ivar prefetch: the most un-acked deliveries it may hold (0: no limit).
     @ivar unacked: how many it holds now.
+    @ivar priority: its x-priority: higher ones are served first.
     """
 
-    __slots__ = ("tag", "queue", "channel", "no_ack", "exclusive", "prefetch", "unacked", "arguments")
+    __slots__ = ("tag", "queue", "channel", "no_ack", "exclusive", "prefetch", "unacked", "arguments", "priority")
 
-    def __init__(self, tag, queue, channel, no_ack, exclusive, prefetch, arguments):
+    def __init__(self, tag, queue, channel, no_ack, exclusive, prefetch, arguments, priority=0):
         self.tag = tag
         self.queue = queue
         self.channel = channel
@@ -40,6 +42,7 @@ class Consumer:
         self.prefetch = prefetch
         self.unacked = 0
         self.arguments = arguments
+        self.priority = priority
 
     def has_room(self):
         """True if a delivery now stays within this consumer's and its channel's limits."""
@@ -261,6 +264,9 @@ class Channel:
         check_arguments(arguments)
         target = self.vhost.queue(self._queue_name(queue), self.connection)
         target.check_available()
+        priority = consumer_priority(arguments, target)
+        if target.policy.quorum and self.prefetch_count:
+            raise MethodNotImplemented(f"queue {target.name!r} in vhost {self.vhost.name!r} does not support global qos")
         if consumer_tag:
             check_short_string("consumer tag", consumer_tag)
             if consumer_tag in self.consumers:
@@ -268,7 +274,7 @@ class Channel:
         else:
             consumer_tag = generate_consumer_tag()
         consumer = Consumer(
-            consumer_tag, target, self, no_ack, exclusive, self.consumer_prefetch, dict(arguments or {})
+            consumer_tag, target, self, no_ack, exclusive, self.consumer_prefetch, dict(arguments or {}), priority
         )
         target.add_consumer(consumer)
         self.consumers[consumer_tag] = consumer
@@ -451,7 +457,8 @@ class Channel:
 
 
 def _delivered(entry):
-    """The message as its consumer gets it: a redelivery says how often it was returned (x-delivery-count)."""
-    if entry.delivery_count:
+    """The message as its consumer gets it: a redelivery says how often it was returned (x-delivery-count),
+    and so does every delivery from a quorum queue, its first with 0, as RabbitMQ's quorum queues do."""
+    if entry.delivery_count or entry.queue.policy.quorum:
         return entry.message.with_header("x-delivery-count", entry.delivery_count)
     return entry.message

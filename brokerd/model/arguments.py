@@ -2,7 +2,8 @@
 
 RabbitMQ users pass these as ``x-`` arguments; a value of the wrong type or
 out of range is refused with 406 PRECONDITION_FAILED naming the argument, as
-RabbitMQ does, and an unknown ``x-`` argument is kept but has no effect.
+RabbitMQ does, and an unknown ``x-`` argument is kept but has no effect. Which
+queue types and arguments a new queue may have is L{brokerd.model.queue_types}'s.
 """
 
 from brokerd.errors import PreconditionFailed
@@ -24,6 +25,8 @@ class QueueArguments:
     @ivar max_length_bytes: most body bytes of ready messages, or None.
     @ivar overflow: what a full queue does: one of L{OVERFLOW_MODES}.
     @ivar delivery_limit: returns a message may have before it is dead-lettered, or None.
+    @ivar quorum: True for a quorum queue (x-queue-type quorum).
+    @ivar single_active_consumer: True if one consumer at a time gets messages.
     """
 
     def __init__(self, arguments, queue_name="", vhost_name=""):
@@ -43,6 +46,13 @@ class QueueArguments:
             raise self._invalid("x-overflow", f"{overflow!r} is none of {', '.join(OVERFLOW_MODES)}")
         self.overflow = overflow or "drop-head"
         self.delivery_limit = self._whole(get("x-delivery-limit"), "x-delivery-limit", 0)
+        self.quorum = get("x-queue-type") == "quorum"
+        self.single_active_consumer = get("x-single-active-consumer") is True
+
+    @property
+    def rabbitmq_type_module(self):
+        """The queue's type as RabbitMQ names it in refusals."""
+        return "rabbit_quorum_queue" if self.quorum else "rabbit_classic_queue"
 
     @property
     def limited(self):

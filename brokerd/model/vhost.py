@@ -13,6 +13,7 @@ from brokerd.model.delayed import delay_of
 from brokerd.model.exchange import DELAYED_TYPE, EXCHANGE_TYPES, KNOWN_TYPES, Binding, DefaultExchange, make_exchange
 from brokerd.model.names import check_not_reserved, check_short_string, generate_queue_name
 from brokerd.model.queue import Queue
+from brokerd.model.queue_types import check_declaration, comparable_arguments
 from brokerd.model.watermark import MemoryWatermark
 from brokerd.proto import messages_pb2
 from brokerd.proto.exchange_types import EXCHANGE_TYPE_BY_NAME
@@ -161,8 +162,8 @@ class VirtualHost:
                 "queue",
                 name,
                 _flags(durable=(durable, existing.durable), auto_delete=(auto_delete, existing.auto_delete)),
-                arguments,
-                existing.arguments,
+                comparable_arguments(arguments),
+                comparable_arguments(existing.arguments),
             )
             existing.touch()
             return existing
@@ -170,6 +171,7 @@ class VirtualHost:
             check_not_reserved("queue", name)
         else:
             name = generate_queue_name()
+        check_declaration(name, self.name, durable, exclusive, auto_delete, arguments)
         queue = Queue(self, name, durable, connection if exclusive else None, auto_delete, arguments)
         self.queues[name] = queue
         if exclusive and connection is not None:
