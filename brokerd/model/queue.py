@@ -413,9 +413,10 @@ class Queue:
             return
         if self._exclusive_consumer is consumer:
             self._exclusive_consumer = None
-        if self._consumers.single_active and self._consumers:
-            # The next consumer takes over on the next turn, after the channel that let go of the
-            # last one has put back what it held, so those go to it first, as RabbitMQ redelivers them.
+        if self._consumers.single_active and self._consumers and not consumer.unacked:
+            # The next consumer takes over. One that went holding deliveries lets it start when they
+            # are settled or come back (a closing channel puts them back just after), so they go to it
+            # first, redelivered, as RabbitMQ 3.10 hands them on.
             self._clock.callLater(0, self.dispatch)
         if self.auto_delete and not self._consumers and not self.deleted:
             self.vhost.delete_queue(self.name)
