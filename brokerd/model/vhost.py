@@ -302,15 +302,16 @@ class VirtualHost:
         ):
             message.published_at = int(self.clock.seconds() * 1000)  # kept with it: its TTL counts from now
         handle = None
-        if message.persistent:
-            persisted_keys = [queue.key for queue in queues if queue.persisted]
-            if persisted_keys:
-                try:
-                    handle = self.store.append(message, persisted_keys)
-                except ValueError as problem:  # e.g. a message bigger than the store can keep in one piece
-                    raise PreconditionFailed(f"the {self.store.name} store cannot keep this message: {problem}") from None
+        persistent = message.persistent
+        # A quorum queue keeps every message, transient ones too, as RabbitMQ's do.
+        keeping = [queue for queue in queues if queue.persisted and (persistent or queue.policy.quorum)]
+        if keeping:
+            try:
+                handle = self.store.append(message, [queue.key for queue in keeping])
+            except ValueError as problem:  # e.g. a message bigger than the store can keep in one piece
+                raise PreconditionFailed(f"the {self.store.name} store cannot keep this message: {problem}") from None
         for queue in queues:
-            queue.enqueue(message, handle if queue.persisted else None)
+            queue.enqueue(message, handle if queue.persisted and (persistent or queue.policy.quorum) else None)
         return len(queues), handle is not None, refused
 
     def _route_to_alternates(self, exchange, message):

@@ -7,6 +7,7 @@ import pika
 import pytest
 from pika.exceptions import ConnectionClosedByBroker
 
+from tests.interop.conftest import pika_connection, start_broker
 from tests.interop.pika_support import closed_by_broker, collector, consumer_count, message_count, pump, settle
 
 pytestmark = pytest.mark.usefixtures("watchdog")
@@ -267,6 +268,31 @@ def test_quorum_queue_consumer_with_per_consumer_prefetch(connection, channel, n
     settle(connection)
     assert [(body, properties.headers) for _, properties, body in received] == [
         (b"0", {"x-delivery-count": 0}), (b"1", {"x-delivery-count": 0})]
+
+
+def test_quorum_queue_keeps_transient_messages_across_a_restart(tmp_path):
+    """As RabbitMQ's quorum queues: every message is kept, whatever its delivery mode; a classic queue
+    keeps only persistent ones."""
+    broker = start_broker(tmp_path)
+    try:
+        with pika_connection(broker) as connection:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            channel.queue_declare("quorum", durable=True, arguments=QUORUM)
+            channel.queue_declare("classic", durable=True)
+            for queue in ("quorum", "classic"):
+                channel.basic_publish("", queue, b"transient", pika.BasicProperties(delivery_mode=1))
+    finally:
+        broker.process.stop()
+    broker = start_broker(tmp_path)
+    try:
+        with pika_connection(broker) as connection:
+            channel = connection.channel()
+            _, properties, body = channel.basic_get("quorum", auto_ack=True)
+            assert (body, properties.delivery_mode) == (b"transient", 1)
+            assert message_count(channel, "classic") == 0
+    finally:
+        broker.process.stop()
 
 
 # -- consumer arguments brokerd does not implement
