@@ -29,9 +29,12 @@ class Consumer:
     @ivar prefetch: the most un-acked deliveries it may hold (0: no limit).
     @ivar unacked: how many it holds now.
     @ivar priority: its x-priority: higher ones are served first.
+    @ivar channel_limited: False for a consumer of a quorum queue, which the
+        channel-wide (global) prefetch limit does not hold back, as in RabbitMQ.
     """
 
-    __slots__ = ("tag", "queue", "channel", "no_ack", "exclusive", "prefetch", "unacked", "arguments", "priority")
+    __slots__ = ("tag", "queue", "channel", "no_ack", "exclusive", "prefetch", "unacked", "arguments", "priority",
+                 "channel_limited")
 
     def __init__(self, tag, queue, channel, no_ack, exclusive, prefetch, arguments, priority=0):
         self.tag = tag
@@ -43,6 +46,7 @@ class Consumer:
         self.unacked = 0
         self.arguments = arguments
         self.priority = priority
+        self.channel_limited = not queue.policy.quorum
 
     def has_room(self):
         """True if a delivery now stays within this consumer's and its channel's limits."""
@@ -53,7 +57,7 @@ class Consumer:
             return True
         if self.prefetch and self.unacked >= self.prefetch:
             return False
-        return not channel.prefetch_count or channel.consumer_unacked < channel.prefetch_count
+        return not (channel.prefetch_count and self.channel_limited) or channel.consumer_unacked < channel.prefetch_count
 
     def __repr__(self):
         return f"<Consumer {self.tag!r} on {self.queue.name!r}>"

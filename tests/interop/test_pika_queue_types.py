@@ -270,6 +270,16 @@ def test_quorum_queue_consumer_with_per_consumer_prefetch(connection, channel, n
         (b"0", {"x-delivery-count": 0}), (b"1", {"x-delivery-count": 0})]
 
 
+def test_global_qos_set_later_does_not_hold_back_a_quorum_queue_consumer(connection, channel, name):
+    queue = name()
+    channel.queue_declare(queue, durable=True, arguments=QUORUM)
+    received, on_message = collector()
+    channel.basic_consume(queue, on_message)
+    channel.basic_qos(prefetch_count=2, global_qos=True)  # as RabbitMQ: quorum queues ignore it
+    publish(channel, queue, 5)
+    pump(connection, lambda: len(received) >= 5, "all five deliveries")
+
+
 def test_quorum_queue_keeps_transient_messages_across_a_restart(tmp_path):
     """As RabbitMQ's quorum queues: every message is kept, whatever its delivery mode; a classic queue
     keeps only persistent ones."""
