@@ -134,6 +134,10 @@ def test_higher_priority_consumers_are_served_first_and_round_robin(connection, 
     assert [body for body, _ in received[0]] == [b"4", b"5", b"6"]
 
 
+def test_the_server_offers_consumer_priorities(connection):
+    assert connection._impl.server_capabilities["consumer_priorities"] is True
+
+
 @pytest.mark.parametrize(
     ("value", "type_name"), [("high", "longstr"), (True, "bool"), (None, "void")]
 )
@@ -308,11 +312,27 @@ def test_quorum_queue_keeps_transient_messages_across_a_restart(tmp_path):
 # -- consumer arguments brokerd does not implement
 
 
-def test_consumer_arguments_of_other_queue_types_are_refused(channel, name):
+@pytest.mark.parametrize(
+    ("arguments", "text"),
+    [
+        ({"x-stream-offset": "first"}, "invalid arg 'x-stream-offset' for queue '{q}' in vhost '/'"
+         " of queue type rabbit_classic_queue"),
+        ({"x-cancel-on-ha-failover": "yes"}, "invalid arg 'x-cancel-on-ha-failover' for queue '{q}' in vhost '/':"
+         " {{unacceptable_type,longstr}}"),
+        ({"x-credit": {"credit": 5, "drain": False}}, "invalid arg 'x-credit' for queue '{q}' in vhost '/':"
+         " credit flow control is not implemented"),
+    ],
+    ids=["stream-offset", "bad-failover-flag", "credit"],
+)
+def test_consumer_arguments_brokerd_would_not_honour_are_refused(channel, name, arguments, text):
     queue = name()
     channel.queue_declare(queue)
-    error = closed_by_broker(channel.basic_consume, queue, lambda *args: None, arguments={"x-stream-offset": "first"})
-    assert (error.reply_code, error.reply_text) == (
-        406, f"PRECONDITION_FAILED - invalid arg 'x-stream-offset' for queue '{queue}' in vhost '/'"
-        " of queue type rabbit_classic_queue"
-    )
+    error = closed_by_broker(channel.basic_consume, queue, lambda *args: None, arguments=arguments)
+    assert (error.reply_code, error.reply_text) == (406, "PRECONDITION_FAILED - " + text.format(q=queue))
+
+
+def test_consumer_arguments_without_effect_here_are_accepted(channel, name):
+    queue = name()
+    channel.queue_declare(queue)
+    channel.basic_consume(queue, lambda *args: None, arguments={"x-cancel-on-ha-failover": True, "x-custom": 1})
+    assert consumer_count(channel, queue) == 1
