@@ -411,13 +411,13 @@ class Channel:
                 queue.requeue(returned)
             self.dispatch_all()
         else:
-            self._released(entries, dispatch=False)
+            queues = self._released(entries, dispatch=False)
             for entry in entries:
                 entry.queue.reject(entry)
-            self.dispatch_all()
+            self._refill(queues)
 
     def _released(self, entries, dispatch=True):
-        """Give consumers the room the settled entries held, then fill it."""
+        """Give consumers the room the settled entries held, then fill it; returns the queues they came from."""
         queues = set()
         for entry in entries:
             consumer = entry.consumer
@@ -426,13 +426,21 @@ class Channel:
                 self.consumer_unacked -= 1
                 entry.consumer = None
                 queues.add(consumer.queue)
-        if not dispatch:
-            return
+        if dispatch:
+            self._refill(queues)
+        return queues
+
+    def _refill(self, queues):
+        """
+        Let C{queues} deliver again, and with a channel-wide limit every queue
+        this channel consumes from. A queue this channel no longer consumes from
+        is among them: a single active consumer that was cancelled holding
+        deliveries holds up its successor until they are settled.
+        """
         if self.prefetch_count:
-            self.dispatch_all()
-        else:
-            for queue in queues:
-                queue.dispatch()
+            queues |= {consumer.queue for consumer in self.consumers.values()}
+        for queue in queues:
+            queue.dispatch()
 
     def dispatch_all(self):
         """Let every queue this channel consumes from deliver what it can."""

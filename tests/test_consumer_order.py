@@ -111,3 +111,23 @@ def test_consumer_priority_is_checked_before_the_consumer_is_registered(broker):
     with pytest.raises(PreconditionFailed, match="expected integer, got double"):
         channel.basic_consume("q", "c", arguments={"x-priority": 1.5})
     assert broker.vhost("/").queues["q"].consumer_count == 0
+
+
+@pytest.mark.parametrize("settle", ["reject", "ack under a global limit"])
+def test_single_active_consumer_cancelled_holding_a_delivery_hands_over_once_it_is_settled(broker, clock, settle):
+    channel, _ = open_channel(broker)
+    channel.queue_declare("q", arguments=SAC)
+    first_channel, first = open_channel(broker)
+    first_channel.basic_qos(1, global_=settle != "reject")
+    first_channel.basic_consume("q", "first")
+    _, second = consumer_on_own_channel(broker, "q", "second")
+    clock.advance(0)
+    publish(channel, "q", b"1", b"2")
+    first_channel.basic_cancel("first")
+    clock.advance(0)
+    assert delivered(first, second) == [[b"1"], []]  # it still holds one: the queue waits for it
+    if settle == "reject":
+        first_channel.basic_reject(1, requeue=False)
+    else:
+        first_channel.basic_ack(1)
+    assert delivered(first, second) == [[b"1"], [b"2"]]
