@@ -6,6 +6,9 @@ RabbitMQ does, and an unknown ``x-`` argument is kept but has no effect. Which
 queue types and arguments a new queue may have is L{brokerd.model.queue_types}'s.
 """
 
+import datetime
+import decimal
+
 from brokerd.errors import PreconditionFailed
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
@@ -103,3 +106,51 @@ def message_ttl_of(properties):
     if not text.isdigit() or not text.isascii():
         raise PreconditionFailed(f"invalid expiration {text!r}: it must be milliseconds as a decimal string")
     return int(text)
+
+
+def amqp_type_name(value):
+    """The name RabbitMQ gives the AMQP field type that carries C{value}, for its refusal texts."""
+    if value is None:
+        return "void"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "signedint" if -(2**31) <= value < 2**31 else "long"
+    if isinstance(value, str):
+        return "longstr"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "binary"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, decimal.Decimal):
+        return "decimal"
+    if isinstance(value, datetime.datetime):
+        return "timestamp"
+    if isinstance(value, dict):
+        return "table"
+    if isinstance(value, (list, tuple)):
+        return "array"
+    return type(value).__name__
+
+
+def argument_difference(received, current):
+    """
+    How a redeclared argument differs, in RabbitMQ's words: C{received '2' but
+    current is '1'}, or, where one side has none, C{received none but current
+    is the value '1' of type 'signedint'}.
+    """
+    if received is None or current is None:
+        return f"received {_described(received)} but current is {_described(current)}"
+    return f"received '{_shown(received)}' but current is '{_shown(current)}'"
+
+
+def _described(value):
+    return "none" if value is None else f"the value '{_shown(value)}' of type '{amqp_type_name(value)}'"
+
+
+def _shown(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    return str(value)

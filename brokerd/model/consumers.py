@@ -12,11 +12,10 @@ The consumer arguments basic.consume may carry are checked here too, with
 RabbitMQ's replies.
 """
 
-import datetime
-import decimal
 from collections import deque
 
 from brokerd.errors import PreconditionFailed
+from brokerd.model.arguments import amqp_type_name
 
 CONSUMER_PRIORITY = "x-priority"
 CANCEL_ON_HA_FAILOVER = "x-cancel-on-ha-failover"  # accepted: a single node never fails over
@@ -129,28 +128,3 @@ def consumer_priority(arguments, queue):
     if CREDIT in arguments:
         raise PreconditionFailed(f"invalid arg {CREDIT!r} for {where}: credit flow control is not implemented")
     return priority
-
-
-def amqp_type_name(value):
-    """The name RabbitMQ gives the AMQP field type that carries C{value}, for its refusal texts."""
-    if value is None:
-        return "void"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "signedint" if -(2**31) <= value < 2**31 else "long"
-    if isinstance(value, str):
-        return "longstr"
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return "binary"
-    if isinstance(value, float):
-        return "double"
-    if isinstance(value, decimal.Decimal):
-        return "decimal"
-    if isinstance(value, datetime.datetime):
-        return "timestamp"
-    if isinstance(value, dict):
-        return "table"
-    if isinstance(value, (list, tuple)):
-        return "array"
-    return type(value).__name__

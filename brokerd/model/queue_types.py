@@ -14,7 +14,7 @@ when it was declared.
 """
 
 from brokerd.errors import PreconditionFailed
-from brokerd.model.consumers import amqp_type_name
+from brokerd.model.arguments import amqp_type_name
 
 QUEUE_TYPE = "x-queue-type"
 CLASSIC = "classic"
@@ -44,6 +44,17 @@ DEAD_LETTER_STRATEGIES = ("at-most-once", "at-least-once")  # dead letters move 
 LEADER_LOCATORS = ("client-local", "balanced")
 
 
+# The arguments a redeclaration must repeat (RabbitMQ 3.10's list, and x-delivery-limit, which brokerd honours on
+# classic queues too); a redeclaration may leave out or change any other.
+COMPARED_ARGUMENTS = frozenset((
+    "x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-max-length",
+    "x-max-length-bytes", "x-max-in-memory-length", "x-max-in-memory-bytes", "x-max-priority", "x-overflow",
+    "x-queue-mode", "x-single-active-consumer", QUEUE_TYPE, "x-quorum-initial-group-size", "x-max-age",
+    "x-stream-max-segment-size-bytes", "x-initial-cluster-size", "x-queue-leader-locator", "x-queue-version",
+    "x-queue-master-locator", "x-delivery-limit", "x-dead-letter-strategy",
+))
+
+
 def check_declaration(queue_name, vhost_name, durable, exclusive, auto_delete, arguments):
     """
     Refuses a new queue's declaration that brokerd would not honour as
@@ -69,12 +80,19 @@ def check_declaration(queue_name, vhost_name, durable, exclusive, auto_delete, a
                 raise PreconditionFailed(f"invalid property {refused_property!r} for {where}")
 
 
-def comparable_arguments(arguments):
-    """C{arguments} as a redeclaration compares them: C{x-queue-type: classic} is the same as none."""
-    if arguments.get(QUEUE_TYPE) == CLASSIC:
-        arguments = dict(arguments)
-        del arguments[QUEUE_TYPE]
-    return arguments
+def comparable_arguments(received, current):
+    """
+    The parts of a redeclaration's C{received} arguments and the queue's
+    C{current} ones that must be equal, as RabbitMQ compares them: the
+    arguments it knows (others may differ; the queue keeps its first ones),
+    and C{x-queue-type: classic} the same as none.
+    """
+    received = {name: value for name, value in received.items() if name in COMPARED_ARGUMENTS}
+    current = {name: value for name, value in current.items() if name in COMPARED_ARGUMENTS}
+    if received.get(QUEUE_TYPE, CLASSIC) == CLASSIC and current.get(QUEUE_TYPE, CLASSIC) == CLASSIC:
+        received.pop(QUEUE_TYPE, None)
+        current.pop(QUEUE_TYPE, None)
+    return received, current
 
 
 def _value_problem(name, value):

@@ -8,7 +8,7 @@ through to the store.
 
 from brokerd.interfaces import IDelayedMessageStore
 from brokerd.errors import AccessRefused, CommandInvalid, NotFound, PreconditionFailed, ResourceLocked
-from brokerd.model.arguments import message_ttl_of
+from brokerd.model.arguments import argument_difference, message_ttl_of
 from brokerd.model.delayed import delay_of
 from brokerd.model.exchange import DELAYED_TYPE, EXCHANGE_TYPES, KNOWN_TYPES, Binding, DefaultExchange, make_exchange
 from brokerd.model.names import check_not_reserved, check_short_string, generate_queue_name
@@ -162,8 +162,7 @@ class VirtualHost:
                 "queue",
                 name,
                 _flags(durable=(durable, existing.durable), auto_delete=(auto_delete, existing.auto_delete)),
-                comparable_arguments(arguments),
-                comparable_arguments(existing.arguments),
+                *comparable_arguments(arguments, existing.arguments),
             )
             existing.touch()
             return existing
@@ -393,7 +392,7 @@ class VirtualHost:
                 if freeze(received) != freeze(current):
                     raise PreconditionFailed(
                         f"inequivalent arg {key!r} for {kind} {name!r} in vhost {self.name!r}:"
-                        f" received {received!r} but current is {current!r}"
+                        f" {argument_difference(received, current)}"
                     )
 
 

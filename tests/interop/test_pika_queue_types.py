@@ -208,12 +208,30 @@ def test_arguments_rabbitmq_accepts_without_effect_are_accepted(channel, name):
     assert channel.queue_declare(quorum, passive=True).method.queue == quorum
 
 
-def test_redeclaring_a_queue_as_another_type_is_refused(channel, name):
+@pytest.mark.parametrize(
+    ("first", "again", "difference"),
+    [
+        ({}, QUORUM, "received the value 'quorum' of type 'longstr' but current is none"),
+        (QUORUM, {"x-queue-type": "classic"}, "received 'classic' but current is 'quorum'"),
+        ({**QUORUM, "x-delivery-limit": 3}, {**QUORUM, "x-delivery-limit": 4}, "received '4' but current is '3'"),
+    ],
+    ids=["classic-to-quorum", "quorum-to-classic", "delivery-limit"],
+)
+def test_redeclaring_a_queue_differently_is_refused_as_rabbitmq(channel, name, first, again, difference):
     queue = name()
-    channel.queue_declare(queue, durable=True)
-    error = closed_by_broker(channel.queue_declare, queue, durable=True, arguments=QUORUM)
-    assert error.reply_code == 406
-    assert error.reply_text.startswith(f"PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue '{queue}'")
+    channel.queue_declare(queue, durable=True, arguments=first)
+    error = closed_by_broker(channel.queue_declare, queue, durable=True, arguments=again)
+    key = "x-delivery-limit" if "x-delivery-limit" in again else "x-queue-type"
+    assert (error.reply_code, error.reply_text) == (
+        406, f"PRECONDITION_FAILED - inequivalent arg '{key}' for queue '{queue}' in vhost '/': {difference}"
+    )
+
+
+def test_redeclaring_a_queue_with_other_arguments_rabbitmq_does_not_know_is_accepted(channel, name):
+    queue = name()
+    channel.queue_declare(queue, durable=True, arguments={"x-custom": 1, "x-message-ttl": 1000})
+    channel.queue_declare(queue, durable=True, arguments={"x-custom": 2, "x-message-ttl": 1000})
+    channel.queue_declare(queue, durable=True, arguments={"x-message-ttl": 1000})
 
 
 def test_quorum_delivery_limit_dead_letters_a_poison_message(connection, channel, name):
