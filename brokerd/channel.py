@@ -57,7 +57,8 @@ class Consumer:
             return True
         if self.prefetch and self.unacked >= self.prefetch:
             return False
-        return not (channel.prefetch_count and self.channel_limited) or channel.consumer_unacked < channel.prefetch_count
+        limit = channel.prefetch_count
+        return not (limit and self.channel_limited) or channel.consumer_unacked < limit
 
     def __repr__(self):
         return f"<Consumer {self.tag!r} on {self.queue.name!r}>"
@@ -270,7 +271,9 @@ class Channel:
         target.check_available()
         priority = consumer_priority(arguments, target)
         if target.policy.quorum and self.prefetch_count:
-            raise MethodNotImplemented(f"queue {target.name!r} in vhost {self.vhost.name!r} does not support global qos")
+            raise MethodNotImplemented(
+                f"queue {target.name!r} in vhost {self.vhost.name!r} does not support global qos"
+            )
         if consumer_tag:
             check_short_string("consumer tag", consumer_tag)
             if consumer_tag in self.consumers:

@@ -72,7 +72,9 @@ def check_declaration(queue_name, vhost_name, durable, exclusive, auto_delete, a
     refused = REFUSED_BY_TYPE[queue_type]
     for name in arguments:
         if name in refused or name.startswith("x-stream-"):
-            raise PreconditionFailed(f"invalid arg {name!r} for {where} of queue type {RABBITMQ_TYPE_MODULES[queue_type]}")
+            raise PreconditionFailed(
+                f"invalid arg {name!r} for {where} of queue type {RABBITMQ_TYPE_MODULES[queue_type]}"
+            )
     if queue_type == QUORUM:
         for refused_property, present in (("auto-delete", auto_delete), ("exclusive-owner", exclusive),
                                           ("non-durable", not durable)):
