@@ -45,9 +45,6 @@ class QueueConsumers:
     def __bool__(self):
         return bool(self._registered)
 
-    def __iter__(self):
-        return iter(list(self._registered))
-
     @property
     def active(self):
         """The consumer a single-active-consumer queue delivers to, else None."""
