@@ -12,7 +12,8 @@ from collections import OrderedDict
 
 from twisted.logger import Logger
 
-from brokerd.errors import NotAllowed, NotFound, PreconditionFailed
+from brokerd.errors import MethodNotImplemented, NotAllowed, NotFound, PreconditionFailed
+from brokerd.model.consumers import consumer_priority
 from brokerd.model.message import Message
 from brokerd.model.names import check_short_string, generate_consumer_tag
 from brokerd.model.property_rules import check_arguments, check_properties
@@ -27,11 +28,15 @@ class Consumer:
 
     @ivar prefetch: the most un-acked deliveries it may hold (0: no limit).
     @ivar unacked: how many it holds now.
+    @ivar priority: its x-priority: higher ones are served first.
+    @ivar channel_limited: False for a consumer of a quorum queue, which the
+        channel-wide (global) prefetch limit does not hold back, as in RabbitMQ.
     """
 
-    __slots__ = ("tag", "queue", "channel", "no_ack", "exclusive", "prefetch", "unacked", "arguments")
+    __slots__ = ("tag", "queue", "channel", "no_ack", "exclusive", "prefetch", "unacked", "arguments", "priority",
+                 "channel_limited")
 
-    def __init__(self, tag, queue, channel, no_ack, exclusive, prefetch, arguments):
+    def __init__(self, tag, queue, channel, no_ack, exclusive, prefetch, arguments, priority=0):
         self.tag = tag
         self.queue = queue
         self.channel = channel
@@ -40,6 +45,8 @@ class Consumer:
         self.prefetch = prefetch
         self.unacked = 0
         self.arguments = arguments
+        self.priority = priority
+        self.channel_limited = not queue.policy.quorum
 
     def has_room(self):
         """True if a delivery now stays within this consumer's and its channel's limits."""
@@ -50,7 +57,8 @@ class Consumer:
             return True
         if self.prefetch and self.unacked >= self.prefetch:
             return False
-        return not channel.prefetch_count or channel.consumer_unacked < channel.prefetch_count
+        limit = channel.prefetch_count
+        return not (limit and self.channel_limited) or channel.consumer_unacked < limit
 
     def __repr__(self):
         return f"<Consumer {self.tag!r} on {self.queue.name!r}>"
@@ -270,6 +278,11 @@ class Channel:
         check_arguments(arguments)
         target = self.vhost.queue(self._queue_name(queue), self.connection)
         target.check_available()
+        priority = consumer_priority(arguments, target)
+        if target.policy.quorum and self.prefetch_count:
+            raise MethodNotImplemented(
+                f"queue {target.name!r} in vhost {self.vhost.name!r} does not support global qos"
+            )
         if consumer_tag:
             check_short_string("consumer tag", consumer_tag)
             if consumer_tag in self.consumers:
@@ -277,7 +290,7 @@ class Channel:
         else:
             consumer_tag = generate_consumer_tag()
         consumer = Consumer(
-            consumer_tag, target, self, no_ack, exclusive, self.consumer_prefetch, dict(arguments or {})
+            consumer_tag, target, self, no_ack, exclusive, self.consumer_prefetch, dict(arguments or {}), priority
         )
         target.add_consumer(consumer)
         self.consumers[consumer_tag] = consumer
@@ -410,13 +423,13 @@ class Channel:
                 queue.requeue(returned)
             self.dispatch_all()
         else:
-            self._released(entries, dispatch=False)
+            queues = self._released(entries, dispatch=False)
             for entry in entries:
                 entry.queue.reject(entry)
-            self.dispatch_all()
+            self._refill(queues)
 
     def _released(self, entries, dispatch=True):
-        """Give consumers the room the settled entries held, then fill it."""
+        """Give consumers the room the settled entries held, then fill it; returns the queues they came from."""
         queues = set()
         for entry in entries:
             consumer = entry.consumer
@@ -425,13 +438,21 @@ class Channel:
                 self.consumer_unacked -= 1
                 entry.consumer = None
                 queues.add(consumer.queue)
-        if not dispatch:
-            return
+        if dispatch:
+            self._refill(queues)
+        return queues
+
+    def _refill(self, queues):
+        """
+        Let C{queues} deliver again, and with a channel-wide limit every queue
+        this channel consumes from. A queue this channel no longer consumes from
+        is among them: a single active consumer that was cancelled holding
+        deliveries holds up its successor until they are settled.
+        """
         if self.prefetch_count:
-            self.dispatch_all()
-        else:
-            for queue in queues:
-                queue.dispatch()
+            queues |= {consumer.queue for consumer in self.consumers.values()}
+        for queue in queues:
+            queue.dispatch()
 
     def dispatch_all(self):
         """Let every queue this channel consumes from deliver what it can."""
@@ -460,7 +481,8 @@ class Channel:
 
 
 def _delivered(entry):
-    """The message as its consumer gets it: a redelivery says how often it was returned (x-delivery-count)."""
-    if entry.delivery_count:
+    """The message as its consumer gets it: a redelivery says how often it was returned (x-delivery-count),
+    and so does every delivery from a quorum queue, its first with 0, as RabbitMQ's quorum queues do."""
+    if entry.delivery_count or entry.queue.policy.quorum:
         return entry.message.with_header("x-delivery-count", entry.delivery_count)
     return entry.message

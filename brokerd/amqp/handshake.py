@@ -62,6 +62,7 @@ SERVER_CAPABILITIES = {
     "basic.nack": True,
     "consumer_cancel_notify": True,
     "connection.blocked": True,
+    "consumer_priorities": True,
     "authentication_failure_close": True,
     "per_consumer_qos": True,
 }

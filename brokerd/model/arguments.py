@@ -2,8 +2,12 @@
 
 RabbitMQ users pass these as ``x-`` arguments; a value of the wrong type or
 out of range is refused with 406 PRECONDITION_FAILED naming the argument, as
-RabbitMQ does, and an unknown ``x-`` argument is kept but has no effect.
+RabbitMQ does, and an unknown ``x-`` argument is kept but has no effect. Which
+queue types and arguments a new queue may have is L{brokerd.model.queue_types}'s.
 """
+
+import datetime
+import decimal
 
 from brokerd.errors import PreconditionFailed
 
@@ -24,6 +28,8 @@ class QueueArguments:
     @ivar max_length_bytes: most body bytes of ready messages, or None.
     @ivar overflow: what a full queue does: one of L{OVERFLOW_MODES}.
     @ivar delivery_limit: returns a message may have before it is dead-lettered, or None.
+    @ivar quorum: True for a quorum queue (x-queue-type quorum).
+    @ivar single_active_consumer: True if one consumer at a time gets messages.
     """
 
     def __init__(self, arguments, queue_name="", vhost_name=""):
@@ -43,6 +49,13 @@ class QueueArguments:
             raise self._invalid("x-overflow", f"{overflow!r} is none of {', '.join(OVERFLOW_MODES)}")
         self.overflow = overflow or "drop-head"
         self.delivery_limit = self._whole(get("x-delivery-limit"), "x-delivery-limit", 0)
+        self.quorum = get("x-queue-type") == "quorum"
+        self.single_active_consumer = get("x-single-active-consumer") is True
+
+    @property
+    def rabbitmq_type_module(self):
+        """The queue's type as RabbitMQ names it in refusals."""
+        return "rabbit_quorum_queue" if self.quorum else "rabbit_classic_queue"
 
     @property
     def limited(self):
@@ -93,3 +106,51 @@ def message_ttl_of(properties):
     if not text.isdigit() or not text.isascii():
         raise PreconditionFailed(f"invalid expiration {text!r}: it must be milliseconds as a decimal string")
     return int(text)
+
+
+def amqp_type_name(value):
+    """The name RabbitMQ gives the AMQP field type that carries C{value}, for its refusal texts."""
+    if value is None:
+        return "void"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "signedint" if -(2**31) <= value < 2**31 else "long"
+    if isinstance(value, str):
+        return "longstr"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "binary"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, decimal.Decimal):
+        return "decimal"
+    if isinstance(value, datetime.datetime):
+        return "timestamp"
+    if isinstance(value, dict):
+        return "table"
+    if isinstance(value, (list, tuple)):
+        return "array"
+    return type(value).__name__
+
+
+def argument_difference(received, current):
+    """
+    How a redeclared argument differs, in RabbitMQ's words: C{received '2' but
+    current is '1'}, or, where one side has none, C{received none but current
+    is the value '1' of type 'signedint'}.
+    """
+    if received is None or current is None:
+        return f"received {_described(received)} but current is {_described(current)}"
+    return f"received '{_shown(received)}' but current is '{_shown(current)}'"
+
+
+def _described(value):
+    return "none" if value is None else f"the value '{_shown(value)}' of type '{amqp_type_name(value)}'"
+
+
+def _shown(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    return str(value)

@@ -1,4 +1,5 @@
-"""Queues: ready messages in order, consumers served round-robin.
+"""Queues: ready messages in order, consumers served by priority and round-robin
+(one at a time with x-single-active-consumer; see L{brokerd.model.consumers}).
 
 A queue holds the entries that wait for a consumer (ready) and knows its
 consumers; entries delivered and not yet acked are tracked by the channel that
@@ -13,13 +14,12 @@ when it reaches a consumer. A backlog then costs 8 bytes a message, not its
 body and an object.
 """
 
-from collections import deque
-
 from twisted.logger import Logger
 
 from brokerd.errors import AccessRefused, NotFound, PreconditionFailed, ResourceLocked
 from brokerd.interfaces import IPagingStore, StoreCorrupted, UnreadableMessage
 from brokerd.model.arguments import QueueArguments, message_ttl_of
+from brokerd.model.consumers import QueueConsumers
 from brokerd.model.deadletter import DELIVERY_LIMIT, EXPIRED, MAXLEN, REJECTED, dead_letter
 from brokerd.model.expiry import MessageExpiry, UnusedExpiry
 from brokerd.model.message import QueuedMessage
@@ -60,7 +60,7 @@ class Queue:
         self._watermark = vhost.watermark
         self._ready = self._new_ready()
         self._ready_bytes = 0  # body bytes of the ready entries kept as objects (for x-max-length-bytes)
-        self._consumers = deque()
+        self._consumers = QueueConsumers(self.policy.single_active_consumer)
         self._exclusive_consumer = None
         self._next_sequence = 0
         self._restored_at = None  # when recovered entries came back: their per-message TTLs count from then
@@ -392,43 +392,44 @@ class Queue:
     # -- consumers
 
     def add_consumer(self, consumer):
-        """Register a consumer; raises if an exclusive consumer is in the way."""
-        if self._exclusive_consumer is not None:
+        """
+        Register a consumer; raises if an exclusive consumer is in the way, or
+        if it would be exclusive where others consume or a single active
+        consumer is the rule (as RabbitMQ, which refuses both alike).
+        """
+        if self._exclusive_consumer is not None or (
+            consumer.exclusive and (self._consumers or self.policy.single_active_consumer)
+        ):
             raise AccessRefused(f"queue {self.name!r} in vhost {self.vhost.name!r} in exclusive use")
-        if consumer.exclusive and self._consumers:
-            raise AccessRefused(
-                f"queue {self.name!r} in vhost {self.vhost.name!r} has consumers; cannot consume exclusively"
-            )
         if consumer.exclusive:
             self._exclusive_consumer = consumer
-        self._consumers.append(consumer)  # the channel starts deliveries once the client knows the tag
+        self._consumers.add(consumer)  # the channel starts deliveries once the client knows the tag
         if self._unused is not None:
             self._unused.stop()
 
     def remove_consumer(self, consumer):
         """Unregister a consumer; an auto-delete queue goes with its last one."""
-        try:
-            self._consumers.remove(consumer)
-        except ValueError:
+        if not self._consumers.remove(consumer):
             return
         if self._exclusive_consumer is consumer:
             self._exclusive_consumer = None
+        if self._consumers.single_active and self._consumers and not consumer.unacked:
+            # The next consumer takes over. One that went holding deliveries lets it start when they
+            # are settled or come back (a closing channel puts them back just after), so they go to it
+            # first, redelivered, as RabbitMQ 3.10 hands them on.
+            self._clock.callLater(0, self.dispatch)
         if self.auto_delete and not self._consumers and not self.deleted:
             self.vhost.delete_queue(self.name)
         elif self._unused is not None and not self._consumers:
             self._unused.touch()
 
     def dispatch(self):
-        """Deliver ready messages to consumers with room, round-robin."""
+        """Deliver ready messages to the consumers that may take them, highest priority first, round-robin."""
         ready = self._ready
         consumers = self._consumers
         while ready and consumers:
-            for _ in range(len(consumers)):
-                consumer = consumers[0]
-                consumers.rotate(-1)
-                if consumer.has_room():
-                    break
-            else:
+            consumer = consumers.next_with_room()
+            if consumer is None:
                 return
             entry = self._take()
             if entry is None:
@@ -460,7 +461,7 @@ class Queue:
 
     def _cancel_consumers(self):
         """The queue can serve no one any more: every consumer is told it was cancelled."""
-        consumers, self._consumers = list(self._consumers), deque()
+        consumers = self._consumers.clear()
         self._exclusive_consumer = None
         for consumer in consumers:
             consumer.channel.consumer_cancelled_by_broker(consumer)

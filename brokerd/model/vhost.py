@@ -10,7 +10,7 @@ exchange to exchange (see L{VirtualHost.route_now}).
 
 from brokerd.interfaces import IDelayedMessageStore
 from brokerd.errors import AccessRefused, CommandInvalid, NotFound, PreconditionFailed, ResourceLocked
-from brokerd.model.arguments import message_ttl_of
+from brokerd.model.arguments import argument_difference, message_ttl_of
 from brokerd.model.delayed import delay_of
 from brokerd.model.exchange import (
     DELAYED_TYPE,
@@ -23,6 +23,7 @@ from brokerd.model.exchange import (
 )
 from brokerd.model.names import check_not_reserved, check_short_string, generate_queue_name
 from brokerd.model.queue import Queue
+from brokerd.model.queue_types import check_declaration, comparable_arguments
 from brokerd.model.watermark import MemoryWatermark
 from brokerd.proto import messages_pb2
 from brokerd.proto.exchange_types import EXCHANGE_TYPE_BY_NAME
@@ -190,8 +191,7 @@ class VirtualHost:
                 "queue",
                 name,
                 _flags(durable=(durable, existing.durable), auto_delete=(auto_delete, existing.auto_delete)),
-                arguments,
-                existing.arguments,
+                *comparable_arguments(arguments, existing.arguments),
             )
             existing.touch()
             return existing
@@ -199,6 +199,7 @@ class VirtualHost:
             check_not_reserved("queue", name)
         else:
             name = generate_queue_name()
+        check_declaration(name, self.name, durable, exclusive, auto_delete, arguments)
         queue = Queue(self, name, durable, connection if exclusive else None, auto_delete, arguments)
         self.queues[name] = queue
         if exclusive and connection is not None:
@@ -382,15 +383,16 @@ class VirtualHost:
         ):
             message.published_at = int(self.clock.seconds() * 1000)  # kept with it: its TTL counts from now
         handle = None
-        if message.persistent:
-            persisted_keys = [queue.key for queue in queues if queue.persisted]
-            if persisted_keys:
-                try:
-                    handle = self.store.append(message, persisted_keys)
-                except ValueError as problem:  # e.g. a message bigger than the store can keep in one piece
-                    raise PreconditionFailed(f"the {self.store.name} store cannot keep this message: {problem}") from None
+        persistent = message.persistent
+        # A quorum queue keeps every message, transient ones too, as RabbitMQ's do.
+        keeping = [queue for queue in queues if queue.persisted and (persistent or queue.policy.quorum)]
+        if keeping:
+            try:
+                handle = self.store.append(message, [queue.key for queue in keeping])
+            except ValueError as problem:  # e.g. a message bigger than the store can keep in one piece
+                raise PreconditionFailed(f"the {self.store.name} store cannot keep this message: {problem}") from None
         for queue in queues:
-            queue.enqueue(message, handle if queue.persisted else None)
+            queue.enqueue(message, handle if queue.persisted and (persistent or queue.policy.quorum) else None)
         return len(queues), handle is not None, refused
 
     # -- recovery: rebuild durable topology without writing it back
@@ -465,7 +467,7 @@ class VirtualHost:
                 if freeze(received) != freeze(current):
                     raise PreconditionFailed(
                         f"inequivalent arg {key!r} for {kind} {name!r} in vhost {self.name!r}:"
-                        f" received {received!r} but current is {current!r}"
+                        f" {argument_difference(received, current)}"
                     )
 
 
