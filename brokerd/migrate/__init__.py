@@ -121,7 +121,7 @@ def migrate(data_dir, source_text, target_text, leave_quarantined=False, progres
         yield _close(target)
         target = None
         checked = Tallies()
-        check_progress = Progress(figures["entries"], progress_line)
+        check_progress = Progress(figures["entries"], progress_line, verb="checked")
         reopened = target = _make(target_text, data_dir, "to")
         yield _open(reopened, data_dir, "target")
         yield tally_store(reopened, checked, check_progress)

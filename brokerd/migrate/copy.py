@@ -13,6 +13,7 @@ import heapq
 import time
 
 from twisted.internet import defer
+from twisted.python.failure import Failure
 
 from brokerd.interfaces import IDelayedMessageStore, IPagingStore, QuarantinedRecord, StoreCorrupted, UnreadableMessage
 from brokerd.migrate.digest import Tallies, message_digest
@@ -70,11 +71,24 @@ class SourceReader:
     def entries(self):
         return sum(len(handles) for handles in self.queues.values())
 
-    def read(self, handle):
-        """A Deferred firing with the L{Message} C{handle} names; L{UnreadableMessage} if it is quarantined."""
+    @defer.inlineCallbacks
+    def read(self, handles):
+        """
+        A Deferred firing with C{(True, message)} or C{(False, Failure)} for
+        each of C{handles}: a paging store's loads are made at once, other
+        stores' reads all asked for before the first is waited on.
+        """
         if self.paging:
-            return defer.maybeDeferred(self.store.load, handle)
-        return self.store.read(handle).addCallback(Message.from_record)
+            load, found = self.store.load, []
+            for handle in handles:
+                try:
+                    found.append((True, load(handle)))
+                except Exception:
+                    found.append((False, Failure()))
+            return found
+        reads = [self.store.read(handle).addCallback(Message.from_record) for handle in handles]
+        found = yield defer.DeferredList(reads, consumeErrors=True)
+        return found
 
     def groups(self):
         """
@@ -119,8 +133,8 @@ class SourceReader:
 class Progress:
     """Lines on stderr, at most one per C{every} seconds: queue entries copied, rate, MB/s, time left."""
 
-    def __init__(self, total, write=None, every=1.0, clock=time.monotonic):
-        self.total, self.write, self.every, self.clock = total, write, every, clock
+    def __init__(self, total, write=None, every=1.0, clock=time.monotonic, verb="copied"):
+        self.total, self.write, self.every, self.clock, self.verb = total, write, every, clock, verb
         self.entries = self.bytes = 0
         self.started = self._last = clock()
 
@@ -132,12 +146,12 @@ class Progress:
             self._last = now
             self.write(self.line(now))
 
-    def line(self, now=None, verb="copied"):
+    def line(self, now=None):
         elapsed = max((now or self.clock()) - self.started, 1e-9)
         rate = self.entries / elapsed
         left = (self.total - self.entries) / rate if rate else 0.0
         share = 100.0 * self.entries / self.total if self.total else 100.0
-        return (f"{verb} {self.entries}/{self.total} messages ({share:.0f}%), {rate:,.0f} msg/s,"
+        return (f"{self.verb} {self.entries}/{self.total} messages ({share:.0f}%), {rate:,.0f} msg/s,"
                 f" {self.bytes / elapsed / 1e6:.1f} MB/s, {elapsed:.0f} s elapsed, ETA {left:.0f} s")
 
 
@@ -169,7 +183,8 @@ def copy_store(reader, target, tallies, progress, skip_unreadable):
         batch = [group for _, group in zip(range(READ_BATCH), groups)]
         if not batch:
             break
-        reads = yield defer.DeferredList([reader.read(handle) for handle, _ in batch], consumeErrors=True)
+        reads = yield reader.read([handle for handle, _ in batch])
+        batch_entries = batch_bytes = 0
         for (handle, holders), (ok, result) in zip(batch, reads):
             if not ok:
                 if not result.check(UnreadableMessage) or not skip_unreadable:
@@ -186,12 +201,13 @@ def copy_store(reader, target, tallies, progress, skip_unreadable):
                 if count:
                     target.returned(queue, stored, count)
                 tallies.queue(queue).add(digest, redelivered, count)
-            size = len(message.body)
             figures["messages"] += 1
             figures["entries"] += len(holders)
-            since_sync += 1
-            unsynced_bytes += size
-            progress.advance(len(holders), size)
+            batch_entries += len(holders)
+            batch_bytes += len(message.body)
+        progress.advance(batch_entries, batch_bytes)
+        since_sync += len(batch)
+        unsynced_bytes += batch_bytes
         if since_sync >= SYNC_EVERY_MESSAGES or unsynced_bytes >= SYNC_EVERY_BYTES:
             yield syncing  # one commit runs while the next batch is read
             syncing = target.sync()

@@ -11,24 +11,27 @@ its own.
 
 import hashlib
 import os
+import struct
 
 DIGEST_SIZE = 16
 
 
-def _framed(parts):
-    """The parts with their lengths, so that no two different part lists hash alike."""
-    for part in parts:
-        yield len(part).to_bytes(8, "little")
-        yield part
+_LENGTHS = struct.Struct("<QQQQq")
 
 
 def message_digest(message):
-    """A digest of what a consumer gets of C{message} (a L{brokerd.model.message.Message}) and of its TTL clock."""
-    published_at = b"" if message.published_at is None else str(message.published_at).encode()
-    hasher = hashlib.blake2b(digest_size=DIGEST_SIZE)
-    for part in _framed((message.exchange.encode(), message.routing_key.encode(),
-                         message.properties.SerializeToString(deterministic=True), bytes(message.body), published_at)):
-        hasher.update(part)
+    """
+    A digest of what a consumer gets of C{message} (a
+    L{brokerd.model.message.Message}) and of its TTL clock: the lengths of
+    its parts first, so that no two different messages hash alike.
+    """
+    exchange, routing_key = message.exchange.encode(), message.routing_key.encode()
+    properties = message.properties.SerializeToString(deterministic=True)
+    published_at = -1 if message.published_at is None else message.published_at
+    hasher = hashlib.blake2b(_LENGTHS.pack(len(exchange), len(routing_key), len(properties), len(message.body),
+                                           published_at), digest_size=DIGEST_SIZE)
+    hasher.update(exchange + routing_key + properties)
+    hasher.update(message.body)
     return hasher.digest()
 
 
