@@ -68,7 +68,7 @@ def report(arguments, figures):
         f"migrated {arguments.data_dir} from {arguments.source} to {arguments.target}: {figures['topology']} topology"
         f" records, {figures['queues']} queues, {figures['entries']} queued messages stored as {figures['messages']}"
         f" ({figures['bytes'] / 1e6:.1f} MB of bodies), {figures['delayed']} delayed messages",
-        f"copied in {figures['copy_seconds']:.1f} s, checked in {figures['verify_seconds']:.1f} s: the target holds"
+        f"copied in {figures['copy_seconds']:.2f} s, checked in {figures['verify_seconds']:.2f} s: the target holds"
         " the same queues, messages (order, bodies, properties, flags, delivery counts) and delayed messages",
     ]
     for line in figures["left_behind"]:
