@@ -17,6 +17,7 @@ from twisted.internet import defer
 from twisted.trial import unittest
 
 from brokerd import storeregistry
+from brokerd.interfaces import StoreInUse
 from brokerd.migrate import MigrationError, migrate
 from brokerd.migrate.digest import changed_files, snapshot
 from tests import migratedata as data
@@ -103,6 +104,25 @@ for _source in DURABLE:
             _case = _pair_case(_source, _target)
             globals()[_case.__name__] = _case
 del _case, _source, _target
+
+
+class StoreInUseTests(unittest.TestCase):
+    """How the migration tells a running broker from anything else: every durable backend's second store on
+    the same files fails to open with StoreInUse (a broker holds its store open for its whole run)."""
+
+    @defer.inlineCallbacks
+    def test_a_second_open_store_on_the_same_data_fails_with_store_in_use(self):
+        for backend in DURABLE:
+            data_dir = tempfile.mkdtemp(prefix="brokerd-migrate-test-")
+            self.addCleanup(shutil.rmtree, data_dir, True)
+            first = storeregistry.make_store(backend, data_dir)
+            yield first.open()
+            try:
+                second = storeregistry.make_store(backend, data_dir)
+                failure = yield self.assertFailure(second.open(), StoreInUse)
+                self.assertIn(data_dir, str(failure))
+            finally:
+                yield first.close()
 
 
 # -- the command line, and a real broker on the result
