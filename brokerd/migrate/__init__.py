@@ -13,7 +13,7 @@ from twisted.internet import defer
 
 from brokerd import storeregistry
 from brokerd.durability import SyncPolicy
-from brokerd.interfaces import IDelayedMessageStore, StoreInUse
+from brokerd.interfaces import IDelayedMessageStore, StoreCorrupted, StoreInUse
 from brokerd.migrate.copy import FOREVER, MigrationError, Progress, SourceReader, copy_store, tally_store
 from brokerd.migrate.digest import Tallies, changed_files, remove_new, snapshot
 
@@ -72,6 +72,13 @@ def left_behind(reader):
     return lines
 
 
+def _check_logged(logged_errors, leave_quarantined, when):
+    count = logged_errors()
+    if count and not leave_quarantined:
+        raise MigrationError(f"the stores logged {count} errors {when} (above): what they name would be left"
+                             " behind; --leave-quarantined migrates the rest and leaves it in the source")
+
+
 @defer.inlineCallbacks
 def migrate(data_dir, source_text, target_text, leave_quarantined=False, progress_line=None, source_problems=None):
     """
@@ -83,12 +90,18 @@ def migrate(data_dir, source_text, target_text, leave_quarantined=False, progres
         alone and are named in the result's C{left_behind}.
     @param progress_line: called with a progress line now and then, or None.
     @param source_problems: a callable giving the number of errors the
-        stores logged so far (quarantined messages the source left out).
+        stores logged so far: a store logs each message it leaves out as
+        unreadable (quarantined) when it opens or reads.
     @return: a Deferred firing with a dict of figures and notes.
     @raise MigrationError: on any expected failure; anything the run created
         under C{data_dir} is removed by then.
     """
     before = snapshot(data_dir)
+    first_errors = source_problems() if source_problems else 0
+
+    def logged_errors():
+        return (source_problems() if source_problems else 0) - first_errors
+
     source = target = None
     try:
         source, target = _make(source_text, data_dir, "from"), _make(target_text, data_dir, "to")
@@ -102,18 +115,15 @@ def migrate(data_dir, source_text, target_text, leave_quarantined=False, progres
         if behind and not leave_quarantined:
             raise MigrationError(f"the source holds {len(behind)} records that cannot be carried (the first:"
                                  f" {behind[0]}); --leave-quarantined migrates the rest and leaves them in the source")
+        _check_logged(logged_errors, leave_quarantined, "as it was opened and read")
         yield _open(target, data_dir, "target")
         if (yield _holds_something(target)):
             raise MigrationError(f"the target {target.name} store in {data_dir} already holds data; migrate only into"
                                  " an empty store (remove its files first)")
         tallies = Tallies()
         progress = Progress(reader.entries(), progress_line)
-        errors_before = source_problems() if source_problems else 0
         figures = yield copy_store(reader, target, tallies, progress, leave_quarantined)
-        problems = (source_problems() if source_problems else 0) - errors_before
-        if problems and not leave_quarantined:
-            raise MigrationError(f"the source store reported {problems} unreadable records while they were copied"
-                                 " (logged above); --leave-quarantined migrates the rest and leaves them in the source")
+        _check_logged(logged_errors, leave_quarantined, "while its messages were copied")
         figures["copy_seconds"] = progress.clock() - progress.started
         figures["bytes"] = progress.bytes
         if progress_line is not None:
@@ -131,15 +141,17 @@ def migrate(data_dir, source_text, target_text, leave_quarantined=False, progres
             raise MigrationError(f"the target does not hold what the source does: {'; '.join(differences)}")
         yield _close(target, source)
         target = source = None
-    except BaseException:
+    except BaseException as problem:
         yield _close(target, source)
         remove_new(before, data_dir)
+        if isinstance(problem, (OSError, StoreCorrupted)):  # a full disk, a file it may not read, damage
+            raise MigrationError(f"{type(problem).__name__}: {problem}; nothing was migrated") from None
         raise
     figures["changed_source_files"] = changed_files(before, snapshot(data_dir))
     figures["left_behind"] = behind + [
         f"unreadable message {handle} of queue(s) {', '.join(repr(queue[1]) for queue in queues)}: {problem}"
         for handle, queues, problem in figures.pop("unreadable")]
-    figures["source_problems"] = problems
+    figures["source_problems"] = logged_errors()
     figures["queues"] = len(tallies.queues)
     figures["topology"] = len(tallies.topology)
     return figures

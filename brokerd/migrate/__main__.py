@@ -51,7 +51,8 @@ class StoreLog:
         if level >= LogLevel.error:
             self.errors += 1
         text = formatEvent(event).replace("\n", " ")
-        self.stream.write(f"{PROGRAM}: {level.name}: {text}\n")
+        source = "store " if str(event.get("log_namespace", "")).startswith("backends.") else ""
+        self.stream.write(f"{PROGRAM}: {source}{level.name}: {text}\n")
         self.stream.flush()
 
 
@@ -74,8 +75,8 @@ def report(arguments, figures):
     for line in figures["left_behind"]:
         lines.append(f"left in the source only: {line}")
     if figures["source_problems"]:
-        lines.append(f"the source store logged {figures['source_problems']} errors while it was read (above): what"
-                     " they name is left in the source only")
+        lines.append(f"the stores logged {figures['source_problems']} errors (above): what they name is left in the"
+                     " source only")
     for path in figures["changed_source_files"]:
         lines.append(f"note: opening the source changed {path} (its own recovery)")
     lines.append(f"start the broker with --backend={arguments.target} --data-dir={arguments.data_dir}; the"

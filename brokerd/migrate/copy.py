@@ -16,7 +16,7 @@ from twisted.internet import defer
 from twisted.python.failure import Failure
 
 from brokerd.interfaces import IDelayedMessageStore, IPagingStore, QuarantinedRecord, StoreCorrupted, UnreadableMessage
-from brokerd.migrate.digest import Tallies, message_digest
+from brokerd.migrate.digest import message_digest
 from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
 
@@ -272,7 +272,8 @@ def tally_store(store, tallies, progress):
 
 
 def delayed_window(store, cursor):
-    """A Deferred firing with the next L{DELAYED_WINDOW} delayed messages after C{cursor} (none if the store keeps none)."""
+    """A Deferred firing with the next L{DELAYED_WINDOW} delayed messages after C{cursor} (none for a store
+    that keeps none)."""
     if not IDelayedMessageStore.providedBy(store):
         return defer.succeed([])
     return store.delayed_after(cursor, FOREVER, DELAYED_WINDOW)
