@@ -160,6 +160,7 @@ def test_expected_errors_are_one_line_without_a_traceback(tmp_path):
                             "holds no sqlite data")
     assert_one_line_failure(run_migrate("--data-dir", str(data_dir), "--from", "chunked", "--to", "memory"),
                             "keeps nothing on disk")
+    assert_one_line_failure(run_migrate("--data-dir", str(data_dir), "--from", "chunked"), "--to")
     assert snapshot(str(data_dir)) == files  # nothing made, nothing left behind
 
 

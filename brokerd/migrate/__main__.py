@@ -19,8 +19,15 @@ from brokerd.migrate import MigrationError, migrate
 PROGRAM = "python -m brokerd.migrate"
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors in one line and status 1, as every other failure of the command."""
+
+    def error(self, message):
+        self.exit(1, f"{PROGRAM}: error: {message} (see --help)\n")
+
+
 def parse_arguments(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog=PROGRAM,
         description="Move a stopped broker's durable state (topology, persistent and delayed messages) from one"
                     " storage backend to another in the same data directory, then check the copy.",

@@ -25,6 +25,7 @@ READ_BATCH = 512  # messages read (their Deferreds outstanding) before they are 
 SYNC_EVERY_MESSAGES = 20_000  # appends between two syncs of the target, which bound what it buffers ...
 SYNC_EVERY_BYTES = 32 << 20  # ... and body bytes between them
 DELAYED_WINDOW = 1000  # delayed messages per delayed_after call
+MEASURED_ENTRIES = 1000  # messages done before the progress lines give a time left
 _END = object()
 
 
@@ -149,10 +150,10 @@ class Progress:
     def line(self, now=None):
         elapsed = max((now or self.clock()) - self.started, 1e-9)
         rate = self.entries / elapsed
-        left = (self.total - self.entries) / rate if rate else 0.0
+        left = f"{(self.total - self.entries) / rate:.0f} s" if self.entries >= MEASURED_ENTRIES else "unknown yet"
         share = 100.0 * self.entries / self.total if self.total else 100.0
         return (f"{self.verb} {self.entries}/{self.total} messages ({share:.0f}%), {rate:,.0f} msg/s,"
-                f" {self.bytes / elapsed / 1e6:.1f} MB/s, {elapsed:.0f} s elapsed, ETA {left:.0f} s")
+                f" {self.bytes / elapsed / 1e6:.1f} MB/s, {elapsed:.0f} s elapsed, ETA {left}")
 
 
 @defer.inlineCallbacks
