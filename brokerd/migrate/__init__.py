@@ -128,7 +128,7 @@ def migrate(data_dir, source_text, target_text, leave_quarantined=False, progres
         figures["bytes"] = progress.bytes
         if progress_line is not None:
             progress_line(progress.line())
-        yield _close(target)
+        yield target.close()  # its failure (the last commit's) fails the run
         target = None
         checked = Tallies()
         check_progress = Progress(figures["entries"], progress_line, verb="checked")
@@ -152,6 +152,6 @@ def migrate(data_dir, source_text, target_text, leave_quarantined=False, progres
         f"unreadable message {handle} of queue(s) {', '.join(repr(queue[1]) for queue in queues)}: {problem}"
         for handle, queues, problem in figures.pop("unreadable")]
     figures["source_problems"] = logged_errors()
-    figures["queues"] = len(tallies.queues)
+    figures["queues"] = sum(1 for kind, _ in tallies.topology if kind == "QueueRecord")
     figures["topology"] = len(tallies.topology)
     return figures

@@ -104,9 +104,11 @@ def run(reactor, arguments, out=sys.stdout, err=sys.stderr):
                       progress, lambda: store_log.errors)
 
     def succeeded(figures):
-        for line in report(arguments, figures):
-            out.write(line + "\n")
-        out.flush()
+        try:
+            out.write("".join(line + "\n" for line in report(arguments, figures)))
+            out.flush()
+        except BrokenPipeError:  # a reader such as head went away: the migration itself succeeded
+            pass
         return 0
 
     def failed(failure):
