@@ -8,6 +8,8 @@ import os
 import sys
 from array import array
 
+from brokerd.interfaces import StoreInUse
+
 TEMPORARY_SUFFIX = ".tmp"
 IOV_MAX = os.sysconf("SC_IOV_MAX")
 SMALL_PART = 16 * 1024  # parts smaller than this are joined; copying them costs less than an iovec
@@ -15,7 +17,7 @@ HASHED_PREFIX = "sha256-"
 LONGEST_HEX_NAME = 200  # file systems allow 255 bytes; longer keys are hashed
 
 
-class DirectoryInUse(Exception):
+class DirectoryInUse(StoreInUse):
     """Another open store (most likely another broker on the same data directory) holds the files."""
 
 

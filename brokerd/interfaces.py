@@ -248,6 +248,14 @@ class StoreCorrupted(Exception):
         self.offset = offset
 
 
+class StoreInUse(Exception):
+    """
+    A store's files are held by another open store, most likely a broker
+    running on the same data directory: C{open} fails with this (or a
+    subclass) rather than let two writers corrupt them.
+    """
+
+
 class UnreadableMessage(StoreCorrupted):
     """
     A stored message whose record is intact (its checksum holds) but cannot

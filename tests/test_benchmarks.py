@@ -109,3 +109,11 @@ def test_fuzz_benchmark_prints_what_it_tried_and_found():
                   "peak RSS of the broker:", "restart after SIGKILL: started", "result:"):
         assert field in result.stdout, (field, result.stdout)
     assert int(result.stdout.split("inputs tried: ")[1].split()[0]) > 0
+
+
+def test_migrate_benchmark_moves_a_store_and_reports_its_rates():
+    output = run_benchmark("benchmarks.migrate", "--messages", "2000", "--from", "chunked", "--to", "sqlite", "--json")
+    results = json.loads(output)
+    assert (results["from"], results["to"], results["messages"]) == ("chunked", "sqlite", 2000)
+    assert results["entries"] == 2200  # every 10th message is held by two queues
+    assert results["copy_per_s"] > 0 and results["wall_mb_per_s"] > 0 and results["peak_rss_mib"] > 0

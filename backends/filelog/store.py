@@ -204,6 +204,9 @@ class FilelogStore(FileStoreBase):
         buffered = self._batch.records.get(handle)
         if buffered is not None:
             return defer.succeed(decode(*buffered))
+        recovered = self._recovered.get(handle)
+        if recovered is not None:  # open read it whole and keeps it: no trip to the writer thread and the file
+            return defer.succeed(recovered)
         if self._commit is None or self._closed:
             return defer.fail(RuntimeError("the filelog store is not open"))
         return self._commit.call(self._files.read, handle, tuple(held[1]))

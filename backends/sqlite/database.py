@@ -18,7 +18,7 @@ from twisted.logger import Logger
 from backends.sqlite import delayed
 from backends.sqlite.checkpointer import LOCK_WAIT_SECONDS, Checkpointer
 from backends.quarantine import parse_or_none
-from brokerd.interfaces import QuarantinedRecord, StoreCorrupted
+from brokerd.interfaces import QuarantinedRecord, StoreCorrupted, StoreInUse
 from brokerd.proto import messages_pb2
 
 log = Logger()
@@ -105,6 +105,10 @@ class StoreOpenError(Exception):
     """The database file is not one this brokerd can use (a newer schema, another
     program's database, locked by another process); unlike L{StoreCorrupted},
     nothing in it is damaged."""
+
+
+class StoreLocked(StoreOpenError, StoreInUse):
+    """Another process (most likely another brokerd) holds the database file's lock."""
 
 
 class Batch:
@@ -285,7 +289,7 @@ class Database:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock.close()
-            raise StoreOpenError(
+            raise StoreLocked(
                 f"sqlite store {self.path} is locked by another process (is another brokerd using it?)"
             ) from None
         except BaseException:

@@ -99,7 +99,12 @@ class DelayedTable:
         return size + 64 * len(batch.delays)
 
     def purge(self, db):
-        """Delete the released rows (in the open transaction); about how many bytes that rewrites."""
+        """Delete the released rows (in the open transaction); about how many bytes that rewrites. With none
+        released it writes nothing: a DELETE of every row rewrites the table's root page even when it is empty,
+        which would change the file of a store that was only opened (and read by a migration)."""
+        if db.execute("SELECT 1 FROM delayed_released LIMIT 1").fetchone() is None:
+            self.released = 0
+            return 0
         purged = db.execute("DELETE FROM delayed WHERE handle IN (SELECT handle FROM delayed_released)").rowcount
         db.execute("DELETE FROM delayed_released")
         self.rows -= max(purged, 0)
