@@ -2,8 +2,9 @@
 
 L{BrokerService} opens the store and recovers durable state before any
 listener accepts a client, and on stop closes the listeners, then the clients'
-connections, then the store. A start-up failure (store unusable, port taken) is
-logged in one line and ends the process with exit status 1.
+connections, then the store. A start-up failure (store unusable, port taken)
+is logged in one line naming the option at fault and ends the process with
+exit status 1; the store's stats are logged at stop only if it started.
 """
 
 import json
@@ -23,25 +24,36 @@ from brokerd.native.server import DEFAULT_CHANNEL_MAX, DEFAULT_MAX_FRAME_SIZE, N
 log = Logger()
 
 
-class Listener:
-    """One endpoint string and the factory serving it; logs the bound address."""
+class ListenFailed(Exception):
+    """A listener could not listen; the message names its option and endpoint."""
 
-    def __init__(self, reactor, description, factory, label):
+
+class Listener:
+    """One endpoint string (the value of option C{--NAME}) and the factory serving it; logs the bound address."""
+
+    def __init__(self, reactor, description, factory, label, option):
         self.reactor = reactor
         self.description = description
         self.factory = factory
         self.label = label
+        self.option = option
         self.port = None
 
     @defer.inlineCallbacks
     def start(self):
-        self.port = yield serverFromString(self.reactor, self.description).listen(self.factory)
+        try:
+            self.port = yield serverFromString(self.reactor, self.description).listen(self.factory)
+        except Exception as problem:
+            raise ListenFailed(f"--{self.option}={self.description}: {problem}") from None
         return self.port
 
     def announce(self):
         address = self.port.getHost()
-        where = f"{address.host}:{address.port}" if hasattr(address, "port") else str(address)
-        log.info("{label} listening on {where}", label=self.label, where=where)
+        where = f"{address.host}:{address.port}" if hasattr(address, "port") else getattr(address, "name", address)
+        if isinstance(where, bytes):
+            where = where.decode("utf-8", "replace")
+        log.info("{label} listening on {where} (--{option}={description})", label=self.label, where=where,
+                 option=self.option, description=self.description)
 
     def stop(self):
         port, self.port = self.port, None
@@ -66,6 +78,7 @@ class BrokerService(Service):
         amqp_endpoint=None,
         amqp_settings=None,
         memory_high_watermark=DEFAULT_HIGH_WATERMARK,
+        startup_report=None,
     ):
         self.store = store
         self.reactor = reactor
@@ -73,25 +86,40 @@ class BrokerService(Service):
         self.listeners = []
         if amqp_endpoint:
             factory = AmqpServerFactory(self.broker, amqp_settings)
-            self.listeners.append(Listener(reactor, amqp_endpoint, factory, "AMQP"))
+            self.listeners.append(Listener(reactor, amqp_endpoint, factory, "AMQP", "amqp"))
         if native_endpoint:
             factory = NativeServerFactory(self.broker, native_max_frame_size, native_channel_max)
-            self.listeners.append(Listener(reactor, native_endpoint, factory, "native protocol"))
+            self.listeners.append(Listener(reactor, native_endpoint, factory, "native protocol", "native"))
+        self.startup_report = startup_report  # a StartupReport: what the start-up log says
         self.started = defer.Deferred()
+        self._store_opened = False
+        self._serving = False
 
     def startService(self):
         Service.startService(self)
+        if self.startup_report is not None:
+            self.startup_report.log_settings()
         d = defer.maybeDeferred(self.store.open)
+        d.addCallback(self._opened)
         d.addCallback(lambda _: self.broker.recover())
+        d.addCallback(self._recovered)
         d.addCallback(lambda _: defer.gatherResults([listener.start() for listener in self.listeners], consumeErrors=True))
         d.addCallback(lambda _: self.reactor.callWhenRunning(self._ready))
         d.addErrback(self._failed_to_start)
+
+    def _opened(self, _):
+        self._store_opened = True
+
+    def _recovered(self, counts):
+        if self.startup_report is not None:
+            self.startup_report.warn_of_other_backends_data(self.store, counts)
 
     def _ready(self):
         # Announced once the reactor runs (and has its signal handlers), so a
         # supervisor that starts talking to us or stops us from here on is safe.
         for listener in self.listeners:
             listener.announce()
+        self._serving = True
         self.started.callback(self)
 
     def _failed_to_start(self, failure):
@@ -113,7 +141,16 @@ class BrokerService(Service):
         for connection in list(self.broker.connections):
             connection.close()
         self.broker.stop()
+        if not self._store_opened:
+            # A store that failed to open may hold a lock or files it opened first; its stats mean nothing.
+            try:
+                yield self.store.close()
+            except Exception as problem:
+                log.debug("closing the store that failed to open: {problem!r}", problem=problem)
+            return
         yield self.store.close()
+        if not self._serving:
+            return
         log.info("store stats at stop: {stats}", stats=json.dumps(self.store.stats(), sort_keys=True))
 
 
