@@ -2,13 +2,16 @@
 
 L{BrokerService} opens the store and recovers durable state before any
 listener accepts a client, and on stop closes the listeners, then the clients'
-connections, then the store. A start-up failure (store unusable, port taken)
-is logged in one line naming the option at fault and ends the process with
-exit status 1; the store's stats are logged at stop only if it started.
+connections (L{brokerd.shutdown}: after the commits in flight are confirmed),
+then the store; a SIGTERM stop then ends the process with exit status 0. A
+start-up failure (store unusable, port taken) is logged in one line naming
+the option at fault and ends the process with exit status 1; the store's
+stats are logged at stop only if it started.
 """
 
 import json
 import os
+import signal
 import sys
 
 from twisted.application.service import Service
@@ -20,6 +23,7 @@ from brokerd.amqp.server import AmqpServerFactory
 from brokerd.model.broker import Broker
 from brokerd.model.watermark import DEFAULT_HIGH_WATERMARK, MemoryWatermark
 from brokerd.native.server import DEFAULT_CHANNEL_MAX, DEFAULT_MAX_FRAME_SIZE, NativeServerFactory
+from brokerd.shutdown import close_clients
 
 log = Logger()
 
@@ -138,6 +142,8 @@ class BrokerService(Service):
         Service.stopService(self)
         for listener in self.listeners:
             yield listener.stop()
+        if self._serving:
+            yield close_clients(self.reactor, self.store, [listener.factory for listener in self.listeners])
         for connection in list(self.broker.connections):
             connection.close()
         self.broker.stop()
@@ -152,6 +158,10 @@ class BrokerService(Service):
         if not self._serving:
             return
         log.info("store stats at stop: {stats}", stats=json.dumps(self.store.stats(), sort_keys=True))
+        if getattr(self.reactor, "_exitSignal", None) == signal.SIGTERM:
+            # twistd would end by re-raising SIGTERM (status "killed by SIGTERM"); a clean stop exits 0.
+            self.reactor._exitSignal = None
+        log.info("brokerd stopped cleanly")
 
 
 def _exit_with_failure():
