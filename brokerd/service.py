@@ -23,7 +23,7 @@ from brokerd.amqp.server import AmqpServerFactory
 from brokerd.model.broker import Broker
 from brokerd.model.watermark import DEFAULT_HIGH_WATERMARK, MemoryWatermark
 from brokerd.native.server import DEFAULT_CHANNEL_MAX, DEFAULT_MAX_FRAME_SIZE, NativeServerFactory
-from brokerd.shutdown import close_clients
+from brokerd.shutdown import close_clients, ignore_further_stop_signals
 
 log = Logger()
 
@@ -140,6 +140,7 @@ class BrokerService(Service):
     @defer.inlineCallbacks
     def stopService(self):
         Service.stopService(self)
+        ignore_further_stop_signals(self.reactor)
         for listener in self.listeners:
             yield listener.stop()
         if self._serving:

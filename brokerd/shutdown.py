@@ -11,6 +11,9 @@ connection.close); a client that has not answered within L{SHUTDOWN_GRACE_SECOND
 is dropped (RabbitMQ does not wait at all). The store closes after that.
 """
 
+import signal
+import threading
+
 from twisted.internet import defer
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
@@ -25,6 +28,20 @@ SHUTDOWN_GRACE_SECONDS = 1.0  # how long clients have to answer the close before
 SHUTTING_DOWN = "shutting down"  # the reason the broker stops reading from every client
 _DISCONNECT_POLL_SECONDS = 0.02
 _COMMIT_ROUNDS = 2  # a confirm's sync may be requested in the same reactor turn as ours: wait for one more
+
+
+def ignore_further_stop_signals(reactor):
+    """A second SIGTERM or SIGINT while shutting down is logged and ignored (Twisted's own handler would
+    try to stop the stopping reactor and log a traceback)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def ignored(number, frame):
+        reactor.callFromThread(log.info, "already shutting down; signal {signal} ignored",
+                               signal=signal.Signals(number).name)
+
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, ignored)
 
 
 def _open_protocols(factories):

@@ -5,6 +5,7 @@ come back after a restart on the same data directory and port).
 """
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import sys
 import aio_pika
 import pika
 import pytest
-from pika.exceptions import ConnectionClosedByBroker
+from pika.exceptions import AMQPError, ConnectionClosedByBroker
 
 from tests.interop.conftest import RunningBroker
 from tests.interop.pika_support import consumer_count, pump
@@ -62,6 +63,7 @@ def test_sigterm_closes_a_pika_publisher_with_320_and_keeps_every_confirmed_mess
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     pump(connection, lambda: consumer_count(channel, "shutdown-native") == 1, "the native consumer", timeout=30)
+    idle = pika.BlockingConnection(pika.URLParameters(broker.amqp_url))  # never answers the close: shutdown waits
     channel.confirm_delivery()
     persistent = pika.BasicProperties(delivery_mode=2)
     confirmed = []
@@ -73,11 +75,15 @@ def test_sigterm_closes_a_pika_publisher_with_320_and_keeps_every_confirmed_mess
             channel.basic_publish("", "shutdown-pika", body, persistent)  # returns once confirmed
             confirmed.append(body)
     assert (closed.value.reply_code, closed.value.reply_text) == (320, SHUTDOWN_TEXT)
+    broker.process.process.send_signal(signal.SIGTERM)  # again, while the broker waits for the idle client
     # The native protocol's client gets the same reason in its connection_close.
     _, native_error = native_consumer.communicate(timeout=30)
     assert native_error.decode() == f"error: 320 {SHUTDOWN_TEXT}\n"
     assert broker.process.process.wait(30) == 0
     assert not any("Traceback" in line for line in broker.process.output)
+    assert any("already shutting down; signal SIGTERM ignored" in line for line in broker.process.output)
+    with contextlib.suppress(AMQPError):
+        idle.close()  # it learns of the 320 only now
 
     restarted = brokers()
     connection = pika.BlockingConnection(pika.URLParameters(restarted.amqp_url))
