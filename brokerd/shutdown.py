@@ -31,9 +31,9 @@ _COMMIT_ROUNDS = 2  # a confirm's sync may be requested in the same reactor turn
 
 
 def ignore_further_stop_signals(reactor):
-    """A second SIGTERM or SIGINT while shutting down is logged and ignored (Twisted's own handler would
-    try to stop the stopping reactor and log a traceback)."""
-    if threading.current_thread() is not threading.main_thread():
+    """When a signal is stopping the reactor, a second SIGTERM or SIGINT is logged and ignored (Twisted's
+    own handler would try to stop the stopping reactor and log a traceback); other stops change nothing."""
+    if getattr(reactor, "_exitSignal", None) is None or threading.current_thread() is not threading.main_thread():
         return
 
     def ignored(number, frame):
