@@ -2,12 +2,16 @@
 
 L{BrokerService} opens the store and recovers durable state before any
 listener accepts a client, and on stop closes the listeners, then the clients'
-connections, then the store. A start-up failure (store unusable, port taken) is
-logged in one line and ends the process with exit status 1.
+connections (L{brokerd.shutdown}: after the commits in flight are confirmed),
+then the store; a SIGTERM stop then ends the process with exit status 0. A
+start-up failure (store unusable, port taken) is logged in one line naming
+the option at fault and ends the process with exit status 1; the store's
+stats are logged at stop only if it started.
 """
 
 import json
 import os
+import signal
 import sys
 
 from twisted.application.service import Service
@@ -19,29 +23,41 @@ from brokerd.amqp.server import AmqpServerFactory
 from brokerd.model.broker import Broker
 from brokerd.model.watermark import DEFAULT_HIGH_WATERMARK, MemoryWatermark
 from brokerd.native.server import DEFAULT_CHANNEL_MAX, DEFAULT_MAX_FRAME_SIZE, NativeServerFactory
+from brokerd.shutdown import close_clients, ignore_further_stop_signals
 
 log = Logger()
 
 
-class Listener:
-    """One endpoint string and the factory serving it; logs the bound address."""
+class ListenFailed(Exception):
+    """A listener could not listen; the message names its option and endpoint."""
 
-    def __init__(self, reactor, description, factory, label):
+
+class Listener:
+    """One endpoint string (the value of option C{--NAME}) and the factory serving it; logs the bound address."""
+
+    def __init__(self, reactor, description, factory, label, option):
         self.reactor = reactor
         self.description = description
         self.factory = factory
         self.label = label
+        self.option = option
         self.port = None
 
     @defer.inlineCallbacks
     def start(self):
-        self.port = yield serverFromString(self.reactor, self.description).listen(self.factory)
+        try:
+            self.port = yield serverFromString(self.reactor, self.description).listen(self.factory)
+        except Exception as problem:
+            raise ListenFailed(f"--{self.option}={self.description}: {problem}") from None
         return self.port
 
     def announce(self):
         address = self.port.getHost()
-        where = f"{address.host}:{address.port}" if hasattr(address, "port") else str(address)
-        log.info("{label} listening on {where}", label=self.label, where=where)
+        where = f"{address.host}:{address.port}" if hasattr(address, "port") else getattr(address, "name", address)
+        if isinstance(where, bytes):
+            where = where.decode("utf-8", "replace")
+        log.info("{label} listening on {where} (--{option}={description})", label=self.label, where=where,
+                 option=self.option, description=self.description)
 
     def stop(self):
         port, self.port = self.port, None
@@ -66,6 +82,7 @@ class BrokerService(Service):
         amqp_endpoint=None,
         amqp_settings=None,
         memory_high_watermark=DEFAULT_HIGH_WATERMARK,
+        startup_report=None,
     ):
         self.store = store
         self.reactor = reactor
@@ -73,25 +90,40 @@ class BrokerService(Service):
         self.listeners = []
         if amqp_endpoint:
             factory = AmqpServerFactory(self.broker, amqp_settings)
-            self.listeners.append(Listener(reactor, amqp_endpoint, factory, "AMQP"))
+            self.listeners.append(Listener(reactor, amqp_endpoint, factory, "AMQP", "amqp"))
         if native_endpoint:
             factory = NativeServerFactory(self.broker, native_max_frame_size, native_channel_max)
-            self.listeners.append(Listener(reactor, native_endpoint, factory, "native protocol"))
+            self.listeners.append(Listener(reactor, native_endpoint, factory, "native protocol", "native"))
+        self.startup_report = startup_report  # a StartupReport: what the start-up log says
         self.started = defer.Deferred()
+        self._store_opened = False
+        self._serving = False
 
     def startService(self):
         Service.startService(self)
+        if self.startup_report is not None:
+            self.startup_report.log_settings()
         d = defer.maybeDeferred(self.store.open)
+        d.addCallback(self._opened)
         d.addCallback(lambda _: self.broker.recover())
+        d.addCallback(self._recovered)
         d.addCallback(lambda _: defer.gatherResults([listener.start() for listener in self.listeners], consumeErrors=True))
         d.addCallback(lambda _: self.reactor.callWhenRunning(self._ready))
         d.addErrback(self._failed_to_start)
+
+    def _opened(self, _):
+        self._store_opened = True
+
+    def _recovered(self, counts):
+        if self.startup_report is not None:
+            self.startup_report.warn_of_other_backends_data(self.store, counts)
 
     def _ready(self):
         # Announced once the reactor runs (and has its signal handlers), so a
         # supervisor that starts talking to us or stops us from here on is safe.
         for listener in self.listeners:
             listener.announce()
+        self._serving = True
         self.started.callback(self)
 
     def _failed_to_start(self, failure):
@@ -108,13 +140,29 @@ class BrokerService(Service):
     @defer.inlineCallbacks
     def stopService(self):
         Service.stopService(self)
+        ignore_further_stop_signals(self.reactor)
         for listener in self.listeners:
             yield listener.stop()
+        if self._serving:
+            yield close_clients(self.reactor, self.store, [listener.factory for listener in self.listeners])
         for connection in list(self.broker.connections):
             connection.close()
         self.broker.stop()
+        if not self._store_opened:
+            # A store that failed to open may hold a lock or files it opened first; its stats mean nothing.
+            try:
+                yield self.store.close()
+            except Exception as problem:
+                log.debug("closing the store that failed to open: {problem!r}", problem=problem)
+            return
         yield self.store.close()
+        if not self._serving:
+            return
         log.info("store stats at stop: {stats}", stats=json.dumps(self.store.stats(), sort_keys=True))
+        if getattr(self.reactor, "_exitSignal", None) == signal.SIGTERM:
+            # twistd would end by re-raising SIGTERM (status "killed by SIGTERM"); a clean stop exits 0.
+            self.reactor._exitSignal = None
+        log.info("brokerd stopped cleanly")
 
 
 def _exit_with_failure():

@@ -12,11 +12,13 @@ from twisted.python import usage
 
 from brokerd import storeregistry
 from brokerd.durability import SyncPolicy
+from brokerd.endpoints import endpoint_problem
 from brokerd.amqp import auth
 from brokerd.amqp.handshake import DEFAULT_FRAME_MAX, DEFAULT_HEARTBEAT, DEFAULT_MAX_MESSAGE_SIZE, AmqpSettings
 from brokerd.native.server import DEFAULT_CHANNEL_MAX as DEFAULT_NATIVE_CHANNEL_MAX
 from brokerd.native.server import DEFAULT_MAX_FRAME_SIZE
 from brokerd.service import BrokerService
+from brokerd.startup import StartupReport
 from brokerd.units import parse_size
 
 DEFAULT_BACKEND = "chunked"
@@ -179,10 +181,9 @@ def _endpoint_option(reactor, name, value):
     """An endpoint option's value checked, or None for 'none'."""
     if value.lower() == "none":
         return None
-    try:
-        serverFromString(reactor, value)
-    except (ValueError, KeyError, TypeError) as problem:
-        raise usage.UsageError(f"--{name}: {value!r} is not a valid endpoint: {problem}") from None
+    problem = endpoint_problem(serverFromString, reactor, value)
+    if problem is not None:
+        raise usage.UsageError(f"--{name}: {value!r} is not a valid endpoint: {problem}")
     return value
 
 
@@ -198,4 +199,5 @@ def makeService(options):
         amqp_endpoint=options["amqp"],
         amqp_settings=options["amqp-settings"],
         memory_high_watermark=options["memory-high-watermark"],
+        startup_report=StartupReport(options["backend"], options["data-dir"], options["sync"]),
     )

@@ -3,13 +3,14 @@
 import os
 import pathlib
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
 
 import pytest
 
+import brokerd
+from brokerd.endpoints import tls_installed
 from tests.processes import BrokerProcess, native_cli, twistd_command
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -55,10 +56,10 @@ def test_command_line_reports_broker_errors(broker):
     assert b"312 NO_ROUTE" in unroutable.stderr
 
 
-def test_broker_stops_cleanly_on_sigterm(broker):
+def test_broker_stops_cleanly_on_sigterm_with_exit_status_0(broker):
     broker.wait_listening()
-    # twistd re-raises the signal that stopped it, so its status says "terminated by SIGTERM".
-    assert broker.stop() == -signal.SIGTERM
+    assert broker.stop() == 0
+    assert any("brokerd stopped cleanly" in line for line in broker.output)
     assert any("Server Shut Down" in line for line in broker.output)
     assert not any("Traceback" in line for line in broker.output)
 
@@ -103,6 +104,12 @@ def test_help_documents_every_option_with_its_default(tmp_path):
          "--max-message-size: a message of 16777216 bytes would not fit in the chunked backend's chunks of 4194304"
          " bytes; raise its chunk_size or lower --max-message-size"),
         (["--backend=chunked:chunk_size=1"], "--backend: backend 'chunked': option chunk_size must be at least 4096"),
+        (["--native=tcp:99999"], "--native: 'tcp:99999' is not a valid endpoint: port 99999 is outside 0-65535"),
+        pytest.param(
+            ["--amqp=ssl:5671:privateKey=server.pem"],
+            "--amqp: 'ssl:5671:privateKey=server.pem' is not a valid endpoint: TLS support is not installed",
+            marks=pytest.mark.skipif(tls_installed(), reason="TLS support is installed here"),
+        ),
     ],
 )
 def test_a_bad_option_exits_with_a_one_line_error(tmp_path, args, complaint):
@@ -120,7 +127,49 @@ def test_a_taken_port_stops_the_broker_with_a_clear_error(broker, tmp_path):
     status = second.process.wait(60)
     second.stop()
     assert status == 1
-    assert any("brokerd could not start" in line and "Address already in use" in line for line in second.output)
+    assert any(
+        f"brokerd could not start: --native=tcp:{port}:interface=127.0.0.1: " in line
+        and "Address already in use" in line
+        for line in second.output
+    ), second.output
+    assert not any("store stats" in line or "Traceback" in line for line in second.output), second.output
+
+
+def test_start_up_log_names_the_settings_and_warns_of_another_backends_data(tmp_path):
+    data = tmp_path / "data"
+    chunked = BrokerProcess(["--data-dir", str(data), "--native", "tcp:0:interface=127.0.0.1"], cwd=tmp_path)
+    try:
+        native = chunked.wait_listening()
+        amqp = chunked.wait_listening("AMQP")
+        assert chunked.wait_for_output(
+            rf"brokerd {brokerd.__version__} starting: data directory {data}, backend chunked \(cache_size=64M"
+            r" chunk_size=256M .*\), sync always$"
+        )
+        assert chunked.wait_for_output(rf"AMQP listening on {amqp[4:]} \(--amqp=tcp:0:interface=127.0.0.1\)$")
+        assert chunked.wait_for_output(rf"native protocol listening on {native[4:]} \(--native=tcp:0:")
+
+        # A second broker on the same data directory finds the store in use: one line, no store stats.
+        second = BrokerProcess(["--data-dir", str(data), "--native", "tcp:0:interface=127.0.0.1"], cwd=tmp_path)
+        assert second.process.wait(60) == 1
+        second.stop()
+        assert [line for line in second.output if "could not start" in line or "store stats" in line] == [
+            next(line for line in second.output if "brokerd could not start: " in line and "in use" in line)
+        ]
+        assert native_cli(native, "declare", "queue", "kept", "--durable").returncode == 0
+    finally:
+        assert chunked.stop() == 0
+
+    sqlite = BrokerProcess(
+        ["--backend=sqlite", "--data-dir", str(data), "--native", "tcp:0:interface=127.0.0.1"], cwd=tmp_path
+    )
+    try:
+        warning = sqlite.wait_for_output("#warn")
+        sqlite.wait_listening("AMQP")
+    finally:
+        sqlite.stop()
+    assert f"the data directory holds the chunked backend's files ({data}/chunked)" in warning
+    assert warning.endswith(f"stop the broker and run: python -m brokerd.migrate --data-dir {data} --from chunked"
+                            " --to sqlite")
 
 
 def test_plugin_is_found_in_this_installation(tmp_path):

@@ -21,6 +21,8 @@ the memory watermark, and a connection in the middle of a body is blocked like
 any publisher while the broker is above it.
 """
 
+import weakref
+
 from pamqp import commands
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Protocol, ServerFactory
@@ -524,8 +526,24 @@ class AmqpServerFactory(ServerFactory):
     def __init__(self, broker, settings=None):
         self.broker = broker
         self.settings = settings or AmqpSettings()
+        self._protocols = weakref.WeakSet()  # every connection made, to close them at shutdown
 
     def buildProtocol(self, address):
         protocol = AmqpServerProtocol(self.broker, self.settings)
         protocol.factory = self
+        self._protocols.add(protocol)
         return protocol
+
+    def open_protocols(self):
+        """The connections whose sockets are still open."""
+        return [protocol for protocol in self._protocols if protocol.transport is not None
+                and not getattr(protocol.transport, "disconnected", True)]
+
+    def close_connections(self, error):
+        """Send connection.close with C{error} to every client that logged in; drop the others."""
+        for protocol in self.open_protocols():
+            if protocol.user is not None:
+                protocol._close_connection(error)
+            else:
+                protocol._state = CLOSING
+                protocol.transport.loseConnection()

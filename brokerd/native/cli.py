@@ -7,17 +7,26 @@
     python -m brokerd.native consume jobs --count 1
     python -m brokerd.native get jobs
 
-Bodies are printed one per line to standard output; errors print the broker's
-reply code and text to standard error and exit with status 1.
+Bodies are printed one per line to standard output. Exit status: 0 when the
+command did what it says; 1 when it did not (the broker refused it, closed the
+channel or connection, returned or refused a published message, or could not be
+reached; one line on standard error says why, with the broker's reply code and
+text); 2 from ``get`` on an empty queue and for a command line that does not parse.
 """
 
 import argparse
 import sys
 
 from twisted.internet import defer, task
+from twisted.internet.endpoints import clientFromString
 from twisted.internet.error import ConnectError
 
+from brokerd.endpoints import endpoint_problem
 from brokerd.native.client import DEFAULT_ENDPOINT, BrokerClosed, PublishNacked, connect
+
+
+class ConsumerCancelled(Exception):
+    """The broker cancelled the consumer (its queue was deleted)."""
 
 
 def _parse_header(text):
@@ -108,7 +117,8 @@ def run(reactor, options):
         status = yield _COMMANDS[options.command](channel, options)
     finally:
         yield client.close()
-    return status or 0
+    # A command fires with its exit status or None: never with a broker reply (which would become the status).
+    return status if isinstance(status, int) else 0
 
 
 @defer.inlineCallbacks
@@ -134,12 +144,14 @@ def _delete(channel, options):
         print(f"messages={count}")
 
 
+@defer.inlineCallbacks
 def _bind(channel, options):
-    return channel.queue_bind(options.queue, options.exchange, options.routing_key)
+    yield channel.queue_bind(options.queue, options.exchange, options.routing_key)
 
 
+@defer.inlineCallbacks
 def _unbind(channel, options):
-    return channel.queue_unbind(options.queue, options.exchange, options.routing_key)
+    yield channel.queue_unbind(options.queue, options.exchange, options.routing_key)
 
 
 @defer.inlineCallbacks
@@ -178,12 +190,20 @@ def _publish(channel, options):
             channel.basic_publish(options.exchange, options.routing_key, data, properties, options.mandatory)
         )
     if options.confirm or options.mandatory:
-        yield defer.gatherResults(confirms, consumeErrors=True)
+        yield _first_failure_raised(defer.gatherResults(confirms, consumeErrors=True))
+    # A publish the broker refuses (e.g. 404 for a missing exchange) closes the channel, and unconfirmed
+    # publishes get no answer: closing the channel is the round trip that reports the close, if there was one.
+    yield channel.close()
     if returned:
         print(f"error: {len(returned)} message(s) returned: {returned[0].reply_code} {returned[0].reply_text}",
               file=sys.stderr)
         return 1
     return 0
+
+
+def _first_failure_raised(gathered):
+    """C{gathered} (a gatherResults) failing with its first failure itself rather than a FirstError."""
+    return gathered.addErrback(lambda failure: failure.value.subFailure if failure.check(defer.FirstError) else failure)
 
 
 @defer.inlineCallbacks
@@ -204,6 +224,12 @@ def _consume(channel, options):
         if options.count and received >= options.count and not finished.called:
             finished.callback(None)
 
+    def on_cancel(consumer_tag):
+        if not finished.called:
+            finished.errback(ConsumerCancelled(f"the broker cancelled the consumer of queue {options.queue!r}"
+                                               " (the queue was deleted)"))
+
+    channel.on_cancel = on_cancel
     tag = yield channel.basic_consume(options.queue, on_delivery, no_ack=options.no_ack)
     channel.closed.addCallback(lambda reason: finished.called or finished.errback(reason))
     yield finished
@@ -240,12 +266,18 @@ _COMMANDS = {
 
 def main(argv=None):
     options = build_parser().parse_args(argv)
+    from twisted.internet import reactor
+
+    problem = endpoint_problem(clientFromString, reactor, options.connect)
+    if problem is not None:
+        print(f"error: --connect: {options.connect!r} is not a valid endpoint: {problem}", file=sys.stderr)
+        raise SystemExit(1)
 
     @defer.inlineCallbacks
     def react_main(reactor):
         try:
             status = yield run(reactor, options)
-        except (BrokerClosed, PublishNacked) as problem:
+        except (BrokerClosed, PublishNacked, ConsumerCancelled) as problem:
             print(f"error: {problem}", file=sys.stderr)
             status = 1
         except ConnectError as problem:

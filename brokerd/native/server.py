@@ -16,6 +16,8 @@ what we write, it gets no deliveries and its requests are not read either, so
 it cannot make the broker queue replies it will not take.
 """
 
+import weakref
+
 from google.protobuf.message import DecodeError
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import ServerFactory
@@ -513,6 +515,7 @@ class NativeServerFactory(ServerFactory):
         self.max_frame_size = max_frame_size
         self.channel_max = channel_max
         self.refusal_log = RefusalLog(protocol="native", before="hello")
+        self._protocols = weakref.WeakSet()  # every connection made, to close them at shutdown
 
     def stopFactory(self):
         self.refusal_log.stop()
@@ -520,4 +523,19 @@ class NativeServerFactory(ServerFactory):
     def buildProtocol(self, address):
         protocol = NativeServerProtocol(self.broker, self.max_frame_size, self.channel_max, self.refusal_log)
         protocol.factory = self
+        self._protocols.add(protocol)
         return protocol
+
+    def open_protocols(self):
+        """The connections whose sockets are still open."""
+        return [protocol for protocol in self._protocols if protocol.transport is not None
+                and not getattr(protocol.transport, "disconnected", True)]
+
+    def close_connections(self, error):
+        """Send connection_close with C{error} to every client that said hello; drop the others."""
+        for protocol in self.open_protocols():
+            if protocol.connection is not None and not protocol.stopped_reading:
+                protocol._close_connection(error)
+            else:
+                protocol.stopped_reading = True
+                protocol.transport.loseConnection()
