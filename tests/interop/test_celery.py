@@ -7,6 +7,7 @@ result backend: results travel back as messages to the caller's reply queue
 round trip covers publishing, consuming, acknowledging and reply routing.
 """
 
+import contextlib
 import importlib.util
 import os
 import pathlib
@@ -39,6 +40,7 @@ from celery import Celery
 app = Celery("brokerd_celery_tasks", broker=os.environ["BROKERD_CELERY_BROKER_URL"], backend="rpc://")
 app.conf.update(
     task_default_queue=os.environ["BROKERD_CELERY_QUEUE"],
+    task_default_queue_type=os.environ.get("BROKERD_CELERY_QUEUE_TYPE", "classic"),
     task_serializer="json",
     result_serializer="json",
     accept_content=["json"],
@@ -124,14 +126,18 @@ def _import_tasks(path):
     return module
 
 
-@pytest.fixture(scope="module")
-def celery_setup(amqp_broker, tmp_path_factory):
-    """(tasks module, worker): a worker consuming from the module's broker, and the same tasks here."""
-    directory = tmp_path_factory.mktemp("celery")
+@contextlib.contextmanager
+def celery_worker(amqp_broker, directory, queue, queue_type="classic"):
+    """
+    Gives (tasks module, worker) for a solo
+    worker consuming C{queue} (declared as C{queue_type}) from the module's
+    broker, with the same tasks imported here; stops both afterwards.
+    """
     (directory / "brokerd_celery_tasks.py").write_text(TASKS_MODULE)
     settings = {
         "BROKERD_CELERY_BROKER_URL": f"pyamqp://guest:guest@{amqp_broker.host}:{amqp_broker.amqp_port}//",
-        "BROKERD_CELERY_QUEUE": f"celery-interop-{uuid.uuid4().hex[:12]}",
+        "BROKERD_CELERY_QUEUE": queue,
+        "BROKERD_CELERY_QUEUE_TYPE": queue_type,
     }
     env = dict(os.environ, **settings, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(directory), str(REPO), os.environ.get("PYTHONPATH")]))
@@ -152,7 +158,17 @@ def celery_setup(amqp_broker, tmp_path_factory):
         try:
             tasks.app.close()
         finally:
+            # A solo worker that has run a task takes some 10 s to stop on SIGTERM (on RabbitMQ too);
+            # nothing is checked after the tests, so it is killed.
+            worker.process.kill()
             worker.stop()
+
+
+@pytest.fixture(scope="module")
+def celery_setup(amqp_broker, tmp_path_factory):
+    """(tasks module, worker): a worker consuming from the module's broker, and the same tasks here."""
+    with celery_worker(amqp_broker, tmp_path_factory.mktemp("celery"), f"celery-interop-{uuid.uuid4().hex[:12]}") as setup:
+        yield setup
 
 
 @pytest.fixture
