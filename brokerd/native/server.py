@@ -40,10 +40,10 @@ from brokerd.errors import (
     UnexpectedFrame,
 )
 from brokerd.hangup import HangupWatch
-from brokerd.interfaces import IChannelPeer
 from brokerd.model.property_rules import ARGUMENT, check_table
 from brokerd.model.watermark import LARGE_PARTIAL_FRAME, SLOW_READER, PublisherGate, reading_pauses
 from brokerd.native.framing import FrameReceiver
+from brokerd.native.peer import NativeChannelPeer, fill_content
 from brokerd.proto import messages_pb2
 from brokerd.proto.exchange_types import EXCHANGE_TYPE_NAME
 from brokerd.proto.native_pb2 import Envelope
@@ -56,59 +56,6 @@ PRE_HELLO_MAX_FRAME_SIZE = 4096  # the largest frame before hello (AMQP's limit 
 DEFAULT_CHANNEL_MAX = 2047  # channels open at once on one connection (AMQP's default channel_max)
 
 log = Logger()
-
-
-@implementer(IChannelPeer)
-class _ChannelPeer:
-    """Pushes one channel's deliveries, returns and confirms to the client."""
-
-    __slots__ = ("_send", "_channel_id")
-
-    def __init__(self, protocol, channel_id):
-        self._send = protocol.sendFrame
-        self._channel_id = channel_id
-
-    def deliver(self, consumer_tag, delivery_tag, redelivered, message):
-        envelope = Envelope(channel=self._channel_id)
-        deliver = envelope.basic_deliver
-        _fill_content(deliver, message)
-        deliver.consumer_tag = consumer_tag
-        deliver.delivery_tag = delivery_tag
-        deliver.redelivered = redelivered
-        self._send(envelope.SerializeToString())
-
-    def returned(self, reply_code, reply_text, message):
-        envelope = Envelope(channel=self._channel_id)
-        returned = envelope.basic_return
-        _fill_content(returned, message)
-        returned.reply_code = reply_code
-        returned.reply_text = reply_text
-        self._send(envelope.SerializeToString())
-
-    def publish_confirmed(self, sequence, multiple, ack):
-        envelope = Envelope(channel=self._channel_id)
-        if ack:
-            envelope.basic_ack.delivery_tag = sequence
-            envelope.basic_ack.multiple = multiple
-        else:
-            envelope.basic_nack.delivery_tag = sequence
-            envelope.basic_nack.multiple = multiple
-            envelope.basic_nack.requeue = False
-        self._send(envelope.SerializeToString())
-
-    def consumer_cancelled(self, consumer_tag):
-        envelope = Envelope(channel=self._channel_id)
-        envelope.basic_cancel.consumer_tag = consumer_tag
-        self._send(envelope.SerializeToString())
-
-
-def _fill_content(target, message):
-    """Copy a message's exchange, routing key, properties and body into a
-    BasicDeliver, BasicReturn or BasicGetOk (fields 1-4 of each)."""
-    target.exchange = message.exchange
-    target.routing_key = message.routing_key
-    target.properties.CopyFrom(message.properties)
-    target.body = message.body
 
 
 def _arguments(message):
@@ -360,7 +307,7 @@ class NativeServerProtocol(FrameReceiver):
         opened = len(self.connection.channels) + len(self._closing_channels)
         if opened >= self.channel_max and envelope.channel not in self.connection.channels:
             raise NotAllowed(f"number of channels opened ({opened}) has reached the channel_max ({self.channel_max})")
-        self.connection.open_channel(envelope.channel, _ChannelPeer(self, envelope.channel))
+        self.connection.open_channel(envelope.channel, NativeChannelPeer(self, envelope.channel))
         self._ok(envelope)
 
     def on_channel_close(self, envelope, close):
@@ -472,7 +419,7 @@ class NativeServerProtocol(FrameReceiver):
         else:
             delivery_tag, redelivered, message, message_count = result
             got = reply.basic_get_ok
-            _fill_content(got, message)
+            fill_content(got, message)
             got.delivery_tag = delivery_tag
             got.redelivered = redelivered
             got.message_count = message_count
