@@ -57,7 +57,7 @@ class Broker:
         """The virtual host C{name}; raises NotAllowed (530), as AMQP's connection.open does."""
         vhost = self.vhosts.get(name or DEFAULT_VHOST)
         if vhost is None:
-            raise NotAllowed(f"vhost {name!r} not found")
+            raise NotAllowed(f"vhost {name} not found")  # RabbitMQ's text, word for word
         return vhost
 
     def _recover_messages(self, queue):

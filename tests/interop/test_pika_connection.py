@@ -78,7 +78,7 @@ def test_unknown_virtual_host_is_refused(amqp_broker):
     # pika names a connection.close in answer to connection.open a "probable" access-denied error.
     with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as raised:
         pika.BlockingConnection(parameters)
-    assert "(530)" in str(raised.value) and "NOT_ALLOWED" in str(raised.value)
+    assert "(530)" in str(raised.value) and "NOT_ALLOWED - vhost no-such-vhost not found" in str(raised.value)
 
 
 # -- errors stay where they happen
