@@ -17,6 +17,7 @@ from brokerd.model.consumers import consumer_priority
 from brokerd.model.message import Message
 from brokerd.model.names import check_short_string, generate_consumer_tag
 from brokerd.model.property_rules import check_arguments, check_properties
+from brokerd.model.replyto import REPLY_PREFIX, REPLY_QUEUE
 from brokerd.publisher_confirms import PublisherConfirms
 
 log = Logger()
@@ -83,6 +84,7 @@ class Channel:
         self.peer = peer
         self.vhost = connection.vhost
         self.clock = connection.broker.clock
+        self._replies = connection.broker.replies  # direct reply-to (brokerd.model.replyto)
         self.consumers = {}
         self.prefetch_count = 0
         self.consumer_prefetch = 0
@@ -126,6 +128,8 @@ class Channel:
 
     def queue_declare(self, queue="", passive=False, durable=False, exclusive=False, auto_delete=False, arguments=None):
         """Declare a queue; returns C{(name, message_count, consumer_count)}."""
+        if queue.startswith(REPLY_QUEUE):
+            return self._replies.declare(self, queue)
         check_arguments(arguments)
         declared = self.vhost.declare_queue(
             self._queue_name(queue) if passive else queue,
@@ -186,6 +190,8 @@ class Channel:
         """
         if message.encoded_properties is None:
             check_properties(message.properties)
+        if message.properties.reply_to == REPLY_QUEUE:
+            message = self._replies.with_reply_address(self, message)
         if self._transaction is not None:
             self._transaction.append((self.publish, (message, mandatory)))
             self._hold_for_transaction(len(message.body))
@@ -194,6 +200,8 @@ class Channel:
         if confirms is not None:
             sequence = confirms.next_sequence()
         routed, stored, refused = self.vhost.publish(message.exchange, message)
+        if not routed and message.routing_key.startswith(REPLY_PREFIX) and not message.exchange:
+            self._replies.deliver(self.vhost, message)  # still unrouted: RabbitMQ returns it to a mandatory publisher
         if not routed and mandatory and not refused:
             self.peer.returned(312, "NO_ROUTE", message)
         if confirms is not None:
@@ -276,8 +284,11 @@ class Channel:
         the chance to confirm the consumer to its client.
         """
         check_arguments(arguments)
-        target = self.vhost.queue(self._queue_name(queue), self.connection)
-        target.check_available()
+        if queue == REPLY_QUEUE:
+            target, arguments = self._replies.reply_queue(self, no_ack), None  # RabbitMQ ignores its arguments
+        else:
+            target = self.vhost.queue(self._queue_name(queue), self.connection)
+            target.check_available()
         priority = consumer_priority(arguments, target)
         if target.policy.quorum and self.prefetch_count:
             raise MethodNotImplemented(
