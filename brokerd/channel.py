@@ -84,7 +84,6 @@ class Channel:
         self.peer = peer
         self.vhost = connection.vhost
         self.clock = connection.broker.clock
-        self._replies = connection.broker.replies  # direct reply-to (brokerd.model.replyto)
         self.consumers = {}
         self.prefetch_count = 0
         self.consumer_prefetch = 0
@@ -128,8 +127,10 @@ class Channel:
 
     def queue_declare(self, queue="", passive=False, durable=False, exclusive=False, auto_delete=False, arguments=None):
         """Declare a queue; returns C{(name, message_count, consumer_count)}."""
-        if queue.startswith(REPLY_QUEUE):
-            return self._replies.declare(self, queue)
+        if queue.startswith(REPLY_QUEUE):  # direct reply-to's names (brokerd.model.replyto)
+            declared = self.connection.broker.replies.declare(self, queue)
+            self._last_queue_name = queue
+            return declared
         check_arguments(arguments)
         declared = self.vhost.declare_queue(
             self._queue_name(queue) if passive else queue,
@@ -191,7 +192,7 @@ class Channel:
         if message.encoded_properties is None:
             check_properties(message.properties)
         if message.properties.reply_to == REPLY_QUEUE:
-            message = self._replies.with_reply_address(self, message)
+            message = self.connection.broker.replies.with_reply_address(self, message)
         if self._transaction is not None:
             self._transaction.append((self.publish, (message, mandatory)))
             self._hold_for_transaction(len(message.body))
@@ -201,7 +202,7 @@ class Channel:
             sequence = confirms.next_sequence()
         routed, stored, refused = self.vhost.publish(message.exchange, message)
         if not routed and message.routing_key.startswith(REPLY_PREFIX) and not message.exchange:
-            self._replies.deliver(self.vhost, message)  # still unrouted: RabbitMQ returns it to a mandatory publisher
+            self.connection.broker.replies.deliver(self.vhost, message)  # and RabbitMQ returns it if mandatory
         if not routed and mandatory and not refused:
             self.peer.returned(312, "NO_ROUTE", message)
         if confirms is not None:
@@ -284,10 +285,11 @@ class Channel:
         the chance to confirm the consumer to its client.
         """
         check_arguments(arguments)
+        queue = self._queue_name(queue)
         if queue == REPLY_QUEUE:
-            target, arguments = self._replies.reply_queue(self, no_ack), None  # RabbitMQ ignores its arguments
+            target, arguments = self.connection.broker.replies.reply_queue(self, no_ack), None  # ignored
         else:
-            target = self.vhost.queue(self._queue_name(queue), self.connection)
+            target = self.vhost.queue(queue, self.connection)
             target.check_available()
         priority = consumer_priority(arguments, target)
         if target.policy.quorum and self.prefetch_count:

@@ -47,7 +47,8 @@ class NativeDirectReplyToTests(unittest.TestCase):
     def test_a_reply_consumer_must_be_no_ack(self):
         channel = yield self.client.channel()
         error = yield self.assertFailure(channel.basic_consume(REPLY_TO, lambda delivery: None), ChannelClosed)
-        self.assertEqual((error.reply_code, error.reply_text), (406, "PRECONDITION_FAILED - reply consumer cannot acknowledge"))
+        self.assertEqual((error.reply_code, error.reply_text),
+                         (406, "PRECONDITION_FAILED - reply consumer cannot acknowledge"))
 
     @defer.inlineCallbacks
     def test_reply_to_without_a_reply_consumer_is_refused(self):
@@ -55,4 +56,5 @@ class NativeDirectReplyToTests(unittest.TestCase):
         yield channel.queue_declare("requests")
         channel.basic_publish("", "requests", b"ping", {"reply_to": REPLY_TO})
         error = yield self.assertFailure(channel.queue_declare("requests", passive=True), ChannelClosed)
-        self.assertEqual((error.reply_code, error.reply_text), (406, "PRECONDITION_FAILED - fast reply consumer does not exist"))
+        self.assertEqual((error.reply_code, error.reply_text),
+                         (406, "PRECONDITION_FAILED - fast reply consumer does not exist"))

@@ -160,3 +160,13 @@ def test_closing_the_channel_ends_its_reply_consumer(connect, requester, name):
     channel.close()
     error = closed_by_broker(connect().channel().queue_declare, address, passive=True)
     assert error.reply_code == 404
+
+
+def test_a_declared_reply_to_is_the_channels_last_queue(connection):
+    """As in RabbitMQ: after declaring amq.rabbitmq.reply-to, a consume of "" makes a reply consumer,
+    and a purge of "" names the pseudo-queue, which holds nothing to purge."""
+    channel = connection.channel()
+    channel.queue_declare(REPLY_TO, passive=True)
+    assert channel.basic_consume("", lambda *_: None, auto_ack=True)
+    error = closed_by_broker(channel.queue_purge, "")
+    assert (error.reply_code, error.reply_text) == (404, f"NOT_FOUND - no queue '{REPLY_TO}' in vhost '/'")
