@@ -52,8 +52,22 @@ def test_replies_wait_for_a_slow_reader_up_to_a_limit(broker):
     for body in (big, big, b"small"):  # the second would pass the limit: dropped
         reply(server, name, body)
     assert peer.deliveries == []
+    assert broker.watermark.queued_bytes == len(big) + len(b"small")  # held replies count as memory in use
     channel.connection.resume_deliveries()
     assert [len(message.body) for _, _, _, message in peer.deliveries] == [len(big), len(b"small")]
+    assert broker.watermark.queued_bytes == 0
+
+
+def test_replies_held_for_a_channel_are_released_when_it_closes(broker):
+    channel, peer, tag, name = requester(broker)
+    server, _ = open_channel(broker)
+    channel.flow(False)
+    reply(server, name, b"held")
+    assert broker.watermark.queued_bytes == len(b"held")
+    channel.connection.close_channel(channel.id)
+    assert broker.watermark.queued_bytes == 0
+    reply(server, name, b"after")
+    assert peer.deliveries == []
 
 
 def test_a_reply_name_works_only_in_its_virtual_host(broker):

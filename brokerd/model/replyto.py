@@ -40,8 +40,9 @@ class ReplyConsumerQueue:
     ordinary consumer, delivery, cancel and close paths serve it unchanged.
 
     Replies arriving while the consumer cannot take them (channel.flow off, or its
-    client not reading) wait here, up to L{HELD_REPLY_BYTES} of bodies; past that a
-    reply is dropped, as RabbitMQ drops a reply that finds no consumer.
+    client not reading) wait here, counted against the memory watermark, up to
+    L{HELD_REPLY_BYTES} of bodies; past that a reply is dropped, as RabbitMQ drops a
+    reply that finds no consumer.
     """
 
     policy = _Classic()
@@ -73,7 +74,7 @@ class ReplyConsumerQueue:
         self.registry._unregister(self)
         self.consumer = None
         self._held.clear()
-        self._held_bytes = 0
+        self._release(self._held_bytes)
 
     def forget(self, entry):
         pass  # nothing is stored or held once delivered (the consumer is no-ack)
@@ -97,6 +98,7 @@ class ReplyConsumerQueue:
             return
         self._held.append(message)
         self._held_bytes += size
+        self.vhost.watermark.add(size)
 
     def dispatch(self):
         """The consumer may have room again: hand it the replies held for it, in order."""
@@ -104,8 +106,13 @@ class ReplyConsumerQueue:
         held = self._held
         while held and consumer is not None and consumer.has_room():
             message = held.popleft()
-            self._held_bytes -= len(message.body)
+            self._release(len(message.body))
             self._deliver(message)
+
+    def _release(self, size):
+        self._held_bytes -= size
+        if size:
+            self.vhost.watermark.release(size)
 
     def _deliver(self, message):
         self._sequence += 1
