@@ -31,6 +31,8 @@ HELD_REPLY_BYTES = 16 * 1024 * 1024  # reply bodies held for a consumer that can
 
 
 class _Classic:
+    """The queue policy the channel reads of a reply consumer's queue: none of a quorum queue's rules."""
+
     quorum = False
 
 
@@ -61,9 +63,6 @@ class ReplyConsumerQueue:
 
     def __repr__(self):
         return f"<ReplyConsumerQueue {self.name!r} of {self.channel!r}>"
-
-    def check_available(self):
-        pass
 
     def add_consumer(self, consumer):
         self.consumer = consumer
