@@ -17,6 +17,7 @@ from brokerd.model.consumers import consumer_priority
 from brokerd.model.message import Message
 from brokerd.model.names import check_short_string, generate_consumer_tag
 from brokerd.model.property_rules import check_arguments, check_properties
+from brokerd.model.replyto import REPLY_PREFIX, REPLY_QUEUE
 from brokerd.publisher_confirms import PublisherConfirms
 
 log = Logger()
@@ -126,6 +127,10 @@ class Channel:
 
     def queue_declare(self, queue="", passive=False, durable=False, exclusive=False, auto_delete=False, arguments=None):
         """Declare a queue; returns C{(name, message_count, consumer_count)}."""
+        if queue.startswith(REPLY_QUEUE):  # direct reply-to's names (brokerd.model.replyto)
+            declared = self.connection.broker.replies.declare(self, queue)
+            self._last_queue_name = queue
+            return declared
         check_arguments(arguments)
         declared = self.vhost.declare_queue(
             self._queue_name(queue) if passive else queue,
@@ -186,6 +191,8 @@ class Channel:
         """
         if message.encoded_properties is None:
             check_properties(message.properties)
+        if message.properties.reply_to == REPLY_QUEUE:
+            message = self.connection.broker.replies.with_reply_address(self, message)
         if self._transaction is not None:
             self._transaction.append((self.publish, (message, mandatory)))
             self._hold_for_transaction(len(message.body))
@@ -194,6 +201,8 @@ class Channel:
         if confirms is not None:
             sequence = confirms.next_sequence()
         routed, stored, refused = self.vhost.publish(message.exchange, message)
+        if not routed and message.routing_key.startswith(REPLY_PREFIX) and not message.exchange:
+            self.connection.broker.replies.deliver(self.vhost, message)  # and RabbitMQ returns it if mandatory
         if not routed and mandatory and not refused:
             self.peer.returned(312, "NO_ROUTE", message)
         if confirms is not None:
@@ -276,8 +285,12 @@ class Channel:
         the chance to confirm the consumer to its client.
         """
         check_arguments(arguments)
-        target = self.vhost.queue(self._queue_name(queue), self.connection)
-        target.check_available()
+        queue = self._queue_name(queue)
+        if queue == REPLY_QUEUE:
+            target, arguments = self.connection.broker.replies.reply_queue(self, no_ack), None  # ignored
+        else:
+            target = self.vhost.queue(queue, self.connection)
+            target.check_available()
         priority = consumer_priority(arguments, target)
         if target.policy.quorum and self.prefetch_count:
             raise MethodNotImplemented(

@@ -372,7 +372,7 @@ class PropertiesRoundTripTests(NativeProtocolTestCase):
         "headers": HEADERS,
         "priority": 9,
         "correlation_id": "corr-77",
-        "reply_to": "amq.rabbitmq.reply-to",
+        "reply_to": "rpc.replies",  # not amq.rabbitmq.reply-to, which needs a reply consumer
         "expiration": "60000",
         "message_id": "msg-0001",
         "timestamp": 1_700_000_000,

@@ -10,6 +10,7 @@ from brokerd.errors import NotAllowed
 from brokerd.interfaces import IDelayedMessageStore, IPagingStore, QuarantinedRecord, StoreCorrupted
 from brokerd.model.delayed import DelayScheduler
 from brokerd.model.message import Message
+from brokerd.model.replyto import ReplyConsumers
 from brokerd.model.vhost import VirtualHost
 from brokerd.model.watermark import MemoryWatermark
 from brokerd.proto import messages_pb2
@@ -36,6 +37,7 @@ class Broker:
         self.watermark = watermark if watermark is not None else MemoryWatermark()
         self.vhosts = {}
         self.connections = set()
+        self.replies = ReplyConsumers()  # direct reply-to consumers, by the token in their reply name
         self.delays = DelayScheduler(self)
         for name in vhosts:
             self.add_vhost(name)
