@@ -38,6 +38,17 @@ def delay_of(message):
     return int(min(value, LONGEST_DELAY))
 
 
+def fired(message):
+    """
+    A copy of a delayed C{message} to route once due, its x-delay header made
+    negative as the delayed-message plugin does: no delayed exchange it
+    reaches holds it again, and a consumer can tell it was delayed.
+    """
+    if delay_of(message) is None:
+        return message
+    return message.with_header("x-delay", -int(message.headers["x-delay"]))
+
+
 class DelayScheduler:
     """
     Keeps a broker's delayed messages moving: into the store when published,
@@ -110,6 +121,7 @@ class DelayScheduler:
             return
         if not isinstance(message, Message):
             message = Message.from_record(message)
+        message = fired(message)
         try:
             vhost.route_now(exchange, message)
         except Exception:
