@@ -17,6 +17,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from brokerd.model.message import Message
+from brokerd.proto import messages_pb2
 
 log = Logger()
 
@@ -46,7 +47,13 @@ def fired(message):
     """
     if delay_of(message) is None:
         return message
-    return message.with_header("x-delay", -int(message.headers["x-delay"]))
+    negated = -int(message.headers["x-delay"])
+    copy = message.with_header("x-delay", negated)
+    if negated >= -(2**31):  # a signedint, as the plugin writes it
+        for field in copy.properties.headers.fields:
+            if field.name == "x-delay":
+                field.value.integer_kind = messages_pb2.INT32
+    return copy
 
 
 class DelayScheduler:

@@ -63,6 +63,7 @@ def test_a_delayed_exchange_reached_through_a_binding_holds_the_message_until_du
     properties, body = next_message(connection, channel, at_delayed)
     assert time.monotonic() - published >= 0.3
     assert body == b"later" and properties.headers["x-delay"] == -300  # as the delayed-message plugin marks it
+    assert type(properties.headers["x-delay"]) is int  # a signedint, as the plugin writes it (pika reads a long as long)
     # Once due it goes from the delayed exchange on through its bindings, round the cycle once.
     assert next_message(connection, channel, at_after)[1] == b"later"
     assert next_message(connection, channel, at_entry)[1] == b"later"
