@@ -12,6 +12,7 @@ fell due while the broker was down goes out at the first tick.
 """
 
 import heapq
+import re
 
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
@@ -26,17 +27,35 @@ WINDOW_MESSAGES = 1000  # delayed messages loaded from the store at a time
 WINDOW_MILLISECONDS = 60_000  # how far ahead one load looks
 LOAD_AHEAD_MILLISECONDS = 1_000  # the next window is loaded this long before the current one runs out
 LAST_HANDLE = 2**63
-LONGEST_DELAY = 2**32 - 1  # milliseconds (49.7 days), as RabbitMQ's delayed-message exchange; longer ones wait that long
+_WHOLE_NUMBER = re.compile(r"[+-]?[0-9]{1,18}")  # a string x-delay the plugin reads as a number (longer: too long)
+LONGEST_DELAY = 2**32 - 1  # milliseconds (49.7 days), as RabbitMQ's delayed-message exchange; longer ones are not held
 
 
 def delay_of(message):
-    """The x-delay header in milliseconds, or None if there is none worth waiting for (absent, not a number, <= 0)."""
+    """
+    The x-delay header in milliseconds, or None if the message is not to be
+    held. As the delayed-message plugin reads it: an integer, a float (its
+    whole part) or a string of decimal digits; a delay from 1 to
+    L{LONGEST_DELAY} holds the message, any other routes it at once.
+    """
+    value = _header_delay(message)
+    if value is None or not 0 < value <= LONGEST_DELAY:
+        return None
+    return value
+
+
+def _header_delay(message):
+    """The x-delay header as a whole number, or None if it is absent or not a number the plugin reads."""
     if not message.properties.HasField("headers"):
         return None
     value = message.headers.get("x-delay")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        return None
-    return int(min(value, LONGEST_DELAY))
+    if isinstance(value, float):
+        return int(value) if abs(value) < 2**63 else None  # neither NaN nor an infinity
+    if isinstance(value, str):
+        return int(value) if _WHOLE_NUMBER.fullmatch(value) else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return None
 
 
 def fired(message):
@@ -45,11 +64,11 @@ def fired(message):
     negative as the delayed-message plugin does: no delayed exchange it
     reaches holds it again, and a consumer can tell it was delayed.
     """
-    if delay_of(message) is None:
+    delay = delay_of(message)
+    if delay is None:
         return message
-    negated = -int(message.headers["x-delay"])
-    copy = message.with_header("x-delay", negated)
-    if negated >= -(2**31):  # a signedint, as the plugin writes it
+    copy = message.with_header("x-delay", -delay)
+    if delay <= 2**31:  # a signedint, as the plugin writes it
         for field in copy.properties.headers.fields:
             if field.name == "x-delay":
                 field.value.integer_kind = messages_pb2.INT32

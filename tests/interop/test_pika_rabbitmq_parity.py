@@ -102,6 +102,22 @@ def test_a_fired_message_is_not_held_again_by_the_next_delayed_exchange(connecti
     assert properties.headers["x-delay"] == -600
 
 
+def test_x_delay_is_read_as_the_delayed_message_plugin_reads_it(connection, name):
+    channel = connection.channel()
+    exchange = name("delayed")
+    channel.exchange_declare(exchange, "x-delayed-message", arguments=DELAYED)
+    queue = channel.queue_declare(name("q")).method.queue
+    channel.queue_bind(queue, exchange, "k")
+    for body, delay in ((b"digits", "600"), (b"too long", 2**32), (b"not a number", "soon"), (b"zero", 0)):
+        channel.basic_publish(exchange, "k", body, pika.BasicProperties(headers={"x-delay": delay}))
+    now = []
+    while (taken := channel.basic_get(queue, auto_ack=True))[0] is not None:
+        now.append((taken[2], taken[1].headers["x-delay"]))
+    assert now == [(b"too long", 2**32), (b"not a number", "soon"), (b"zero", 0)]  # routed at once, unchanged
+    properties, body = next_message(connection, channel, queue)
+    assert (body, properties.headers["x-delay"]) == (b"digits", -600)
+
+
 # -- 2. exchange redeclaration
 
 
