@@ -103,6 +103,7 @@ def test_a_consumer_stopped_by_the_user_cancels_and_exits_0_quietly(broker, stop
         pump(broker.channel.connection, lambda: consumer_count(channel, queue) == 1, "the CLI consumer", timeout=30)
         pump(broker.channel.connection, lambda: message_count(channel, queue) == 0, "the CLI's ack", timeout=10)
         consumer.send_signal(stop)
+        consumer.send_signal(stop)  # an impatient second one changes nothing
         stdout, stderr = consumer.communicate(timeout=30)
     finally:
         consumer.kill()

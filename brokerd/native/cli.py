@@ -25,6 +25,7 @@ from twisted.internet.error import ConnectError
 
 from brokerd.endpoints import endpoint_problem
 from brokerd.native.client import DEFAULT_ENDPOINT, BrokerClosed, PublishNacked, connect
+from brokerd.shutdown import ignore_further_stop_signals
 
 
 STOP_GRACE_SECONDS = 5  # how long a stop signal waits for ``consume`` to cancel and close before dropping the connection
@@ -298,6 +299,7 @@ def main(argv=None):
             """SIGINT or SIGTERM stops the reactor: let ``consume`` end cleanly first."""
             if done.called:
                 return None
+            ignore_further_stop_signals(reactor)  # a second Ctrl-C would make Twisted's handler fail loudly
             options.interrupted.callback(None)
             if options.command != "consume":
                 return None
