@@ -28,7 +28,7 @@ from brokerd.native.client import DEFAULT_ENDPOINT, BrokerClosed, PublishNacked,
 from brokerd.shutdown import ignore_further_stop_signals
 
 
-STOP_GRACE_SECONDS = 5  # how long a stop signal waits for ``consume`` to cancel and close before dropping the connection
+STOP_GRACE_SECONDS = 5  # how long a stop signal lets ``consume`` cancel and close before the connection is dropped
 
 
 class ConsumerCancelled(Exception):

@@ -63,7 +63,7 @@ def test_a_delayed_exchange_reached_through_a_binding_holds_the_message_until_du
     properties, body = next_message(connection, channel, at_delayed)
     assert time.monotonic() - published >= 0.3
     assert body == b"later" and properties.headers["x-delay"] == -300  # as the delayed-message plugin marks it
-    assert type(properties.headers["x-delay"]) is int  # a signedint, as the plugin writes it (pika reads a long as long)
+    assert type(properties.headers["x-delay"]) is int  # a signedint, as the plugin writes it
     # Once due it goes from the delayed exchange on through its bindings, round the cycle once.
     assert next_message(connection, channel, at_after)[1] == b"later"
     assert next_message(connection, channel, at_entry)[1] == b"later"
@@ -227,7 +227,9 @@ def test_x_max_priority_0_is_a_queue_without_priorities(connection, name):
     assert (error.reply_code, error.reply_text) == (
         406, f"PRECONDITION_FAILED - inequivalent arg 'x-max-priority' for queue '{queue}' in vhost '/':"
              " received none but current is the value '0' of type 'signedint'")
-    refusals = [(-1, "{value_negative,-1}"), (256, "{max_value_exceeded,256}"), ("a", '"expected integer, got longstr"')]
+    refusals = [
+        (-1, "{value_negative,-1}"), (256, "{max_value_exceeded,256}"), ("a", '"expected integer, got longstr"'),
+    ]
     for value, reason in refusals:
         error = closed_by_broker(connection.channel().queue_declare, name("bad"), arguments={"x-max-priority": value})
         assert error.reply_text.endswith(f"in vhost '/': {reason}"), error.reply_text
