@@ -118,6 +118,25 @@ def test_x_delay_is_read_as_the_delayed_message_plugin_reads_it(connection, name
     assert (body, properties.headers["x-delay"]) == (b"digits", -600)
 
 
+def test_a_dead_letter_exchange_that_is_a_delayed_exchange_holds_the_dead_letter(connection, name):
+    channel = connection.channel()
+    delayed = name("delayed")
+    channel.exchange_declare(delayed, "x-delayed-message", arguments=DELAYED)
+    target = channel.queue_declare(name("target")).method.queue
+    channel.queue_bind(target, delayed, "k")
+    dying = channel.queue_declare(name("dying"), arguments={"x-dead-letter-exchange": delayed,
+                                                            "x-dead-letter-routing-key": "k"}).method.queue
+    channel.basic_publish("", dying, b"dead", pika.BasicProperties(headers={"x-delay": 300}))
+    method, _, _ = channel.basic_get(dying)
+    channel.basic_reject(method.delivery_tag, requeue=False)
+    rejected = time.monotonic()
+    assert message_count(channel, target) == 0
+    properties, body = next_message(connection, channel, target)
+    assert time.monotonic() - rejected >= 0.25
+    assert (body, properties.headers["x-delay"]) == (b"dead", -300)
+    assert properties.headers["x-death"][0]["reason"] == "rejected"
+
+
 # -- 2. exchange redeclaration
 
 
