@@ -19,6 +19,7 @@ from twisted.logger import Logger
 
 from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
+from brokerd.proto.tables import value_to_python
 
 log = Logger()
 
@@ -38,41 +39,42 @@ def delay_of(message):
     whole part) or a string of decimal digits; a delay from 1 to
     L{LONGEST_DELAY} holds the message, any other routes it at once.
     """
-    value = _header_delay(message)
+    if not message.properties.HasField("headers"):
+        return None
+    return _held_for(message.headers.get("x-delay"))
+
+
+def _held_for(value):
+    if isinstance(value, float):
+        value = int(value) if abs(value) < 2**63 else None  # neither NaN nor an infinity
+    elif isinstance(value, str):
+        value = int(value) if _WHOLE_NUMBER.fullmatch(value) else None
+    elif isinstance(value, bool) or not isinstance(value, int):
+        return None
     if value is None or not 0 < value <= LONGEST_DELAY:
         return None
     return value
 
 
-def _header_delay(message):
-    """The x-delay header as a whole number, or None if it is absent or not a number the plugin reads."""
-    if not message.properties.HasField("headers"):
-        return None
-    value = message.headers.get("x-delay")
-    if isinstance(value, float):
-        return int(value) if abs(value) < 2**63 else None  # neither NaN nor an infinity
-    if isinstance(value, str):
-        return int(value) if _WHOLE_NUMBER.fullmatch(value) else None
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    return None
-
-
 def fired(message):
     """
     A copy of a delayed C{message} to route once due, its x-delay header made
-    negative as the delayed-message plugin does: no delayed exchange it
-    reaches holds it again, and a consumer can tell it was delayed.
+    negative (a signedint) as the delayed-message plugin does: no delayed
+    exchange it reaches holds it again, and a consumer can tell it was delayed.
+    Only that header is rewritten; the others are not decoded.
     """
-    delay = delay_of(message)
-    if delay is None:
-        return message
-    copy = message.with_header("x-delay", -delay)
-    if delay <= 2**31:  # a signedint, as the plugin writes it
-        for field in copy.properties.headers.fields:
-            if field.name == "x-delay":
-                field.value.integer_kind = messages_pb2.INT32
-    return copy
+    properties = messages_pb2.BasicProperties()
+    properties.CopyFrom(message.properties)
+    for field in reversed(properties.headers.fields):  # the last of a repeated name is the one that counts
+        if field.name == "x-delay":
+            delay = _held_for(value_to_python(field.value))
+            if delay is None:
+                return message
+            field.value.Clear()
+            field.value.integer_value = -delay
+            field.value.integer_kind = messages_pb2.INT32 if delay <= 2**31 else messages_pb2.INT64
+            return Message(message.exchange, message.routing_key, properties, message.body)
+    return message
 
 
 class DelayScheduler:
