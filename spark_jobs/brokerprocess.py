@@ -49,7 +49,8 @@ class BrokerProcess:
         self._log = log
         self._tail = []
         self._changed = threading.Condition()
-        # Unbuffered: twistd ends by re-raising SIGTERM, which would drop buffered log lines.
+        # Unbuffered: brokerd exits 0 on SIGTERM, but twistd ends by re-raising SIGINT, and a SIGKILL
+        # ends it at once; either would drop buffered log lines.
         self.process = subprocess.Popen(command, cwd=cwd, env=dict(os.environ, PYTHONUNBUFFERED="1"),
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self._reader = threading.Thread(target=self._drain, daemon=True, name="broker-output")

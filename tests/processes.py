@@ -40,7 +40,8 @@ class BrokerProcess:
         self.output = []
         self.listening = {}  # label -> "tcp:host:port"
         self._changed = threading.Condition()
-        # Unbuffered: twistd ends by re-raising SIGTERM, which would drop buffered log lines.
+        # Unbuffered: brokerd exits 0 on SIGTERM, but twistd ends by re-raising SIGINT, and a SIGKILL
+        # ends it at once; either would drop buffered log lines.
         env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
         self.process = subprocess.Popen(
             command,

@@ -3,6 +3,7 @@
 One broker subprocess (memory store) serves the whole module; each test uses its own names.
 """
 
+import signal
 import subprocess
 import sys
 
@@ -12,7 +13,7 @@ from pika.exceptions import UnroutableError
 
 from brokerd.endpoints import tls_installed
 from tests.interop.conftest import RunningBroker
-from tests.interop.pika_support import consumer_count, pump
+from tests.interop.pika_support import consumer_count, message_count, pump
 from tests.processes import BrokerProcess, native_cli
 
 MISSING_EXCHANGE = b"404 NOT_FOUND - no exchange 'missing' in vhost '/'"
@@ -86,3 +87,25 @@ def test_a_consumer_whose_queue_is_deleted_exits_1(broker):
         consumer.kill()
     assert consumer.returncode == 1
     assert stderr == b"error: the broker cancelled the consumer of queue 'cli-doomed' (the queue was deleted)\n"
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_consumer_stopped_by_the_user_cancels_and_exits_0_quietly(broker, stop):
+    queue = f"cli-stopped-{stop.name}"
+    channel = broker.channel
+    channel.queue_declare(queue)
+    channel.basic_publish("", queue, b"taken")
+    consumer = subprocess.Popen(
+        [sys.executable, "-m", "brokerd.native", "--connect", broker.native_endpoint, "consume", queue],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        pump(broker.channel.connection, lambda: consumer_count(channel, queue) == 1, "the CLI consumer", timeout=30)
+        pump(broker.channel.connection, lambda: message_count(channel, queue) == 0, "the CLI's ack", timeout=10)
+        consumer.send_signal(stop)
+        consumer.send_signal(stop)  # an impatient second one changes nothing
+        stdout, stderr = consumer.communicate(timeout=30)
+    finally:
+        consumer.kill()
+    assert (consumer.returncode, stdout, stderr) == (0, b"taken\n", b"")
+    assert consumer_count(channel, queue) == 0

@@ -190,7 +190,7 @@ def test_closing_the_channel_requeues_by_priority(broker, clock):
 # -- arguments
 
 
-@pytest.mark.parametrize("value", [0, 256, -1, 1000, "5", b"5", True, False, 2.0, [5]])
+@pytest.mark.parametrize("value", [256, -1, 1000, "5", b"5", True, False, 2.0, [5]])
 def test_invalid_max_priority_is_refused_with_406_naming_the_argument(broker, value):
     channel, _ = open_channel(broker)
     with pytest.raises(PreconditionFailed) as raised:

@@ -231,7 +231,8 @@ def test_headers_binding_with_invalid_x_match_is_refused(vhost, mode):
     with pytest.raises(PreconditionFailed) as caught:
         vhost.bind("q", "hx", "", {"x-match": mode, "a": 1})
     assert caught.value.reply_code == 406
-    assert "x-match" in caught.value.text and repr(mode) in caught.value.text
+    shown = f'"{mode}"' if mode else ""
+    assert caught.value.text.startswith(f"Invalid x-match field value <<{shown}>>")
     assert publish(vhost, "hx", "", {"a": 1}) == set()
 
 

@@ -19,7 +19,7 @@ class QueueArguments:
     """
     What a queue's declare arguments ask of it.
 
-    @ivar max_priority: highest priority (1-255) of a priority queue, else None.
+    @ivar max_priority: highest priority (1-255) of a priority queue, else None (x-max-priority 0 too).
     @ivar message_ttl: milliseconds a message may wait in the queue, or None.
     @ivar expires: milliseconds the queue may go unused before it is deleted, or None.
     @ivar dead_letter_exchange: where dead messages go, or None (they are dropped).
@@ -35,7 +35,7 @@ class QueueArguments:
     def __init__(self, arguments, queue_name="", vhost_name=""):
         self._where = f"queue {queue_name!r} in vhost {vhost_name!r}"
         get = arguments.get
-        self.max_priority = self._whole(get("x-max-priority"), "x-max-priority", 1, MAX_PRIORITY)
+        self.max_priority = self._max_priority(get("x-max-priority"))
         self.message_ttl = self._whole(get("x-message-ttl"), "x-message-ttl", 0)
         self.expires = self._whole(get("x-expires"), "x-expires", 1)
         self.dead_letter_exchange = self._text(get("x-dead-letter-exchange"), "x-dead-letter-exchange")
@@ -68,6 +68,18 @@ class QueueArguments:
 
     def _invalid(self, name, reason):
         return PreconditionFailed(f"invalid arg {name!r} for {self._where}: {reason}")
+
+    def _max_priority(self, value):
+        """x-max-priority as RabbitMQ takes it, with its refusal texts: 0 is a queue without priorities."""
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._invalid("x-max-priority", f'"expected integer, got {amqp_type_name(value)}"')
+        if value < 0:
+            raise self._invalid("x-max-priority", f"{{value_negative,{value}}}")
+        if value > MAX_PRIORITY:
+            raise self._invalid("x-max-priority", f"{{max_value_exceeded,{value}}}")
+        return value or None
 
     def _whole(self, value, name, smallest, largest=None):
         if value is None:
@@ -154,3 +166,41 @@ def _shown(value):
     if isinstance(value, (bytes, bytearray)):
         return bytes(value).decode("utf-8", "replace")
     return str(value)
+
+
+def erlang_term(value):
+    """
+    C{value} as RabbitMQ prints the AMQP field value it holds (Erlang's
+    C{~p}) in refusal texts: C{<<"bogus">>}, C{true}, C{undefined},
+    C{{1,15}} for a decimal 1.5, C{[{<<"a">>,signedint,1}]} for a table.
+    """
+    if value is None:
+        return "undefined"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return _erlang_binary(value.encode("utf-8"), value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return _erlang_binary(bytes(value))
+    if isinstance(value, decimal.Decimal):
+        sign, digits, exponent = value.as_tuple()
+        unscaled = int("".join(map(str, digits)) or "0") * (-1 if sign else 1)
+        return f"{{{max(-exponent, 0)},{unscaled * 10 ** max(exponent, 0)}}}"
+    if isinstance(value, datetime.datetime):
+        return str(int(value.timestamp()))
+    if isinstance(value, dict):
+        fields = (f"{{{erlang_term(name)},{amqp_type_name(item)},{erlang_term(item)}}}" for name, item in value.items())
+        return f"[{','.join(fields)}]"
+    if isinstance(value, (list, tuple)):
+        return f"[{','.join(f'{{{amqp_type_name(item)},{erlang_term(item)}}}' for item in value)}]"
+    return str(value)
+
+
+def _erlang_binary(data, text=None):
+    """A binary as Erlang prints it: C{<<"text">>} if every byte is printable Latin-1, else its bytes in decimal."""
+    if not data:
+        return "<<>>"
+    if all(32 <= byte <= 126 or byte >= 160 for byte in data):
+        shown = data.decode("latin-1") if text is None else text  # the same bytes on the wire as Erlang's
+        return '<<"' + shown.replace("\\", "\\\\").replace('"', '\\"') + '">>'
+    return f"<<{','.join(map(str, data))}>>"

@@ -19,6 +19,7 @@ import datetime
 
 from twisted.logger import Logger
 
+from brokerd.model.delayed import delay_of
 from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
 from brokerd.proto.tables import dict_to_table, value_to_python
@@ -101,6 +102,11 @@ def dead_letter(queue, message, reason, now):
             return False
         return True
 
+    if exchange.delayed:
+        milliseconds = delay_of(dead)
+        if milliseconds is not None:  # held until due, as the delayed-message plugin's exchange holds a dead letter
+            vhost.delays.delay(vhost, exchange, dead, milliseconds)
+            return True
     vhost.route_now(exchange, dead, accepts)  # an internal exchange takes dead letters too
     return True
 

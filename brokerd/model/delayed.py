@@ -12,11 +12,14 @@ fell due while the broker was down goes out at the first tick.
 """
 
 import heapq
+import re
 
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from brokerd.model.message import Message
+from brokerd.proto import messages_pb2
+from brokerd.proto.tables import value_to_python
 
 log = Logger()
 
@@ -25,17 +28,53 @@ WINDOW_MESSAGES = 1000  # delayed messages loaded from the store at a time
 WINDOW_MILLISECONDS = 60_000  # how far ahead one load looks
 LOAD_AHEAD_MILLISECONDS = 1_000  # the next window is loaded this long before the current one runs out
 LAST_HANDLE = 2**63
-LONGEST_DELAY = 2**32 - 1  # milliseconds (49.7 days), as RabbitMQ's delayed-message exchange; longer ones wait that long
+_WHOLE_NUMBER = re.compile(r"[+-]?[0-9]{1,18}")  # a string x-delay the plugin reads as a number (longer: too long)
+LONGEST_DELAY = 2**32 - 1  # milliseconds (49.7 days), as RabbitMQ's delayed-message exchange; longer ones are not held
 
 
 def delay_of(message):
-    """The x-delay header in milliseconds, or None if there is none worth waiting for (absent, not a number, <= 0)."""
+    """
+    The x-delay header in milliseconds, or None if the message is not to be
+    held. As the delayed-message plugin reads it: an integer, a float (its
+    whole part) or a string of decimal digits; a delay from 1 to
+    L{LONGEST_DELAY} holds the message, any other routes it at once.
+    """
     if not message.properties.HasField("headers"):
         return None
-    value = message.headers.get("x-delay")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    return _held_for(message.headers.get("x-delay"))
+
+
+def _held_for(value):
+    if isinstance(value, float):
+        value = int(value) if abs(value) < 2**63 else None  # neither NaN nor an infinity
+    elif isinstance(value, str):
+        value = int(value) if _WHOLE_NUMBER.fullmatch(value) else None
+    elif isinstance(value, bool) or not isinstance(value, int):
         return None
-    return int(min(value, LONGEST_DELAY))
+    if value is None or not 0 < value <= LONGEST_DELAY:
+        return None
+    return value
+
+
+def fired(message):
+    """
+    A copy of a delayed C{message} to route once due, its x-delay header made
+    negative (a signedint) as the delayed-message plugin does: no delayed
+    exchange it reaches holds it again, and a consumer can tell it was delayed.
+    Only that header is rewritten; the others are not decoded.
+    """
+    properties = messages_pb2.BasicProperties()
+    properties.CopyFrom(message.properties)
+    for field in reversed(properties.headers.fields):  # the last of a repeated name is the one that counts
+        if field.name == "x-delay":
+            delay = _held_for(value_to_python(field.value))
+            if delay is None:
+                return message
+            field.value.Clear()
+            field.value.integer_value = -delay
+            field.value.integer_kind = messages_pb2.INT32 if delay <= 2**31 else messages_pb2.INT64
+            return Message(message.exchange, message.routing_key, properties, message.body)
+    return message
 
 
 class DelayScheduler:
@@ -110,6 +149,7 @@ class DelayScheduler:
             return
         if not isinstance(message, Message):
             message = Message.from_record(message)
+        message = fired(message)
         try:
             vhost.route_now(exchange, message)
         except Exception:

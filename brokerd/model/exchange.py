@@ -7,6 +7,8 @@ costs the same however many bindings unrelated keys have.
 """
 
 from brokerd.errors import CommandInvalid, PreconditionFailed
+from brokerd.model.arguments import amqp_type_name, erlang_term
+from brokerd.model.delayed import delay_of
 from brokerd.model.topic import TopicTrie
 from brokerd.proto.tables import freeze
 
@@ -227,9 +229,16 @@ class HeadersExchange(Exchange):
 
     @classmethod
     def check_binding_arguments(cls, arguments):
+        """As RabbitMQ's headers exchange, in its words: x-match must be a string naming one of L{MATCH_MODES}."""
         mode = arguments.get("x-match", "all")
+        if not isinstance(mode, str):
+            raise PreconditionFailed(
+                f"Invalid x-match field type {amqp_type_name(mode)} (value {erlang_term(mode)}); expected longstr"
+            )
         if mode not in cls.MATCH_MODES:
-            raise PreconditionFailed(f"invalid x-match value {mode!r}; expected one of {', '.join(cls.MATCH_MODES)}")
+            raise PreconditionFailed(
+                f"Invalid x-match field value {erlang_term(mode)}; expected all, any, all-with-x, or any-with-x"
+            )
 
     def route(self, message):
         if not self._matchers:
@@ -288,6 +297,22 @@ class DefaultExchange(Exchange):
         return (queue,) if queue is not None else ()
 
 
+COMPARED_EXCHANGE_ARGUMENTS = frozenset({"alternate-exchange"})  # as RabbitMQ's rabbit_exchange:assert_args_equivalence
+
+
+def comparable_exchange_arguments(received, current):
+    """
+    The parts of an exchange redeclaration's C{received} arguments and the
+    exchange's C{current} ones that must be equal: as in RabbitMQ, only
+    C{alternate-exchange} (for every type, x-delayed-message included); the
+    others may differ, and the exchange keeps the ones it was declared with.
+    """
+    return (
+        {name: value for name, value in received.items() if name in COMPARED_EXCHANGE_ARGUMENTS},
+        {name: value for name, value in current.items() if name in COMPARED_EXCHANGE_ARGUMENTS},
+    )
+
+
 EXCHANGE_TYPES = {
     cls.type_name: cls for cls in (DirectExchange, FanoutExchange, TopicExchange, HeadersExchange)
 }
@@ -331,13 +356,27 @@ def route_onwards(exchange, message, queues, exchanges):
     nowhere (to no queue and no exchange) passes it to its alternate exchange;
     no exchange is visited twice, so chains and cycles end and each queue gets
     it once. A loop, not recursion: a chain may be long.
+
+    An x-delayed-message exchange reached through a binding takes a message
+    with a valid x-delay header for itself, to be routed when due, and routes
+    it nowhere now (as the delayed-message plugin's exchange type does).
+
+    @return: C{(queues, delaying)}: the queues reached now, and the delayed
+        exchanges that hold the message back.
     """
     reached = dict.fromkeys(queues)
+    delaying = []
     seen = {exchange}
     pending = [exchange]
     while pending:
         current = pending.pop()
-        matched = queues if current is exchange else current.route(message)
+        if current is exchange:
+            matched = queues
+        elif current.delayed and delay_of(message) is not None:
+            delaying.append(current)
+            continue
+        else:
+            matched = current.route(message)
         onward = () if current.forwards is None else current.forwards.route(message)
         if matched:
             reached.update(dict.fromkeys(matched))
@@ -349,4 +388,4 @@ def route_onwards(exchange, message, queues, exchanges):
             if destination not in seen:
                 seen.add(destination)
                 pending.append(destination)
-    return list(reached)
+    return list(reached), delaying

@@ -18,6 +18,7 @@ from brokerd.model.exchange import (
     KNOWN_TYPES,
     Binding,
     DefaultExchange,
+    comparable_exchange_arguments,
     make_exchange,
     route_onwards,
 )
@@ -96,7 +97,7 @@ class VirtualHost:
         """Declare (or with C{passive}, check) an exchange; returns it."""
         check_short_string("exchange name", name)
         if name == "":
-            raise AccessRefused(f"operation not permitted on the default exchange of vhost {self.name!r}")
+            raise AccessRefused(DEFAULT_EXCHANGE_REFUSAL)
         existing = self.exchanges.get(name)
         if passive:
             if existing is None:
@@ -117,8 +118,7 @@ class VirtualHost:
                     auto_delete=(auto_delete, existing.auto_delete),
                     internal=(internal, existing.internal),
                 ),
-                arguments,
-                existing.arguments,
+                *comparable_exchange_arguments(arguments, existing.arguments),
             )
             return existing
         check_not_reserved("exchange", name)
@@ -131,8 +131,10 @@ class VirtualHost:
     def delete_exchange(self, name, if_unused=False):
         """Delete an exchange and its bindings; deleting a missing one is not an error."""
         check_short_string("exchange name", name)
-        if name == "" or name.startswith("amq."):
-            raise AccessRefused(f"operation not permitted on exchange {name!r} in vhost {self.name!r}")
+        if name == "":
+            raise AccessRefused(DEFAULT_EXCHANGE_REFUSAL)
+        if name.startswith("amq."):  # as RabbitMQ, whether it exists or not
+            raise AccessRefused(f"deletion of system exchange {name!r} in vhost {self.name!r} not allowed")
         exchange = self.exchanges.get(name)
         if exchange is None:
             return
@@ -266,7 +268,7 @@ class VirtualHost:
         check_short_string("queue name", queue_name)
         check_short_string("exchange name", exchange_name)
         if exchange_name == "":
-            raise AccessRefused("operation not permitted on the default exchange")  # RabbitMQ's text
+            raise AccessRefused(DEFAULT_EXCHANGE_REFUSAL)
         queue, exchange = self.queues.get(queue_name), self.exchanges.get(exchange_name)
         if queue is None or exchange is None:
             return
@@ -317,7 +319,7 @@ class VirtualHost:
 
     def _bindable_exchange(self, name):
         if name == "":
-            raise AccessRefused(f"operation not permitted on the default exchange of vhost {self.name!r}")
+            raise AccessRefused(DEFAULT_EXCHANGE_REFUSAL)
         return self.exchange(name)
 
     def _remove_binding(self, binding, persist):
@@ -337,7 +339,9 @@ class VirtualHost:
         first if it is persistent and the store keeps some of those queues. It
         goes on through exchange-to-exchange bindings, and an exchange that
         routes it nowhere hands it to its alternate exchange, if it has one
-        (see L{route_onwards}; no exchange is visited twice).
+        (see L{route_onwards}; no exchange is visited twice). A message with
+        an x-delay header is kept until due by the delayed exchange it is
+        published to, or reaches through a binding.
 
         @return: C{(queues it went to, whether the store holds it, whether a
             full queue refused it)}; a refusal means a nack for a confirming
@@ -358,12 +362,19 @@ class VirtualHost:
 
     def route_now(self, exchange, message, accepts=None):
         """
-        L{publish} without the delay: route, store if persistent, enqueue (in
-        the queues C{accepts} allows, if given).
+        L{publish} without the delay at C{exchange}: route, store if
+        persistent, enqueue (in the queues C{accepts} allows, if given). A
+        delayed exchange reached through a binding keeps the message until due
+        (see L{route_onwards}); that counts as routed and kept by the store.
         """
         queues = exchange.route(message)
+        delaying = ()
         if exchange.forwards is not None or (not queues and "alternate-exchange" in exchange.arguments):
-            queues = route_onwards(exchange, message, queues, self.exchanges)
+            queues, delaying = route_onwards(exchange, message, queues, self.exchanges)
+            if delaying:
+                milliseconds = delay_of(message)
+                for delayed in delaying:
+                    self.delays.delay(self, delayed, message, milliseconds)
         if accepts is not None:
             queues = [queue for queue in queues if accepts(queue)]
         if self.unavailable_queues:
@@ -377,6 +388,8 @@ class VirtualHost:
                 for queue in full:
                     queue.refused(message)
         if not queues:
+            if delaying:
+                return len(delaying), True, refused
             return 0, False, refused
         if message.published_at is None and (
             message.properties.HasField("expiration") or any(queue.policy.message_ttl is not None for queue in queues)
@@ -393,6 +406,8 @@ class VirtualHost:
                 raise PreconditionFailed(f"the {self.store.name} store cannot keep this message: {problem}") from None
         for queue in queues:
             queue.enqueue(message, handle if queue.persisted and (persistent or queue.policy.quorum) else None)
+        if delaying:
+            return len(queues) + len(delaying), True, refused
         return len(queues), handle is not None, refused
 
     # -- recovery: rebuild durable topology without writing it back

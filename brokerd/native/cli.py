@@ -12,6 +12,8 @@ command did what it says; 1 when it did not (the broker refused it, closed the
 channel or connection, returned or refused a published message, or could not be
 reached; one line on standard error says why, with the broker's reply code and
 text); 2 from ``get`` on an empty queue and for a command line that does not parse.
+``consume`` stopped by SIGINT or SIGTERM cancels its consumer, closes the
+connection and exits 0; another command so stopped exits 1 (it did not finish).
 """
 
 import argparse
@@ -23,6 +25,10 @@ from twisted.internet.error import ConnectError
 
 from brokerd.endpoints import endpoint_problem
 from brokerd.native.client import DEFAULT_ENDPOINT, BrokerClosed, PublishNacked, connect
+from brokerd.shutdown import ignore_further_stop_signals
+
+
+STOP_GRACE_SECONDS = 5  # how long a stop signal lets ``consume`` cancel and close before the connection is dropped
 
 
 class ConsumerCancelled(Exception):
@@ -232,6 +238,9 @@ def _consume(channel, options):
     channel.on_cancel = on_cancel
     tag = yield channel.basic_consume(options.queue, on_delivery, no_ack=options.no_ack)
     channel.closed.addCallback(lambda reason: finished.called or finished.errback(reason))
+    interrupted = getattr(options, "interrupted", None)  # a stop signal: end as --count does
+    if interrupted is not None:
+        interrupted.addCallback(lambda _: finished.called or finished.callback(None))
     yield finished
     yield channel.basic_cancel(tag)
 
@@ -275,11 +284,39 @@ def main(argv=None):
 
     @defer.inlineCallbacks
     def react_main(reactor):
+        options.interrupted = defer.Deferred()
+        running = run(reactor, options)
+        done = defer.Deferred()
+
+        def finished(result):
+            if not done.called:
+                done.callback(None)
+            return result
+
+        running.addBoth(finished)
+
+        def wind_down():
+            """SIGINT or SIGTERM stops the reactor: let ``consume`` end cleanly first."""
+            if done.called:
+                return None
+            ignore_further_stop_signals(reactor)  # a second Ctrl-C would make Twisted's handler fail loudly
+            options.interrupted.callback(None)
+            if options.command != "consume":
+                return None
+            return done.addTimeout(STOP_GRACE_SECONDS, reactor).addErrback(lambda _: None)
+
+        reactor.addSystemEventTrigger("before", "shutdown", wind_down)
         try:
-            status = yield run(reactor, options)
+            status = yield running
         except (BrokerClosed, PublishNacked, ConsumerCancelled) as problem:
-            print(f"error: {problem}", file=sys.stderr)
-            status = 1
+            if not options.interrupted.called:
+                print(f"error: {problem}", file=sys.stderr)
+                status = 1
+            elif options.command == "consume":
+                status = 0  # the user stopped it; a connection that did not close in time is no error
+            else:
+                print(f"error: stopped by a signal before the {options.command} command finished", file=sys.stderr)
+                status = 1
         except ConnectError as problem:
             print(f"error: cannot connect to {options.connect}: {problem}", file=sys.stderr)
             status = 1
