@@ -10,7 +10,7 @@ exchange to exchange (see L{VirtualHost.route_now}).
 
 from brokerd.interfaces import IDelayedMessageStore
 from brokerd.errors import AccessRefused, CommandInvalid, NotFound, PreconditionFailed, ResourceLocked
-from brokerd.model.arguments import argument_difference, message_ttl_of
+from brokerd.model.arguments import message_ttl_of
 from brokerd.model.delayed import delay_of
 from brokerd.model.exchange import (
     DELAYED_TYPE,
@@ -26,9 +26,8 @@ from brokerd.model.names import check_not_reserved, check_short_string, generate
 from brokerd.model.queue import Queue
 from brokerd.model.queue_types import check_declaration, comparable_arguments
 from brokerd.model.watermark import MemoryWatermark
-from brokerd.proto import messages_pb2
-from brokerd.proto.exchange_types import EXCHANGE_TYPE_BY_NAME
-from brokerd.proto.tables import dict_to_table, freeze
+from brokerd.model.topology_records import binding_record, check_equivalent, exchange_record, flags, queue_record
+from brokerd.proto.tables import freeze
 
 PREDECLARED_EXCHANGES = {
     "amq.direct": "direct",
@@ -38,10 +37,6 @@ PREDECLARED_EXCHANGES = {
     "amq.match": "headers",
 }
 DEFAULT_EXCHANGE_REFUSAL = "operation not permitted on the default exchange"  # RabbitMQ's text, word for word
-
-
-def _flag(value):
-    return "true" if value else "false"
 
 
 class VirtualHost:
@@ -109,11 +104,12 @@ class VirtualHost:
             raise PreconditionFailed(f"the {self.store.name} store cannot keep delayed messages")
         arguments = dict(arguments or {})
         if existing is not None:
-            self._check_equivalent(
+            check_equivalent(
+                self.name,
                 "exchange",
                 name,
                 {"type": (type_name, existing.type_name)}
-                | _flags(
+                | flags(
                     durable=(durable, existing.durable),
                     auto_delete=(auto_delete, existing.auto_delete),
                     internal=(internal, existing.internal),
@@ -125,7 +121,7 @@ class VirtualHost:
         exchange = make_exchange(self, name, type_name, durable, auto_delete, internal, arguments)
         self.exchanges[name] = exchange
         if durable:
-            self.store.save_exchange(self._exchange_record(exchange))
+            self.store.save_exchange(exchange_record(self.name, exchange))
         return exchange
 
     def delete_exchange(self, name, if_unused=False):
@@ -189,10 +185,11 @@ class VirtualHost:
                     f"cannot obtain exclusive access to locked queue {name!r} in vhost {self.name!r}:"
                     f" it was declared {'exclusive' if existing.exclusive else 'not exclusive'}"
                 )
-            self._check_equivalent(
+            check_equivalent(
+                self.name,
                 "queue",
                 name,
-                _flags(durable=(durable, existing.durable), auto_delete=(auto_delete, existing.auto_delete)),
+                flags(durable=(durable, existing.durable), auto_delete=(auto_delete, existing.auto_delete)),
                 *comparable_arguments(arguments, existing.arguments),
             )
             existing.touch()
@@ -208,13 +205,7 @@ class VirtualHost:
             connection.exclusive_queues.add(queue)
         if queue.persisted:
             self.store.save_queue(
-                messages_pb2.QueueRecord(
-                    vhost=self.name,
-                    name=name,
-                    durable=True,
-                    auto_delete=auto_delete,
-                    arguments=dict_to_table(arguments),
-                )
+                queue_record(self.name, name, auto_delete, arguments)
             )
         return queue
 
@@ -254,7 +245,7 @@ class VirtualHost:
         if exchange.add_binding(binding):
             queue.bindings.add(binding)
             if binding.durable:
-                self.store.save_binding(self._binding_record(binding))
+                self.store.save_binding(binding_record(self.name, binding))
 
     def unbind(self, queue_name, exchange_name, routing_key, arguments=None, connection=None):
         """
@@ -296,7 +287,7 @@ class VirtualHost:
         if source.add_binding(binding):
             destination.incoming.add(binding)
             if binding.durable:
-                self.store.save_binding(self._binding_record(binding))
+                self.store.save_binding(binding_record(self.name, binding))
 
     def unbind_exchange(self, destination_name, source_name, routing_key, arguments=None):
         """exchange.unbind; as RabbitMQ 3.10, a missing source, destination or
@@ -327,7 +318,7 @@ class VirtualHost:
         exchange.remove_binding(binding)
         _detach(binding)
         if persist and binding.durable:
-            self.store.delete_binding(self._binding_record(binding))
+            self.store.delete_binding(binding_record(self.name, binding))
         if exchange.auto_delete and not exchange.bindings:
             self._delete_exchanges(exchange)
 
@@ -442,52 +433,6 @@ class VirtualHost:
         if exchange.add_binding(binding):
             _incoming(binding).add(binding)
         return True
-
-    # -- records
-
-    def _exchange_record(self, exchange):
-        return messages_pb2.ExchangeRecord(
-            vhost=self.name,
-            name=exchange.name,
-            type=EXCHANGE_TYPE_BY_NAME[exchange.type_name],
-            durable=exchange.durable,
-            auto_delete=exchange.auto_delete,
-            internal=exchange.internal,
-            arguments=dict_to_table(exchange.arguments),
-        )
-
-    def _binding_record(self, binding):
-        if binding.to_exchange:
-            ends = {"destination_exchange": binding.destination.name}
-        else:
-            ends = {"queue": binding.destination.name}
-        return messages_pb2.BindingRecord(
-            vhost=self.name,
-            exchange=binding.exchange.name,
-            routing_key=binding.routing_key,
-            arguments=dict_to_table(binding.arguments),
-            **ends,
-        )
-
-    def _check_equivalent(self, kind, name, attributes, arguments, current_arguments):
-        for attribute, (received, current) in attributes.items():
-            if received != current:
-                raise PreconditionFailed(
-                    f"inequivalent arg {attribute!r} for {kind} {name!r} in vhost {self.name!r}:"
-                    f" received {received!r} but current is {current!r}"
-                )
-        if freeze(arguments) != freeze(current_arguments):
-            for key in sorted(set(arguments) | set(current_arguments)):
-                received, current = arguments.get(key), current_arguments.get(key)
-                if freeze(received) != freeze(current):
-                    raise PreconditionFailed(
-                        f"inequivalent arg {key!r} for {kind} {name!r} in vhost {self.name!r}:"
-                        f" {argument_difference(received, current)}"
-                    )
-
-
-def _flags(**pairs):
-    return {name: (_flag(received), _flag(current)) for name, (received, current) in pairs.items()}
 
 
 def _incoming(binding):
