@@ -31,13 +31,13 @@ class QueueConsumers:
     what a single round-robin list costs.
     """
 
-    __slots__ = ("single_active", "_registered", "_groups", "_priorities")
+    __slots__ = ("single_active", "_registered", "_groups", "_ordered")
 
     def __init__(self, single_active=False):
         self.single_active = single_active
         self._registered = {}  # consumer -> None, in registration order
         self._groups = {}  # priority -> deque of consumers, rotated as they are served
-        self._priorities = []  # the groups' priorities, highest first
+        self._ordered = []  # the groups, highest priority first: what a delivery walks
 
     def __len__(self):
         return len(self._registered)
@@ -58,8 +58,7 @@ class QueueConsumers:
         group = self._groups.get(priority)
         if group is None:
             group = self._groups[priority] = deque()
-            self._priorities.append(priority)
-            self._priorities.sort(reverse=True)
+            self._order_groups()
         group.append(consumer)
 
     def remove(self, consumer):
@@ -71,15 +70,18 @@ class QueueConsumers:
         group.remove(consumer)
         if not group:
             del self._groups[consumer.priority]
-            self._priorities.remove(consumer.priority)
+            self._order_groups()
         return True
+
+    def _order_groups(self):
+        self._ordered = [self._groups[priority] for priority in sorted(self._groups, reverse=True)]
 
     def clear(self):
         """Forget every consumer; returns them in registration order."""
         consumers = list(self._registered)
         self._registered.clear()
         self._groups.clear()
-        self._priorities.clear()
+        self._ordered = []
         return consumers
 
     def next_with_room(self):
@@ -87,8 +89,7 @@ class QueueConsumers:
         if self.single_active:
             active = self.active
             return active if active is not None and active.has_room() else None
-        for priority in self._priorities:
-            group = self._groups[priority]
+        for group in self._ordered:
             for _ in range(len(group)):
                 consumer = group[0]
                 group.rotate(-1)

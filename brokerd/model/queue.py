@@ -426,9 +426,9 @@ class Queue:
     def dispatch(self):
         """Deliver ready messages to the consumers that may take them, highest priority first, round-robin."""
         ready = self._ready
-        consumers = self._consumers
-        while ready and consumers:
-            consumer = consumers.next_with_room()
+        next_with_room = self._consumers.next_with_room
+        while ready:
+            consumer = next_with_room()
             if consumer is None:
                 return
             entry = self._take()
