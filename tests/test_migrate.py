@@ -105,6 +105,23 @@ for _source in DURABLE:
 del _case, _source, _target
 
 
+class EmptyTargetTests(unittest.TestCase):
+    """A broker started once with the target backend leaves an empty store behind: the migration goes into
+    it, and what it writes there is not reported as a change the source's recovery made."""
+
+    @defer.inlineCallbacks
+    def test_an_empty_target_store_left_by_a_broker_is_migrated_into(self):
+        data_dir = tempfile.mkdtemp(prefix="brokerd-migrate-test-")
+        self.addCleanup(shutil.rmtree, data_dir, True)
+        yield data.write_store("chunked", data_dir, int(time.time() * 1000))
+        empty = storeregistry.make_store("sqlite", data_dir)
+        yield empty.open()
+        yield empty.close()
+        figures = yield migrate(data_dir, "chunked", "sqlite")
+        self.assertEqual(figures["changed_source_files"], [])
+        self.assertEqual(figures["messages"], 9)
+
+
 class StoreInUseTests(unittest.TestCase):
     """How the migration tells a running broker from anything else: every durable backend's second store on
     the same files fails to open with StoreInUse (a broker holds its store open for its whole run)."""

@@ -116,6 +116,8 @@ def migrate(data_dir, source_text, target_text, leave_quarantined=False, progres
             raise MigrationError(f"the source holds {len(behind)} records that cannot be carried (the first:"
                                  f" {behind[0]}); --leave-quarantined migrates the rest and leaves them in the source")
         _check_logged(logged_errors, leave_quarantined, "as it was opened and read")
+        # What the source's own recovery changed, before the target writes (its files may be here already).
+        source_changed = changed_files(before, snapshot(data_dir))
         yield _open(target, data_dir, "target")
         if (yield _holds_something(target)):
             raise MigrationError(f"the target {target.name} store in {data_dir} already holds data; migrate only into"
@@ -147,7 +149,7 @@ def migrate(data_dir, source_text, target_text, leave_quarantined=False, progres
         if isinstance(problem, (OSError, StoreCorrupted)):  # a full disk, a file it may not read, damage
             raise MigrationError(f"{type(problem).__name__}: {problem}; nothing was migrated") from None
         raise
-    figures["changed_source_files"] = changed_files(before, snapshot(data_dir))
+    figures["changed_source_files"] = source_changed
     figures["left_behind"] = behind + [
         f"unreadable message {handle} of queue(s) {', '.join(repr(queue[1]) for queue in queues)}: {problem}"
         for handle, queues, problem in figures.pop("unreadable")]
