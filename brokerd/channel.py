@@ -317,9 +317,14 @@ class Channel:
             consumer.queue.remove_consumer(consumer)
 
     def consumer_cancelled_by_broker(self, consumer):
-        """The consumer's queue went away: forget it and tell the client."""
+        """The consumer's queue went away: forget it, and tell the client on the next turn, after the
+        reply to what deleted the queue (RabbitMQ sends queue.delete-ok before the basic.cancel)."""
         if self.consumers.pop(consumer.tag, None) is not None:
-            self.peer.consumer_cancelled(consumer.tag)
+            self.clock.callLater(0, self._tell_cancelled, consumer.tag)
+
+    def _tell_cancelled(self, tag):
+        if not self.closed:
+            self.peer.consumer_cancelled(tag)
 
     def deliver(self, consumer, entry):
         """Called by a queue: hand C{entry} to C{consumer} under a new delivery tag."""

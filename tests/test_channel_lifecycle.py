@@ -129,9 +129,11 @@ def test_deleting_a_queue_cancels_its_consumers(broker, clock):
     clock.advance(0)
     publish(channel, "q", b"1")
     channel.queue_delete("q")
+    assert "mine" not in channel.consumers and "theirs" not in other.consumers
+    assert peer.cancelled == [], "told before queue.delete-ok could go out (RabbitMQ sends delete-ok first)"
+    clock.advance(0)
     assert peer.cancelled == ["mine"]
     assert other_peer.cancelled == ["theirs"]
-    assert "mine" not in channel.consumers and "theirs" not in other.consumers
     channel.basic_ack(peer.deliveries[0][1])  # a late ack of the deleted queue's message is fine
     channel.basic_consume(channel.queue_declare("q")[0], "mine")  # the tag is free again
 

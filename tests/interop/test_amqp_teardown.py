@@ -13,6 +13,7 @@ auto-delete dead-letter exchange go) and then unbinds that queue.
 import asyncio
 
 import aio_pika
+import amqp
 import pytest
 from aio_pika.patterns import RPC
 from pamqp import commands
@@ -25,6 +26,27 @@ pytestmark = pytest.mark.usefixtures("watchdog")
 
 STEP_TIMEOUT = 10.0  # seconds one awaited broker event may take
 MiB = 1024 * 1024
+
+
+# -- queue.delete
+
+
+def test_deleting_a_queue_consumed_on_the_same_channel_answers_delete_ok_before_the_cancel(amqp_broker, name):
+    # py-amqp (kombu's transport) raises ConsumerCancelled if a server basic.cancel for a consumer without
+    # an on_cancel callback arrives while it waits for queue.delete-ok: RabbitMQ sends delete-ok first.
+    connection = amqp.Connection(f"{amqp_broker.host}:{amqp_broker.amqp_port}", userid="guest", password="guest")
+    connection.connect()
+    try:
+        channel = connection.channel()
+        queue = name("consumed")
+        channel.queue_declare(queue, auto_delete=False)
+        tag = channel.basic_consume(queue, callback=lambda message: None)
+        assert channel.queue_delete(queue) == 0
+        with pytest.raises(amqp.exceptions.ConsumerCancelled):  # then the cancel, which py-amqp raises
+            connection.drain_events(timeout=STEP_TIMEOUT)
+        assert channel.is_open and tag not in channel.callbacks
+    finally:
+        connection.close()
 
 
 # -- queue.unbind
