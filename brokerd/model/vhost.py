@@ -99,7 +99,7 @@ class VirtualHost:
                 raise NotFound(f"no exchange {name!r} in vhost {self.name!r}")
             return existing
         if type_name not in KNOWN_TYPES:
-            raise CommandInvalid(f"unknown exchange type {type_name!r}; known types: {', '.join(KNOWN_TYPES)}")
+            raise CommandInvalid(f"unknown exchange type '{type_name}'")  # RabbitMQ's text
         if type_name == DELAYED_TYPE and not IDelayedMessageStore.providedBy(self.store):
             raise PreconditionFailed(f"the {self.store.name} store cannot keep delayed messages")
         arguments = dict(arguments or {})

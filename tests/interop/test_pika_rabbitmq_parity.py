@@ -252,3 +252,12 @@ def test_x_max_priority_0_is_a_queue_without_priorities(connection, name):
     for value, reason in refusals:
         error = closed_by_broker(connection.channel().queue_declare, name("bad"), arguments={"x-max-priority": value})
         assert error.reply_text.endswith(f"in vhost '/': {reason}"), error.reply_text
+
+
+def test_an_unknown_exchange_type_closes_the_connection_with_rabbitmqs_text(connect, name):
+    # RabbitMQ answers an unknown type with a connection-level 503, as pika's own acceptance test expects.
+    connection = connect()
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as raised:
+        connection.channel().exchange_declare(name("odd"), "ZZwwInvalid")
+    assert (raised.value.reply_code, raised.value.reply_text) == (
+        503, "COMMAND_INVALID - unknown exchange type 'ZZwwInvalid'")
