@@ -31,29 +31,29 @@ class QueueConsumers:
     what a single round-robin list costs.
     """
 
-    __slots__ = ("single_active", "_registered", "_groups", "_ordered")
+    __slots__ = ("single_active", "registered", "_groups", "_ordered")
 
     def __init__(self, single_active=False):
         self.single_active = single_active
-        self._registered = {}  # consumer -> None, in registration order
+        self.registered = {}  # consumer -> None, in registration order (read it, do not change it)
         self._groups = {}  # priority -> deque of consumers, rotated as they are served
         self._ordered = []  # the groups, highest priority first: what a delivery walks
 
     def __len__(self):
-        return len(self._registered)
+        return len(self.registered)
 
     def __bool__(self):
-        return bool(self._registered)
+        return bool(self.registered)
 
     @property
     def active(self):
         """The consumer a single-active-consumer queue delivers to, else None."""
-        if self.single_active and self._registered:
-            return next(iter(self._registered))
+        if self.single_active and self.registered:
+            return next(iter(self.registered))
         return None
 
     def add(self, consumer):
-        self._registered[consumer] = None
+        self.registered[consumer] = None
         priority = consumer.priority
         group = self._groups.get(priority)
         if group is None:
@@ -63,9 +63,9 @@ class QueueConsumers:
 
     def remove(self, consumer):
         """Forget C{consumer}; False if it was not here."""
-        if consumer not in self._registered:
+        if consumer not in self.registered:
             return False
-        del self._registered[consumer]
+        del self.registered[consumer]
         group = self._groups[consumer.priority]
         group.remove(consumer)
         if not group:
@@ -78,8 +78,8 @@ class QueueConsumers:
 
     def clear(self):
         """Forget every consumer; returns them in registration order."""
-        consumers = list(self._registered)
-        self._registered.clear()
+        consumers = list(self.registered)
+        self.registered.clear()
         self._groups.clear()
         self._ordered = []
         return consumers

@@ -140,7 +140,7 @@ class Queue:
                 published = message.published_at
                 entry.expires_at = (self._expiry.now() if published is None else published) + ttl
                 self._expiry.track(entry)
-        if self._consumers:
+        if self._consumers.registered:
             self.dispatch()
         if self.policy.limited:
             self._drop_overflow()

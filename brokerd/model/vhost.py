@@ -56,6 +56,7 @@ class VirtualHost:
         self.watermark = watermark if watermark is not None else MemoryWatermark()
         self.exchanges = {"": DefaultExchange(self, "", durable=True)}
         self.queues = {}
+        self.quorum_queues = 0  # how many: transient messages are stored only if some queue is one
         self.unavailable_queues = set()  # durable queues whose stored data is damaged
         self.delays = None  # the broker's DelayScheduler, for x-delayed-message exchanges
         for exchange_name, type_name in PREDECLARED_EXCHANGES.items():
@@ -201,6 +202,7 @@ class VirtualHost:
         check_declaration(name, self.name, durable, exclusive, auto_delete, arguments)
         queue = Queue(self, name, durable, connection if exclusive else None, auto_delete, arguments)
         self.queues[name] = queue
+        self.quorum_queues += queue.policy.quorum
         if exclusive and connection is not None:
             connection.exclusive_queues.add(queue)
         if queue.persisted:
@@ -220,6 +222,7 @@ class VirtualHost:
             queue.check_access(connection)
         queue.check_delete(if_unused, if_empty)
         del self.queues[name]
+        self.quorum_queues -= queue.policy.quorum
         self.unavailable_queues.discard(queue)
         for binding in list(queue.bindings):
             self._remove_binding(binding, persist=False)
@@ -389,14 +392,22 @@ class VirtualHost:
         handle = None
         persistent = message.persistent
         # A quorum queue keeps every message, transient ones too, as RabbitMQ's do.
-        keeping = [queue for queue in queues if queue.persisted and (persistent or queue.policy.quorum)]
+        if persistent:
+            keeping = [queue for queue in queues if queue.persisted]
+        elif self.quorum_queues:
+            keeping = [queue for queue in queues if queue.policy.quorum]
+        else:
+            keeping = ()
         if keeping:
             try:
                 handle = self.store.append(message, [queue.key for queue in keeping])
             except ValueError as problem:  # e.g. a message bigger than the store can keep in one piece
                 raise PreconditionFailed(f"the {self.store.name} store cannot keep this message: {problem}") from None
-        for queue in queues:
-            queue.enqueue(message, handle if queue.persisted and (persistent or queue.policy.quorum) else None)
+            for queue in queues:
+                queue.enqueue(message, handle if queue.persisted and (persistent or queue.policy.quorum) else None)
+        else:
+            for queue in queues:
+                queue.enqueue(message, None)
         if delaying:
             return len(queues) + len(delaying), True, refused
         return len(queues), handle is not None, refused
@@ -417,6 +428,7 @@ class VirtualHost:
     def restore_queue(self, name, auto_delete, arguments):
         queue = Queue(self, name, durable=True, auto_delete=auto_delete, arguments=arguments)
         self.queues[name] = queue
+        self.quorum_queues += queue.policy.quorum
         return queue
 
     def restore_binding(self, queue_name, exchange_name, routing_key, arguments, destination_exchange=""):
