@@ -13,7 +13,7 @@ from collections import OrderedDict
 from twisted.logger import Logger
 
 from brokerd.errors import MethodNotImplemented, NotAllowed, NotFound, PreconditionFailed
-from brokerd.model.consumers import consumer_priority
+from brokerd.model.consumers import Consumer, consumer_priority
 from brokerd.model.message import Message
 from brokerd.model.names import check_short_string, generate_consumer_tag
 from brokerd.model.property_rules import check_arguments, check_properties
@@ -21,48 +21,6 @@ from brokerd.model.replyto import REPLY_PREFIX, REPLY_QUEUE
 from brokerd.publisher_confirms import PublisherConfirms
 
 log = Logger()
-
-
-class Consumer:
-    """
-    A subscription of one channel to one queue.
-
-    @ivar prefetch: the most un-acked deliveries it may hold (0: no limit).
-    @ivar unacked: how many it holds now.
-    @ivar priority: its x-priority: higher ones are served first.
-    @ivar channel_limited: False for a consumer of a quorum queue, which the
-        channel-wide (global) prefetch limit does not hold back, as in RabbitMQ.
-    """
-
-    __slots__ = ("tag", "queue", "channel", "no_ack", "exclusive", "prefetch", "unacked", "arguments", "priority",
-                 "channel_limited")
-
-    def __init__(self, tag, queue, channel, no_ack, exclusive, prefetch, arguments, priority=0):
-        self.tag = tag
-        self.queue = queue
-        self.channel = channel
-        self.no_ack = no_ack
-        self.exclusive = exclusive
-        self.prefetch = prefetch
-        self.unacked = 0
-        self.arguments = arguments
-        self.priority = priority
-        self.channel_limited = not queue.policy.quorum
-
-    def has_room(self):
-        """True if a delivery now stays within this consumer's and its channel's limits."""
-        channel = self.channel
-        if not channel.flow_active or channel.connection.deliveries_paused:
-            return False
-        if self.no_ack:
-            return True
-        if self.prefetch and self.unacked >= self.prefetch:
-            return False
-        limit = channel.prefetch_count
-        return not (limit and self.channel_limited) or channel.consumer_unacked < limit
-
-    def __repr__(self):
-        return f"<Consumer {self.tag!r} on {self.queue.name!r}>"
 
 
 class Channel:
