@@ -22,10 +22,10 @@ from brokerd.migrate import MigrationError, migrate
 from brokerd.migrate.digest import changed_files, snapshot
 from tests import migratedata as data
 from tests.interop.conftest import TRACEBACK_MARKS, start_broker
+from tests.interop.pika_support import wait_for_body
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DURABLE = ("sqlite", "filelog", "chunked")
-DEADLINE_SECONDS = 20
 
 
 @defer.inlineCallbacks
@@ -212,17 +212,6 @@ def drain(channel, queue):
             return got
         got.append((body, method.redelivered, properties))
         channel.basic_ack(method.delivery_tag)
-
-
-def wait_for_body(channel, queue):
-    deadline = time.monotonic() + DEADLINE_SECONDS
-    while time.monotonic() < deadline:
-        method, _properties, body = channel.basic_get(queue)
-        if method is not None:
-            channel.basic_ack(method.delivery_tag)
-            return body
-        channel.connection.sleep(0.05)  # pika's own wait: it keeps the connection served meanwhile
-    return None
 
 
 def assert_served_as_written(amqp_url):

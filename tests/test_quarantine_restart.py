@@ -7,7 +7,6 @@ L{tests.test_store_quarantine}."""
 import os
 import subprocess
 import sys
-import time
 
 import pika
 import pytest
@@ -15,9 +14,9 @@ from pika.exceptions import ChannelClosedByBroker
 
 from tests import poisonedstate as state
 from tests.interop.conftest import TRACEBACK_MARKS, start_broker
+from tests.interop.pika_support import wait_for_body
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEADLINE_SECONDS = 20
 
 
 def write_poisoned_data_dir(backend, data_dir, messages_only=False):
@@ -35,18 +34,6 @@ def drain(channel, queue):
             return bodies
         bodies.append(body)
         channel.basic_ack(method.delivery_tag)
-
-
-def wait_for_body(channel, queue):
-    """The first message to arrive in C{queue} (a delayed one is routed at the broker's first ticks)."""
-    deadline = time.monotonic() + DEADLINE_SECONDS
-    while time.monotonic() < deadline:
-        method, _properties, body = channel.basic_get(queue)
-        if method is not None:
-            channel.basic_ack(method.delivery_tag)
-            return body
-        channel.connection.sleep(0.05)  # pika's own wait: it keeps the connection served meanwhile
-    return None
 
 
 @pytest.mark.parametrize("backend", state.DURABLE_BACKENDS)

@@ -151,3 +151,16 @@ def type_differences(received, sent, path="headers"):
     if typed(received) != typed(sent):
         return [f"{path}: sent {sent!r} ({type(sent).__name__}), received {received!r} ({type(received).__name__})"]
     return []
+
+
+def wait_for_body(channel, queue, timeout=20.0):
+    """The body of the first message to arrive in C{queue}, acked (a delayed one is routed at the
+    broker's first ticks), or None if none comes within C{timeout} seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        method, _properties, body = channel.basic_get(queue)
+        if method is not None:
+            channel.basic_ack(method.delivery_tag)
+            return body
+        channel.connection.sleep(0.05)  # pika's own wait: it keeps the connection served meanwhile
+    return None
