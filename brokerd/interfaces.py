@@ -166,11 +166,26 @@ class IPagingStore(IMessageStore):
 
     def load(handle):
         """
-        The message C{handle} names (a L{brokerd.model.message.Message}), at once.
+        The message C{handle} names, at once: a L{LoadedMessage}, or the very
+        object given to C{append} while the store still holds it unwritten.
 
         @raise KeyError: if the handle names nothing held.
         @raise StoreCorrupted: if the stored message is damaged.
         """
+
+
+class LoadedMessage(NamedTuple):
+    """
+    A message as L{IPagingStore.load} hands it back. Its properties (a
+    L{brokerd.proto.messages_pb2.BasicProperties}) are read-only: a store may
+    share one object between the messages stored with the same properties.
+    """
+
+    exchange: str
+    routing_key: str
+    properties: Any
+    body: bytes
+    published_at: Any = None  # ms on the broker's clock, or None
 
 
 class DelayedMessage(NamedTuple):

@@ -17,11 +17,10 @@ import os
 from collections import OrderedDict
 
 from backends.chunked.format import HEADER_SIZE, checked_record_parts, decode_head, position_of
-from brokerd.model.message import Message
+from brokerd.interfaces import LoadedMessage
 
 CACHE_ENTRY_OVERHEAD = 200  # bytes a cached record costs beyond its head and body (dict slot, tuple, bytes headers)
 HEAD_CACHE_ENTRIES = 256  # distinct message heads (exchange, routing key, properties) remembered
-HEAD_CACHE_BODY_LIMIT = 64 << 10  # a message kept for its encoded properties is at most this big
 
 
 class RingCache:
@@ -65,15 +64,14 @@ class RingCache:
 class HeadCache:
     """
     Messages read back mostly share their exchange, routing key and
-    properties: the head of each distinct kind is parsed once, and the
-    properties in AMQP form that a protocol adapter encoded for the last
-    message of a kind are handed to the next (properties are read-only).
+    properties: the head of each distinct kind is parsed once, and its
+    messages share one (read-only) properties object, which also lets a
+    protocol adapter reuse what it encoded for the last one.
     """
 
     def __init__(self, capacity=HEAD_CACHE_ENTRIES):
         self.capacity = capacity
-        self._kinds = {}  # head bytes -> [exchange, routing key, properties, encoded properties, last message,
-        #                                  published_at]
+        self._kinds = {}  # head bytes -> (exchange, routing key, properties, published_at)
 
     def message(self, head, body):
         kind = self._kinds.get(head)
@@ -82,13 +80,9 @@ class HeadCache:
                 self._kinds.clear()
             stored = decode_head(head)
             published = stored.published_at if stored.HasField("published_at") else None
-            kind = self._kinds[head] = [stored.exchange, stored.routing_key, stored.properties, None, None, published]
-        encoded = kind[3]
-        if encoded is None and kind[4] is not None:
-            encoded = kind[3] = kind[4].encoded_properties
-        message = Message(kind[0], kind[1], kind[2], body, encoded, kind[5])
-        kind[4] = message if encoded is None and len(body) <= HEAD_CACHE_BODY_LIMIT else None
-        return message
+            kind = self._kinds[head] = (stored.exchange, stored.routing_key, stored.properties, published)
+        exchange, routing_key, properties, published = kind
+        return LoadedMessage(exchange, routing_key, properties, body, published)
 
 
 class ChunkReader:

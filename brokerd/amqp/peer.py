@@ -2,8 +2,10 @@
 
 Deliveries reuse the content-header bytes a message was published with
 (L{Message.encoded_properties}); a message that came another way has its
-properties encoded once and kept. Bodies are handed to the transport as they
-are, split into frames only when they exceed the negotiated frame size.
+properties encoded once and kept, and messages that share one properties
+object (a paging store reads each kind of head once) share its encoding.
+Bodies are handed to the transport as they are, split into frames only when
+they exceed the negotiated frame size.
 """
 
 from zope.interface import implementer
@@ -13,11 +15,25 @@ from brokerd.amqp.properties import encode_properties
 from brokerd.interfaces import IChannelPeer
 
 
+ENCODED_CACHE_ENTRIES = 256  # properties objects whose encoding is remembered
+
+_encoded_by_properties = {}  # id(properties) -> (properties, encoded): holding it keeps its id from being reused
+
+
 def encoded_properties(message):
-    """The message's properties in AMQP form, encoded at most once."""
+    """The message's properties in AMQP form, encoded at most once per message and per shared properties object."""
     encoded = message.encoded_properties
     if encoded is None:
-        encoded = message.encoded_properties = encode_properties(message.properties)
+        properties = message.properties
+        cached = _encoded_by_properties.get(id(properties))
+        if cached is not None:
+            encoded = cached[1]
+        else:
+            encoded = encode_properties(properties)
+            if len(_encoded_by_properties) >= ENCODED_CACHE_ENTRIES:
+                _encoded_by_properties.clear()
+            _encoded_by_properties[id(properties)] = (properties, encoded)
+        message.encoded_properties = encoded
     return encoded
 
 

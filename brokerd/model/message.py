@@ -59,6 +59,14 @@ class Message:
         return Message(self.exchange, self.routing_key, properties, self.body)
 
     @classmethod
+    def loaded(cls, loaded):
+        """The message a paging store's C{load} gave (a L{brokerd.interfaces.LoadedMessage}, or a
+        message of ours it still held unwritten, returned as it is)."""
+        if type(loaded) is cls:
+            return loaded
+        return cls(loaded.exchange, loaded.routing_key, loaded.properties, loaded.body, None, loaded.published_at)
+
+    @classmethod
     def from_record(cls, record):
         """The message a store's L{StoredMessage} record holds. The properties are
         copied out so that the record (body included) is not kept alive by them."""

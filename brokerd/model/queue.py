@@ -22,7 +22,7 @@ from brokerd.model.arguments import QueueArguments, message_ttl_of
 from brokerd.model.consumers import QueueConsumers
 from brokerd.model.deadletter import DELIVERY_LIMIT, EXPIRED, MAXLEN, REJECTED, dead_letter
 from brokerd.model.expiry import MessageExpiry, UnusedExpiry
-from brokerd.model.message import QueuedMessage
+from brokerd.model.message import Message, QueuedMessage
 from brokerd.model.ready import PriorityReady, ReadyList
 
 log = Logger()
@@ -176,7 +176,7 @@ class Queue:
         if self.policy.needs_messages:
             for handle in handles:
                 try:
-                    message = self._store.load(handle)
+                    message = Message.loaded(self._store.load(handle))
                 except UnreadableMessage as problem:
                     self._quarantine(handle, problem)
                     continue
@@ -196,7 +196,7 @@ class Queue:
         next); False if the store failed, and the queue became unavailable.
         """
         try:
-            message = self._store.load(entry.handle)
+            message = Message.loaded(self._store.load(entry.handle))
         except UnreadableMessage as problem:
             self._quarantine(entry.handle, problem)
             return None
@@ -292,7 +292,7 @@ class Queue:
 
     def _load_for_death(self, entry):
         try:
-            entry.message = self._store.load(entry.handle)
+            entry.message = Message.loaded(self._store.load(entry.handle))
         except UnreadableMessage as problem:
             self._quarantine(entry.handle, problem)
             return False
