@@ -20,6 +20,7 @@ from backends.chunked.format import HEADER_SIZE, checked_record_parts, decode_he
 from brokerd.interfaces import LoadedMessage
 
 CACHE_ENTRY_OVERHEAD = 200  # bytes a cached record costs beyond its head and body (dict slot, tuple, bytes headers)
+_new_tuple = tuple.__new__
 HEAD_CACHE_ENTRIES = 256  # distinct message heads (exchange, routing key, properties) remembered
 
 
@@ -82,7 +83,7 @@ class HeadCache:
             published = stored.published_at if stored.HasField("published_at") else None
             kind = self._kinds[head] = (stored.exchange, stored.routing_key, stored.properties, published)
         exchange, routing_key, properties, published = kind
-        return LoadedMessage(exchange, routing_key, properties, body, published)
+        return _new_tuple(LoadedMessage, (exchange, routing_key, properties, body, published))  # half a namedtuple's call
 
 
 class ChunkReader:
