@@ -7,7 +7,7 @@ from array import array
 
 from twisted.trial import unittest
 
-from backends.delayedruns import MAX_RUNS, Bucket, Run, merge_runs, sorted_run, window
+from backends.delayedshared.sortedruns import MAX_RUNS, Bucket, Run, merge_runs, sorted_run, window
 from backends.handlemap import BLOCK, HandleMap, _Dense, _Sparse
 from backends.memory.sortedkeys import SortedKeys
 

@@ -32,7 +32,7 @@ from backends.chunked.delayedformat import (
     run_of,
     sound_block_after,
 )
-from backends.delayedruns import MAX_RUNS, Bucket, merge_runs
+from backends.delayedshared.sortedruns import MAX_RUNS, Bucket, merge_runs
 from backends.fileio import replace_file, write_all
 from brokerd.interfaces import StoreCorrupted
 

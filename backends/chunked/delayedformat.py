@@ -29,7 +29,7 @@ import zlib
 from array import array
 
 from backends.fileio import little_endian_bytes, read_little_endian
-from backends.delayedruns import Run
+from backends.delayedshared.sortedruns import Run
 
 VERSION = 1
 JOURNAL_MAGIC = b"brokerd djournal"

@@ -43,8 +43,8 @@ from backends.chunked.delayedformat import (
     encode_journal_header,
     sound_entry_after,
 )
-from backends.delayedmeta import encode_meta, read_meta
-from backends.delayedruns import window
+from backends.delayedshared.metafile import encode_meta, read_meta
+from backends.delayedshared.sortedruns import window
 from backends.fileio import TEMPORARY_SUFFIX, fsync_directory, replace_file, write_all
 from backends.handlemap import HandleMap
 from brokerd.interfaces import StoreCorrupted

@@ -11,7 +11,7 @@ Only the writer thread touches it.
 
 from bisect import bisect_left, insort
 
-from backends.delayedruns import Bucket, window
+from backends.delayedshared.sortedruns import Bucket, window
 from backends.handlemap import HandleMap
 
 

@@ -27,7 +27,7 @@ from typing import NamedTuple
 from google.protobuf.message import DecodeError
 from twisted.logger import Logger
 
-from backends.delayedmeta import Meta, encode_meta, read_meta
+from backends.delayedshared.metafile import Meta, encode_meta, read_meta
 from backends.fileio import fsync_directory, replace_file, write_all, write_gathered
 from backends.filelog.delayedindex import DelayedIndex
 from backends.filelog.queuefile import COMPACT_SUFFIX

@@ -22,7 +22,7 @@ when opened (the tables are created).
 
 from google.protobuf.message import DecodeError
 
-from backends.delayed import MAX_DUE
+from backends.delayedshared.reactorside import MAX_DUE
 from backends.handlemap import HandleMap
 from backends.quarantine import unreadable_message
 from brokerd.interfaces import DelayedMessage, StoreCorrupted

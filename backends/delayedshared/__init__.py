@@ -1,0 +1,1 @@
+"""What the stores share for delayed messages (L{brokerd.interfaces.IDelayedMessageStore})."""
