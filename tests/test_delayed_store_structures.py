@@ -7,7 +7,7 @@ from array import array
 
 from twisted.trial import unittest
 
-from backends.delayedshared.sortedruns import MAX_RUNS, Bucket, Run, merge_runs, sorted_run, window
+from backends.delayedshared.sortedruns import MAX_RUNS, MemoryBucket, SortedRun, merge_runs, sorted_run, window
 from backends.handlemap import BLOCK, HandleMap, _Dense, _Sparse
 from backends.memory.sortedkeys import SortedKeys
 
@@ -71,7 +71,7 @@ def entries(count, rolls):
 class RunTests(unittest.TestCase):
     def test_windows_of_merged_runs_match_a_sorted_list(self):
         rolls = random.Random(11)
-        bucket, everything = Bucket(("Q",)), []
+        bucket, everything = MemoryBucket(("Q",)), []
         for due, handle in entries(2000, rolls):
             bucket.add(due, handle, handle * 2)
             everything.append((due, handle, handle * 2))
@@ -93,7 +93,7 @@ class RunTests(unittest.TestCase):
         self.assertEqual(list(zip(run.dues, run.handles, run.extra[0])), [(3, 2, 20), (3, 4, 40), (5, 1, 10), (5, 3, 30)])
         self.assertEqual(run.start((3, 2)), 1)
         self.assertEqual(run.start((4, 0)), 2)
-        self.assertEqual(Run(array("Q"), array("Q")).start((1, 1)), 0)
+        self.assertEqual(SortedRun(array("Q"), array("Q")).start((1, 1)), 0)
 
 
 class SortedKeysTests(unittest.TestCase):

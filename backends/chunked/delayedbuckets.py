@@ -2,12 +2,12 @@
 and what the writer thread knows of it.
 
 A bucket's file (L{backends.chunked.delayedformat}) holds sorted runs of
-entries and lists of handles released since; L{BucketState} keeps only
+entries and lists of handles released since; L{ChunkedDelayedBucket} keeps only
 figures about it, plus, while the bucket is in use, its runs loaded as arrays
 (the I{view}). Entries newer than the last flush live in the bucket's
-I{memtable}, a L{backends.delayedruns.Bucket}; handles released since the
+I{memtable}, a L{backends.delayedruns.MemoryBucket}; handles released since the
 last flush are in C{pending}. A flush appends one run and one release block
-(L{BucketState.flush}), or rewrites the file as one run when it has too many
+(L{ChunkedDelayedBucket.flush}), or rewrites the file as one run when it has too many
 blocks or too much released.
 """
 
@@ -21,7 +21,7 @@ from backends.chunked.delayedformat import (
     ENTRY_SIZES,
     RELEASES,
     RUN,
-    FormatError,
+    DelayedFormatError,
     bucket_file_name,
     decode_blocks,
     decode_bucket_header,
@@ -32,7 +32,7 @@ from backends.chunked.delayedformat import (
     run_of,
     sound_block_after,
 )
-from backends.delayedshared.sortedruns import MAX_RUNS, Bucket, merge_runs
+from backends.delayedshared.sortedruns import MAX_RUNS, MemoryBucket, merge_runs
 from backends.fileio import replace_file, write_all
 from brokerd.interfaces import StoreCorrupted
 
@@ -53,7 +53,7 @@ def torn_block(data, offset, flushing):
     return generation == flushing and kind in ENTRY_SIZES and length == count * ENTRY_SIZES[kind]
 
 
-class BucketState:
+class ChunkedDelayedBucket:
     """
     What the writer knows of one bucket.
 
@@ -76,7 +76,7 @@ class BucketState:
         self.blocks = 0
         self.flushed = (-1, 0)
         self.size = 0  # of the file; 0 for none
-        self.memtable = Bucket(TYPECODES)
+        self.memtable = MemoryBucket(TYPECODES)
         self.pending = set()  # handles released since the last flush
         self.view = None  # the file's runs, while loaded
         self.released = None  # the handles of the file's release blocks, while loaded
@@ -108,8 +108,8 @@ class BucketState:
         try:
             number, found_width = decode_bucket_header(data)
             if (number, found_width) != (self.number, width):
-                raise FormatError(f"its header names bucket {number} of width {found_width}", 0)
-        except FormatError as problem:
+                raise DelayedFormatError(f"its header names bucket {number} of width {found_width}", 0)
+        except DelayedFormatError as problem:
             raise self._damaged(str(problem), problem.offset) from None
         blocks, stop, problem = decode_blocks(data, BUCKET_HEADER.size)
         if problem is not None:
@@ -176,7 +176,7 @@ class BucketState:
             created = self._rewrite(width, flushed, run, releases)
         else:
             created = self._append(width, flushed, run, releases)
-        self.memtable, self.pending = Bucket(TYPECODES), set()
+        self.memtable, self.pending = MemoryBucket(TYPECODES), set()
         return created
 
     def _append(self, width, flushed, run, releases):

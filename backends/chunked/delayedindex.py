@@ -8,12 +8,12 @@ tree, so that a commit writes one file however spread out the due times are:
     one fsync) and to the in-memory I{memtables} of their buckets;
   - once the journal holds C{flush_entries} entries (and at close), they are
     I{flushed}: each bucket touched gets one sorted run and one list of
-    released handles appended to its file (L{BucketState.flush}), the files
+    released handles appended to its file (L{ChunkedDelayedBucket.flush}), the files
     are fsynced, then the journal starts over with a new generation. A crash
     (or an error) in between replays the journal, skipping in each bucket
     what its file holds already: its last block says up to which entry of
     which generation;
-  - a window (L{DelayedIndex.window}) loads only the buckets it spans (a few
+  - a window (L{ChunkedDelayedIndex.window}) loads only the buckets it spans (a few
     are kept loaded, as arrays) and merges their runs from the cursor on.
 
 At open every bucket file is read once, one at a time, to count what is kept:
@@ -30,12 +30,12 @@ from typing import NamedTuple
 
 from twisted.logger import Logger
 
-from backends.chunked.delayedbuckets import BucketState
+from backends.chunked.delayedbuckets import ChunkedDelayedBucket
 from backends.chunked.delayedformat import (
     JOURNAL_HEADER,
     META_MAGIC,
     RELEASED,
-    FormatError,
+    DelayedFormatError,
     bucket_number_of,
     decode_journal_entries,
     decode_journal_header,
@@ -58,8 +58,8 @@ LOADED_VIEWS = 16  # buckets kept loaded for windows
 KEPT_TYPECODES = ("Q", "Q")  # the store's values per kept handle: due time, message chunk number
 
 
-class DelayedOpen(NamedTuple):
-    """What L{DelayedIndex.open} found, for the store's reactor side."""
+class ChunkedDelayedRecovery(NamedTuple):
+    """What L{ChunkedDelayedIndex.open} found, for the store's reactor side."""
 
     kept: HandleMap  # kept handle -> (due, chunk number)
     references: Counter  # message chunk number -> kept entries pointing into it
@@ -69,7 +69,7 @@ class DelayedOpen(NamedTuple):
     damage: StoreCorrupted | None  # what makes the delayed messages unusable, if anything
 
 
-class DelayedIndex:
+class ChunkedDelayedIndex:
     """
     The journal, the meta file and the bucket files under C{<directory>/delayed}.
 
@@ -84,7 +84,7 @@ class DelayedIndex:
         self.meta_path = os.path.join(self.directory, META)
         self.width = width
         self.flush_entries = flush_entries
-        self.buckets = {}  # bucket number -> BucketState
+        self.buckets = {}  # bucket number -> ChunkedDelayedBucket
         self.numbers = []  # bucket numbers, sorted
         self.generation = 1  # the journal's
         self.damage = None
@@ -107,7 +107,7 @@ class DelayedIndex:
         """Read the meta file, the journal and every bucket; replay and flush the journal."""
         kept, references = HandleMap(KEPT_TYPECODES), Counter()
         if not os.path.isdir(self.directory):
-            return DelayedOpen(kept, references, 1, [], self.width, None)
+            return ChunkedDelayedRecovery(kept, references, 1, [], self.width, None)
         for name in os.listdir(self.directory):
             if name.endswith(TEMPORARY_SUFFIX):
                 os.unlink(os.path.join(self.directory, name))
@@ -118,7 +118,7 @@ class DelayedIndex:
             if meta is None:
                 if numbers or os.path.exists(self.journal_path):
                     raise StoreCorrupted(f"delayed-message meta file {self.meta_path} is missing", self.meta_path)
-                return DelayedOpen(kept, references, 1, [], self.width, None)
+                return ChunkedDelayedRecovery(kept, references, 1, [], self.width, None)
             if meta.bucket_width != self.width:
                 log.info("delayed buckets in {directory} are {found} ms wide; keeping that width",
                          directory=self.directory, found=meta.bucket_width)
@@ -139,7 +139,7 @@ class DelayedIndex:
             if self._journal is not None:
                 os.close(self._journal)
                 self._journal = None
-            return DelayedOpen(HandleMap(KEPT_TYPECODES), Counter(), 1, [], self.width, damage)
+            return ChunkedDelayedRecovery(HandleMap(KEPT_TYPECODES), Counter(), 1, [], self.width, damage)
         if opening.dropped:
             log.warn("delayed index {directory}: {count} entries point past the end of the message log ({position}),"
                      " which a crash cut short; they are dropped", directory=self.directory,
@@ -147,12 +147,12 @@ class DelayedIndex:
         if any(state.touched for state in self.buckets.values()):
             self.flush()
         next_handle = max(meta.handle_limit, opening.highest + 1)
-        return DelayedOpen(kept, references, next_handle, meta.exchanges, self.width, None)
+        return ChunkedDelayedRecovery(kept, references, next_handle, meta.exchanges, self.width, None)
 
     def _state(self, number):
         state = self.buckets.get(number)
         if state is None:
-            state = self.buckets[number] = BucketState(self.directory, number)
+            state = self.buckets[number] = ChunkedDelayedBucket(self.directory, number)
             insort(self.numbers, number)
         return state
 
@@ -208,7 +208,7 @@ class DelayedIndex:
             data = journal.read()
         try:
             self.generation = decode_journal_header(data)
-        except FormatError as problem:
+        except DelayedFormatError as problem:
             raise StoreCorrupted(f"delayed journal {self.journal_path} is damaged: {problem}", self.journal_path,
                                  problem.offset) from None
         entries, stop, problem = decode_journal_entries(data, JOURNAL_HEADER.size)
@@ -397,7 +397,7 @@ class DelayedIndex:
 
 
 class _Opening:
-    """What L{DelayedIndex.open} gathers while it reads the files."""
+    """What L{ChunkedDelayedIndex.open} gathers while it reads the files."""
 
     def __init__(self, kept, references, write_position, data_size, chunk_exists):
         self.kept = kept

@@ -3,7 +3,7 @@
 The delayed log (L{backends.filelog.delayedlog}) is in append order; this
 index puts its valid records in C{(due, handle)} order. Entries are grouped in
 buckets of due time (C{width} milliseconds each), each a
-L{backends.delayedruns.Bucket} of sorted runs; a L{HandleMap} says where each
+L{backends.delayedruns.MemoryBucket} of sorted runs; a L{HandleMap} says where each
 kept handle's record is and when it is due. That is about 33 bytes per kept
 message and no object per message; a window reads only the buckets it spans.
 Only the writer thread touches it.
@@ -11,17 +11,17 @@ Only the writer thread touches it.
 
 from bisect import bisect_left, insort
 
-from backends.delayedshared.sortedruns import Bucket, window
+from backends.delayedshared.sortedruns import MemoryBucket, window
 from backends.handlemap import HandleMap
 
 
-class DelayedIndex:
+class FilelogDelayedMemoryIndex:
     """Kept delayed messages: their handles, due times and record offsets."""
 
     def __init__(self, width):
         self.width = width
         self.where = HandleMap(("Q", "Q"))  # handle -> (record offset, due)
-        self._buckets = {}  # bucket number -> Bucket of (due, handle)
+        self._buckets = {}  # bucket number -> MemoryBucket of (due, handle)
         self._numbers = []  # bucket numbers, sorted
 
     def __len__(self):
@@ -32,7 +32,7 @@ class DelayedIndex:
         number = due // self.width
         bucket = self._buckets.get(number)
         if bucket is None:
-            bucket = self._buckets[number] = Bucket()
+            bucket = self._buckets[number] = MemoryBucket()
             insort(self._numbers, number)
         bucket.add(due, handle)
 

@@ -7,7 +7,7 @@ payload is ``[0x08][valid flag][u64 due][u64 handle][u16 length][vhost]
 [u16 length][exchange name][StoredMessage without valid flag, body last]``.
 The CRC covers the payload from its third byte, so a release flips the valid
 flag in place, as an ack does in a queue file. Records are appended in handle
-order; the order by due time is the in-memory L{DelayedIndex}, rebuilt by
+order; the order by due time is the in-memory L{FilelogDelayedMemoryIndex}, rebuilt by
 reading the log at open. Once the log holds at least C{compact_min_records}
 records and fewer than C{compact_valid_ratio} of them are valid, the valid
 ones are copied to a new log that replaces it.
@@ -29,7 +29,7 @@ from twisted.logger import Logger
 
 from backends.delayedshared.metafile import Meta, encode_meta, read_meta
 from backends.fileio import fsync_directory, replace_file, write_all, write_gathered
-from backends.filelog.delayedindex import DelayedIndex
+from backends.filelog.delayedindex import FilelogDelayedMemoryIndex
 from backends.filelog.queuefile import COMPACT_SUFFIX
 from backends.filelog.records import (
     ACKED_FLAG,
@@ -89,13 +89,13 @@ def decode_delayed(payload, where="a delayed record"):
     return due, handle, tuple(key), stored
 
 
-class DelayedRecovery(NamedTuple):
+class FilelogDelayedRecovery(NamedTuple):
     kept: HandleMap  # the kept handles (a set), for the reactor thread
     next_handle: int  # the first handle to give out
     damage: StoreCorrupted | None
 
 
-class DelayedLog:
+class FilelogDelayedLog:
     """The delayed log and its index, under the filelog store's directory."""
 
     def __init__(self, directory, width, compact_min_records, compact_valid_ratio, figures):
@@ -105,7 +105,7 @@ class DelayedLog:
         self.compact_min_records = compact_min_records
         self.compact_valid_ratio = compact_valid_ratio
         self.figures = figures
-        self.index = DelayedIndex(width)
+        self.index = FilelogDelayedMemoryIndex(width)
         self.descriptor = None
         self.size = 0
         self.records = 0  # in the log, valid or released
@@ -125,10 +125,10 @@ class DelayedLog:
                 highest = self._scan(kept)
         except StoreCorrupted as damage:
             self._damaged(damage)
-            return DelayedRecovery(HandleMap(), 1, damage)
+            return FilelogDelayedRecovery(HandleMap(), 1, damage)
         limit = meta.handle_limit if meta is not None else 1
         self.compact_if_worth_it()
-        return DelayedRecovery(kept, max(limit, highest + 1), None)
+        return FilelogDelayedRecovery(kept, max(limit, highest + 1), None)
 
     def _scan(self, kept):
         """Index the valid records, cutting off a torn tail; returns the highest handle found."""
@@ -178,7 +178,7 @@ class DelayedLog:
         if self.descriptor is not None:
             os.close(self.descriptor)
             self.descriptor = None
-        self.index = DelayedIndex(self.width)
+        self.index = FilelogDelayedMemoryIndex(self.width)
         self.damage = damage
 
     # -- commits
