@@ -1,14 +1,15 @@
-"""One due-time bucket of the chunked store's delayed-message index: its file
-and what the writer thread knows of it.
+"""One due-time bucket of the chunked store's delayed-message index
+(L{backends.chunked.delayedindex.ChunkedDelayedIndex}): its file and what the
+writer thread knows of it (L{ChunkedDelayedBucket}).
 
 A bucket's file (L{backends.chunked.delayedformat}) holds sorted runs of
-entries and lists of handles released since; L{ChunkedDelayedBucket} keeps only
-figures about it, plus, while the bucket is in use, its runs loaded as arrays
-(the I{view}). Entries newer than the last flush live in the bucket's
-I{memtable}, a L{backends.delayedruns.MemoryBucket}; handles released since the
-last flush are in C{pending}. A flush appends one run and one release block
-(L{ChunkedDelayedBucket.flush}), or rewrites the file as one run when it has too many
-blocks or too much released.
+entries and lists of handles released since; L{ChunkedDelayedBucket} keeps
+only figures about it, plus, while the bucket is in use, its runs loaded as
+arrays (the I{view}). Entries newer than the last flush live in the bucket's
+I{memtable}, a L{backends.delayedshared.sortedruns.MemoryBucket}; handles
+released since the last flush are in C{pending}. A flush appends one run and
+one release block (L{ChunkedDelayedBucket.flush}), or rewrites the file as
+one run when it has too many blocks or too much released.
 """
 
 import os
@@ -55,7 +56,7 @@ def torn_block(data, offset, flushing):
 
 class ChunkedDelayedBucket:
     """
-    What the writer knows of one bucket.
+    What the writer knows of one bucket of the chunked delayed index: its file's figures, memtable and view.
 
     @ivar live: entries kept (not released), in the file and the memtable.
     @ivar flushed: C{(generation, covered)} of the file's last block: the

@@ -1,9 +1,11 @@
-"""The on-disk formats of the chunked store's delayed-message index, as values.
+"""The on-disk formats of the chunked store's delayed-message index
+(L{backends.chunked.delayedindex}), as values: bytes in, values out, no file
+opened here.
 
 Under ``delayed/``:
 
   - ``meta``: the handle limit, the bucket width and the exchange keys by
-    number (L{backends.delayedmeta}), replaced whole when they change;
+    number (L{backends.delayedshared.metafile}), replaced whole when they change;
   - ``journal``: a header ``[16s magic][u32 version][u64 generation][u32 CRC]``
     then fixed 32-byte entries ``[u64 due][u64 handle][u64 log position]
     [u32 exchange number][u32 CRC of the 28 bytes before]`` (little-endian),
@@ -50,7 +52,8 @@ ENTRY_SIZES = {RUN: 8 * ENTRY_WORDS, RELEASES: 8}
 
 
 class DelayedFormatError(Exception):
-    """Bytes that are not what the format says; the text says how, C{offset} where."""
+    """Bytes of a delayed journal or bucket file that are not what the format says; the text says how,
+    C{offset} where."""
 
     def __init__(self, text, offset):
         super().__init__(text)

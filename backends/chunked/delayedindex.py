@@ -1,4 +1,5 @@
-"""The chunked store's delayed-message index, as its writer thread works on it.
+"""The chunked store's on-disk due-time index of delayed messages
+(L{ChunkedDelayedIndex}), as its writer thread works on it.
 
 A delayed message's record goes to the message log like any message (written
 once); the index says, by due time, where it is. It is kept like a small LSM
@@ -20,6 +21,14 @@ At open every bucket file is read once, one at a time, to count what is kept:
 the store gets, per kept handle, its due time and chunk (a L{HandleMap}), and
 the number of kept entries per message chunk (so no chunk they point into is
 deleted). Nothing per message outlives the open as an object.
+
+One bucket's file and memtable are a L{ChunkedDelayedBucket}
+(L{backends.chunked.delayedbuckets}); the bytes of the journal and bucket
+files are in L{backends.chunked.delayedformat}, those of the meta file in
+L{backends.delayedshared.metafile}. L{backends.chunked.files} drives the
+index at each commit; the reactor side is L{backends.chunked.store}. (The
+filelog store's index, L{backends.filelog.delayedlog.FilelogDelayedMemoryIndex},
+is a different thing: in memory only, rebuilt from its log.)
 """
 
 import os

@@ -2,12 +2,18 @@
 a due-time index in memory, as arrays rather than an object per message.
 
 An entry is a due time, a handle and a few more numbers (where the message
-is). A L{SortedRun} holds entries sorted by C{(due, handle)} in parallel arrays; a
-L{MemoryBucket} is the entries of one slice of due time: some runs, plus a I{tail}
-of entries added since, in handle order and unsorted, which becomes a run
-when the bucket is next read. A window (L{window}) merges the runs from a
-cursor on, so reading the next 1,000 entries costs about 1,000 steps however
-big the bucket is; L{merge_runs} folds many runs into one.
+is). A L{SortedRun} holds entries sorted by C{(due, handle)} in parallel
+arrays; a L{MemoryBucket} is the entries of one slice of due time: some runs,
+plus a I{tail} of entries added since, in handle order and unsorted, which
+becomes a run when the bucket is next read. A window (L{window}) merges the
+runs from a cursor on, so reading the next 1,000 entries costs about 1,000
+steps however big the bucket is; L{merge_runs} folds many runs into one.
+
+The filelog store's whole due-time index is L{MemoryBucket}s
+(L{backends.filelog.delayedlog.FilelogDelayedMemoryIndex}); the chunked
+store's on-disk index keeps a L{MemoryBucket} per bucket as its memtable and
+reads its bucket files back as L{SortedRun}s
+(L{backends.chunked.delayedbuckets}, L{backends.chunked.delayedformat}).
 """
 
 from array import array
