@@ -1,6 +1,7 @@
 """The in-memory structures the delayed-message stores share: the handle map
-(arrays per block of handles, dense or sparse), sorted runs and buckets, and
-the memory store's sorted keys; each checked against a plain dict or list."""
+(arrays per block of handles, dense or sparse), the sorted runs and memory
+buckets of L{backends.delayedshared.sortedruns}, and the memory store's
+sorted keys; each checked against a plain dict or list."""
 
 import random
 from array import array
@@ -68,7 +69,7 @@ def entries(count, rolls):
     return [(rolls.randrange(50), handle) for handle in range(1, count + 1)]
 
 
-class RunTests(unittest.TestCase):
+class SortedRunTests(unittest.TestCase):
     def test_windows_of_merged_runs_match_a_sorted_list(self):
         rolls = random.Random(11)
         bucket, everything = MemoryBucket(("Q",)), []
