@@ -210,8 +210,9 @@ class IDelayedMessageStore(Interface):
     """
     Messages published to delayed exchanges, kept ordered by due time until they are routed.
 
-    A scheduler on the model side asks for windows of due messages, routes
-    them and releases them. A durable store keeps them on disk in an index
+    A scheduler on the model side (L{brokerd.model.delayeddelivery}, whose
+    docstring maps the feature's modules per backend) asks for windows of
+    due messages, routes them and releases them. A durable store keeps them on disk in an index
     ordered by C{(due, handle)}, and hands them back a window at a time: it
     need not hold every delayed message in memory.
     """

@@ -4,7 +4,7 @@ type, the x-delay header, and the scheduler's due-time windows over the store.""
 import pytest
 
 from brokerd.errors import CommandInvalid, PreconditionFailed
-from brokerd.model import delayed
+from brokerd.model import delayeddelivery
 from brokerd.proto.tables import dict_to_table
 from tests.support import open_channel, properties, ready
 
@@ -41,7 +41,7 @@ def test_a_delayed_message_is_routed_once_due_and_not_before(broker, clock):
     clock.advance(1.4)
     assert ready(broker, "due") == 0
     clock.advance(0.1)
-    clock.advance(delayed.TICK_SECONDS)
+    clock.advance(delayeddelivery.TICK_SECONDS)
     assert drain(channel) == [b"m"]
 
 
@@ -97,7 +97,7 @@ def test_a_message_whose_exchange_is_deleted_before_it_is_due_is_dropped(broker,
 def test_more_delayed_messages_than_a_window_all_fire_in_order(broker, clock):
     channel, _ = open_channel(broker)
     delayed_exchange(channel)
-    count = delayed.WINDOW_MESSAGES * 2 + 500
+    count = delayeddelivery.WINDOW_MESSAGES * 2 + 500
     for number in range(count):
         send(channel, b"%05d" % number, delay=1000 + number)  # all due within a few seconds, in order
     clock.pump([0.05] * 100)
@@ -120,7 +120,7 @@ def test_a_delay_published_after_a_window_was_loaded_fires_on_time(broker, clock
 def test_delays_beyond_the_first_window_are_loaded_when_their_time_nears(broker, clock):
     channel, _ = open_channel(broker)
     delayed_exchange(channel)
-    far = delayed.WINDOW_MILLISECONDS * 3
+    far = delayeddelivery.WINDOW_MILLISECONDS * 3
     send(channel, b"far", delay=far)
     send(channel, b"near", delay=100)
     clock.pump([0.5] * 2)

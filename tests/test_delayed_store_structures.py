@@ -1,13 +1,14 @@
 """The in-memory structures the delayed-message stores share: the handle map
-(arrays per block of handles, dense or sparse), sorted runs and buckets, and
-the memory store's sorted keys; each checked against a plain dict or list."""
+(arrays per block of handles, dense or sparse), the sorted runs and memory
+buckets of L{backends.delayedshared.sortedruns}, and the memory store's
+sorted keys; each checked against a plain dict or list."""
 
 import random
 from array import array
 
 from twisted.trial import unittest
 
-from backends.delayedruns import MAX_RUNS, Bucket, Run, merge_runs, sorted_run, window
+from backends.delayedshared.sortedruns import MAX_RUNS, MemoryBucket, SortedRun, merge_runs, sorted_run, window
 from backends.handlemap import BLOCK, HandleMap, _Dense, _Sparse
 from backends.memory.sortedkeys import SortedKeys
 
@@ -68,10 +69,10 @@ def entries(count, rolls):
     return [(rolls.randrange(50), handle) for handle in range(1, count + 1)]
 
 
-class RunTests(unittest.TestCase):
+class SortedRunTests(unittest.TestCase):
     def test_windows_of_merged_runs_match_a_sorted_list(self):
         rolls = random.Random(11)
-        bucket, everything = Bucket(("Q",)), []
+        bucket, everything = MemoryBucket(("Q",)), []
         for due, handle in entries(2000, rolls):
             bucket.add(due, handle, handle * 2)
             everything.append((due, handle, handle * 2))
@@ -93,7 +94,7 @@ class RunTests(unittest.TestCase):
         self.assertEqual(list(zip(run.dues, run.handles, run.extra[0])), [(3, 2, 20), (3, 4, 40), (5, 1, 10), (5, 3, 30)])
         self.assertEqual(run.start((3, 2)), 1)
         self.assertEqual(run.start((4, 0)), 2)
-        self.assertEqual(Run(array("Q"), array("Q")).start((1, 1)), 0)
+        self.assertEqual(SortedRun(array("Q"), array("Q")).start((1, 1)), 0)
 
 
 class SortedKeysTests(unittest.TestCase):

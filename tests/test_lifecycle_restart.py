@@ -15,7 +15,7 @@ from twisted.trial import unittest
 
 from brokerd import storeregistry
 from brokerd.durability import SyncPolicy
-from brokerd.model import delayed
+from brokerd.model import delayeddelivery
 from brokerd.model.broker import Broker
 from brokerd.proto.tables import dict_to_table
 from tests.support import open_channel, properties
@@ -70,9 +70,9 @@ class LifecycleRestart:
         yield self.stopped(broker)
         broker, clock, channel = yield self.started(START + 30)  # down for 30 s
         yield broker.store.sync()
-        clock.advance(delayed.TICK_SECONDS)
+        clock.advance(delayeddelivery.TICK_SECONDS)
         yield broker.store.sync()
-        clock.advance(delayed.TICK_SECONDS)
+        clock.advance(delayeddelivery.TICK_SECONDS)
         self.assertEqual(self.drain(channel, "due"), [b"during-downtime", b"also-during"])
         clock.pump([1.0] * 29)
         self.assertEqual(self.drain(channel, "due"), [])
@@ -82,7 +82,7 @@ class LifecycleRestart:
         self.assertEqual(broker.store.stats()["delayed"], 0)
         yield self.stopped(broker)
         broker, clock, channel = yield self.started(START + 200)
-        clock.pump([delayed.TICK_SECONDS] * 5)
+        clock.pump([delayeddelivery.TICK_SECONDS] * 5)
         self.assertEqual(self.drain(channel, "due"), [], "what fired and was consumed does not fire again")
 
     @defer.inlineCallbacks

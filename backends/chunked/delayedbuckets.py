@@ -1,14 +1,15 @@
-"""One due-time bucket of the chunked store's delayed-message index: its file
-and what the writer thread knows of it.
+"""One due-time bucket of the chunked store's delayed-message index
+(L{backends.chunked.delayedindex.ChunkedDelayedIndex}): its file and what the
+writer thread knows of it (L{ChunkedDelayedBucket}).
 
 A bucket's file (L{backends.chunked.delayedformat}) holds sorted runs of
-entries and lists of handles released since; L{BucketState} keeps only
-figures about it, plus, while the bucket is in use, its runs loaded as arrays
-(the I{view}). Entries newer than the last flush live in the bucket's
-I{memtable}, a L{backends.delayedruns.Bucket}; handles released since the
-last flush are in C{pending}. A flush appends one run and one release block
-(L{BucketState.flush}), or rewrites the file as one run when it has too many
-blocks or too much released.
+entries and lists of handles released since; L{ChunkedDelayedBucket} keeps
+only figures about it, plus, while the bucket is in use, its runs loaded as
+arrays (the I{view}). Entries newer than the last flush live in the bucket's
+I{memtable}, a L{backends.delayedshared.sortedruns.MemoryBucket}; handles
+released since the last flush are in C{pending}. A flush appends one run and
+one release block (L{ChunkedDelayedBucket.flush}), or rewrites the file as
+one run when it has too many blocks or too much released.
 """
 
 import os
@@ -21,7 +22,7 @@ from backends.chunked.delayedformat import (
     ENTRY_SIZES,
     RELEASES,
     RUN,
-    FormatError,
+    DelayedFormatError,
     bucket_file_name,
     decode_blocks,
     decode_bucket_header,
@@ -32,7 +33,7 @@ from backends.chunked.delayedformat import (
     run_of,
     sound_block_after,
 )
-from backends.delayedruns import MAX_RUNS, Bucket, merge_runs
+from backends.delayedshared.sortedruns import MAX_RUNS, MemoryBucket, merge_runs
 from backends.fileio import replace_file, write_all
 from brokerd.interfaces import StoreCorrupted
 
@@ -53,9 +54,9 @@ def torn_block(data, offset, flushing):
     return generation == flushing and kind in ENTRY_SIZES and length == count * ENTRY_SIZES[kind]
 
 
-class BucketState:
+class ChunkedDelayedBucket:
     """
-    What the writer knows of one bucket.
+    What the writer knows of one bucket of the chunked delayed index: its file's figures, memtable and view.
 
     @ivar live: entries kept (not released), in the file and the memtable.
     @ivar flushed: C{(generation, covered)} of the file's last block: the
@@ -76,7 +77,7 @@ class BucketState:
         self.blocks = 0
         self.flushed = (-1, 0)
         self.size = 0  # of the file; 0 for none
-        self.memtable = Bucket(TYPECODES)
+        self.memtable = MemoryBucket(TYPECODES)
         self.pending = set()  # handles released since the last flush
         self.view = None  # the file's runs, while loaded
         self.released = None  # the handles of the file's release blocks, while loaded
@@ -108,8 +109,8 @@ class BucketState:
         try:
             number, found_width = decode_bucket_header(data)
             if (number, found_width) != (self.number, width):
-                raise FormatError(f"its header names bucket {number} of width {found_width}", 0)
-        except FormatError as problem:
+                raise DelayedFormatError(f"its header names bucket {number} of width {found_width}", 0)
+        except DelayedFormatError as problem:
             raise self._damaged(str(problem), problem.offset) from None
         blocks, stop, problem = decode_blocks(data, BUCKET_HEADER.size)
         if problem is not None:
@@ -176,7 +177,7 @@ class BucketState:
             created = self._rewrite(width, flushed, run, releases)
         else:
             created = self._append(width, flushed, run, releases)
-        self.memtable, self.pending = Bucket(TYPECODES), set()
+        self.memtable, self.pending = MemoryBucket(TYPECODES), set()
         return created
 
     def _append(self, width, flushed, run, releases):

@@ -1,9 +1,11 @@
-"""The on-disk formats of the chunked store's delayed-message index, as values.
+"""The on-disk formats of the chunked store's delayed-message index
+(L{backends.chunked.delayedindex}), as values: bytes in, values out, no file
+opened here.
 
 Under ``delayed/``:
 
   - ``meta``: the handle limit, the bucket width and the exchange keys by
-    number (L{backends.delayedmeta}), replaced whole when they change;
+    number (L{backends.delayedshared.metafile}), replaced whole when they change;
   - ``journal``: a header ``[16s magic][u32 version][u64 generation][u32 CRC]``
     then fixed 32-byte entries ``[u64 due][u64 handle][u64 log position]
     [u32 exchange number][u32 CRC of the 28 bytes before]`` (little-endian),
@@ -29,7 +31,7 @@ import zlib
 from array import array
 
 from backends.fileio import little_endian_bytes, read_little_endian
-from backends.delayedruns import Run
+from backends.delayedshared.sortedruns import SortedRun
 
 VERSION = 1
 JOURNAL_MAGIC = b"brokerd djournal"
@@ -49,8 +51,9 @@ ENTRY_WORDS = 4  # u64s per run entry
 ENTRY_SIZES = {RUN: 8 * ENTRY_WORDS, RELEASES: 8}
 
 
-class FormatError(Exception):
-    """Bytes that are not what the format says; the text says how, C{offset} where."""
+class DelayedFormatError(Exception):
+    """Bytes of a delayed journal or bucket file that are not what the format says; the text says how,
+    C{offset} where."""
 
     def __init__(self, text, offset):
         super().__init__(text)
@@ -76,14 +79,14 @@ def encode_journal_header(generation):
 
 
 def decode_journal_header(data):
-    """The generation of a journal header; FormatError if C{data} does not start with one."""
+    """The generation of a journal header; DelayedFormatError if C{data} does not start with one."""
     if len(data) < JOURNAL_HEADER.size:
-        raise FormatError(f"it is cut short inside its header ({len(data)} bytes)", 0)
+        raise DelayedFormatError(f"it is cut short inside its header ({len(data)} bytes)", 0)
     magic, version, generation, crc = JOURNAL_HEADER.unpack_from(data)
     if magic != JOURNAL_MAGIC or zlib.crc32(data[: JOURNAL_HEADER.size - 4]) != crc:
-        raise FormatError("it does not start with a journal header", 0)
+        raise DelayedFormatError("it does not start with a journal header", 0)
     if version != VERSION:
-        raise FormatError(f"it has format version {version}; this brokerd reads version {VERSION}", 0)
+        raise DelayedFormatError(f"it has format version {version}; this brokerd reads version {VERSION}", 0)
     return generation
 
 
@@ -135,19 +138,19 @@ def encode_bucket_header(number, width):
 
 
 def decode_bucket_header(data):
-    """C{(bucket number, width)} of a bucket file's header; FormatError if there is none."""
+    """C{(bucket number, width)} of a bucket file's header; DelayedFormatError if there is none."""
     if len(data) < BUCKET_HEADER.size:
-        raise FormatError(f"it is cut short inside its header ({len(data)} bytes)", 0)
+        raise DelayedFormatError(f"it is cut short inside its header ({len(data)} bytes)", 0)
     magic, version, number, width, crc = BUCKET_HEADER.unpack_from(data)
     if magic != BUCKET_MAGIC or zlib.crc32(data[: BUCKET_HEADER.size - 4]) != crc:
-        raise FormatError("it does not start with a bucket header", 0)
+        raise DelayedFormatError("it does not start with a bucket header", 0)
     if version != VERSION:
-        raise FormatError(f"it has format version {version}; this brokerd reads version {VERSION}", 0)
+        raise DelayedFormatError(f"it has format version {version}; this brokerd reads version {VERSION}", 0)
     return number, width
 
 
 def encode_run_block(flushed, run):
-    """A C{RUN} block of a sorted L{Run} whose extra columns are positions and exchange numbers;
+    """A C{RUN} block of a sorted L{SortedRun} whose extra columns are positions and exchange numbers;
     C{flushed} is C{(journal generation, entries covered)}."""
     words = array("Q", bytes(8 * ENTRY_WORDS * len(run)))
     words[0::4], words[1::4] = run.dues, run.handles
@@ -188,9 +191,9 @@ def decode_blocks(data, start):
 
 
 def run_of(payload):
-    """The L{Run} of a C{RUN} block's payload: its columns taken out at C speed."""
+    """The L{SortedRun} of a C{RUN} block's payload: its columns taken out at C speed."""
     words = read_little_endian("Q", payload)
-    return Run(words[0::4], words[1::4], (words[2::4], words[3::4]))
+    return SortedRun(words[0::4], words[1::4], (words[2::4], words[3::4]))
 
 
 def handles_of(payload):

@@ -1,4 +1,5 @@
-"""The chunked store's delayed-message index, as its writer thread works on it.
+"""The chunked store's on-disk due-time index of delayed messages
+(L{ChunkedDelayedIndex}), as its writer thread works on it.
 
 A delayed message's record goes to the message log like any message (written
 once); the index says, by due time, where it is. It is kept like a small LSM
@@ -8,18 +9,26 @@ tree, so that a commit writes one file however spread out the due times are:
     one fsync) and to the in-memory I{memtables} of their buckets;
   - once the journal holds C{flush_entries} entries (and at close), they are
     I{flushed}: each bucket touched gets one sorted run and one list of
-    released handles appended to its file (L{BucketState.flush}), the files
+    released handles appended to its file (L{ChunkedDelayedBucket.flush}), the files
     are fsynced, then the journal starts over with a new generation. A crash
     (or an error) in between replays the journal, skipping in each bucket
     what its file holds already: its last block says up to which entry of
     which generation;
-  - a window (L{DelayedIndex.window}) loads only the buckets it spans (a few
+  - a window (L{ChunkedDelayedIndex.window}) loads only the buckets it spans (a few
     are kept loaded, as arrays) and merges their runs from the cursor on.
 
 At open every bucket file is read once, one at a time, to count what is kept:
 the store gets, per kept handle, its due time and chunk (a L{HandleMap}), and
 the number of kept entries per message chunk (so no chunk they point into is
 deleted). Nothing per message outlives the open as an object.
+
+One bucket's file and memtable are a L{ChunkedDelayedBucket}
+(L{backends.chunked.delayedbuckets}); the bytes of the journal and bucket
+files are in L{backends.chunked.delayedformat}, those of the meta file in
+L{backends.delayedshared.metafile}. L{backends.chunked.files} drives the
+index at each commit; the reactor side is L{backends.chunked.store}. (The
+filelog store's index, L{backends.filelog.delayedlog.FilelogDelayedMemoryIndex},
+is a different thing: in memory only, rebuilt from its log.)
 """
 
 import os
@@ -30,12 +39,12 @@ from typing import NamedTuple
 
 from twisted.logger import Logger
 
-from backends.chunked.delayedbuckets import BucketState
+from backends.chunked.delayedbuckets import ChunkedDelayedBucket
 from backends.chunked.delayedformat import (
     JOURNAL_HEADER,
     META_MAGIC,
     RELEASED,
-    FormatError,
+    DelayedFormatError,
     bucket_number_of,
     decode_journal_entries,
     decode_journal_header,
@@ -43,8 +52,8 @@ from backends.chunked.delayedformat import (
     encode_journal_header,
     sound_entry_after,
 )
-from backends.delayedmeta import encode_meta, read_meta
-from backends.delayedruns import window
+from backends.delayedshared.metafile import encode_meta, read_meta
+from backends.delayedshared.sortedruns import window
 from backends.fileio import TEMPORARY_SUFFIX, fsync_directory, replace_file, write_all
 from backends.handlemap import HandleMap
 from brokerd.interfaces import StoreCorrupted
@@ -58,8 +67,8 @@ LOADED_VIEWS = 16  # buckets kept loaded for windows
 KEPT_TYPECODES = ("Q", "Q")  # the store's values per kept handle: due time, message chunk number
 
 
-class DelayedOpen(NamedTuple):
-    """What L{DelayedIndex.open} found, for the store's reactor side."""
+class ChunkedDelayedRecovery(NamedTuple):
+    """What L{ChunkedDelayedIndex.open} found, for the store's reactor side."""
 
     kept: HandleMap  # kept handle -> (due, chunk number)
     references: Counter  # message chunk number -> kept entries pointing into it
@@ -69,7 +78,7 @@ class DelayedOpen(NamedTuple):
     damage: StoreCorrupted | None  # what makes the delayed messages unusable, if anything
 
 
-class DelayedIndex:
+class ChunkedDelayedIndex:
     """
     The journal, the meta file and the bucket files under C{<directory>/delayed}.
 
@@ -84,7 +93,7 @@ class DelayedIndex:
         self.meta_path = os.path.join(self.directory, META)
         self.width = width
         self.flush_entries = flush_entries
-        self.buckets = {}  # bucket number -> BucketState
+        self.buckets = {}  # bucket number -> ChunkedDelayedBucket
         self.numbers = []  # bucket numbers, sorted
         self.generation = 1  # the journal's
         self.damage = None
@@ -107,7 +116,7 @@ class DelayedIndex:
         """Read the meta file, the journal and every bucket; replay and flush the journal."""
         kept, references = HandleMap(KEPT_TYPECODES), Counter()
         if not os.path.isdir(self.directory):
-            return DelayedOpen(kept, references, 1, [], self.width, None)
+            return ChunkedDelayedRecovery(kept, references, 1, [], self.width, None)
         for name in os.listdir(self.directory):
             if name.endswith(TEMPORARY_SUFFIX):
                 os.unlink(os.path.join(self.directory, name))
@@ -118,7 +127,7 @@ class DelayedIndex:
             if meta is None:
                 if numbers or os.path.exists(self.journal_path):
                     raise StoreCorrupted(f"delayed-message meta file {self.meta_path} is missing", self.meta_path)
-                return DelayedOpen(kept, references, 1, [], self.width, None)
+                return ChunkedDelayedRecovery(kept, references, 1, [], self.width, None)
             if meta.bucket_width != self.width:
                 log.info("delayed buckets in {directory} are {found} ms wide; keeping that width",
                          directory=self.directory, found=meta.bucket_width)
@@ -139,7 +148,7 @@ class DelayedIndex:
             if self._journal is not None:
                 os.close(self._journal)
                 self._journal = None
-            return DelayedOpen(HandleMap(KEPT_TYPECODES), Counter(), 1, [], self.width, damage)
+            return ChunkedDelayedRecovery(HandleMap(KEPT_TYPECODES), Counter(), 1, [], self.width, damage)
         if opening.dropped:
             log.warn("delayed index {directory}: {count} entries point past the end of the message log ({position}),"
                      " which a crash cut short; they are dropped", directory=self.directory,
@@ -147,12 +156,12 @@ class DelayedIndex:
         if any(state.touched for state in self.buckets.values()):
             self.flush()
         next_handle = max(meta.handle_limit, opening.highest + 1)
-        return DelayedOpen(kept, references, next_handle, meta.exchanges, self.width, None)
+        return ChunkedDelayedRecovery(kept, references, next_handle, meta.exchanges, self.width, None)
 
     def _state(self, number):
         state = self.buckets.get(number)
         if state is None:
-            state = self.buckets[number] = BucketState(self.directory, number)
+            state = self.buckets[number] = ChunkedDelayedBucket(self.directory, number)
             insort(self.numbers, number)
         return state
 
@@ -208,7 +217,7 @@ class DelayedIndex:
             data = journal.read()
         try:
             self.generation = decode_journal_header(data)
-        except FormatError as problem:
+        except DelayedFormatError as problem:
             raise StoreCorrupted(f"delayed journal {self.journal_path} is damaged: {problem}", self.journal_path,
                                  problem.offset) from None
         entries, stop, problem = decode_journal_entries(data, JOURNAL_HEADER.size)
@@ -397,7 +406,7 @@ class DelayedIndex:
 
 
 class _Opening:
-    """What L{DelayedIndex.open} gathers while it reads the files."""
+    """What L{ChunkedDelayedIndex.open} gathers while it reads the files."""
 
     def __init__(self, kept, references, write_position, data_size, chunk_exists):
         self.kept = kept

@@ -4,7 +4,7 @@ Only the store's writer thread (L{brokerd.durability.GroupCommit}'s) calls a
 L{ChunkedFiles}: recovery at open, each commit's batch. Under its directory:
 a lock file, the topology file, the message log's chunks, under ``queues/``
 one L{QueueIndex} directory per durable queue and, under ``delayed/``, the
-index of delayed messages (L{DelayedIndex}), whose records are in the log too.
+index of delayed messages (L{ChunkedDelayedIndex}), whose records are in the log too.
 
 It also decides when a message chunk goes: it counts, per chunk, the un-acked
 queue entries and the kept delayed messages that point into it, and once a
@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from twisted.logger import Logger
 
-from backends.chunked.delayedindex import DelayedIndex
+from backends.chunked.delayedindex import ChunkedDelayedIndex
 from backends.chunked.messagelog import MessageLog
 from backends.chunked.queueindex import QueueIndex, creation_cut_short
 from backends.fileio import TEMPORARY_SUFFIX, fsync_directory, lock_directory, queue_key_name, replace_file
@@ -43,7 +43,7 @@ class Recovery(NamedTuple):
     damaged: dict  # queue key -> StoreCorrupted
     write_position: int
     data_size: int
-    delayed: object = None  # the DelayedOpen of the delayed-message index
+    delayed: object = None  # the ChunkedDelayedRecovery of the delayed-message index
     delivery_counts: dict = {}  # queue key -> {handle: delivery count}, for messages that came back unacked
 
 
@@ -84,7 +84,7 @@ class ChunkedFiles:
         self.retain_chunks = retain_chunks
         self.retain_seconds = retain_seconds
         self.log = MessageLog(directory, data_size)
-        self.delayed = DelayedIndex(directory, delayed_bucket_ms, delayed_flush_entries)
+        self.delayed = ChunkedDelayedIndex(directory, delayed_bucket_ms, delayed_flush_entries)
         self.held = Held()
         self.topology_path = os.path.join(directory, TOPOLOGY_FILE)
         self.queues_directory = os.path.join(directory, QUEUES)
@@ -275,7 +275,7 @@ class ChunkedFiles:
         index.write_acks()
 
     def delayed_window(self, cursor, until, limit):
-        """The delayed index's window (L{DelayedIndex.window}), each row followed by its record's head and body."""
+        """The rows of L{ChunkedDelayedIndex.window}, each followed by its record's head and body."""
         rows = self.delayed.window(cursor, until, limit)
         records = self.log.read_records([position for _, _, position, _ in rows])
         return [(*row, head, body) for row, (head, body) in zip(rows, records)]

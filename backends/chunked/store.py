@@ -33,8 +33,8 @@ from backends.chunked.format import (
     record_size,
 )
 from backends.chunked.reads import ChunkReader, RingCache
-from backends.delayed import HandleLease, check_due, check_exchange, delayed_window, readable_messages
-from backends.delayedmeta import Meta
+from backends.delayedshared.metafile import Meta
+from backends.delayedshared.reactorside import HandleLease, check_due, check_exchange, delayed_window, readable_messages
 from backends.filestore import FileStoreBase
 from backends.handlemap import HandleMap
 from backends.quarantine import QUARANTINE_DIRECTORY, RECORD_SUFFIX, unreadable_message

@@ -1,4 +1,4 @@
-"""The filelog store's delayed messages on disk, as its writer thread works on them.
+"""The filelog store's delayed messages as its writer thread works on them: the log on disk, its index in memory.
 
 ``delayed.dlog`` starts with ``DELAYED_MAGIC`` (which carries the format
 version); records follow, framed like a queue file's
@@ -7,13 +7,20 @@ payload is ``[0x08][valid flag][u64 due][u64 handle][u16 length][vhost]
 [u16 length][exchange name][StoredMessage without valid flag, body last]``.
 The CRC covers the payload from its third byte, so a release flips the valid
 flag in place, as an ack does in a queue file. Records are appended in handle
-order; the order by due time is the in-memory L{DelayedIndex}, rebuilt by
-reading the log at open. Once the log holds at least C{compact_min_records}
-records and fewer than C{compact_valid_ratio} of them are valid, the valid
-ones are copied to a new log that replaces it.
+order. Once the log holds at least C{compact_min_records} records and fewer
+than C{compact_valid_ratio} of them are valid, the valid ones are copied to a
+new log that replaces it.
 
-``delayed.meta`` (L{backends.delayedmeta}) holds the handle limit, so that
-handles keep increasing across restarts whatever was released.
+The order by due time is kept in memory only (L{FilelogDelayedMemoryIndex},
+at the end of this module), rebuilt by reading the log at open: the valid
+records' entries grouped in buckets of due time (C{width} milliseconds each),
+each a L{backends.delayedshared.sortedruns.MemoryBucket} of sorted runs, and
+a L{HandleMap} that says where each kept handle's record is and when it is
+due. That is about 33 bytes per kept message and no object per message; a
+window reads only the buckets it spans.
+
+``delayed.meta`` (L{backends.delayedshared.metafile}) holds the handle
+limit, so that handles keep increasing across restarts whatever was released.
 
 Damage confined to these files leaves the queues working: the delayed calls
 then fail with the L{StoreCorrupted} that names the file.
@@ -22,14 +29,15 @@ then fail with the L{StoreCorrupted} that names the file.
 import mmap
 import os
 import struct
+from bisect import bisect_left, insort
 from typing import NamedTuple
 
 from google.protobuf.message import DecodeError
 from twisted.logger import Logger
 
-from backends.delayedmeta import Meta, encode_meta, read_meta
+from backends.delayedshared.metafile import Meta, encode_meta, read_meta
+from backends.delayedshared.sortedruns import MemoryBucket, window
 from backends.fileio import fsync_directory, replace_file, write_all, write_gathered
-from backends.filelog.delayedindex import DelayedIndex
 from backends.filelog.queuefile import COMPACT_SUFFIX
 from backends.filelog.records import (
     ACKED_FLAG,
@@ -89,14 +97,14 @@ def decode_delayed(payload, where="a delayed record"):
     return due, handle, tuple(key), stored
 
 
-class DelayedRecovery(NamedTuple):
+class FilelogDelayedRecovery(NamedTuple):
     kept: HandleMap  # the kept handles (a set), for the reactor thread
     next_handle: int  # the first handle to give out
     damage: StoreCorrupted | None
 
 
-class DelayedLog:
-    """The delayed log and its index, under the filelog store's directory."""
+class FilelogDelayedLog:
+    """The delayed log, its meta file and its in-memory index, under the filelog store's directory."""
 
     def __init__(self, directory, width, compact_min_records, compact_valid_ratio, figures):
         self.path = os.path.join(directory, DELAYED_LOG)
@@ -105,7 +113,7 @@ class DelayedLog:
         self.compact_min_records = compact_min_records
         self.compact_valid_ratio = compact_valid_ratio
         self.figures = figures
-        self.index = DelayedIndex(width)
+        self.index = FilelogDelayedMemoryIndex(width)
         self.descriptor = None
         self.size = 0
         self.records = 0  # in the log, valid or released
@@ -125,10 +133,10 @@ class DelayedLog:
                 highest = self._scan(kept)
         except StoreCorrupted as damage:
             self._damaged(damage)
-            return DelayedRecovery(HandleMap(), 1, damage)
+            return FilelogDelayedRecovery(HandleMap(), 1, damage)
         limit = meta.handle_limit if meta is not None else 1
         self.compact_if_worth_it()
-        return DelayedRecovery(kept, max(limit, highest + 1), None)
+        return FilelogDelayedRecovery(kept, max(limit, highest + 1), None)
 
     def _scan(self, kept):
         """Index the valid records, cutting off a torn tail; returns the highest handle found."""
@@ -178,7 +186,7 @@ class DelayedLog:
         if self.descriptor is not None:
             os.close(self.descriptor)
             self.descriptor = None
-        self.index = DelayedIndex(self.width)
+        self.index = FilelogDelayedMemoryIndex(self.width)
         self.damage = damage
 
     # -- commits
@@ -312,3 +320,64 @@ class DelayedLog:
         if self.descriptor is not None:
             os.close(self.descriptor)
             self.descriptor = None
+
+
+class FilelogDelayedMemoryIndex:
+    """
+    The delayed log's kept records in C{(due, handle)} order, held in memory
+    only: their handles, due times and record offsets. Only the writer
+    thread touches it.
+    """
+
+    def __init__(self, width):
+        self.width = width
+        self.where = HandleMap(("Q", "Q"))  # handle -> (record offset, due)
+        self._buckets = {}  # bucket number -> MemoryBucket of (due, handle)
+        self._numbers = []  # bucket numbers, sorted
+
+    def __len__(self):
+        return len(self.where)
+
+    def add(self, due, handle, offset):
+        self.where.add(handle, offset, due)
+        number = due // self.width
+        bucket = self._buckets.get(number)
+        if bucket is None:
+            bucket = self._buckets[number] = MemoryBucket()
+            insort(self._numbers, number)
+        bucket.add(due, handle)
+
+    def release(self, handle):
+        """Forget C{handle}; the offset of its record, or None if it was not kept."""
+        values = self.where.pop(handle)
+        if values is None:
+            return None
+        offset, due = values
+        number = due // self.width
+        bucket = self._buckets[number]
+        bucket.released += 1
+        if bucket.live == 0:
+            del self._buckets[number]
+            del self._numbers[bisect_left(self._numbers, number)]
+        return offset
+
+    def relocate(self, handle, offset):
+        """The record of C{handle} moved to C{offset} (a compaction)."""
+        values = self.where.get(handle)
+        if values is not None:
+            self.where.add(handle, offset, values[1])
+
+    def _released(self, handle):
+        return handle not in self.where
+
+    def window(self, cursor, until, limit):
+        """Up to C{limit} C{(due, handle, offset)} after C{cursor} and due by C{until}, in key order."""
+        found = []
+        numbers, last = self._numbers, until // self.width
+        index = 0 if cursor is None else bisect_left(numbers, cursor[0] // self.width)
+        while index < len(numbers) and numbers[index] <= last and len(found) < limit:
+            runs = self._buckets[numbers[index]].view(self._released)
+            found += window(runs, cursor, until, limit - len(found), self._released)
+            index += 1
+        where = self.where
+        return [(due, handle, where.get(handle)[0]) for due, handle in found]

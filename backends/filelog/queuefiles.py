@@ -6,7 +6,7 @@ reads of records back. The reactor thread only reads the L{Figures}.
 
 The directory holds a lock file (flocked while a store has it open), the
 topology file, one L{QueueFile} per durable queue that was ever written to,
-and the delayed messages' log and meta file (L{DelayedLog}).
+and the delayed messages' log and meta file (L{FilelogDelayedLog}).
 """
 
 import os
@@ -15,7 +15,7 @@ from typing import NamedTuple
 from twisted.logger import Logger
 
 from backends.fileio import TEMPORARY_SUFFIX, fsync_directory, lock_directory, replace_file
-from backends.filelog.delayedlog import DelayedLog
+from backends.filelog.delayedlog import FilelogDelayedLog
 from backends.filelog.queuefile import COMPACT_SUFFIX, DATA_SUFFIX, Figures, QueueFile, queue_file_name
 from backends.filelog.records import queue_of_header
 from backends.topologyfile import TOPOLOGY_FILE, kept_queue_names, read_topology
@@ -35,7 +35,7 @@ class Recovery(NamedTuple):
     messages: dict  # queue key -> [(handle, StoredMessage)] in queue order
     damaged: dict  # queue key -> StoreCorrupted
     next_handle: int
-    delayed: object = None  # the DelayedRecovery of the delayed log
+    delayed: object = None  # the FilelogDelayedRecovery of the delayed log
     delivery_counts: dict = {}  # queue key -> {handle: delivery count}, for messages that came back unacked
 
 
@@ -48,7 +48,8 @@ class QueueFiles:
         self.compact_min_records = compact_min_records
         self.compact_valid_ratio = compact_valid_ratio
         self.figures = Figures()
-        self.delayed = DelayedLog(directory, delayed_bucket_ms, compact_min_records, compact_valid_ratio, self.figures)
+        self.delayed = FilelogDelayedLog(directory, delayed_bucket_ms, compact_min_records, compact_valid_ratio,
+                                         self.figures)
         self._files = {}  # queue key -> QueueFile
         self._unsynced = set()  # QueueFiles written to since their last fsync
         self._directory_unsynced = False  # files created, renamed or removed since the last fsync

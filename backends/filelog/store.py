@@ -14,7 +14,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from backends.delayed import HandleLease, check_due, check_exchange, delayed_window, readable_messages
+from backends.delayedshared.reactorside import HandleLease, check_due, check_exchange, delayed_window, readable_messages
 from backends.filelog.delayedlog import decode_delayed, encode_delayed
 from backends.filelog.queuefiles import QueueFiles
 from backends.filelog.records import decode, encode

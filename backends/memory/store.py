@@ -5,7 +5,7 @@ from itertools import islice
 from twisted.internet import defer
 from zope.interface import implementer
 
-from backends.delayed import check_cursor, check_due, check_exchange
+from backends.delayedshared.reactorside import check_cursor, check_due, check_exchange
 from backends.memory.sortedkeys import SortedKeys
 from brokerd.interfaces import DelayedMessage, IDelayedMessageStore, IMessageStore
 from brokerd.proto import messages_pb2

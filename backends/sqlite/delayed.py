@@ -1,5 +1,7 @@
 """Delayed messages in the sqlite store: the tables, their index and the writer
-thread's side (L{DelayedTable}).
+thread's side (L{DelayedTable}, which L{backends.sqlite.database} drives in
+each group commit); the reactor side is L{backends.sqlite.store}, which reads
+rows back with L{delayed_message}.
 
 A delayed message is one row of ``delayed``: its handle (the row id), due
 time, exchange key, and the message as the ``messages`` table keeps one (a
@@ -22,7 +24,7 @@ when opened (the tables are created).
 
 from google.protobuf.message import DecodeError
 
-from backends.delayed import MAX_DUE
+from backends.delayedshared.reactorside import MAX_DUE
 from backends.handlemap import HandleMap
 from backends.quarantine import unreadable_message
 from brokerd.interfaces import DelayedMessage, StoreCorrupted
@@ -62,7 +64,7 @@ def create_tables(db):
 
 
 class DelayedTable:
-    """The writer thread's side of the delayed tables: how many rows there are, and how many released."""
+    """The sqlite writer thread's side of the delayed tables: how many rows there are, and how many released."""
 
     def __init__(self):
         self.rows = 0

@@ -22,7 +22,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from backends.delayed import check_due, check_exchange, delayed_window, readable_messages
+from backends.delayedshared.reactorside import check_due, check_exchange, delayed_window, readable_messages
 from backends.handlemap import HandleMap
 from backends.sqlite.delayed import delayed_message
 from backends.sqlite.database import (

@@ -8,7 +8,7 @@ from twisted.logger import Logger
 
 from brokerd.errors import NotAllowed
 from brokerd.interfaces import IDelayedMessageStore, IPagingStore, QuarantinedRecord, StoreCorrupted
-from brokerd.model.delayed import DelayScheduler
+from brokerd.model.delayeddelivery import DelayScheduler
 from brokerd.model.message import Message
 from brokerd.model.replyto import ReplyConsumers
 from brokerd.model.vhost import VirtualHost

@@ -19,7 +19,7 @@ import datetime
 
 from twisted.logger import Logger
 
-from brokerd.model.delayed import delay_of
+from brokerd.model.delayeddelivery import delay_of
 from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
 from brokerd.proto.tables import dict_to_table, value_to_python

@@ -8,7 +8,7 @@ costs the same however many bindings unrelated keys have.
 
 from brokerd.errors import CommandInvalid, PreconditionFailed
 from brokerd.model.arguments import amqp_type_name, erlang_term
-from brokerd.model.delayed import delay_of
+from brokerd.model.delayeddelivery import delay_of
 from brokerd.model.topic import TopicTrie
 from brokerd.proto.tables import freeze
 

@@ -11,7 +11,7 @@ exchange to exchange (see L{VirtualHost.route_now}).
 from brokerd.interfaces import IDelayedMessageStore
 from brokerd.errors import AccessRefused, CommandInvalid, NotFound, PreconditionFailed, ResourceLocked
 from brokerd.model.arguments import message_ttl_of
-from brokerd.model.delayed import delay_of
+from brokerd.model.delayeddelivery import delay_of
 from brokerd.model.exchange import (
     DELAYED_TYPE,
     EXCHANGE_TYPES,

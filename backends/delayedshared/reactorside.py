@@ -2,6 +2,12 @@
 (L{brokerd.interfaces.IDelayedMessageStore}): checking arguments, giving out
 handles that keep increasing across restarts, and answering C{delayed_after}
 from a writer-thread query plus the delays not yet handed to the writer.
+
+Every backend's C{store.py} checks its arguments here. The file-based stores
+(filelog, chunked) give out handles with a L{HandleLease}, whose limit their
+writer thread persists in the meta file (L{backends.delayedshared.metafile});
+the durable stores (sqlite, filelog, chunked) answer windows with
+L{delayed_window} and L{readable_messages}.
 """
 
 from twisted.internet import defer

@@ -2,12 +2,18 @@
 a due-time index in memory, as arrays rather than an object per message.
 
 An entry is a due time, a handle and a few more numbers (where the message
-is). A L{Run} holds entries sorted by C{(due, handle)} in parallel arrays; a
-L{Bucket} is the entries of one slice of due time: some runs, plus a I{tail}
-of entries added since, in handle order and unsorted, which becomes a run
-when the bucket is next read. A window (L{window}) merges the runs from a
-cursor on, so reading the next 1,000 entries costs about 1,000 steps however
-big the bucket is; L{merge_runs} folds many runs into one.
+is). A L{SortedRun} holds entries sorted by C{(due, handle)} in parallel
+arrays; a L{MemoryBucket} is the entries of one slice of due time: some runs,
+plus a I{tail} of entries added since, in handle order and unsorted, which
+becomes a run when the bucket is next read. A window (L{window}) merges the
+runs from a cursor on, so reading the next 1,000 entries costs about 1,000
+steps however big the bucket is; L{merge_runs} folds many runs into one.
+
+The filelog store's whole due-time index is L{MemoryBucket}s
+(L{backends.filelog.delayedlog.FilelogDelayedMemoryIndex}); the chunked
+store's on-disk index keeps a L{MemoryBucket} per bucket as its memtable and
+reads its bucket files back as L{SortedRun}s
+(L{backends.chunked.delayedbuckets}, L{backends.chunked.delayedformat}).
 """
 
 from array import array
@@ -19,7 +25,7 @@ MAX_RUNS = 8  # a bucket with more runs is merged into one when read
 MERGE_RELEASED = 256  # ... and so is one with at least this many released entries, if they are half of it
 
 
-class Run:
+class SortedRun:
     """Entries sorted by C{(due, handle)}: arrays C{dues}, C{handles} and C{extra} columns, never changed."""
 
     __slots__ = ("dues", "handles", "extra")
@@ -53,12 +59,12 @@ def empty_columns(typecodes):
 
 def sorted_run(columns):
     """
-    A L{Run} of entries given as unsorted columns (dues, handles, extra...)
+    A L{SortedRun} of entries given as unsorted columns (dues, handles, extra...)
     whose handles increase: a stable sort by due alone gives (due, handle) order.
     """
     dues = columns[0]
     order = sorted(range(len(dues)), key=dues.__getitem__)
-    return Run(*(array(column.typecode, map(column.__getitem__, order)) for column in columns[:2]),
+    return SortedRun(*(array(column.typecode, map(column.__getitem__, order)) for column in columns[:2]),
                [array(column.typecode, map(column.__getitem__, order)) for column in columns[2:]])
 
 
@@ -82,7 +88,7 @@ def merge_runs(runs, released=None, typecodes=None):
         add_handle(handle)
         for target, column in zip(extra, runs[tag].extra):
             target.append(column[index])
-    return Run(dues, handles, extra)
+    return SortedRun(dues, handles, extra)
 
 
 def window(runs, cursor, until, limit, released=None):
@@ -110,7 +116,7 @@ def window(runs, cursor, until, limit, released=None):
     return found
 
 
-class Bucket:
+class MemoryBucket:
     """
     The entries of one slice of due time held in memory: sorted runs and a
     tail of newer entries. C{released} counts entries still in the runs or

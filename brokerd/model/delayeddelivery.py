@@ -9,6 +9,41 @@ window at a time, plus the ones published since whose time falls inside the
 window. A tick of the broker's clock fires what is due, so a message goes out
 within a tick (10 ms) of its time under normal load; after a restart, what
 fell due while the broker was down goes out at the first tick.
+
+Where the feature lives, layer by layer:
+
+  - this module is the model's side: L{delay_of} reads the x-delay header
+    (for L{brokerd.model.exchange}, L{brokerd.model.vhost} and
+    L{brokerd.model.deadletter}, which decide whether to hold a message),
+    L{fired} marks a due message's copy, and the L{DelayScheduler} (one per
+    broker) moves messages into the store and out of it when due;
+  - L{brokerd.interfaces.IDelayedMessageStore} and
+    L{brokerd.interfaces.DelayedMessage} are what every store promises;
+  - L{backends.delayedshared} is what the stores share:
+    L{backends.delayedshared.reactorside} (argument checks, the
+    L{HandleLease} that keeps handles increasing across restarts, and the
+    window that merges the writer thread's rows with the delays not yet
+    handed to it), L{backends.delayedshared.metafile} (the small meta file
+    of the file-based stores) and L{backends.delayedshared.sortedruns} (the
+    sorted runs and L{MemoryBucket}s in which the file-based stores hold
+    due-time entries as arrays);
+  - memory: L{backends.memory.store} keeps them in memory, in due order by
+    a L{backends.memory.sortedkeys.SortedKeys};
+  - sqlite: L{backends.sqlite.delayed}, a table indexed by C{(due, handle)}
+    that the writer thread keeps with L{DelayedTable};
+  - filelog: L{backends.filelog.delayedlog}, an append-only delayed log
+    (L{FilelogDelayedLog}) whose due-time order
+    (L{FilelogDelayedMemoryIndex}) is only in memory, rebuilt from the log
+    at open;
+  - chunked: the records go to the message log like any message's, and
+    L{backends.chunked.delayedindex} is the on-disk due-time index
+    (L{ChunkedDelayedIndex}: a journal plus one file per bucket of due
+    time), L{backends.chunked.delayedbuckets} one bucket's file and
+    memtable (L{ChunkedDelayedBucket}), L{backends.chunked.delayedformat}
+    the bytes of those files.
+
+In each backend, C{store.py} provides L{IDelayedMessageStore} on the reactor
+thread; the backend's own modules named above work on its writer thread.
 """
 
 import heapq

@@ -1,12 +1,16 @@
-"""The small file a file-based store keeps beside its delayed messages.
+"""The small file a file-based store keeps beside its delayed messages: the
+filelog store's ``delayed.meta`` (L{backends.filelog.delayedlog}) and the
+chunked store's ``delayed/meta`` (L{backends.chunked.delayedindex}), each
+with a magic of its own.
 
-It holds the handle limit of L{backends.delayed.HandleLease} (every handle
-given out lies below it), the width of a due-time bucket in milliseconds and,
-for a store whose index names exchanges by number, the exchange keys in
-number order. It changes rarely and is replaced whole (L{replace_file}):
-``[magic line with the format version][u64 handle limit][u64 bucket width]
-[u32 exchange count]`` then per exchange ``[u32 length]["vhost\\0name" in
-UTF-8]``, then a CRC-32 of everything before it (big-endian).
+It holds the handle limit of L{backends.delayedshared.reactorside.HandleLease}
+(every handle given out lies below it), the width of a due-time bucket in
+milliseconds and, for a store whose index names exchanges by number
+(chunked), the exchange keys in number order. It changes rarely and is
+replaced whole (L{replace_file}): ``[magic line with the format version]
+[u64 handle limit][u64 bucket width][u32 exchange count]`` then per exchange
+``[u32 length]["vhost\\0name" in UTF-8]``, then a CRC-32 of everything
+before it (big-endian).
 """
 
 import struct
@@ -20,6 +24,8 @@ LENGTH = struct.Struct(">I")
 
 
 class Meta(NamedTuple):
+    """What a delayed-message meta file holds."""
+
     handle_limit: int
     bucket_width: int
     exchanges: list  # (vhost, name) keys, by number
