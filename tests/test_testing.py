@@ -25,8 +25,8 @@ def test_a_broker_restarts_on_the_same_command_and_its_log_keeps_every_incarnati
         finally:
             assert broker.stop() == 0
     # output and listening describe the last incarnation only; the log file has all three.
-    assert [line for line in broker.output if "AMQP listening on" in line] == [
-        next(line for line in broker.output if broker.listening["AMQP"][4:] in line)]
+    [listening] = [line for line in broker.output if "AMQP listening on" in line]
+    assert f"AMQP listening on {broker.listening['AMQP'][4:]} " in listening
     assert "brokerd stopped cleanly" in broker.tail(5)
     logged = (tmp_path / "broker.log").read_text(encoding="utf-8")
     assert logged.count("AMQP listening on") == 3
