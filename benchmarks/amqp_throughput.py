@@ -253,7 +253,7 @@ def main(argv=None):
     broker = None
     address = options.connect
     if address is None:
-        from tests.processes import BrokerProcess
+        from brokerd.testing import BrokerProcess
 
         broker = BrokerProcess(
             ["--backend=memory", "--amqp", "tcp:0:interface=127.0.0.1", "--native", "none"],

@@ -23,7 +23,7 @@ from benchmarks.amqp_client import BenchmarkError
 from benchmarks.crash_check import QUEUE, check_recovery, drain
 from benchmarks.crash_logs import ACKED_LOG, ACKS_SENT_LOG, CONFIRMED_LOG, read_confirmed, read_ids
 from brokerd.storeregistry import available_backends
-from tests.processes import BrokerProcess
+from brokerd.testing import BrokerProcess
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DURABLE_BACKENDS = ("filelog", "sqlite", "chunked")

@@ -37,7 +37,7 @@ import threading
 import time
 
 from benchmarks.store_throughput import resident_megabytes
-from tests.processes import BrokerProcess
+from brokerd.testing import BrokerProcess
 
 EXCHANGE = "benchmark-delayed"
 QUEUE = "benchmark-delayed-due"

@@ -32,8 +32,8 @@ from benchmarks.fuzz_canary import CanaryFailed
 from benchmarks.fuzz_inputs import PROTOCOLS, InputStream
 from benchmarks.fuzz_report import BrokerLog, format_summary
 from benchmarks.fuzz_wire import ReplyScanner, Session
+from brokerd.testing import BrokerProcess
 from brokerd.units import parse_size
-from tests.processes import BrokerProcess
 
 QUIET_SECONDS = 0.2  # after sending, stop reading once the broker has said nothing for this long
 READ_SECONDS = 1.0  # and stop reading this long after sending at the latest

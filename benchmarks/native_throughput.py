@@ -142,11 +142,11 @@ def main(argv=None):
     broker = None
     endpoint = options.connect
     if endpoint is None:
-        from tests.processes import BrokerProcess
+        from brokerd.testing import BrokerProcess
 
         broker = BrokerProcess(["--backend=memory", "--native", "tcp:0:interface=127.0.0.1"],
                                cwd=tempfile.mkdtemp(prefix="brokerd-bench-"))
-        endpoint = broker.wait_listening()
+        endpoint = broker.wait_listening("native protocol")
     try:
         results = {}
 

@@ -40,7 +40,7 @@ from pamqp import commands
 
 from benchmarks.amqp_client import PERSISTENT_PROPERTIES, BenchmarkError, Connection, Loop
 from benchmarks.amqp_throughput import Consumer, Publisher, parse_address
-from tests.processes import BrokerProcess
+from brokerd.testing import BrokerProcess
 
 QUEUE = "benchmark-store"
 SIZES = (("100 B", 100, 1), ("64 KiB", 64 * 1024, 10))  # label, body bytes, divisor of N

@@ -23,8 +23,8 @@ import time
 import pika
 
 from brokerd import storeregistry
+from brokerd.testing import BrokerProcess
 from spark_jobs import events
-from spark_jobs.brokerprocess import BrokerProcess, broker_command
 from spark_jobs.clients import ClientConfig, run_consumer, run_publisher
 from spark_jobs.control import BROKER_NACKED, CONFIRMED, DELIVERED, PUBLISHED, RunControl
 from spark_jobs.plan import build_topology, check_settings
@@ -37,6 +37,8 @@ DRAIN_STABLE_LOOKS = 3  # consecutive looks that must find the queues drained an
 CLIENT_START_TIMEOUT = 120.0  # seconds for every client process to start, connect and get ready
 CLIENT_EXIT_TIMEOUT = 60.0  # seconds for a client process to end once its work is done
 STALL_TIMEOUT = 300.0  # seconds without any publish, confirm or delivery before a run is declared stuck
+BROKER_START_TIMEOUT = 300.0  # seconds for a broker to recover its store and listen
+BROKER_STOP_TIMEOUT = 120.0  # seconds for a clean stop (the store flushes and closes)
 
 
 class WorkloadFailed(RuntimeError):
@@ -76,6 +78,12 @@ def declare_topology(channel, topology):
         channel.queue_declare(queue, durable=True, arguments=topology.queue_arguments[queue] or None)
     for binding in topology.bindings:
         channel.queue_bind(binding.queue, binding.exchange, binding.routing_key, arguments=binding.arguments or None)
+
+
+def broker_arguments(backend, data_dir):
+    """The brokerd options of a workload's broker on C{data_dir}: AMQP on a free loopback port, no native listener."""
+    return [f"--backend={backend}", "--data-dir", str(data_dir), "--amqp", "tcp:0:interface=127.0.0.1",
+            "--native", "none"]
 
 
 def _check_backend(backend):
@@ -165,9 +173,9 @@ class _Run:
         began = time.time()
         self.broker_log.write(f"--- brokerd epoch {self.epoch} starting at {began:.6f}\n")
         self.broker_log.flush()
-        self.broker = BrokerProcess(broker_command(self.backend, self.data_dir.resolve()), self.run_dir,
-                                    self.broker_log)
-        port = self.broker.wait_listening()
+        self.broker = BrokerProcess(broker_arguments(self.backend, self.data_dir.resolve()), self.run_dir,
+                                    log=self.broker_log)
+        _, port = self.broker.wait_address("AMQP", BROKER_START_TIMEOUT)
         self.epochs.append({"epoch": self.epoch, "port": port, "started": began,
                             "listening_seconds": time.time() - began})
         self.control.set_broker(self.epoch, port)
@@ -299,7 +307,7 @@ class _Run:
         self._check_clients()
 
     def _stop_broker(self):
-        status = self.broker.stop()
+        status = self.broker.stop(BROKER_STOP_TIMEOUT)
         if status not in (0, -signal.SIGTERM):
             raise WorkloadFailed(f"{self.label}: the broker stopped with status {status}; its last lines:\n"
                                  f"{self.broker.tail()}")
@@ -347,7 +355,7 @@ class _Run:
             "crashes": self.crashes,
             "epochs": self.epochs,
             "topology": self.topology.to_json(),
-            "broker_command": broker_command(self.backend, self.data_dir.resolve()),
+            "broker_command": self.broker.command,
             "ports": {"amqp": [epoch["port"] for epoch in self.epochs]},
             "broker_stop_status": stop_status,
             "clients": clients,

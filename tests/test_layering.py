@@ -1,6 +1,8 @@
-"""The house's rule, read from the sources: a backend sees only the store contract
+"""The house's rules, read from the sources: a backend sees only the store contract
 (brokerd.interfaces), the records (brokerd.proto) and small shared utilities, never
-the model or a protocol; and nothing in brokerd/ imports a backend by name."""
+the model or a protocol; nothing in brokerd/ imports a backend by name; nothing
+outside tests/ imports tests (what benchmarks and spark_jobs share with the tests
+ships as brokerd.testing); and no module is over 500 lines."""
 
 import ast
 import pathlib
@@ -8,6 +10,9 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+MAX_MODULE_LINES = 500
+# Where the house's Python lives; tests/ is the one that may import tests.
+PACKAGES = ("brokerd", "backends", "benchmarks", "spark_jobs", "tests")
 ABOVE_THE_STORE = ("brokerd.model", "brokerd.amqp", "brokerd.native", "brokerd.channel", "brokerd.connection",
                    "brokerd.migrate", "brokerd.service", "brokerd.tap")
 
@@ -36,3 +41,20 @@ def test_nothing_in_brokerd_imports_a_backend_by_name():
     found = [(str(path.relative_to(ROOT)), name) for path in sources("brokerd") for name in imported_modules(path)
              if name == "backends" or name.startswith("backends.")]
     assert found == []
+
+
+def test_nothing_outside_tests_imports_tests():
+    found = [(str(path.relative_to(ROOT)), name) for folder in PACKAGES if folder != "tests"
+             for path in sources(folder) for name in imported_modules(path)
+             if name == "tests" or name.startswith("tests.")]
+    found += [(str(path.relative_to(ROOT)), name) for path in [ROOT / "setup.py", *sources("twisted")]
+              for name in imported_modules(path) if name == "tests" or name.startswith("tests.")]
+    assert found == []
+
+
+def test_no_module_is_over_500_lines():
+    """Past that a module holds more than one concern; split it by concern, not by size."""
+    long = {str(path.relative_to(ROOT)): lines for folder in PACKAGES for path in sources(folder)
+            if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    listed = "\n".join(f"{path}: {lines}" for path, lines in sorted(long.items()))
+    assert long == {}, f"modules over {MAX_MODULE_LINES} lines:\n{listed}"

@@ -12,9 +12,9 @@ import pytest
 from pika.exceptions import UnroutableError
 
 from brokerd.endpoints import tls_installed
+from brokerd.testing import BrokerProcess, native_cli
 from tests.interop.conftest import RunningBroker
 from tests.interop.pika_support import consumer_count, message_count, pump
-from tests.processes import BrokerProcess, native_cli
 
 MISSING_EXCHANGE = b"404 NOT_FOUND - no exchange 'missing' in vhost '/'"
 

@@ -26,9 +26,9 @@ from backends.filelog.queuefile import DATA_SUFFIX
 from brokerd import storeregistry
 from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
+from brokerd.testing import BrokerProcess
 from spark_jobs import events
 from spark_jobs.export import DELAYED_WINDOW, ExportError, export_store, export_store_deferred
-from tests.processes import BrokerProcess
 from tests.storedamage import drop_stored_message
 
 BACKENDS = ["sqlite", "filelog", "chunked:chunk_size=4M"]

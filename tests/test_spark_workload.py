@@ -19,8 +19,8 @@ import sys
 import pika
 import pytest
 
+from brokerd.testing import BrokerProcess
 from spark_jobs import events
-from spark_jobs.brokerprocess import BrokerProcess, broker_command
 from spark_jobs.clients import PUBLISH_WINDOW
 from spark_jobs.plan import (
     MAX_NACKS,
@@ -32,7 +32,7 @@ from spark_jobs.plan import (
     topic_matches,
 )
 from spark_jobs.settings import WorkloadSettings
-from spark_jobs.workload import WorkloadFailed, declare_topology, main, run_workload
+from spark_jobs.workload import WorkloadFailed, broker_arguments, declare_topology, main, run_workload
 
 PLAN = WorkloadSettings(seed=7, messages=3000, sizes=(1, 40, 700, 5000), queues=3, parked_queues=2, publishers=3,
                         max_priority=5)
@@ -128,9 +128,9 @@ def test_every_planned_message_reaches_exactly_the_queues_the_plan_names(tmp_pat
     topology = build_topology(settings)
     planned = list(publisher_messages(settings, topology, 0))
     with open(tmp_path / "broker.log", "w") as log:
-        broker = BrokerProcess(broker_command("memory", tmp_path / "data"), tmp_path, log)
+        broker = BrokerProcess(broker_arguments("memory", tmp_path / "data"), tmp_path, log=log)
         try:
-            connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.wait_listening()))
+            connection = pika.BlockingConnection(pika.ConnectionParameters(*broker.wait_address("AMQP")))
             channel = connection.channel()
             declare_topology(channel, topology)
             channel.confirm_delivery()

@@ -11,7 +11,7 @@ import pytest
 
 import brokerd
 from brokerd.endpoints import tls_installed
-from tests.processes import BrokerProcess, native_cli, twistd_command
+from brokerd.testing import BrokerProcess, native_cli, twistd_command
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -30,7 +30,7 @@ def broker(tmp_path):
 
 
 def test_a_message_round_trips_through_the_command_line(broker):
-    endpoint = broker.wait_listening()
+    endpoint = broker.wait_listening("native protocol")
     declared = native_cli(endpoint, "declare", "queue", "greetings")
     assert declared.returncode == 0, declared.stderr
     assert declared.stdout.startswith(b"greetings\t")
@@ -47,7 +47,7 @@ def test_a_message_round_trips_through_the_command_line(broker):
 
 
 def test_command_line_reports_broker_errors(broker):
-    endpoint = broker.wait_listening()
+    endpoint = broker.wait_listening("native protocol")
     refused = native_cli(endpoint, "declare", "queue", "amq.mine")
     assert refused.returncode == 1
     assert b"403 ACCESS_REFUSED" in refused.stderr
@@ -57,7 +57,7 @@ def test_command_line_reports_broker_errors(broker):
 
 
 def test_broker_stops_cleanly_on_sigterm_with_exit_status_0(broker):
-    broker.wait_listening()
+    broker.wait_listening("native protocol")
     assert broker.stop() == 0
     assert any("brokerd stopped cleanly" in line for line in broker.output)
     assert any("Server Shut Down" in line for line in broker.output)
@@ -121,7 +121,7 @@ def test_a_bad_option_exits_with_a_one_line_error(tmp_path, args, complaint):
 
 
 def test_a_taken_port_stops_the_broker_with_a_clear_error(broker, tmp_path):
-    endpoint = broker.wait_listening()
+    endpoint = broker.wait_listening("native protocol")
     port = endpoint.rsplit(":", 1)[1]
     second = BrokerProcess(["--native", f"tcp:{port}:interface=127.0.0.1"], cwd=tmp_path)
     status = second.process.wait(60)
@@ -139,7 +139,7 @@ def test_start_up_log_names_the_settings_and_warns_of_another_backends_data(tmp_
     data = tmp_path / "data"
     chunked = BrokerProcess(["--data-dir", str(data), "--native", "tcp:0:interface=127.0.0.1"], cwd=tmp_path)
     try:
-        native = chunked.wait_listening()
+        native = chunked.wait_listening("native protocol")
         amqp = chunked.wait_listening("AMQP")
         assert chunked.wait_for_output(
             rf"brokerd {brokerd.__version__} starting: data directory {data}, backend chunked \(cache_size=64M"

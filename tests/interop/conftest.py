@@ -22,8 +22,8 @@ import pika
 import pytest
 from pika.exceptions import AMQPError
 
+from brokerd.testing import BrokerProcess
 from tests.interop.rawamqp import TIMEOUT, RawAmqp
-from tests.processes import BrokerProcess
 
 TEST_TIME_LIMIT = 30  # seconds for one test, setup and teardown included
 CLOSE_TIME_LIMIT = 5

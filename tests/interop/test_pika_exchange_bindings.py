@@ -10,9 +10,9 @@ from pamqp import commands
 from pika import spec
 
 from benchmarks.crash_loop import DURABLE_BACKENDS, backend_installed
+from brokerd.testing import native_cli
 from tests.interop.conftest import raw_client, start_broker
 from tests.interop.pika_support import closed_by_broker, get_bodies, pump
-from tests.processes import native_cli
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 

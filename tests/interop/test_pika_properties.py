@@ -6,8 +6,8 @@ import pika
 import pytest
 from pika.exceptions import UnsupportedAMQPFieldException
 
+from brokerd.testing import native_cli
 from tests.interop.pika_support import HEADERS, collector, message_count, pump, type_differences
-from tests.processes import native_cli
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 

@@ -1,175 +1,24 @@
-"""pika's Twisted adapter against a real ``twistd brokerd`` subprocess.
+"""pika's Twisted adapter against a real ``twistd brokerd`` subprocess: declaring
+and binding with publisher confirms, consuming and settling (acks, nacks,
+rejects, prefetch, cancel), mandatory returns and a 10 MiB body. Frame size,
+heartbeats and closing are in L{tests.interop.test_pika_twisted_connection}.
 
 TwistedProtocolConnection is connected with ClientCreator on 127.0.0.1; every
 channel method returns a Deferred and consumers hand deliveries over through a
-ClosableDeferredQueue. Each test case class has its own broker (started in
-setUpClass), each test its own queue names; nothing waits on a clock except
-the per-step timeouts that turn a hang into a failure naming the step.
+ClosableDeferredQueue. Each test case class has its own broker, each test its
+own queue names (L{tests.interop.pika_twisted_support}).
 """
 
 import os
-import shutil
-import tempfile
 
 import pika
 from pika import exceptions as pika_exceptions
-from pika.adapters.twisted_connection import TwistedProtocolConnection
-from twisted.internet import defer, error, protocol, reactor
-from twisted.trial import unittest
+from twisted.internet import defer
 
-from tests.interop.conftest import first_difference, logged_errors, start_broker, unique_names
+from tests.interop.conftest import first_difference
+from tests.interop.pika_twisted_support import PikaTwistedTestCase, unique, within
 
-STEP_TIMEOUT = 10.0  # seconds any one awaited broker event may take
 TEN_MIB = 10 * 1024 * 1024
-HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
-
-unique = unique_names("pika-twisted")
-
-
-def within(d, what, seconds=STEP_TIMEOUT):
-    """C{d}, failing with an AssertionError naming C{what} if it has not fired after C{seconds}."""
-
-    def timed_out(failure):
-        failure.trap(defer.TimeoutError)
-        raise AssertionError(f"{what}: nothing within {seconds} s")
-
-    return d.addTimeout(seconds, reactor).addErrback(timed_out)
-
-
-class ClientConnection(TwistedProtocolConnection):
-    """A TwistedProtocolConnection that also reports when its TCP connection is gone."""
-
-    def __init__(self, parameters):
-        super().__init__(parameters)
-        self.lost = defer.Deferred()
-        self.heartbeats_received = 0
-        self._heartbeat_waiters = []  # (count, Deferred)
-
-    def dataReceived(self, data):
-        heartbeats = data.count(HEARTBEAT_FRAME)
-        if heartbeats:
-            self.heartbeats_received += heartbeats
-            waiting, self._heartbeat_waiters = self._heartbeat_waiters, []
-            for count, d in waiting:
-                if self.heartbeats_received >= count:
-                    d.callback(self.heartbeats_received)
-                else:
-                    self._heartbeat_waiters.append((count, d))
-        super().dataReceived(data)
-
-    def wait_for_heartbeats(self, count):
-        """A Deferred firing once C{count} more heartbeat frames came from the broker."""
-        d = defer.Deferred()
-        self._heartbeat_waiters.append((self.heartbeats_received + count, d))
-        return d
-
-    def connectionLost(self, reason=protocol.connectionDone):
-        super().connectionLost(reason)
-        self.lost.callback(None)
-
-
-class PikaTwistedTestCase(unittest.TestCase):
-    """A broker subprocess per test case class; helpers to connect to it with pika."""
-
-    timeout = 30
-    broker_arguments = ()
-
-    @classmethod
-    def setUpClass(cls):
-        cls._directory = tempfile.mkdtemp(prefix="brokerd-pika-twisted-")
-        cls.broker = start_broker(cls._directory, *cls.broker_arguments)
-
-    @classmethod
-    def tearDownClass(cls):
-        try:
-            cls.broker.process.stop()
-        finally:
-            shutil.rmtree(cls._directory, ignore_errors=True)
-
-    def setUp(self):
-        log_start = len(self.broker.process.output)
-        self.addCleanup(self.assert_broker_logged_no_errors, log_start)
-
-    def assert_broker_logged_no_errors(self, log_start):
-        """The broker wrote no traceback and no failure while the test ran."""
-        if logged_errors(self.broker.process, log_start):
-            lines = self.broker.process.output[log_start:]
-            self.fail("the broker logged errors during the test:\n" + "\n".join(lines))
-
-    @defer.inlineCallbacks
-    def connect(self):
-        """A ready pika connection to the broker, closed (and waited for) at test cleanup."""
-        parameters = pika.ConnectionParameters(
-            host=self.broker.host,
-            port=self.broker.amqp_port,
-            virtual_host="/",
-            credentials=pika.PlainCredentials("guest", "guest"),
-        )
-        creator = protocol.ClientCreator(reactor, ClientConnection, parameters)
-        connection = yield within(
-            creator.connectTCP(self.broker.host, self.broker.amqp_port, timeout=STEP_TIMEOUT), "TCP connect"
-        )
-        self.addCleanup(self.disconnect, connection)
-        yield within(connection.ready, "AMQP handshake (connection.open-ok)")
-        return connection
-
-    def disconnect(self, connection):
-        """Close C{connection} if it is still open; abort the socket if the close never completes."""
-        if connection.lost.called:
-            return None
-        try:
-            connection.close()
-        except pika_exceptions.ConnectionWrongStateError:
-            pass  # already closing
-        abort = reactor.callLater(STEP_TIMEOUT, connection.transport.abortConnection)
-
-        def gone(result):
-            if abort.active():
-                abort.cancel()
-            return result
-
-        return connection.lost.addBoth(gone)
-
-    @defer.inlineCallbacks
-    def open_channel(self, connection=None):
-        """A channel on C{connection} (by default a new connection)."""
-        if connection is None:
-            connection = yield self.connect()
-        channel = yield within(connection.channel(), "channel.open-ok")
-        return channel
-
-    @defer.inlineCallbacks
-    def declare_queue(self, channel, prefix):
-        """Declare a new, uniquely named queue; returns its name."""
-        name = unique(prefix)
-        frame = yield within(channel.queue_declare(queue=name), f"queue.declare-ok for {name}")
-        self.assertEqual(
-            (frame.method.queue, frame.method.message_count, frame.method.consumer_count), (name, 0, 0)
-        )
-        return name
-
-    @defer.inlineCallbacks
-    def queue_counts(self, channel, queue):
-        """(ready messages, consumers) from a passive declare; also a barrier for what was sent before."""
-        frame = yield within(channel.queue_declare(queue=queue, passive=True), f"passive queue.declare of {queue}")
-        return frame.method.message_count, frame.method.consumer_count
-
-    @defer.inlineCallbacks
-    def publish_confirmed(self, channel, exchange, routing_key, *bodies, properties=None):
-        """Publish each body on a channel in confirm mode and wait for all of the broker's acks."""
-        confirms = [
-            channel.basic_publish(exchange=exchange, routing_key=routing_key, body=body, properties=properties)
-            for body in bodies
-        ]
-        acks = yield within(
-            defer.gatherResults(confirms, consumeErrors=True), f"publisher confirms for {len(bodies)} messages"
-        )
-        for ack in acks:
-            self.assertIsInstance(ack, pika.spec.Basic.Ack)
-        return acks
-
-    def next_delivery(self, queue_object, what="a delivery"):
-        return within(queue_object.get(), what)
 
 
 class TopologyAndConfirmTests(PikaTwistedTestCase):
@@ -416,99 +265,3 @@ class ReturnsAndLargeMessageTests(PikaTwistedTestCase):
         )
         channel.basic_ack(delivery.method.delivery_tag)
         self.assertEqual((yield self.queue_counts(channel, queue)), (0, 1))
-
-
-class SmallFrameTests(PikaTwistedTestCase):
-    """A broker offering the smallest frame_max: bodies span many frames both ways."""
-
-    broker_arguments = ("--frame-max", "4096")
-
-    @defer.inlineCallbacks
-    def test_body_larger_than_the_frame_size_round_trips(self):
-        channel = yield self.open_channel()
-        queue = yield self.declare_queue(channel, "small-frames")
-        body = os.urandom(1024 * 1024 + 17)
-        yield within(channel.confirm_delivery(), "confirm.select-ok")
-        yield self.publish_confirmed(channel, "", queue, body)
-        queue_object, _ = yield within(channel.basic_consume(queue=queue, auto_ack=True), "basic.consume-ok")
-        delivery = yield self.next_delivery(queue_object, "delivery of a 1 MiB message in 4 KiB frames")
-        self.assertTrue(delivery.body == body, f"delivered body differs: {first_difference(body, delivery.body)}")
-
-
-class HeartbeatTests(PikaTwistedTestCase):
-    """A broker offering a one-second heartbeat."""
-
-    broker_arguments = ("--heartbeat", "1")
-
-    @defer.inlineCallbacks
-    def test_idle_connection_is_kept_alive_by_heartbeats(self):
-        connection = yield self.connect()
-        channel = yield self.open_channel(connection)
-        queue = yield self.declare_queue(channel, "heartbeat")
-        # Several heartbeat timeouts pass with no traffic but heartbeats both ways.
-        yield within(connection.wait_for_heartbeats(4), "four heartbeat frames from the broker")
-        self.assertTrue(connection.is_open)
-        self.assertFalse(connection.lost.called)
-        yield within(channel.confirm_delivery(), "confirm.select-ok")
-        yield self.publish_confirmed(channel, "", queue, b"still here")
-        self.assertEqual((yield self.queue_counts(channel, queue)), (1, 0))
-
-
-class ClosingTests(PikaTwistedTestCase):
-    @defer.inlineCallbacks
-    def test_channel_error_closes_only_that_channel(self):
-        connection = yield self.connect()
-        doomed = yield self.open_channel(connection)
-        survivor = yield self.open_channel(connection)
-        missing = unique("missing")
-
-        failure = yield self.assertFailure(
-            within(doomed.queue_declare(queue=missing, passive=True), "passive declare of a missing queue"),
-            pika_exceptions.ChannelClosedByBroker,
-        )
-        self.assertEqual(failure.reply_code, 404)
-        self.assertIn(missing, failure.reply_text)
-        reason = yield within(doomed.on_closed, "channel closed by the broker")
-        self.assertIsInstance(reason, pika_exceptions.ChannelClosedByBroker)
-        self.assertTrue(doomed.is_closed)
-
-        self.assertTrue(connection.is_open)
-        queue = yield self.declare_queue(survivor, "survivor")
-        yield within(survivor.confirm_delivery(), "confirm.select-ok")
-        yield self.publish_confirmed(survivor, "", queue, b"alive")
-        got = yield within(survivor.basic_get(queue=queue, auto_ack=True), "basic.get-ok")
-        self.assertEqual(got.body, b"alive")
-        replacement = yield self.open_channel(connection)
-        self.assertEqual((yield self.queue_counts(replacement, queue)), (0, 0))
-
-    @defer.inlineCallbacks
-    def test_closing_channel_and_connection_cleanly_requeues_unacked_delivery(self):
-        connection = yield self.connect()
-        channel = yield self.open_channel(connection)
-        queue = yield self.declare_queue(channel, "close")
-        yield within(channel.confirm_delivery(), "confirm.select-ok")
-        yield self.publish_confirmed(channel, "", queue, b"unfinished")
-        queue_object, _ = yield within(channel.basic_consume(queue=queue), "basic.consume-ok")
-        held = yield self.next_delivery(queue_object, "delivery")
-        self.assertFalse(held.method.redelivered)
-
-        spare = yield self.open_channel(connection)
-        spare.close(reply_code=200, reply_text="done with it")
-        reason = yield within(spare.on_closed, "channel.close-ok")
-        self.assertIsInstance(reason, pika_exceptions.ChannelClosedByClient)
-        self.assertEqual((reason.reply_code, reason.reply_text), (200, "done with it"))
-        self.assertTrue(channel.is_open)
-
-        closed = connection.close()
-        reason = yield within(closed, "connection.close-ok")
-        # After close-ok the Twisted adapter reports how the socket ended: an orderly close.
-        self.assertIsInstance(reason, (pika_exceptions.ConnectionClosedByClient, error.ConnectionDone))
-        yield within(connection.lost, "TCP connection closed after connection.close-ok")
-        self.assertTrue(connection.is_closed)
-        self.assertTrue(channel.is_closed)
-
-        other = yield self.open_channel()
-        self.assertEqual((yield self.queue_counts(other, queue)), (1, 0))
-        again = yield within(other.basic_get(queue=queue), "basic.get-ok of the requeued message")
-        self.assertEqual(again.body, b"unfinished")
-        self.assertTrue(again.method.redelivered)

@@ -15,10 +15,10 @@ import pika
 import pytest
 from pika.exceptions import AMQPError, ConnectionClosedByBroker
 
+from brokerd.testing import BrokerProcess
+from tests.interop.aio_pika_support import step
 from tests.interop.conftest import RunningBroker
 from tests.interop.pika_support import consumer_count, pump
-from tests.interop.test_aio_pika import step
-from tests.processes import BrokerProcess
 
 SHUTDOWN_TEXT = "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'"  # RabbitMQ 3.10's
 CONFIRMED_BEFORE_SIGTERM = 20
