@@ -147,9 +147,7 @@ class DelayScheduler:
             log.warn("delayed message for exchange {exchange!r} in vhost {vhost!r} dropped: the exchange is gone",
                      exchange=exchange_name, vhost=vhost_name)
             return
-        if not isinstance(message, Message):
-            message = Message.from_record(message)
-        message = fired(message)
+        message = fired(Message.from_record(message))  # a record loaded from the store, or the message as published
         try:
             vhost.route_now(exchange, message)
         except Exception:
