@@ -37,7 +37,7 @@ from backends.delayed import HandleLease, check_due, check_exchange, delayed_win
 from backends.delayedmeta import Meta
 from backends.filestore import FileStoreBase
 from backends.handlemap import HandleMap
-from backends.messagerecord import record_of, record_of_head
+from backends.messagerecord import record_of, record_of_stored
 from backends.quarantine import QUARANTINE_DIRECTORY, RECORD_SUFFIX, unreadable_message
 from backends.topologyfile import Topology
 from brokerd.durability import SyncPolicy
@@ -381,7 +381,7 @@ class ChunkedStore(FileStoreBase):
         due, handle, position, number = row[:4]
         if len(row) > 4:
             try:
-                record = record_of_head(decode_head(row[4]), row[5])
+                record = record_of_stored(decode_head(row[4]), row[5])
             except DecodeError as problem:
                 raise self._keep_aside(position, row[4:6], problem) from None
         else:

@@ -24,7 +24,7 @@ from zope.interface import implementer
 
 from backends.delayed import check_due, check_exchange, delayed_window, readable_messages
 from backends.handlemap import HandleMap
-from backends.messagerecord import record_of_head
+from backends.messagerecord import record_of_stored
 from backends.sqlite.delayed import delayed_message
 from backends.sqlite.database import (
     DELETE_BINDING,
@@ -509,4 +509,4 @@ class SqliteStore:
                 f"sqlite store {self.path}: message {handle} cannot be read as a StoredMessage ({error})",
                 path=self.path,
             ) from None
-        return record_of_head(stored, body)
+        return record_of_stored(stored, body)

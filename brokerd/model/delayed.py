@@ -147,7 +147,9 @@ class DelayScheduler:
             log.warn("delayed message for exchange {exchange!r} in vhost {vhost!r} dropped: the exchange is gone",
                      exchange=exchange_name, vhost=vhost_name)
             return
-        message = fired(Message.from_record(message))  # a record loaded from the store, or the message as published
+        if type(message) is not Message:  # a record the store gave back, not the message as published
+            message = Message.from_record(message)
+        message = fired(message)
         try:
             vhost.route_now(exchange, message)
         except Exception:
