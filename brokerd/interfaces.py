@@ -1,7 +1,8 @@
 """The contracts between brokerd's layers.
 
 Protocol adapters sit on top of L{brokerd.model} and L{brokerd.channel}; the model
-reaches storage only through L{IMessageStore}; a storage backend is found by name
+reaches storage only through L{IMessageStore}, and every store hands messages
+back as one neutral L{MessageRecord}; a storage backend is found by name
 through L{IStoreBackend}. L{IDelayedMessageStore} is the storage half of
 delayed delivery (the C{x-delayed-message} exchange type). L{IChannelPeer} is
 what a protocol adapter gives a channel so the channel can push deliveries,
@@ -24,9 +25,12 @@ class IMessageStore(Interface):
     everything written before it is as safe as the store's durability mode
     promises, which is when a publisher confirm may go out.
 
-    A I{message} passed to C{append} is any object with the attributes
-    C{exchange} (str), C{routing_key} (str), C{properties}
-    (L{brokerd.proto.messages_pb2.BasicProperties}) and C{body} (bytes).
+    A I{message} passed to C{append} (or C{delay}) is any object with the
+    attributes of a L{MessageRecord}: C{exchange}, C{routing_key},
+    C{properties}, C{body} and C{published_at}; the model passes its own
+    messages as they are. Every method that gives a message back (C{read},
+    C{recover}, L{IPagingStore.load}, C{delayed_after}) gives a
+    L{MessageRecord}; how a store encodes it on disk is its own affair.
     """
 
     name = Attribute("The backend name this store was made by, e.g. C{'memory'}.")
@@ -56,7 +60,7 @@ class IMessageStore(Interface):
 
         @param queue: a queue key.
         @return: an iterable, in queue order, of C{(handle, record, redelivered)}
-            where C{record} is a L{StoredMessage} and C{redelivered} says the
+            where C{record} is a L{MessageRecord} and C{redelivered} says the
             message may have been delivered before the restart.
         @raise StoreCorrupted: if the queue's data is damaged beyond a torn
             tail (which the store truncates and logs at C{open}).
@@ -117,7 +121,7 @@ class IMessageStore(Interface):
         """
         Read a stored message back.
 
-        @return: a Deferred firing with the message's L{StoredMessage}, or
+        @return: a Deferred firing with the message's L{MessageRecord}, or
             failing with KeyError if the handle names nothing held.
         """
 
@@ -166,19 +170,25 @@ class IPagingStore(IMessageStore):
 
     def load(handle):
         """
-        The message C{handle} names, at once: a L{LoadedMessage}, or the very
-        object given to C{append} while the store still holds it unwritten.
+        The message C{handle} names, at once: a L{MessageRecord}, or, while
+        the store still holds it unwritten, the very object given to
+        C{append} (which has the record's attributes), so that a message
+        delivered soon after it was published costs no copy.
 
         @raise KeyError: if the handle names nothing held.
         @raise StoreCorrupted: if the stored message is damaged.
         """
 
 
-class LoadedMessage(NamedTuple):
+class MessageRecord(NamedTuple):
     """
-    A message as L{IPagingStore.load} hands it back. Its properties (a
-    L{brokerd.proto.messages_pb2.BasicProperties}) are read-only: a store may
-    share one object between the messages stored with the same properties.
+    A stored message as every store method hands it back (C{read},
+    C{recover}, C{load}, and L{DelayedMessage.record}).
+
+    Its properties (a L{brokerd.proto.messages_pb2.BasicProperties}) are
+    read-only: a store may share one object between the messages stored with
+    the same properties. They hold no copy of the body, so that keeping them
+    does not keep the body alive twice.
     """
 
     exchange: str
@@ -196,8 +206,7 @@ class DelayedMessage(NamedTuple):
     @ivar due: when it is due, in int milliseconds since the epoch.
     @ivar handle: the int C{delay} returned for it.
     @ivar exchange: the delayed exchange it was published to, a C{(vhost, name)} key.
-    @ivar record: a L{StoredMessage} with C{exchange}, C{routing_key},
-        C{properties} and C{body}.
+    @ivar record: the message, a L{MessageRecord}.
     """
 
     due: int
@@ -219,10 +228,11 @@ class IDelayedMessageStore(Interface):
 
     def delay(message, exchange, due):
         """
-        Keep C{message} (same shape as C{append}'s) for the delayed exchange
-        C{exchange}, a C{(vhost, name)} key, until C{due} (int milliseconds
-        since the epoch, 0 <= due < 2**63). Buffered like C{append}: durable
-        once a later C{sync()} fires.
+        Keep C{message} (any object with a L{MessageRecord}'s attributes, as
+        C{append} takes) for the delayed exchange C{exchange}, a C{(vhost,
+        name)} key, until C{due} (int milliseconds since the epoch, 0 <= due
+        < 2**63). Buffered like C{append}: durable once a later C{sync()}
+        fires.
 
         @return: a handle: an int, strictly increasing with each call over the
             store's whole life (also across restarts).

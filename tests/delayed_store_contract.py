@@ -11,12 +11,10 @@ from brokerd.interfaces import DelayedMessage, IDelayedMessageStore, IMessageSto
 from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
 from brokerd.proto.tables import dict_to_table, table_to_dict
-from tests.store_contract import JOBS, OpensStores, message, queue_record
+from tests.store_contract import FOREVER, JOBS, NOW, OpensStores, message, queue_record
 
 DELAYS = ("/", "delays")
 STAGING = ("staging", "later")
-FOREVER = (1 << 63) - 1
-NOW = 1_760_000_000_000  # a due time of about now, in milliseconds since the epoch
 
 
 def delayed(body, routing_key="jobs", exchange="delays", **headers):

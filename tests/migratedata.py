@@ -110,7 +110,7 @@ def portrait(store):
         if IPagingStore.providedBy(store):
             found = [(handle, store.load(handle), True) for handle in store.recovered_handles(key(name))]
         else:
-            found = [(handle, Message.from_record(stored), flag) for handle, stored, flag in store.recover(key(name))]
+            found = list(store.recover(key(name)))
         queues[name] = [(message.body, message.properties.priority, table_to_dict(message.properties.headers),
                          message.published_at, flag, counts.get(handle, 0)) for handle, message, flag in found]
         handles[name] = {message.body: handle for handle, message, _ in found}

@@ -42,7 +42,7 @@ def log_path(store):
 
 
 def delayed_records(store):
-    """(offset, valid, (due, handle, exchange, StoredMessage)) of every record of the delayed log."""
+    """(offset, valid, (due, handle, exchange, MessageRecord)) of every record of the delayed log."""
     data = contents(log_path(store))
     assert data.startswith(DELAYED_MAGIC)
     found, offset = [], len(DELAYED_MAGIC)

@@ -1,5 +1,6 @@
 """The store contract for the filelog backend, plus what is particular to it:
-its file format, compaction, damaged files, and commits under each sync policy."""
+its file format, compaction, and commits under each sync policy (damaged files
+are in L{tests.test_store_filelog_damage})."""
 
 import math
 import os
@@ -13,12 +14,10 @@ from backends.filelog import backend, records
 from backends.filelog.queuefile import queue_file_name
 from backends.fileio import DirectoryInUse
 from brokerd.durability import SyncPolicy
-from brokerd.errors import NotFound
-from brokerd.interfaces import StoreCorrupted
 from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
-from tests.store_contract import DirectoryStores, AUDIT, JOBS, StoreContract, binding_record, exchange_record, message, queue_record
-from tests.support import make_broker, open_channel
+from tests.store_contract import DirectoryStores, AUDIT, JOBS, StoreContract, message, queue_record
+from tests.store_contract_durable import DurableStoreContract
 
 RECORD_LENGTH = struct.Struct(">I")
 QUEUE_FILE_MAGIC = b"brokerd filelog queue 1\n"
@@ -64,6 +63,10 @@ class FilelogStores(DirectoryStores):
 
 
 class FilelogStoreContractTests(FilelogStores, StoreContract, unittest.TestCase):
+    pass
+
+
+class FilelogDurableStoreContractTests(FilelogStores, DurableStoreContract, unittest.TestCase):
     pass
 
 
@@ -291,177 +294,6 @@ class FilelogCompactionTests(FilelogStores, unittest.TestCase):
         self.assertEqual(store.stats()["compactions"], 1)
         self.assertEqual(len(record_spans(self.queue_path(store, JOBS))), 5)
         self.assertEqual([r.body for _, r, _ in store.recover(JOBS)], [b"m%02d" % n for n in range(15, 20)])
-
-
-class FilelogDamageTests(FilelogStores, unittest.TestCase):
-    @defer.inlineCallbacks
-    def closed_store_with(self, bodies, queues=(JOBS,)):
-        """A closed store whose queues each hold C{bodies}."""
-        store = yield self.open_store()
-        for queue in queues:
-            store.save_queue(queue_record(queue[1], vhost=queue[0]))
-        for body in bodies:
-            store.append(message(body), list(queues))
-        yield store.close()
-        return store
-
-    @defer.inlineCallbacks
-    def test_a_truncated_last_record_is_cut_off_and_logged(self):
-        store = yield self.closed_store_with([b"m0", b"m1", b"m2"])
-        path = self.queue_path(store, JOBS)
-        spans = record_spans(path)
-        os.truncate(path, os.path.getsize(path) - 3)
-        logged = LogWatcher(self)
-        store = yield self.reopen(store)
-        self.assertEqual([r.body for _, r, _ in store.recover(JOBS)], [b"m0", b"m1"])
-        self.assertEqual(os.path.getsize(path), spans[2][0])
-        dropped = spans[2][1] - 3
-        self.assertEqual(len(logged.matching(path, "torn tail of %d bytes" % dropped)), 1)
-        store.append(message(b"m3"), [JOBS])
-        store = yield self.reopen(store)
-        self.assertEqual([r.body for _, r, _ in store.recover(JOBS)], [b"m0", b"m1", b"m3"])
-
-    @defer.inlineCallbacks
-    def test_garbage_after_the_last_record_is_cut_off_and_logged(self):
-        crafted = RECORD_LENGTH.pack(6) + b"\x08\x01abcd" + b"\0\0\0\0"  # well framed, wrong CRC
-        for garbage in (b"garbage that is no record", crafted, b"\0" * 4096, crafted + b"and more"):
-            store = yield self.closed_store_with([b"m0", b"m1"])
-            path = self.queue_path(store, JOBS)
-            size = os.path.getsize(path)
-            with open(path, "ab") as queue_file:
-                queue_file.write(garbage)
-            logged = LogWatcher(self)
-            store = yield self.reopen(store)
-            self.assertEqual([r.body for _, r, _ in store.recover(JOBS)], [b"m0", b"m1"])
-            self.assertEqual(os.path.getsize(path), size)
-            self.assertEqual(len(logged.matching(path, "torn tail of %d bytes" % len(garbage))), 1)
-
-    @defer.inlineCallbacks
-    def test_a_damaged_record_in_the_middle_makes_its_queue_unrecoverable(self):
-        for damaged_byte in ("body", "length"):
-            store = yield self.closed_store_with([b"m0", b"m1", b"m2"], queues=(JOBS, AUDIT))
-            path = self.queue_path(store, JOBS)
-            offset, size = record_spans(path)[1]
-            flip_at = offset + size - 6 if damaged_byte == "body" else offset + 1
-            with open(path, "r+b") as queue_file:
-                queue_file.seek(flip_at)
-                original = queue_file.read(1)
-                queue_file.seek(flip_at)
-                queue_file.write(bytes([original[0] ^ 0x40]))
-            contents = open(path, "rb").read()
-            store = yield self.reopen(store)
-            with self.assertRaises(StoreCorrupted) as raised:
-                store.recover(JOBS)
-            self.assertEqual((raised.exception.path, raised.exception.offset), (path, offset))
-            self.assertIn(path, str(raised.exception))
-            self.assertIn("offset %d" % offset, str(raised.exception))
-            self.assertEqual([r.body for _, r, _ in store.recover(AUDIT)], [b"m0", b"m1", b"m2"])
-            self.assertRaises(StoreCorrupted, store.append, message(b"refused"), [AUDIT, JOBS])
-            store.append(message(b"m3"), [AUDIT])
-            yield store.sync()
-            self.assertEqual(open(path, "rb").read(), contents, "a damaged file is left as it was")
-
-    @defer.inlineCallbacks
-    def test_a_broker_serves_the_other_queues_of_a_store_with_a_damaged_one(self):
-        store = yield self.closed_store_with([b"m0", b"m1", b"m2"], queues=(JOBS, AUDIT))
-        path = self.queue_path(store, JOBS)
-        offset, _ = record_spans(path)[1]
-        with open(path, "r+b") as queue_file:
-            queue_file.seek(offset + 9)
-            queue_file.write(b"\xff")
-        store = yield self.reopen(store)
-        broker, _ = make_broker(store)
-        self.assertEqual(broker.recover()["unavailable"], 1)
-        channel, _ = open_channel(broker)
-        with self.assertRaises(NotFound) as raised:
-            channel.basic_get("jobs")
-        self.assertIn("unavailable", str(raised.exception))
-        self.assertEqual([channel.basic_get("audit")[2].body for _ in range(3)], [b"m0", b"m1", b"m2"])
-        channel.queue_delete("jobs")  # drops the damaged file with the queue
-        channel.queue_declare("jobs", durable=True)
-        channel.basic_publish("", "jobs", message(b"fresh").properties, b"fresh")
-        store = yield self.reopen(store)
-        self.assertEqual([r.body for _, r, _ in store.recover(JOBS)], [b"fresh"])
-
-    @defer.inlineCallbacks
-    def test_an_empty_or_missing_queue_file_means_an_empty_queue(self):
-        store = yield self.closed_store_with([b"m0"], queues=(JOBS, AUDIT))
-        open(self.queue_path(store, JOBS), "wb").close()
-        os.unlink(self.queue_path(store, AUDIT))
-        store = yield self.reopen(store)
-        self.assertEqual((list(store.recover(JOBS)), list(store.recover(AUDIT))), ([], []))
-        self.assertEqual(len([r for r in store.topology() if isinstance(r, messages_pb2.QueueRecord)]), 2)
-        store.append(message(b"next"), [JOBS, AUDIT])
-        store = yield self.reopen(store)
-        self.assertEqual([r.body for _, r, _ in store.recover(AUDIT)], [b"next"])
-
-    @defer.inlineCallbacks
-    def test_a_file_cut_short_inside_its_header_is_emptied_and_logged(self):
-        store = yield self.closed_store_with([b"m0"])
-        path = self.queue_path(store, JOBS)
-        os.truncate(path, 10)
-        logged = LogWatcher(self)
-        store = yield self.reopen(store)
-        self.assertEqual(list(store.recover(JOBS)), [])
-        self.assertEqual(os.path.getsize(path), 0)
-        self.assertEqual(len(logged.matching(path, "torn header of 10 bytes")), 1)
-        store.append(message(b"m1"), [JOBS])
-        store = yield self.reopen(store)
-        self.assertEqual([r.body for _, r, _ in store.recover(JOBS)], [b"m1"])
-
-    @defer.inlineCallbacks
-    def test_a_file_holding_another_queue_makes_its_queue_unrecoverable(self):
-        store = yield self.closed_store_with([b"for audit"], queues=(AUDIT,))
-        store = yield self.reopen(store)
-        store.save_queue(queue_record("jobs"))
-        store = yield self.reopen(store)
-        yield store.close()
-        os.replace(self.queue_path(store, AUDIT), self.queue_path(store, JOBS))
-        store = yield self.reopen(store)
-        with self.assertRaises(StoreCorrupted) as raised:
-            store.recover(JOBS)
-        self.assertIn("does not start with the header of ('/', 'jobs')", str(raised.exception))
-        self.assertEqual(list(store.recover(AUDIT)), [])
-
-    @defer.inlineCallbacks
-    def test_a_queue_file_the_topology_does_not_hold_is_ignored_and_never_revived(self):
-        store = yield self.closed_store_with([b"old", b"older"], queues=(JOBS,))
-        path = self.queue_path(store, JOBS)
-        orphan = open(path, "rb").read()
-        store = yield self.reopen(store)
-        store.delete_queue(JOBS)
-        store = yield self.reopen(store)
-        with open(path, "wb") as queue_file:  # as if the crash came between topology and removal
-            queue_file.write(orphan)
-        logged = LogWatcher(self)
-        store = yield self.reopen(store)
-        self.assertEqual(len(logged.matching(path, "no queue of the topology")), 1)
-        self.assertEqual(list(store.topology()), [])
-        store.save_queue(queue_record("jobs"))
-        store.append(message(b"new"), [JOBS])
-        store = yield self.reopen(store)
-        self.assertEqual([r.body for _, r, _ in store.recover(JOBS)], [b"new"])
-
-    @defer.inlineCallbacks
-    def test_a_damaged_topology_file_stops_the_store_from_opening(self):
-        for damage in (b"not a topology", b""):
-            store = yield self.open_store()
-            store.save_exchange(exchange_record("events"))
-            store.save_queue(queue_record("jobs"))
-            store.save_binding(binding_record("events", "jobs", "#"))
-            yield store.close()
-            path = os.path.join(store.directory, "topology")
-            with open(path, "r+b") as topology_file:
-                if damage:
-                    topology_file.seek(30)
-                    topology_file.write(damage)
-                else:
-                    topology_file.truncate(40)
-            again = self.make_store(self.data_dir_of(store))
-            failure = yield self.assertFailure(again.open(), StoreCorrupted)
-            self.assertIn(path, str(failure))
-            self.assertEqual(failure.path, path)
-            yield again.close()
 
 
 class FilelogSyncPolicyTests(FilelogStores, unittest.TestCase):

@@ -7,6 +7,7 @@ from twisted.trial import unittest
 
 from backends.memory import MemoryStore, backend
 from tests.store_contract import JOBS, StoreContract, message, queue_record
+from tests.store_contract_durable import DurableStoreContract
 
 
 class MemoryStoreContractTests(StoreContract, unittest.TestCase):
@@ -16,6 +17,13 @@ class MemoryStoreContractTests(StoreContract, unittest.TestCase):
     def reopen(self, store):
         # Nothing outlives the process: the store itself is what a reopen sees.
         return defer.succeed(store)
+
+
+class MemoryDurableStoreContractTests(DurableStoreContract, unittest.TestCase):
+    """Every test skips: nothing of a memory store outlives a restart."""
+
+    make_store = MemoryStoreContractTests.make_store
+    reopen = MemoryStoreContractTests.reopen
 
 
 class MemoryStoreTests(unittest.TestCase):

@@ -28,6 +28,7 @@ from tests.store_contract import (
     message,
     queue_record,
 )
+from tests.store_contract_durable import DurableStoreContract
 from tests.support import make_broker, open_channel
 
 
@@ -50,6 +51,12 @@ class SqliteStoreContractTests(StoreContract, unittest.TestCase):
         reopened = SqliteStore(copy, store.policy)
         yield reopened.open()
         return reopened
+
+
+class SqliteDurableStoreContractTests(DurableStoreContract, unittest.TestCase):
+    make_store = SqliteStoreContractTests.make_store
+    reopen = SqliteStoreContractTests.reopen
+    reopen_after_crash = SqliteStoreContractTests.reopen_after_crash
 
 
 def crash_copy(store, directory):

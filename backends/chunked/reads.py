@@ -17,7 +17,7 @@ import os
 from collections import OrderedDict
 
 from backends.chunked.format import HEADER_SIZE, checked_record_parts, decode_head, position_of
-from brokerd.interfaces import LoadedMessage
+from brokerd.interfaces import MessageRecord
 
 CACHE_ENTRY_OVERHEAD = 200  # bytes a cached record costs beyond its head and body (dict slot, tuple, bytes headers)
 _new_tuple = tuple.__new__
@@ -83,7 +83,7 @@ class HeadCache:
             published = stored.published_at if stored.HasField("published_at") else None
             kind = self._kinds[head] = (stored.exchange, stored.routing_key, stored.properties, published)
         exchange, routing_key, properties, published = kind
-        return _new_tuple(LoadedMessage, (exchange, routing_key, properties, body, published))  # half a namedtuple's call
+        return _new_tuple(MessageRecord, (exchange, routing_key, properties, body, published))  # half a namedtuple's call
 
 
 class ChunkReader:

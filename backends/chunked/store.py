@@ -37,11 +37,11 @@ from backends.delayedshared.metafile import Meta
 from backends.delayedshared.reactorside import HandleLease, check_due, check_exchange, delayed_window, readable_messages
 from backends.filestore import FileStoreBase
 from backends.handlemap import HandleMap
+from backends.messagerecord import record_of, record_of_stored
 from backends.quarantine import QUARANTINE_DIRECTORY, RECORD_SUFFIX, unreadable_message
 from backends.topologyfile import Topology
 from brokerd.durability import SyncPolicy
 from brokerd.interfaces import DelayedMessage, IDelayedMessageStore, IPagingStore, StoreCorrupted, UnreadableMessage
-from brokerd.proto import messages_pb2
 
 log = Logger()
 
@@ -174,7 +174,7 @@ class ChunkedStore(FileStoreBase):
                 log.error("queue {queue!r} in vhost {vhost!r}: stored message {handle} left out: {problem}",
                           queue=queue[1], vhost=queue[0], handle=handle, problem=problem)
                 continue
-            yield handle, self._stored(message), True
+            yield handle, record_of(message), True
 
     # -- topology
 
@@ -297,19 +297,9 @@ class ChunkedStore(FileStoreBase):
         copy = os.path.join(self.directory, QUARANTINE_DIRECTORY, name + RECORD_SUFFIX)
         return unreadable_message(f"{where} (copied to {copy})", problem)
 
-    @staticmethod
-    def _stored(message):
-        stored = messages_pb2.StoredMessage(
-            exchange=message.exchange, routing_key=message.routing_key, properties=message.properties,
-            body=message.body,
-        )
-        if message.published_at is not None:
-            stored.published_at = message.published_at
-        return stored
-
     def read(self, handle):
         try:
-            return defer.succeed(self._stored(self.load(handle)))
+            return defer.succeed(record_of(self.load(handle)))
         except (KeyError, StoreCorrupted):
             return defer.fail()
         except TypeError:
@@ -320,10 +310,10 @@ class ChunkedStore(FileStoreBase):
         return message_id(handle)
 
     def lookup(self, text):
-        """Read the message a L{message_id} names without consuming it: a Deferred firing with its StoredMessage."""
+        """Read the message a L{message_id} names without consuming it: a Deferred firing with its MessageRecord."""
         try:
             handle = handle_of_message_id(text)
-            return defer.succeed(self._stored(self.load(handle)))
+            return defer.succeed(record_of(self.load(handle)))
         except (ValueError, KeyError):
             return defer.fail()
         except StoreCorrupted as problem:
@@ -391,12 +381,11 @@ class ChunkedStore(FileStoreBase):
         due, handle, position, number = row[:4]
         if len(row) > 4:
             try:
-                record = decode_head(row[4])
+                record = record_of_stored(decode_head(row[4]), row[5])
             except DecodeError as problem:
                 raise self._keep_aside(position, row[4:6], problem) from None
-            record.body = row[5]
         else:
-            record = self._stored(self.load(position))
+            record = record_of(self.load(position))
         return DelayedMessage(due, handle, self._exchanges[number], record)
 
     def _quarantine_delayed(self, row, problem):

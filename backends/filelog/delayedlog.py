@@ -52,6 +52,7 @@ from backends.filelog.records import (
     record_size,
 )
 from backends.handlemap import HandleMap
+from backends.messagerecord import record_of_stored
 from backends.quarantine import unreadable_message
 from brokerd.interfaces import StoreCorrupted
 from brokerd.proto import messages_pb2
@@ -79,9 +80,9 @@ def encode_delayed(message, exchange, due, handle):
 
 def decode_delayed(payload, where="a delayed record"):
     """
-    C{(due, handle, exchange key, StoredMessage)} of a delayed record's
+    C{(due, handle, exchange key, MessageRecord)} of a delayed record's
     payload; an L{UnreadableMessage} naming C{where} in place of the
-    StoredMessage if that does not parse.
+    record if its StoredMessage does not parse.
     """
     due, handle = PREFIX.unpack_from(payload, 2)
     offset = 2 + PREFIX.size
@@ -91,10 +92,10 @@ def decode_delayed(payload, where="a delayed record"):
         key.append(bytes(payload[offset + 2 : offset + 2 + length]).decode("utf-8"))
         offset += 2 + length
     try:
-        stored = messages_pb2.StoredMessage.FromString(bytes(payload[offset:]))
+        record = record_of_stored(messages_pb2.StoredMessage.FromString(bytes(payload[offset:])))
     except DecodeError as problem:
-        stored = unreadable_message(where, problem)
-    return due, handle, tuple(key), stored
+        record = unreadable_message(where, problem)
+    return due, handle, tuple(key), record
 
 
 class FilelogDelayedRecovery(NamedTuple):
@@ -297,7 +298,7 @@ class FilelogDelayedLog:
     # -- reads
 
     def window(self, cursor, until, limit):
-        """Up to C{limit} C{(due, handle, exchange key, StoredMessage)} after C{cursor}, due by C{until}."""
+        """Up to C{limit} C{(due, handle, exchange key, MessageRecord)} after C{cursor}, due by C{until}."""
         if self.damage is not None:
             raise StoreCorrupted(f"delayed messages are unavailable: {self.damage}", self.damage.path)
         return [decode_delayed(self._read(offset), f"delayed log {self.path}, offset {offset}")

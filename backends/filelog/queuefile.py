@@ -26,6 +26,7 @@ from backends.filelog.records import (
     record_problem,
     scan,
 )
+from backends.messagerecord import record_of_stored
 from backends.quarantine import unreadable_message
 from brokerd.interfaces import StoreCorrupted
 from brokerd.proto import messages_pb2
@@ -93,7 +94,7 @@ class QueueFile:
         left out of what is returned, yet kept valid in the file (compaction
         copies it along) until the queue is deleted; it uses up a handle.
 
-        @return: C{[(handle, StoredMessage)]} in file order, handles counted
+        @return: C{[(handle, MessageRecord)]} in file order, handles counted
             from C{first_handle}.
         @raise StoreCorrupted: if the file is damaged before its end or is not
             this queue's; the file is then marked damaged and left untouched.
@@ -119,7 +120,7 @@ class QueueFile:
                           " file as it is", queue=self.queue[1], vhost=self.queue[0], offset=record.offset,
                           path=self.path, problem=problem)
             else:
-                recovered.append((handle, message))
+                recovered.append((handle, record_of_stored(message)))
             handle += 1
         self.next_handle = handle
         if counts:
@@ -326,7 +327,7 @@ class QueueFile:
 
     def read(self, handle):
         """
-        The L{StoredMessage} of C{handle}, or None if the file holds no valid record of it.
+        The L{MessageRecord} of C{handle}, or None if the file holds no valid record of it.
 
         @raise StoreCorrupted: if the record no longer reads back whole.
         """
@@ -345,7 +346,7 @@ class QueueFile:
             message.ParseFromString(payload_of(record))
         except DecodeError as problem:
             raise unreadable_message(f"queue file {self.path}, offset {offset}", problem) from None
-        return message
+        return record_of_stored(message)
 
     def close(self):
         if self.descriptor is not None:

@@ -32,7 +32,7 @@ class Recovery(NamedTuple):
     """What L{QueueFiles.open} found, for the store to serve C{topology} and C{recover} from."""
 
     topology: list  # topology records in file order
-    messages: dict  # queue key -> [(handle, StoredMessage)] in queue order
+    messages: dict  # queue key -> [(handle, MessageRecord)] in queue order
     damaged: dict  # queue key -> StoreCorrupted
     next_handle: int
     delayed: object = None  # the FilelogDelayedRecovery of the delayed log
@@ -214,7 +214,7 @@ class QueueFiles:
 
     def read(self, handle, queues):
         """
-        The L{StoredMessage} of C{handle}, from the file of the first of
+        The L{MessageRecord} of C{handle}, from the file of the first of
         C{queues} that holds it.
 
         @raise KeyError: if none of them holds it.

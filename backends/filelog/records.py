@@ -25,6 +25,7 @@ from array import array
 from typing import NamedTuple
 
 from backends.fileio import little_endian_bytes, read_little_endian
+from backends.messagerecord import record_of_stored
 from brokerd.proto import messages_pb2
 
 LENGTH = struct.Struct(">I")
@@ -117,8 +118,8 @@ def decode_returns(payload):
 
 
 def decode(head, body):
-    """The StoredMessage that L{encode} gave as C{(head, body)}."""
-    return messages_pb2.StoredMessage.FromString(head + body)
+    """The L{MessageRecord} of the StoredMessage that L{encode} gave as C{(head, body)}."""
+    return record_of_stored(messages_pb2.StoredMessage.FromString(head + body))
 
 
 def frame(head, body):

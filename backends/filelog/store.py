@@ -84,7 +84,7 @@ class FilelogStore(FileStoreBase):
         self._batch = Batch()
         self._held = {}  # handle -> [body size, set of queue keys still holding it]
         self._queue_handles = {}  # queue key -> {handle: None}, in queue order
-        self._recovered = {}  # handle -> StoredMessage that open found, while held
+        self._recovered = {}  # handle -> MessageRecord that open found, while held
         self._recovered_counts = {}  # queue key -> {handle: delivery count} that open found
         self._damaged = {}  # queue key -> StoreCorrupted that open found
         self._next_handle = 1
@@ -275,7 +275,7 @@ class FilelogStore(FileStoreBase):
     @staticmethod
     def _delayed_message(row):
         due, handle, exchange, record = row
-        if isinstance(record, tuple):  # not written yet: still encoded
+        if type(record) is tuple:  # not written yet: still encoded as (head, body), not a MessageRecord
             record = decode_delayed(b"".join(record))[3]
         if isinstance(record, UnreadableMessage):
             raise record

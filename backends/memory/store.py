@@ -7,8 +7,8 @@ from zope.interface import implementer
 
 from backends.delayedshared.reactorside import check_cursor, check_due, check_exchange
 from backends.memory.sortedkeys import SortedKeys
+from backends.messagerecord import record_of
 from brokerd.interfaces import DelayedMessage, IDelayedMessageStore, IMessageStore
-from brokerd.proto import messages_pb2
 from brokerd.proto.tables import freeze, table_to_dict
 
 
@@ -54,7 +54,7 @@ class MemoryStore:
 
     def recover(self, queue):
         return [
-            (handle, self._record(self._messages[handle][0]), False)
+            (handle, record_of(self._messages[handle][0]), False)
             for handle in self._queue_handles.get(queue, ())
         ]
 
@@ -110,7 +110,7 @@ class MemoryStore:
         held = self._messages.get(handle)
         if held is None:
             return defer.fail(KeyError(f"memory store holds no message with handle {handle!r}"))
-        return defer.succeed(self._record(held[0]))
+        return defer.succeed(record_of(held[0]))
 
     def purge(self, queue, handles):
         for handle in handles:
@@ -146,7 +146,7 @@ class MemoryStore:
                 if due > until:
                     break
                 _, exchange, message = self._delayed[handle]
-                found.append(DelayedMessage(due, handle, exchange, self._record(message)))
+                found.append(DelayedMessage(due, handle, exchange, record_of(message)))
         return defer.succeed(found)
 
     def release(self, handle):
@@ -180,13 +180,3 @@ class MemoryStore:
         if not held[1]:
             del self._messages[handle]
             self._bytes -= len(held[0].body)
-
-    @staticmethod
-    def _record(message):
-        return messages_pb2.StoredMessage(
-            valid=True,
-            exchange=message.exchange,
-            routing_key=message.routing_key,
-            properties=message.properties,
-            body=bytes(message.body),
-        )

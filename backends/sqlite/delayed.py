@@ -26,6 +26,7 @@ from google.protobuf.message import DecodeError
 
 from backends.delayedshared.reactorside import MAX_DUE
 from backends.handlemap import HandleMap
+from backends.messagerecord import record_of_stored
 from backends.quarantine import unreadable_message
 from brokerd.interfaces import DelayedMessage, StoreCorrupted
 from brokerd.proto import messages_pb2
@@ -153,5 +154,4 @@ def delayed_message(row, path, checksum):
         raise StoreCorrupted(
             f"sqlite store {path}: delayed message {handle} cannot be read as a StoredMessage ({error})", path=path
         ) from None
-    stored.body = body
-    return DelayedMessage(due, handle, (vhost, exchange), stored)
+    return DelayedMessage(due, handle, (vhost, exchange), record_of_stored(stored, body))

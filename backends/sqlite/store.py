@@ -24,6 +24,7 @@ from zope.interface import implementer
 
 from backends.delayedshared.reactorside import check_due, check_exchange, delayed_window, readable_messages
 from backends.handlemap import HandleMap
+from backends.messagerecord import record_of_stored
 from backends.sqlite.delayed import delayed_message
 from backends.sqlite.database import (
     DELETE_BINDING,
@@ -494,7 +495,7 @@ class SqliteStore:
             batch.released.append(handle)
 
     def _parse(self, handle, crc, record, body):
-        """The StoredMessage of a row, its body put back; L{StoreCorrupted} if its checksum or record is bad."""
+        """The MessageRecord of a row, its body put back; L{StoreCorrupted} if its checksum or record is bad."""
         if checksum(record, body) != crc:
             raise StoreCorrupted(
                 f"sqlite store {self.path}: message {handle} is damaged (its checksum does not match)", path=self.path
@@ -508,5 +509,4 @@ class SqliteStore:
                 f"sqlite store {self.path}: message {handle} cannot be read as a StoredMessage ({error})",
                 path=self.path,
             ) from None
-        stored.body = body
-        return stored
+        return record_of_stored(stored, body)

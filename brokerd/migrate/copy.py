@@ -17,7 +17,6 @@ from twisted.python.failure import Failure
 
 from brokerd.interfaces import IDelayedMessageStore, IPagingStore, QuarantinedRecord, StoreCorrupted, UnreadableMessage
 from brokerd.migrate.digest import message_digest
-from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
 
 FOREVER = (1 << 63) - 1  # the latest due time a delayed message can have
@@ -87,7 +86,7 @@ class SourceReader:
                 except Exception:
                     found.append((False, Failure()))
             return found
-        reads = [self.store.read(handle).addCallback(Message.from_record) for handle in handles]
+        reads = [self.store.read(handle) for handle in handles]
         found = yield defer.DeferredList(reads, consumeErrors=True)
         return found
 
@@ -221,9 +220,8 @@ def copy_store(reader, target, tallies, progress, skip_unreadable):
         if not IDelayedMessageStore.providedBy(target):
             raise MigrationError(f"the source holds delayed messages and the {target.name} store cannot keep them")
         for delayed in window:
-            message = Message.from_record(delayed.record)
-            target.delay(message, delayed.exchange, delayed.due)
-            tallies.add_delayed(delayed, message)
+            target.delay(delayed.record, delayed.exchange, delayed.due)
+            tallies.add_delayed(delayed, delayed.record)
             figures["delayed"] += 1
         cursor = (window[-1].due, window[-1].handle)
         yield syncing
@@ -258,7 +256,7 @@ def tally_store(store, tallies, progress):
         if paging:
             recovered = ((handle, store.load(handle), True) for handle in store.recovered_handles(queue))
         else:
-            recovered = ((handle, Message.from_record(stored), flag) for handle, stored, flag in store.recover(queue))
+            recovered = store.recover(queue)
         for handle, message, redelivered in recovered:
             tally.add(message_digest(message), redelivered, counts.get(handle, 0))
             progress.advance(1, len(message.body))
@@ -268,7 +266,7 @@ def tally_store(store, tallies, progress):
         if not window:
             return
         for delayed in window:
-            tallies.add_delayed(delayed, Message.from_record(delayed.record))
+            tallies.add_delayed(delayed, delayed.record)
         cursor = (window[-1].due, window[-1].handle)
 
 

@@ -21,8 +21,8 @@ _LENGTHS = struct.Struct("<QQQQq")
 
 def message_digest(message):
     """
-    A digest of what a consumer gets of C{message} (a
-    L{brokerd.model.message.Message}) and of its TTL clock: the lengths of
+    A digest of what a consumer gets of C{message} (a store's
+    L{brokerd.interfaces.MessageRecord}) and of its TTL clock: the lengths of
     its parts first, so that no two different messages hash alike.
     """
     exchange, routing_key = message.exchange.encode(), message.routing_key.encode()

@@ -70,8 +70,8 @@ class Broker:
                 handles = self.store.recovered_handles(queue.key)
                 queue.restore_paged(handles)
                 return len(handles)
-            recovered = [(Message.from_record(stored), handle, redelivered)
-                         for handle, stored, redelivered in self.store.recover(queue.key)]
+            recovered = [(Message.from_record(record), handle, redelivered)
+                         for handle, record, redelivered in self.store.recover(queue.key)]
         except StoreCorrupted as damage:
             log.error(
                 "queue {queue!r} in vhost {vhost!r} is unavailable: {damage}",

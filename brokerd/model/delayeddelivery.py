@@ -182,7 +182,7 @@ class DelayScheduler:
             log.warn("delayed message for exchange {exchange!r} in vhost {vhost!r} dropped: the exchange is gone",
                      exchange=exchange_name, vhost=vhost_name)
             return
-        if not isinstance(message, Message):
+        if type(message) is not Message:  # a record the store gave back, not the message as published
             message = Message.from_record(message)
         message = fired(message)
         try:

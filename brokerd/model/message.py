@@ -59,21 +59,17 @@ class Message:
         return Message(self.exchange, self.routing_key, properties, self.body)
 
     @classmethod
-    def loaded(cls, loaded):
-        """The message a paging store's C{load} gave (a L{brokerd.interfaces.LoadedMessage}, or a
-        message of ours it still held unwritten, returned as it is)."""
-        if type(loaded) is cls:
-            return loaded
-        return cls(loaded.exchange, loaded.routing_key, loaded.properties, loaded.body, None, loaded.published_at)
-
-    @classmethod
     def from_record(cls, record):
-        """The message a store's L{StoredMessage} record holds. The properties are
-        copied out so that the record (body included) is not kept alive by them."""
-        properties = messages_pb2.BasicProperties()
-        properties.CopyFrom(record.properties)
-        published_at = record.published_at if record.HasField("published_at") else None
-        return cls(record.exchange, record.routing_key, properties, record.body, published_at=published_at)
+        """
+        The message a store gave back: a L{brokerd.interfaces.MessageRecord}
+        (from C{read}, C{recover}, C{load} or C{delayed_after}), or a message
+        of ours that a paging store's C{load} still held unwritten, returned
+        as it is. The record's properties hold no copy of the body, so they
+        are shared, not copied.
+        """
+        if type(record) is cls:
+            return record
+        return cls(record.exchange, record.routing_key, record.properties, record.body, None, record.published_at)
 
     def __repr__(self):
         return f"<Message exchange={self.exchange!r} routing_key={self.routing_key!r} {len(self.body)} bytes>"

@@ -176,7 +176,7 @@ class Queue:
         if self.policy.needs_messages:
             for handle in handles:
                 try:
-                    message = Message.loaded(self._store.load(handle))
+                    message = Message.from_record(self._store.load(handle))
                 except UnreadableMessage as problem:
                     self._quarantine(handle, problem)
                     continue
@@ -196,7 +196,7 @@ class Queue:
         next); False if the store failed, and the queue became unavailable.
         """
         try:
-            message = Message.loaded(self._store.load(entry.handle))
+            message = Message.from_record(self._store.load(entry.handle))
         except UnreadableMessage as problem:
             self._quarantine(entry.handle, problem)
             return None
@@ -292,7 +292,7 @@ class Queue:
 
     def _load_for_death(self, entry):
         try:
-            entry.message = Message.loaded(self._store.load(entry.handle))
+            entry.message = Message.from_record(self._store.load(entry.handle))
         except UnreadableMessage as problem:
             self._quarantine(entry.handle, problem)
             return False
