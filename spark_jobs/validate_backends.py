@@ -47,11 +47,14 @@ def parse_backends(text):
     items = [item.strip() for item in text.split(",")]
     if not any(items) or not all(items):
         raise BackendError(f"--backends needs comma-separated backend names, not {text!r}")
+    from twisted.internet import reactor
+
     pairs = []
     for item in items:
         name, _ = split_backend_string(item)
         with tempfile.TemporaryDirectory() as scratch:
-            store = make_store(item, scratch)  # built, not opened: checks the name, options and values
+            # Built, not opened (so its reactor never runs): checks the name, options and values.
+            store = make_store(item, scratch, reactor=reactor)
         if not store.durable:
             raise BackendError(f"backend {name!r} keeps nothing on disk, so there is no store to export and"
                                " check after the run; pick durable backends")
