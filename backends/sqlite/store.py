@@ -1,5 +1,6 @@
 """L{SqliteStore}: the store contract in one SQLite file (WAL), written in
-batches by a L{brokerd.durability.GroupCommit}.
+batches by a L{brokerd.durability.GroupCommit} whose life (open, close, a
+failed open) it shares with the file stores (L{WriterThreadStore}).
 
 The reactor thread keeps what the broker needs at once (ids, which queue holds
 which message, sizes, topology) and buffers every write in a L{Batch}; the
@@ -41,7 +42,8 @@ from backends.sqlite.database import (
     Database,
     checksum,
 )
-from brokerd.durability import GroupCommit, SyncPolicy
+from backends.writerstore import WriterThreadStore
+from brokerd.durability import SyncPolicy
 from backends.quarantine import unreadable_message
 from brokerd.interfaces import IDelayedMessageStore, IMessageStore, StoreCorrupted, UnreadableMessage
 from brokerd.proto import messages_pb2
@@ -75,7 +77,7 @@ def _binding_statement(record, to_queue, to_exchange):
 
 
 @implementer(IMessageStore, IDelayedMessageStore)
-class SqliteStore:
+class SqliteStore(WriterThreadStore):
     """
     Durable topology and persistent messages in one SQLite database.
 
@@ -91,15 +93,11 @@ class SqliteStore:
     name = "sqlite"
     durable = True
 
-    def __init__(self, path, sync_policy=None, reactor=None):
+    def __init__(self, path, sync_policy=None, *, reactor):
         self.path = path
-        self.policy = sync_policy or SyncPolicy()
+        self.sync_policy = sync_policy or SyncPolicy()
         self._reactor = reactor
-        self._db = Database(path, self.policy.mode)
-        self._group = None
-        self._state = "new"  # new, opening, open, closed
-        self._open_waiters = []  # Deferreds of close() calls made while opening
-        self._closing = False
+        self._db = Database(path, self.sync_policy.mode)
         self._batch = Batch()
         self._exchanges = {}  # (vhost, name) -> ExchangeRecord
         self._queues = {}  # queue key -> QueueRecord
@@ -115,19 +113,19 @@ class SqliteStore:
         self._delayed = HandleMap()  # the kept delayed handles
         self._next_delayed = 1
 
-    # -- open, sync, close
+    @property
+    def policy(self):
+        """The L{SyncPolicy} (C{sync_policy})."""
+        return self.sync_policy
+
+    # -- open, commits, close
 
     def open(self):
-        if self._state != "new":
-            return defer.fail(RuntimeError(f"sqlite store {self.path} was opened before"))
-        self._state = "opening"
-        self._group = GroupCommit(self._take_batch, self._db.write, self.policy, self._reactor, name="sqlite")
-        self._group.start()
-        opened = self._group.call(self._db.open)
-        opened.addCallbacks(self._loaded, self._open_failed)
-        return opened
+        """Start the writer thread, open (creating if need be) and load the database on it."""
+        return self._open(self._db.open, self._db.write, self._loaded)
 
     def _loaded(self, loaded):
+        """Keep what the writer thread's open found (its L{Loaded})."""
         for record in loaded.exchanges:
             self._exchanges[(record.vhost, record.name)] = record
         for queue_id, vhost, name, record in loaded.queues:
@@ -154,55 +152,26 @@ class SqliteStore:
         self._delayed = loaded.delayed
         self._next_delayed = loaded.next_delayed
         self._quarantined = {(record.kind, record.vhost, record.name): record for record in loaded.quarantined}
-        self._state = "open"
-        self._opened()
 
-    def _open_failed(self, failure):
-        self._state = "closed"
-        stopped = self._group.stop()
-        stopped.addBoth(lambda _: self._opened())
-        stopped.addBoth(lambda _: failure)
-        return stopped
+    def _take_batch(self):
+        """Called by GroupCommit on the reactor thread: hand over what is buffered; the one taken at close is final."""
+        batch = self._batch
+        final = self._state == "closing"
+        if not batch and not final:
+            return None
+        self._batch = Batch()
+        batch.final = final
+        return batch
 
-    def _opened(self):
-        waiters, self._open_waiters = self._open_waiters, []
-        for waiter in waiters:
-            waiter.callback(None)
-
-    def sync(self):
-        if self._state != "open":
-            return defer.fail(RuntimeError(f"sqlite store {self.path} is not open"))
-        return self._group.sync()
-
-    @defer.inlineCallbacks
-    def close(self):
-        """Commit what is buffered (the last batch closes the connection) and stop the writer thread."""
-        if self._state == "opening":
-            waiter = defer.Deferred()
-            self._open_waiters.append(waiter)
-            yield waiter
-        if self._state != "open":
-            self._state = "closed"
-            return
-        self._state = "closed"
-        self._closing = True
-        yield self._group.stop()
-        self._db.close()  # already closed by the final batch, unless the thread died before it
+    def _close_files(self):
+        """The final batch closed the connection, unless the writer thread died before it; its failure is close's."""
+        self._db.close()
         if self._db.final_error is not None:
             raise self._db.final_error
 
-    def _take_batch(self):
-        batch = self._batch
-        if not batch and not self._closing:
-            return None
-        self._batch = Batch()
-        batch.final = self._closing
-        self._closing = False
-        return batch
-
     def pragmas(self):
         """A Deferred firing with the connection's journal mode, synchronous setting and the like."""
-        return self._group.call(self._db.pragmas)
+        return self._commit.call(self._db.pragmas)
 
     # -- topology
 
@@ -362,7 +331,7 @@ class SqliteStore:
         recovered = self._recovered.get(handle)
         if recovered is not None:
             return defer.maybeDeferred(self._parse, handle, *recovered)
-        reading = self._group.call(self._db.read, handle)
+        reading = self._commit.call(self._db.read, handle)
         reading.addCallback(self._read, handle)
         return reading
 
@@ -425,7 +394,7 @@ class SqliteStore:
             return defer.fail(RuntimeError(f"sqlite store {self.path} is not open"))
 
         def fetch(position, bound, count):
-            return self._group.call(self._db.delayed_after, position, bound, count)
+            return self._commit.call(self._db.delayed_after, position, bound, count)
 
         kept = self._delayed.__contains__
         rows = delayed_window(fetch, list(self._batch.delays.values()), kept, cursor, until, limit)
@@ -451,7 +420,6 @@ class SqliteStore:
         self._delayed.pop(handle)
 
     def stats(self):
-        group = self._group
         return {
             "messages": len(self._held),
             "bytes": self._bytes,
@@ -460,8 +428,7 @@ class SqliteStore:
             "bindings": len(self._bindings),
             "appends": self._appends,
             "acks": self._acks,
-            "commits": group.commits if group else 0,
-            "fsyncs": group.fsyncs if group else 0,
+            **self._commit_stats(),
             "delayed": len(self._delayed),
         }
 
