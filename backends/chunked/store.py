@@ -26,7 +26,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from backends.chunked.files import TOPOLOGY_MAGIC, BatchWritten, ChunkedFiles
+from backends.chunked.files import TOPOLOGY_MAGIC, Batch, BatchWritten, ChunkedFiles
 from backends.chunked.delayedindex import KEPT_TYPECODES
 from backends.chunked.format import (
     decode_head,
@@ -52,32 +52,6 @@ log = Logger()
 
 class MessageTooLarge(ValueError):
     """A message whose record would not fit in one chunk."""
-
-
-class Batch:
-    """What the reactor thread buffered since the last commit, shaped for the writer."""
-
-    __slots__ = ("records", "messages", "appends", "acks", "returns", "shared", "deleted", "topology", "end",
-                 "delays", "delay_releases", "delayed_meta", "kept_aside")
-
-    def __init__(self):
-        self.records = []  # (position, head, body), in position order
-        self.messages = {}  # handle -> message, for reads until the records are written
-        self.appends = {}  # queue key -> [handle], in queue order
-        self.acks = {}  # queue key -> [handle]
-        self.returns = {}  # queue key -> {handle: delivery count}
-        self.shared = {}  # handle -> number of queues, for messages appended to more than one
-        self.deleted = []  # queue keys whose indexes go before this batch's appends
-        self.topology = None  # the new topology file's contents, if it changed
-        self.end = 0  # the log position after this batch's last record
-        self.delays = []  # (due, delayed handle, position, exchange number), in handle order
-        self.delay_releases = []  # (delayed handle, due, chunk number)
-        self.delayed_meta = None  # the delayed index's new Meta, if it changed
-        self.kept_aside = {}  # quarantine file name -> (head, body) of a record that does not parse
-
-    def is_empty(self):
-        return not (self.records or self.acks or self.returns or self.deleted or self.delay_releases
-                    or self.delayed_meta or self.kept_aside)
 
 
 @implementer(IPagingStore, IDelayedMessageStore)

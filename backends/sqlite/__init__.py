@@ -5,7 +5,8 @@ import os
 
 from zope.interface import implementer
 
-from backends.sqlite.database import SCHEMA_VERSION, StoreOpenError
+from backends.sqlite.database import StoreOpenError
+from backends.sqlite.schema import SCHEMA_VERSION
 from backends.sqlite.store import SqliteStore
 from brokerd.interfaces import IStoreBackend
 

@@ -26,21 +26,24 @@ from zope.interface import implementer
 from backends.delayed import check_due, check_exchange, delayed_window, readable_messages
 from backends.handlemap import HandleMap
 from backends.sqlite.delayed import delayed_message
-from backends.sqlite.database import (
+from backends.sqlite.database import Batch, Database, checksum
+from backends.sqlite.schema import (
+    ADD_QUEUE,
     DELETE_BINDING,
     DELETE_BINDINGS_OF_EXCHANGE,
-    DELETE_EXCHANGE_BINDING,
     DELETE_EXCHANGE,
+    DELETE_EXCHANGE_BINDING,
     DELETE_EXCHANGE_BINDINGS,
     DELETE_QUEUE,
     DELETE_QUEUE_BINDINGS,
     UPSERT_BINDING,
-    UPSERT_EXCHANGE_BINDING,
     UPSERT_EXCHANGE,
+    UPSERT_EXCHANGE_BINDING,
     UPSERT_QUEUE,
-    Batch,
-    Database,
-    checksum,
+    binding_key,
+    binding_row,
+    binding_statement,
+    canonical_arguments,
 )
 from backends.writerstore import WriterThreadStore
 from brokerd.durability import SyncPolicy
@@ -49,31 +52,6 @@ from brokerd.interfaces import IDelayedMessageStore, IMessageStore, StoreCorrupt
 from brokerd.proto import messages_pb2
 
 log = Logger()
-
-ADD_QUEUE = "INSERT OR IGNORE INTO queues (id, vhost, name, record) VALUES (?, ?, ?, NULL)"
-
-
-def canonical_arguments(table):
-    """A binding's arguments as bytes that do not depend on the order of its fields."""
-    ordered = messages_pb2.FieldTable()
-    ordered.fields.extend(sorted(table.fields, key=lambda field: field.name))
-    return ordered.SerializeToString(deterministic=True)
-
-
-def _binding_key(record, arguments):
-    """What makes two bindings the same: (vhost, source, queue, routing key, canonical arguments,
-    destination exchange), the queue empty for a binding to an exchange and the exchange for one to a queue."""
-    return (record.vhost, record.exchange, record.queue, record.routing_key, arguments, record.destination_exchange)
-
-
-def _binding_row(key):
-    """The key columns of a binding's row: in the bindings table, or in exchange_bindings for one to an exchange."""
-    vhost, source, queue, routing_key, arguments, destination_exchange = key
-    return (vhost, source, destination_exchange or queue, routing_key, arguments)
-
-
-def _binding_statement(record, to_queue, to_exchange):
-    return to_exchange if record.destination_exchange else to_queue
 
 
 @implementer(IMessageStore, IDelayedMessageStore)
@@ -101,7 +79,7 @@ class SqliteStore(WriterThreadStore):
         self._batch = Batch()
         self._exchanges = {}  # (vhost, name) -> ExchangeRecord
         self._queues = {}  # queue key -> QueueRecord
-        self._bindings = {}  # see _binding_key -> BindingRecord
+        self._bindings = {}  # see binding_key -> BindingRecord
         self._queue_ids = {}  # queue key -> queue id, for every queue with a row in the file
         self._queue_handles = {}  # queue id -> {message id: None} held for it, in queue order
         self._held = {}  # message id -> [number of queues holding it, body size]
@@ -134,7 +112,7 @@ class SqliteStore(WriterThreadStore):
             if record is not None:
                 self._queues[(vhost, name)] = record
         for arguments, record in loaded.bindings:
-            self._bindings[_binding_key(record, arguments)] = record
+            self._bindings[binding_key(record, arguments)] = record
         for queue_id, message_id in loaded.entries:
             self._queue_handles[queue_id][message_id] = None
             held = self._held.get(message_id)
@@ -225,17 +203,17 @@ class SqliteStore(WriterThreadStore):
 
     def save_binding(self, record):
         self._writable()
-        key = _binding_key(record, canonical_arguments(record.arguments))
+        key = binding_key(record, canonical_arguments(record.arguments))
         self._bindings[key] = record
-        self._batch.topology.append((_binding_statement(record, UPSERT_BINDING, UPSERT_EXCHANGE_BINDING),
-                                     (*_binding_row(key), record.SerializeToString())))
+        self._batch.topology.append((binding_statement(record, UPSERT_BINDING, UPSERT_EXCHANGE_BINDING),
+                                     (*binding_row(key), record.SerializeToString())))
 
     def delete_binding(self, record):
         self._writable()
-        key = _binding_key(record, canonical_arguments(record.arguments))
+        key = binding_key(record, canonical_arguments(record.arguments))
         self._bindings.pop(key, None)
-        self._batch.topology.append((_binding_statement(record, DELETE_BINDING, DELETE_EXCHANGE_BINDING),
-                                     _binding_row(key)))
+        self._batch.topology.append((binding_statement(record, DELETE_BINDING, DELETE_EXCHANGE_BINDING),
+                                     binding_row(key)))
 
     def _forget_quarantined(self, vhost, exchange=None, queue=None):
         """The exchange or queue is deleted: so are its quarantined rows and those of its bindings."""
