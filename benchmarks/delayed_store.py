@@ -65,7 +65,7 @@ def resident_kib(field="VmRSS"):
 
 
 @defer.inlineCallbacks
-def measure(arguments):
+def measure(arguments, reactor):
     data_dir = arguments.data_dir or tempfile.mkdtemp(prefix="brokerd-delayed-bench-")
     policy = SyncPolicy.parse(arguments.sync)
     properties = messages_pb2.BasicProperties(delivery_mode=messages_pb2.PERSISTENT, content_type="text/plain")
@@ -74,7 +74,7 @@ def measure(arguments):
     now = int(time.time() * 1000)
     results = {"backend": arguments.backend, "sync": arguments.sync, "messages": arguments.messages,
                "max_delay_ms": arguments.max_delay, "size": arguments.size}
-    store = storeregistry.make_store(arguments.backend, data_dir, policy)
+    store = storeregistry.make_store(arguments.backend, data_dir, policy, reactor=reactor)
     try:
         yield store.open()
         started = time.perf_counter()
@@ -91,7 +91,7 @@ def measure(arguments):
         started = time.perf_counter()
         if store.durable:  # a store that is not durable stands for itself after a "reopen"
             yield store.close()
-            store = storeregistry.make_store(arguments.backend, data_dir, policy)
+            store = storeregistry.make_store(arguments.backend, data_dir, policy, reactor=reactor)
             yield store.open()
         results["reopen_s"] = time.perf_counter() - started
         results["reopen_rss_mib"] = resident_kib() / 1024
@@ -145,7 +145,7 @@ def report(results, as_json):
 
 def main(reactor, argv=None):
     arguments = parse_arguments(argv)
-    return measure(arguments).addCallback(report, arguments.json)
+    return measure(arguments, reactor).addCallback(report, arguments.json)
 
 
 if __name__ == "__main__":

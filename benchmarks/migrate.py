@@ -59,9 +59,9 @@ def parse_arguments(argv=None):
 
 
 @defer.inlineCallbacks
-def fill(arguments, data_dir):
+def fill(arguments, data_dir, reactor):
     """Write the source store; returns the number of queue entries (messages counted per queue holding them)."""
-    store = storeregistry.make_store(arguments.source, data_dir, SyncPolicy("none"))
+    store = storeregistry.make_store(arguments.source, data_dir, SyncPolicy("none"), reactor=reactor)
     yield store.open()
     queues = [("/", f"migrate-bench-{number}") for number in range(arguments.queues)]
     for vhost, name in queues:
@@ -103,10 +103,10 @@ def run_migration(arguments, data_dir):
 
 
 @defer.inlineCallbacks
-def measure(arguments):
+def measure(arguments, reactor):
     data_dir = arguments.data_dir or tempfile.mkdtemp(prefix="brokerd-migrate-bench-")
     try:
-        entries = yield fill(arguments, data_dir)
+        entries = yield fill(arguments, data_dir, reactor)
         output, wall = run_migration(arguments, data_dir)
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # of the one child: the migration
     finally:
@@ -144,7 +144,7 @@ def report(results, as_json):
 
 def main(reactor, argv=None):
     arguments = parse_arguments(argv)
-    return measure(arguments).addCallback(report, arguments.json)
+    return measure(arguments, reactor).addCallback(report, arguments.json)
 
 
 if __name__ == "__main__":

@@ -45,9 +45,9 @@ def timed(store, batches, operation):
 
 
 @defer.inlineCallbacks
-def measure(arguments):
+def measure(arguments, reactor):
     data_dir = arguments.data_dir or tempfile.mkdtemp(prefix="brokerd-store-bench-")
-    store = storeregistry.make_store(arguments.backend, data_dir, SyncPolicy.parse(arguments.sync))
+    store = storeregistry.make_store(arguments.backend, data_dir, SyncPolicy.parse(arguments.sync), reactor=reactor)
     yield store.open()
     store.save_queue(messages_pb2.QueueRecord(vhost=QUEUE[0], name=QUEUE[1], durable=True))
     properties = messages_pb2.BasicProperties(delivery_mode=messages_pb2.PERSISTENT, content_type="application/octet-stream")
@@ -78,7 +78,7 @@ def measure(arguments):
 
 def main(reactor, argv=None):
     arguments = parse_arguments(argv)
-    measuring = measure(arguments)
+    measuring = measure(arguments, reactor)
 
     def report(results):
         if arguments.json:

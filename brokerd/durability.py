@@ -15,6 +15,13 @@ is as safe as the sync policy promises:
     (unsafe on power loss).
 
 Writes nobody syncs on are committed within C{IDLE_COMMIT_SECONDS} anyway.
+
+The two threads share no mutable object: the reactor thread owns what it
+buffers until C{take_batch} hands it over, the writer thread owns its files,
+and what a commit tells the store (positions reached, files removed, figures)
+comes back as the value C{write_batch} returns, handed to C{on_written} on the
+reactor thread. Time and scheduling come from the reactor given, never from
+the global one.
 """
 
 from twisted.internet import defer, threads
@@ -78,17 +85,26 @@ class GroupCommit:
 
     @param take_batch: called on the reactor thread; returns what was buffered
         since the last call (swapping in a new buffer) or None if nothing was.
+        The batch belongs to the writer thread from then on.
     @param write_batch: called on the writer thread with C{(batch, fsync)};
         writes the batch (C{batch} may be None) and, if C{fsync}, makes
-        everything written so far durable. Its failure fails the waiting syncs.
+        everything written so far durable. What it returns should be a value
+        the writer no longer changes (numbers, tuples, fresh containers). Its
+        failure fails the waiting syncs.
+    @param policy: the L{SyncPolicy}.
+    @param reactor: runs the timer, the scheduled commits and the callbacks
+        from the writer thread (an L{IReactorThreads} and L{IReactorTime}).
+    @param on_written: if given, called on the reactor thread with what
+        C{write_batch} returned, once per successful commit, in commit order,
+        before the syncs that commit covers fire. If it raises, those syncs
+        fail with its error.
     """
 
-    def __init__(self, take_batch, write_batch, policy=None, reactor=None, name="store"):
-        if reactor is None:
-            from twisted.internet import reactor
-        self.policy = policy or SyncPolicy()
+    def __init__(self, take_batch, write_batch, policy, reactor, name="store", on_written=None):
+        self.policy = policy
         self._take_batch = take_batch
         self._write_batch = write_batch
+        self._on_written = on_written
         self._reactor = reactor
         self._pool = ThreadPool(minthreads=1, maxthreads=1, name=f"brokerd-{name}-writer")
         self._waiting = []  # Deferreds of sync() calls not yet covered by a running commit
@@ -144,6 +160,11 @@ class GroupCommit:
 
     def _committed(self, result, waiters):
         self._running = None
+        if not isinstance(result, Failure) and self._on_written is not None:
+            try:
+                self._on_written(result)
+            except BaseException:
+                result = Failure()
         if isinstance(result, Failure):
             log.failure("store commit failed; {count} syncs fail with it", result, count=len(waiters))
             for waiter in waiters:

@@ -331,7 +331,7 @@ class IStoreBackend(Interface):
         " of the backend string; defaults are strings, as typed by users."
     )
 
-    def make_store(data_dir, sync_policy, **options):
+    def make_store(data_dir, sync_policy, *, reactor, **options):
         """
         Build (without opening) a store.
 
@@ -341,6 +341,8 @@ class IStoreBackend(Interface):
         @param sync_policy: a L{brokerd.durability.SyncPolicy} (C{--sync}):
             when C{sync()} may fire. Durable backends commit through a
             L{brokerd.durability.GroupCommit} built with it.
+        @param reactor: the reactor whose clock and threads a durable
+            store's commits run on; no store falls back to the global one.
         @param options: the backend string's C{key=value} options, as strings,
             already checked against C{options}.
         @return: an L{IMessageStore} provider.

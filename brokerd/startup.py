@@ -44,10 +44,11 @@ def _holds_data(location):
 class StartupReport:
     """The settings a broker runs with, as given on the command line."""
 
-    def __init__(self, backend, data_dir, sync_policy):
+    def __init__(self, backend, data_dir, sync_policy, reactor):
         self.backend = backend  # the --backend string
         self.data_dir = os.path.abspath(data_dir)
         self.sync_policy = sync_policy
+        self.reactor = reactor  # what the other backends' stores are built with (never opened)
 
     def backend_options(self):
         """The backend's name and every option it runs with (given ones, then defaults), as text."""
@@ -78,7 +79,7 @@ class StartupReport:
             if name == store.name:
                 continue
             try:
-                other = storeregistry.make_store(name, self.data_dir, self.sync_policy)
+                other = storeregistry.make_store(name, self.data_dir, self.sync_policy, reactor=self.reactor)
             except storeregistry.BackendError:
                 continue
             location = _store_location(other)

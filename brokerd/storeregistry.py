@@ -67,11 +67,12 @@ def split_backend_string(text):
     return name, options
 
 
-def make_store(text, data_dir, sync_policy=None):
+def make_store(text, data_dir, sync_policy=None, *, reactor):
     """
     Build (without opening) the store a backend string describes, keeping its
     data under C{data_dir} and committing by C{sync_policy} (a
-    L{brokerd.durability.SyncPolicy}; the default is C{always}).
+    L{brokerd.durability.SyncPolicy}; the default is C{always}), its timers
+    and writer thread's results run by C{reactor}.
 
     @raise BackendError: naming the backend, option or value at fault.
     """
@@ -82,7 +83,7 @@ def make_store(text, data_dir, sync_policy=None):
         known = ", ".join(sorted(backend.options)) or "none"
         raise BackendError(f"backend {name!r} has no option {unknown[0]!r}; its options are: {known}")
     try:
-        store = backend.make_store(data_dir, sync_policy or SyncPolicy(), **options)
+        store = backend.make_store(data_dir, sync_policy or SyncPolicy(), reactor=reactor, **options)
     except ValueError as problem:
         raise BackendError(f"backend {name!r}: {problem}") from None
     try:

@@ -131,7 +131,7 @@ class Options(usage.Options):
         except ValueError as problem:
             raise usage.UsageError(f"--sync: {problem}") from None
         try:
-            self["store"] = storeregistry.make_store(self["backend"], self["data-dir"], self["sync"])
+            self["store"] = storeregistry.make_store(self["backend"], self["data-dir"], self["sync"], reactor=reactor)
         except storeregistry.BackendError as problem:
             raise usage.UsageError(f"--backend: {problem}") from None
         self._check_message_fits(self["store"], self["amqp-settings"].max_message_size)
@@ -199,5 +199,5 @@ def makeService(options):
         amqp_endpoint=options["amqp"],
         amqp_settings=options["amqp-settings"],
         memory_high_watermark=options["memory-high-watermark"],
-        startup_report=StartupReport(options["backend"], options["data-dir"], options["sync"]),
+        startup_report=StartupReport(options["backend"], options["data-dir"], options["sync"], reactor),
     )

@@ -46,17 +46,17 @@ class ExportError(Exception):
     """The store cannot be exported; the text says why and names the backend, directory or file at fault."""
 
 
-def build_store(backend, data_dir):
+def build_store(backend, data_dir, reactor):
     """
     The store backend string C{backend} keeps under C{data_dir}, built but not
-    opened.
+    opened, to commit on C{reactor}.
 
     @raise ExportError: if the backend is unknown or takes other options, keeps
         nothing on disk (memory), or C{data_dir} does not exist or holds no
         store of that backend (opening would create an empty one).
     """
     try:
-        store = storeregistry.make_store(backend, data_dir)
+        store = storeregistry.make_store(backend, data_dir, reactor=reactor)
     except storeregistry.BackendError as problem:
         raise ExportError(str(problem)) from None
     if not store.durable:
@@ -85,17 +85,17 @@ def damage_text(store, data_dir, damage, where=""):
 
 
 @defer.inlineCallbacks
-def open_store(backend, data_dir):
+def open_store(backend, data_dir, reactor):
     """
     Build and open the store of a stopped broker, as a restarting broker would.
 
-    Needs a running reactor: stores open on a writer thread.
+    Needs C{reactor} running: stores open on a writer thread.
 
     @return: a Deferred firing with the open store, which the caller closes;
         it fails with L{ExportError} if the store cannot be built, is damaged,
         or is in use (locked) by a running broker.
     """
-    store = build_store(backend, data_dir)
+    store = build_store(backend, data_dir, reactor)
     try:
         yield store.open()
     except StoreCorrupted as damage:
@@ -186,7 +186,7 @@ def write_lines(store, out_file, label, data_dir):
 
 
 @defer.inlineCallbacks
-def export_store_deferred(backend, data_dir, out_path, label=None):
+def export_store_deferred(backend, data_dir, out_path, label=None, *, reactor):
     """
     L{export_store} for code that runs the reactor itself (a twistd service,
     a trial test, L{main}): the store is opened and read in this process.
@@ -195,7 +195,7 @@ def export_store_deferred(backend, data_dir, out_path, label=None):
         with L{ExportError}.
     """
     label = backend if label is None else label
-    store = yield open_store(backend, data_dir)
+    store = yield open_store(backend, data_dir, reactor)
     partial = os.fspath(out_path) + PARTIAL_SUFFIX
     closing = False
     try:
@@ -288,7 +288,8 @@ def argument_parser():
 @defer.inlineCallbacks
 def _run(reactor, arguments):
     try:
-        written = yield export_store_deferred(arguments.backend, arguments.data_dir, arguments.out, arguments.label)
+        written = yield export_store_deferred(arguments.backend, arguments.data_dir, arguments.out, arguments.label,
+                                              reactor=reactor)
     except ExportError as problem:
         print(f"{PROGRAM}{ERROR_MARK}{problem}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -24,6 +24,8 @@ import sys
 import time
 import tempfile
 
+from twisted.internet.task import Clock
+
 from brokerd.storeregistry import BackendError, make_store, split_backend_string
 from spark_jobs import events
 from spark_jobs.settings import WorkloadSettings, add_workload_arguments, settings_from_arguments
@@ -51,7 +53,8 @@ def parse_backends(text):
     for item in items:
         name, _ = split_backend_string(item)
         with tempfile.TemporaryDirectory() as scratch:
-            store = make_store(item, scratch)  # built, not opened: checks the name, options and values
+            # Built, never opened (a Clock stands in for the reactor): checks the name, options and values.
+            store = make_store(item, scratch, reactor=Clock())
         if not store.durable:
             raise BackendError(f"backend {name!r} keeps nothing on disk, so there is no store to export and"
                                " check after the run; pick durable backends")

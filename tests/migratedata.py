@@ -85,8 +85,8 @@ def write(store, now_ms):
 
 
 @defer.inlineCallbacks
-def write_store(backend, data_dir, now_ms):
-    store = storeregistry.make_store(backend, data_dir)
+def write_store(backend, data_dir, now_ms, reactor):
+    store = storeregistry.make_store(backend, data_dir, reactor=reactor)
     yield store.open()
     write(store, now_ms)
     yield store.sync()
@@ -121,7 +121,7 @@ def portrait(store):
 
 def main(argv=None):
     backend, data_dir = (argv or sys.argv)[1:3]
-    task.react(lambda reactor: write_store(backend, data_dir, int(time.time() * 1000)))
+    task.react(lambda reactor: write_store(backend, data_dir, int(time.time() * 1000), reactor))
 
 
 if __name__ == "__main__":

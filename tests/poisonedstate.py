@@ -119,7 +119,7 @@ def write_poisoned_state(store, delayed=True, topology=True):
 
 @defer.inlineCallbacks
 def _child(reactor, arguments):
-    store = storeregistry.make_store(arguments.backend, arguments.data_dir)
+    store = storeregistry.make_store(arguments.backend, arguments.data_dir, reactor=reactor)
     yield store.open()
     try:
         yield write_poisoned_state(store, topology=not arguments.messages_only)

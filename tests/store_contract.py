@@ -7,7 +7,7 @@ import shutil
 import tempfile
 import unittest
 
-from twisted.internet import defer
+from twisted.internet import defer, reactor
 from zope.interface.verify import verifyObject
 
 from brokerd.durability import SyncPolicy
@@ -83,7 +83,7 @@ class DirectoryStores:
 
     def make_store(self, data_dir=None, **options):
         return self.backend.make_store(
-            data_dir or self.fresh_data_dir(), self.sync_policy, **{**self.options, **options}
+            data_dir or self.fresh_data_dir(), self.sync_policy, reactor=reactor, **{**self.options, **options}
         )
 
     @staticmethod

@@ -59,7 +59,7 @@ def drop_in_open_store(store, queue, message_id, vhost="/"):
 @defer.inlineCallbacks
 def _child(reactor, arguments):
     try:
-        store = yield open_store(arguments.backend, arguments.data_dir)
+        store = yield open_store(arguments.backend, arguments.data_dir, reactor)
     except ExportError as problem:
         print(problem, file=sys.stderr)
         raise SystemExit(1) from None

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 
-from twisted.internet import defer, task
+from twisted.internet import defer, reactor, task
 from twisted.trial import unittest
 
 from brokerd import storeregistry
@@ -39,7 +39,7 @@ def child(reactor, backend, data_dir):
     normal exit waiting).
     """
     try:
-        store = storeregistry.make_store(backend, data_dir, SyncPolicy())
+        store = storeregistry.make_store(backend, data_dir, SyncPolicy(), reactor=reactor)
         yield store.open()
         handles, number = {}, 0
         for _ in range(LAST_BATCH):
@@ -86,7 +86,7 @@ class DelayedCrashTests(unittest.TestCase):
     @defer.inlineCallbacks
     def assert_survives_a_kill(self, backend):
         data_dir, synced = self.crashed(backend)
-        store = storeregistry.make_store(backend, data_dir, SyncPolicy())
+        store = storeregistry.make_store(backend, data_dir, SyncPolicy(), reactor=reactor)
         yield store.open()
         self.addCleanup(store.close)
         found, cursor = [], None

@@ -4,7 +4,7 @@ files of schema version 2, from before delayed messages."""
 
 import os
 
-from twisted.internet import defer
+from twisted.internet import defer, reactor
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial import unittest
 
@@ -35,7 +35,7 @@ class SqliteDelayedTableTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def opened(self):
-        store = SqliteStore(self.path, SyncPolicy("always"))
+        store = SqliteStore(self.path, SyncPolicy("always"), reactor=reactor)
         yield store.open()
         self.addCleanup(store.close)
         return store

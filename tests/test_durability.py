@@ -7,7 +7,7 @@ import tempfile
 import threading
 
 import pytest
-from twisted.internet import defer, reactor, task
+from twisted.internet import defer, reactor, task, threads
 from twisted.trial import unittest
 
 from brokerd.durability import GroupCommit, SyncPolicy
@@ -176,3 +176,69 @@ class GroupCommitTests(unittest.TestCase):
         yield group.stop()
         self.assertEqual(log.on_disk(), [b"last words"])
         yield self.assertFailure(group.sync(), RuntimeError)
+
+
+class NumberedLog(FileLog):
+    """A FileLog whose write_batch returns a value: the commit's number and the lines it wrote."""
+
+    def __init__(self, path):
+        super().__init__(path)
+        self.written = 0
+
+    def write_batch(self, batch, fsync):
+        super().write_batch(batch, fsync)
+        self.written += 1
+        return (self.written, tuple(batch or ()))
+
+
+class CommitResultTests(unittest.TestCase):
+    """What write_batch returns comes back on the reactor thread, in commit order, before the syncs fire."""
+
+    timeout = 10
+
+    def started(self, on_written):
+        directory = tempfile.mkdtemp(prefix="brokerd-durability-")
+        self.addCleanup(shutil.rmtree, directory, True)
+        log = NumberedLog(os.path.join(directory, "log"))
+        group = GroupCommit(log.take_batch, log.write_batch, SyncPolicy(), reactor, name="test", on_written=on_written)
+        group.start()
+        self.addCleanup(log.file.close)
+        self.addCleanup(group.stop)
+        return log, group
+
+    @defer.inlineCallbacks
+    def test_each_commits_result_is_handed_back_on_the_reactor_thread_in_order_before_its_syncs_fire(self):
+        delivered = []  # (result, thread id)
+        log, group = self.started(lambda result: delivered.append((result, threading.get_ident())))
+        seen_by_syncs = []
+        log.may_finish.clear()
+        log.add(b"first")
+        first = group.sync().addCallback(lambda _: seen_by_syncs.append(list(delivered)))
+        writing = threads.deferToThreadPool(reactor, reactor.getThreadPool(), log.writing.wait, 5)
+        self.assertTrue((yield writing), "the first commit never started")
+        log.add(b"second")
+        second = group.sync().addCallback(lambda _: seen_by_syncs.append(list(delivered)))
+        log.add(b"third")
+        third = group.sync().addCallback(lambda _: seen_by_syncs.append(list(delivered)))
+        log.may_finish.set()
+        yield defer.gatherResults([first, second, third])
+        reactor_thread = threading.get_ident()
+        self.assertEqual(delivered, [((1, (b"first",)), reactor_thread), ((2, (b"second", b"third")), reactor_thread)])
+        self.assertEqual([len(seen) for seen in seen_by_syncs], [1, 2, 2])
+
+    @defer.inlineCallbacks
+    def test_a_failing_on_written_fails_the_syncs_of_its_commit_and_the_next_commit_works(self):
+        delivered = []
+
+        def on_written(result):
+            delivered.append(result)
+            if len(delivered) == 1:
+                raise ValueError("cannot take it")
+
+        log, group = self.started(on_written)
+        log.add(b"one")
+        yield self.assertFailure(group.sync(), ValueError)
+        self.flushLoggedErrors(ValueError)
+        log.add(b"two")
+        yield group.sync()
+        self.assertEqual(delivered, [(1, (b"one",)), (2, (b"two",))])

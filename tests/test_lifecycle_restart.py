@@ -10,7 +10,7 @@ later, as a broker restarted after some downtime would be.
 import shutil
 import tempfile
 
-from twisted.internet import defer, task
+from twisted.internet import defer, reactor, task
 from twisted.trial import unittest
 
 from brokerd import storeregistry
@@ -33,7 +33,7 @@ class LifecycleRestart:
     @defer.inlineCallbacks
     def started(self, at):
         """A recovered broker over the store in the data directory, its clock at C{at}: (broker, clock, channel)."""
-        store = storeregistry.make_store(self.backend, self.data_dir, SyncPolicy())
+        store = storeregistry.make_store(self.backend, self.data_dir, SyncPolicy(), reactor=reactor)
         yield store.open()
         self.addCleanup(lambda: store.close())
         clock = task.Clock()

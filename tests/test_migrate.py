@@ -13,7 +13,7 @@ import time
 
 import pika
 import pytest
-from twisted.internet import defer
+from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
 from brokerd import storeregistry
@@ -30,7 +30,7 @@ DURABLE = ("sqlite", "filelog", "chunked")
 
 @defer.inlineCallbacks
 def portrait_of(backend, data_dir):
-    store = storeregistry.make_store(backend, data_dir)
+    store = storeregistry.make_store(backend, data_dir, reactor=reactor)
     yield store.open()
     try:
         found = yield data.portrait(store)
@@ -49,11 +49,11 @@ class MigrationPair:
         data_dir = tempfile.mkdtemp(prefix="brokerd-migrate-test-")
         self.addCleanup(shutil.rmtree, data_dir, True)
         now = int(time.time() * 1000)
-        yield data.write_store(self.source, data_dir, now)
+        yield data.write_store(self.source, data_dir, now, reactor)
         before = yield portrait_of(self.source, data_dir)
         files = snapshot(data_dir)
         lines = []
-        figures = yield migrate(data_dir, self.source, self.target, progress_line=lines.append)
+        figures = yield migrate(data_dir, self.source, self.target, progress_line=lines.append, reactor=reactor)
         self.assertEqual(changed_files(files, snapshot(data_dir)), [])
         self.assertEqual(figures["changed_source_files"], [])
         self.assertEqual(figures["left_behind"], [])
@@ -82,11 +82,11 @@ class MigrationPair:
         data_dir = tempfile.mkdtemp(prefix="brokerd-migrate-test-")
         self.addCleanup(shutil.rmtree, data_dir, True)
         now = int(time.time() * 1000)
-        yield data.write_store(self.source, data_dir, now)
-        yield data.write_store(self.target, data_dir, now)
+        yield data.write_store(self.source, data_dir, now, reactor)
+        yield data.write_store(self.target, data_dir, now, reactor)
         files = snapshot(data_dir)
         with self.assertRaises(MigrationError) as refused:
-            yield migrate(data_dir, self.source, self.target)
+            yield migrate(data_dir, self.source, self.target, reactor=reactor)
         self.assertIn("already holds data", str(refused.exception))
         self.assertEqual(changed_files(files, snapshot(data_dir)), [])
         self.assertEqual(set(snapshot(data_dir)) - set(files), set())
@@ -113,11 +113,11 @@ class EmptyTargetTests(unittest.TestCase):
     def test_an_empty_target_store_left_by_a_broker_is_migrated_into(self):
         data_dir = tempfile.mkdtemp(prefix="brokerd-migrate-test-")
         self.addCleanup(shutil.rmtree, data_dir, True)
-        yield data.write_store("chunked", data_dir, int(time.time() * 1000))
-        empty = storeregistry.make_store("sqlite", data_dir)
+        yield data.write_store("chunked", data_dir, int(time.time() * 1000), reactor)
+        empty = storeregistry.make_store("sqlite", data_dir, reactor=reactor)
         yield empty.open()
         yield empty.close()
-        figures = yield migrate(data_dir, "chunked", "sqlite")
+        figures = yield migrate(data_dir, "chunked", "sqlite", reactor=reactor)
         self.assertEqual(figures["changed_source_files"], [])
         self.assertEqual(figures["messages"], 9)
 
@@ -131,10 +131,10 @@ class StoreInUseTests(unittest.TestCase):
         for backend in DURABLE:
             data_dir = tempfile.mkdtemp(prefix="brokerd-migrate-test-")
             self.addCleanup(shutil.rmtree, data_dir, True)
-            first = storeregistry.make_store(backend, data_dir)
+            first = storeregistry.make_store(backend, data_dir, reactor=reactor)
             yield first.open()
             try:
-                second = storeregistry.make_store(backend, data_dir)
+                second = storeregistry.make_store(backend, data_dir, reactor=reactor)
                 failure = yield self.assertFailure(second.open(), StoreInUse)
                 self.assertIn(data_dir, str(failure))
             finally:

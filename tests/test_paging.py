@@ -9,7 +9,7 @@ import os
 import shutil
 import tempfile
 
-from twisted.internet import defer
+from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
 from backends.chunked import backend
@@ -58,7 +58,7 @@ class Paging(unittest.TestCase):
 
     @defer.inlineCallbacks
     def open_store(self, **options):
-        store = backend.make_store(self.data_dir, SyncPolicy(), **{**self.options, **options})
+        store = backend.make_store(self.data_dir, SyncPolicy(), reactor=reactor, **{**self.options, **options})
         self.addCleanup(store.close)
         yield store.open()
         return store

@@ -18,7 +18,7 @@ import types
 
 import pika
 import pytest
-from twisted.internet import defer
+from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
 from backends.fileio import queue_key_name
@@ -272,7 +272,7 @@ class InReactorExportTests(unittest.TestCase):
     @defer.inlineCallbacks
     def filled_store(self, backend, queues, bodies):
         data_dir = self.fresh_data_dir()
-        store = storeregistry.make_store(backend, data_dir)
+        store = storeregistry.make_store(backend, data_dir, reactor=reactor)
         yield store.open()
         for name in queues:
             store.save_queue(messages_pb2.QueueRecord(vhost="/", name=name, durable=True))
@@ -285,7 +285,7 @@ class InReactorExportTests(unittest.TestCase):
     def test_a_message_in_two_queues_has_a_line_for_each(self):
         data_dir = yield self.filled_store("chunked:chunk_size=1M", ["jobs", "audit"], [b"one", b"two"])
         out = os.path.join(data_dir, "export.jsonl")
-        written = yield export_store_deferred("chunked:chunk_size=1M", data_dir, out, label="chunked")
+        written = yield export_store_deferred("chunked:chunk_size=1M", data_dir, out, label="chunked", reactor=reactor)
         lines = read_lines(out)
         self.assertEqual(written, 4)
         self.assertEqual([(line["queue"], line["message_id"], line["size"]) for line in lines],
@@ -296,7 +296,7 @@ class InReactorExportTests(unittest.TestCase):
     @defer.inlineCallbacks
     def test_delayed_messages_come_out_in_due_order_across_windows(self):
         data_dir = self.fresh_data_dir()
-        store = storeregistry.make_store("sqlite", data_dir)
+        store = storeregistry.make_store("sqlite", data_dir, reactor=reactor)
         yield store.open()
         count = DELAYED_WINDOW * 2 + 500
         dues = {f"d{number}": 1_900_000_000_000 + (number * 7919) % count for number in range(count)}
@@ -304,7 +304,7 @@ class InReactorExportTests(unittest.TestCase):
             store.delay(stored_message(message_id.encode(), message_id), ("/", "later"), due)
         yield store.close()
         out = os.path.join(data_dir, "export.jsonl")
-        written = yield export_store_deferred("sqlite", data_dir, out)
+        written = yield export_store_deferred("sqlite", data_dir, out, reactor=reactor)
         lines = read_lines(out)
         self.assertEqual(written, count)
         self.assertEqual([line["message_id"] for line in lines], sorted(dues, key=dues.get))
@@ -322,7 +322,7 @@ class InReactorExportTests(unittest.TestCase):
             queue_file.seek(middle)
             queue_file.write(damaged)
         out = os.path.join(data_dir, "export.jsonl")
-        failure = yield self.assertFailure(export_store_deferred("filelog", data_dir, out), ExportError)
+        failure = yield self.assertFailure(export_store_deferred("filelog", data_dir, out, reactor=reactor), ExportError)
         self.assertIn("is damaged (queue 'jobs' of vhost '/')", str(failure))
         self.assertIn(path, str(failure))
         self.assertFalse(os.path.exists(out))

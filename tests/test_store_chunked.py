@@ -64,6 +64,14 @@ def chunk_numbers(store):
                   if name.startswith("message-chunk-"))
 
 
+def mapped_chunks(store):
+    """The numbers of the message chunk files this process has mapped, from /proc/self/maps."""
+    with open("/proc/self/maps") as maps:
+        paths = {line.split(None, 5)[5].strip() for line in maps if len(line.split(None, 5)) == 6}
+    return sorted(number for number in range(64) if chunk_path(store, number) in paths
+                  or chunk_path(store, number) + " (deleted)" in paths)
+
+
 def index_dir(store, queue):
     return os.path.join(store.directory, "queues", "\0".join(queue).encode("utf-8").hex())
 
@@ -159,6 +167,24 @@ class ChunkedChunkDeletionTests(ChunkedStores, unittest.TestCase):
         self.assertEqual(chunk_numbers(store), [1, 2, 3])
         self.assertEqual(self.bodies(store), [big(n).body for n in range(3, 10)])
         yield self.assertFailure(store.read(handles[1]), KeyError)
+
+    @defer.inlineCallbacks
+    def test_a_deleted_chunk_is_unmapped_and_forgotten_once_the_commit_that_deleted_it_is_back(self):
+        store, handles = yield self.store_with([big(n) for n in range(7)])
+        store = yield self.reopen(store)  # an empty ring cache: reads map the chunk files
+        self.assertEqual(self.bodies(store)[:4], [big(n).body for n in range(4)])
+        self.assertEqual(mapped_chunks(store), [0, 1, 2])
+        for handle in handles[:3]:
+            store.ack(JOBS, handle)
+        synced = store.sync()
+        self.assertEqual(mapped_chunks(store), [0, 1, 2], "the commit is under way: its chunk is still mapped")
+        yield synced
+        self.assertEqual(chunk_numbers(store), [1, 2])
+        self.assertEqual(mapped_chunks(store), [1, 2])
+        self.assertEqual((sorted(store.chunk_stats()), store.stats()["chunks"]), ([1, 2], 2))
+        yield self.assertFailure(store.read(handles[0]), KeyError)
+        record = yield store.read(handles[3])
+        self.assertEqual(record.body, big(3).body)
 
     @defer.inlineCallbacks
     def test_the_chunk_being_written_is_never_deleted(self):

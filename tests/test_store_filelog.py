@@ -232,7 +232,7 @@ class FilelogFormatTests(FilelogStores, unittest.TestCase):
             ({"colour": "blue"}, "colour"),
         ]:
             with self.assertRaises(ValueError) as raised:
-                backend.make_store(self.fresh_data_dir(), SyncPolicy(), **options)
+                backend.make_store(self.fresh_data_dir(), SyncPolicy(), reactor=reactor, **options)
             self.assertIn(named, str(raised.exception))
         store = yield self.open_store()
         self.assertEqual((store.compact_min_records, store.compact_valid_ratio), (2000, 0.5))

@@ -2,7 +2,7 @@
 
 import tempfile
 
-from twisted.internet import defer
+from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
 from backends.memory import MemoryStore, backend
@@ -12,7 +12,7 @@ from tests.store_contract_durable import DurableStoreContract
 
 class MemoryStoreContractTests(StoreContract, unittest.TestCase):
     def make_store(self):
-        return backend.make_store(tempfile.gettempdir())
+        return backend.make_store(tempfile.gettempdir(), reactor=reactor)
 
     def reopen(self, store):
         # Nothing outlives the process: the store itself is what a reopen sees.
@@ -37,7 +37,7 @@ class MemoryStoreTests(unittest.TestCase):
         yield first.open()
         first.save_queue(queue_record("jobs"))
         first.append(message(b"lost on restart"), [JOBS])
-        second = backend.make_store(tempfile.gettempdir())
+        second = backend.make_store(tempfile.gettempdir(), reactor=reactor)
         yield second.open()
         self.assertEqual(list(second.topology()), [])
         self.assertEqual(list(second.recover(JOBS)), [])

@@ -44,7 +44,7 @@ class QuarantineContract:
 
     @defer.inlineCallbacks
     def open_store(self):
-        store = storeregistry.make_store(self.backend, self.data_dir)
+        store = storeregistry.make_store(self.backend, self.data_dir, reactor=reactor)
         yield store.open()
         self.addCleanup(lambda: defer.maybeDeferred(store.close).addErrback(lambda _: None))
         return store

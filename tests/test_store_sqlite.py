@@ -8,7 +8,7 @@ import sqlite3
 import tempfile
 import zlib
 
-from twisted.internet import defer
+from twisted.internet import defer, reactor
 from twisted.logger import globalLogPublisher
 from twisted.trial import unittest
 
@@ -34,12 +34,12 @@ from tests.support import make_broker, open_channel
 
 class SqliteStoreContractTests(StoreContract, unittest.TestCase):
     def make_store(self):
-        return backend.make_store(temporary_directory(self), SyncPolicy("always"))
+        return backend.make_store(temporary_directory(self), SyncPolicy("always"), reactor=reactor)
 
     @defer.inlineCallbacks
     def reopen(self, store):
         yield store.close()
-        reopened = SqliteStore(store.path, store.policy)
+        reopened = SqliteStore(store.path, store.policy, reactor=reactor)
         yield reopened.open()
         return reopened
 
@@ -48,7 +48,7 @@ class SqliteStoreContractTests(StoreContract, unittest.TestCase):
         # The file is locked while its store is open, so the second store opens a
         # copy of the database and its write-ahead log as they are at this moment.
         copy = yield crash_copy(store, temporary_directory(self))
-        reopened = SqliteStore(copy, store.policy)
+        reopened = SqliteStore(copy, store.policy, reactor=reactor)
         yield reopened.open()
         return reopened
 
@@ -73,7 +73,7 @@ def crash_copy(store, directory):
                 shutil.copyfile(store.path + suffix, target + suffix)
         return target
 
-    return store._group.call(copy)  # on the writer thread: no commit runs meanwhile
+    return store._commit.call(copy)  # on the writer thread: no commit runs meanwhile
 
 
 def temporary_directory(testcase):
@@ -104,15 +104,15 @@ class SqliteBackendTests(unittest.TestCase):
 
     def test_keeps_its_file_under_the_data_directory_unless_told_otherwise(self):
         self.assertEqual(
-            storeregistry.make_store("sqlite", "/var/lib/brokerd").path, "/var/lib/brokerd/sqlite/brokerd.sqlite"
+            storeregistry.make_store("sqlite", "/var/lib/brokerd", reactor=reactor).path, "/var/lib/brokerd/sqlite/brokerd.sqlite"
         )
-        self.assertEqual(storeregistry.make_store("sqlite:path=/srv/b.db", "/var/lib/brokerd").path, "/srv/b.db")
+        self.assertEqual(storeregistry.make_store("sqlite:path=/srv/b.db", "/var/lib/brokerd", reactor=reactor).path, "/srv/b.db")
 
     def test_a_path_that_is_no_file_name_is_refused(self):
         directory = temporary_directory(self)
         for path in ("", ":memory:", directory):
             with self.assertRaises(storeregistry.BackendError) as raised:
-                storeregistry.make_store(f"sqlite:path={path}", directory)
+                storeregistry.make_store(f"sqlite:path={path}", directory, reactor=reactor)
             self.assertIn("path", str(raised.exception))
 
 
@@ -126,7 +126,7 @@ class SqliteStoreTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def opened(self, policy=None, path=None):
-        store = SqliteStore(path or self.path, policy or SyncPolicy("always"))
+        store = SqliteStore(path or self.path, policy or SyncPolicy("always"), reactor=reactor)
         yield store.open()
         self.addCleanup(store.close)
         return store
@@ -154,7 +154,7 @@ class SqliteStoreTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def assertOpenFails(self, kind, *words):
-        store = SqliteStore(self.path, SyncPolicy("always"))
+        store = SqliteStore(self.path, SyncPolicy("always"), reactor=reactor)
         error = yield self.assertFailure(store.open(), kind)
         for word in (self.path, *words):
             self.assertIn(str(word), str(error))
@@ -225,7 +225,7 @@ class SqliteStoreTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def test_close_while_opening_waits_for_the_open(self):
-        store = SqliteStore(self.path, SyncPolicy("always"))
+        store = SqliteStore(self.path, SyncPolicy("always"), reactor=reactor)
         opening = store.open()
         yield store.close()
         yield opening
@@ -379,7 +379,7 @@ class SqliteStoreTests(unittest.TestCase):
     def test_flipped_bytes_in_the_middle_of_the_file_are_reported_or_harmless(self):
         held = yield self.filled(count=400)
         self.damage(lambda data: flip(data, len(data) // 2, 16))
-        store = SqliteStore(self.path, SyncPolicy("always"))
+        store = SqliteStore(self.path, SyncPolicy("always"), reactor=reactor)
         try:
             yield store.open()
         except StoreCorrupted as error:
@@ -473,7 +473,7 @@ class SqliteStoreTests(unittest.TestCase):
 
 def on_connection(store, sql):
     """Rows of C{sql} run on the store's own connection, on its writer thread."""
-    return store._group.call(lambda: store._db._db.execute(sql).fetchall())
+    return store._commit.call(lambda: store._db._db.execute(sql).fetchall())
 
 
 def flip(data, offset, count):

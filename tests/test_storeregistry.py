@@ -1,6 +1,7 @@
 """Backends found by name, backend strings parsed like Twisted endpoint strings."""
 
 import pytest
+from twisted.internet.task import Clock
 from zope.interface.verify import verifyObject
 
 from brokerd import storeregistry
@@ -15,21 +16,21 @@ def test_memory_backend_is_registered_and_provides_the_interface():
 
 
 def test_make_store_builds_an_unopened_store(tmp_path):
-    store = make_store("memory", str(tmp_path))
+    store = make_store("memory", str(tmp_path), reactor=Clock())
     assert verifyObject(IMessageStore, store)
     assert store.name == "memory"
 
 
 def test_unknown_backend_names_itself_and_the_known_ones():
     with pytest.raises(BackendError) as raised:
-        make_store("nosuch", "/tmp")
+        make_store("nosuch", "/tmp", reactor=Clock())
     assert "unknown backend 'nosuch'" in str(raised.value)
     assert "memory" in str(raised.value)
 
 
 def test_unknown_option_names_itself_and_the_backend_options():
     with pytest.raises(BackendError) as raised:
-        make_store("memory:colour=blue", "/tmp")
+        make_store("memory:colour=blue", "/tmp", reactor=Clock())
     assert "'memory' has no option 'colour'" in str(raised.value)
 
 

@@ -33,7 +33,7 @@ class ChunkedBackend:
         "delayed_flush_entries": ("65536", "delayed-message journal entries that make a flush into the buckets"),
     }
 
-    def make_store(self, data_dir, sync_policy=None, **options):
+    def make_store(self, data_dir, sync_policy=None, *, reactor, **options):
         given = given_options(self, options)
         chunk_size = byte_size("chunk_size", given["chunk_size"], SMALLEST_CHUNK)
         if chunk_size % BLOCK_SIZE:
@@ -41,6 +41,7 @@ class ChunkedBackend:
         return ChunkedStore(
             os.path.join(data_dir, SUBDIRECTORY),
             sync_policy,
+            reactor=reactor,
             chunk_size=chunk_size,
             index_chunk_entries=whole_number("index_chunk_entries", given["index_chunk_entries"], 1),
             cache_size=byte_size("cache_size", given["cache_size"], 0),

@@ -1,7 +1,9 @@
 """Everything a chunked store keeps on disk, as its writer thread works on it.
 
 Only the store's writer thread (L{brokerd.durability.GroupCommit}'s) calls a
-L{ChunkedFiles}: recovery at open, each commit's batch. Under its directory:
+L{ChunkedFiles} or reads its state: recovery at open, each commit's batch.
+What the reactor thread needs to know comes back as values: a L{Recovery}
+from C{open}, a L{BatchWritten} from each C{write_batch}. Under its directory:
 a lock file, the topology file, the message log's chunks, under ``queues/``
 one L{QueueIndex} directory per durable queue and, under ``delayed/``, the
 index of delayed messages (L{ChunkedDelayedIndex}), whose records are in the log too.
@@ -35,6 +37,53 @@ QUEUES = "queues"
 TOPOLOGY_MAGIC = b"brokerd chunked topology 1\n"
 
 
+class Batch:
+    """
+    What the reactor thread buffered since the last commit, shaped for the
+    writer: the reactor's until the store's C{_take_batch} hands it over, the
+    writer thread's from then on (the reactor only reads its C{messages}
+    until the records are in the files).
+    """
+
+    __slots__ = ("records", "messages", "appends", "acks", "returns", "shared", "deleted", "topology", "end",
+                 "delays", "delay_releases", "delayed_meta", "kept_aside")
+
+    def __init__(self):
+        self.records = []  # (position, head, body), in position order
+        self.messages = {}  # handle -> message, for reads until the records are written
+        self.appends = {}  # queue key -> [handle], in queue order
+        self.acks = {}  # queue key -> [handle]
+        self.returns = {}  # queue key -> {handle: delivery count}
+        self.shared = {}  # handle -> number of queues, for messages appended to more than one
+        self.deleted = []  # queue keys whose indexes go before this batch's appends
+        self.topology = None  # the new topology file's contents, if it changed
+        self.end = 0  # the log position after this batch's last record
+        self.delays = []  # (due, delayed handle, position, exchange number), in handle order
+        self.delay_releases = []  # (delayed handle, due, chunk number)
+        self.delayed_meta = None  # the delayed index's new Meta, if it changed
+        self.kept_aside = {}  # quarantine file name -> (head, body) of a record that does not parse
+
+    def is_empty(self):
+        return not (self.records or self.acks or self.returns or self.deleted or self.delay_releases
+                    or self.delayed_meta or self.kept_aside)
+
+
+class BatchWritten(NamedTuple):
+    """
+    What the files are like after a commit, for the reactor thread: handed
+    back through the group commit, so the reactor never reads the writer's
+    objects.
+    """
+
+    write_position: int  # records below it are in the chunk files, and may be read from them
+    flushed_position: int  # records below it are fsynced too
+    deleted_chunks: tuple  # message chunk numbers whose files were removed by this commit
+    chunk_figures: dict  # chunk number -> (writes, bytes written), of the chunks created or written by it
+    held_messages: int  # messages some queue holds
+    held_bytes: int  # and their body bytes
+    delayed_flushes: int  # flushes of the delayed index so far
+
+
 class Recovery(NamedTuple):
     """What L{ChunkedFiles.open} found, for the store to answer C{topology} and C{recover}."""
 
@@ -45,6 +94,7 @@ class Recovery(NamedTuple):
     data_size: int
     delayed: object = None  # the ChunkedDelayedRecovery of the delayed-message index
     delivery_counts: dict = {}  # queue key -> {handle: delivery count}, for messages that came back unacked
+    written: BatchWritten = None  # the files as open leaves them: every chunk there is, with no writes yet
 
 
 class Held:
@@ -141,8 +191,9 @@ class ChunkedFiles:
         for number in list(self.log.chunks):
             self._note_if_consumed(number)
         self._delete_consumed()
+        self.log.take_changes()
         return Recovery(topology, unacked, damaged, self.log.write_position, self.log.data_size, delayed,
-                        delivery_counts)
+                        delivery_counts, self._written(dict.fromkeys(self.log.chunks, (0, 0)), ()))
 
     def _recover(self, queue):
         directory = self.index_directory(queue)
@@ -210,6 +261,8 @@ class ChunkedFiles:
         recoverable: the topology, then removed queues, then records, index
         entries and acks; then make it durable; then checkpoints and deleted
         chunks, which only follow what is already durable.
+
+        @return: a L{BatchWritten}.
         """
         if batch is not None:
             for name, parts in batch.kept_aside.items():
@@ -249,6 +302,13 @@ class ChunkedFiles:
                 if index is not None:
                     index.checkpoint_if_due(fsync)
             self._delete_consumed()
+        deleted, figures = self.log.take_changes()
+        return self._written(figures, deleted)
+
+    def _written(self, chunk_figures, deleted_chunks):
+        held = self.held
+        return BatchWritten(self.log.write_position, self.log.flushed_position, deleted_chunks, chunk_figures,
+                            held.messages, held.bytes, self.delayed.flushes)
 
     def _append(self, queue, handles, sizes, shared):
         index = self._indexes.get(queue)

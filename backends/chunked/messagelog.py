@@ -1,7 +1,10 @@
 """The message log: fixed-size chunk files written one after the other.
 
-Only the store's writer thread calls a L{MessageLog} (the reactor thread reads
-the chunk files through its own maps, L{backends.chunked.reads}). Positions
+Only the store's writer thread calls a L{MessageLog} or reads its
+attributes: the reactor thread reads the chunk files through its own maps
+(L{backends.chunked.reads}) and learns what changed (write position, chunks
+written or removed) from each commit's result, which L{take_changes} helps
+build. Positions
 are assigned by the store before records get here, so writing is placing bytes
 where they belong: a record that would cross the end of a chunk was already
 moved to the start of the next one. A chunk file is created at its full size
@@ -78,7 +81,8 @@ class MessageLog:
         self.write_position = 0
         self.flushed_position = 0
         self.chunks = {}
-        self.deleted = []  # chunk numbers removed, for the reactor to unmap; it pops them
+        self._deleted = []  # chunk numbers removed since the last take_changes()
+        self._touched = {}  # chunk number -> ChunkFigures of chunks created or written since then
         self.finished = []  # chunk numbers given a footer since the writer last looked; it pops them
         self._current = None  # number of the chunk being written
         self._descriptor = None  # of the chunk being written
@@ -89,7 +93,7 @@ class MessageLog:
         self._directory_unsynced = False
 
     def path_of(self, number):
-        return os.path.join(self.directory, chunk_file_name(PREFIX, number))
+        return chunk_path(self.directory, number)
 
     def file_size(self):
         return HEADER_SIZE + self.data_size + FOOTER_SIZE
@@ -272,6 +276,7 @@ class MessageLog:
         figures = self.chunks[self._current]
         figures.writes += 1
         figures.bytes_written += end - start
+        self._touched[self._current] = figures
         self.write_position = end
         if self._descriptor not in self._unsynced:
             self._unsynced.append(self._descriptor)
@@ -293,7 +298,7 @@ class MessageLog:
         self._current, self._descriptor, self._records_in_current = number, descriptor, 0
         self._writer = AlignedWriter(descriptor, HEADER_SIZE)
         self.write_position = number * self.data_size
-        self.chunks[number] = ChunkFigures()
+        self.chunks[number] = self._touched[number] = ChunkFigures()
         self._unsynced.append(descriptor)
         self._directory_unsynced = True
 
@@ -321,8 +326,20 @@ class MessageLog:
         """Remove a chunk whose records no queue needs any more (never the one being written)."""
         os.unlink(self.path_of(number))
         self.chunks.pop(number, None)
-        self.deleted.append(number)
+        self._touched.pop(number, None)
+        self._deleted.append(number)
         self._directory_unsynced = True
+
+    def take_changes(self):
+        """
+        What changed since the last call, as values the writer no longer
+        touches: C{(deleted, figures)}, the chunk numbers removed (a tuple)
+        and C{{chunk number: (writes, bytes written)}} of chunks created or
+        written.
+        """
+        deleted, self._deleted = tuple(self._deleted), []
+        touched, self._touched = self._touched, {}
+        return deleted, {number: (figures.writes, figures.bytes_written) for number, figures in touched.items()}
 
     def completed_at(self, number):
         """When chunk C{number}'s file was last changed (its footer written), in seconds since the epoch."""
@@ -330,15 +347,6 @@ class MessageLog:
             return os.stat(self.path_of(number)).st_mtime
         except FileNotFoundError:
             return time.time()
-
-    def bytes_on_disk(self):
-        total = 0
-        for number in list(self.chunks):
-            try:
-                total += os.stat(self.path_of(number)).st_blocks * 512
-            except FileNotFoundError:
-                pass
-        return total
 
     def close(self):
         if self._writer is not None:
@@ -350,6 +358,22 @@ class MessageLog:
         for descriptor in self._finished:
             os.close(descriptor)
         self._finished = []
+
+
+def chunk_path(directory, number):
+    """The path of message chunk C{number} in a store's C{directory}."""
+    return os.path.join(directory, chunk_file_name(PREFIX, number))
+
+
+def bytes_on_disk(directory, numbers):
+    """The disk space the message chunks C{numbers} take (their files are sparse until written)."""
+    total = 0
+    for number in numbers:
+        try:
+            total += os.stat(chunk_path(directory, number)).st_blocks * 512
+        except FileNotFoundError:
+            pass
+    return total
 
 
 def header_never_written(path):

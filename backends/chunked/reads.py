@@ -7,8 +7,8 @@ messages held some 250,000 objects and made each full collection stop the
 reactor for over 100 ms.
 
 A chunk's file has its full size from the start, so one map serves it while
-it is written and after; the reactor reads only below the message log's write
-position, which moves once the bytes are in the file. A body is copied out of
+it is written and after; the reactor reads only below the write position the
+last commit handed back, which the writer moves once the bytes are in the file. A body is copied out of
 the map once, as bytes; the head is parsed on its own.
 """
 
@@ -17,6 +17,7 @@ import os
 from collections import OrderedDict
 
 from backends.chunked.format import HEADER_SIZE, checked_record_parts, decode_head, position_of
+from backends.chunked.messagelog import chunk_path
 from brokerd.interfaces import MessageRecord
 
 CACHE_ENTRY_OVERHEAD = 200  # bytes a cached record costs beyond its head and body (dict slot, tuple, bytes headers)
@@ -87,10 +88,17 @@ class HeadCache:
 
 
 class ChunkReader:
-    """Read-only maps of message chunk files, opened on first read, closed when the chunk goes."""
+    """
+    Read-only maps of message chunk files, opened on first read, closed when
+    the chunk goes. The reactor thread owns it: the store sets C{data_size}
+    at open and C{written} (records below it are in the files) as each
+    commit's result comes back.
+    """
 
-    def __init__(self, message_log):
-        self._log = message_log
+    def __init__(self, directory, data_size):
+        self.directory = directory
+        self.data_size = data_size
+        self.written = 0
         self._maps = {}  # chunk number -> mmap
         self._heads = HeadCache()
         self.reads = {}  # chunk number -> records read
@@ -115,20 +123,20 @@ class ChunkReader:
         @raise StoreCorrupted: as L{read}.
         """
         position = position_of(handle)
-        data_size = self._log.data_size
+        data_size = self.data_size
         number, offset = divmod(position, data_size)
-        if position >= self._log.write_position:
+        if position >= self.written:
             raise KeyError(f"the chunked store holds no message with handle {handle!r}")
         chunk = self._map(number, handle)
         offset += HEADER_SIZE
-        parts = checked_record_parts(chunk, offset, HEADER_SIZE + data_size, self._log.path_of(number), offset)
+        parts = checked_record_parts(chunk, offset, HEADER_SIZE + data_size, chunk_path(self.directory, number), offset)
         self.reads[number] = self.reads.get(number, 0) + 1
         return parts
 
     def where(self, handle):
         """Where the record of C{handle} is, in words: its chunk file and data offset."""
-        number, offset = divmod(position_of(handle), self._log.data_size)
-        return f"chunk {self._log.path_of(number)}, data offset {offset}"
+        number, offset = divmod(position_of(handle), self.data_size)
+        return f"chunk {chunk_path(self.directory, number)}, data offset {offset}"
 
     def message(self, head, body):
         """The message of a record already in memory (the ring cache's)."""
@@ -139,7 +147,7 @@ class ChunkReader:
         if chunk is not None:
             return chunk
         try:
-            descriptor = os.open(self._log.path_of(number), os.O_RDONLY)
+            descriptor = os.open(chunk_path(self.directory, number), os.O_RDONLY)
         except FileNotFoundError:
             raise KeyError(f"the chunked store holds no message with handle {handle!r} (its chunk is gone)") from None
         try:

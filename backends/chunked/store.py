@@ -4,7 +4,10 @@ The reactor thread assigns every message its place in the log as it is
 appended (its handle is that global position), buffers
 the change in a L{Batch}, and reads messages back from the batches not yet
 written, the ring cache or the chunk files. L{GroupCommit} hands each batch to
-L{ChunkedFiles} on the writer thread and decides when it is fsynced.
+L{ChunkedFiles} on the writer thread and decides when it is fsynced. The two
+threads share no mutable object: a batch belongs to the writer once taken,
+and each commit's L{BatchWritten} comes back to the reactor thread, which
+learns from it how far the files are written and which chunks are gone.
 
 A queue's backlog need not live in Python memory: the store provides
 L{IPagingStore}, so the broker keeps only handles for recovered messages and
@@ -23,7 +26,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from backends.chunked.files import TOPOLOGY_MAGIC, ChunkedFiles
+from backends.chunked.files import TOPOLOGY_MAGIC, Batch, BatchWritten, ChunkedFiles
 from backends.chunked.delayedindex import KEPT_TYPECODES
 from backends.chunked.format import (
     decode_head,
@@ -32,6 +35,7 @@ from backends.chunked.format import (
     message_id,
     record_size,
 )
+from backends.chunked.messagelog import bytes_on_disk
 from backends.chunked.reads import ChunkReader, RingCache
 from backends.delayedshared.metafile import Meta
 from backends.delayedshared.reactorside import HandleLease, check_due, check_exchange, delayed_window, readable_messages
@@ -50,32 +54,6 @@ class MessageTooLarge(ValueError):
     """A message whose record would not fit in one chunk."""
 
 
-class Batch:
-    """What the reactor thread buffered since the last commit, shaped for the writer."""
-
-    __slots__ = ("records", "messages", "appends", "acks", "returns", "shared", "deleted", "topology", "end",
-                 "delays", "delay_releases", "delayed_meta", "kept_aside")
-
-    def __init__(self):
-        self.records = []  # (position, head, body), in position order
-        self.messages = {}  # handle -> message, for reads until the records are written
-        self.appends = {}  # queue key -> [handle], in queue order
-        self.acks = {}  # queue key -> [handle]
-        self.returns = {}  # queue key -> {handle: delivery count}
-        self.shared = {}  # handle -> number of queues, for messages appended to more than one
-        self.deleted = []  # queue keys whose indexes go before this batch's appends
-        self.topology = None  # the new topology file's contents, if it changed
-        self.end = 0  # the log position after this batch's last record
-        self.delays = []  # (due, delayed handle, position, exchange number), in handle order
-        self.delay_releases = []  # (delayed handle, due, chunk number)
-        self.delayed_meta = None  # the delayed index's new Meta, if it changed
-        self.kept_aside = {}  # quarantine file name -> (head, body) of a record that does not parse
-
-    def is_empty(self):
-        return not (self.records or self.acks or self.returns or self.deleted or self.delay_releases
-                    or self.delayed_meta or self.kept_aside)
-
-
 @implementer(IPagingStore, IDelayedMessageStore)
 class ChunkedStore(FileStoreBase):
     """
@@ -87,21 +65,21 @@ class ChunkedStore(FileStoreBase):
     durable = True
 
     def __init__(self, directory, sync_policy=None, chunk_size=256 << 20, index_chunk_entries=1 << 20,
-                 cache_size=64 << 20, retain_chunks=0, retain_seconds=0.0, reactor=None, delayed_bucket_ms=60_000,
+                 cache_size=64 << 20, retain_chunks=0, retain_seconds=0.0, *, reactor, delayed_bucket_ms=60_000,
                  delayed_flush_entries=1 << 16):
         self.directory = directory
         self.sync_policy = sync_policy or SyncPolicy()
         self._reactor = reactor
         self._files = ChunkedFiles(directory, chunk_size, index_chunk_entries, retain_chunks, retain_seconds,
                                    delayed_bucket_ms, delayed_flush_entries)
-        self._reader = ChunkReader(self._files.log)
+        self._reader = ChunkReader(directory, chunk_size)
         self._cache = RingCache(cache_size)
-        self._commit = None
-        self._closed = False
         self._topology = Topology()
         self._topology_changed = False
         self._batch = Batch()
         self._in_flight = []  # batches handed to the writer whose records may not be in the files yet
+        self._written = BatchWritten(0, 0, (), {}, 0, 0, 0)  # the last commit's result (the writer's figures)
+        self._chunk_figures = {}  # chunk number -> (writes, bytes written), of every chunk file there is
         self._recovered = {}  # queue key -> handles open found
         self._recovered_counts = {}  # queue key -> {handle: delivery count} open found
         self._damaged = {}  # queue key -> StoreCorrupted that open found
@@ -122,7 +100,6 @@ class ChunkedStore(FileStoreBase):
         """The largest record a chunk holds: a message must fit in it with its head."""
         return self._data_size
 
-    @defer.inlineCallbacks
     def open(self):
         """
         Start the writer thread and read the directory back on it. Fails with
@@ -130,13 +107,19 @@ class ChunkedStore(FileStoreBase):
         damaged, or DirectoryInUse if another open store has the directory; a
         damaged queue index only makes that queue's C{recover} fail.
         """
-        recovery = yield self._start_writer(self._files)
+        return self._open(self._files.open, self._files.write_batch, self._take_in)
+
+    def _take_in(self, recovery):
+        """Keep what the writer thread's open found (its L{Recovery})."""
         self._topology = Topology(recovery.topology)
         self._damaged = dict(recovery.damaged)
         self._recovered = dict(recovery.unacked)
         self._recovered_counts = dict(recovery.delivery_counts)
         self._position = recovery.write_position
-        self._data_size = recovery.data_size
+        self._data_size = self._reader.data_size = recovery.data_size
+        self._reader.written = recovery.write_position
+        self._written = recovery.written
+        self._chunk_figures = dict(recovery.written.chunk_figures)
         delayed = recovery.delayed
         self._delayed = delayed.kept
         self._lease = HandleLease(delayed.next_handle)
@@ -282,7 +265,7 @@ class ChunkedStore(FileStoreBase):
                     if record is not None:
                         message = self._reader.message(*record)
                     else:
-                        if self._closed or self._commit is None:
+                        if self._state != "open":
                             raise KeyError(f"the chunked store is not open; cannot read {handle!r}")
                         message = self._reader.read(handle)
                 except DecodeError as problem:
@@ -354,7 +337,7 @@ class ChunkedStore(FileStoreBase):
             self._batch.delay_releases.append((handle, *values))
 
     def delayed_after(self, cursor, until, limit):
-        if self._commit is None or self._closed:
+        if self._state != "open":
             return defer.fail(RuntimeError("the chunked store is not open"))
         if self._delayed_damage is not None:
             return defer.fail(self._delayed_unavailable())
@@ -403,12 +386,7 @@ class ChunkedStore(FileStoreBase):
     # -- commits
 
     def _take_batch(self):
-        """Called by GroupCommit on the reactor thread: hand over what is buffered."""
-        written = self._files.log.write_position
-        self._in_flight = [batch for batch in self._in_flight if batch.end > written]
-        for number in self._files.log.deleted[:]:
-            self._files.log.deleted.remove(number)
-            self._reader.forget(number)
+        """Called by GroupCommit on the reactor thread: hand over what is buffered (the writer's from now on)."""
         batch = self._batch
         if self._lease.persist() is not None or self._delayed_meta_changed:
             batch.delayed_meta = Meta(self._lease.limit, self._delayed_width, list(self._exchanges))
@@ -424,6 +402,23 @@ class ChunkedStore(FileStoreBase):
             self._in_flight.append(batch)
         return batch
 
+    def _batch_written(self, written):
+        """
+        Called by GroupCommit on the reactor thread with a commit's
+        L{BatchWritten}, before the syncs it covers fire: read what is written
+        from the files, and unmap and forget the chunks it removed.
+        """
+        self._written = written
+        position = self._reader.written = written.write_position
+        if self._in_flight:
+            self._in_flight = [batch for batch in self._in_flight if batch.end > position]
+        figures = self._chunk_figures
+        if written.chunk_figures:
+            figures.update(written.chunk_figures)
+        for number in written.deleted_chunks:
+            figures.pop(number, None)
+            self._reader.forget(number)
+
     def _close_files(self):
         """Drop the maps and cached messages, then close the files (final checkpoints written)."""
         self._reader.close()
@@ -434,36 +429,37 @@ class ChunkedStore(FileStoreBase):
     # -- figures
 
     def stats(self):
-        files, log = self._files, self._files.log
+        """The figures of the last commit (see L{BatchWritten}) and the reactor thread's own."""
+        written, chunks = self._written, self._chunk_figures
         chunk_reads = sum(self._reader.reads.values())
         return {
             **self._common_stats(),
-            "messages": files.held.messages,
-            "bytes": files.held.bytes,
+            "messages": written.held_messages,
+            "bytes": written.held_bytes,
             "appends": self._appends,
             "acks": self._acks,
-            "chunks": len(log.chunks),
+            "chunks": len(chunks),
             "chunk_size": self._data_size,
             "chunk_reads": chunk_reads,
-            "chunk_writes": sum(figures.writes for figures in list(log.chunks.values())),
-            "bytes_on_disk": log.bytes_on_disk(),
+            "chunk_writes": sum(writes for writes, _ in chunks.values()),
+            "bytes_on_disk": bytes_on_disk(self.directory, chunks),
             "append_position": self._position,
-            "write_position": log.write_position,
-            "flushed_position": log.flushed_position,
+            "write_position": written.write_position,
+            "flushed_position": written.flushed_position,
             "cache_hits": self._cache.hits,
             "cache_misses": self._cache.misses,
             "cache_hit_ratio": self._cache.hit_ratio,
             "cache_bytes": self._cache.size,
             "delayed": len(self._delayed),
-            "delayed_flushes": self._files.delayed.flushes,
+            "delayed_flushes": written.delayed_flushes,
         }
 
     def chunk_stats(self):
         """Per message chunk: records read back, writes made and bytes written, for metrics."""
         reads = self._reader.reads
         return {
-            number: {"reads": reads.get(number, 0), "writes": figures.writes, "bytes_written": figures.bytes_written}
-            for number, figures in sorted(list(self._files.log.chunks.items()))
+            number: {"reads": reads.get(number, 0), "writes": writes, "bytes_written": bytes_written}
+            for number, (writes, bytes_written) in sorted(self._chunk_figures.items())
         }
 
     def chunk_of(self, handle):

@@ -25,11 +25,12 @@ class FilelogBackend:
         "delayed_bucket_ms": ("60000", "milliseconds of due time per bucket of the in-memory delayed-message index"),
     }
 
-    def make_store(self, data_dir, sync_policy=None, **options):
+    def make_store(self, data_dir, sync_policy=None, *, reactor, **options):
         given = given_options(self, options)
         return FilelogStore(
             os.path.join(data_dir, SUBDIRECTORY),
             sync_policy,
+            reactor=reactor,
             compact_min_records=whole_number("compact_min_records", given["compact_min_records"]),
             compact_valid_ratio=_ratio("compact_valid_ratio", given["compact_valid_ratio"]),
             delayed_bucket_ms=whole_number("delayed_bucket_ms", given["delayed_bucket_ms"]),

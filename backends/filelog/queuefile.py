@@ -8,6 +8,7 @@ ack (flip the valid byte), a read and a compaction need.
 
 import mmap
 import os
+from typing import NamedTuple
 
 from google.protobuf.message import DecodeError
 from twisted.logger import Logger
@@ -43,14 +44,26 @@ def queue_file_name(queue):
     return queue_key_name(queue) + DATA_SUFFIX
 
 
+class FiguresNow(NamedTuple):
+    """The L{Figures} at one moment, as a value the reactor thread may keep."""
+
+    file_bytes: int
+    writes: int
+    syncs: int
+    compactions: int
+
+
 class Figures:
-    """Counters of a store's files for its stats(): changed on the writer thread, read on the reactor's."""
+    """Counters of a store's files for its stats(), kept by the writer thread; L{now} gives them as a value."""
 
     def __init__(self):
         self.file_bytes = 0
         self.writes = 0
         self.syncs = 0
         self.compactions = 0
+
+    def now(self):
+        return FiguresNow(self.file_bytes, self.writes, self.syncs, self.compactions)
 
 
 class QueueFile:

@@ -2,7 +2,8 @@
 
 Everything here runs on the store's one writer thread (L{GroupCommit}'s), one
 call at a time, so it needs no locks: recovery at open, each commit's batch,
-reads of records back. The reactor thread only reads the L{Figures}.
+reads of records back. The reactor thread reads none of its state: the
+L{Figures} reach it as values, in the L{Recovery} and each commit's result.
 
 The directory holds a lock file (flocked while a store has it open), the
 topology file, one L{QueueFile} per durable queue that was ever written to,
@@ -37,6 +38,7 @@ class Recovery(NamedTuple):
     next_handle: int
     delayed: object = None  # the FilelogDelayedRecovery of the delayed log
     delivery_counts: dict = {}  # queue key -> {handle: delivery count}, for messages that came back unacked
+    figures: object = None  # the FiguresNow of the files as open leaves them
 
 
 class QueueFiles:
@@ -89,7 +91,8 @@ class QueueFiles:
             if queue_file.delivery_counts:
                 delivery_counts[queue] = dict(queue_file.delivery_counts)
             self._compact_if_worth_it(queue_file)
-        return Recovery(topology, messages, damaged, handle, self.delayed.open(), delivery_counts)
+        delayed = self.delayed.open()
+        return Recovery(topology, messages, damaged, handle, delayed, delivery_counts, self.figures.now())
 
     def _take_lock(self):
         """Two stores writing the same files would corrupt them; the second to open fails instead."""
@@ -144,6 +147,8 @@ class QueueFiles:
         consistent: topology, removed queue files, appends (one write per file),
         acks, delivery counts, compaction; then, if C{fsync}, make everything
         written durable.
+
+        @return: the L{FiguresNow} of the files after it, for the reactor thread.
         """
         if batch is not None:
             if batch.topology is not None:
@@ -174,6 +179,7 @@ class QueueFiles:
         if fsync:
             self._sync()
             self.delayed.sync()
+        return self.figures.now()
 
     def _create(self, queue):
         queue_file = self._files[queue] = QueueFile.create(queue, self.path_of(queue), self.figures)

@@ -3,7 +3,8 @@
 The reactor thread buffers every change in a L{Batch} and keeps what the
 broker asks about (topology, which queues hold which handles, what open
 recovered); L{GroupCommit} hands each batch to L{QueueFiles} on its writer
-thread and decides when it is fsynced. Nothing here touches a file.
+thread and decides when it is fsynced. Nothing here touches a file, nor the
+writer's state: the file figures of stats() come back with each commit.
 
 Delayed messages go to one more log (L{backends.filelog.delayedlog}); the
 writer thread indexes it by due time, and the reactor thread keeps only which
@@ -16,6 +17,7 @@ from zope.interface import implementer
 
 from backends.delayedshared.reactorside import HandleLease, check_due, check_exchange, delayed_window, readable_messages
 from backends.filelog.delayedlog import decode_delayed, encode_delayed
+from backends.filelog.queuefile import FiguresNow
 from backends.filelog.queuefiles import QueueFiles
 from backends.filelog.records import decode, encode
 from backends.filestore import FileStoreBase
@@ -69,7 +71,7 @@ class FilelogStore(FileStoreBase):
     name = "filelog"
     durable = True
 
-    def __init__(self, directory, sync_policy=None, compact_min_records=2000, compact_valid_ratio=0.5, reactor=None,
+    def __init__(self, directory, sync_policy=None, compact_min_records=2000, compact_valid_ratio=0.5, *, reactor,
                  delayed_bucket_ms=60_000):
         self.directory = directory
         self.sync_policy = sync_policy or SyncPolicy()
@@ -77,8 +79,6 @@ class FilelogStore(FileStoreBase):
         self.compact_valid_ratio = compact_valid_ratio
         self._reactor = reactor
         self._files = QueueFiles(directory, compact_min_records, compact_valid_ratio, delayed_bucket_ms)
-        self._commit = None
-        self._closed = False
         self._topology = Topology()
         self._topology_changed = False
         self._batch = Batch()
@@ -94,8 +94,8 @@ class FilelogStore(FileStoreBase):
         self._delayed = HandleMap()  # kept delayed handles
         self._lease = HandleLease()
         self._delayed_damage = None  # StoreCorrupted that open found in the delayed files
+        self._figures = FiguresNow(0, 0, 0, 0)  # the files' figures as of the last commit
 
-    @defer.inlineCallbacks
     def open(self):
         """
         Start the writer thread and read the files back on it. Fails with
@@ -103,7 +103,10 @@ class FilelogStore(FileStoreBase):
         start without it), or DirectoryInUse if another open store has the
         directory; a damaged queue file only makes that queue's C{recover} fail.
         """
-        recovery = yield self._start_writer(self._files)
+        return self._open(self._files.open, self._files.write_batch, self._take_in)
+
+    def _take_in(self, recovery):
+        """Keep what the writer thread's open found (its L{Recovery})."""
         self._topology = Topology(recovery.topology)
         self._damaged = dict(recovery.damaged)
         for queue in self._topology.queues:
@@ -120,6 +123,7 @@ class FilelogStore(FileStoreBase):
         self._delayed = recovery.delayed.kept
         self._lease = HandleLease(recovery.delayed.next_handle)
         self._delayed_damage = recovery.delayed.damage
+        self._figures = recovery.figures
 
     def recover(self, queue):
         """The messages open found for C{queue} and still held, each flagged as possibly delivered before."""
@@ -207,7 +211,7 @@ class FilelogStore(FileStoreBase):
         recovered = self._recovered.get(handle)
         if recovered is not None:  # open read it whole and keeps it: no trip to the writer thread and the file
             return defer.succeed(recovered)
-        if self._commit is None or self._closed:
+        if self._state != "open":
             return defer.fail(RuntimeError("the filelog store is not open"))
         return self._commit.call(self._files.read, handle, tuple(held[1]))
 
@@ -247,7 +251,7 @@ class FilelogStore(FileStoreBase):
             self._batch.delay_releases.append(handle)
 
     def delayed_after(self, cursor, until, limit):
-        if self._commit is None or self._closed:
+        if self._state != "open":
             return defer.fail(RuntimeError("the filelog store is not open"))
         if self._delayed_damage is not None:
             return defer.fail(StoreCorrupted(f"delayed messages are unavailable: {self._delayed_damage}",
@@ -302,11 +306,15 @@ class FilelogStore(FileStoreBase):
         self._batch = Batch()
         return batch
 
+    def _batch_written(self, figures):
+        """Called by GroupCommit on the reactor thread with the L{FiguresNow} a commit handed back."""
+        self._figures = figures
+
     def _close_files(self):
         self._files.close()
 
     def stats(self):
-        figures = self._files.figures
+        figures = self._figures
         return {
             **self._common_stats(),
             "messages": len(self._held),

@@ -15,7 +15,8 @@ class MemoryBackend:
     description = "keeps everything in memory; nothing survives a restart"
     options = {}
 
-    def make_store(self, data_dir, sync_policy=None, **options):
+    def make_store(self, data_dir, sync_policy=None, *, reactor, **options):
+        """A new L{MemoryStore}: it keeps no files and commits nothing, so it needs neither the policy nor the reactor."""
         return MemoryStore()
 
 

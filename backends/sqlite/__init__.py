@@ -5,7 +5,8 @@ import os
 
 from zope.interface import implementer
 
-from backends.sqlite.database import SCHEMA_VERSION, StoreOpenError
+from backends.sqlite.database import StoreOpenError
+from backends.sqlite.schema import SCHEMA_VERSION
 from backends.sqlite.store import SqliteStore
 from brokerd.interfaces import IStoreBackend
 
@@ -18,7 +19,7 @@ class SqliteBackend:
     description = "one SQLite database (WAL); a message routed to several queues is stored once"
     options = {"path": ("<data-dir>/sqlite/brokerd.sqlite", "database file")}
 
-    def make_store(self, data_dir, sync_policy=None, **options):
+    def make_store(self, data_dir, sync_policy=None, *, reactor, **options):
         path = options.get("path")
         if path is None:
             path = os.path.join(data_dir, DEFAULT_PATH)
@@ -26,7 +27,7 @@ class SqliteBackend:
             raise ValueError(f"option 'path' needs the name of a database file, not {path!r}")
         if os.path.isdir(path):
             raise ValueError(f"option 'path' names a directory, not a database file: {path!r}")
-        return SqliteStore(path, sync_policy)
+        return SqliteStore(path, sync_policy, reactor=reactor)
 
 
 backend = SqliteBackend()

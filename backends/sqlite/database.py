@@ -1,6 +1,7 @@
-"""The writer thread's half of the sqlite store: one sqlite3 connection, the
-schema and its version, loading everything at open and applying each batch of
-buffered writes in one transaction.
+"""The writer thread's half of the sqlite store: one sqlite3 connection,
+opened and checked (the schema and its upgrades are L{backends.sqlite.schema}),
+loading everything at open and applying each batch of buffered writes in one
+transaction.
 
 Only L{brokerd.durability.GroupCommit}'s writer thread calls into a
 L{Database}; the reactor thread never touches its connection. Checkpoints
@@ -17,83 +18,24 @@ from twisted.logger import Logger
 
 from backends.sqlite import delayed
 from backends.sqlite.checkpointer import LOCK_WAIT_SECONDS, Checkpointer
+from backends.sqlite.schema import (
+    APPLICATION_ID,
+    SCHEMA_VERSION,
+    SET_DELIVERY_COUNT,
+    UPGRADABLE_VERSIONS,
+    create,
+    upgrade,
+)
 from backends.quarantine import parse_or_none
 from brokerd.interfaces import QuarantinedRecord, StoreCorrupted, StoreInUse
 from brokerd.proto import messages_pb2
 
 log = Logger()
 
-SCHEMA_VERSION = 5  # PRAGMA user_version of the files this code writes (and reads; 2 to 4 are upgraded)
-UPGRADABLE_VERSIONS = (2, 3, 4)
-APPLICATION_ID = 0x62726B64  # PRAGMA application_id, b"brkd": marks the file as a brokerd store
 PAGE_SIZE = 65536  # set once, when the file is created: one overflow page holds a 64 KiB body
 CACHE_KIB = 16384  # page cache of the connection
 UNPARSABLE = "its record does not parse (nested deeper than protobuf reads)"
 SYNCHRONOUS = {"always": "FULL", "interval": "FULL", "none": "OFF"}
-SCHEMA = """
-CREATE TABLE exchanges (
-    vhost TEXT NOT NULL, name TEXT NOT NULL, record BLOB NOT NULL,
-    UNIQUE (vhost, name));
-CREATE TABLE queues (
-    id INTEGER PRIMARY KEY, vhost TEXT NOT NULL, name TEXT NOT NULL,
-    record BLOB,  -- NULL for a queue the store holds messages for but no QueueRecord
-    UNIQUE (vhost, name));
-CREATE TABLE bindings (
-    vhost TEXT NOT NULL, exchange TEXT NOT NULL, queue TEXT NOT NULL, routing_key TEXT NOT NULL,
-    arguments BLOB NOT NULL,  -- the arguments table with its fields sorted by name
-    record BLOB NOT NULL,
-    UNIQUE (vhost, exchange, queue, routing_key, arguments));
-CREATE TABLE messages (
-    id INTEGER PRIMARY KEY, size INTEGER NOT NULL,
-    crc INTEGER NOT NULL,  -- zlib.crc32 of record then body
-    record BLOB NOT NULL,  -- the StoredMessage without its body
-    body BLOB NOT NULL);
-CREATE TABLE entries (
-    queue_id INTEGER NOT NULL, message_id INTEGER NOT NULL,
-    delivery_count INTEGER NOT NULL DEFAULT 0,  -- how often the message came back to the queue unacked
-    PRIMARY KEY (queue_id, message_id)) WITHOUT ROWID;
-"""
-# Exchange-to-exchange bindings (schema version 5) have a table of their own, so that a file of an
-# older version gains them by one CREATE TABLE, its bindings table and their unique key unchanged.
-EXCHANGE_BINDINGS_SCHEMA = """
-CREATE TABLE exchange_bindings (
-    vhost TEXT NOT NULL, source TEXT NOT NULL, destination TEXT NOT NULL, routing_key TEXT NOT NULL,
-    arguments BLOB NOT NULL,  -- the arguments table with its fields sorted by name
-    record BLOB NOT NULL,
-    UNIQUE (vhost, source, destination, routing_key, arguments))
-"""
-
-UPSERT_EXCHANGE = (
-    "INSERT INTO exchanges (vhost, name, record) VALUES (?, ?, ?)"
-    " ON CONFLICT (vhost, name) DO UPDATE SET record = excluded.record"
-)
-DELETE_EXCHANGE = "DELETE FROM exchanges WHERE vhost = ? AND name = ?"
-DELETE_EXCHANGE_BINDINGS = "DELETE FROM bindings WHERE vhost = ? AND exchange = ?"
-UPSERT_QUEUE = (
-    "INSERT INTO queues (id, vhost, name, record) VALUES (?, ?, ?, ?)"
-    " ON CONFLICT (id) DO UPDATE SET record = excluded.record"
-)
-DELETE_QUEUE = "DELETE FROM queues WHERE id = ?"
-DELETE_QUEUE_BINDINGS = "DELETE FROM bindings WHERE vhost = ? AND queue = ?"
-UPSERT_BINDING = (
-    "INSERT INTO bindings (vhost, exchange, queue, routing_key, arguments, record) VALUES (?, ?, ?, ?, ?, ?)"
-    " ON CONFLICT (vhost, exchange, queue, routing_key, arguments) DO UPDATE SET record = excluded.record"
-)
-UPSERT_EXCHANGE_BINDING = (
-    "INSERT INTO exchange_bindings (vhost, source, destination, routing_key, arguments, record)"
-    " VALUES (?, ?, ?, ?, ?, ?)"
-    " ON CONFLICT (vhost, source, destination, routing_key, arguments) DO UPDATE SET record = excluded.record"
-)
-DELETE_EXCHANGE_BINDING = (
-    "DELETE FROM exchange_bindings WHERE vhost = ? AND source = ? AND destination = ? AND routing_key = ?"
-    " AND arguments = ?"
-)
-DELETE_BINDINGS_OF_EXCHANGE = "DELETE FROM exchange_bindings WHERE vhost = ? AND (source = ? OR destination = ?)"
-ADD_DELIVERY_COUNT = "ALTER TABLE entries ADD COLUMN delivery_count INTEGER NOT NULL DEFAULT 0"
-SET_DELIVERY_COUNT = "UPDATE entries SET delivery_count = ? WHERE queue_id = ? AND message_id = ?"
-DELETE_BINDING = (
-    "DELETE FROM bindings WHERE vhost = ? AND exchange = ? AND queue = ? AND routing_key = ? AND arguments = ?"
-)
 
 
 def checksum(record, body):
@@ -246,17 +188,11 @@ class Database:
         db.execute("BEGIN IMMEDIATE")
         try:
             if fresh:
-                for statement in SCHEMA.split(";"):
-                    if statement.strip():
-                        db.execute(statement)
-                db.execute(EXCHANGE_BINDINGS_SCHEMA)
-                delayed.create_tables(db)
-                db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                create(db)
             else:
                 self._check()
                 if version != SCHEMA_VERSION:
-                    self._upgrade(version)
+                    upgrade(db, version, self.path)
             loaded = self._load()
             db.execute("COMMIT")
         except BaseException:
@@ -265,22 +201,6 @@ class Database:
             raise
         self._checkpointer = Checkpointer(self.path, self.synchronous)
         return loaded
-
-    def _upgrade(self, version):
-        """Bring a file of an older schema version up to this one, in the open transaction."""
-        db, added = self._db, []
-        if version < 3:
-            delayed.create_tables(db)
-            added.append("delayed messages")
-        if version < 4:
-            db.execute(ADD_DELIVERY_COUNT)
-            added.append("delivery counts")
-        if version < 5:
-            db.execute(EXCHANGE_BINDINGS_SCHEMA)
-            added.append("exchange-to-exchange bindings")
-        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        log.info("sqlite store {path}: schema version {old} upgraded to {new} ({added})",
-                 path=self.path, old=version, new=SCHEMA_VERSION, added=", ".join(added))
 
     def _take_lock(self):
         """Hold an exclusive C{flock} on C{<path>.lock} until L{close}; fail at once if another holds it."""

@@ -1,5 +1,6 @@
 """L{SqliteStore}: the store contract in one SQLite file (WAL), written in
-batches by a L{brokerd.durability.GroupCommit}.
+batches by a L{brokerd.durability.GroupCommit} whose life (open, close, a
+failed open) it shares with the file stores (L{WriterThreadStore}).
 
 The reactor thread keeps what the broker needs at once (ids, which queue holds
 which message, sizes, topology) and buffers every write in a L{Batch}; the
@@ -26,57 +27,36 @@ from backends.delayedshared.reactorside import check_due, check_exchange, delaye
 from backends.handlemap import HandleMap
 from backends.messagerecord import record_of_stored
 from backends.sqlite.delayed import delayed_message
-from backends.sqlite.database import (
+from backends.sqlite.database import Batch, Database, checksum
+from backends.sqlite.schema import (
+    ADD_QUEUE,
     DELETE_BINDING,
     DELETE_BINDINGS_OF_EXCHANGE,
-    DELETE_EXCHANGE_BINDING,
     DELETE_EXCHANGE,
+    DELETE_EXCHANGE_BINDING,
     DELETE_EXCHANGE_BINDINGS,
     DELETE_QUEUE,
     DELETE_QUEUE_BINDINGS,
     UPSERT_BINDING,
-    UPSERT_EXCHANGE_BINDING,
     UPSERT_EXCHANGE,
+    UPSERT_EXCHANGE_BINDING,
     UPSERT_QUEUE,
-    Batch,
-    Database,
-    checksum,
+    binding_key,
+    binding_row,
+    binding_statement,
+    canonical_arguments,
 )
-from brokerd.durability import GroupCommit, SyncPolicy
+from backends.writerstore import WriterThreadStore
+from brokerd.durability import SyncPolicy
 from backends.quarantine import unreadable_message
 from brokerd.interfaces import IDelayedMessageStore, IMessageStore, StoreCorrupted, UnreadableMessage
 from brokerd.proto import messages_pb2
 
 log = Logger()
 
-ADD_QUEUE = "INSERT OR IGNORE INTO queues (id, vhost, name, record) VALUES (?, ?, ?, NULL)"
-
-
-def canonical_arguments(table):
-    """A binding's arguments as bytes that do not depend on the order of its fields."""
-    ordered = messages_pb2.FieldTable()
-    ordered.fields.extend(sorted(table.fields, key=lambda field: field.name))
-    return ordered.SerializeToString(deterministic=True)
-
-
-def _binding_key(record, arguments):
-    """What makes two bindings the same: (vhost, source, queue, routing key, canonical arguments,
-    destination exchange), the queue empty for a binding to an exchange and the exchange for one to a queue."""
-    return (record.vhost, record.exchange, record.queue, record.routing_key, arguments, record.destination_exchange)
-
-
-def _binding_row(key):
-    """The key columns of a binding's row: in the bindings table, or in exchange_bindings for one to an exchange."""
-    vhost, source, queue, routing_key, arguments, destination_exchange = key
-    return (vhost, source, destination_exchange or queue, routing_key, arguments)
-
-
-def _binding_statement(record, to_queue, to_exchange):
-    return to_exchange if record.destination_exchange else to_queue
-
 
 @implementer(IMessageStore, IDelayedMessageStore)
-class SqliteStore:
+class SqliteStore(WriterThreadStore):
     """
     Durable topology and persistent messages in one SQLite database.
 
@@ -92,19 +72,15 @@ class SqliteStore:
     name = "sqlite"
     durable = True
 
-    def __init__(self, path, sync_policy=None, reactor=None):
+    def __init__(self, path, sync_policy=None, *, reactor):
         self.path = path
-        self.policy = sync_policy or SyncPolicy()
+        self.sync_policy = sync_policy or SyncPolicy()
         self._reactor = reactor
-        self._db = Database(path, self.policy.mode)
-        self._group = None
-        self._state = "new"  # new, opening, open, closed
-        self._open_waiters = []  # Deferreds of close() calls made while opening
-        self._closing = False
+        self._db = Database(path, self.sync_policy.mode)
         self._batch = Batch()
         self._exchanges = {}  # (vhost, name) -> ExchangeRecord
         self._queues = {}  # queue key -> QueueRecord
-        self._bindings = {}  # see _binding_key -> BindingRecord
+        self._bindings = {}  # see binding_key -> BindingRecord
         self._queue_ids = {}  # queue key -> queue id, for every queue with a row in the file
         self._queue_handles = {}  # queue id -> {message id: None} held for it, in queue order
         self._held = {}  # message id -> [number of queues holding it, body size]
@@ -116,19 +92,19 @@ class SqliteStore:
         self._delayed = HandleMap()  # the kept delayed handles
         self._next_delayed = 1
 
-    # -- open, sync, close
+    @property
+    def policy(self):
+        """The L{SyncPolicy} (C{sync_policy})."""
+        return self.sync_policy
+
+    # -- open, commits, close
 
     def open(self):
-        if self._state != "new":
-            return defer.fail(RuntimeError(f"sqlite store {self.path} was opened before"))
-        self._state = "opening"
-        self._group = GroupCommit(self._take_batch, self._db.write, self.policy, self._reactor, name="sqlite")
-        self._group.start()
-        opened = self._group.call(self._db.open)
-        opened.addCallbacks(self._loaded, self._open_failed)
-        return opened
+        """Start the writer thread, open (creating if need be) and load the database on it."""
+        return self._open(self._db.open, self._db.write, self._loaded)
 
     def _loaded(self, loaded):
+        """Keep what the writer thread's open found (its L{Loaded})."""
         for record in loaded.exchanges:
             self._exchanges[(record.vhost, record.name)] = record
         for queue_id, vhost, name, record in loaded.queues:
@@ -137,7 +113,7 @@ class SqliteStore:
             if record is not None:
                 self._queues[(vhost, name)] = record
         for arguments, record in loaded.bindings:
-            self._bindings[_binding_key(record, arguments)] = record
+            self._bindings[binding_key(record, arguments)] = record
         for queue_id, message_id in loaded.entries:
             self._queue_handles[queue_id][message_id] = None
             held = self._held.get(message_id)
@@ -155,55 +131,26 @@ class SqliteStore:
         self._delayed = loaded.delayed
         self._next_delayed = loaded.next_delayed
         self._quarantined = {(record.kind, record.vhost, record.name): record for record in loaded.quarantined}
-        self._state = "open"
-        self._opened()
 
-    def _open_failed(self, failure):
-        self._state = "closed"
-        stopped = self._group.stop()
-        stopped.addBoth(lambda _: self._opened())
-        stopped.addBoth(lambda _: failure)
-        return stopped
+    def _take_batch(self):
+        """Called by GroupCommit on the reactor thread: hand over what is buffered; the one taken at close is final."""
+        batch = self._batch
+        final = self._state == "closing"
+        if not batch and not final:
+            return None
+        self._batch = Batch()
+        batch.final = final
+        return batch
 
-    def _opened(self):
-        waiters, self._open_waiters = self._open_waiters, []
-        for waiter in waiters:
-            waiter.callback(None)
-
-    def sync(self):
-        if self._state != "open":
-            return defer.fail(RuntimeError(f"sqlite store {self.path} is not open"))
-        return self._group.sync()
-
-    @defer.inlineCallbacks
-    def close(self):
-        """Commit what is buffered (the last batch closes the connection) and stop the writer thread."""
-        if self._state == "opening":
-            waiter = defer.Deferred()
-            self._open_waiters.append(waiter)
-            yield waiter
-        if self._state != "open":
-            self._state = "closed"
-            return
-        self._state = "closed"
-        self._closing = True
-        yield self._group.stop()
-        self._db.close()  # already closed by the final batch, unless the thread died before it
+    def _close_files(self):
+        """The final batch closed the connection, unless the writer thread died before it; its failure is close's."""
+        self._db.close()
         if self._db.final_error is not None:
             raise self._db.final_error
 
-    def _take_batch(self):
-        batch = self._batch
-        if not batch and not self._closing:
-            return None
-        self._batch = Batch()
-        batch.final = self._closing
-        self._closing = False
-        return batch
-
     def pragmas(self):
         """A Deferred firing with the connection's journal mode, synchronous setting and the like."""
-        return self._group.call(self._db.pragmas)
+        return self._commit.call(self._db.pragmas)
 
     # -- topology
 
@@ -257,17 +204,17 @@ class SqliteStore:
 
     def save_binding(self, record):
         self._writable()
-        key = _binding_key(record, canonical_arguments(record.arguments))
+        key = binding_key(record, canonical_arguments(record.arguments))
         self._bindings[key] = record
-        self._batch.topology.append((_binding_statement(record, UPSERT_BINDING, UPSERT_EXCHANGE_BINDING),
-                                     (*_binding_row(key), record.SerializeToString())))
+        self._batch.topology.append((binding_statement(record, UPSERT_BINDING, UPSERT_EXCHANGE_BINDING),
+                                     (*binding_row(key), record.SerializeToString())))
 
     def delete_binding(self, record):
         self._writable()
-        key = _binding_key(record, canonical_arguments(record.arguments))
+        key = binding_key(record, canonical_arguments(record.arguments))
         self._bindings.pop(key, None)
-        self._batch.topology.append((_binding_statement(record, DELETE_BINDING, DELETE_EXCHANGE_BINDING),
-                                     _binding_row(key)))
+        self._batch.topology.append((binding_statement(record, DELETE_BINDING, DELETE_EXCHANGE_BINDING),
+                                     binding_row(key)))
 
     def _forget_quarantined(self, vhost, exchange=None, queue=None):
         """The exchange or queue is deleted: so are its quarantined rows and those of its bindings."""
@@ -363,7 +310,7 @@ class SqliteStore:
         recovered = self._recovered.get(handle)
         if recovered is not None:
             return defer.maybeDeferred(self._parse, handle, *recovered)
-        reading = self._group.call(self._db.read, handle)
+        reading = self._commit.call(self._db.read, handle)
         reading.addCallback(self._read, handle)
         return reading
 
@@ -426,7 +373,7 @@ class SqliteStore:
             return defer.fail(RuntimeError(f"sqlite store {self.path} is not open"))
 
         def fetch(position, bound, count):
-            return self._group.call(self._db.delayed_after, position, bound, count)
+            return self._commit.call(self._db.delayed_after, position, bound, count)
 
         kept = self._delayed.__contains__
         rows = delayed_window(fetch, list(self._batch.delays.values()), kept, cursor, until, limit)
@@ -452,7 +399,6 @@ class SqliteStore:
         self._delayed.pop(handle)
 
     def stats(self):
-        group = self._group
         return {
             "messages": len(self._held),
             "bytes": self._bytes,
@@ -461,8 +407,7 @@ class SqliteStore:
             "bindings": len(self._bindings),
             "appends": self._appends,
             "acks": self._acks,
-            "commits": group.commits if group else 0,
-            "fsyncs": group.fsyncs if group else 0,
+            **self._commit_stats(),
             "delayed": len(self._delayed),
         }
 

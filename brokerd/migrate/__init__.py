@@ -20,9 +20,9 @@ from brokerd.migrate.digest import Tallies, changed_files, remove_new, snapshot
 __all__ = ["MigrationError", "migrate"]
 
 
-def _make(text, data_dir, role):
+def _make(text, data_dir, role, reactor):
     try:
-        store = storeregistry.make_store(text, data_dir, SyncPolicy("always"))
+        store = storeregistry.make_store(text, data_dir, SyncPolicy("always"), reactor=reactor)
     except storeregistry.BackendError as problem:
         raise MigrationError(f"--{role}: {problem}") from None
     if not store.durable:
@@ -80,7 +80,8 @@ def _check_logged(logged_errors, leave_quarantined, when):
 
 
 @defer.inlineCallbacks
-def migrate(data_dir, source_text, target_text, leave_quarantined=False, progress_line=None, source_problems=None):
+def migrate(data_dir, source_text, target_text, leave_quarantined=False, progress_line=None, source_problems=None,
+            *, reactor):
     """
     Copy the state kept under C{data_dir} by the backend string
     C{source_text} into an empty store of C{target_text}, then check it.
@@ -92,6 +93,7 @@ def migrate(data_dir, source_text, target_text, leave_quarantined=False, progres
     @param source_problems: a callable giving the number of errors the
         stores logged so far: a store logs each message it leaves out as
         unreadable (quarantined) when it opens or reads.
+    @param reactor: the reactor the stores' commits run on.
     @return: a Deferred firing with a dict of figures and notes.
     @raise MigrationError: on any expected failure; anything the run created
         under C{data_dir} is removed by then.
@@ -104,7 +106,7 @@ def migrate(data_dir, source_text, target_text, leave_quarantined=False, progres
 
     source = target = None
     try:
-        source, target = _make(source_text, data_dir, "from"), _make(target_text, data_dir, "to")
+        source, target = _make(source_text, data_dir, "from", reactor), _make(target_text, data_dir, "to", reactor)
         if source.name == target.name:
             raise MigrationError(f"--from and --to name the same backend ({source.name}): nothing to migrate")
         yield _open(source, data_dir, "source")
@@ -134,7 +136,7 @@ def migrate(data_dir, source_text, target_text, leave_quarantined=False, progres
         target = None
         checked = Tallies()
         check_progress = Progress(figures["entries"], progress_line, verb="checked")
-        reopened = target = _make(target_text, data_dir, "to")
+        reopened = target = _make(target_text, data_dir, "to", reactor)
         yield _open(reopened, data_dir, "target")
         yield tally_store(reopened, checked, check_progress)
         figures["verify_seconds"] = check_progress.clock() - check_progress.started

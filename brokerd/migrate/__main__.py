@@ -101,7 +101,7 @@ def run(reactor, arguments, out=sys.stdout, err=sys.stderr):
     globalLogBeginner.beginLoggingTo([store_log], redirectStandardIO=False)
     progress = None if arguments.quiet else say
     running = migrate(arguments.data_dir, arguments.source, arguments.target, arguments.leave_quarantined,
-                      progress, lambda: store_log.errors)
+                      progress, lambda: store_log.errors, reactor=reactor)
 
     def succeeded(figures):
         try:
