@@ -44,7 +44,7 @@ class Broker:
 
     def add_vhost(self, name):
         if name not in self.vhosts:
-            vhost = self.vhosts[name] = VirtualHost(name, self.store, self.watermark, self.clock)
+            vhost = self.vhosts[name] = VirtualHost(name, self.store, self.clock, self.watermark)
             vhost.delays = self.delays
         return self.vhosts[name]
 

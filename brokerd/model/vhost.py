@@ -43,13 +43,13 @@ class VirtualHost:
     """
     One virtual host.
 
+    @ivar clock: the broker's L{IReactorTime}, which every timer of the
+        vhost's queues runs on and which stamps publish times.
     @ivar exchanges: name -> exchange, the default exchange under C{""}.
     @ivar queues: name -> queue.
     """
 
-    def __init__(self, name, store, watermark=None, clock=None):
-        if clock is None:
-            from twisted.internet import reactor as clock
+    def __init__(self, name, store, clock, watermark=None):
         self.name = name
         self.store = store
         self.clock = clock
