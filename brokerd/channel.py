@@ -6,6 +6,8 @@ consume with prefetch limits, get, and settle deliveries with ack, nack, reject
 and recover. Protocol adapters translate frames into these calls and give the
 channel an L{IChannelPeer} to push deliveries, returns and confirms through.
 Errors are raised as L{brokerd.errors.BrokerError}s for the adapter to report.
+Each channel counts the messages it publishes, delivers and has acked
+(L{MESSAGE_COUNTERS}), one integer increment each, for its connection's totals.
 """
 
 from collections import OrderedDict
@@ -22,6 +24,10 @@ from brokerd.publisher_confirms import PublisherConfirms
 
 log = Logger()
 
+# The message counters every channel keeps (and its connection adds up), as RabbitMQ's
+# message_stats: publish, deliver_get (consumer deliveries and basic.get), redeliver and ack.
+MESSAGE_COUNTERS = ("messages_published", "messages_delivered", "messages_redelivered", "messages_acked")
+
 
 class Channel:
     """
@@ -34,6 +40,10 @@ class Channel:
     @ivar consumer_prefetch: the per-consumer limit given to consumers created
         from now on (basic.qos without global).
     @ivar flow_active: False while the client has paused deliveries (channel.flow).
+    @ivar messages_published: messages published (routed or not), transactional ones once committed.
+    @ivar messages_delivered: messages handed to consumers or taken by basic.get.
+    @ivar messages_redelivered: of those, the ones flagged redelivered.
+    @ivar messages_acked: deliveries the client acked.
     """
 
     def __init__(self, connection, channel_id, peer):
@@ -48,6 +58,7 @@ class Channel:
         self.consumer_unacked = 0
         self.flow_active = True
         self.closed = False
+        self.messages_published = self.messages_delivered = self.messages_redelivered = self.messages_acked = 0
         self._unacked = OrderedDict()  # delivery tag -> QueuedMessage, in tag order
         self._next_delivery_tag = 1
         self._last_queue_name = None
@@ -57,6 +68,11 @@ class Channel:
 
     def __repr__(self):
         return f"<Channel {self.id} of {self.connection!r}>"
+
+    @property
+    def name(self):
+        """RabbitMQ's name for a channel: its connection's and its number, C{"127.0.0.1:54321 -> 127.0.0.1:5672 (1)"}."""
+        return f"{self.connection.name} ({self.id})"
 
     @property
     def unacked_count(self):
@@ -155,6 +171,7 @@ class Channel:
             self._transaction.append((self.publish, (message, mandatory)))
             self._hold_for_transaction(len(message.body))
             return
+        self.messages_published += 1
         confirms = self._confirms
         if confirms is not None:
             sequence = confirms.next_sequence()
@@ -285,7 +302,7 @@ class Channel:
             self.peer.consumer_cancelled(tag)
 
     def deliver(self, consumer, entry):
-        """Called by a queue: hand C{entry} to C{consumer} under a new delivery tag."""
+        """A queue hands C{entry} to C{consumer} (its L{brokerd.interfaces.IConsumer.deliver}): to the client under a new delivery tag."""
         tag = self._next_delivery_tag
         self._next_delivery_tag = tag + 1
         if consumer.no_ack:
@@ -295,7 +312,11 @@ class Channel:
             consumer.unacked += 1
             self.consumer_unacked += 1
             self._unacked[tag] = entry
-        self.peer.deliver(consumer.tag, tag, entry.redelivered, _delivered(entry))
+        self.messages_delivered += 1
+        redelivered = entry.redelivered
+        if redelivered:
+            self.messages_redelivered += 1
+        self.peer.deliver(consumer.tag, tag, redelivered, _delivered(entry))
 
     def basic_get(self, queue, no_ack=False):
         """
@@ -316,6 +337,9 @@ class Channel:
             source.forget(entry)
         else:
             self._unacked[tag] = entry
+        self.messages_delivered += 1
+        if entry.redelivered:
+            self.messages_redelivered += 1
         return tag, entry.redelivered, _delivered(entry), source.message_count
 
     def flow(self, active):
@@ -331,6 +355,7 @@ class Channel:
         if self._deferred_by_transaction(self.basic_ack, (delivery_tag, multiple), delivery_tag, multiple):
             return
         entries = self._take(delivery_tag, multiple)
+        self.messages_acked += len(entries)
         for entry in entries:
             entry.queue.forget(entry)
         self._released(entries)

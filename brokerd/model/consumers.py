@@ -1,6 +1,10 @@
 """Consumers (a channel's subscription to a queue), the consumers of one queue,
 and which of them gets the next message.
 
+A queue knows its consumers only as L{IConsumer}s: it asks one for room, hands
+it entries and tells it when it is cancelled. L{Consumer} is the channel's
+provider: it reads its channel's limits and passes deliveries to it.
+
 As RabbitMQ 3.10 serves a classic queue: consumers of a higher priority
 (``x-priority`` on basic.consume, 0 if not given) get messages first,
 round-robin among those of the same priority that have prefetch room; a lower
@@ -14,8 +18,12 @@ RabbitMQ's replies.
 """
 
 from collections import deque
+from functools import partial
+
+from zope.interface import implementer
 
 from brokerd.errors import PreconditionFailed
+from brokerd.interfaces import IConsumer
 from brokerd.model.arguments import amqp_type_name
 
 CONSUMER_PRIORITY = "x-priority"
@@ -24,6 +32,7 @@ STREAM_OFFSET = "x-stream-offset"  # for stream queues only, which brokerd does 
 CREDIT = "x-credit"  # RabbitMQ's credit flow for its AMQP 1.0 plugin: not implemented
 
 
+@implementer(IConsumer)
 class Consumer:
     """
     A subscription of one channel to one queue.
@@ -33,15 +42,18 @@ class Consumer:
     @ivar priority: its x-priority: higher ones are served first.
     @ivar channel_limited: False for a consumer of a quorum queue, which the
         channel-wide (global) prefetch limit does not hold back, as in RabbitMQ.
+    @ivar deliver: L{IConsumer.deliver}: its channel's C{deliver} with this
+        consumer bound, so that a delivery costs the queue one call, as before.
     """
 
     __slots__ = ("tag", "queue", "channel", "no_ack", "exclusive", "prefetch", "unacked", "arguments", "priority",
-                 "channel_limited")
+                 "channel_limited", "deliver")
 
     def __init__(self, tag, queue, channel, no_ack, exclusive, prefetch, arguments, priority=0):
         self.tag = tag
         self.queue = queue
         self.channel = channel
+        self.deliver = partial(channel.deliver, self)
         self.no_ack = no_ack
         self.exclusive = exclusive
         self.prefetch = prefetch
@@ -61,6 +73,10 @@ class Consumer:
             return False
         limit = channel.prefetch_count
         return not (limit and self.channel_limited) or channel.consumer_unacked < limit
+
+    def cancelled_by_broker(self):
+        """Its queue went away: the channel forgets it and tells the client."""
+        self.channel.consumer_cancelled_by_broker(self)
 
     def __repr__(self):
         return f"<Consumer {self.tag!r} on {self.queue.name!r}>"
