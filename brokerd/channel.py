@@ -71,7 +71,7 @@ class Channel:
 
     @property
     def name(self):
-        """RabbitMQ's name for a channel: its connection's and its number, C{"127.0.0.1:54321 -> 127.0.0.1:5672 (1)"}."""
+        """RabbitMQ's name for it, its connection's and its number: C{"127.0.0.1:54321 -> 127.0.0.1:5672 (1)"}."""
         return f"{self.connection.name} ({self.id})"
 
     @property
@@ -302,7 +302,10 @@ class Channel:
             self.peer.consumer_cancelled(tag)
 
     def deliver(self, consumer, entry):
-        """A queue hands C{entry} to C{consumer} (its L{brokerd.interfaces.IConsumer.deliver}): to the client under a new delivery tag."""
+        """
+        A queue hands C{entry} to C{consumer} (L{brokerd.interfaces.IConsumer.deliver}):
+        it goes to the client under a new delivery tag.
+        """
         tag = self._next_delivery_tag
         self._next_delivery_tag = tag + 1
         if consumer.no_ack:

@@ -29,6 +29,8 @@ class Broker:
 
     @ivar clock: an L{IReactorTime} provider used for every timer (a
         L{twisted.internet.task.Clock} in tests).
+    @ivar connections: the open client connections (L{brokerd.connection.Connection}),
+        each with its client's facts, channels, consumers and counters.
     """
 
     def __init__(self, store, clock, vhosts=(DEFAULT_VHOST,), watermark=None):
