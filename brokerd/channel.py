@@ -40,7 +40,7 @@ class Channel:
     @ivar consumer_prefetch: the per-consumer limit given to consumers created
         from now on (basic.qos without global).
     @ivar flow_active: False while the client has paused deliveries (channel.flow).
-    @ivar messages_published: messages published (routed or not), transactional ones once committed.
+    @ivar messages_published: messages the vhost took (routed or not), transactional ones once committed.
     @ivar messages_delivered: messages handed to consumers or taken by basic.get.
     @ivar messages_redelivered: of those, the ones flagged redelivered.
     @ivar messages_acked: deliveries the client acked.
@@ -171,11 +171,11 @@ class Channel:
             self._transaction.append((self.publish, (message, mandatory)))
             self._hold_for_transaction(len(message.body))
             return
-        self.messages_published += 1
         confirms = self._confirms
         if confirms is not None:
             sequence = confirms.next_sequence()
         routed, stored, refused = self.vhost.publish(message.exchange, message)
+        self.messages_published += 1
         if not routed and message.routing_key.startswith(REPLY_PREFIX) and not message.exchange:
             self.connection.broker.replies.deliver(self.vhost, message)  # and RabbitMQ returns it if mandatory
         if not routed and mandatory and not refused:

@@ -1,7 +1,7 @@
 """Consumers (a channel's subscription to a queue), the consumers of one queue,
 and which of them gets the next message.
 
-A queue knows its consumers only as L{IConsumer}s: it asks one for room, hands
+A queue knows its consumers only as L{brokerd.interfaces.IConsumer}s: it asks one for room, hands
 it entries and tells it when it is cancelled. L{Consumer} is the channel's
 provider: it reads its channel's limits and passes deliveries to it.
 

@@ -34,10 +34,11 @@ PAGE_OUT_DEPTH = 2000  # ready messages a queue keeps in memory before it keeps 
 @implementer(IExpiringQueue)
 class Queue:
     """
-    One queue of a virtual host. It serves L{IConsumer}s and calls nothing
-    else above the model.
+    One queue of a virtual host. Above the model it calls only its consumers,
+    as L{brokerd.interfaces.IConsumer}s.
 
-    @ivar owner: the L{IQueueOwner} (a connection) an exclusive queue belongs to, else None.
+    @ivar owner: the L{brokerd.interfaces.IQueueOwner} (a connection) an
+        exclusive queue belongs to, else None.
     @ivar persisted: True if the store keeps this queue and its persistent
         messages: durable and not exclusive (an exclusive queue dies with its
         connection, so it never outlives a restart).

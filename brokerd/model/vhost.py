@@ -171,7 +171,7 @@ class VirtualHost:
         """Declare (or with C{passive}, check) a queue; returns it.
 
         An empty C{name} asks the broker to pick one. C{connection} (an
-        L{IQueueOwner}) owns the queue when C{exclusive} is set.
+        L{brokerd.interfaces.IQueueOwner}) owns the queue when C{exclusive} is set.
         """
         check_short_string("queue name", name)
         if passive:
