@@ -43,8 +43,7 @@ class Channel:
         from now on (basic.qos without global).
     @ivar flow_active: False while the client has paused deliveries (channel.flow).
     @ivar messages_published: messages the vhost took (routed or not), transactional ones once committed.
-    @ivar messages_delivered: messages handed to consumers or taken by basic.get.
-    @ivar messages_redelivered: of those, the ones flagged redelivered.
+    @ivar messages_redelivered: deliveries and gets of messages flagged redelivered.
     @ivar messages_acked: deliveries the client acked.
     @ivar unacked_deliveries: delivery tag -> un-acked entry, in tag order.
     @ivar next_delivery_tag: the tag the next delivery or basic.get gets.
@@ -64,7 +63,7 @@ class Channel:
         self.consumer_unacked = 0
         self.flow_active = True
         self.closed = False
-        self.messages_published = self.messages_delivered = self.messages_redelivered = self.messages_acked = 0
+        self.messages_published = self.messages_redelivered = self.messages_acked = 0
         self.unacked_deliveries = OrderedDict()  # delivery tag -> QueuedMessage, in tag order
         self.next_delivery_tag = 1
         self._last_queue_name = None
@@ -79,6 +78,11 @@ class Channel:
     def name(self):
         """RabbitMQ's name for it, its connection's and its number: C{"127.0.0.1:54321 -> 127.0.0.1:5672 (1)"}."""
         return f"{self.connection.name} ({self.id})"
+
+    @property
+    def messages_delivered(self):
+        """Messages handed to consumers or taken by basic.get: as many as the delivery tags given out."""
+        return self.next_delivery_tag - 1
 
     @property
     def unacked_count(self):
@@ -326,7 +330,6 @@ class Channel:
             source.forget(entry)
         else:
             self.unacked_deliveries[tag] = entry
-        self.messages_delivered += 1
         if entry.redelivered:
             self.messages_redelivered += 1
         return tag, entry.redelivered, delivered_message(entry), source.message_count

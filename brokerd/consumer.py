@@ -63,7 +63,6 @@ class Consumer:
             self.unacked += 1
             channel.consumer_unacked += 1
             channel.unacked_deliveries[tag] = entry
-        channel.messages_delivered += 1
         redelivered = entry.redelivered
         if redelivered:
             channel.messages_redelivered += 1
