@@ -6,6 +6,9 @@ consume with prefetch limits, get, and settle deliveries with ack, nack, reject
 and recover. Protocol adapters translate frames into these calls and give the
 channel an L{IChannelPeer} to push deliveries, returns and confirms through.
 Errors are raised as L{brokerd.errors.BrokerError}s for the adapter to report.
+Its consumers (L{brokerd.consumer.Consumer}) are what its queues deliver to.
+Each channel counts the messages it publishes, delivers and has acked
+(L{MESSAGE_COUNTERS}), one integer increment each, for its connection's totals.
 """
 
 from collections import OrderedDict
@@ -13,7 +16,8 @@ from collections import OrderedDict
 from twisted.logger import Logger
 
 from brokerd.errors import MethodNotImplemented, NotAllowed, NotFound, PreconditionFailed
-from brokerd.model.consumers import Consumer, consumer_priority
+from brokerd.consumer import Consumer, delivered_message
+from brokerd.model.consumers import consumer_priority
 from brokerd.model.message import Message
 from brokerd.model.names import check_short_string, generate_consumer_tag
 from brokerd.model.property_rules import check_arguments, check_properties
@@ -21,6 +25,10 @@ from brokerd.model.replyto import REPLY_PREFIX, REPLY_QUEUE
 from brokerd.publisher_confirms import PublisherConfirms
 
 log = Logger()
+
+# The message counters every channel keeps (and its connection adds up), as RabbitMQ's
+# message_stats: publish, deliver_get (consumer deliveries and basic.get), redeliver and ack.
+MESSAGE_COUNTERS = ("messages_published", "messages_delivered", "messages_redelivered", "messages_acked")
 
 
 class Channel:
@@ -34,6 +42,13 @@ class Channel:
     @ivar consumer_prefetch: the per-consumer limit given to consumers created
         from now on (basic.qos without global).
     @ivar flow_active: False while the client has paused deliveries (channel.flow).
+    @ivar messages_published: messages the vhost took (routed or not), transactional ones once committed.
+    @ivar messages_redelivered: deliveries and gets of messages flagged redelivered.
+    @ivar messages_acked: deliveries the client acked.
+    @ivar unacked_deliveries: delivery tag -> un-acked entry, in tag order.
+    @ivar next_delivery_tag: the tag the next delivery or basic.get gets.
+        These two and the counters are shared with the channel's consumers
+        (L{brokerd.consumer.Consumer}), which deliver on the channel's behalf.
     """
 
     def __init__(self, connection, channel_id, peer):
@@ -48,8 +63,9 @@ class Channel:
         self.consumer_unacked = 0
         self.flow_active = True
         self.closed = False
-        self._unacked = OrderedDict()  # delivery tag -> QueuedMessage, in tag order
-        self._next_delivery_tag = 1
+        self.messages_published = self.messages_redelivered = self.messages_acked = 0
+        self.unacked_deliveries = OrderedDict()  # delivery tag -> QueuedMessage, in tag order
+        self.next_delivery_tag = 1
         self._last_queue_name = None
         self._confirms = None
         self._transaction = None  # pending (operation, arguments) while in tx mode
@@ -59,8 +75,18 @@ class Channel:
         return f"<Channel {self.id} of {self.connection!r}>"
 
     @property
+    def name(self):
+        """RabbitMQ's name for it, its connection's and its number: C{"127.0.0.1:54321 -> 127.0.0.1:5672 (1)"}."""
+        return f"{self.connection.name} ({self.id})"
+
+    @property
+    def messages_delivered(self):
+        """Messages handed to consumers or taken by basic.get: as many as the delivery tags given out."""
+        return self.next_delivery_tag - 1
+
+    @property
     def unacked_count(self):
-        return len(self._unacked)
+        return len(self.unacked_deliveries)
 
     # -- topology
 
@@ -159,6 +185,7 @@ class Channel:
         if confirms is not None:
             sequence = confirms.next_sequence()
         routed, stored, refused = self.vhost.publish(message.exchange, message)
+        self.messages_published += 1
         if not routed and message.routing_key.startswith(REPLY_PREFIX) and not message.exchange:
             self.connection.broker.replies.deliver(self.vhost, message)  # and RabbitMQ returns it if mandatory
         if not routed and mandatory and not refused:
@@ -216,7 +243,7 @@ class Channel:
         """In tx mode, check C{delivery_tag} now and keep the settlement for commit."""
         if self._transaction is None:
             return False
-        if delivery_tag not in self._unacked and not (multiple and delivery_tag == 0):
+        if delivery_tag not in self.unacked_deliveries and not (multiple and delivery_tag == 0):
             raise PreconditionFailed(f"unknown delivery tag {delivery_tag}")
         self._transaction.append((operation, arguments))
         return True
@@ -284,19 +311,6 @@ class Channel:
         if not self.closed:
             self.peer.consumer_cancelled(tag)
 
-    def deliver(self, consumer, entry):
-        """Called by a queue: hand C{entry} to C{consumer} under a new delivery tag."""
-        tag = self._next_delivery_tag
-        self._next_delivery_tag = tag + 1
-        if consumer.no_ack:
-            entry.queue.forget(entry)
-        else:
-            entry.consumer = consumer
-            consumer.unacked += 1
-            self.consumer_unacked += 1
-            self._unacked[tag] = entry
-        self.peer.deliver(consumer.tag, tag, entry.redelivered, _delivered(entry))
-
     def basic_get(self, queue, no_ack=False):
         """
         Take one message without a consumer.
@@ -310,13 +324,15 @@ class Channel:
         if entry is None:
             source.check_available()  # the head could not be read from the store: not empty, unavailable
             return None
-        tag = self._next_delivery_tag
-        self._next_delivery_tag = tag + 1
+        tag = self.next_delivery_tag
+        self.next_delivery_tag = tag + 1
         if no_ack:
             source.forget(entry)
         else:
-            self._unacked[tag] = entry
-        return tag, entry.redelivered, _delivered(entry), source.message_count
+            self.unacked_deliveries[tag] = entry
+        if entry.redelivered:
+            self.messages_redelivered += 1
+        return tag, entry.redelivered, delivered_message(entry), source.message_count
 
     def flow(self, active):
         """Pause (False) or resume (True) deliveries to this channel's consumers."""
@@ -331,6 +347,7 @@ class Channel:
         if self._deferred_by_transaction(self.basic_ack, (delivery_tag, multiple), delivery_tag, multiple):
             return
         entries = self._take(delivery_tag, multiple)
+        self.messages_acked += len(entries)
         for entry in entries:
             entry.queue.forget(entry)
         self._released(entries)
@@ -353,8 +370,8 @@ class Channel:
         C{requeue} false) redelivered to the consumer that had it, where it
         still exists.
         """
-        entries = list(self._unacked.values())
-        self._unacked.clear()
+        entries = list(self.unacked_deliveries.values())
+        self.unacked_deliveries.clear()
         if requeue:
             self._settle_refused(entries, True)
             return
@@ -366,14 +383,14 @@ class Channel:
                 self.consumer_unacked -= 1
                 entry.consumer = None
                 if entry.queue.returned(entry):  # False: past its delivery limit, it died
-                    self.deliver(consumer, entry)
+                    consumer.deliver(entry)
             else:
                 back_to_queue.append(entry)
         self._settle_refused(back_to_queue, True)
 
     def _take(self, delivery_tag, multiple):
         """Remove and return the un-acked entries an ack/nack/reject names."""
-        unacked = self._unacked
+        unacked = self.unacked_deliveries
         if multiple and delivery_tag == 0:
             entries = list(unacked.values())
             unacked.clear()
@@ -446,8 +463,8 @@ class Channel:
         consumers, self.consumers = list(self.consumers.values()), {}
         for consumer in consumers:
             consumer.queue.remove_consumer(consumer)
-        entries = list(self._unacked.values())
-        self._unacked.clear()
+        entries = list(self.unacked_deliveries.values())
+        self.unacked_deliveries.clear()
         self._settle_refused(entries, True)
         if self._transaction:
             self._transaction = []  # an uncommitted transaction is rolled back
@@ -455,10 +472,3 @@ class Channel:
         if self._confirms is not None:
             self._confirms.discard()
 
-
-def _delivered(entry):
-    """The message as its consumer gets it: a redelivery says how often it was returned (x-delivery-count),
-    and so does every delivery from a quorum queue, its first with 0, as RabbitMQ's quorum queues do."""
-    if entry.delivery_count or entry.queue.policy.quorum:
-        return entry.message.with_header("x-delivery-count", entry.delivery_count)
-    return entry.message

@@ -6,7 +6,9 @@ back as one neutral L{MessageRecord}; a storage backend is found by name
 through L{IStoreBackend}. L{IDelayedMessageStore} is the storage half of
 delayed delivery (the C{x-delayed-message} exchange type). L{IChannelPeer} is
 what a protocol adapter gives a channel so the channel can push deliveries,
-returns and confirms to its client.
+returns and confirms to its client. The model calls up only through named
+roles: a queue serves an L{IConsumer}, an exclusive queue belongs to an
+L{IQueueOwner} (a connection), and expiry timers call an L{IExpiringQueue}.
 """
 
 from typing import Any, NamedTuple
@@ -379,3 +381,54 @@ class IChannelPeer(Interface):
 
     def consumer_cancelled(consumer_tag):
         """The broker cancelled a consumer, e.g. because its queue was deleted."""
+
+
+class IConsumer(Interface):
+    """
+    A subscription to one queue, as the queue serves it: the queue picks, by
+    priority and round-robin, a consumer with room, hands it entries, and tells
+    it when the broker cancels it. Everything else (delivery tags, un-acked
+    tracking, the client) is the business of the channel that made it.
+    """
+
+    tag = Attribute("The consumer tag (str), unique on its channel.")
+    priority = Attribute("Its x-priority (int): a queue serves higher priorities first.")
+    exclusive = Attribute("True if it asked to be the queue's only consumer.")
+    prefetch = Attribute("The most un-acked deliveries it may hold (int; 0 for no limit).")
+    unacked = Attribute(
+        "How many of its deliveries are un-acked now (int): a single-active-consumer queue lets the next"
+        " consumer take over at once only from one that holds none."
+    )
+
+    def has_room():
+        """True if one more delivery now stays within its limits and its channel's: the queue may hand it an entry."""
+
+    def deliver(entry):
+        """
+        Take C{entry} (a L{brokerd.model.message.QueuedMessage} the queue has
+        just taken out of its ready messages, its message loaded): the consumer
+        holds it until it is settled, or is done with it at once if it acks nothing.
+        """
+
+    def cancelled_by_broker():
+        """The queue can serve it no longer (deleted, or its stored messages lost) and has forgotten it."""
+
+
+class IQueueOwner(Interface):
+    """
+    What exclusive queues belong to (a client connection): only their owner
+    may use them, and they are deleted when it closes.
+    """
+
+    def own(queue):
+        """C{queue} was just declared exclusive by this owner."""
+
+    def disown(queue):
+        """C{queue}, declared exclusive by this owner, was deleted: forget it."""
+
+
+class IExpiringQueue(Interface):
+    """What the timer of a queue's message expiry (L{brokerd.model.expiry.MessageExpiry}) calls back."""
+
+    def expire_due():
+        """Take out (dead-lettering where the queue says so) every ready message whose time to live is over."""

@@ -25,7 +25,7 @@ import brokerd
 from brokerd.amqp import frames
 from brokerd.amqp.arguments import decode_method
 from brokerd.amqp.auth import MECHANISMS, Authenticator, LoginRefused
-from brokerd.connection import Connection
+from brokerd.connection import AMQP_0_9_1, Connection
 from brokerd.connectionlog import ConnectionRecord, client_text, describe_amqp_client, lost_reason
 from brokerd.errors import (
     AccessRefused,
@@ -268,7 +268,8 @@ class ConnectionMethods:
 
     def on_open(self, method):
         name = self.client_properties.get("connection_name") or self.client_properties.get("product") or ""
-        self.connection = Connection(self.broker, method.virtual_host or "/", str(name))
+        self.connection = Connection(self.broker, method.virtual_host or "/", str(name), AMQP_0_9_1, self.transport,
+                                     self.user, self.client_properties)
         self._gate = PublisherGate(self._watermark, self.transport, self._blocked_changed)
         self._state = OPEN
         if self._timeout_call is not None and self._timeout_call.active():

@@ -161,6 +161,8 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
         if self._flow.refusing:
             return
         self._flow.received_at = self.clock.seconds()
+        if self.connection is not None:
+            self.connection.bytes_received += len(data)
         data = self._read_buffer.add(data)
         if data is None:
             if (
@@ -452,6 +454,8 @@ class AmqpServerProtocol(ConnectionMethods, Protocol):
         if outgoing and self.transport is not None:
             data = b"".join(outgoing)  # one copy, and memoryview slices are welcome
             self.transport.write(data)
+            if self.connection is not None:
+                self.connection.bytes_sent += len(data)
             self._sent_at = self.clock.seconds()
             if SLOW_READER in self._flow.pauses.reasons:
                 self._flow.unsent.add(len(data))  # waits in the transport until the client reads

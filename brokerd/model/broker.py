@@ -29,6 +29,8 @@ class Broker:
 
     @ivar clock: an L{IReactorTime} provider used for every timer (a
         L{twisted.internet.task.Clock} in tests).
+    @ivar connections: the open client connections (L{brokerd.connection.Connection}),
+        each with its client's facts, channels, consumers and counters.
     """
 
     def __init__(self, store, clock, vhosts=(DEFAULT_VHOST,), watermark=None):
@@ -44,7 +46,7 @@ class Broker:
 
     def add_vhost(self, name):
         if name not in self.vhosts:
-            vhost = self.vhosts[name] = VirtualHost(name, self.store, self.watermark, self.clock)
+            vhost = self.vhosts[name] = VirtualHost(name, self.store, self.clock, self.watermark)
             vhost.delays = self.delays
         return self.vhosts[name]
 

@@ -1,5 +1,9 @@
-"""Consumers (a channel's subscription to a queue), the consumers of one queue,
-and which of them gets the next message.
+"""The consumers of one queue, which of them gets the next message, and the
+arguments a consumer may carry.
+
+A queue knows its consumers only as L{brokerd.interfaces.IConsumer}s: it asks
+one for room, hands it entries and tells it when it is cancelled. The
+provider is the channel's (L{brokerd.consumer.Consumer}).
 
 As RabbitMQ 3.10 serves a classic queue: consumers of a higher priority
 (``x-priority`` on basic.consume, 0 if not given) get messages first,
@@ -22,48 +26,6 @@ CONSUMER_PRIORITY = "x-priority"
 CANCEL_ON_HA_FAILOVER = "x-cancel-on-ha-failover"  # accepted: a single node never fails over
 STREAM_OFFSET = "x-stream-offset"  # for stream queues only, which brokerd does not have
 CREDIT = "x-credit"  # RabbitMQ's credit flow for its AMQP 1.0 plugin: not implemented
-
-
-class Consumer:
-    """
-    A subscription of one channel to one queue.
-
-    @ivar prefetch: the most un-acked deliveries it may hold (0: no limit).
-    @ivar unacked: how many it holds now.
-    @ivar priority: its x-priority: higher ones are served first.
-    @ivar channel_limited: False for a consumer of a quorum queue, which the
-        channel-wide (global) prefetch limit does not hold back, as in RabbitMQ.
-    """
-
-    __slots__ = ("tag", "queue", "channel", "no_ack", "exclusive", "prefetch", "unacked", "arguments", "priority",
-                 "channel_limited")
-
-    def __init__(self, tag, queue, channel, no_ack, exclusive, prefetch, arguments, priority=0):
-        self.tag = tag
-        self.queue = queue
-        self.channel = channel
-        self.no_ack = no_ack
-        self.exclusive = exclusive
-        self.prefetch = prefetch
-        self.unacked = 0
-        self.arguments = arguments
-        self.priority = priority
-        self.channel_limited = not queue.policy.quorum
-
-    def has_room(self):
-        """True if a delivery now stays within this consumer's and its channel's limits."""
-        channel = self.channel
-        if not channel.flow_active or channel.connection.deliveries_paused:
-            return False
-        if self.no_ack:
-            return True
-        if self.prefetch and self.unacked >= self.prefetch:
-            return False
-        limit = channel.prefetch_count
-        return not (limit and self.channel_limited) or channel.consumer_unacked < limit
-
-    def __repr__(self):
-        return f"<Consumer {self.tag!r} on {self.queue.name!r}>"
 
 
 class QueueConsumers:

@@ -13,7 +13,7 @@ import heapq
 class MessageExpiry:
     """
     Knows when the queue's ready messages expire and calls the queue back
-    (C{queue._expire_due()}) at the earliest such time.
+    (L{brokerd.interfaces.IExpiringQueue.expire_due}) at the earliest such time.
     """
 
     def __init__(self, queue, clock):
@@ -50,7 +50,7 @@ class MessageExpiry:
 
     def _fire(self):
         self._call = None
-        self._queue._expire_due()
+        self._queue.expire_due()
         self._schedule()
 
     def stop(self):

@@ -15,9 +15,10 @@ body and an object.
 """
 
 from twisted.logger import Logger
+from zope.interface import implementer
 
 from brokerd.errors import AccessRefused, NotFound, PreconditionFailed, ResourceLocked
-from brokerd.interfaces import IPagingStore, StoreCorrupted, UnreadableMessage
+from brokerd.interfaces import IExpiringQueue, IPagingStore, StoreCorrupted, UnreadableMessage
 from brokerd.model.arguments import QueueArguments, message_ttl_of
 from brokerd.model.consumers import QueueConsumers
 from brokerd.model.deadletter import DELIVERY_LIMIT, EXPIRED, MAXLEN, REJECTED, dead_letter
@@ -30,11 +31,14 @@ log = Logger()
 PAGE_OUT_DEPTH = 2000  # ready messages a queue keeps in memory before it keeps handles only
 
 
+@implementer(IExpiringQueue)
 class Queue:
     """
-    One queue of a virtual host.
+    One queue of a virtual host. Above the model it calls only its consumers,
+    as L{brokerd.interfaces.IConsumer}s.
 
-    @ivar owner: the connection an exclusive queue belongs to, else None.
+    @ivar owner: the L{brokerd.interfaces.IQueueOwner} (a connection) an
+        exclusive queue belongs to, else None.
     @ivar persisted: True if the store keeps this queue and its persistent
         messages: durable and not exclusive (an exclusive queue dies with its
         connection, so it never outlives a restart).
@@ -145,7 +149,7 @@ class Queue:
         if self.policy.limited:
             self._drop_overflow()
         if ttl == 0 and self._ready:
-            self._expire_due()
+            self.expire_due()
 
     def _ttl_of(self, message):
         """The message's time to live here: the smaller of its own and the queue's, or None."""
@@ -304,7 +308,7 @@ class Queue:
         self._watermark.add(len(entry.message.body))
         return True
 
-    def _expire_due(self):
+    def expire_due(self):
         """Take out every ready entry whose time has come, head first (and behind it if need be)."""
         now = self._expiry.now()
         expired = []
@@ -434,7 +438,7 @@ class Queue:
             entry = self._take()
             if entry is None:
                 return
-            consumer.channel.deliver(consumer, entry)
+            consumer.deliver(entry)
 
     # -- lifecycle
 
@@ -464,7 +468,7 @@ class Queue:
         consumers = self._consumers.clear()
         self._exclusive_consumer = None
         for consumer in consumers:
-            consumer.channel.consumer_cancelled_by_broker(consumer)
+            consumer.cancelled_by_broker()
 
 
 def _by_sequence(entry):

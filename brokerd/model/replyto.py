@@ -115,7 +115,7 @@ class ReplyConsumerQueue:
 
     def _deliver(self, message):
         self._sequence += 1
-        self.channel.deliver(self.consumer, QueuedMessage(message, self, self._sequence))
+        self.consumer.deliver(QueuedMessage(message, self, self._sequence))
 
 
 class ReplyConsumers:

@@ -43,13 +43,13 @@ class VirtualHost:
     """
     One virtual host.
 
+    @ivar clock: the broker's L{IReactorTime}, which every timer of the
+        vhost's queues runs on and which stamps publish times.
     @ivar exchanges: name -> exchange, the default exchange under C{""}.
     @ivar queues: name -> queue.
     """
 
-    def __init__(self, name, store, watermark=None, clock=None):
-        if clock is None:
-            from twisted.internet import reactor as clock
+    def __init__(self, name, store, clock, watermark=None):
         self.name = name
         self.store = store
         self.clock = clock
@@ -170,8 +170,8 @@ class VirtualHost:
     ):
         """Declare (or with C{passive}, check) a queue; returns it.
 
-        An empty C{name} asks the broker to pick one. C{connection} owns the
-        queue when C{exclusive} is set.
+        An empty C{name} asks the broker to pick one. C{connection} (an
+        L{brokerd.interfaces.IQueueOwner}) owns the queue when C{exclusive} is set.
         """
         check_short_string("queue name", name)
         if passive:
@@ -204,7 +204,7 @@ class VirtualHost:
         self.queues[name] = queue
         self.quorum_queues += queue.policy.quorum
         if exclusive and connection is not None:
-            connection.exclusive_queues.add(queue)
+            connection.own(queue)
         if queue.persisted:
             self.store.save_queue(
                 queue_record(self.name, name, auto_delete, arguments)
@@ -227,7 +227,7 @@ class VirtualHost:
         for binding in list(queue.bindings):
             self._remove_binding(binding, persist=False)
         if queue.owner is not None:
-            queue.owner.exclusive_queues.discard(queue)
+            queue.owner.disown(queue)
         count = queue.mark_deleted()
         if queue.persisted:
             self.store.delete_queue(queue.key)

@@ -26,7 +26,7 @@ from zope.interface import implementer
 
 import brokerd
 from brokerd.amqp.handshake import HANDSHAKE_TIMEOUT, RefusalLog
-from brokerd.connection import Connection
+from brokerd.connection import NATIVE, Connection
 from brokerd.connectionlog import ConnectionRecord, client_text, lost_reason
 from brokerd.errors import (
     BrokerError,
@@ -133,6 +133,16 @@ class NativeServerProtocol(FrameReceiver):
             self._refused(f"no hello within {HANDSHAKE_TIMEOUT:.0f} s")
             self.stopped_reading = True
             self.transport.abortConnection()
+
+    def dataReceived(self, data):
+        if self.connection is not None:
+            self.connection.bytes_received += len(data)
+        FrameReceiver.dataReceived(self, data)
+
+    def flushFrames(self):
+        if self.connection is not None and self._outgoing:  # frames and their 4-byte length prefixes, in pairs
+            self.connection.bytes_sent += self._outgoing_bytes + 2 * len(self._outgoing)
+        FrameReceiver.flushFrames(self)
 
     def lengthLimitExceeded(self, length):
         when = "" if self.connection is not None else " before hello"
@@ -272,7 +282,7 @@ class NativeServerProtocol(FrameReceiver):
             raise CommandInvalid(
                 f"client speaks native protocol version {hello.protocol_version}; this broker speaks {PROTOCOL_VERSION}"
             )
-        self.connection = Connection(self.broker, hello.vhost or "/", hello.client_name)
+        self.connection = Connection(self.broker, hello.vhost or "/", hello.client_name, NATIVE, self.transport)
         self.MAX_LENGTH = self.max_frame_size
         if self._hello_timeout is not None and self._hello_timeout.active():
             self._hello_timeout.cancel()

@@ -1,0 +1,78 @@
+"""Both protocol servers count on the connection every byte they read and write once it is open,
+each read and each write once, driven by a task.Clock over a StringTransport."""
+
+from pamqp import commands, frame
+from twisted.internet.address import IPv4Address
+from twisted.internet.testing import StringTransport
+
+from brokerd.amqp.server import AmqpServerFactory
+from brokerd.native.server import PROTOCOL_VERSION, NativeServerFactory
+from brokerd.proto.native_pb2 import Envelope
+from tests.interop.rawamqp import PROTOCOL_HEADER
+from tests.support import encode_frame, make_broker
+
+
+def transport():
+    return StringTransport(
+        hostAddress=IPv4Address("TCP", "127.0.0.1", 5672), peerAddress=IPv4Address("TCP", "127.0.0.1", 40000)
+    )
+
+
+def test_amqp_server_counts_the_bytes_of_every_read_and_write_after_open():
+    broker, clock = make_broker()
+    protocol = AmqpServerFactory(broker).buildProtocol(None)
+    wire = transport()
+    protocol.makeConnection(wire)
+    protocol.dataReceived(PROTOCOL_HEADER)
+    start_ok = commands.Connection.StartOk(
+        client_properties={"product": "counter"}, mechanism="PLAIN", response="\0guest\0guest", locale="en_US"
+    )
+    protocol.dataReceived(frame.marshal(start_ok, 0))
+    clock.advance(0)
+    tune_ok = commands.Connection.TuneOk(channel_max=2047, frame_max=131072, heartbeat=0)
+    protocol.dataReceived(frame.marshal(tune_ok, 0) + frame.marshal(commands.Connection.Open(virtual_host="/"), 0))
+    wire.clear()
+    clock.advance(0)
+    connection = protocol.connection
+    assert (connection.protocol, connection.user, connection.client_properties) == (
+        "AMQP 0-9-1", "guest", {"product": "counter"}
+    )
+    assert connection.name == "127.0.0.1:40000 -> 127.0.0.1:5672"
+    assert connection.bytes_received == 0  # counted from the open on
+    assert connection.bytes_sent == len(wire.value())  # connection.open-ok
+
+    requests = frame.marshal(commands.Channel.Open(), 1) + frame.marshal(commands.Queue.Declare(queue="q"), 1)
+    protocol.dataReceived(requests[:7])  # a frame split over reads counts once
+    protocol.dataReceived(requests[7:])
+    clock.advance(0)
+    assert connection.bytes_received == len(requests)
+    assert connection.bytes_sent == len(wire.value())
+
+
+def test_native_server_counts_the_bytes_of_every_read_and_write_after_hello():
+    broker, clock = make_broker()
+    protocol = NativeServerFactory(broker).buildProtocol(None)
+    wire = transport()
+    protocol.makeConnection(wire)
+    hello = Envelope()
+    hello.hello.protocol_version = PROTOCOL_VERSION
+    hello.hello.client_name = "counter"
+    protocol.dataReceived(encode_frame(hello))
+    clock.advance(0)
+    connection = protocol.connection
+    assert (connection.protocol, connection.user, connection.client_name) == ("native", None, "counter")
+    assert connection.name == "127.0.0.1:40000 -> 127.0.0.1:5672"
+    assert connection.bytes_received == 0  # counted from hello on
+    assert connection.bytes_sent == len(wire.value())  # hello_ok
+
+    requests = b""
+    for channel, kind in ((1, "channel_open"), (1, "queue_declare")):
+        envelope = Envelope(channel=channel, correlation_id=len(requests) + 1)
+        getattr(envelope, kind).SetInParent()
+        requests += encode_frame(envelope)
+    protocol.dataReceived(requests[:3])
+    protocol.dataReceived(requests[3:])
+    clock.advance(0)
+    assert connection.bytes_received == len(requests)
+    assert connection.bytes_sent == len(wire.value())
+    assert len(connection.channels) == 1

@@ -1,0 +1,146 @@
+"""Both protocol servers, in-process on real sockets, make the broker know each client connection:
+protocol, addresses, user, vhost, client properties, channels, consumers and counters."""
+
+import pika
+from pika.adapters.twisted_connection import TwistedProtocolConnection
+from twisted.internet import defer, protocol, reactor
+from twisted.trial import unittest
+
+from backends.memory import MemoryStore
+from brokerd.amqp.server import AmqpServerFactory
+from brokerd.model.broker import Broker
+from tests.support import DeliveryCollector, connect_client, listen_native, wait_until
+
+STEP_TIMEOUT = 10.0
+
+
+def only_connection(broker):
+    (connection,) = broker.connections
+    return connection
+
+
+def wall_clock_ms():
+    return int(reactor.seconds() * 1000)
+
+
+class NativeConnectionTests(unittest.TestCase):
+    timeout = 30
+
+    def setUp(self):
+        self.broker, self.endpoint = listen_native(self)
+
+    @defer.inlineCallbacks
+    def test_broker_knows_a_native_connection_with_its_facts_and_counters(self):
+        before = wall_clock_ms()
+        client = yield connect_client(self, self.endpoint)
+        connection = only_connection(self.broker)
+        client_address, server_address = client.transport.getHost(), client.transport.getPeer()
+        self.assertEqual(connection.protocol, "native")
+        self.assertEqual(connection.peer, (client_address.host, client_address.port))
+        self.assertEqual(connection.local, (server_address.host, server_address.port))
+        self.assertEqual(
+            connection.name, f"127.0.0.1:{client_address.port} -> 127.0.0.1:{server_address.port}"
+        )
+        self.assertIsNone(connection.user)
+        self.assertEqual(connection.vhost.name, "/")
+        self.assertEqual(connection.client_name, "brokerd-native-client")
+        self.assertTrue(before <= connection.connected_at <= wall_clock_ms())
+
+        channel = yield client.channel()
+        yield channel.queue_declare("counted")
+        collector = DeliveryCollector()
+        tag = yield channel.basic_consume("counted", collector)
+        for body in (b"a", b"b", b"c"):
+            channel.basic_publish("", "counted", body)
+        deliveries = yield collector.wait_for(3)
+        channel.basic_ack(deliveries[-1].delivery_tag, multiple=True)
+        yield wait_until(lambda: connection.messages_acked == 3)
+        self.assertEqual([consumer.tag for consumer in connection.consumers()], [tag])
+        self.assertEqual(connection.message_counts(), {
+            "messages_published": 3, "messages_delivered": 3, "messages_redelivered": 0, "messages_acked": 3,
+        })
+        self.assertGreater(connection.bytes_received, 3 * len(b"counted"))
+        self.assertGreater(connection.bytes_sent, 3 * len(b"counted"))
+
+        client.transport.loseConnection()
+        yield client.closed
+        yield wait_until(lambda: not self.broker.connections)
+
+
+class ClientConnection(TwistedProtocolConnection):
+    """pika's Twisted connection, reporting when its TCP connection is gone."""
+
+    def __init__(self, parameters):
+        super().__init__(parameters)
+        self.lost = defer.Deferred()
+
+    def connectionLost(self, reason=protocol.connectionDone):
+        super().connectionLost(reason)
+        self.lost.callback(None)
+
+
+class AmqpConnectionTests(unittest.TestCase):
+    timeout = 30
+
+    def setUp(self):
+        self.broker = Broker(MemoryStore(), reactor)
+        self.addCleanup(self.broker.stop)
+        port = reactor.listenTCP(0, AmqpServerFactory(self.broker), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        self.port = port.getHost().port
+
+    @defer.inlineCallbacks
+    def connect(self, **client_properties):
+        parameters = pika.ConnectionParameters(
+            host="127.0.0.1", port=self.port, virtual_host="/", credentials=pika.PlainCredentials("guest", "guest"),
+            client_properties=client_properties,
+        )
+        creator = protocol.ClientCreator(reactor, ClientConnection, parameters)
+        client = yield creator.connectTCP("127.0.0.1", self.port, timeout=STEP_TIMEOUT)
+        self.addCleanup(self.disconnect, client)
+        yield client.ready
+        return client
+
+    def disconnect(self, client):
+        if not client.lost.called:
+            client.transport.abortConnection()
+        return client.lost
+
+    @defer.inlineCallbacks
+    def test_broker_knows_a_pika_connection_with_its_facts_and_counters(self):
+        before = wall_clock_ms()
+        client = yield self.connect(connection_name="orders-service")
+        connection = only_connection(self.broker)
+        client_address = client.transport.getHost()
+        self.assertEqual(connection.protocol, "AMQP 0-9-1")
+        self.assertEqual(connection.peer, ("127.0.0.1", client_address.port))
+        self.assertEqual(connection.local, ("127.0.0.1", self.port))
+        self.assertEqual(connection.name, f"127.0.0.1:{client_address.port} -> 127.0.0.1:{self.port}")
+        self.assertEqual(connection.user, "guest")
+        self.assertEqual(connection.vhost.name, "/")
+        self.assertEqual(connection.client_name, "orders-service")
+        self.assertEqual(connection.client_properties["connection_name"], "orders-service")
+        self.assertEqual(connection.client_properties["product"], "Pika Python Client Library")
+        self.assertTrue(connection.client_properties["capabilities"]["consumer_cancel_notify"])
+        self.assertTrue(before <= connection.connected_at <= wall_clock_ms())
+
+        channel = yield client.channel()
+        yield channel.queue_declare("counted")
+        queue, tag = yield channel.basic_consume("counted")
+        self.assertEqual([consumer.tag for consumer in connection.consumers()], [tag])
+        self.assertEqual([channel.name for channel in connection.channels.values()], [f"{connection.name} (1)"])
+        for body in (b"a", b"b", b"c"):
+            channel.basic_publish("", "counted", body)
+        for _ in range(3):
+            _, method, _, _ = yield queue.get()
+        channel.basic_ack(method.delivery_tag, multiple=True)
+        yield wait_until(lambda: connection.messages_acked == 3)
+        self.assertEqual(connection.message_counts(), {
+            "messages_published": 3, "messages_delivered": 3, "messages_redelivered": 0, "messages_acked": 3,
+        })
+        self.assertGreater(connection.bytes_received, 3 * len(b"counted"))
+        self.assertGreater(connection.bytes_sent, 3 * len(b"counted"))
+
+        client.close()
+        yield client.lost
+        yield wait_until(lambda: not self.broker.connections)
