@@ -52,6 +52,16 @@ def address(transport_address):
     return str(transport_address)
 
 
+def peer_address(transport):
+    """C{host:port} of the client at the other end of C{transport} (C{"None"} without a transport)."""
+    return address(transport.getPeer() if transport is not None else None)
+
+
+def peer_host(transport):
+    """The client's host alone, as refusals are counted by it (C{""} where there is none)."""
+    return getattr(transport.getPeer() if transport is not None else None, "host", "")
+
+
 def lost_reason(failure):
     """Why a connection ended that neither side closed at the protocol level."""
     if failure is None or failure.check(ConnectionDone):

@@ -27,7 +27,7 @@ from zope.interface import implementer
 import brokerd
 from brokerd.amqp.handshake import HANDSHAKE_TIMEOUT, RefusalLog
 from brokerd.connection import Connection
-from brokerd.connectionlog import ConnectionRecord, client_text, lost_reason
+from brokerd.connectionlog import ConnectionRecord, client_text, lost_reason, peer_address, peer_host
 from brokerd.errors import (
     BrokerError,
     ChannelError,
@@ -73,10 +73,9 @@ class NativeServerProtocol(FrameReceiver):
     def __init__(
         self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE, channel_max=DEFAULT_CHANNEL_MAX, refusal_log=None
     ):
+        FrameReceiver.__init__(self, broker.clock, broker.watermark)
         self.broker = broker
-        self.clock = broker.clock
         self.refusal_log = refusal_log or RefusalLog(protocol="native", before="hello")  # the listener's, shared
-        self.watermark = broker.watermark
         self.max_frame_size = max_frame_size  # the frame limit once hello is done
         self.MAX_LENGTH = PRE_HELLO_MAX_FRAME_SIZE
         self.channel_max = channel_max
@@ -120,7 +119,7 @@ class NativeServerProtocol(FrameReceiver):
         """An empty frame (an envelope with nothing in it, which clients ignore) to a client we are
         not reading and that holds memory, so that one that went away is noticed
         (L{brokerd.hangup}); not to one that does not read what we write."""
-        if self._outgoing is None and SLOW_READER not in self.read_pauses.reasons and self.transport is not None:
+        if self.writes.idle and SLOW_READER not in self.read_pauses.reasons and self.transport is not None:
             held = self._read_buffer.partial_frame_bytes if self._read_buffer is not None else 0
             if self.connection is not None:
                 held += self.connection.held_bytes()
@@ -157,20 +156,19 @@ class NativeServerProtocol(FrameReceiver):
     # -- IPushProducer: the transport tells us when the client is not reading what we write
 
     def pauseProducing(self):
-        self.writes_paused = True
+        self.writes.pause()
         self.read_pauses.pause(SLOW_READER)
         if self.connection is not None:
             self.connection.pause_deliveries()
 
     def resumeProducing(self):
-        self.writes_paused = False
-        self.release_unsent()
+        self.writes.resume()
         self.read_pauses.resume(SLOW_READER)
         if self.connection is not None:
             self.connection.resume_deliveries()
 
     def stopProducing(self):
-        self.release_unsent()
+        self.writes.release()
 
     def _parse_held_back(self):
         """Reading resumed: parse what was read but held back, on the next turn (not inside a release)."""
@@ -254,14 +252,9 @@ class NativeServerProtocol(FrameReceiver):
         self.sendFrame(envelope.SerializeToString())
         self.closeAfterFlush()
 
-    def _peer_name(self):
-        peer = self.transport.getPeer() if self.transport is not None else None
-        return f"{peer.host}:{peer.port}" if hasattr(peer, "port") else str(peer)
-
     def _refused(self, error):
         """A client refused before hello: logged at a bounded rate with every other (L{RefusalLog})."""
-        peer = self.transport.getPeer() if self.transport is not None else None
-        self.refusal_log.refused(self.clock, getattr(peer, "host", ""), self._peer_name(), error)
+        self.refusal_log.refused(self.clock, peer_host(self.transport), peer_address(self.transport), error)
 
     # -- connection
 
