@@ -25,7 +25,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 import brokerd
-from brokerd.amqp.handshake import HANDSHAKE_TIMEOUT, RefusalLog
+from brokerd.amqp.handshake import HANDSHAKE_TIMEOUT
 from brokerd.connection import Connection
 from brokerd.connectionlog import ConnectionRecord, client_text, lost_reason, peer_address, peer_host
 from brokerd.errors import (
@@ -48,6 +48,7 @@ from brokerd.proto import messages_pb2
 from brokerd.proto.exchange_types import EXCHANGE_TYPE_NAME
 from brokerd.proto.native_pb2 import Envelope
 from brokerd.proto.tables import table_to_dict
+from brokerd.refusallog import RefusalLog
 
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME_SIZE = 128 * 1024 * 1024 + 64 * 1024  # a 128 MiB body plus room for its properties
