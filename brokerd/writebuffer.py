@@ -2,7 +2,8 @@
 
 Frames written during one reactor turn are kept as pieces and handed to the
 transport together at the end of the turn (or as soon as the pieces counted by
-L{WriteBuffer.send_pieces} add up to L{WriteBuffer.FLUSH_BYTES}), so a burst of
+L{WriteBuffer.send_pieces} or L{WriteBuffer.send_frame} add up to
+L{WriteBuffer.FLUSH_BYTES}), so a burst of
 deliveries or confirms costs one write, not one per frame. The pieces are
 joined once and written with C{transport.write}: one copy, memoryview slices
 are welcome, and the transport's per-piece checks of C{writeSequence} are
@@ -10,6 +11,10 @@ avoided. While the transport has paused its protocol (the client does not read
 what we write), what is written waits in the transport and counts against the
 memory watermark until the transport drains.
 """
+
+from struct import Struct
+
+_LENGTH = Struct(">I")
 
 
 class WriteBuffer:
@@ -61,6 +66,18 @@ class WriteBuffer:
             self._flush_call = self._clock.callLater(0, self.flush)
         queued.extend(pieces)
         self._size += size
+        if self._size >= self.FLUSH_BYTES:
+            self.flush()
+
+    def send_frame(self, frame):
+        """Queue C{frame} after its 4-byte big-endian length (the native protocol's framing), counted towards L{FLUSH_BYTES}."""
+        pieces = self._pieces
+        if pieces is None:
+            pieces = self._pieces = []
+            self._flush_call = self._clock.callLater(0, self.flush)
+        pieces.append(_LENGTH.pack(len(frame)))
+        pieces.append(frame)
+        self._size += len(frame)
         if self._size >= self.FLUSH_BYTES:
             self.flush()
 
