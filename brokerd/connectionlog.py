@@ -14,7 +14,8 @@ that is after login: RabbitMQ logs "accepting" on TCP accept, but here a client
 that has not logged in writes nothing but the rate-bounded refusal lines, so
 opening TCP connections in a loop cannot flood the log. What a client sent is
 cut to L{MAX_CLIENT_TEXT} characters and unprintable characters are replaced,
-so one line stays one line.
+so one line stays one line. L{peer_address} and L{peer_host} name a client the
+same way in every line of both protocols, these and the refusal lines.
 """
 
 from twisted.internet.error import ConnectionDone
