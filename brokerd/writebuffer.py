@@ -3,13 +3,15 @@
 Frames written during one reactor turn are kept as pieces and handed to the
 transport together at the end of the turn (or as soon as the pieces counted by
 L{WriteBuffer.send_pieces} or L{WriteBuffer.send_frame} add up to
-L{WriteBuffer.FLUSH_BYTES}), so a burst of
-deliveries or confirms costs one write, not one per frame. The pieces are
-joined once and written with C{transport.write}: one copy, memoryview slices
-are welcome, and the transport's per-piece checks of C{writeSequence} are
-avoided. While the transport has paused its protocol (the client does not read
-what we write), what is written waits in the transport and counts against the
-memory watermark until the transport drains.
+L{WriteBuffer.FLUSH_BYTES}), so a burst of deliveries or confirms costs one
+write, not one per frame. The pieces are joined once and written with
+C{transport.write}: memoryview slices are welcome (C{writeSequence} takes only
+bytes), the transport's per-piece checks are avoided, and a body is still
+copied once (Twisted's send buffer keeps a single joined piece as it is).
+While the transport has paused its protocol (the client does not read what we
+write), what is written waits in the transport and counts against the memory
+watermark until the transport drains. The turns are those of the clock the
+buffer is given: the broker's, never a global reactor found on the way.
 """
 
 from struct import Struct
@@ -70,7 +72,7 @@ class WriteBuffer:
             self.flush()
 
     def send_frame(self, frame):
-        """Queue C{frame} after its 4-byte big-endian length (the native protocol's framing), counted towards L{FLUSH_BYTES}."""
+        """Queue C{frame} after its 4-byte big-endian length (native framing); counted towards L{FLUSH_BYTES}."""
         pieces = self._pieces
         if pieces is None:
             pieces = self._pieces = []

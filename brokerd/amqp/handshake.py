@@ -121,7 +121,10 @@ class IFrameReader(Interface):
         """Forget what was read and not parsed yet: the connection is closing."""
 
     def refuse_reading(refusing):
-        """With C{refusing} true, drop what is unread and read nothing more (a refusal is on its way); with false, read again."""
+        """
+        With C{refusing} true, drop what is unread and read nothing more (a
+        refusal is on its way); with false, read again.
+        """
 
     def forget_channels():
         """The connection closed: its channels, with the contents they were assembling, are gone."""

@@ -154,7 +154,9 @@ def basic_cancel(channel, method):
     channel.model.basic_cancel(method.consumer_tag)
     channel.forget_consumer(method.consumer_tag)
     if not method.nowait:
-        channel.writes.send(frames.encode_consumer_tag_method(channel.id, commands.Basic.CancelOk.index, method.consumer_tag))
+        channel.writes.send(
+            frames.encode_consumer_tag_method(channel.id, commands.Basic.CancelOk.index, method.consumer_tag)
+        )
 
 
 @_handles(commands.Basic.CancelOk)
