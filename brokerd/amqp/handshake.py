@@ -136,6 +136,7 @@ class AmqpHandshake:
     the channel-0 methods, heartbeats, timeouts and closing. Held by the
     connection's frame receiver, which hands it the channel-0 frames.
 
+    @ivar broker: the broker the connection is a client of.
     @ivar state: where the connection is, from L{AWAITING_HEADER} to L{CLOSING}.
     @ivar user: who logged in, or None.
     @ivar connection: the model's L{Connection}, from connection.open until the connection closes.
@@ -143,7 +144,8 @@ class AmqpHandshake:
     @ivar frame_max: the negotiated frame size (the server's until tune-ok).
     @ivar channel_max: the negotiated number of channels open at once.
     @ivar heartbeat: the negotiated heartbeat interval in seconds (0: none).
-    @ivar client_capabilities: the capabilities table of the client's start-ok.
+    @ivar client_properties: the client properties of the client's start-ok.
+    @ivar client_capabilities: the capabilities table among them.
     """
 
     def __init__(self, reader, broker, settings, writes):
@@ -152,7 +154,7 @@ class AmqpHandshake:
         @param writes: the connection's L{brokerd.writebuffer.WriteBuffer}.
         """
         self._reader = reader
-        self._broker = broker
+        self.broker = broker
         self._clock = broker.clock
         self._settings = settings
         self._writes = writes
@@ -315,8 +317,8 @@ class AmqpHandshake:
 
     def on_open(self, method):
         name = self.client_properties.get("connection_name") or self.client_properties.get("product") or ""
-        self.connection = Connection(self._broker, method.virtual_host or "/", str(name))
-        self.gate = PublisherGate(self._broker.watermark, self.transport, self._blocked_changed)
+        self.connection = Connection(self.broker, method.virtual_host or "/", str(name))
+        self.gate = PublisherGate(self.broker.watermark, self.transport, self._blocked_changed)
         self.state = OPEN
         if self._timeout_call is not None and self._timeout_call.active():
             self._timeout_call.cancel()

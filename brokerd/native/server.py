@@ -9,11 +9,14 @@ connection, and a frame that cannot be read closes only this connection.
 Until hello, frames are capped at L{PRE_HELLO_MAX_FRAME_SIZE} bytes and a client
 has L{HANDSHAKE_TIMEOUT} seconds to send it (as AMQP caps frames until tune-ok
 and times out its handshake); clients refused before hello are logged at a
-bounded rate, as AMQP's refusals before login, and one that said hello gets an
-accepted and a closed line (L{brokerd.connectionlog}). A connection has at most
-C{channel_max} channels open, whatever their numbers. The protocol is its transport's producer: while the client does not read
-what we write, it gets no deliveries and its requests are not read either, so
-it cannot make the broker queue replies it will not take.
+bounded rate (L{brokerd.refusallog}), as AMQP's refusals before login, and one
+that said hello gets an accepted and a closed line (L{brokerd.connectionlog}).
+A connection has at most C{channel_max} channels open, whatever their numbers.
+Replies and deliveries go out once per reactor turn of the broker's clock
+through the write buffer the AMQP server uses too (L{brokerd.writebuffer}).
+The protocol is its transport's producer: while the client does not read what
+we write, it gets no deliveries and its requests are not read either, so it
+cannot make the broker queue replies it will not take.
 """
 
 import weakref
