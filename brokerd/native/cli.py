@@ -24,7 +24,8 @@ from twisted.internet.endpoints import clientFromString
 from twisted.internet.error import ConnectError
 
 from brokerd.endpoints import endpoint_problem
-from brokerd.native.client import DEFAULT_ENDPOINT, BrokerClosed, PublishNacked, connect
+from brokerd.native.client import DEFAULT_ENDPOINT, PublishNacked, connect
+from brokerd.native.delivery import BrokerClosed
 from brokerd.shutdown import ignore_further_stop_signals
 
 
