@@ -245,12 +245,21 @@ class AmqpChannel:
         if received:
             self._body_bytes.release(received)
 
+    def drop_content(self):
+        """
+        Let go of the content being assembled (the connection closed; what it
+        counted is released with the connection's): the model's channel may
+        still refer to this object, and its body parts must not stay alive with it.
+        """
+        self.publish = self.properties = self.parts = None
+
     # -- closing
 
     def close_by_client(self):
         """channel.close from the client: close it and answer close-ok."""
         self._receiver.forget_channel(self.id)
         self.release_content()
+        self.drop_content()
         self._connection.close_channel(self.id)
         self.writes.send(frames.method_frame(self.id, commands.Channel.CloseOk()))
 

@@ -95,7 +95,7 @@ class AmqpServerProtocol(Protocol):
         self._flow.body_bytes.release()  # of channels the connection's close has already forgotten
         if self._flow.pauses is not None:
             self._flow.pauses.close()
-        self._channels.clear()  # with any content being assembled
+        self.forget_channels()
 
     def dataReceived(self, data):
         if self._flow.refusing:
@@ -254,6 +254,8 @@ class AmqpServerProtocol(Protocol):
             self._read_buffer.clear()
 
     def forget_channels(self):
+        for channel in self._channels.values():
+            channel.drop_content()  # the model's closed channel may outlive it: its body parts must not
         self._channels.clear()
 
     # -- IPushProducer: the transport tells us when the client is not keeping up
