@@ -14,7 +14,8 @@ that is after login: RabbitMQ logs "accepting" on TCP accept, but here a client
 that has not logged in writes nothing but the rate-bounded refusal lines, so
 opening TCP connections in a loop cannot flood the log. What a client sent is
 cut to L{MAX_CLIENT_TEXT} characters and unprintable characters are replaced,
-so one line stays one line.
+so one line stays one line. L{peer_address} and L{peer_host} name a client the
+same way in every line of both protocols, these and the refusal lines.
 """
 
 from twisted.internet.error import ConnectionDone
@@ -50,6 +51,16 @@ def address(transport_address):
     if hasattr(transport_address, "port"):
         return f"{transport_address.host}:{transport_address.port}"
     return str(transport_address)
+
+
+def peer_address(transport):
+    """C{host:port} of the client at the other end of C{transport} (C{"None"} without a transport)."""
+    return address(transport.getPeer() if transport is not None else None)
+
+
+def peer_host(transport):
+    """The client's host alone, as refusals are counted by it (C{""} where there is none)."""
+    return getattr(transport.getPeer() if transport is not None else None, "host", "")
 
 
 def lost_reason(failure):

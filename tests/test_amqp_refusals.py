@@ -11,8 +11,9 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial import unittest
 
-from brokerd.amqp.handshake import HANDSHAKE_TIMEOUT, LOGIN_REFUSAL_DELAY, REFUSAL_LOG_INTERVAL, AmqpSettings
+from brokerd.amqp.handshake import HANDSHAKE_TIMEOUT, LOGIN_REFUSAL_DELAY, AmqpSettings
 from brokerd.amqp.server import AmqpServerProtocol
+from brokerd.refusallog import REFUSAL_LOG_INTERVAL
 from tests.support import make_broker
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
@@ -41,7 +42,7 @@ class RefusalTests(unittest.SynchronousTestCase):
         self.lines = []
 
         def observe(event):
-            if event.get("log_namespace") == "brokerd.amqp.handshake":
+            if event.get("log_namespace") in ("brokerd.amqp.handshake", "brokerd.refusallog"):
                 self.lines.append(formatEvent(event))
 
         globalLogPublisher.addObserver(observe)

@@ -7,6 +7,7 @@ from twisted.internet.testing import StringTransport
 from twisted.trial import unittest
 
 from brokerd.native.framing import FrameReceiver
+from brokerd.writebuffer import WriteBuffer
 
 
 def framed(*frames):
@@ -22,6 +23,7 @@ class RecordingFrameReceiver(FrameReceiver):
     """Keeps the frames it receives and the lengths it refused; can pause itself after a frame."""
 
     def __init__(self, max_length=None, pause_after_each_frame=False):
+        super().__init__(task.Clock())
         if max_length is not None:
             self.MAX_LENGTH = max_length
         self.frames = []
@@ -40,7 +42,6 @@ class RecordingFrameReceiver(FrameReceiver):
 
 def connected_receiver(**options):
     receiver = RecordingFrameReceiver(**options)
-    receiver.clock = task.Clock()
     transport = StringTransport()
     receiver.makeConnection(transport)
     return receiver, transport
@@ -213,8 +214,8 @@ class SendFrameTests(unittest.SynchronousTestCase):
 
     def test_a_large_backlog_is_written_without_waiting_for_the_turn_to_end(self):
         receiver, transport = connected_receiver()
-        receiver.sendFrame(b"y" * FrameReceiver.FLUSH_BYTES)
-        self.assertEqual(len(transport.value()), 4 + FrameReceiver.FLUSH_BYTES)
+        receiver.sendFrame(b"y" * WriteBuffer.FLUSH_BYTES)
+        self.assertEqual(len(transport.value()), 4 + WriteBuffer.FLUSH_BYTES)
         self.assertEqual(receiver.clock.getDelayedCalls(), [])
 
     def test_close_after_flush_sends_queued_frames_first(self):

@@ -1,10 +1,15 @@
-"""The connection-level half of the AMQP server: handshake, heartbeats, close.
+"""The connection-level side of the AMQP server: handshake, heartbeats, timeouts, close.
 
-L{ConnectionMethods} is mixed into L{brokerd.amqp.server.AmqpServerProtocol}:
-start / start-ok (credentials checked by L{brokerd.amqp.auth}) / tune /
-tune-ok / open, update-secret (the new secret re-checked), heartbeats both
-ways, connection.close in both directions, and connection.blocked / unblocked
-while the broker holds publishers back.
+The frame receiver (L{brokerd.amqp.server.AmqpServerProtocol}) holds one
+L{AmqpHandshake} per connection and hands it every channel-0 frame: start /
+start-ok (credentials checked by L{brokerd.amqp.auth}) / tune / tune-ok / open,
+update-secret (the new secret re-checked), connection.close in both directions,
+and connection.blocked / unblocked while the broker holds publishers back. The
+handshake also owns the connection's timers (the handshake timeout, the
+refusal delay, the wait for close-ok, heartbeats both ways), the model's
+L{Connection} it creates on connection.open, and the connection's log lines.
+What it asks of the receiver is L{IFrameReader}: when the client last sent
+bytes, the frame limit, and dropping unread bytes and channels on close.
 
 Until a client has logged in it is a stranger: a channel-0 method is checked
 against the handshake's state from its index alone, before its arguments are
@@ -12,21 +17,27 @@ decoded, and any error (a refused login, a malformed or misplaced frame) is
 answered only after L{LOGIN_REFUSAL_DELAY}, as RabbitMQ delays a failed
 handshake, so that guessing passwords is slow. Nothing more is read from such
 a connection, other clients are served meanwhile, and the refusals are logged
-at a bounded rate (L{RefusalLog}).
+at a bounded rate (L{brokerd.refusallog.RefusalLog}).
 """
-
-import collections
 
 from pamqp import commands
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+from zope.interface import Interface
 
 import brokerd
 from brokerd.amqp import frames
 from brokerd.amqp.arguments import decode_method
 from brokerd.amqp.auth import MECHANISMS, Authenticator, LoginRefused
 from brokerd.connection import AMQP_0_9_1, Connection
-from brokerd.connectionlog import ConnectionRecord, client_text, describe_amqp_client, lost_reason
+from brokerd.connectionlog import (
+    ConnectionRecord,
+    client_text,
+    describe_amqp_client,
+    lost_reason,
+    peer_address,
+    peer_host,
+)
 from brokerd.errors import (
     AccessRefused,
     CommandInvalid,
@@ -37,6 +48,7 @@ from brokerd.errors import (
     NotAllowed,
 )
 from brokerd.model.watermark import PublisherGate
+from brokerd.refusallog import RefusalLog
 
 log = Logger()
 
@@ -51,10 +63,6 @@ CLOSE_OK_TIMEOUT = 5.0
 # password guesser gets at most one answer per second and connection. RabbitMQ
 # waits 3 s (SILENT_CLOSE_DELAY) before closing a failed handshake.
 LOGIN_REFUSAL_DELAY = 1.0
-# Refusals before login are logged as one line, then at most one summary line
-# (how many more, from where) per this many seconds.
-REFUSAL_LOG_INTERVAL = 10.0
-REFUSAL_LOG_PEERS = 1024  # distinct addresses counted per summary; more are counted as "other"
 
 SERVER_CAPABILITIES = {
     "publisher_confirms": True,
@@ -92,81 +100,102 @@ class AmqpSettings:
         self.refusal_log = RefusalLog()
 
 
-class RefusalLog:
+class IFrameReader(Interface):
     """
-    Logs the connections refused before login, shared by all connections of a
-    listener: the first refusal as one line, then, while refusals keep coming,
-    one line per L{REFUSAL_LOG_INTERVAL} with how many there were and the
-    addresses they came from, so a flood of failed logins cannot flood the log.
-    The native protocol's listener has one too, for clients refused before hello.
+    The frame receiver as the handshake that it holds sees it: the reading
+    side of one AMQP connection. The handshake decides; the reader keeps the
+    bytes, the frame limit and the channels.
     """
 
-    def __init__(self, interval=REFUSAL_LOG_INTERVAL, protocol="AMQP", before="login"):
-        self.interval = interval
-        self.protocol = protocol  # the protocol and the handshake step named in the lines
-        self.before = before
-        self._window = None  # the call that ends the current interval, while one runs
-        self._peers = collections.Counter()  # host -> refusals not logged yet
-        self._unlisted = 0  # refusals from hosts beyond REFUSAL_LOG_PEERS
-        self._last = None
+    def last_read():
+        """
+        When the client last sent bytes, on the connection's clock, for the
+        heartbeat check: now, while its bytes wait unread (the broker is
+        blocked, or the client does not read), as its heartbeats wait too.
+        """
 
-    def refused(self, clock, host, peer, error):
-        """Log (now or in the next summary) that C{peer} (at C{host}) was refused with C{error}, an error or a text."""
-        if self._window is None:
-            log.info("refused {protocol} client {peer} before {before}: {error}", protocol=self.protocol, peer=peer,
-                     before=self.before, error=error)
-            self._window = clock.callLater(self.interval, self._summarise, clock)
-            return
-        if host in self._peers or len(self._peers) < REFUSAL_LOG_PEERS:
-            self._peers[host] += 1
-        else:
-            self._unlisted += 1
-        self._last = (peer, error)
+    def limit_frames(frame_max):
+        """Frames from now on may be C{frame_max} bytes long, as tune-ok negotiated."""
 
-    def stop(self):
-        """The listener stopped: no more summaries (refusals not yet summarised are dropped)."""
-        if self._window is not None and self._window.active():
-            self._window.cancel()
-        self._window = None
-        self._peers.clear()
-        self._unlisted = 0
+    def drop_unread():
+        """Forget what was read and not parsed yet: the connection is closing."""
 
-    def _summarise(self, clock):
-        count = sum(self._peers.values()) + self._unlisted
-        if not count:
-            self._window = None
-            return
-        hosts = ", ".join(f"{host} ({number})" for host, number in self._peers.most_common(5))
-        if len(self._peers) > 5 or self._unlisted:
-            hosts += f" and {count - sum(number for _, number in self._peers.most_common(5))} from other addresses"
-        peer, error = self._last
-        log.info(
-            "refused {count} more {protocol} clients before {before} in the last {seconds:.0f} s, from {hosts};"
-            " the last, {peer}: {error}",
-            count=count, protocol=self.protocol, before=self.before, seconds=self.interval, hosts=hosts, peer=peer,
-            error=error,
-        )
-        self._peers.clear()
-        self._unlisted = 0
-        self._window = clock.callLater(self.interval, self._summarise, clock)
+    def refuse_reading(refusing):
+        """
+        With C{refusing} true, drop what is unread and read nothing more (a
+        refusal is on its way); with false, read again.
+        """
+
+    def forget_channels():
+        """The connection closed: its channels, with the contents they were assembling, are gone."""
 
 
-class ConnectionMethods:
-    """Channel-0 methods and timers; expects the attributes AmqpServerProtocol sets up."""
+class AmqpHandshake:
+    """
+    The connection-level side of one AMQP connection: its handshake state,
+    the channel-0 methods, heartbeats, timeouts and closing. Held by the
+    connection's frame receiver, which hands it the channel-0 frames.
 
-    def _blocked_changed(self, blocked):
-        """Tell a client that understands connection.blocked why its publishes stall."""
-        if not self.client_capabilities.get("connection.blocked") or self._state != OPEN:
-            return
-        if blocked:
-            self.send(frames.method_frame(0, commands.Connection.Blocked(reason="low on memory")))
-        else:
-            self.send(frames.method_frame(0, commands.Connection.Unblocked()))
-        self.flush()
+    @ivar broker: the broker the connection is a client of.
+    @ivar state: where the connection is, from L{AWAITING_HEADER} to L{CLOSING}.
+    @ivar user: who logged in, or None.
+    @ivar connection: the model's L{Connection}, from connection.open until the connection closes.
+    @ivar gate: the L{PublisherGate} that holds the client back while the broker is blocked, once open.
+    @ivar frame_max: the negotiated frame size (the server's until tune-ok).
+    @ivar channel_max: the negotiated number of channels open at once.
+    @ivar heartbeat: the negotiated heartbeat interval in seconds (0: none).
+    @ivar client_properties: the client properties of the client's start-ok.
+    @ivar client_capabilities: the capabilities table among them.
+    """
 
-    # -- the connection handshake and close
+    def __init__(self, reader, broker, settings, writes):
+        """
+        @param reader: the L{IFrameReader} holding this handshake.
+        @param writes: the connection's L{brokerd.writebuffer.WriteBuffer}.
+        """
+        self._reader = reader
+        self.broker = broker
+        self._clock = broker.clock
+        self._settings = settings
+        self._writes = writes
+        self.transport = None
+        self.state = AWAITING_HEADER
+        self.user = None
+        self.connection = None
+        self.gate = None
+        self.frame_max = settings.frame_max
+        self.channel_max = settings.channel_max
+        self.heartbeat = 0
+        self.client_properties = {}
+        self.client_capabilities = {}
+        self._timeout_call = None
+        self._heartbeat_loop = None
+        self._record = None  # the connection as logged once accepted (brokerd.connectionlog)
+        self._close_reason = None  # why it ends, for its closing log line
 
-    def _send_connection_start(self):
+    # -- transport events, from the reader
+
+    def connection_made(self, transport):
+        self.transport = transport
+        self._timeout_call = self._clock.callLater(HANDSHAKE_TIMEOUT, self._handshake_timed_out)
+
+    def connection_lost(self, reason):
+        self.state = CLOSING
+        self._log_closed(reason)
+        if self._timeout_call is not None and self._timeout_call.active():
+            self._timeout_call.cancel()
+        self._timeout_call = None
+        if self._heartbeat_loop is not None and self._heartbeat_loop.running:
+            self._heartbeat_loop.stop()
+        if self.gate is not None:
+            self.gate.close()
+        if self.connection is not None:
+            self.connection.close()
+            self.connection = None
+
+    def header_received(self):
+        """The client sent AMQP 0-9-1's protocol header: offer connection.start."""
+        self.state = AWAITING_START_OK
         start = commands.Connection.Start(
             server_properties={
                 "product": "brokerd",
@@ -178,20 +207,40 @@ class ConnectionMethods:
             mechanisms=" ".join(MECHANISMS),
             locales="en_US",
         )
-        self.send(frames.method_frame(0, start))
+        self._writes.send(frames.method_frame(0, start))
 
-    def _connection_frame(self, index, data, start, end):
+    def wrong_header(self, problem):
+        """The client's first bytes are not AMQP 0-9-1's header: answer with ours and hang up."""
+        self._settings.refusal_log.refused(self._clock, peer_host(self.transport), peer_address(self.transport),
+                                           problem)
+        self.state = CLOSING
+        self.transport.write(frames.PROTOCOL_HEADER)
+        self.transport.loseConnection()
+
+    def _blocked_changed(self, blocked):
+        """Tell a client that understands connection.blocked why its publishes stall."""
+        if not self.client_capabilities.get("connection.blocked") or self.state != OPEN:
+            return
+        if blocked:
+            self._writes.send(frames.method_frame(0, commands.Connection.Blocked(reason="low on memory")))
+        else:
+            self._writes.send(frames.method_frame(0, commands.Connection.Unblocked()))
+        self._writes.flush()
+
+    # -- the connection handshake and close
+
+    def method_frame(self, index, data, start, end):
         """
         A method frame on channel 0 whose arguments are C{data[start:end]}.
         Its place in the handshake is checked from C{index} before anything is
         decoded, so a stranger cannot make the broker decode what it would refuse.
         """
-        if self._state == CLOSING:
+        if self.state == CLOSING:
             if index == _CONNECTION_CLOSE:
-                self.send(frames.method_frame(0, commands.Connection.CloseOk()))
-                self._drop_after_flush()
+                self._writes.send(frames.method_frame(0, commands.Connection.CloseOk()))
+                self._writes.flush_and_close()
             elif index == _CONNECTION_CLOSE_OK:
-                self._drop_after_flush()
+                self._writes.flush_and_close()
             return
         expected = _CONNECTION_METHODS.get(index)
         if expected is None:
@@ -200,18 +249,18 @@ class ConnectionMethods:
                 raise MethodNotImplemented(f"unknown method class {index >> 16} id {index & 0xFFFF}")
             if index >> 16 == 10:
                 raise CommandInvalid(f"{name} is not expected from a client")
-            if self._state == OPEN:  # RabbitMQ's code and words; channel 0 is never a channel
+            if self.state == OPEN:  # RabbitMQ's code and words; channel 0 is never a channel
                 raise InvalidChannel(f"unexpected method in connection state running: {name} on channel 0")
             raise CommandInvalid(f"{name} on channel 0, which carries only connection methods")
         state, handler = expected
-        if state is not None and self._state != state:
+        if state is not None and self.state != state:
             raise CommandInvalid(f"{frames.method_name(index)} is out of order in the connection handshake")
         handler(self, decode_method(index, data, start, end, FrameSyntaxError))
 
-    def _frame_too_large(self, length):
+    def frame_too_large(self, length):
         """The error for a frame whose payload of C{length} bytes is over the limit."""
         size = length + frames.FRAME_OVERHEAD
-        if self._state < AWAITING_OPEN:
+        if self.state < AWAITING_OPEN:
             return FrameError(
                 f"frame of {size} bytes exceeds {frames.FRAME_MIN_SIZE} bytes, the largest allowed before"
                 " connection.tune-ok"
@@ -222,63 +271,64 @@ class ConnectionMethods:
         self.client_properties = method.client_properties or {}
         capabilities = self.client_properties.get("capabilities")
         self.client_capabilities = capabilities if isinstance(capabilities, dict) else {}
-        self._state = AUTHENTICATING
+        self.state = AUTHENTICATING
         response = method.response
         if isinstance(response, str):
             response = response.encode()  # pamqp decoded these bytes as UTF-8: the same bytes again
-        d = self.settings.authenticator.login(method.mechanism, response, self._peer_host())
+        d = self._settings.authenticator.login(method.mechanism, response, peer_host(self.transport))
         d.addCallbacks(self._logged_in, self._login_refused)
 
     def _logged_in(self, user):
-        if self._state != AUTHENTICATING:
+        if self.state != AUTHENTICATING:
             return
         self.user = user
-        self._state = AWAITING_TUNE_OK
+        self.state = AWAITING_TUNE_OK
+        settings = self._settings
         tune = commands.Connection.Tune(
-            channel_max=self.settings.channel_max, frame_max=self.settings.frame_max, heartbeat=self.settings.heartbeat
+            channel_max=settings.channel_max, frame_max=settings.frame_max, heartbeat=settings.heartbeat
         )
-        self.send(frames.method_frame(0, tune))
+        self._writes.send(frames.method_frame(0, tune))
 
     def _login_refused(self, failure):
-        if self._state != AUTHENTICATING:
+        if self.state != AUTHENTICATING:
             return
         if failure.check(LoginRefused):
             reason = str(failure.value)
         else:
-            log.failure("checking the login of {peer} failed", failure, peer=self._peer_name())
+            log.failure("checking the login of {peer} failed", failure, peer=peer_address(self.transport))
             reason = "the broker could not check the login; see its log"
-        self._close_connection(AccessRefused(reason))
+        self.close(AccessRefused(reason))
 
     def on_tune_ok(self, method):
-        if method.frame_max and not frames.FRAME_MIN_SIZE <= method.frame_max <= self.settings.frame_max:
-            raise NotAllowed(
-                f"frame_max {method.frame_max} is outside {frames.FRAME_MIN_SIZE}..{self.settings.frame_max}"
-            )
-        if method.channel_max > self.settings.channel_max:
-            raise NotAllowed(f"channel_max {method.channel_max} exceeds the server's {self.settings.channel_max}")
-        self.frame_max = method.frame_max or self.settings.frame_max
-        self._max_payload = self.frame_max - frames.FRAME_OVERHEAD
-        self.channel_max = method.channel_max or self.settings.channel_max
+        settings = self._settings
+        if method.frame_max and not frames.FRAME_MIN_SIZE <= method.frame_max <= settings.frame_max:
+            raise NotAllowed(f"frame_max {method.frame_max} is outside {frames.FRAME_MIN_SIZE}..{settings.frame_max}")
+        if method.channel_max > settings.channel_max:
+            raise NotAllowed(f"channel_max {method.channel_max} exceeds the server's {settings.channel_max}")
+        self.frame_max = method.frame_max or settings.frame_max
+        self._reader.limit_frames(self.frame_max)
+        self.channel_max = method.channel_max or settings.channel_max
         self.heartbeat = method.heartbeat
         if self.heartbeat:
             self._heartbeat_loop = LoopingCall(self._heartbeat_tick)
-            self._heartbeat_loop.clock = self.clock
+            self._heartbeat_loop.clock = self._clock
             self._heartbeat_loop.start(self.heartbeat / 2.0, now=False)
-        self._state = AWAITING_OPEN
+        self.state = AWAITING_OPEN
 
     def on_open(self, method):
         name = self.client_properties.get("connection_name") or self.client_properties.get("product") or ""
         self.connection = Connection(self.broker, method.virtual_host or "/", str(name), AMQP_0_9_1, self.transport,
                                      self.user, self.client_properties)
-        self._gate = PublisherGate(self._watermark, self.transport, self._blocked_changed)
-        self._state = OPEN
+        self._writes.counted = self.connection
+        self.gate = PublisherGate(self.broker.watermark, self.transport, self._blocked_changed)
+        self.state = OPEN
         if self._timeout_call is not None and self._timeout_call.active():
             self._timeout_call.cancel()
         self._timeout_call = None
-        self.send(frames.method_frame(0, commands.Connection.OpenOk()))
+        self._writes.send(frames.method_frame(0, commands.Connection.OpenOk()))
         self._record = ConnectionRecord(
             "AMQP", self.transport, self.user, self.connection.vhost.name,
-            describe_amqp_client(self.client_properties), self.clock.seconds(),
+            describe_amqp_client(self.client_properties), self._clock.seconds(),
         )
 
     def on_update_secret(self, method):
@@ -291,48 +341,57 @@ class ConnectionMethods:
         secret = method.new_secret
         if isinstance(secret, str):
             secret = secret.encode()  # pamqp decoded these bytes as UTF-8: the same bytes again
-        d = self.settings.authenticator.check_secret(self.user, secret)
+        d = self._settings.authenticator.check_secret(self.user, secret)
         d.addCallbacks(self._secret_updated, self._secret_refused, callbackArgs=(method.reason,))
 
     def _secret_updated(self, user, reason):
-        if self._state != OPEN:
+        if self.state != OPEN:
             return
         log.debug("AMQP connection {peer}: user {user!r} updated secret, reason: {reason!r}",
-                  peer=self._peer_name(), user=self.user, reason=reason)
-        self.send(frames.method_frame(0, commands.Connection.UpdateSecretOk()))
+                  peer=peer_address(self.transport), user=self.user, reason=reason)
+        self._writes.send(frames.method_frame(0, commands.Connection.UpdateSecretOk()))
 
     def _secret_refused(self, failure):
-        if self._state != OPEN:
+        if self.state != OPEN:
             return
         if failure.check(LoginRefused):
             error = NotAllowed("New secret was refused by one of the backends")
         else:
-            log.failure("checking the new secret of {peer} failed", failure, peer=self._peer_name())
+            log.failure("checking the new secret of {peer} failed", failure, peer=peer_address(self.transport))
             error = NotAllowed("Secret update failed")
-        self._close_connection(error, _CONNECTION_UPDATE_SECRET)
+        self.close(error, _CONNECTION_UPDATE_SECRET)
 
     def on_close(self, method):
         self._ending(f"the client closed it: {method.reply_code} {client_text(method.reply_text)!r}")
         self._shut_model_connection()
-        self._state = CLOSING
-        self.send(frames.method_frame(0, commands.Connection.CloseOk()))
-        self._drop_after_flush()
+        self.state = CLOSING
+        self._writes.send(frames.method_frame(0, commands.Connection.CloseOk()))
+        self._writes.flush_and_close()
 
-    def _close_connection(self, error, index=0):
+    def close(self, error, index=0):
         """
-        Send connection.close for C{error}; the socket is dropped on close-ok or
-        after a timeout. A client that has not logged in gets it only after
-        the refusal delay, and reads nothing more meanwhile.
+        Send connection.close for C{error}, raised by method C{index}; the
+        socket is dropped on close-ok or after a timeout. A client that has
+        not logged in gets it only after the refusal delay, and reads nothing
+        more meanwhile.
         """
-        if self._state == CLOSING:
+        if self.state == CLOSING:
             return
         if self.user is None:
             self._refuse_before_login(error, index)
             return
         if self._record is None:
-            log.info("closing AMQP connection from {peer}: {error}", peer=self._peer_name(), error=error)
+            log.info("closing AMQP connection from {peer}: {error}", peer=peer_address(self.transport), error=error)
         self._ending(f"the broker closed it: {error}")
         self._send_close(error, index)
+
+    def shut_down(self, error):
+        """The broker stops: close with C{error} if the client logged in, else just hang up."""
+        if self.user is not None:
+            self.close(error)
+        else:
+            self.state = CLOSING
+            self.transport.loseConnection()
 
     def _ending(self, reason):
         """Keep why the connection ends (the first reason given) for its closing log line."""
@@ -342,75 +401,72 @@ class ConnectionMethods:
     def _log_closed(self, lost):
         """The closing log line of an accepted connection; C{lost} is the transport's reason."""
         if self._record is not None:
-            self._record.close(self._close_reason or lost_reason(lost), self.clock.seconds())
+            self._record.close(self._close_reason or lost_reason(lost), self._clock.seconds())
 
     def _refuse_before_login(self, error, index):
-        self.settings.refusal_log.refused(self.clock, self._peer_host(), self._peer_name(), error)
-        self._state = CLOSING
-        self._flow.refusing = True
-        self._read_buffer.clear()
+        self._settings.refusal_log.refused(self._clock, peer_host(self.transport), peer_address(self.transport),
+                                           error)
+        self.state = CLOSING
+        self._reader.refuse_reading(True)
         if self._timeout_call is not None and self._timeout_call.active():
             self._timeout_call.cancel()
-        self._timeout_call = self.clock.callLater(self.settings.refusal_delay, self._refusal_delay_over, error, index)
+        self._timeout_call = self._clock.callLater(self._settings.refusal_delay, self._refusal_delay_over, error,
+                                                   index)
 
     def _refusal_delay_over(self, error, index):
         self._timeout_call = None
-        self._flow.refusing = False
+        self._reader.refuse_reading(False)
         self._send_close(error, index)
 
     def _send_close(self, error, index):
         self._shut_model_connection()
-        self._state = CLOSING
-        self._read_buffer.clear()
+        self.state = CLOSING
+        self._reader.drop_unread()
         close = commands.Connection.Close(
             reply_code=error.reply_code, reply_text=error.reply_text[:255], class_id=index >> 16,
             method_id=index & 0xFFFF,
         )
-        self.send(frames.method_frame(0, close))
-        self.flush()
+        self._writes.send(frames.method_frame(0, close))
+        self._writes.flush()
         if self._timeout_call is not None and self._timeout_call.active():
             self._timeout_call.cancel()
-        self._timeout_call = self.clock.callLater(CLOSE_OK_TIMEOUT, self._drop_after_flush)
+        self._timeout_call = self._clock.callLater(CLOSE_OK_TIMEOUT, self._writes.flush_and_close)
 
     def _shut_model_connection(self):
         connection, self.connection = self.connection, None
         if connection is not None:
             connection.close()
-        self._channels.clear()
-
-    def _drop_after_flush(self):
-        self.flush()
-        if self.transport is not None:
-            self.transport.loseConnection()
+        self._reader.forget_channels()
 
     def _handshake_timed_out(self):
         self._timeout_call = None
-        if self._state < OPEN:
+        if self.state < OPEN:
             if self.user is None:
-                self.settings.refusal_log.refused(
-                    self.clock, self._peer_host(), self._peer_name(), f"no login within {HANDSHAKE_TIMEOUT:.0f} s"
+                self._settings.refusal_log.refused(
+                    self._clock, peer_host(self.transport), peer_address(self.transport),
+                    f"no login within {HANDSHAKE_TIMEOUT:.0f} s",
                 )
             else:
-                log.info("dropping {peer}: no connection.open within {seconds} s", peer=self._peer_name(),
+                log.info("dropping {peer}: no connection.open within {seconds} s", peer=peer_address(self.transport),
                          seconds=HANDSHAKE_TIMEOUT)
-            self._state = CLOSING
+            self.state = CLOSING
             self.transport.abortConnection()
 
     def _heartbeat_tick(self):
-        now = self.clock.seconds()
-        if now - self._received_at > 2 * self.heartbeat:
+        """Every half interval: drop a client silent for two intervals; send one a heartbeat if we were silent."""
+        now = self._clock.seconds()
+        if now - self._reader.last_read() > 2 * self.heartbeat:
             if self._record is None:
-                log.info("missed heartbeats from {peer}, timeout: {seconds} s", peer=self._peer_name(),
+                log.info("missed heartbeats from {peer}, timeout: {seconds} s", peer=peer_address(self.transport),
                          seconds=self.heartbeat)
             self._ending(f"missed heartbeats from the client, timeout: {self.heartbeat} s")
             self._heartbeat_loop.stop()
             self._shut_model_connection()
-            self._state = CLOSING
+            self.state = CLOSING
             self.transport.abortConnection()
             return
-        if now - self._sent_at >= self.heartbeat / 2.0 and self._outgoing is None:
-            self.transport.write(frames.HEARTBEAT_FRAME)
-            self._sent_at = now
+        if now - self._writes.written_at >= self.heartbeat / 2.0 and self._writes.idle:
+            self._writes.write_now(frames.HEARTBEAT_FRAME)
 
 
 _CONNECTION_CLOSE = commands.Connection.Close.index
@@ -418,9 +474,9 @@ _CONNECTION_CLOSE_OK = commands.Connection.CloseOk.index
 _CONNECTION_UPDATE_SECRET = commands.Connection.UpdateSecret.index
 # method index -> (the handshake state it belongs to, or None for any, and its handler)
 _CONNECTION_METHODS = {
-    commands.Connection.StartOk.index: (AWAITING_START_OK, ConnectionMethods.on_start_ok),
-    commands.Connection.TuneOk.index: (AWAITING_TUNE_OK, ConnectionMethods.on_tune_ok),
-    commands.Connection.Open.index: (AWAITING_OPEN, ConnectionMethods.on_open),
-    _CONNECTION_CLOSE: (None, ConnectionMethods.on_close),
-    _CONNECTION_UPDATE_SECRET: (OPEN, ConnectionMethods.on_update_secret),
+    commands.Connection.StartOk.index: (AWAITING_START_OK, AmqpHandshake.on_start_ok),
+    commands.Connection.TuneOk.index: (AWAITING_TUNE_OK, AmqpHandshake.on_tune_ok),
+    commands.Connection.Open.index: (AWAITING_OPEN, AmqpHandshake.on_open),
+    _CONNECTION_CLOSE: (None, AmqpHandshake.on_close),
+    _CONNECTION_UPDATE_SECRET: (OPEN, AmqpHandshake.on_update_secret),
 }

@@ -1,15 +1,14 @@
 """AMQP channel-level methods, each translated into one L{brokerd.channel.Channel} call.
 
-Every handler takes the protocol, the L{ChannelState} and the method as pamqp
-decoded it, calls the channel, and answers with the method's -ok unless the
-client asked for nowait. Rules (names, equivalence, exclusivity, tags) live in
+Every handler takes the L{brokerd.amqp.channel.AmqpChannel} the method came
+on and the method as pamqp decoded it, calls the model's channel, and answers
+with the method's -ok unless the client asked for nowait. Rules (names, equivalence, exclusivity, tags) live in
 the channel and the model; a rule broken there raises the error sent back.
 """
 
 from pamqp import commands
 
 from brokerd.amqp import frames
-from brokerd.amqp.peer import encoded_properties
 from brokerd.errors import MethodNotImplemented
 
 CHANNEL_METHODS = {}
@@ -25,30 +24,30 @@ def _handles(method_class):
     return register
 
 
-def _reply(protocol, state, method):
-    protocol.send(frames.method_frame(state.id, method))
+def _reply(channel, method):
+    channel.writes.send(frames.method_frame(channel.id, method))
 
 
 # -- channel
 
 
 @_handles(commands.Channel.Close)
-def channel_close(protocol, state, method):
-    protocol.close_channel_by_client(state)
+def channel_close(channel, method):
+    channel.close_by_client()
 
 
 @_handles(commands.Channel.CloseOk)
-def channel_close_ok(protocol, state, method):
-    pass  # only meaningful while we wait for it, which the protocol handles
+def channel_close_ok(channel, method):
+    pass  # only meaningful while we wait for it, which AmqpChannel.method_frame handles
 
 
 @_handles(commands.Channel.Flow)
-def channel_flow(protocol, state, method):
-    _reply(protocol, state, commands.Channel.FlowOk(active=state.channel.flow(bool(method.active))))
+def channel_flow(channel, method):
+    _reply(channel, commands.Channel.FlowOk(active=channel.model.flow(bool(method.active))))
 
 
 @_handles(commands.Channel.FlowOk)
-def channel_flow_ok(protocol, state, method):
+def channel_flow_ok(channel, method):
     pass  # the broker never sends channel.flow, so there is nothing to confirm
 
 
@@ -56,8 +55,8 @@ def channel_flow_ok(protocol, state, method):
 
 
 @_handles(commands.Exchange.Declare)
-def exchange_declare(protocol, state, method):
-    state.channel.exchange_declare(
+def exchange_declare(channel, method):
+    channel.model.exchange_declare(
         method.exchange,
         method.exchange_type or "direct",
         method.passive,
@@ -67,162 +66,157 @@ def exchange_declare(protocol, state, method):
         method.arguments or {},
     )
     if not method.nowait:
-        _reply(protocol, state, commands.Exchange.DeclareOk())
+        _reply(channel, commands.Exchange.DeclareOk())
 
 
 @_handles(commands.Exchange.Delete)
-def exchange_delete(protocol, state, method):
-    state.channel.exchange_delete(method.exchange, method.if_unused)
+def exchange_delete(channel, method):
+    channel.model.exchange_delete(method.exchange, method.if_unused)
     if not method.nowait:
-        _reply(protocol, state, commands.Exchange.DeleteOk())
+        _reply(channel, commands.Exchange.DeleteOk())
 
 
 @_handles(commands.Exchange.Bind)
-def exchange_bind(protocol, state, method):
-    state.channel.exchange_bind(method.destination, method.source, method.routing_key, method.arguments or {})
+def exchange_bind(channel, method):
+    channel.model.exchange_bind(method.destination, method.source, method.routing_key, method.arguments or {})
     if not method.nowait:
-        _reply(protocol, state, commands.Exchange.BindOk())
+        _reply(channel, commands.Exchange.BindOk())
 
 
 @_handles(commands.Exchange.Unbind)
-def exchange_unbind(protocol, state, method):
-    state.channel.exchange_unbind(method.destination, method.source, method.routing_key, method.arguments or {})
+def exchange_unbind(channel, method):
+    channel.model.exchange_unbind(method.destination, method.source, method.routing_key, method.arguments or {})
     if not method.nowait:
-        _reply(protocol, state, commands.Exchange.UnbindOk())
+        _reply(channel, commands.Exchange.UnbindOk())
 
 
 # -- queues
 
 
 @_handles(commands.Queue.Declare)
-def queue_declare(protocol, state, method):
-    name, message_count, consumer_count = state.channel.queue_declare(
+def queue_declare(channel, method):
+    name, message_count, consumer_count = channel.model.queue_declare(
         method.queue, method.passive, method.durable, method.exclusive, method.auto_delete, method.arguments or {}
     )
     if not method.nowait:
-        protocol.send(frames.encode_declare_ok(state.id, name, message_count, consumer_count))
+        channel.writes.send(frames.encode_declare_ok(channel.id, name, message_count, consumer_count))
 
 
 @_handles(commands.Queue.Bind)
-def queue_bind(protocol, state, method):
-    state.channel.queue_bind(method.queue, method.exchange, method.routing_key, method.arguments or {})
+def queue_bind(channel, method):
+    channel.model.queue_bind(method.queue, method.exchange, method.routing_key, method.arguments or {})
     if not method.nowait:
-        _reply(protocol, state, commands.Queue.BindOk())
+        _reply(channel, commands.Queue.BindOk())
 
 
 @_handles(commands.Queue.Unbind)
-def queue_unbind(protocol, state, method):
-    state.channel.queue_unbind(method.queue, method.exchange, method.routing_key, method.arguments or {})
-    _reply(protocol, state, commands.Queue.UnbindOk())
+def queue_unbind(channel, method):
+    channel.model.queue_unbind(method.queue, method.exchange, method.routing_key, method.arguments or {})
+    _reply(channel, commands.Queue.UnbindOk())
 
 
 @_handles(commands.Queue.Purge)
-def queue_purge(protocol, state, method):
-    count = state.channel.queue_purge(method.queue)
+def queue_purge(channel, method):
+    count = channel.model.queue_purge(method.queue)
     if not method.nowait:
-        _reply(protocol, state, commands.Queue.PurgeOk(message_count=count))
+        _reply(channel, commands.Queue.PurgeOk(message_count=count))
 
 
 @_handles(commands.Queue.Delete)
-def queue_delete(protocol, state, method):
-    count = state.channel.queue_delete(method.queue, method.if_unused, method.if_empty)
+def queue_delete(channel, method):
+    count = channel.model.queue_delete(method.queue, method.if_unused, method.if_empty)
     if not method.nowait:
-        _reply(protocol, state, commands.Queue.DeleteOk(message_count=count))
+        _reply(channel, commands.Queue.DeleteOk(message_count=count))
 
 
 # -- basic
 
 
 @_handles(commands.Basic.Qos)
-def basic_qos(protocol, state, method):
+def basic_qos(channel, method):
     if method.prefetch_size:
         raise MethodNotImplemented(f"prefetch_size={method.prefetch_size}")
-    state.channel.basic_qos(method.prefetch_count, method.global_)
-    _reply(protocol, state, commands.Basic.QosOk())
+    channel.model.basic_qos(method.prefetch_count, method.global_)
+    _reply(channel, commands.Basic.QosOk())
 
 
 @_handles(commands.Basic.Consume)
-def basic_consume(protocol, state, method):
-    tag = state.channel.basic_consume(
+def basic_consume(channel, method):
+    tag = channel.model.basic_consume(
         method.queue, method.consumer_tag, method.no_ack, method.exclusive, method.arguments or {}
     )
     if not method.nowait:
-        protocol.send(frames.encode_consumer_tag_method(state.id, commands.Basic.ConsumeOk.index, tag))
+        channel.writes.send(frames.encode_consumer_tag_method(channel.id, commands.Basic.ConsumeOk.index, tag))
 
 
 @_handles(commands.Basic.Cancel)
-def basic_cancel(protocol, state, method):
-    state.channel.basic_cancel(method.consumer_tag)
-    state.peer.forget_consumer(method.consumer_tag)
+def basic_cancel(channel, method):
+    channel.model.basic_cancel(method.consumer_tag)
+    channel.forget_consumer(method.consumer_tag)
     if not method.nowait:
-        protocol.send(frames.encode_consumer_tag_method(state.id, commands.Basic.CancelOk.index, method.consumer_tag))
+        channel.writes.send(
+            frames.encode_consumer_tag_method(channel.id, commands.Basic.CancelOk.index, method.consumer_tag)
+        )
 
 
 @_handles(commands.Basic.CancelOk)
-def basic_cancel_ok(protocol, state, method):
+def basic_cancel_ok(channel, method):
     pass  # a client may answer a broker-sent cancel; nothing is left to do
 
 
 @_handles(commands.Basic.Get)
-def basic_get(protocol, state, method):
-    result = state.channel.basic_get(method.queue, method.no_ack)
+def basic_get(channel, method):
+    result = channel.model.basic_get(method.queue, method.no_ack)
     if result is None:
-        _reply(protocol, state, commands.Basic.GetEmpty())
+        _reply(channel, commands.Basic.GetEmpty())
         return
-    delivery_tag, redelivered, message, message_count = result
-    content = frames.content_frames(state.id, encoded_properties(message), message.body, protocol.frame_max)
-    protocol.send(
-        frames.encode_get_ok(
-            state.id, delivery_tag, redelivered, message.exchange, message.routing_key, message_count
-        )
-    )
-    protocol.send_pieces(content, len(message.body))
+    channel.get_ok(*result)
 
 
 @_handles(commands.Basic.Nack)
-def basic_nack(protocol, state, method):
-    state.channel.basic_nack(method.delivery_tag, method.multiple, method.requeue)
+def basic_nack(channel, method):
+    channel.model.basic_nack(method.delivery_tag, method.multiple, method.requeue)
 
 
 @_handles(commands.Basic.Reject)
-def basic_reject(protocol, state, method):
-    state.channel.basic_reject(method.delivery_tag, method.requeue)
+def basic_reject(channel, method):
+    channel.model.basic_reject(method.delivery_tag, method.requeue)
 
 
 @_handles(commands.Basic.Recover)
-def basic_recover(protocol, state, method):
-    state.channel.basic_recover(method.requeue)
-    _reply(protocol, state, commands.Basic.RecoverOk())
+def basic_recover(channel, method):
+    channel.model.basic_recover(method.requeue)
+    _reply(channel, commands.Basic.RecoverOk())
 
 
 @_handles(commands.Basic.RecoverAsync)
-def basic_recover_async(protocol, state, method):
-    state.channel.basic_recover(method.requeue)
+def basic_recover_async(channel, method):
+    channel.model.basic_recover(method.requeue)
 
 
 # -- confirms and transactions
 
 
 @_handles(commands.Confirm.Select)
-def confirm_select(protocol, state, method):
-    state.channel.confirm_select()
+def confirm_select(channel, method):
+    channel.model.confirm_select()
     if not method.nowait:
-        _reply(protocol, state, commands.Confirm.SelectOk())
+        _reply(channel, commands.Confirm.SelectOk())
 
 
 @_handles(commands.Tx.Select)
-def tx_select(protocol, state, method):
-    state.channel.tx_select()
-    _reply(protocol, state, commands.Tx.SelectOk())
+def tx_select(channel, method):
+    channel.model.tx_select()
+    _reply(channel, commands.Tx.SelectOk())
 
 
 @_handles(commands.Tx.Commit)
-def tx_commit(protocol, state, method):
-    state.channel.tx_commit()
-    _reply(protocol, state, commands.Tx.CommitOk())
+def tx_commit(channel, method):
+    channel.model.tx_commit()
+    _reply(channel, commands.Tx.CommitOk())
 
 
 @_handles(commands.Tx.Rollback)
-def tx_rollback(protocol, state, method):
-    state.channel.tx_rollback()
-    _reply(protocol, state, commands.Tx.RollbackOk())
+def tx_rollback(channel, method):
+    channel.model.tx_rollback()
+    _reply(channel, commands.Tx.RollbackOk())

@@ -58,7 +58,8 @@ class NativeClientProtocol(FrameReceiver):
         connection ends.
     """
 
-    def __init__(self, vhost="/", client_name="brokerd-native-client", max_frame_size=2**31 - 1):
+    def __init__(self, clock, vhost="/", client_name="brokerd-native-client", max_frame_size=2**31 - 1):
+        FrameReceiver.__init__(self, clock)  # the reactor it connects with: its writes wait for that one's turns
         self.vhost = vhost
         self.client_name = client_name
         self.MAX_LENGTH = max_frame_size
@@ -130,7 +131,7 @@ class NativeClientProtocol(FrameReceiver):
 
 def connect(reactor, endpoint=DEFAULT_ENDPOINT, vhost="/", client_name="brokerd-native-client"):
     """Connect and say hello; fires with a ready L{NativeClientProtocol}."""
-    protocol = NativeClientProtocol(vhost, client_name)
+    protocol = NativeClientProtocol(reactor, vhost, client_name)
     d = connectProtocol(clientFromString(reactor, endpoint), protocol)
     d.addCallback(lambda _: protocol.ready)
     return d

@@ -6,13 +6,15 @@ then the frame) with two changes for speed:
   - a frame that arrives in many TCP reads is joined once (L{ReadBuffer}),
     so a 100 MiB body costs one copy, not thousands;
   - frames sent during one reactor turn are handed to the transport together
-    at the end of the turn (or as soon as they add up to C{FLUSH_BYTES}), so
+    at the end of the turn by the L{WriteBuffer} the AMQP server uses too, so
     a burst of deliveries or confirms costs one write, not one per frame.
 
-A server sets C{watermark}, so that the chunks of an incomplete frame and the
-frames written while its client does not read (the transport has paused us)
-count against the memory watermark, and C{read_pauses}, so that no frame is
-parsed while reading from its client is paused.
+The clock those turns are counted on is given to the receiver (the broker's
+for a server, the reactor the client connects with). A server also gives its
+C{watermark}, so that the chunks of an incomplete frame and the frames written
+while its client does not read (the transport has paused us) count against the
+memory watermark, and sets C{read_pauses}, so that no frame is parsed while
+reading from its client is paused.
 """
 
 from struct import Struct
@@ -21,21 +23,41 @@ from twisted.protocols.basic import Int32StringReceiver
 
 from brokerd.model.watermark import HeldBytes
 from brokerd.readbuffer import ReadBuffer
+from brokerd.writebuffer import WriteBuffer
 
 _LENGTH = Struct(">I")
 _PREFIX = _LENGTH.size
 
 
 class FrameReceiver(Int32StringReceiver):
-    """Calls C{stringReceived(frame)} per frame; C{MAX_LENGTH} caps a frame (it may change between frames)."""
+    """
+    Calls C{stringReceived(frame)} per frame; C{MAX_LENGTH} caps a frame (it may change between frames).
+
+    @ivar writes: the connection's L{WriteBuffer}.
+    @ivar sendFrame: queues one frame (its length, then it) for writing at
+        the end of this reactor turn: the buffer's C{send_frame} itself, so
+        that sending a frame costs one call, as it did before the buffer was shared.
+    """
 
     MAX_LENGTH = 128 * 1024 * 1024
     _read_buffer = None
     stopped_reading = False  # set when the connection is being closed; later frames are ignored
-    watermark = None  # a MemoryWatermark counting partial frames and unread writes, if set
     read_pauses = None  # a ReadingPauses: no frame is parsed while it holds a reason
-    writes_paused = False  # True while the transport has paused us (its write buffer is full)
-    _unsent = None  # HeldBytes: what was written while writes_paused, until the transport drains
+
+    def __init__(self, clock, watermark=None):
+        """
+        @param clock: the L{IReactorTime} whose turns the writes wait for.
+        @param watermark: a L{MemoryWatermark} counting partial frames and the
+            frames written while the client does not read, if given.
+        """
+        self.clock = clock
+        self.watermark = watermark
+        self.writes = WriteBuffer(clock, HeldBytes(watermark) if watermark is not None else None)
+        self.sendFrame = self.writes.send_frame
+
+    def makeConnection(self, transport):
+        self.writes.transport = transport
+        Int32StringReceiver.makeConnection(self, transport)
 
     def dataReceived(self, data):
         read_buffer = self._read_buffer
@@ -70,59 +92,11 @@ class FrameReceiver(Int32StringReceiver):
     def partialFrameReceived(self):
         """Part of a frame was kept for later (and counted against C{watermark}); a hook for servers."""
 
-    FLUSH_BYTES = 256 * 1024
-    clock = None  # an IReactorTime for the end-of-turn flush; the global reactor if None
-    _outgoing = None  # frames (with prefixes) waiting for the end of this turn
-    _outgoing_bytes = 0
-    _flush_call = None
-
-    def sendFrame(self, frame):
-        """Queue one frame for writing at the end of this reactor turn."""
-        outgoing = self._outgoing
-        if outgoing is None:
-            outgoing = self._outgoing = []
-            clock = self.clock
-            if clock is None:
-                from twisted.internet import reactor as clock
-            self._flush_call = clock.callLater(0, self.flushFrames)
-        outgoing.append(_LENGTH.pack(len(frame)))
-        outgoing.append(frame)
-        self._outgoing_bytes += len(frame)
-        if self._outgoing_bytes >= self.FLUSH_BYTES:
-            self.flushFrames()
-
-    def flushFrames(self):
-        """Write every queued frame now."""
-        outgoing, self._outgoing, self._outgoing_bytes = self._outgoing, None, 0
-        call, self._flush_call = self._flush_call, None
-        if call is not None and call.active():
-            call.cancel()
-        if outgoing and self.transport is not None:
-            self.transport.writeSequence(outgoing)
-            if self.writes_paused and self.watermark is not None:
-                self._count_unsent(outgoing)
-
-    def _count_unsent(self, outgoing):
-        """Frames written while the client does not read wait in the transport: count them until it drains."""
-        if self._unsent is None:
-            self._unsent = HeldBytes(self.watermark)
-        self._unsent.add(sum(map(len, outgoing)))
-
-    def release_unsent(self):
-        """The transport has written everything (or is gone): what waited in it is released."""
-        if self._unsent is not None:
-            self._unsent.release()
-
     def closeAfterFlush(self):
         """Write what is queued, then close the connection once it is sent."""
-        self.flushFrames()
-        self.transport.loseConnection()
+        self.writes.flush_and_close()
 
     def connectionLost(self, reason):
-        call, self._flush_call = self._flush_call, None
-        if call is not None and call.active():
-            call.cancel()
-        self._outgoing = None
+        self.writes.connection_lost()
         if self._read_buffer is not None:
             self._read_buffer.clear()
-        self.release_unsent()

@@ -9,11 +9,14 @@ connection, and a frame that cannot be read closes only this connection.
 Until hello, frames are capped at L{PRE_HELLO_MAX_FRAME_SIZE} bytes and a client
 has L{HANDSHAKE_TIMEOUT} seconds to send it (as AMQP caps frames until tune-ok
 and times out its handshake); clients refused before hello are logged at a
-bounded rate, as AMQP's refusals before login, and one that said hello gets an
-accepted and a closed line (L{brokerd.connectionlog}). A connection has at most
-C{channel_max} channels open, whatever their numbers. The protocol is its transport's producer: while the client does not read
-what we write, it gets no deliveries and its requests are not read either, so
-it cannot make the broker queue replies it will not take.
+bounded rate (L{brokerd.refusallog}), as AMQP's refusals before login, and one
+that said hello gets an accepted and a closed line (L{brokerd.connectionlog}).
+A connection has at most C{channel_max} channels open, whatever their numbers.
+Replies and deliveries go out once per reactor turn of the broker's clock
+through the write buffer the AMQP server uses too (L{brokerd.writebuffer}).
+The protocol is its transport's producer: while the client does not read what
+we write, it gets no deliveries and its requests are not read either, so it
+cannot make the broker queue replies it will not take.
 """
 
 import weakref
@@ -25,9 +28,9 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 import brokerd
-from brokerd.amqp.handshake import HANDSHAKE_TIMEOUT, RefusalLog
+from brokerd.amqp.handshake import HANDSHAKE_TIMEOUT
 from brokerd.connection import NATIVE, Connection
-from brokerd.connectionlog import ConnectionRecord, client_text, lost_reason
+from brokerd.connectionlog import ConnectionRecord, client_text, lost_reason, peer_address, peer_host
 from brokerd.errors import (
     BrokerError,
     ChannelError,
@@ -48,6 +51,7 @@ from brokerd.proto import messages_pb2
 from brokerd.proto.exchange_types import EXCHANGE_TYPE_NAME
 from brokerd.proto.native_pb2 import Envelope
 from brokerd.proto.tables import table_to_dict
+from brokerd.refusallog import RefusalLog
 
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME_SIZE = 128 * 1024 * 1024 + 64 * 1024  # a 128 MiB body plus room for its properties
@@ -73,10 +77,9 @@ class NativeServerProtocol(FrameReceiver):
     def __init__(
         self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE, channel_max=DEFAULT_CHANNEL_MAX, refusal_log=None
     ):
+        FrameReceiver.__init__(self, broker.clock, broker.watermark)
         self.broker = broker
-        self.clock = broker.clock
         self.refusal_log = refusal_log or RefusalLog(protocol="native", before="hello")  # the listener's, shared
-        self.watermark = broker.watermark
         self.max_frame_size = max_frame_size  # the frame limit once hello is done
         self.MAX_LENGTH = PRE_HELLO_MAX_FRAME_SIZE
         self.channel_max = channel_max
@@ -120,7 +123,7 @@ class NativeServerProtocol(FrameReceiver):
         """An empty frame (an envelope with nothing in it, which clients ignore) to a client we are
         not reading and that holds memory, so that one that went away is noticed
         (L{brokerd.hangup}); not to one that does not read what we write."""
-        if self._outgoing is None and SLOW_READER not in self.read_pauses.reasons and self.transport is not None:
+        if self.writes.idle and SLOW_READER not in self.read_pauses.reasons and self.transport is not None:
             held = self._read_buffer.partial_frame_bytes if self._read_buffer is not None else 0
             if self.connection is not None:
                 held += self.connection.held_bytes()
@@ -138,11 +141,6 @@ class NativeServerProtocol(FrameReceiver):
         if self.connection is not None:
             self.connection.bytes_received += len(data)
         FrameReceiver.dataReceived(self, data)
-
-    def flushFrames(self):
-        if self.connection is not None and self._outgoing:  # frames and their 4-byte length prefixes, in pairs
-            self.connection.bytes_sent += self._outgoing_bytes + 2 * len(self._outgoing)
-        FrameReceiver.flushFrames(self)
 
     def lengthLimitExceeded(self, length):
         when = "" if self.connection is not None else " before hello"
@@ -167,20 +165,19 @@ class NativeServerProtocol(FrameReceiver):
     # -- IPushProducer: the transport tells us when the client is not reading what we write
 
     def pauseProducing(self):
-        self.writes_paused = True
+        self.writes.pause()
         self.read_pauses.pause(SLOW_READER)
         if self.connection is not None:
             self.connection.pause_deliveries()
 
     def resumeProducing(self):
-        self.writes_paused = False
-        self.release_unsent()
+        self.writes.resume()
         self.read_pauses.resume(SLOW_READER)
         if self.connection is not None:
             self.connection.resume_deliveries()
 
     def stopProducing(self):
-        self.release_unsent()
+        self.writes.release()
 
     def _parse_held_back(self):
         """Reading resumed: parse what was read but held back, on the next turn (not inside a release)."""
@@ -264,14 +261,9 @@ class NativeServerProtocol(FrameReceiver):
         self.sendFrame(envelope.SerializeToString())
         self.closeAfterFlush()
 
-    def _peer_name(self):
-        peer = self.transport.getPeer() if self.transport is not None else None
-        return f"{peer.host}:{peer.port}" if hasattr(peer, "port") else str(peer)
-
     def _refused(self, error):
         """A client refused before hello: logged at a bounded rate with every other (L{RefusalLog})."""
-        peer = self.transport.getPeer() if self.transport is not None else None
-        self.refusal_log.refused(self.clock, getattr(peer, "host", ""), self._peer_name(), error)
+        self.refusal_log.refused(self.clock, peer_host(self.transport), peer_address(self.transport), error)
 
     # -- connection
 
@@ -283,6 +275,7 @@ class NativeServerProtocol(FrameReceiver):
                 f"client speaks native protocol version {hello.protocol_version}; this broker speaks {PROTOCOL_VERSION}"
             )
         self.connection = Connection(self.broker, hello.vhost or "/", hello.client_name, NATIVE, self.transport)
+        self.writes.counted = self.connection
         self.MAX_LENGTH = self.max_frame_size
         if self._hello_timeout is not None and self._hello_timeout.active():
             self._hello_timeout.cancel()
