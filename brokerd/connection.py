@@ -30,6 +30,8 @@ from brokerd.interfaces import IQueueOwner
 AMQP_0_9_1 = "AMQP 0-9-1"  # the protocol names RabbitMQ's management API gives
 NATIVE = "native"
 
+HANDSHAKE_TIMEOUT = 10.0  # seconds a client has, on either protocol, from connecting until it is in
+
 _connection_numbers = itertools.count(1)
 
 

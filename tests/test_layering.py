@@ -1,6 +1,8 @@
 """The house's rules, read from the sources: a backend sees only the store contract
 (brokerd.interfaces), the records (brokerd.proto) and small shared utilities, never
-the model or a protocol; nothing in brokerd/ imports a backend by name; nothing
+the model or a protocol; the model and the protocol-free channel and connection
+import no protocol, and the two protocols do not import each other; nothing in
+brokerd/ imports a backend by name; nothing
 outside tests/ imports tests (what benchmarks and spark_jobs share with the tests
 ships as brokerd.testing); and no module is over 500 lines."""
 
@@ -35,6 +37,27 @@ def test_a_backend_imports_neither_the_model_nor_a_protocol(path):
     above = [name for name in imported_modules(path)
              if any(name == layer or name.startswith(layer + ".") for layer in ABOVE_THE_STORE)]
     assert above == [], f"{path.relative_to(ROOT)} imports {above}"
+
+
+def names_under(path, layers):
+    return [name for name in imported_modules(path)
+            if any(name == layer or name.startswith(layer + ".") for layer in layers)]
+
+
+PROTOCOL_FREE = [*sources("brokerd/model"), ROOT / "brokerd/channel.py", ROOT / "brokerd/connection.py",
+                 ROOT / "brokerd/consumer.py"]
+
+
+@pytest.mark.parametrize("path", PROTOCOL_FREE, ids=lambda path: str(path.relative_to(ROOT)))
+def test_the_model_channel_and_connection_import_no_protocol(path):
+    assert names_under(path, ("brokerd.amqp", "brokerd.native")) == []
+
+
+@pytest.mark.parametrize("protocol, other", [("amqp", "native"), ("native", "amqp")])
+def test_one_protocol_adapter_does_not_import_the_other(protocol, other):
+    found = [(str(path.relative_to(ROOT)), name) for path in sources(f"brokerd/{protocol}")
+             for name in names_under(path, (f"brokerd.{other}",))]
+    assert found == []
 
 
 def test_nothing_in_brokerd_imports_a_backend_by_name():

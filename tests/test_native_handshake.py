@@ -8,7 +8,7 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.testing import StringTransport
 from twisted.logger import formatEvent, globalLogPublisher
 
-from brokerd.amqp.handshake import HANDSHAKE_TIMEOUT
+from brokerd.connection import HANDSHAKE_TIMEOUT
 from brokerd.native.server import PRE_HELLO_MAX_FRAME_SIZE, PROTOCOL_VERSION, NativeServerFactory
 from brokerd.proto.native_pb2 import Envelope
 from brokerd.refusallog import REFUSAL_LOG_INTERVAL

@@ -29,7 +29,7 @@ import brokerd
 from brokerd.amqp import frames
 from brokerd.amqp.arguments import decode_method
 from brokerd.amqp.auth import MECHANISMS, Authenticator, LoginRefused
-from brokerd.connection import AMQP_0_9_1, Connection
+from brokerd.connection import AMQP_0_9_1, HANDSHAKE_TIMEOUT, Connection
 from brokerd.connectionlog import (
     ConnectionRecord,
     client_text,
@@ -56,7 +56,6 @@ DEFAULT_FRAME_MAX = 131072
 DEFAULT_CHANNEL_MAX = 2047
 DEFAULT_HEARTBEAT = 60
 DEFAULT_MAX_MESSAGE_SIZE = 128 * 1024 * 1024
-HANDSHAKE_TIMEOUT = 10.0
 CLOSE_OK_TIMEOUT = 5.0
 # A client that has not logged in gets its refusal (403 for a wrong password,
 # 501/502/503/540 for a bad frame) this many seconds after the fault, so that a

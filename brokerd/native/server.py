@@ -28,8 +28,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 import brokerd
-from brokerd.amqp.handshake import HANDSHAKE_TIMEOUT
-from brokerd.connection import NATIVE, Connection
+from brokerd.connection import HANDSHAKE_TIMEOUT, NATIVE, Connection
 from brokerd.connectionlog import ConnectionRecord, client_text, lost_reason, peer_address, peer_host
 from brokerd.errors import (
     BrokerError,
