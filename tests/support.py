@@ -1,10 +1,16 @@
 """Shared test fixtures: a broker on a fake clock, a recording channel peer,
-and a real broker listening on 127.0.0.1 for protocol tests."""
+an AMQP server driven over a StringTransport, and a real broker listening on
+127.0.0.1 for protocol tests."""
 
+import struct
+
+from pamqp import commands
+from pamqp import frame as pamqp_frame
 from twisted.internet import defer, task
 from zope.interface import implementer
 
 from backends.memory import MemoryStore
+from brokerd.amqp.frames import PROTOCOL_HEADER
 from brokerd.connection import Connection
 from brokerd.interfaces import IChannelPeer
 from brokerd.model.broker import Broker
@@ -42,6 +48,33 @@ def make_broker(store=None):
     """A broker on a memory store (unless given) and a Clock; returns (broker, clock)."""
     clock = task.Clock()
     return Broker(store if store is not None else MemoryStore(), clock), clock
+
+
+def amqp_server_past_start_ok(factory, clock, transport, client_properties=None):
+    """
+    An AMQP server protocol of C{factory} on C{transport} (a StringTransport)
+    that has read the protocol header and guest's PLAIN start-ok, and sent its
+    connection.tune: what is left is the client's tune-ok and open.
+    """
+    protocol = factory.buildProtocol(None)
+    protocol.makeConnection(transport)
+    protocol.dataReceived(PROTOCOL_HEADER)
+    start_ok = commands.Connection.StartOk(
+        client_properties=client_properties or {}, mechanism="PLAIN", response="\0guest\0guest", locale="en_US"
+    )
+    protocol.dataReceived(pamqp_frame.marshal(start_ok, 0))
+    clock.advance(0)
+    return protocol
+
+
+def amqp_frames_in(data):
+    """The pamqp frames in C{data}, a run of whole AMQP frames."""
+    found, offset = [], 0
+    while offset < len(data):
+        size = struct.unpack_from(">I", data, offset + 3)[0]
+        found.append(pamqp_frame.unmarshal(data[offset : offset + 8 + size])[2])
+        offset += 8 + size
+    return found
 
 
 def open_channel(broker, channel_id=1, connection=None):

@@ -7,21 +7,13 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.testing import StringTransport
 
 from brokerd.amqp.server import AmqpServerFactory
-from tests.interop.rawamqp import PROTOCOL_HEADER
-from tests.support import make_broker
+from tests.support import amqp_server_past_start_ok, make_broker
 
 
 def open_connection(heartbeat=0):
     broker, clock = make_broker()
-    protocol = AmqpServerFactory(broker).buildProtocol(None)
     transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 5000))
-    protocol.makeConnection(transport)
-    protocol.dataReceived(PROTOCOL_HEADER)
-    start_ok = commands.Connection.StartOk(
-        client_properties={}, mechanism="PLAIN", response="\0guest\0guest", locale="en_US"
-    )
-    protocol.dataReceived(frame.marshal(start_ok, 0))
-    clock.advance(0)
+    protocol = amqp_server_past_start_ok(AmqpServerFactory(broker), clock, transport)
     tune_ok = commands.Connection.TuneOk(channel_max=2047, frame_max=131072, heartbeat=heartbeat)
     protocol.dataReceived(frame.marshal(tune_ok, 0) + frame.marshal(commands.Connection.Open(virtual_host="/"), 0))
     protocol.dataReceived(frame.marshal(commands.Channel.Open(), 1))

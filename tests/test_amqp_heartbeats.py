@@ -3,8 +3,6 @@ every half interval while it has nothing else to write, keeps a client that send
 its own, drops one that stays silent for more than two intervals (logging why),
 and does neither when the client negotiated heartbeats off."""
 
-import struct
-
 from pamqp import commands, frame, heartbeat
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionLost
@@ -16,21 +14,10 @@ from zope.interface.verify import verifyObject
 from brokerd.amqp.handshake import IFrameReader
 from brokerd.amqp.server import AmqpServerFactory
 from brokerd.interfaces import IChannelPeer
-from tests.interop.rawamqp import PROTOCOL_HEADER
-from tests.support import make_broker
+from tests.support import amqp_frames_in, amqp_server_past_start_ok, make_broker
 
 HEARTBEAT = 4  # seconds, as the client's tune-ok sets it
 CLIENT_HEARTBEAT = HEARTBEAT_FRAME = frame.marshal(heartbeat.Heartbeat(), 0)
-
-
-def frames_in(data):
-    """The pamqp frames in C{data}, a run of whole frames."""
-    found, offset = [], 0
-    while offset < len(data):
-        size = struct.unpack_from(">I", data, offset + 3)[0]
-        found.append(frame.unmarshal(data[offset : offset + 8 + size])[2])
-        offset += 8 + size
-    return found
 
 
 def idle(clock, seconds):
@@ -39,7 +26,7 @@ def idle(clock, seconds):
 
 
 def heartbeats_in(data):
-    return sum(isinstance(value, heartbeat.Heartbeat) for value in frames_in(data))
+    return sum(isinstance(value, heartbeat.Heartbeat) for value in amqp_frames_in(data))
 
 
 def open_connection(heartbeat_interval=HEARTBEAT, broker_offers=60):
@@ -47,16 +34,9 @@ def open_connection(heartbeat_interval=HEARTBEAT, broker_offers=60):
     broker, clock = make_broker()
     factory = AmqpServerFactory(broker)
     factory.settings.heartbeat = broker_offers
-    protocol = factory.buildProtocol(None)
     transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 5000))
-    protocol.makeConnection(transport)
-    protocol.dataReceived(PROTOCOL_HEADER)
-    start_ok = commands.Connection.StartOk(
-        client_properties={}, mechanism="PLAIN", response="\0guest\0guest", locale="en_US"
-    )
-    protocol.dataReceived(frame.marshal(start_ok, 0))
-    clock.advance(0)
-    tune, = [value for value in frames_in(transport.value()) if isinstance(value, commands.Connection.Tune)]
+    protocol = amqp_server_past_start_ok(factory, clock, transport)
+    tune, = [value for value in amqp_frames_in(transport.value()) if isinstance(value, commands.Connection.Tune)]
     assert tune.heartbeat == broker_offers
     tune_ok = commands.Connection.TuneOk(channel_max=2047, frame_max=131072, heartbeat=heartbeat_interval)
     protocol.dataReceived(frame.marshal(tune_ok, 0) + frame.marshal(commands.Connection.Open(virtual_host="/"), 0))
@@ -71,7 +51,7 @@ def declare_answered(protocol, transport, clock, queue="still-alive"):
     transport.clear()
     protocol.dataReceived(frame.marshal(commands.Queue.Declare(queue=queue), 1))
     clock.advance(0)
-    return any(isinstance(value, commands.Queue.DeclareOk) for value in frames_in(transport.value()))
+    return any(isinstance(value, commands.Queue.DeclareOk) for value in amqp_frames_in(transport.value()))
 
 
 class LogLines:

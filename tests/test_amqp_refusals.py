@@ -2,7 +2,6 @@
 hears of it, nothing read meanwhile, and the log kept to one line per interval
 however many clients are refused."""
 
-import struct
 
 from pamqp import commands
 from pamqp import frame as pamqp_frame
@@ -14,7 +13,7 @@ from twisted.trial import unittest
 from brokerd.amqp.handshake import HANDSHAKE_TIMEOUT, LOGIN_REFUSAL_DELAY, AmqpSettings
 from brokerd.amqp.server import AmqpServerProtocol
 from brokerd.refusallog import REFUSAL_LOG_INTERVAL
-from tests.support import make_broker
+from tests.support import amqp_frames_in, make_broker
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 
@@ -23,16 +22,6 @@ def start_ok(password):
     return pamqp_frame.marshal(
         commands.Connection.StartOk(client_properties={}, mechanism="PLAIN", response=f"\0guest\0{password}"), 0
     )
-
-
-def frames_in(data):
-    """The pamqp frames in C{data}, a run of whole frames."""
-    found, offset = [], 0
-    while offset < len(data):
-        size = struct.unpack_from(">I", data, offset + 3)[0]
-        found.append(pamqp_frame.unmarshal(data[offset : offset + 8 + size])[2])
-        offset += 8 + size
-    return found
 
 
 class RefusalTests(unittest.SynchronousTestCase):
@@ -66,7 +55,7 @@ class RefusalTests(unittest.SynchronousTestCase):
         protocol.dataReceived(b"\x01\x00\x00\xff\xff\xff\xff" + b"junk that is never parsed")
         self.clock.advance(LOGIN_REFUSAL_DELAY * 0.02)
 
-        (close,) = frames_in(transport.value())
+        (close,) = amqp_frames_in(transport.value())
         self.assertIsInstance(close, commands.Connection.Close)
         self.assertEqual(close.reply_code, 403)
         self.assertFalse(transport.disconnecting)
@@ -82,7 +71,7 @@ class RefusalTests(unittest.SynchronousTestCase):
         self.assertEqual(transport.value(), b"")
         self.clock.advance(LOGIN_REFUSAL_DELAY * 0.02)
 
-        (close,) = frames_in(transport.value())
+        (close,) = amqp_frames_in(transport.value())
         self.assertEqual(close.reply_code, 501)
         self.assertIn("4096", close.reply_text)
 

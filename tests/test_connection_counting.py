@@ -8,8 +8,7 @@ from twisted.internet.testing import StringTransport
 from brokerd.amqp.server import AmqpServerFactory
 from brokerd.native.server import PROTOCOL_VERSION, NativeServerFactory
 from brokerd.proto.native_pb2 import Envelope
-from tests.interop.rawamqp import PROTOCOL_HEADER
-from tests.support import encode_frame, make_broker
+from tests.support import amqp_server_past_start_ok, encode_frame, make_broker
 
 
 def transport():
@@ -20,15 +19,8 @@ def transport():
 
 def test_amqp_server_counts_the_bytes_of_every_read_and_write_after_open():
     broker, clock = make_broker()
-    protocol = AmqpServerFactory(broker).buildProtocol(None)
     wire = transport()
-    protocol.makeConnection(wire)
-    protocol.dataReceived(PROTOCOL_HEADER)
-    start_ok = commands.Connection.StartOk(
-        client_properties={"product": "counter"}, mechanism="PLAIN", response="\0guest\0guest", locale="en_US"
-    )
-    protocol.dataReceived(frame.marshal(start_ok, 0))
-    clock.advance(0)
+    protocol = amqp_server_past_start_ok(AmqpServerFactory(broker), clock, wire, {"product": "counter"})
     tune_ok = commands.Connection.TuneOk(channel_max=2047, frame_max=131072, heartbeat=0)
     protocol.dataReceived(frame.marshal(tune_ok, 0) + frame.marshal(commands.Connection.Open(virtual_host="/"), 0))
     wire.clear()
