@@ -223,9 +223,11 @@ class IDelayedMessageStore(Interface):
 
     A scheduler on the model side (L{brokerd.model.delayeddelivery}, whose
     docstring maps the feature's modules per backend) asks for windows of
-    due messages, routes them and releases them. A durable store keeps them on disk in an index
-    ordered by C{(due, handle)}, and hands them back a window at a time: it
-    need not hold every delayed message in memory.
+    due messages, routes them and releases them. A durable store keeps them on
+    disk and hands them back a window at a time, ordered by C{(due, handle)}:
+    chunked and sqlite keep that order on disk too and need not hold every
+    delayed message in memory; filelog keeps its index in memory, rebuilt from
+    its log at open.
     """
 
     def delay(message, exchange, due):
