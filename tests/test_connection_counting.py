@@ -1,11 +1,14 @@
 """Both protocol servers count on the connection every byte they read and write once it is open,
-each read and each write once, driven by a task.Clock over a StringTransport."""
+each read and each write once, and give each channel an IChannelPeer, driven by a task.Clock
+over a StringTransport."""
 
 from pamqp import commands, frame
 from twisted.internet.address import IPv4Address
 from twisted.internet.testing import StringTransport
+from zope.interface.verify import verifyObject
 
 from brokerd.amqp.server import AmqpServerFactory
+from brokerd.interfaces import IChannelPeer
 from brokerd.native.server import PROTOCOL_VERSION, NativeServerFactory
 from brokerd.proto.native_pb2 import Envelope
 from tests.support import amqp_server_past_start_ok, encode_frame, make_broker
@@ -68,3 +71,23 @@ def test_native_server_counts_the_bytes_of_every_read_and_write_after_hello():
     assert connection.bytes_received == len(requests)
     assert connection.bytes_sent == len(wire.value())
     assert len(connection.channels) == 1
+
+
+def test_both_servers_give_each_channel_a_peer_that_provides_ichannelpeer():
+    broker, clock = make_broker()
+    native = NativeServerFactory(broker).buildProtocol(None)
+    native.makeConnection(transport())
+    hello = Envelope()
+    hello.hello.protocol_version = PROTOCOL_VERSION
+    opened = Envelope(channel=1, correlation_id=1)
+    opened.channel_open.SetInParent()
+    native.dataReceived(encode_frame(hello) + encode_frame(opened))
+    amqp = amqp_server_past_start_ok(AmqpServerFactory(broker), clock, transport())
+    tune_ok = commands.Connection.TuneOk(channel_max=2047, frame_max=131072, heartbeat=0)
+    amqp.dataReceived(
+        frame.marshal(tune_ok, 0) + frame.marshal(commands.Connection.Open(virtual_host="/"), 0)
+        + frame.marshal(commands.Channel.Open(), 1)
+    )
+    for protocol in (native, amqp):
+        (channel,) = protocol.connection.channels.values()
+        assert verifyObject(IChannelPeer, channel.peer)
