@@ -35,8 +35,8 @@ def files(tmp_path_factory, ca):
 
 @pytest.fixture(scope="module")
 def broker(files):
-    amqps = f"ssl:0:interface=127.0.0.1:privateKey={files / 'key.pem'}:certKey={files / 'cert.pem'}:caCerts={files / 'ca.pem'}"
     native = f"ssl:0:interface=127.0.0.1:privateKey={files / 'key.pem'}:certKey={files / 'cert.pem'}"
+    amqps = f"{native}:caCerts={files / 'ca.pem'}"
     process = BrokerProcess(["--backend=memory", "--amqp", "none", "--amqps", amqps, "--native", native,
                              "--auth-mechanisms", "PLAIN,AMQPLAIN,EXTERNAL"], cwd=files)
     yield process
@@ -58,6 +58,17 @@ def pika_parameters(broker, context, **options):
                                      connection_attempts=1, **options)
 
 
+def run_brokerd(cwd, *args):
+    """A twistd brokerd that should not start, run to its end."""
+    command = [*twistd_command(), "-n", "--pidfile=", "brokerd", "--backend=memory", *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def external(broker, ca, common_name):
+    """Connection parameters logging in with EXTERNAL and a certificate for C{common_name}."""
+    return pika_parameters(broker, client_context(ca, common_name), credentials=pika.credentials.ExternalCredentials())
+
+
 def test_the_start_up_log_names_the_tls_listeners(broker):
     broker.wait_listening("AMQP over TLS")
     broker.wait_listening("native protocol over TLS")
@@ -77,15 +88,17 @@ def test_pika_over_tls_with_a_client_certificate_round_trips_a_message(broker, c
 
 
 def test_a_client_without_a_certificate_is_refused_at_the_handshake(broker, ca):
-    with pytest.raises(pika.exceptions.AMQPConnectionError):
+    with pytest.raises(pika.exceptions.AMQPConnectionError) as refused:
         pika.BlockingConnection(pika_parameters(broker, client_context(ca)))
+    assert "CERTIFICATE_REQUIRED" in str(refused.value)  # the TLS alert, before any AMQP
 
 
 def test_a_certificate_from_another_authority_is_refused(broker, ca):
     context = client_context(ca)
     trustme.CA().issue_cert("intruder", common_name="guest").configure_cert(context)
-    with pytest.raises(pika.exceptions.AMQPConnectionError):
+    with pytest.raises(pika.exceptions.AMQPConnectionError) as refused:
         pika.BlockingConnection(pika_parameters(broker, context))
+    assert "UNKNOWN_CA" in str(refused.value)
 
 
 def test_aio_pika_over_tls(broker, ca):
@@ -108,8 +121,7 @@ def test_aio_pika_over_tls(broker, ca):
 
 
 def test_external_logs_in_the_user_the_certificate_names(broker, ca):
-    parameters = pika_parameters(broker, client_context(ca, "guest"), credentials=pika.credentials.ExternalCredentials())
-    connection = pika.BlockingConnection(parameters)
+    connection = pika.BlockingConnection(external(broker, ca, "guest"))
     try:
         assert connection.is_open
         connection.channel().queue_declare("tls.external")
@@ -118,10 +130,10 @@ def test_external_logs_in_the_user_the_certificate_names(broker, ca):
 
 
 def test_external_refuses_a_user_that_does_not_exist_with_403(broker, ca):
-    parameters = pika_parameters(broker, client_context(ca, "mallory"), credentials=pika.credentials.ExternalCredentials())
     with pytest.raises(pika.exceptions.AMQPConnectionError) as refused:
-        pika.BlockingConnection(parameters)
-    assert "(403) \"ACCESS_REFUSED - EXTERNAL login refused: user 'mallory' - invalid credentials\"" in str(refused.value)
+        pika.BlockingConnection(external(broker, ca, "mallory"))
+    reply = "(403) \"ACCESS_REFUSED - EXTERNAL login refused: user 'mallory' - invalid credentials\""
+    assert reply in str(refused.value)
 
 
 def test_the_native_command_line_over_tls(broker, files):
@@ -139,8 +151,7 @@ def test_a_missing_key_or_certificate_file_is_one_line_naming_the_option(tmp_pat
     given = {"privateKey": files / "key.pem", "certKey": files / "cert.pem", "caCerts": files / "ca.pem"}
     given[parameter] = "missing.pem"
     endpoint = "ssl:0:" + ":".join(f"{name}={path}" for name, path in given.items())
-    finished = subprocess.run([*twistd_command(), "-n", "--pidfile=", "brokerd", "--backend=memory", "--amqps", endpoint],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    finished = run_brokerd(tmp_path, "--amqps", endpoint)
     assert finished.returncode != 0
     assert finished.stderr.strip() == (
         f"twistd brokerd: --amqps: cannot read {parameter} 'missing.pem': No such file or directory")
@@ -150,7 +161,38 @@ def test_a_missing_key_or_certificate_file_is_one_line_naming_the_option(tmp_pat
 def test_a_file_that_is_not_pem_is_one_line_naming_the_option(tmp_path, files):
     (tmp_path / "junk.pem").write_text("not a key\n")
     endpoint = f"ssl:0:privateKey=junk.pem:certKey={files / 'cert.pem'}"
-    finished = subprocess.run([*twistd_command(), "-n", "--pidfile=", "brokerd", "--backend=memory", "--amqps", endpoint],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    finished = run_brokerd(tmp_path, "--amqps", endpoint)
     assert finished.returncode != 0
-    assert finished.stderr.strip() == "twistd brokerd: --amqps: privateKey 'junk.pem' is not a PEM file of the right kind"
+    assert finished.stderr.strip() == (
+        "twistd brokerd: --amqps: privateKey 'junk.pem' is not a PEM file of the right kind")
+
+
+def test_external_is_neither_offered_nor_accepted_without_a_client_certificate():
+    from twisted.internet.testing import StringTransport
+
+    from brokerd.amqp import auth
+
+    plain = StringTransport()
+    enabled = auth.Authenticator(mechanisms=auth.ALL_MECHANISMS)
+    assert enabled.offered_mechanisms(plain) == ("PLAIN", "AMQPLAIN")
+    refused = []
+    enabled.login("EXTERNAL", b"", "127.0.0.1", plain).addErrback(refused.append)
+    assert str(refused[0].value) == "EXTERNAL login refused: connection has no peer certificate"
+    disabled = auth.Authenticator()
+    refused = []
+    disabled.login("EXTERNAL", b"", "127.0.0.1", plain).addErrback(refused.append)
+    assert str(refused[0].value) == "unsupported authentication mechanism 'EXTERNAL'; use one of PLAIN, AMQPLAIN"
+
+
+@pytest.mark.parametrize(("args", "complaint"), [
+    (["--amqps", "tcp:5671"],
+     "twistd brokerd: --amqps: 'tcp:5671' is not a TLS endpoint; use ssl:PORT:privateKey=..."),
+    (["--auth-mechanisms", "PLAIN,KERBEROS"],
+     "twistd brokerd: --auth-mechanisms: 'PLAIN,KERBEROS' must name some of PLAIN, AMQPLAIN, EXTERNAL"),
+])
+def test_tls_options_that_cannot_work_are_one_line(tmp_path, args, complaint):
+    from brokerd.tap import Options
+
+    with pytest.raises(SystemExit) as stopped:
+        Options().parseOptions(["--backend=memory", f"--data-dir={tmp_path}", "--native", "none", *args])
+    assert str(stopped.value) == complaint
