@@ -37,7 +37,7 @@ def files(tmp_path_factory, ca):
 def broker(files):
     native = f"ssl:0:interface=127.0.0.1:privateKey={files / 'key.pem'}:certKey={files / 'cert.pem'}"
     amqps = f"{native}:caCerts={files / 'ca.pem'}"
-    process = BrokerProcess(["--backend=memory", "--amqp", "none", "--amqps", amqps, "--native", native,
+    process = BrokerProcess(["--backend=memory", "--amqp", "tcp:0:interface=127.0.0.1", "--amqps", amqps, "--native", native,
                              "--auth-mechanisms", "PLAIN,AMQPLAIN,EXTERNAL"], cwd=files)
     yield process
     process.stop()
@@ -134,6 +134,16 @@ def test_external_refuses_a_user_that_does_not_exist_with_403(broker, ca):
         pika.BlockingConnection(external(broker, ca, "mallory"))
     reply = "(403) \"ACCESS_REFUSED - EXTERNAL login refused: user 'mallory' - invalid credentials\""
     assert reply in str(refused.value)
+
+
+def test_external_is_not_offered_on_the_plain_listener(broker):
+    host, port = broker.wait_address("AMQP")
+    parameters = pika.ConnectionParameters(host, port, credentials=pika.credentials.ExternalCredentials(),
+                                           connection_attempts=1)
+    with pytest.raises(pika.exceptions.AuthenticationError, match="^EXTERNAL$"):
+        pika.BlockingConnection(parameters)  # pika found EXTERNAL missing from connection.start's mechanisms
+    plain = pika.BlockingConnection(pika.ConnectionParameters(host, port, connection_attempts=1))
+    plain.close()
 
 
 def test_the_native_command_line_over_tls(broker, files):
