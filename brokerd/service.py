@@ -3,8 +3,8 @@
 L{BrokerService} opens the store and recovers durable state before any
 listener accepts a client (AMQP plain and over TLS share one factory; a TLS
 endpoint is built by L{brokerd.endpoints.server_endpoint}), and on stop
-closes the listeners, then the clients' connections (L{brokerd.shutdown}: after the commits in flight are confirmed),
-then the store; a SIGTERM stop then ends the process with exit status 0. A
+closes the listeners, then the clients' connections (L{brokerd.shutdown}:
+after the commits in flight are confirmed), then the store; a SIGTERM stop then ends the process with exit status 0. A
 start-up failure (store unusable, port taken) is logged in one line naming
 the option at fault and ends the process with exit status 1; the store's
 stats are logged at stop only if it started.
