@@ -25,7 +25,7 @@ AMQP_CLIENTS = ["pika>=1.3", "kombu>=5.3", "celery>=5.3", "aio-pika>=9"]
 SPARK_REQUIREMENTS = ["pyspark>=3.5", "matplotlib>=3.8"]
 # pytest-xdist runs the suite on every core: most tests wait on real broker
 # processes, so two workers take the suite well under its ten-minute budget.
-TEST_REQUIREMENTS = ["pytest>=8", "pytest-xdist>=3.5", "grpcio-tools==1.85.1", *AMQP_CLIENTS, *SPARK_REQUIREMENTS]
+TEST_REQUIREMENTS = ["pytest>=8", "pytest-xdist>=3.5", "trustme>=1.1", "grpcio-tools==1.85.1", *AMQP_CLIENTS, *SPARK_REQUIREMENTS]
 
 setup(
     name="brokerd",
@@ -41,7 +41,7 @@ setup(
     + ["twisted.plugins"],
     package_data={"twisted": ["plugins/brokerd_plugin.py"], "brokerd.proto": ["*.proto"]},
     install_requires=[
-        "twisted>=24.7",
+        "twisted[tls]>=24.7",  # pyOpenSSL and service_identity, for the ssl: listeners (--amqps)
         PROTOBUF_RUNTIME,
         "zope.interface>=6",
         "pamqp>=3.3",

@@ -1,9 +1,10 @@
 """The running broker as a Twisted service: store first, then listeners.
 
 L{BrokerService} opens the store and recovers durable state before any
-listener accepts a client, and on stop closes the listeners, then the clients'
-connections (L{brokerd.shutdown}: after the commits in flight are confirmed),
-then the store; a SIGTERM stop then ends the process with exit status 0. A
+listener accepts a client (AMQP plain and over TLS share one factory; a TLS
+endpoint is built by L{brokerd.endpoints.server_endpoint}), and on stop
+closes the listeners, then the clients' connections (L{brokerd.shutdown}:
+after the commits in flight are confirmed), then the store; a SIGTERM stop then ends the process with exit status 0. A
 start-up failure (store unusable, port taken) is logged in one line naming
 the option at fault and ends the process with exit status 1; the store's
 stats are logged at stop only if it started.
@@ -16,10 +17,10 @@ import sys
 
 from twisted.application.service import Service
 from twisted.internet import defer
-from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
 from brokerd.amqp.server import AmqpServerFactory
+from brokerd.endpoints import is_tls, server_endpoint
 from brokerd.model.broker import Broker
 from brokerd.model.watermark import DEFAULT_HIGH_WATERMARK, MemoryWatermark
 from brokerd.native.server import DEFAULT_CHANNEL_MAX, DEFAULT_MAX_FRAME_SIZE, NativeServerFactory
@@ -33,20 +34,23 @@ class ListenFailed(Exception):
 
 
 class Listener:
-    """One endpoint string (the value of option C{--NAME}) and the factory serving it; logs the bound address."""
+    """
+    One endpoint string (the value of option C{--NAME}) and the factory serving
+    it; logs the bound address, with "over TLS" after the label of a TLS one.
+    """
 
     def __init__(self, reactor, description, factory, label, option):
         self.reactor = reactor
         self.description = description
         self.factory = factory
-        self.label = label
+        self.label = f"{label} over TLS" if is_tls(description) else label
         self.option = option
         self.port = None
 
     @defer.inlineCallbacks
     def start(self):
         try:
-            self.port = yield serverFromString(self.reactor, self.description).listen(self.factory)
+            self.port = yield server_endpoint(self.reactor, self.description).listen(self.factory)
         except Exception as problem:
             raise ListenFailed(f"--{self.option}={self.description}: {problem}") from None
         return self.port
@@ -81,6 +85,7 @@ class BrokerService(Service):
         native_channel_max=DEFAULT_CHANNEL_MAX,
         amqp_endpoint=None,
         amqp_settings=None,
+        amqps_endpoint=None,
         memory_high_watermark=DEFAULT_HIGH_WATERMARK,
         startup_report=None,
     ):
@@ -88,9 +93,11 @@ class BrokerService(Service):
         self.reactor = reactor
         self.broker = Broker(store, reactor, watermark=MemoryWatermark(memory_high_watermark))
         self.listeners = []
-        if amqp_endpoint:
-            factory = AmqpServerFactory(self.broker, amqp_settings)
-            self.listeners.append(Listener(reactor, amqp_endpoint, factory, "AMQP", "amqp"))
+        if amqp_endpoint or amqps_endpoint:
+            factory = AmqpServerFactory(self.broker, amqp_settings)  # one factory: the same broker behind both
+            for option, endpoint in (("amqp", amqp_endpoint), ("amqps", amqps_endpoint)):
+                if endpoint:
+                    self.listeners.append(Listener(reactor, endpoint, factory, "AMQP", option))
         if native_endpoint:
             factory = NativeServerFactory(self.broker, native_max_frame_size, native_channel_max)
             self.listeners.append(Listener(reactor, native_endpoint, factory, "native protocol", "native"))
@@ -144,7 +151,8 @@ class BrokerService(Service):
         for listener in self.listeners:
             yield listener.stop()
         if self._serving:
-            yield close_clients(self.reactor, self.store, [listener.factory for listener in self.listeners])
+            factories = list(dict.fromkeys(listener.factory for listener in self.listeners))  # amqp, amqps share one
+            yield close_clients(self.reactor, self.store, factories)
         for connection in list(self.broker.connections):
             connection.close()
         self.broker.stop()

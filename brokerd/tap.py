@@ -7,12 +7,11 @@ bad value ends twistd with a one-line error naming the option.
 
 import sys
 
-from twisted.internet.endpoints import serverFromString
 from twisted.python import usage
 
 from brokerd import storeregistry
 from brokerd.durability import SyncPolicy
-from brokerd.endpoints import endpoint_problem
+from brokerd.endpoints import TlsFileProblem, endpoint_problem, is_tls, server_endpoint
 from brokerd.amqp import auth
 from brokerd.amqp.handshake import DEFAULT_FRAME_MAX, DEFAULT_HEARTBEAT, DEFAULT_MAX_MESSAGE_SIZE, AmqpSettings
 from brokerd.native.server import DEFAULT_CHANNEL_MAX as DEFAULT_NATIVE_CHANNEL_MAX
@@ -60,7 +59,29 @@ class Options(usage.Options):
             " power loss).",
         ],
         ["amqp", None, DEFAULT_AMQP, "Endpoint for AMQP 0-9-1 clients (pika, kombu, aio-pika); 'none' to disable it."],
-        ["native", None, DEFAULT_NATIVE, "Endpoint for the native protobuf protocol; 'none' to disable it."],
+        [
+            "amqps",
+            None,
+            None,
+            "Endpoint for AMQP 0-9-1 over TLS, e.g. ssl:5671:privateKey=key.pem:certKey=cert.pem"
+            "[:extraCertChain=chain.pem][:caCerts=ca.pem]; with caCerts, clients must present a certificate"
+            " signed by one of those authorities. Default: none.",
+        ],
+        [
+            "native",
+            None,
+            DEFAULT_NATIVE,
+            "Endpoint for the native protobuf protocol (an ssl: endpoint as for --amqps serves it over TLS);"
+            " 'none' to disable it.",
+        ],
+        [
+            "auth-mechanisms",
+            None,
+            ",".join(auth.MECHANISMS),
+            "SASL mechanisms AMQP clients may log in with, comma-separated, from PLAIN, AMQPLAIN and EXTERNAL"
+            " (EXTERNAL: the user named by the TLS client certificate's subject CN, offered on TLS connections"
+            " that presented one).",
+        ],
         [
             "users",
             None,
@@ -119,8 +140,10 @@ class Options(usage.Options):
             raise usage.UsageError(
                 f"--native-channel-max: {self['native-channel-max']!r} is not a positive number of channels"
             ) from None
-        for name in ("native", "amqp"):
+        for name in ("native", "amqp", "amqps"):
             self[name] = _endpoint_option(reactor, name, self[name])
+        if self["amqps"] is not None and not is_tls(self["amqps"]):
+            raise usage.UsageError(f"--amqps: {self['amqps']!r} is not a TLS endpoint; use ssl:PORT:privateKey=...")
         self["amqp-settings"] = self._amqp_settings()
         try:
             self["memory-high-watermark"] = parse_size(self["memory-high-watermark"])
@@ -169,8 +192,13 @@ class Options(usage.Options):
             except OSError as problem:
                 raise usage.UsageError(f"--users: cannot read {self['users']!r}: {problem.strerror}") from None
             checker = auth.file_checker(self["users"])
+        mechanisms = tuple(name.strip().upper() for name in self["auth-mechanisms"].split(",") if name.strip())
+        unknown = [name for name in mechanisms if name not in auth.ALL_MECHANISMS]
+        if unknown or not mechanisms:
+            raise usage.UsageError(f"--auth-mechanisms: {self['auth-mechanisms']!r} must name some of"
+                                   f" {', '.join(auth.ALL_MECHANISMS)}")
         return AmqpSettings(
-            authenticator=auth.Authenticator(checker),
+            authenticator=auth.Authenticator(checker, mechanisms=mechanisms),
             frame_max=sizes["frame-max"],
             heartbeat=heartbeat,
             max_message_size=sizes["max-message-size"],
@@ -179,9 +207,12 @@ class Options(usage.Options):
 
 def _endpoint_option(reactor, name, value):
     """An endpoint option's value checked, or None for 'none'."""
-    if value.lower() == "none":
+    if value is None or value.lower() == "none":
         return None
-    problem = endpoint_problem(serverFromString, reactor, value)
+    try:
+        problem = endpoint_problem(server_endpoint, reactor, value)
+    except TlsFileProblem as problem:
+        raise usage.UsageError(f"--{name}: {problem}") from None
     if problem is not None:
         raise usage.UsageError(f"--{name}: {value!r} is not a valid endpoint: {problem}")
     return value
@@ -197,6 +228,7 @@ def makeService(options):
         native_max_frame_size=options["native-max-frame"],
         native_channel_max=options["native-channel-max"],
         amqp_endpoint=options["amqp"],
+        amqps_endpoint=options["amqps"],
         amqp_settings=options["amqp-settings"],
         memory_high_watermark=options["memory-high-watermark"],
         startup_report=StartupReport(options["backend"], options["data-dir"], options["sync"], reactor),

@@ -1,7 +1,10 @@
 """Who may connect: SASL PLAIN and AMQPLAIN checked through twisted.cred.
 
 Users come from a file of ``user:password`` lines (twisted.cred's
-C{FilePasswordDB}) or, without one, the single user guest/guest. As in
+C{FilePasswordDB}) or, without one, the single user guest/guest. When the
+operator enables EXTERNAL, a TLS client that presented a certificate may log in
+as the user its subject CN names, if that user exists (RabbitMQ's
+rabbitmq_auth_mechanism_ssl with C{ssl_cert_login_from = common_name}). As in
 RabbitMQ, guest may only log in from a loopback address, and user names and
 passwords are UTF-8 in both mechanisms and in the users file.
 
@@ -20,7 +23,9 @@ from zope.interface import Interface, implementer
 
 from brokerd.amqp.arguments import Malformed, Unacceptable, decode_table_fields
 
-MECHANISMS = ("PLAIN", "AMQPLAIN")
+MECHANISMS = ("PLAIN", "AMQPLAIN")  # offered unless --auth-mechanisms says otherwise
+EXTERNAL = "EXTERNAL"
+ALL_MECHANISMS = (*MECHANISMS, EXTERNAL)
 LOOPBACK_ONLY_USERS = frozenset({"guest"})
 
 
@@ -110,17 +115,53 @@ def is_loopback(host):
         return False  # a UNIX socket or a name: not an IP loopback address
 
 
+def peer_certificate(transport):
+    """The certificate (a pyOpenSSL X509) the client presented on a TLS C{transport}, or None."""
+    get = getattr(transport, "getPeerCertificate", None)
+    if get is None:
+        return None
+    try:
+        return get()
+    except Exception:  # noqa: BLE001 - not a TLS connection after all, or its handshake is not done
+        return None
+
+
 class Authenticator:
     """Checks start-ok credentials against a twisted.cred checker."""
 
-    def __init__(self, checker=None, loopback_only_users=LOOPBACK_ONLY_USERS):
-        self.portal = portal.Portal(_UserRealm(), [checker or default_checker()])
+    def __init__(self, checker=None, loopback_only_users=LOOPBACK_ONLY_USERS, mechanisms=MECHANISMS):
+        self.checker = checker or default_checker()
+        self.portal = portal.Portal(_UserRealm(), [self.checker])
         self.loopback_only_users = loopback_only_users
+        self.mechanisms = tuple(mechanisms)
 
-    def login(self, mechanism, response, peer_host):
+    def offered_mechanisms(self, transport):
+        """The mechanisms connection.start offers on C{transport}: EXTERNAL only if it carries a client certificate."""
+        if EXTERNAL in self.mechanisms and peer_certificate(transport) is None:
+            return tuple(name for name in self.mechanisms if name != EXTERNAL)
+        return self.mechanisms
+
+    def user_exists(self, name):
+        """True if user C{name} (str) may log in at all: the one question EXTERNAL asks of the users."""
+        users = getattr(self.checker, "users", None)
+        if users is not None:
+            return name.encode() in users
+        try:
+            self.checker.getUser(name.encode())
+        except (KeyError, OSError):
+            return False
+        return True
+
+    def login(self, mechanism, response, peer_host, transport=None):
         """
         A Deferred firing with the user name, or failing with L{LoginRefused}.
+        C{transport} gives EXTERNAL the client's certificate.
         """
+        if mechanism not in self.mechanisms:
+            return defer.fail(LoginRefused(f"unsupported authentication mechanism {mechanism!r}; use one of"
+                                           f" {', '.join(self.offered_mechanisms(transport))}"))
+        if mechanism == EXTERNAL:
+            return self._login_external(peer_host, transport)
         try:
             username, password = parse_response(mechanism, response)
         except LoginRefused:
@@ -136,6 +177,20 @@ class Authenticator:
 
         d.addCallbacks(lambda result: result[1], refused)
         return d
+
+    def _login_external(self, peer_host, transport):
+        """EXTERNAL: the user the client certificate's subject CN names, refused in RabbitMQ's words."""
+        certificate = peer_certificate(transport)
+        if certificate is None:
+            return defer.fail(LoginRefused("EXTERNAL login refused: connection has no peer certificate"))
+        name = certificate.get_subject().commonName
+        if not name:
+            return defer.fail(LoginRefused("EXTERNAL login refused: no name found"))
+        if not self.user_exists(name):
+            return defer.fail(LoginRefused(f"EXTERNAL login refused: user '{name}' - invalid credentials"))
+        if name in self.loopback_only_users and not is_loopback(peer_host):
+            return defer.fail(LoginRefused(f"user {name!r} can only connect via localhost"))
+        return defer.succeed(name)
 
     def check_secret(self, username, secret):
         """

@@ -28,7 +28,7 @@ from zope.interface import Interface
 import brokerd
 from brokerd.amqp import frames
 from brokerd.amqp.arguments import decode_method
-from brokerd.amqp.auth import MECHANISMS, Authenticator, LoginRefused
+from brokerd.amqp.auth import Authenticator, LoginRefused
 from brokerd.connection import AMQP_0_9_1, HANDSHAKE_TIMEOUT, Connection
 from brokerd.connectionlog import (
     ConnectionRecord,
@@ -203,7 +203,7 @@ class AmqpHandshake:
                 "information": "https://pypi.org/project/brokerd/",
                 "capabilities": SERVER_CAPABILITIES,
             },
-            mechanisms=" ".join(MECHANISMS),
+            mechanisms=" ".join(self._settings.authenticator.offered_mechanisms(self.transport)),
             locales="en_US",
         )
         self._writes.send(frames.method_frame(0, start))
@@ -274,7 +274,7 @@ class AmqpHandshake:
         response = method.response
         if isinstance(response, str):
             response = response.encode()  # pamqp decoded these bytes as UTF-8: the same bytes again
-        d = self._settings.authenticator.login(method.mechanism, response, peer_host(self.transport))
+        d = self._settings.authenticator.login(method.mechanism, response, peer_host(self.transport), self.transport)
         d.addCallbacks(self._logged_in, self._login_refused)
 
     def _logged_in(self, user):
