@@ -124,3 +124,31 @@ def test_failed_logins_are_counted_per_user_name():
     database.count_failed_login("guest")
     database.count_failed_login("mallory")
     assert database.failed_logins == {"guest": 2, "mallory": 1}
+
+
+@pytest.mark.parametrize(
+    "arguments, environment, defaults",
+    [
+        ([], {}, ("guest", "guest")),
+        (["--default-user", "admin", "--default-pass", "pw"], {}, ("admin", "pw")),
+        ([], {"RABBITMQ_DEFAULT_USER": "ops", "RABBITMQ_DEFAULT_PASS": "€"}, ("ops", "€")),
+        (["--users", "USERS"], {}, (None, "guest")),  # a users file given on the first start replaces guest
+    ],
+    ids=["guest", "options", "environment", "users-file"],
+)
+def test_the_first_starts_administrator_comes_from_the_options_or_the_environment(
+    tmp_path, monkeypatch, arguments, environment, defaults
+):
+    from brokerd.tap import Options
+
+    for name in ("RABBITMQ_DEFAULT_USER", "RABBITMQ_DEFAULT_PASS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    (tmp_path / "users").write_text("alice:x\n")
+    arguments = [str(tmp_path / "users") if argument == "USERS" else argument for argument in arguments]
+    options = Options()
+    options.parseOptions(["--backend", "memory", "--data-dir", str(tmp_path), "--amqp", "none", "--native", "none",
+                          *arguments])
+    assert options["access-defaults"] == defaults
+    assert options["amqp-settings"].authenticator.access.path == str(tmp_path / ACCESS_FILE)
