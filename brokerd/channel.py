@@ -9,8 +9,7 @@ Errors are raised as L{brokerd.errors.BrokerError}s for the adapter to report.
 Its consumers (L{brokerd.consumer.Consumer}) are what its queues deliver to.
 Each channel counts the messages it publishes, delivers and has acked
 (L{MESSAGE_COUNTERS}), one integer increment each, for its connection's totals.
-Every operation is checked against the user's permissions on the vhost
-(L{brokerd.access.permissions.ResourceAccess}; a publish costs a set lookup).
+Every operation is checked against the user's permissions (L{brokerd.access.permissions}).
 """
 
 from collections import OrderedDict
@@ -196,8 +195,9 @@ class Channel:
         """
         if message.encoded_properties is None:
             check_properties(message.properties)
-        if self._writable_exchanges is not None:
-            self.access.check_publish(message, self._writable_exchanges)
+        writable = self._writable_exchanges  # None: unchecked; else exchanges checked already
+        if writable is not None and (message.exchange not in writable or message.properties.user_id):
+            self.access.check_publish(message, writable)
         if message.properties.reply_to == REPLY_QUEUE:
             message = self.connection.broker.replies.with_reply_address(self, message)
         if self._transaction is not None:
