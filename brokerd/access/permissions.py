@@ -91,9 +91,8 @@ class ResourceAccess:
             raise PreconditionFailed(f"user_id property set to '{user_id}' but authenticated user was '{self.user}'")
 
     def _refusal(self, permission, kind, name):
-        return AccessRefused(
-            f"{permission} access to {kind} '{name}' in vhost '{self.vhost}' refused for user '{self.user}'"
-        )
+        # RabbitMQ's words name the resource, not which of the three permissions it lacks.
+        return AccessRefused(f"access to {kind} '{name}' in vhost '{self.vhost}' refused for user '{self.user}'")
 
 
 def _compiled(expression):

@@ -54,20 +54,20 @@ def test_a_user_limited_to_its_prefix_is_refused_other_queues_with_rabbitmqs_403
         guest.channel().basic_publish("", "bob.q", b"for bob")
     with connect(broker, "alice", "alice-pass") as alice:
         assert refusal(lambda: alice.channel().queue_declare("bob.q")) == (
-            403, "ACCESS_REFUSED - configure access to queue 'bob.q' in vhost '/' refused for user 'alice'")
+            403, "ACCESS_REFUSED - access to queue 'bob.q' in vhost '/' refused for user 'alice'")
         assert refusal(lambda: alice.channel().basic_consume("bob.q", lambda *args: None)) == (
-            403, "ACCESS_REFUSED - read access to queue 'bob.q' in vhost '/' refused for user 'alice'")
+            403, "ACCESS_REFUSED - access to queue 'bob.q' in vhost '/' refused for user 'alice'")
         assert refusal(lambda: alice.channel().basic_get("bob.q")) == (
-            403, "ACCESS_REFUSED - read access to queue 'bob.q' in vhost '/' refused for user 'alice'")
+            403, "ACCESS_REFUSED - access to queue 'bob.q' in vhost '/' refused for user 'alice'")
         channel = alice.channel()
         channel.confirm_delivery()
         assert refusal(lambda: channel.basic_publish("amq.direct", "bob.q", b"x")) == (
-            403, "ACCESS_REFUSED - write access to exchange 'amq.direct' in vhost '/' refused for user 'alice'")
+            403, "ACCESS_REFUSED - access to exchange 'amq.direct' in vhost '/' refused for user 'alice'")
         channel = alice.channel()
         channel.queue_declare("alice.q", auto_delete=True)
         channel.exchange_declare("alice.x", "direct", auto_delete=True)
         assert refusal(lambda: channel.queue_bind("alice.q", "amq.direct", "k")) == (
-            403, "ACCESS_REFUSED - read access to exchange 'amq.direct' in vhost '/' refused for user 'alice'")
+            403, "ACCESS_REFUSED - access to exchange 'amq.direct' in vhost '/' refused for user 'alice'")
         channel = alice.channel()
         channel.queue_bind("alice.q", "alice.x", "k")
         channel.confirm_delivery()
