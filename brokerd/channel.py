@@ -9,12 +9,14 @@ Errors are raised as L{brokerd.errors.BrokerError}s for the adapter to report.
 Its consumers (L{brokerd.consumer.Consumer}) are what its queues deliver to.
 Each channel counts the messages it publishes, delivers and has acked
 (L{MESSAGE_COUNTERS}), one integer increment each, for its connection's totals.
+Every operation is checked against the user's permissions (L{brokerd.access.permissions}).
 """
 
 from collections import OrderedDict
 
 from twisted.logger import Logger
 
+from brokerd.access.permissions import UNCHECKED
 from brokerd.errors import MethodNotImplemented, NotAllowed, NotFound, PreconditionFailed
 from brokerd.consumer import Consumer, delivered_message
 from brokerd.model.consumers import consumer_priority
@@ -56,6 +58,8 @@ class Channel:
         self.id = channel_id
         self.peer = peer
         self.vhost = connection.vhost
+        self.access = connection.access or UNCHECKED  # UNCHECKED: the native protocol, in-process
+        self._writable_exchanges = None if connection.access is None else set()  # exchanges published to
         self.clock = connection.broker.clock
         self.consumers = {}
         self.prefetch_count = 0
@@ -95,18 +99,24 @@ class Channel:
         arguments=None,
     ):
         check_arguments(arguments)
+        if not passive and exchange:
+            self.access.check_configure("exchange", exchange)
         self.vhost.declare_exchange(exchange, type_name, passive, durable, auto_delete, internal, arguments)
 
     def exchange_delete(self, exchange, if_unused=False):
+        if exchange:
+            self.access.check_configure("exchange", exchange)
         self.vhost.delete_exchange(exchange, if_unused)
 
     def exchange_bind(self, destination, source, routing_key="", arguments=None):
         """exchange.bind: what C{source} routes under this binding goes on to C{destination}."""
         check_arguments(arguments)
+        self.access.check_binding("exchange", destination, source)
         self.vhost.bind_exchange(destination, source, routing_key, arguments)
 
     def exchange_unbind(self, destination, source, routing_key="", arguments=None):
         check_arguments(arguments)
+        self.access.check_binding("exchange", destination, source)
         self.vhost.unbind_exchange(destination, source, routing_key, arguments)
 
     def queue_declare(self, queue="", passive=False, durable=False, exclusive=False, auto_delete=False, arguments=None):
@@ -116,6 +126,7 @@ class Channel:
             self._last_queue_name = queue
             return declared
         check_arguments(arguments)
+        queue, server_named = self.access.queue_to_declare(queue, passive)
         declared = self.vhost.declare_queue(
             self._queue_name(queue) if passive else queue,
             self.connection,
@@ -124,25 +135,34 @@ class Channel:
             exclusive,
             auto_delete,
             arguments,
+            server_named,
         )
         self._last_queue_name = declared.name
         return declared.name, declared.message_count, declared.consumer_count
 
     def queue_bind(self, queue, exchange, routing_key="", arguments=None):
         check_arguments(arguments)
-        self.vhost.bind(self._queue_name(queue), exchange, routing_key, arguments, self.connection)
+        queue = self._queue_name(queue)
+        self.access.check_binding("queue", queue, exchange)
+        self.vhost.bind(queue, exchange, routing_key, arguments, self.connection)
 
     def queue_unbind(self, queue, exchange, routing_key="", arguments=None):
         check_arguments(arguments)
-        self.vhost.unbind(self._queue_name(queue), exchange, routing_key, arguments, self.connection)
+        queue = self._queue_name(queue)
+        self.access.check_binding("queue", queue, exchange)
+        self.vhost.unbind(queue, exchange, routing_key, arguments, self.connection)
 
     def queue_purge(self, queue):
         """Drop a queue's ready messages; returns how many."""
-        return self.vhost.purge_queue(self._queue_name(queue), self.connection)
+        queue = self._queue_name(queue)
+        self.access.check_read("queue", queue)
+        return self.vhost.purge_queue(queue, self.connection)
 
     def queue_delete(self, queue, if_unused=False, if_empty=False):
         """Delete a queue; returns how many ready messages went with it."""
-        return self.vhost.delete_queue(self._queue_name(queue), self.connection, if_unused, if_empty)
+        queue = self._queue_name(queue)
+        self.access.check_configure("queue", queue)
+        return self.vhost.delete_queue(queue, self.connection, if_unused, if_empty)
 
     def _queue_name(self, name):
         # AMQP: an empty queue name means the last queue declared on this channel.
@@ -175,6 +195,9 @@ class Channel:
         """
         if message.encoded_properties is None:
             check_properties(message.properties)
+        writable = self._writable_exchanges  # None: unchecked; else exchanges checked already
+        if writable is not None and (message.exchange not in writable or message.properties.user_id):
+            self.access.check_publish(message, writable)
         if message.properties.reply_to == REPLY_QUEUE:
             message = self.connection.broker.replies.with_reply_address(self, message)
         if self._transaction is not None:
@@ -274,6 +297,7 @@ class Channel:
         if queue == REPLY_QUEUE:
             target, arguments = self.connection.broker.replies.reply_queue(self, no_ack), None  # ignored
         else:
+            self.access.check_read("queue", queue)
             target = self.vhost.queue(queue, self.connection)
             target.check_available()
         priority = consumer_priority(arguments, target)
@@ -318,7 +342,9 @@ class Channel:
         @return: None if the queue is empty, else C{(delivery_tag, redelivered,
             message, message_count)} where the count is what is left ready.
         """
-        source = self.vhost.queue(self._queue_name(queue), self.connection)
+        queue = self._queue_name(queue)
+        self.access.check_read("queue", queue)
+        source = self.vhost.queue(queue, self.connection)
         source.check_available()
         entry = source.get()
         if entry is None:

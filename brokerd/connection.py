@@ -61,6 +61,9 @@ class Connection:
     @ivar local: the broker's C{(host, port)} the client connected to, or None.
     @ivar name: a stable name, as RabbitMQ's: C{"127.0.0.1:54321 -> 127.0.0.1:5672"}.
     @ivar user: the name of the user who logged in, or None (no login).
+    @ivar access: that user's L{brokerd.access.permissions.ResourceAccess} on
+        the vhost, which its channels check every operation against; None
+        for an unchecked internal user (the native protocol, in-process).
     @ivar client_name: what the client calls itself (AMQP's connection_name or
         product, the native hello's client name).
     @ivar client_properties: the client properties it sent (a dict; empty for
@@ -76,7 +79,7 @@ class Connection:
     """
 
     def __init__(self, broker, vhost_name, client_name="", protocol=None, transport=None, user=None,
-                 client_properties=None):
+                 client_properties=None, access=None):
         """
         @param transport: the transport the client is connected over, whose
             peer and local addresses name the connection (None in-process).
@@ -93,6 +96,7 @@ class Connection:
             self.peer = self.local = None
             self.name = f"in-process connection {self.number}"
         self.user = user
+        self.access = access
         self.client_properties = dict(client_properties or {})
         self.connected_at = int(broker.clock.seconds() * 1000)
         self.bytes_received = 0

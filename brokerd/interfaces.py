@@ -8,7 +8,8 @@ delayed delivery (the C{x-delayed-message} exchange type). L{IChannelPeer} is
 what a protocol adapter gives a channel so the channel can push deliveries,
 returns and confirms to its client. The model calls up only through named
 roles: a queue serves an L{IConsumer}, an exclusive queue belongs to an
-L{IQueueOwner} (a connection), and expiry timers call an L{IExpiringQueue}.
+L{IQueueOwner} (a connection), and expiry timers call an L{IExpiringQueue}. Protocol servers ask an
+L{IAccessDatabase} who may log in and what a user may do on a vhost.
 """
 
 from typing import Any, NamedTuple
@@ -434,3 +435,28 @@ class IExpiringQueue(Interface):
 
     def expire_due():
         """Take out (dead-lettering where the queue says so) every ready message whose time to live is over."""
+
+
+class IAccessDatabase(Interface):
+    """
+    Users, vhosts and permissions as the protocol servers consult them
+    (L{brokerd.access.database.AccessDatabase} keeps them durably): who may
+    log in, which vhosts exist, and what a user may do on one.
+    """
+
+    failed_logins = Attribute("user name -> how many logins as that user were refused since start")
+
+    def check_password(name, password):
+        """Whether user C{name} exists and C{password} (str or UTF-8 bytes) is its password."""
+
+    def user(name):
+        """The user called C{name} (with C{name}, C{password_hash} and C{tags}), or None."""
+
+    def count_failed_login(name):
+        """A login as C{name} was refused: count it in C{failed_logins}."""
+
+    def vhost_exists(name):
+        """Whether vhost C{name} exists."""
+
+    def permissions_of(user, vhost):
+        """C{user}'s permissions on C{vhost} (C{configure}, C{write}, C{read} expressions), or None: none."""

@@ -1,10 +1,12 @@
-"""The running broker as a Twisted service: store first, then listeners.
+"""The running broker as a Twisted service: access database and store first, then listeners.
 
-L{BrokerService} opens the store and recovers durable state before any
+L{BrokerService} loads the access database (users, vhosts, permissions;
+created on the first start), opens the store and recovers durable state before any
 listener accepts a client (AMQP plain and over TLS share one factory; a TLS
-endpoint is built by L{brokerd.endpoints.server_endpoint}), and on stop
-closes the listeners, then the clients' connections (L{brokerd.shutdown}:
-after the commits in flight are confirmed), then the store; a SIGTERM stop then ends the process with exit status 0. A
+endpoint is built by L{brokerd.endpoints.server_endpoint}), and on stop closes
+the listeners, then the clients' connections (L{brokerd.shutdown}: after the
+commits in flight are confirmed), then the store; a SIGTERM stop then ends the
+process with exit status 0. A
 start-up failure (store unusable, port taken) is logged in one line naming
 the option at fault and ends the process with exit status 1; the store's
 stats are logged at stop only if it started.
@@ -19,6 +21,7 @@ from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from brokerd.access.database import AccessDatabaseDamaged
 from brokerd.amqp.server import AmqpServerFactory
 from brokerd.endpoints import is_tls, server_endpoint
 from brokerd.model.broker import Broker
@@ -88,7 +91,14 @@ class BrokerService(Service):
         amqps_endpoint=None,
         memory_high_watermark=DEFAULT_HIGH_WATERMARK,
         startup_report=None,
+        access_defaults=None,
     ):
+        """
+        @param access_defaults: C{(user, password)} of the administrator a
+            first start creates in the access database of C{amqp_settings}'
+            authenticator, C{(None, None)} for none; None: do not open that
+            database (it is an in-memory one, opened already).
+        """
         self.store = store
         self.reactor = reactor
         self.broker = Broker(store, reactor, watermark=MemoryWatermark(memory_high_watermark))
@@ -102,6 +112,9 @@ class BrokerService(Service):
             factory = NativeServerFactory(self.broker, native_max_frame_size, native_channel_max)
             self.listeners.append(Listener(reactor, native_endpoint, factory, "native protocol", "native"))
         self.startup_report = startup_report  # a StartupReport: what the start-up log says
+        self.access = amqp_settings.authenticator.access if amqp_settings is not None else None
+        self.users_file = amqp_settings.authenticator.users_file if amqp_settings is not None else None
+        self.access_defaults = access_defaults
         self.started = defer.Deferred()
         self._store_opened = False
         self._serving = False
@@ -110,13 +123,31 @@ class BrokerService(Service):
         Service.startService(self)
         if self.startup_report is not None:
             self.startup_report.log_settings()
-        d = defer.maybeDeferred(self.store.open)
+        d = defer.maybeDeferred(self._open_access)
+        d.addCallback(lambda _: self.store.open())
         d.addCallback(self._opened)
         d.addCallback(lambda _: self.broker.recover())
         d.addCallback(self._recovered)
         d.addCallback(lambda _: defer.gatherResults([listener.start() for listener in self.listeners], consumeErrors=True))
         d.addCallback(lambda _: self.reactor.callWhenRunning(self._ready))
         d.addErrback(self._failed_to_start)
+
+    def _open_access(self):
+        """Load the access database (made on the first start), import --users, and serve its vhosts."""
+        if self.access is None:
+            return
+        if self.access_defaults is not None:
+            try:
+                self.access.open(*self.access_defaults)
+            except AccessDatabaseDamaged as damage:
+                raise AccessDatabaseDamaged(f"--data-dir: {damage}") from None
+        if self.users_file is not None:
+            try:
+                self.users_file.refresh()
+            except (OSError, ValueError) as problem:
+                raise ValueError(f"--users={self.users_file.path}: {problem}") from None
+        for name in self.access.vhosts:
+            self.broker.add_vhost(name)
 
     def _opened(self, _):
         self._store_opened = True

@@ -5,12 +5,14 @@ Imported by twistd only when the ``brokerd`` subcommand is used, so ``twistd
 bad value ends twistd with a one-line error naming the option.
 """
 
+import os
 import sys
 
 from twisted.python import usage
 
 from brokerd import storeregistry
 from brokerd.durability import SyncPolicy
+from brokerd.access.database import DEFAULT_PASS, DEFAULT_USER, AccessDatabase
 from brokerd.endpoints import TlsFileProblem, endpoint_problem, is_tls, server_endpoint
 from brokerd.amqp import auth
 from brokerd.amqp.handshake import DEFAULT_FRAME_MAX, DEFAULT_HEARTBEAT, DEFAULT_MAX_MESSAGE_SIZE, AmqpSettings
@@ -86,8 +88,21 @@ class Options(usage.Options):
             "users",
             None,
             None,
-            "File of user:password lines for AMQP logins; without it only guest/guest may log in,"
-            " and guest only from a loopback address.",
+            "File of UTF-8 user:password lines imported into the access database at start and whenever it"
+            " changes; its new users get every permission on vhost /. Given on the first start, it replaces guest.",
+        ],
+        [
+            "default-user",
+            None,
+            None,
+            "The administrator the first start creates, with every permission on /"
+            " (default: $RABBITMQ_DEFAULT_USER, else guest, who may log in from loopback only).",
+        ],
+        [
+            "default-pass",
+            None,
+            None,
+            "That administrator's password (default: $RABBITMQ_DEFAULT_PASS, else guest).",
         ],
         ["heartbeat", None, str(DEFAULT_HEARTBEAT), "AMQP heartbeat interval offered to clients, in seconds (0: off)."],
         ["frame-max", None, str(DEFAULT_FRAME_MAX), "Largest AMQP frame offered to clients, in bytes (K, M suffixes)."],
@@ -184,25 +199,35 @@ class Options(usage.Options):
                 raise usage.UsageError(f"--{name}: {problem}") from None
         if not 4096 <= sizes["frame-max"] <= 2**32 - 1:
             raise usage.UsageError(f"--frame-max: {sizes['frame-max']} is outside 4096..4294967295")
-        checker = None
+        return AmqpSettings(
+            authenticator=self._authenticator(),
+            frame_max=sizes["frame-max"],
+            heartbeat=heartbeat,
+            max_message_size=sizes["max-message-size"],
+        )
+
+    def _authenticator(self):
+        """The access database in --data-dir (opened at start) and the --users file to import into it."""
+        access = AccessDatabase.in_directory(self["data-dir"])
+        users_file = None
         if self["users"] is not None:
             try:
                 with open(self["users"], "rb"):
                     pass
             except OSError as problem:
                 raise usage.UsageError(f"--users: cannot read {self['users']!r}: {problem.strerror}") from None
-            checker = auth.file_checker(self["users"])
+            users_file = auth.UsersFileImport(self["users"], access)
+        default_user = self["default-user"] or os.environ.get("RABBITMQ_DEFAULT_USER")
+        if default_user is None and users_file is None:
+            default_user = DEFAULT_USER
+        self["access-defaults"] = (default_user, self["default-pass"] or os.environ.get("RABBITMQ_DEFAULT_PASS")
+                                   or DEFAULT_PASS)
         mechanisms = tuple(name.strip().upper() for name in self["auth-mechanisms"].split(",") if name.strip())
         unknown = [name for name in mechanisms if name not in auth.ALL_MECHANISMS]
         if unknown or not mechanisms:
             raise usage.UsageError(f"--auth-mechanisms: {self['auth-mechanisms']!r} must name some of"
                                    f" {', '.join(auth.ALL_MECHANISMS)}")
-        return AmqpSettings(
-            authenticator=auth.Authenticator(checker, mechanisms=mechanisms),
-            frame_max=sizes["frame-max"],
-            heartbeat=heartbeat,
-            max_message_size=sizes["max-message-size"],
-        )
+        return auth.Authenticator(access, users_file=users_file, mechanisms=mechanisms)
 
 
 def _endpoint_option(reactor, name, value):
@@ -230,6 +255,7 @@ def makeService(options):
         amqp_endpoint=options["amqp"],
         amqps_endpoint=options["amqps"],
         amqp_settings=options["amqp-settings"],
+        access_defaults=options["access-defaults"],
         memory_high_watermark=options["memory-high-watermark"],
         startup_report=StartupReport(options["backend"], options["data-dir"], options["sync"], reactor),
     )

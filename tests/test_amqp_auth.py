@@ -1,10 +1,22 @@
-"""AMQP logins through twisted.cred: PLAIN and AMQPLAIN responses, a users
-file, and guest kept to loopback addresses as RabbitMQ keeps it."""
+"""AMQP logins against the access database: PLAIN and AMQPLAIN responses, a
+users file imported into it, and guest kept to loopback addresses as RabbitMQ
+keeps it."""
 
 import pytest
 from pamqp import encode as pamqp_encode
 
-from brokerd.amqp.auth import Authenticator, LoginRefused, file_checker, parse_response
+from brokerd.access.database import AccessDatabase
+from brokerd.amqp.auth import Authenticator, LoginRefused, UsersFileImport, parse_response
+
+
+def file_checker(path):
+    """An authenticator's database as a first start with a users file makes it: the file's users, no guest."""
+    return AccessDatabase.in_memory(default_user=None)
+
+
+def users_file_authenticator(path):
+    access = file_checker(path)
+    return Authenticator(access, users_file=UsersFileImport(path, access))
 
 
 def amqplain(login, password):
@@ -53,20 +65,20 @@ def test_default_user_is_guest_from_loopback_only():
     assert "user 'guest' can only connect via localhost" in str(remote)
     wrong = outcome(authenticator.login("PLAIN", b"\0guest\0nope", "127.0.0.1"))
     assert isinstance(wrong, LoginRefused)
-    assert "login was refused using authentication mechanism PLAIN" in str(wrong)
+    assert str(wrong) == "PLAIN login refused: user 'guest' - invalid credentials"  # RabbitMQ's words
     assert "nope" not in str(wrong)
 
 
 def test_users_file_replaces_the_default_user(tmp_path):
     users = tmp_path / "users"
     users.write_text("alice:s3cret\nbob:hunter2\n")
-    authenticator = Authenticator(file_checker(str(users)))
+    authenticator = users_file_authenticator(str(users))
     assert outcome(authenticator.login("PLAIN", b"\0alice\0s3cret", "192.0.2.10")) == "alice"
     assert outcome(authenticator.login("AMQPLAIN", amqplain("bob", "hunter2"), "127.0.0.1")) == "bob"
     assert isinstance(outcome(authenticator.login("PLAIN", b"\0guest\0guest", "127.0.0.1")), LoginRefused)
     assert isinstance(outcome(authenticator.login("PLAIN", b"\0alice\0wrong", "127.0.0.1")), LoginRefused)
-    users.write_text("alice:changed\n")  # re-read on every login: no restart needed
-    assert outcome(authenticator.login("PLAIN", b"\0alice\0changed", "127.0.0.1")) == "alice"
+    users.write_text("alice:changed!\n")  # imported again when it changes: no restart needed
+    assert outcome(authenticator.login("PLAIN", b"\0alice\0changed!", "127.0.0.1")) == "alice"
 
 
 def amqplain_entries(login_tag, login_value, password=b"S\x00\x00\x00\x01p"):
@@ -102,7 +114,7 @@ def test_credentials_that_are_not_utf8_strings_are_refused_with_the_reason(respo
 def test_non_ascii_credentials_are_utf8_in_both_mechanisms_and_the_users_file(tmp_path):
     users = tmp_path / "users"
     users.write_text("alice:päss\n€ve:p€ss\n", encoding="utf-8")
-    authenticator = Authenticator(file_checker(str(users)))
+    authenticator = users_file_authenticator(str(users))
     assert outcome(authenticator.login("PLAIN", "\0alice\0päss".encode(), "127.0.0.1")) == "alice"
     assert outcome(authenticator.login("AMQPLAIN", amqplain("€ve", "p€ss"), "127.0.0.1")) == "€ve"
     assert isinstance(outcome(authenticator.login("PLAIN", "\0alice\0päss".encode("latin-1"), "::1")), LoginRefused)

@@ -1,12 +1,17 @@
-"""Who may connect: SASL PLAIN and AMQPLAIN checked through twisted.cred.
+"""Who may connect: SASL PLAIN and AMQPLAIN checked against the access database.
 
-Users come from a file of ``user:password`` lines (twisted.cred's
-C{FilePasswordDB}) or, without one, the single user guest/guest. When the
-operator enables EXTERNAL, a TLS client that presented a certificate may log in
-as the user its subject CN names, if that user exists (RabbitMQ's
-rabbitmq_auth_mechanism_ssl with C{ssl_cert_login_from = common_name}). As in
-RabbitMQ, guest may only log in from a loopback address, and user names and
-passwords are UTF-8 in both mechanisms and in the users file.
+Users, their password hashes and their permissions live in the broker's
+L{brokerd.interfaces.IAccessDatabase} (L{brokerd.access.database}); without
+one, an in-memory database holding guest/guest. As in RabbitMQ, guest may
+only log in from a loopback address (RabbitMQ's C{loopback_users}), user
+names and passwords are UTF-8, and a refusal says, in RabbitMQ's words,
+C{PLAIN login refused: user 'bob' - invalid credentials}; refused logins are
+counted per user name in the database. A C{--users} file of C{user:password}
+lines is imported into the database at start and again whenever it changes
+(L{UsersFileImport}). When the operator enables EXTERNAL, a TLS client that
+presented a certificate may log in as the user its subject CN names, if that
+user exists (RabbitMQ's rabbitmq_auth_mechanism_ssl with
+C{ssl_cert_login_from = common_name}).
 
 A response comes from a peer that has not logged in yet: it is read by
 offsets with every declared length checked, and anything but a string where a
@@ -16,12 +21,15 @@ credential belongs is a refused login, never a failure of the broker.
 import datetime
 import decimal
 import ipaddress
+import os
 
-from twisted.cred import checkers, credentials, error, portal
 from twisted.internet import defer
-from zope.interface import Interface, implementer
+from twisted.logger import Logger
 
+from brokerd.access.database import FULL_PERMISSIONS, AccessDatabase
 from brokerd.amqp.arguments import Malformed, Unacceptable, decode_table_fields
+
+log = Logger()
 
 MECHANISMS = ("PLAIN", "AMQPLAIN")  # offered unless --auth-mechanisms says otherwise
 EXTERNAL = "EXTERNAL"
@@ -29,31 +37,43 @@ ALL_MECHANISMS = (*MECHANISMS, EXTERNAL)
 LOOPBACK_ONLY_USERS = frozenset({"guest"})
 
 
-class IBrokerUser(Interface):
-    """The avatar of a logged-in client: just its user name."""
-
-
-@implementer(portal.IRealm)
-class _UserRealm:
-    def requestAvatar(self, avatar_id, mind, *interfaces):
-        if IBrokerUser not in interfaces:
-            raise NotImplementedError("brokerd only hands out IBrokerUser avatars")
-        name = avatar_id.decode() if isinstance(avatar_id, bytes) else avatar_id
-        return IBrokerUser, name, lambda: None
-
-
 class LoginRefused(Exception):
     """Credentials were missing, malformed or wrong; the text says which, never the password."""
 
 
-def default_checker():
-    """The checker used without a users file: guest/guest only."""
-    return checkers.InMemoryUsernamePasswordDatabaseDontUse(guest=b"guest")
+class UsersFileImport:
+    """
+    A file of UTF-8 C{user:password} lines imported into an access database:
+    each user is created or given that password (hashed), and a user it
+    creates gets every permission on the vhost C{/}, as the file's users had
+    before the database existed. L{refresh} imports it again if it changed.
+    """
 
+    def __init__(self, path, database):
+        self.path = path
+        self.database = database
+        self._seen = None  # (mtime_ns, size) of the version imported last
 
-def file_checker(path):
-    """A checker reading ``user:password`` lines from C{path} (re-read on each login)."""
-    return checkers.FilePasswordDB(path, delim=b":", cache=False)
+    def refresh(self):
+        """Import the file if it changed since the last import; raises OSError if it cannot be read."""
+        status = os.stat(self.path)
+        seen = (status.st_mtime_ns, status.st_size)
+        if seen == self._seen:
+            return
+        with open(self.path, "rb") as file:
+            lines = file.read().decode("utf-8").splitlines()
+        database = self.database
+        for line in lines:
+            name, colon, password = line.partition(":")
+            if not colon or not name:
+                continue
+            if database.user(name) is None:
+                database.add_user(name, password)
+            elif not database.check_password(name, password):
+                database.set_password(name, password)
+            if database.permissions_of(name, "/") is None and database.vhost_exists("/"):
+                database.set_permissions(name, "/", *FULL_PERMISSIONS)
+        self._seen = seen
 
 
 def parse_response(mechanism, response):
@@ -127,13 +147,22 @@ def peer_certificate(transport):
 
 
 class Authenticator:
-    """Checks start-ok credentials against a twisted.cred checker."""
+    """Checks start-ok credentials and new secrets against an L{IAccessDatabase}."""
 
-    def __init__(self, checker=None, loopback_only_users=LOOPBACK_ONLY_USERS, mechanisms=MECHANISMS):
-        self.checker = checker or default_checker()
-        self.portal = portal.Portal(_UserRealm(), [self.checker])
+    def __init__(self, access=None, loopback_only_users=LOOPBACK_ONLY_USERS, users_file=None, mechanisms=MECHANISMS):
+        """
+        @param access: the broker's L{IAccessDatabase}; without one, guest/guest in memory.
+        @param users_file: a L{UsersFileImport} refreshed before each login, or None.
+        @param mechanisms: the SASL mechanisms offered (C{--auth-mechanisms}).
+        """
+        self.access = access if access is not None else AccessDatabase.in_memory()
         self.loopback_only_users = loopback_only_users
+        self.users_file = users_file
         self.mechanisms = tuple(mechanisms)
+
+    def user_exists(self, name):
+        """Whether a user called C{name} exists: the one question EXTERNAL (a login with no password) asks."""
+        return self.access.user(name) is not None
 
     def offered_mechanisms(self, transport):
         """The mechanisms connection.start offers on C{transport}: EXTERNAL only if it carries a client certificate."""
@@ -141,16 +170,6 @@ class Authenticator:
             return tuple(name for name in self.mechanisms if name != EXTERNAL)
         return self.mechanisms
 
-    def user_exists(self, name):
-        """True if user C{name} (str) may log in at all: the one question EXTERNAL asks of the users."""
-        users = getattr(self.checker, "users", None)
-        if users is not None:
-            return name.encode() in users
-        try:
-            self.checker.getUser(name.encode())
-        except (KeyError, OSError):
-            return False
-        return True
 
     def login(self, mechanism, response, peer_host, transport=None):
         """
@@ -167,16 +186,14 @@ class Authenticator:
         except LoginRefused:
             return defer.fail()
         name = username.decode()
+        self._refresh_users_file()
+        if not self.access.check_password(name, password):
+            self.access.count_failed_login(name)
+            return defer.fail(LoginRefused(f"{mechanism} login refused: user '{name}' - invalid credentials"))
         if name in self.loopback_only_users and not is_loopback(peer_host):
-            return defer.fail(LoginRefused(f"user {name!r} can only connect via localhost"))
-        d = self.portal.login(credentials.UsernamePassword(username, password), None, IBrokerUser)
-
-        def refused(failure):
-            failure.trap(error.UnauthorizedLogin, error.UnhandledCredentials)
-            raise LoginRefused(f"login was refused using authentication mechanism {mechanism}")
-
-        d.addCallbacks(lambda result: result[1], refused)
-        return d
+            self.access.count_failed_login(name)
+            return defer.fail(LoginRefused(f"{mechanism} login refused: user '{name}' can only connect via localhost"))
+        return defer.succeed(name)
 
     def _login_external(self, peer_host, transport):
         """EXTERNAL: the user the client certificate's subject CN names, refused in RabbitMQ's words."""
@@ -186,10 +203,13 @@ class Authenticator:
         name = certificate.get_subject().commonName
         if not name:
             return defer.fail(LoginRefused("EXTERNAL login refused: no name found"))
+        self._refresh_users_file()
         if not self.user_exists(name):
+            self.access.count_failed_login(name)
             return defer.fail(LoginRefused(f"EXTERNAL login refused: user '{name}' - invalid credentials"))
         if name in self.loopback_only_users and not is_loopback(peer_host):
-            return defer.fail(LoginRefused(f"user {name!r} can only connect via localhost"))
+            self.access.count_failed_login(name)
+            return defer.fail(LoginRefused(f"EXTERNAL login refused: user '{name}' can only connect via localhost"))
         return defer.succeed(name)
 
     def check_secret(self, username, secret):
@@ -202,11 +222,15 @@ class Authenticator:
             secret = _utf8(secret, "the new secret")
         except LoginRefused:
             return defer.fail()
-        d = self.portal.login(credentials.UsernamePassword(username.encode(), secret), None, IBrokerUser)
+        self._refresh_users_file()
+        if not self.access.check_password(username, secret):
+            return defer.fail(LoginRefused(f"the new secret of user {username!r} was refused"))
+        return defer.succeed(username)
 
-        def refused(failure):
-            failure.trap(error.UnauthorizedLogin, error.UnhandledCredentials)
-            raise LoginRefused(f"the new secret of user {username!r} was refused")
-
-        d.addCallbacks(lambda result: result[1], refused)
-        return d
+    def _refresh_users_file(self):
+        """Take in the users file's changes; one that cannot be read leaves the database as it is."""
+        if self.users_file is not None:
+            try:
+                self.users_file.refresh()
+            except (OSError, ValueError) as problem:
+                log.warn("--users: cannot import {path!r}: {problem}", path=self.users_file.path, problem=problem)

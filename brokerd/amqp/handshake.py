@@ -2,7 +2,8 @@
 
 The frame receiver (L{brokerd.amqp.server.AmqpServerProtocol}) holds one
 L{AmqpHandshake} per connection and hands it every channel-0 frame: start /
-start-ok (credentials checked by L{brokerd.amqp.auth}) / tune / tune-ok / open,
+start-ok (credentials checked by L{brokerd.amqp.auth}) / tune / tune-ok / open
+(the vhost and the user's permissions on it looked up in the access database),
 update-secret (the new secret re-checked), connection.close in both directions,
 and connection.blocked / unblocked while the broker holds publishers back. The
 handshake also owns the connection's timers (the handshake timeout, the
@@ -26,6 +27,7 @@ from twisted.logger import Logger
 from zope.interface import Interface
 
 import brokerd
+from brokerd.access.permissions import ResourceAccess
 from brokerd.amqp import frames
 from brokerd.amqp.arguments import decode_method
 from brokerd.amqp.auth import Authenticator, LoginRefused
@@ -315,9 +317,21 @@ class AmqpHandshake:
         self.state = AWAITING_OPEN
 
     def on_open(self, method):
+        """
+        connection.open: the vhost must exist and the user must have
+        permissions on it (RabbitMQ's 530 and texts otherwise); the
+        connection's channels check every operation against those.
+        """
+        vhost = method.virtual_host or "/"
+        access = self._settings.authenticator.access
+        if not access.vhost_exists(vhost):
+            raise NotAllowed(f"vhost {vhost} not found")
+        permissions = access.permissions_of(self.user, vhost)
+        if permissions is None:
+            raise NotAllowed(f"access to vhost '{vhost}' refused for user '{self.user}'")
         name = self.client_properties.get("connection_name") or self.client_properties.get("product") or ""
-        self.connection = Connection(self.broker, method.virtual_host or "/", str(name), AMQP_0_9_1, self.transport,
-                                     self.user, self.client_properties)
+        self.connection = Connection(self.broker, vhost, str(name), AMQP_0_9_1, self.transport, self.user,
+                                     self.client_properties, ResourceAccess(self.user, vhost, permissions))
         self._writes.counted = self.connection
         self.gate = PublisherGate(self.broker.watermark, self.transport, self._blocked_changed)
         self.state = OPEN

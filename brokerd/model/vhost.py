@@ -166,11 +166,13 @@ class VirtualHost:
     # -- queues
 
     def declare_queue(
-        self, name, connection=None, passive=False, durable=False, exclusive=False, auto_delete=False, arguments=None
+        self, name, connection=None, passive=False, durable=False, exclusive=False, auto_delete=False, arguments=None,
+        server_named=False,
     ):
         """Declare (or with C{passive}, check) a queue; returns it.
 
-        An empty C{name} asks the broker to pick one. C{connection} (an
+        An empty C{name} asks the broker to pick one; C{server_named} says
+        C{name} is one the broker picked already (to check permissions on it). C{connection} (an
         L{brokerd.interfaces.IQueueOwner}) owns the queue when C{exclusive} is set.
         """
         check_short_string("queue name", name)
@@ -195,7 +197,7 @@ class VirtualHost:
             )
             existing.touch()
             return existing
-        if name:
+        if name and not server_named:
             check_not_reserved("queue", name)
         else:
             name = generate_queue_name()

@@ -68,7 +68,7 @@ def test_wrong_password_is_refused(amqp_broker):
     # pika names a connection.close received during start/start-ok a "probable" authentication error.
     with pytest.raises(pika.exceptions.ProbableAuthenticationError) as raised:
         pika.BlockingConnection(parameters)
-    assert "(403) 'ACCESS_REFUSED" in str(raised.value)
+    assert "(403) \"ACCESS_REFUSED - PLAIN login refused: user 'guest' - invalid credentials\"" in str(raised.value)
 
 
 def test_unknown_virtual_host_is_refused(amqp_broker):

@@ -1,0 +1,9 @@
+"""Who may do what: users, virtual hosts and permissions, free of any wire protocol.
+
+L{brokerd.access.database.AccessDatabase} keeps them durably in the broker's
+data directory (apart from the message store); L{brokerd.access.passwords}
+hashes passwords as RabbitMQ does; L{brokerd.access.permissions} checks an
+operation against a user's configure / write / read expressions in one place
+for every protocol; L{brokerd.access.vhosts} creates and deletes vhosts in the
+database and the running broker together.
+"""

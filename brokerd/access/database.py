@@ -1,0 +1,305 @@
+"""The access database: users, virtual hosts and permissions, kept durably.
+
+One JSON document in the broker's data directory (L{ACCESS_FILE}), apart from
+whatever message store the broker runs on, in the shape of RabbitMQ's
+definitions (C{users} with C{password_hash}, C{hashing_algorithm} and
+C{tags}; C{vhosts}; C{permissions} with C{configure}, C{write}, C{read}).
+Every change is written to a temporary file, fsynced, renamed over the old
+one and the directory fsynced before the change call returns, so a change
+that was acknowledged survives a crash; a change that cannot be written is
+undone in memory and raises.
+
+The first start creates the vhost C{/} and one administrator (guest/guest
+unless the operator names another) with every permission on C{/}.
+Failed logins are counted per user name, in memory, for metrics.
+"""
+
+import json
+import os
+import re
+
+from zope.interface import implementer
+
+from brokerd.access.passwords import HASHING_ALGORITHM, hash_password, password_matches
+from brokerd.interfaces import IAccessDatabase
+
+ACCESS_FILE = "access.json"
+FORMAT = "brokerd access database"
+FORMAT_VERSION = 1
+DEFAULT_VHOST = "/"
+DEFAULT_USER = "guest"
+DEFAULT_PASS = "guest"
+USER_TAGS = ("administrator", "monitoring", "management", "policymaker")
+FULL_PERMISSIONS = (".*", ".*", ".*")
+
+
+class AccessDatabaseDamaged(Exception):
+    """The access database file cannot be read; the message names the file and the fault."""
+
+
+class AccessChangeRefused(ValueError):
+    """A change names an unknown user or vhost, or a bad tag or expression; the message says which."""
+
+
+class User:
+    """One user: its name, its password hash (RabbitMQ's format; None: no password login) and its tags."""
+
+    __slots__ = ("name", "password_hash", "tags")
+
+    def __init__(self, name, password_hash, tags=()):
+        self.name = name
+        self.password_hash = password_hash
+        self.tags = tuple(tags)
+
+    def __repr__(self):
+        return f"<User {self.name!r} tags={list(self.tags)}>"
+
+
+class Permissions:
+    """A user's three regular expressions on one vhost, as RabbitMQ's C{set_permissions} takes them."""
+
+    __slots__ = ("configure", "write", "read")
+
+    def __init__(self, configure, write, read):
+        self.configure, self.write, self.read = configure, write, read
+
+    def __eq__(self, other):
+        return isinstance(other, Permissions) and self.as_tuple() == other.as_tuple()
+
+    def as_tuple(self):
+        return self.configure, self.write, self.read
+
+    def __repr__(self):
+        return f"Permissions{self.as_tuple()!r}"
+
+
+@implementer(IAccessDatabase)
+class AccessDatabase:
+    """
+    Users, vhosts and permissions, loaded by L{open} and saved on every change.
+
+    @ivar path: the file it is kept in, or None for one held in memory only.
+    @ivar users: user name -> L{User}.
+    @ivar vhosts: the names of the vhosts, in the order they were created.
+    @ivar permissions: C{(user name, vhost name)} -> L{Permissions}.
+    @ivar failed_logins: user name -> how many logins as that user were refused since start.
+    """
+
+    def __init__(self, path=None):
+        self.path = path
+        self.users = {}
+        self.vhosts = []
+        self.permissions = {}
+        self.failed_logins = {}
+
+    @classmethod
+    def in_memory(cls, default_user=DEFAULT_USER, default_pass=DEFAULT_PASS):
+        """A database kept in memory only, as a first start makes it."""
+        database = cls(None)
+        database.open(default_user, default_pass)
+        return database
+
+    @classmethod
+    def in_directory(cls, data_dir):
+        """The database kept in C{data_dir} (not read until L{open})."""
+        return cls(os.path.join(data_dir, ACCESS_FILE))
+
+    def open(self, default_user=DEFAULT_USER, default_pass=DEFAULT_PASS):
+        """
+        Load the database; on the first start (no file yet) create the vhost
+        C{/} and C{default_user} (an administrator with every permission on
+        C{/}) unless C{default_user} is None, and save. Returns True on a
+        first start. Raises L{AccessDatabaseDamaged} for a file it cannot read.
+        """
+        if self.path is not None and os.path.exists(self.path):
+            try:
+                with open(self.path, "rb") as file:
+                    self._take_document(json.loads(file.read().decode("utf-8")))
+            except (OSError, ValueError, KeyError, TypeError) as problem:
+                raise AccessDatabaseDamaged(f"access database {self.path} cannot be read: {problem}") from None
+            return False
+        self.vhosts = [DEFAULT_VHOST]
+        if default_user is not None:
+            self.users[default_user] = User(default_user, hash_password(default_pass), ("administrator",))
+            self.permissions[(default_user, DEFAULT_VHOST)] = Permissions(*FULL_PERMISSIONS)
+        if self.path is not None:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            self._save()
+        return True
+
+    # -- reading
+
+    def user(self, name):
+        """The L{User} called C{name}, or None."""
+        return self.users.get(name)
+
+    def check_password(self, name, password):
+        """Whether user C{name} exists and C{password} (str or UTF-8 bytes) is its password."""
+        user = self.users.get(name)
+        return user is not None and user.password_hash is not None and password_matches(user.password_hash,
+                                                                                          password)
+
+    def count_failed_login(self, name):
+        """A login as C{name} was refused: count it."""
+        self.failed_logins[name] = self.failed_logins.get(name, 0) + 1
+
+    def vhost_exists(self, name):
+        return name in self.vhosts
+
+    def permissions_of(self, user, vhost):
+        """The L{Permissions} of C{user} on C{vhost}, or None: it may not use that vhost."""
+        return self.permissions.get((user, vhost))
+
+    # -- changes, each durable before it returns
+
+    def add_user(self, name, password, tags=()):
+        """Create a user (RabbitMQ's C{add_user}); it has no permissions until given some."""
+        _check_name("user", name)
+        if name in self.users:
+            raise AccessChangeRefused(f"user '{name}' already exists")
+        self._change(lambda: self.users.__setitem__(name, User(name, hash_password(password), _tags(tags))))
+
+    def set_password(self, name, password):
+        user = self._existing_user(name)
+        self._change(lambda: setattr(user, "password_hash", hash_password(password)))
+
+    def set_password_hash(self, name, password_hash, tags=()):
+        """Create or update a user from a hash made elsewhere (RabbitMQ's definitions)."""
+        _check_name("user", name)
+        user = User(name, password_hash, _tags(tags))
+        self._change(lambda: self.users.__setitem__(name, user))
+
+    def set_user_tags(self, name, tags):
+        user = self._existing_user(name)
+        tags = _tags(tags)
+        self._change(lambda: setattr(user, "tags", tags))
+
+    def delete_user(self, name):
+        """Delete a user with its permissions on every vhost."""
+        self._existing_user(name)
+
+        def delete():
+            del self.users[name]
+            for key in [key for key in self.permissions if key[0] == name]:
+                del self.permissions[key]
+
+        self._change(delete)
+
+    def add_vhost(self, name):
+        _check_name("vhost", name)
+        if name in self.vhosts:
+            raise AccessChangeRefused(f"vhost '{name}' already exists")
+        self._change(lambda: self.vhosts.append(name))
+
+    def delete_vhost(self, name):
+        """Forget a vhost with every permission on it (its queues and exchanges are the broker's to drop)."""
+        self._existing_vhost(name)
+
+        def delete():
+            self.vhosts.remove(name)
+            for key in [key for key in self.permissions if key[1] == name]:
+                del self.permissions[key]
+
+        self._change(delete)
+
+    def set_permissions(self, user, vhost, configure, write, read):
+        """Give C{user} the three expressions on C{vhost} (RabbitMQ's C{set_permissions})."""
+        self._existing_user(user)
+        self._existing_vhost(vhost)
+        for kind, expression in (("configure", configure), ("write", write), ("read", read)):
+            try:
+                re.compile(expression)
+            except re.error as problem:
+                raise AccessChangeRefused(f"{kind} expression {expression!r} is not valid: {problem}") from None
+        permissions = Permissions(configure, write, read)
+        self._change(lambda: self.permissions.__setitem__((user, vhost), permissions))
+
+    def clear_permissions(self, user, vhost):
+        self._existing_user(user)
+        self._existing_vhost(vhost)
+        self._change(lambda: self.permissions.pop((user, vhost), None))
+
+    # -- the document on disk
+
+    def document(self):
+        """The database as RabbitMQ-style definitions (a dict ready for JSON)."""
+        return {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "users": [
+                {"name": user.name, "password_hash": user.password_hash or "", "hashing_algorithm": HASHING_ALGORITHM,
+                 "tags": list(user.tags)}
+                for user in self.users.values()
+            ],
+            "vhosts": [{"name": name} for name in self.vhosts],
+            "permissions": [
+                {"user": user, "vhost": vhost, "configure": permissions.configure, "write": permissions.write,
+                 "read": permissions.read}
+                for (user, vhost), permissions in self.permissions.items()
+            ],
+        }
+
+    def _take_document(self, document):
+        if document.get("format") != FORMAT or document.get("version") != FORMAT_VERSION:
+            raise ValueError(f"not a {FORMAT} of version {FORMAT_VERSION}")
+        users = {}
+        for entry in document["users"]:
+            if entry.get("hashing_algorithm", HASHING_ALGORITHM) != HASHING_ALGORITHM:
+                raise ValueError(f"user {entry['name']!r} has a hash made by {entry['hashing_algorithm']!r}")
+            users[entry["name"]] = User(entry["name"], entry["password_hash"] or None, entry["tags"])
+        self.users = users
+        self.vhosts = [entry["name"] for entry in document["vhosts"]]
+        self.permissions = {
+            (entry["user"], entry["vhost"]): Permissions(entry["configure"], entry["write"], entry["read"])
+            for entry in document["permissions"]
+        }
+
+    def _change(self, apply):
+        """Apply a change in memory and save it; if it cannot be saved, undo it and raise."""
+        before = self.document()
+        apply()
+        try:
+            self._save()
+        except OSError:
+            self._take_document(before)
+            raise
+
+    def _save(self):
+        if self.path is None:
+            return
+        data = json.dumps(self.document(), indent=1, ensure_ascii=False).encode("utf-8")
+        temporary = self.path + ".tmp"
+        with open(temporary, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, self.path)
+        directory = os.open(os.path.dirname(os.path.abspath(self.path)), os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+    def _existing_user(self, name):
+        user = self.users.get(name)
+        if user is None:
+            raise AccessChangeRefused(f"no user '{name}'")
+        return user
+
+    def _existing_vhost(self, name):
+        if name not in self.vhosts:
+            raise AccessChangeRefused(f"no vhost '{name}'")
+
+
+def _check_name(kind, name):
+    if not name or len(name.encode()) > 255:
+        raise AccessChangeRefused(f"a {kind} name must be 1 to 255 bytes of UTF-8")
+
+
+def _tags(tags):
+    """Tags as RabbitMQ keeps them: any words, the known ones among them meaning something here."""
+    tags = tuple(tags)
+    for tag in tags:
+        if not tag or "," in tag:
+            raise AccessChangeRefused(f"{tag!r} is not a user tag (known: {', '.join(USER_TAGS)})")
+    return tags

@@ -1,0 +1,123 @@
+"""Permission checks: one place for every protocol's operations.
+
+A L{ResourceAccess} is one user's permissions on one vhost with the three
+expressions compiled once, made when a connection opens and consulted by
+its channels (L{brokerd.channel.Channel}). The meaning is RabbitMQ's
+(C{rabbit_auth_backend_internal}): an expression is searched for anywhere in
+the resource's name (anchor it with C{^} and C{$}), an empty one allows
+nothing, and the default exchange is matched as C{amq.default}. A refusal is
+403 ACCESS_REFUSED in RabbitMQ's words (C{rabbit_access_control}).
+"""
+
+import re
+
+from brokerd.errors import AccessRefused, PreconditionFailed
+from brokerd.model.names import generate_queue_name
+
+DEFAULT_EXCHANGE_RESOURCE = "amq.default"
+
+
+class ResourceAccess:
+    """
+    What one user may do on one vhost.
+
+    @ivar user: the user's name.
+    @ivar vhost: the vhost's name.
+    """
+
+    __slots__ = ("user", "vhost", "_configure", "_write", "_read")
+
+    def __init__(self, user, vhost, permissions):
+        """
+        @param permissions: the user's L{brokerd.access.database.Permissions} on C{vhost}.
+        """
+        self.user = user
+        self.vhost = vhost
+        self._configure = _compiled(permissions.configure)
+        self._write = _compiled(permissions.write)
+        self._read = _compiled(permissions.read)
+
+    def check_configure(self, kind, name):
+        """Declaring or deleting the C{kind} (exchange, queue) called C{name}."""
+        if self._configure.search(name or DEFAULT_EXCHANGE_RESOURCE) is None:
+            raise self._refusal("configure", kind, name)
+
+    def check_write(self, kind, name):
+        """Publishing to an exchange; binding to a queue or exchange (the destination)."""
+        if self._write.search(name or DEFAULT_EXCHANGE_RESOURCE) is None:
+            raise self._refusal("write", kind, name)
+
+    def check_read(self, kind, name):
+        """Consuming from, getting from or purging a queue; binding from an exchange (the source)."""
+        if self._read.search(name or DEFAULT_EXCHANGE_RESOURCE) is None:
+            raise self._refusal("read", kind, name)
+
+    def queue_to_declare(self, name, passive):
+        """
+        C{(name, server_named)} of a queue.declare, its configure permission
+        checked; an empty name is replaced by the one the broker picks, as
+        RabbitMQ checks that one. A passive declare needs no permission.
+        """
+        if passive:
+            return name, False
+        server_named = not name
+        if server_named:
+            name = generate_queue_name()
+        self.check_configure("queue", name)
+        return name, server_named
+
+    def check_binding(self, destination_kind, destination, source):
+        """A binding needs write on its destination and read on its source exchange (RabbitMQ's order)."""
+        self.check_write(destination_kind, destination)
+        self.check_read("exchange", source)
+
+    def check_publish(self, message, writable):
+        """
+        A publish needs write on its exchange and a C{user_id} naming the user
+        who logged in; C{writable} is the channel's set of exchanges already
+        allowed, which this adds to, so a channel checks each exchange once.
+        """
+        exchange = message.exchange
+        if exchange not in writable:
+            self.check_write("exchange", exchange)
+            writable.add(exchange)
+        user_id = message.properties.user_id
+        if user_id:
+            self.check_user_id(user_id)
+
+    def check_user_id(self, user_id):
+        """A publish's C{user_id} property must name the user who logged in (RabbitMQ's 406)."""
+        if user_id != self.user:
+            raise PreconditionFailed(f"user_id property set to '{user_id}' but authenticated user was '{self.user}'")
+
+    def _refusal(self, permission, kind, name):
+        # RabbitMQ's words name the resource, not which of the three permissions it lacks.
+        return AccessRefused(f"access to {kind} '{name}' in vhost '{self.vhost}' refused for user '{self.user}'")
+
+
+def _compiled(expression):
+    # RabbitMQ reads an empty expression as ^$: with the default exchange named amq.default, nothing matches.
+    return re.compile(expression or "^$")
+
+
+class UncheckedAccess:
+    """The access of an unchecked internal user (the native protocol until it has logins): everything."""
+
+    __slots__ = ()
+
+    def check_configure(self, kind, name):
+        pass
+
+    check_write = check_read = check_configure
+
+    def queue_to_declare(self, name, passive):
+        return name, False
+
+    def check_binding(self, destination_kind, destination, source):
+        pass
+
+    def check_publish(self, message, writable):
+        pass
+
+
+UNCHECKED = UncheckedAccess()
