@@ -126,7 +126,7 @@ class Channel:
             self._last_queue_name = queue
             return declared
         check_arguments(arguments)
-        queue, server_named = self.access.queue_to_declare(queue, passive)
+        queue, server_named = self.access.queue_to_declare(queue, passive, arguments)
         declared = self.vhost.declare_queue(
             self._queue_name(queue) if passive else queue,
             self.connection,

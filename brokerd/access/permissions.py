@@ -52,11 +52,14 @@ class ResourceAccess:
         if self._read.search(name or DEFAULT_EXCHANGE_RESOURCE) is None:
             raise self._refusal("read", kind, name)
 
-    def queue_to_declare(self, name, passive):
+    def queue_to_declare(self, name, passive, arguments=None):
         """
         C{(name, server_named)} of a queue.declare, its configure permission
         checked; an empty name is replaced by the one the broker picks, as
-        RabbitMQ checks that one. A passive declare needs no permission.
+        RabbitMQ checks that one. A passive declare needs no permission. A
+        queue that dead-letters (C{x-dead-letter-exchange} in C{arguments})
+        also needs read on itself and write on that exchange, as in
+        RabbitMQ's C{rabbit_channel}: its dead messages are published there.
         """
         if passive:
             return name, False
@@ -64,6 +67,12 @@ class ResourceAccess:
         if server_named:
             name = generate_queue_name()
         self.check_configure("queue", name)
+        dead_letter_exchange = arguments.get("x-dead-letter-exchange") if arguments else None
+        if isinstance(dead_letter_exchange, bytes):
+            dead_letter_exchange = dead_letter_exchange.decode("utf-8", "replace")
+        if isinstance(dead_letter_exchange, str):  # any other type is refused by the declare itself (406)
+            self.check_read("queue", name)
+            self.check_write("exchange", dead_letter_exchange)
         return name, server_named
 
     def check_binding(self, destination_kind, destination, source):
@@ -110,7 +119,7 @@ class UncheckedAccess:
 
     check_write = check_read = check_configure
 
-    def queue_to_declare(self, name, passive):
+    def queue_to_declare(self, name, passive, arguments=None):
         return name, False
 
     def check_binding(self, destination_kind, destination, source):

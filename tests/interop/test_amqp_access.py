@@ -77,6 +77,16 @@ def test_a_user_limited_to_its_prefix_is_refused_other_queues_with_rabbitmqs_403
         assert guest.channel().queue_delete("bob.q").method.message_count == 1
 
 
+def test_a_queue_that_dead_letters_needs_write_on_its_dead_letter_exchange(broker):
+    with connect(broker, "alice", "alice-pass") as alice:
+        arguments = {"x-dead-letter-exchange": "amq.fanout"}
+        assert refusal(lambda: alice.channel().queue_declare("alice.dl", auto_delete=True, arguments=arguments)) == (
+            403, "ACCESS_REFUSED - access to exchange 'amq.fanout' in vhost '/' refused for user 'alice'")
+        channel = alice.channel()
+        channel.exchange_declare("alice.dlx", "fanout", auto_delete=True)
+        channel.queue_declare("alice.dl", auto_delete=True, arguments={"x-dead-letter-exchange": "alice.dlx"})
+
+
 def test_a_publish_whose_user_id_is_not_the_users_is_refused_with_rabbitmqs_406(broker):
     with connect(broker) as guest:
         channel = guest.channel()
