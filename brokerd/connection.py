@@ -104,6 +104,7 @@ class Connection:
         self.channels = {}
         self.exclusive_queues = set()
         self.closed = False
+        self.closer = None  # set by the protocol server: tells the client why the broker closes (close_by_broker)
         self.deliveries_paused = False
         self._closed_channel_counts = dict.fromkeys(MESSAGE_COUNTERS, 0)
         broker.connections.add(self)
@@ -198,6 +199,17 @@ class Connection:
         self.deliveries_paused = False
         for channel in list(self.channels.values()):
             channel.dispatch_all()
+
+    def close_by_broker(self, error):
+        """
+        The broker ends this client's connection (its vhost was deleted, an
+        operator asked): the protocol server sends C{error} (a 320
+        CONNECTION_FORCED, as RabbitMQ's) to the client through C{closer},
+        and the connection closes as with L{close}.
+        """
+        if self.closer is not None:
+            self.closer(error)
+        self.close()
 
     def close(self):
         """Close every channel and delete this connection's exclusive queues."""

@@ -333,6 +333,7 @@ class AmqpHandshake:
         self.connection = Connection(self.broker, vhost, str(name), AMQP_0_9_1, self.transport, self.user,
                                      self.client_properties, ResourceAccess(self.user, vhost, permissions))
         self._writes.counted = self.connection
+        self.connection.closer = self.close
         self.gate = PublisherGate(self.broker.watermark, self.transport, self._blocked_changed)
         self.state = OPEN
         if self._timeout_call is not None and self._timeout_call.active():

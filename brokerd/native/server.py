@@ -275,6 +275,7 @@ class NativeServerProtocol(FrameReceiver):
             )
         self.connection = Connection(self.broker, hello.vhost or "/", hello.client_name, NATIVE, self.transport)
         self.writes.counted = self.connection
+        self.connection.closer = self._close_connection
         self.MAX_LENGTH = self.max_frame_size
         if self._hello_timeout is not None and self._hello_timeout.active():
             self._hello_timeout.cancel()
