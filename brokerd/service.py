@@ -21,7 +21,7 @@ from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from brokerd.access.database import AccessDatabaseDamaged
+from brokerd.access.database import FULL_PERMISSIONS, AccessDatabaseDamaged
 from brokerd.amqp.server import AmqpServerFactory
 from brokerd.endpoints import is_tls, server_endpoint
 from brokerd.model.broker import Broker
@@ -118,6 +118,7 @@ class BrokerService(Service):
         self.started = defer.Deferred()
         self._store_opened = False
         self._serving = False
+        self._first_access_start = False  # True when this start made the access database
 
     def startService(self):
         Service.startService(self)
@@ -138,7 +139,7 @@ class BrokerService(Service):
             return
         if self.access_defaults is not None:
             try:
-                self.access.open(*self.access_defaults)
+                self._first_access_start = self.access.open(*self.access_defaults)
             except AccessDatabaseDamaged as damage:
                 raise AccessDatabaseDamaged(f"--data-dir: {damage}") from None
         if self.users_file is not None:
@@ -153,8 +154,23 @@ class BrokerService(Service):
         self._store_opened = True
 
     def _recovered(self, counts):
+        if self._first_access_start:
+            self._adopt_recovered_vhosts()
         if self.startup_report is not None:
             self.startup_report.warn_of_other_backends_data(self.store, counts)
+
+    def _adopt_recovered_vhosts(self):
+        """
+        A data directory from before the access database: the vhosts its
+        store holds become vhosts of the new database, with every permission
+        for the first start's administrator, so its clients keep their data.
+        """
+        administrator = self.access_defaults[0]
+        for name in sorted(set(self.broker.vhosts) - set(self.access.vhosts)):
+            self.access.add_vhost(name)
+            if administrator is not None and self.access.user(administrator) is not None:
+                self.access.set_permissions(administrator, name, *FULL_PERMISSIONS)
+            log.info("vhost {vhost!r}, found in the store, added to the new access database", vhost=name)
 
     def _ready(self):
         # Announced once the reactor runs (and has its signal handlers), so a

@@ -1,6 +1,11 @@
 """Users, vhosts and permissions through pika against a real broker process:
 RabbitMQ's 403 and 530 refusals and texts, UTF-8 passwords, user_id, vhosts
-kept apart, and the access database surviving a SIGKILL."""
+kept apart, the access database surviving a SIGKILL, and a data directory
+from before the access database keeping its vhosts."""
+
+import pathlib
+import subprocess
+import sys
 
 import pika
 import pika.exceptions
@@ -10,6 +15,7 @@ from brokerd.access.database import AccessDatabase
 from tests.interop.conftest import checked_for_tracebacks, pika_parameters, start_broker
 
 UTF8_USER, UTF8_PASSWORD = "zoë", "pässwörd€"
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -139,3 +145,40 @@ def test_users_permissions_and_vhosts_survive_a_sigkill(broker):
         assert other.channel().basic_get("same.q", auto_ack=True)[2] == b"in other"
     with connect(restarted, UTF8_USER, UTF8_PASSWORD):
         pass
+
+
+LEGACY_STORE = """
+import sys
+from twisted.internet import defer, task
+from brokerd import storeregistry
+from brokerd.interfaces import MessageRecord
+from brokerd.proto import messages_pb2
+
+async def write(reactor):
+    store = storeregistry.make_store("chunked", sys.argv[1], reactor=reactor)
+    await store.open()
+    store.save_queue(messages_pb2.QueueRecord(vhost="legacy", name="kept", durable=True))
+    properties = messages_pb2.BasicProperties(delivery_mode=messages_pb2.PERSISTENT)
+    store.append(MessageRecord("", "kept", properties, b"from before"), [("legacy", "kept")])
+    await store.sync()
+    await store.close()
+
+task.react(lambda reactor: defer.ensureDeferred(write(reactor)))
+"""
+
+
+def test_a_data_directory_from_before_the_access_database_keeps_its_vhosts(tmp_path):
+    """Its store's vhosts join the database the first start makes, with every permission for guest."""
+    written = subprocess.run([sys.executable, "-c", LEGACY_STORE, str(tmp_path / "brokerd-data")], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+    assert written.returncode == 0, written.stderr
+    running = start_broker(tmp_path, "--backend", "chunked")
+    try:
+        with connect(running, vhost="legacy") as guest:
+            assert guest.channel().basic_get("kept", auto_ack=True)[2] == b"from before"
+    finally:
+        running.process.stop()
+    access = AccessDatabase.in_directory(str(tmp_path / "brokerd-data"))
+    assert access.open() is False  # the broker made it
+    assert access.vhosts == ["/", "legacy"]
+    assert access.permissions_of("guest", "legacy") is not None
