@@ -188,12 +188,8 @@ class Authenticator:
         name = username.decode()
         self._refresh_users_file()
         if not self.access.check_password(name, password):
-            self.access.count_failed_login(name)
-            return defer.fail(LoginRefused(f"{mechanism} login refused: user '{name}' - invalid credentials"))
-        if name in self.loopback_only_users and not is_loopback(peer_host):
-            self.access.count_failed_login(name)
-            return defer.fail(LoginRefused(f"{mechanism} login refused: user '{name}' can only connect via localhost"))
-        return defer.succeed(name)
+            return self._refused(mechanism, name, "invalid credentials")
+        return self._admitted_from(mechanism, name, peer_host)
 
     def _login_external(self, peer_host, transport):
         """EXTERNAL: the user the client certificate's subject CN names, refused in RabbitMQ's words."""
@@ -205,12 +201,19 @@ class Authenticator:
             return defer.fail(LoginRefused("EXTERNAL login refused: no name found"))
         self._refresh_users_file()
         if not self.user_exists(name):
-            self.access.count_failed_login(name)
-            return defer.fail(LoginRefused(f"EXTERNAL login refused: user '{name}' - invalid credentials"))
+            return self._refused(EXTERNAL, name, "invalid credentials")
+        return self._admitted_from(EXTERNAL, name, peer_host)
+
+    def _admitted_from(self, mechanism, name, peer_host):
+        """A known user's login, refused as RabbitMQ's loopback_users rule says if it comes from afar."""
         if name in self.loopback_only_users and not is_loopback(peer_host):
-            self.access.count_failed_login(name)
-            return defer.fail(LoginRefused(f"EXTERNAL login refused: user '{name}' can only connect via localhost"))
+            return self._refused(mechanism, name, "can only connect via localhost", " ")
         return defer.succeed(name)
+
+    def _refused(self, mechanism, name, why, separator=" - "):
+        """A refused login, counted against the user name, in RabbitMQ's words."""
+        self.access.count_failed_login(name)
+        return defer.fail(LoginRefused(f"{mechanism} login refused: user '{name}'{separator}{why}"))
 
     def check_secret(self, username, secret):
         """
