@@ -14,7 +14,7 @@ from brokerd.amqp.frames import PROTOCOL_HEADER
 from brokerd.connection import Connection
 from brokerd.interfaces import IChannelPeer
 from brokerd.model.broker import Broker
-from brokerd.native.server import NativeServerFactory
+from brokerd.native.server import PROTOCOL_VERSION, NativeServerFactory
 from brokerd.proto import messages_pb2
 
 
@@ -187,6 +187,17 @@ class DeliveryCollector:
 
     def bodies(self):
         return [delivery.body for delivery in self.deliveries]
+
+
+def native_hello(vhost="", client_name=""):
+    """The encoded hello frame a native client opens with."""
+    from brokerd.proto.native_pb2 import Envelope
+
+    hello = Envelope()
+    hello.hello.protocol_version = PROTOCOL_VERSION
+    hello.hello.vhost = vhost
+    hello.hello.client_name = client_name
+    return encode_frame(hello)
 
 
 def encode_frame(envelope):

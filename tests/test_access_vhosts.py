@@ -17,9 +17,8 @@ from brokerd.amqp.server import AmqpServerFactory
 from brokerd.connection import Connection
 from brokerd.errors import NotAllowed
 from brokerd.model.broker import Broker
-from brokerd.native.server import PROTOCOL_VERSION, NativeServerFactory
-from brokerd.proto.native_pb2 import Envelope
-from tests.support import amqp_frames_in, amqp_server_past_start_ok, decode_frames, encode_frame, make_broker
+from brokerd.native.server import NativeServerFactory
+from tests.support import amqp_frames_in, amqp_server_past_start_ok, decode_frames, make_broker, native_hello
 
 
 def test_a_created_vhost_is_served_and_a_deleted_one_takes_everything_with_it():
@@ -61,10 +60,7 @@ def test_the_clients_of_a_deleted_vhost_are_told_with_rabbitmqs_320_on_both_prot
     native_wire = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 5001))
     native = NativeServerFactory(broker).buildProtocol(None)
     native.makeConnection(native_wire)
-    hello = Envelope()
-    hello.hello.protocol_version = PROTOCOL_VERSION
-    hello.hello.vhost = "team"
-    native.dataReceived(encode_frame(hello))
+    native.dataReceived(native_hello(vhost="team"))
     clock.advance(0)
     assert {connection.vhost.name for connection in broker.connections} == {"team"}
     amqp_wire.clear()

@@ -9,9 +9,9 @@ from zope.interface.verify import verifyObject
 
 from brokerd.amqp.server import AmqpServerFactory
 from brokerd.interfaces import IChannelPeer
-from brokerd.native.server import PROTOCOL_VERSION, NativeServerFactory
+from brokerd.native.server import NativeServerFactory
 from brokerd.proto.native_pb2 import Envelope
-from tests.support import amqp_server_past_start_ok, encode_frame, make_broker
+from tests.support import amqp_server_past_start_ok, encode_frame, make_broker, native_hello
 
 
 def transport():
@@ -49,10 +49,7 @@ def test_native_server_counts_the_bytes_of_every_read_and_write_after_hello():
     protocol = NativeServerFactory(broker).buildProtocol(None)
     wire = transport()
     protocol.makeConnection(wire)
-    hello = Envelope()
-    hello.hello.protocol_version = PROTOCOL_VERSION
-    hello.hello.client_name = "counter"
-    protocol.dataReceived(encode_frame(hello))
+    protocol.dataReceived(native_hello(client_name="counter"))
     clock.advance(0)
     connection = protocol.connection
     assert (connection.protocol, connection.user, connection.client_name) == ("native", None, "counter")
@@ -77,11 +74,9 @@ def test_both_servers_give_each_channel_a_peer_that_provides_ichannelpeer():
     broker, clock = make_broker()
     native = NativeServerFactory(broker).buildProtocol(None)
     native.makeConnection(transport())
-    hello = Envelope()
-    hello.hello.protocol_version = PROTOCOL_VERSION
     opened = Envelope(channel=1, correlation_id=1)
     opened.channel_open.SetInParent()
-    native.dataReceived(encode_frame(hello) + encode_frame(opened))
+    native.dataReceived(native_hello() + encode_frame(opened))
     amqp = amqp_server_past_start_ok(AmqpServerFactory(broker), clock, transport())
     tune_ok = commands.Connection.TuneOk(channel_max=2047, frame_max=131072, heartbeat=0)
     amqp.dataReceived(
