@@ -24,6 +24,7 @@ from twisted.logger import Logger
 from brokerd.access.database import FULL_PERMISSIONS, AccessDatabaseDamaged
 from brokerd.amqp.server import AmqpServerFactory
 from brokerd.endpoints import is_tls, server_endpoint
+from brokerd.freedmemory import FreedMemory
 from brokerd.model.broker import Broker
 from brokerd.model.watermark import DEFAULT_HIGH_WATERMARK, MemoryWatermark
 from brokerd.native.server import DEFAULT_CHANNEL_MAX, DEFAULT_MAX_FRAME_SIZE, NativeServerFactory
@@ -101,7 +102,9 @@ class BrokerService(Service):
         """
         self.store = store
         self.reactor = reactor
-        self.broker = Broker(store, reactor, watermark=MemoryWatermark(memory_high_watermark))
+        # The end of a burst past the watermark is when the most memory has just been freed.
+        watermark = MemoryWatermark(memory_high_watermark, on_unblocked=FreedMemory(reactor).give_back_soon)
+        self.broker = Broker(store, reactor, watermark=watermark)
         self.listeners = []
         if amqp_endpoint or amqps_endpoint:
             factory = AmqpServerFactory(self.broker, amqp_settings)  # one factory: the same broker behind both

@@ -3,6 +3,7 @@ is blocked from above the high mark until back under the low mark. (Gating
 real publishers is tested over sockets in tests/interop/test_backpressure.py.)"""
 
 from backends.memory import MemoryStore
+from brokerd.freedmemory import FreedMemory, _malloc_trim
 from brokerd.model.broker import Broker
 from brokerd.model.watermark import MemoryWatermark
 from tests.support import open_channel, publish
@@ -169,3 +170,29 @@ def test_only_a_large_partial_frame_blocks_its_connection(clock):
     assert not watermark.blocked
     consumer.connectionLost(None)
     assert watermark.queued_bytes == 0
+
+
+def test_freed_memory_goes_back_to_the_system_once_after_each_unblock(clock):
+    """The end of a burst returns the heap's free pages (glibc's malloc_trim), after the
+    turn that released the bytes, once however many releases that turn made."""
+    trims = []
+    freed = FreedMemory(clock, trim=trims.append)
+    watermark = MemoryWatermark(high=1000, low=500, on_unblocked=freed.give_back_soon)
+    watermark.add(1001)
+    watermark.release(100)
+    clock.advance(0)
+    assert trims == []  # still blocked: nothing was given back
+    watermark.release(401)
+    freed.give_back_soon()
+    assert trims == []  # not within the turn, while what it releases may still be referenced
+    clock.advance(0)
+    assert trims == [0]
+    watermark.add(400)
+    watermark.release(400)
+    clock.advance(0)
+    assert trims == [0]  # no burst past the watermark, no trim
+
+
+def test_malloc_trim_is_found_in_this_c_library():
+    """On glibc (this machine, CI) the broker can return freed pages at all."""
+    assert _malloc_trim()(0) in (0, 1)

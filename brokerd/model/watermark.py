@@ -40,12 +40,14 @@ class MemoryWatermark:
     @ivar blocked: True from crossing C{high} until falling to C{low}.
     """
 
-    def __init__(self, high=DEFAULT_HIGH_WATERMARK, low=None):
+    def __init__(self, high=DEFAULT_HIGH_WATERMARK, low=None, on_unblocked=None):
+        """C{on_unblocked()}, if given, is called each time the broker unblocks (a burst is over)."""
         self.high = high
         self.low = int(high * LOW_WATERMARK_RATIO) if low is None else low
         self.queued_bytes = 0
         self.blocked = False
         self._waiting = {}  # callable -> None, in subscription order; called once on unblock
+        self._on_unblocked = on_unblocked
 
     def add(self, size):
         self.queued_bytes += size
@@ -65,6 +67,8 @@ class MemoryWatermark:
             waiting, self._waiting = self._waiting, {}
             for resume in waiting:
                 resume()
+            if self._on_unblocked is not None:
+                self._on_unblocked()
 
     def when_unblocked(self, resume):
         """Call C{resume()} once the broker is unblocked (at once if it is not blocked)."""
