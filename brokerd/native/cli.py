@@ -9,7 +9,8 @@
 
 It logs in as ``--user`` with ``--password`` (defaults: the ``BROKERD_USER`` and
 ``BROKERD_PASSWORD`` environment variables, else guest/guest, which the broker
-admits from loopback only) to ``--vhost`` (default ``/``); a refused login is
+admits from loopback only) to ``--vhost`` (default ``/``), or with ``--external``
+as the user its TLS client certificate names; a refused login is
 one line on standard error with the broker's 403 or 530 and exit status 1.
 
 Bodies are printed one per line to standard output. Exit status: 0 when the
@@ -63,6 +64,9 @@ def build_parser():
                         help=f"user to log in as (default: $BROKERD_USER, else {DEFAULT_USER})")
     parser.add_argument("--password", default=os.environ.get("BROKERD_PASSWORD", DEFAULT_PASSWORD),
                         help=f"that user's password (default: $BROKERD_PASSWORD, else {DEFAULT_PASSWORD})")
+    parser.add_argument("--external", action="store_true",
+                        help="log in as the user the TLS client certificate names (SASL EXTERNAL, if the broker"
+                             " enabled it); give certKey= and privateKey= in --connect")
     commands = parser.add_subparsers(dest="command", required=True)
 
     declare = commands.add_parser("declare", help="declare an exchange or a queue")
@@ -135,7 +139,8 @@ def _write_body(body):
 def run(reactor, options):
     """Carry out one command; fires with the process exit status."""
     client = yield connect(reactor, options.connect, vhost=options.vhost, client_name="brokerd-cli",
-                           username=options.user, password=options.password)
+                           username=options.user, password=options.password,
+                           mechanism="EXTERNAL" if options.external else "")
     try:
         channel = yield client.channel()
         status = yield _COMMANDS[options.command](channel, options)
