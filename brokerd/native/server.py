@@ -321,7 +321,8 @@ class NativeServerProtocol(ChannelRequests, FrameReceiver):
             offered.append(EXTERNAL)
         mechanism = hello.mechanism or PLAIN
         if mechanism not in offered:
-            raise LoginRefused(f"unsupported authentication mechanism {mechanism!r}; use one of {', '.join(offered)}")
+            raise LoginRefused(f"unsupported authentication mechanism {client_text(mechanism)!r}; use one of"
+                               f" {', '.join(offered)}")  # cut: a stranger's text goes into the log
         if mechanism == EXTERNAL:
             return authenticator.check_certificate_login(peer_host(self.transport), self.transport)
         return authenticator.check_password_login(PLAIN, hello.username, hello.password.encode(),
