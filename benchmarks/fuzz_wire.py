@@ -233,7 +233,9 @@ def fill(message, fields):
 
 
 def native_hello(client_name="fuzz"):
-    return envelope("hello", protocol_version=NATIVE_PROTOCOL_VERSION, client_name=client_name)
+    """A hello logging in as guest, whom a broker on loopback admits with its first start's defaults."""
+    return envelope("hello", protocol_version=NATIVE_PROTOCOL_VERSION, client_name=client_name, username="guest",
+                    password="guest")
 
 
 def fill_table(target, values):

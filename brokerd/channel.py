@@ -58,7 +58,7 @@ class Channel:
         self.id = channel_id
         self.peer = peer
         self.vhost = connection.vhost
-        self.access = connection.access or UNCHECKED  # UNCHECKED: the native protocol, in-process
+        self.access = connection.access or UNCHECKED  # UNCHECKED: made in-process, without a login
         self._writable_exchanges = None if connection.access is None else set()  # exchanges published to
         self.clock = connection.broker.clock
         self.consumers = {}

@@ -63,7 +63,7 @@ class Connection:
     @ivar user: the name of the user who logged in, or None (no login).
     @ivar access: that user's L{brokerd.access.permissions.ResourceAccess} on
         the vhost, which its channels check every operation against; None
-        for an unchecked internal user (the native protocol, in-process).
+        for an unchecked internal user (a connection made in-process, without a login).
     @ivar client_name: what the client calls itself (AMQP's connection_name or
         product, the native hello's client name).
     @ivar client_properties: the client properties it sent (a dict; empty for

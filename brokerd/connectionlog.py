@@ -78,7 +78,7 @@ class ConnectionRecord:
     def __init__(self, protocol, transport, user, vhost, client, now):
         """
         @param protocol: C{"AMQP"} or C{"native"}.
-        @param user: the user who logged in, or None where the protocol has no login.
+        @param user: the user who logged in, or None for a connection made without one.
         @param client: the client's description (L{describe_amqp_client}).
         @param now: the clock's time, to tell later how long the connection lived.
         """

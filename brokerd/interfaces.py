@@ -437,6 +437,27 @@ class IExpiringQueue(Interface):
         """Take out (dead-lettering where the queue says so) every ready message whose time to live is over."""
 
 
+class IAccessControl(Interface):
+    """
+    The login check every protocol server asks (L{brokerd.access.login.AccessControl}):
+    each reads the credentials off its own wire and hands them here, so that
+    AMQP and the native protocol admit the same users to the same vhosts.
+    """
+
+    access = Attribute("the broker's IAccessDatabase the checks consult")
+    mechanisms = Attribute("the login mechanisms the operator enabled (PLAIN, AMQPLAIN, EXTERNAL)")
+
+    def check_password_login(mechanism, name, password, peer_host):
+        """The user name if C{password} (UTF-8 bytes) is C{name}'s and it may log in from C{peer_host};
+        raises LoginRefused in RabbitMQ's words (naming C{mechanism}), counting the refusal."""
+
+    def check_certificate_login(peer_host, transport):
+        """EXTERNAL: the user the TLS client certificate's CN names; raises LoginRefused."""
+
+    def check_vhost_access(user, vhost):
+        """The user's ResourceAccess on C{vhost}; raises NotAllowed (530) with RabbitMQ's texts."""
+
+
 class IAccessDatabase(Interface):
     """
     Users, vhosts and permissions as the protocol servers consult them

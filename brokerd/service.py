@@ -1,7 +1,8 @@
 """The running broker as a Twisted service: access database and store first, then listeners.
 
 L{BrokerService} loads the access database (users, vhosts, permissions;
-created on the first start), opens the store and recovers durable state before any
+created on the first start), which AMQP and the native protocol both log in
+against through one authenticator, opens the store and recovers durable state before any
 listener accepts a client (AMQP plain and over TLS share one factory; a TLS
 endpoint is built by L{brokerd.endpoints.server_endpoint}), and on stop closes
 the listeners, then the clients' connections (L{brokerd.shutdown}: after the
@@ -111,12 +112,13 @@ class BrokerService(Service):
             for option, endpoint in (("amqp", amqp_endpoint), ("amqps", amqps_endpoint)):
                 if endpoint:
                     self.listeners.append(Listener(reactor, endpoint, factory, "AMQP", option))
-        if native_endpoint:
-            factory = NativeServerFactory(self.broker, native_max_frame_size, native_channel_max)
+        authenticator = amqp_settings.authenticator if amqp_settings is not None else None
+        if native_endpoint:  # the native protocol logs in against the same users, vhosts and permissions
+            factory = NativeServerFactory(self.broker, native_max_frame_size, native_channel_max, authenticator)
             self.listeners.append(Listener(reactor, native_endpoint, factory, "native protocol", "native"))
         self.startup_report = startup_report  # a StartupReport: what the start-up log says
-        self.access = amqp_settings.authenticator.access if amqp_settings is not None else None
-        self.users_file = amqp_settings.authenticator.users_file if amqp_settings is not None else None
+        self.access = authenticator.access if authenticator is not None else None
+        self.users_file = authenticator.users_file if authenticator is not None else None
         self.access_defaults = access_defaults
         self.started = defer.Deferred()
         self._store_opened = False

@@ -79,11 +79,13 @@ class RawNative:
             ):
                 return reply
 
-    def hello(self, vhost="/"):
+    def hello(self, vhost="/", username="guest", password="guest"):
         envelope = Envelope()
         envelope.hello.protocol_version = PROTOCOL_VERSION
         envelope.hello.vhost = vhost
         envelope.hello.client_name = "raw native test client"
+        envelope.hello.username = username
+        envelope.hello.password = password
         reply = self.answer(envelope)
         assert reply.WhichOneof("payload") == "hello_ok", reply
         return self

@@ -189,14 +189,16 @@ class DeliveryCollector:
         return [delivery.body for delivery in self.deliveries]
 
 
-def native_hello(vhost="", client_name=""):
-    """The encoded hello frame a native client opens with."""
+def native_hello(vhost="", client_name="", username="guest", password="guest"):
+    """The encoded hello frame a native client opens with, logging in as guest unless told otherwise."""
     from brokerd.proto.native_pb2 import Envelope
 
     hello = Envelope()
     hello.hello.protocol_version = PROTOCOL_VERSION
     hello.hello.vhost = vhost
     hello.hello.client_name = client_name
+    hello.hello.username = username
+    hello.hello.password = password
     return encode_frame(hello)
 
 

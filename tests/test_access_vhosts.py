@@ -58,7 +58,7 @@ def test_the_clients_of_a_deleted_vhost_are_told_with_rabbitmqs_320_on_both_prot
     tune_ok = commands.Connection.TuneOk(channel_max=2047, frame_max=131072, heartbeat=0)
     amqp.dataReceived(frame.marshal(tune_ok, 0) + frame.marshal(commands.Connection.Open(virtual_host="team"), 0))
     native_wire = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 5001))
-    native = NativeServerFactory(broker).buildProtocol(None)
+    native = NativeServerFactory(broker, authenticator=settings.authenticator).buildProtocol(None)
     native.makeConnection(native_wire)
     native.dataReceived(native_hello(vhost="team"))
     clock.advance(0)

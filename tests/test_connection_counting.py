@@ -52,7 +52,7 @@ def test_native_server_counts_the_bytes_of_every_read_and_write_after_hello():
     protocol.dataReceived(native_hello(client_name="counter"))
     clock.advance(0)
     connection = protocol.connection
-    assert (connection.protocol, connection.user, connection.client_name) == ("native", None, "counter")
+    assert (connection.protocol, connection.user, connection.client_name) == ("native", "guest", "counter")
     assert connection.name == "127.0.0.1:40000 -> 127.0.0.1:5672"
     assert connection.bytes_received == 0  # counted from hello on
     assert connection.bytes_sent == len(wire.value())  # hello_ok

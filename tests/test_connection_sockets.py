@@ -41,7 +41,7 @@ class NativeConnectionTests(unittest.TestCase):
         self.assertEqual(
             connection.name, f"127.0.0.1:{client_address.port} -> 127.0.0.1:{server_address.port}"
         )
-        self.assertIsNone(connection.user)
+        self.assertEqual(connection.user, "guest")  # the native client logs in as guest by default
         self.assertEqual(connection.vhost.name, "/")
         self.assertEqual(connection.client_name, "brokerd-native-client")
         self.assertTrue(before <= connection.connected_at <= wall_clock_ms())

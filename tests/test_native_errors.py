@@ -16,6 +16,7 @@ def hello(version=PROTOCOL_VERSION, vhost="/"):
     envelope.hello.protocol_version = version
     envelope.hello.vhost = vhost
     envelope.hello.client_name = "raw test connection"
+    envelope.hello.username = envelope.hello.password = "guest"
     return envelope
 
 

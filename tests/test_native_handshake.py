@@ -9,24 +9,22 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import formatEvent, globalLogPublisher
 
 from brokerd.connection import HANDSHAKE_TIMEOUT
-from brokerd.native.server import PRE_HELLO_MAX_FRAME_SIZE, PROTOCOL_VERSION, NativeServerFactory
+from brokerd.native.server import PRE_HELLO_MAX_FRAME_SIZE, NativeServerFactory
 from brokerd.proto.native_pb2 import Envelope
 from brokerd.refusallog import REFUSAL_LOG_INTERVAL
-from tests.support import decode_frames, encode_frame, make_broker
+from tests.support import decode_frames, encode_frame, make_broker, native_hello
 
 
 def connected(max_frame_size=1 << 20):
     broker, clock = make_broker()
     protocol = NativeServerFactory(broker, max_frame_size).buildProtocol(None)
-    transport = StringTransport()
+    transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 40000))  # guest logs in from loopback
     protocol.makeConnection(transport)
     return protocol, transport, clock
 
 
 def hello():
-    envelope = Envelope()
-    envelope.hello.protocol_version = PROTOCOL_VERSION
-    return encode_frame(envelope)
+    return native_hello()
 
 
 def test_a_connection_without_hello_is_dropped_after_the_handshake_timeout():

@@ -1,7 +1,9 @@
 """TLS listeners through real clients: pika, aio-pika and the native command line, client certificates, EXTERNAL.
 
 One broker serves AMQP over TLS with client certificates required (caCerts=) and EXTERNAL enabled, and the
-native protocol over TLS without client certificates; the certificates are made here with trustme.
+native protocol over TLS without client certificates, where its clients log in with a password; one more,
+started by its test, serves the native protocol with client certificates and EXTERNAL. The certificates are
+made here with trustme.
 """
 
 import asyncio
@@ -154,6 +156,35 @@ def test_the_native_command_line_over_tls(broker, files):
     assert native_cli(endpoint, "publish", "--routing-key", "tls.native", "--confirm", "native TLS").returncode == 0
     consumed = native_cli(endpoint, "consume", "tls.native", "--count", "1")
     assert consumed.stdout == b"native TLS\n", consumed.stderr
+
+
+def test_the_native_login_over_tls_is_checked(broker, files):
+    _, port = broker.wait_address("native protocol over TLS")
+    endpoint = f"ssl:host=127.0.0.1:port={port}:caCertsDir={files / 'authorities'}"
+    refused = native_cli(endpoint, "--user", "guest", "--password", "wrong", "get", "tls.native")
+    assert (refused.returncode, refused.stderr) == (
+        1, b"error: 403 ACCESS_REFUSED - PLAIN login refused: user 'guest' - invalid credentials\n")
+
+
+def test_native_external_logs_in_the_user_the_certificate_names(tmp_path, files, ca):
+    """A native listener with caCerts and EXTERNAL enabled: the certificate's CN is the user, or 403."""
+    native = (f"ssl:0:interface=127.0.0.1:privateKey={files / 'key.pem'}:certKey={files / 'cert.pem'}"
+              f":caCerts={files / 'ca.pem'}")
+    process = BrokerProcess(["--backend=memory", "--data-dir", str(tmp_path / "data"), "--native", native,
+                             "--auth-mechanisms", "PLAIN,EXTERNAL"], cwd=tmp_path)
+    try:
+        _, port = process.wait_address("native protocol over TLS")
+        results = {}
+        for name in ("guest", "mallory"):
+            ca.issue_cert(name, common_name=name).private_key_and_cert_chain_pem.write_to_path(str(tmp_path / name))
+            endpoint = (f"ssl:host=127.0.0.1:port={port}:caCertsDir={files / 'authorities'}"
+                        f":certKey={tmp_path / name}:privateKey={tmp_path / name}")
+            results[name] = native_cli(endpoint, "--external", "--user", "nobody", "declare", "queue", "tls.external")
+    finally:
+        process.stop()
+    assert (results["guest"].returncode, results["guest"].stderr) == (0, b"")
+    assert (results["mallory"].returncode, results["mallory"].stderr) == (
+        1, b"error: 403 ACCESS_REFUSED - EXTERNAL login refused: user 'mallory' - invalid credentials\n")
 
 
 @pytest.mark.parametrize("parameter", ["privateKey", "certKey", "caCerts"])

@@ -140,22 +140,20 @@ def test_only_a_large_partial_frame_blocks_its_connection(clock):
     two reads is still read (its acks free memory); one part-way through a large frame is not."""
     import struct
 
+    from twisted.internet.address import IPv4Address
     from twisted.internet.testing import StringTransport
 
     from brokerd.model.watermark import LARGE_PARTIAL_FRAME
-    from brokerd.native.server import PROTOCOL_VERSION, NativeServerFactory
-    from brokerd.proto.native_pb2 import Envelope
-    from tests.support import encode_frame
+    from brokerd.native.server import NativeServerFactory
+    from tests.support import native_hello
 
     broker, watermark = small_broker(clock)
-    hello = Envelope()
-    hello.hello.protocol_version = PROTOCOL_VERSION
     connections = []
     for _ in range(2):
         protocol = NativeServerFactory(broker).buildProtocol(None)
-        transport = StringTransport()
+        transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 40000))  # guest logs in from loopback
         protocol.makeConnection(transport)
-        protocol.dataReceived(encode_frame(hello))
+        protocol.dataReceived(native_hello())
         connections.append((protocol, transport))
     watermark.add(2000)
     assert watermark.blocked

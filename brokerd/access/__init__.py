@@ -2,7 +2,8 @@
 
 L{brokerd.access.database.AccessDatabase} keeps them durably in the broker's
 data directory (apart from the message store); L{brokerd.access.passwords}
-hashes passwords as RabbitMQ does; L{brokerd.access.permissions} checks an
+hashes passwords as RabbitMQ does; L{brokerd.access.login} checks logins and
+vhost access for both protocols; L{brokerd.access.permissions} checks an
 operation against a user's configure / write / read expressions in one place
 for every protocol; L{brokerd.access.vhosts} creates and deletes vhosts in the
 database and the running broker together.

@@ -110,7 +110,7 @@ def _compiled(expression):
 
 
 class UncheckedAccess:
-    """The access of an unchecked internal user (the native protocol until it has logins): everything."""
+    """The access of an unchecked internal user (a connection made in-process, without a login): everything."""
 
     __slots__ = ()
 

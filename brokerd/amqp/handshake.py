@@ -3,7 +3,7 @@
 The frame receiver (L{brokerd.amqp.server.AmqpServerProtocol}) holds one
 L{AmqpHandshake} per connection and hands it every channel-0 frame: start /
 start-ok (credentials checked by L{brokerd.amqp.auth}) / tune / tune-ok / open
-(the vhost and the user's permissions on it looked up in the access database),
+(the vhost and the user's permissions on it checked by L{brokerd.access.login}),
 update-secret (the new secret re-checked), connection.close in both directions,
 and connection.blocked / unblocked while the broker holds publishers back. The
 handshake also owns the connection's timers (the handshake timeout, the
@@ -27,7 +27,7 @@ from twisted.logger import Logger
 from zope.interface import Interface
 
 import brokerd
-from brokerd.access.permissions import ResourceAccess
+from brokerd.access.login import LOGIN_REFUSAL_DELAY
 from brokerd.amqp import frames
 from brokerd.amqp.arguments import decode_method
 from brokerd.amqp.auth import Authenticator, LoginRefused
@@ -60,10 +60,8 @@ DEFAULT_HEARTBEAT = 60
 DEFAULT_MAX_MESSAGE_SIZE = 128 * 1024 * 1024
 CLOSE_OK_TIMEOUT = 5.0
 # A client that has not logged in gets its refusal (403 for a wrong password,
-# 501/502/503/540 for a bad frame) this many seconds after the fault, so that a
-# password guesser gets at most one answer per second and connection. RabbitMQ
-# waits 3 s (SILENT_CLOSE_DELAY) before closing a failed handshake.
-LOGIN_REFUSAL_DELAY = 1.0
+# 501/502/503/540 for a bad frame) LOGIN_REFUSAL_DELAY seconds after the fault,
+# as a native client refused at hello does (brokerd.access.login).
 
 SERVER_CAPABILITIES = {
     "publisher_confirms": True,
@@ -323,15 +321,10 @@ class AmqpHandshake:
         connection's channels check every operation against those.
         """
         vhost = method.virtual_host or "/"
-        access = self._settings.authenticator.access
-        if not access.vhost_exists(vhost):
-            raise NotAllowed(f"vhost {vhost} not found")
-        permissions = access.permissions_of(self.user, vhost)
-        if permissions is None:
-            raise NotAllowed(f"access to vhost '{vhost}' refused for user '{self.user}'")
+        resource_access = self._settings.authenticator.check_vhost_access(self.user, vhost)
         name = self.client_properties.get("connection_name") or self.client_properties.get("product") or ""
         self.connection = Connection(self.broker, vhost, str(name), AMQP_0_9_1, self.transport, self.user,
-                                     self.client_properties, ResourceAccess(self.user, vhost, permissions))
+                                     self.client_properties, resource_access)
         self._writes.counted = self.connection
         self.connection.closer = self.close
         self.gate = PublisherGate(self.broker.watermark, self.transport, self._blocked_changed)

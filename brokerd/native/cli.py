@@ -7,6 +7,12 @@
     python -m brokerd.native consume jobs --count 1
     python -m brokerd.native get jobs
 
+It logs in as ``--user`` with ``--password`` (defaults: the ``BROKERD_USER`` and
+``BROKERD_PASSWORD`` environment variables, else guest/guest, which the broker
+admits from loopback only) to ``--vhost`` (default ``/``), or with ``--external``
+as the user its TLS client certificate names; a refused login is
+one line on standard error with the broker's 403 or 530 and exit status 1.
+
 Bodies are printed one per line to standard output. Exit status: 0 when the
 command did what it says; 1 when it did not (the broker refused it, closed the
 channel or connection, returned or refused a published message, or could not be
@@ -17,6 +23,7 @@ connection and exits 0; another command so stopped exits 1 (it did not finish).
 """
 
 import argparse
+import os
 import sys
 
 from twisted.internet import defer, task
@@ -24,7 +31,14 @@ from twisted.internet.endpoints import clientFromString
 from twisted.internet.error import ConnectError
 
 from brokerd.endpoints import endpoint_problem
-from brokerd.native.client import DEFAULT_ENDPOINT, BrokerClosed, PublishNacked, connect
+from brokerd.native.client import (
+    DEFAULT_ENDPOINT,
+    DEFAULT_PASSWORD,
+    DEFAULT_USER,
+    BrokerClosed,
+    PublishNacked,
+    connect,
+)
 from brokerd.shutdown import ignore_further_stop_signals
 
 
@@ -46,6 +60,13 @@ def build_parser():
     parser = argparse.ArgumentParser(prog="python -m brokerd.native", description=__doc__.splitlines()[0])
     parser.add_argument("--connect", default=DEFAULT_ENDPOINT, help=f"broker endpoint (default: {DEFAULT_ENDPOINT})")
     parser.add_argument("--vhost", default="/", help="virtual host (default: /)")
+    parser.add_argument("--user", default=os.environ.get("BROKERD_USER", DEFAULT_USER),
+                        help=f"user to log in as (default: $BROKERD_USER, else {DEFAULT_USER})")
+    parser.add_argument("--password", default=os.environ.get("BROKERD_PASSWORD", DEFAULT_PASSWORD),
+                        help=f"that user's password (default: $BROKERD_PASSWORD, else {DEFAULT_PASSWORD})")
+    parser.add_argument("--external", action="store_true",
+                        help="log in as the user the TLS client certificate names (SASL EXTERNAL, if the broker"
+                             " enabled it); give certKey= and privateKey= in --connect")
     commands = parser.add_subparsers(dest="command", required=True)
 
     declare = commands.add_parser("declare", help="declare an exchange or a queue")
@@ -117,7 +138,9 @@ def _write_body(body):
 @defer.inlineCallbacks
 def run(reactor, options):
     """Carry out one command; fires with the process exit status."""
-    client = yield connect(reactor, options.connect, vhost=options.vhost, client_name="brokerd-cli")
+    client = yield connect(reactor, options.connect, vhost=options.vhost, client_name="brokerd-cli",
+                           username=options.user, password=options.password,
+                           mechanism="EXTERNAL" if options.external else "")
     try:
         channel = yield client.channel()
         status = yield _COMMANDS[options.command](channel, options)

@@ -1,10 +1,15 @@
 """A Twisted client for brokerd's native protocol, with a Deferred API.
 
-    client = yield connect(reactor, "tcp:127.0.0.1:5673")
+    client = yield connect(reactor, "tcp:127.0.0.1:5673", username="alice", password="s3cret", vhost="/")
     channel = yield client.channel()
     yield channel.queue_declare("jobs", durable=True)
     channel.basic_publish("", "jobs", b"hello", properties={"delivery_mode": 2})
     tag = yield channel.basic_consume("jobs", on_delivery)
+
+The hello logs in with a user name and password (guest/guest unless given;
+guest may log in from loopback only) or, with C{mechanism="EXTERNAL"}, as the
+user a TLS client certificate names; a refused login fails C{connect} with
+L{ConnectionClosed} 403, an unknown vhost with 530.
 
 Requests return Deferreds that fire with the broker's answer or fail with
 L{ChannelClosed} / L{ConnectionClosed} carrying the broker's reply code.
@@ -35,6 +40,8 @@ from brokerd.proto.native_pb2 import Envelope
 
 __all__ = [
     "DEFAULT_ENDPOINT",
+    "DEFAULT_PASSWORD",
+    "DEFAULT_USER",
     "BrokerClosed",
     "ChannelClosed",
     "ClientChannel",
@@ -47,6 +54,7 @@ __all__ = [
 ]
 
 DEFAULT_ENDPOINT = "tcp:127.0.0.1:5673"
+DEFAULT_USER = DEFAULT_PASSWORD = "guest"
 
 
 class NativeClientProtocol(FrameReceiver):
@@ -58,9 +66,17 @@ class NativeClientProtocol(FrameReceiver):
         connection ends.
     """
 
-    def __init__(self, clock, vhost="/", client_name="brokerd-native-client", max_frame_size=2**31 - 1):
+    def __init__(self, clock, vhost="/", client_name="brokerd-native-client", max_frame_size=2**31 - 1,
+                 username=DEFAULT_USER, password=DEFAULT_PASSWORD, mechanism=""):
+        """
+        @param mechanism: C{""} (PLAIN: C{username} and C{password}) or
+            C{"EXTERNAL"} (the user the TLS client certificate names).
+        """
         FrameReceiver.__init__(self, clock)  # the reactor it connects with: its writes wait for that one's turns
         self.vhost = vhost
+        self.username = username
+        self._password = password
+        self.mechanism = mechanism
         self.client_name = client_name
         self.MAX_LENGTH = max_frame_size
         self.ready = defer.Deferred()
@@ -76,6 +92,9 @@ class NativeClientProtocol(FrameReceiver):
         envelope.hello.protocol_version = PROTOCOL_VERSION
         envelope.hello.vhost = self.vhost
         envelope.hello.client_name = self.client_name
+        envelope.hello.username = self.username
+        envelope.hello.password = self._password
+        envelope.hello.mechanism = self.mechanism
         self.sendFrame(envelope.SerializeToString())
 
     def stringReceived(self, frame):
@@ -129,9 +148,16 @@ class NativeClientProtocol(FrameReceiver):
         return self.closed
 
 
-def connect(reactor, endpoint=DEFAULT_ENDPOINT, vhost="/", client_name="brokerd-native-client"):
-    """Connect and say hello; fires with a ready L{NativeClientProtocol}."""
-    protocol = NativeClientProtocol(reactor, vhost, client_name)
+def connect(reactor, endpoint=DEFAULT_ENDPOINT, vhost="/", client_name="brokerd-native-client",
+            username=DEFAULT_USER, password=DEFAULT_PASSWORD, mechanism=""):
+    """
+    Connect and log in as C{username} (or, with C{mechanism="EXTERNAL"}, as
+    the user the TLS client certificate names); fires with a ready
+    L{NativeClientProtocol}, or fails with L{ConnectionClosed} (403: login
+    refused; 530: no such vhost, or no permissions on it).
+    """
+    protocol = NativeClientProtocol(reactor, vhost, client_name, username=username, password=password,
+                                    mechanism=mechanism)
     d = connectProtocol(clientFromString(reactor, endpoint), protocol)
     d.addCallback(lambda _: protocol.ready)
     return d

@@ -1,10 +1,18 @@
-"""The native protocol's server side: protobuf envelopes to channel calls.
+"""The native protocol's server side: the connection, its hello and login, envelopes to channel calls.
 
 Each frame is one L{Envelope}. The first must be C{hello}; after that, requests
 on channel N are dispatched to the connection's channel N. Rules live in the
 model and the channel; this module only translates. A channel error closes that
 channel (the client answers C{channel_close_ok}), a connection error closes the
 connection, and a frame that cannot be read closes only this connection.
+
+The hello carries the client's credentials and vhost, checked by the broker's
+L{brokerd.access.login.AccessControl}, the one AMQP's logins use: a refused
+login is answered with connection_close 403 ACCESS_REFUSED in RabbitMQ's words
+after the refusal delay (nothing more is read meanwhile), an unknown vhost or
+one the user has no permissions on with 530 NOT_ALLOWED; the connection's
+channels then check every operation against the user's permissions. The
+channel-level requests are translated by L{brokerd.native.requests}.
 
 Until hello, frames are capped at L{PRE_HELLO_MAX_FRAME_SIZE} bytes and a client
 has L{HANDSHAKE_TIMEOUT} seconds to send it (as AMQP caps frames until tune-ok
@@ -28,9 +36,11 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 import brokerd
+from brokerd.access.login import EXTERNAL, LOGIN_REFUSAL_DELAY, PASSWORD_MECHANISMS, PLAIN, AccessControl, LoginRefused
 from brokerd.connection import HANDSHAKE_TIMEOUT, NATIVE, Connection
 from brokerd.connectionlog import ConnectionRecord, client_text, lost_reason, peer_address, peer_host
 from brokerd.errors import (
+    AccessRefused,
     BrokerError,
     ChannelError,
     CommandInvalid,
@@ -42,14 +52,11 @@ from brokerd.errors import (
     UnexpectedFrame,
 )
 from brokerd.hangup import HangupWatch
-from brokerd.model.property_rules import ARGUMENT, check_table
 from brokerd.model.watermark import LARGE_PARTIAL_FRAME, SLOW_READER, PublisherGate, reading_pauses
 from brokerd.native.framing import FrameReceiver
-from brokerd.native.peer import NativeChannelPeer, fill_content
-from brokerd.proto import messages_pb2
-from brokerd.proto.exchange_types import EXCHANGE_TYPE_NAME
+from brokerd.native.peer import NativeChannelPeer
+from brokerd.native.requests import ChannelRequests
 from brokerd.proto.native_pb2 import Envelope
-from brokerd.proto.tables import table_to_dict
 from brokerd.refusallog import RefusalLog
 
 PROTOCOL_VERSION = 1
@@ -61,24 +68,24 @@ DEFAULT_CHANNEL_MAX = 2047  # channels open at once on one connection (AMQP's de
 log = Logger()
 
 
-def _arguments(message):
-    """A request's arguments as a dict, once they pass the rules every field table from a client meets."""
-    if not message.arguments.fields:
-        return {}
-    check_table(message.arguments, ARGUMENT)
-    return table_to_dict(message.arguments)
-
-
 @implementer(IPushProducer)
-class NativeServerProtocol(FrameReceiver):
+class NativeServerProtocol(ChannelRequests, FrameReceiver):
     """One client connection speaking the native protocol."""
 
     def __init__(
-        self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE, channel_max=DEFAULT_CHANNEL_MAX, refusal_log=None
+        self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE, channel_max=DEFAULT_CHANNEL_MAX, refusal_log=None,
+        authenticator=None, refusal_delay=LOGIN_REFUSAL_DELAY,
     ):
+        """
+        @param authenticator: the broker's L{brokerd.interfaces.IAccessControl}
+            (the one AMQP logins use); without one, guest/guest in memory.
+        @param refusal_delay: seconds a refused login waits for its answer.
+        """
         FrameReceiver.__init__(self, broker.clock, broker.watermark)
         self.broker = broker
         self.refusal_log = refusal_log or RefusalLog(protocol="native", before="hello")  # the listener's, shared
+        self.authenticator = authenticator if authenticator is not None else AccessControl()
+        self.refusal_delay = refusal_delay
         self.max_frame_size = max_frame_size  # the frame limit once hello is done
         self.MAX_LENGTH = PRE_HELLO_MAX_FRAME_SIZE
         self.channel_max = channel_max
@@ -86,6 +93,7 @@ class NativeServerProtocol(FrameReceiver):
         self._closing_channels = set()  # closed by us, awaiting channel_close_ok
         self._gate = None  # pauses reading from us while the broker is blocked
         self._hello_timeout = None
+        self._refusal_call = None  # a refused login's answer, waiting out the refusal delay
         self._resume_call = None
         self._record = None  # the connection as logged once hello is answered (brokerd.connectionlog)
         self._close_reason = None  # why it ends, for its closing log line
@@ -106,10 +114,10 @@ class NativeServerProtocol(FrameReceiver):
         FrameReceiver.connectionLost(self, reason)
         if self._record is not None:
             self._record.close(self._close_reason or lost_reason(reason), self.clock.seconds())
-        for call in (self._hello_timeout, self._resume_call):
+        for call in (self._hello_timeout, self._refusal_call, self._resume_call):
             if call is not None and call.active():
                 call.cancel()
-        self._hello_timeout = self._resume_call = None
+        self._hello_timeout = self._refusal_call = self._resume_call = None
         if self.read_pauses is not None:
             self.read_pauses.close()
         if self._gate is not None:
@@ -267,13 +275,27 @@ class NativeServerProtocol(FrameReceiver):
     # -- connection
 
     def on_hello(self, envelope, hello):
-        if self.connection is not None:
+        """
+        The client's hello: its credentials are checked as AMQP's are (a
+        refused login is answered with 403 after the refusal delay), then its
+        vhost (530 at once, as AMQP's connection.open); the connection's
+        channels check every operation against the user's permissions there.
+        """
+        if self.connection is not None or self._refusal_call is not None:
             raise CommandInvalid("hello was already received on this connection")
         if hello.protocol_version != PROTOCOL_VERSION:
             raise CommandInvalid(
                 f"client speaks native protocol version {hello.protocol_version}; this broker speaks {PROTOCOL_VERSION}"
             )
-        self.connection = Connection(self.broker, hello.vhost or "/", hello.client_name, NATIVE, self.transport)
+        try:
+            user = self._logged_in_user(hello)
+        except LoginRefused as refused:
+            self._refuse_login(AccessRefused(str(refused)))
+            return
+        vhost = hello.vhost or "/"
+        access = self.authenticator.check_vhost_access(user, vhost)
+        self.connection = Connection(self.broker, vhost, hello.client_name, NATIVE, self.transport, user,
+                                     access=access)
         self.writes.counted = self.connection
         self.connection.closer = self._close_connection
         self.MAX_LENGTH = self.max_frame_size
@@ -286,9 +308,33 @@ class NativeServerProtocol(FrameReceiver):
         reply.hello_ok.max_frame_size = self.max_frame_size
         self.sendFrame(reply.SerializeToString())
         self._record = ConnectionRecord(
-            "native", self.transport, None, self.connection.vhost.name,
+            "native", self.transport, user, self.connection.vhost.name,
             client_text(hello.client_name) or "unnamed client", self.clock.seconds(),
         )
+
+    def _logged_in_user(self, hello):
+        """The user C{hello}'s credentials log in, by its mechanism (PLAIN unless it names EXTERNAL)."""
+        authenticator = self.authenticator
+        # PLAIN is the native protocol's password login, allowed while AMQP allows one (PLAIN or AMQPLAIN).
+        offered = [PLAIN] if not PASSWORD_MECHANISMS.isdisjoint(authenticator.mechanisms) else []
+        if EXTERNAL in authenticator.mechanisms:
+            offered.append(EXTERNAL)
+        mechanism = hello.mechanism or PLAIN
+        if mechanism not in offered:
+            raise LoginRefused(f"unsupported authentication mechanism {client_text(mechanism)!r}; use one of"
+                               f" {', '.join(offered)}")  # cut: a stranger's text goes into the log
+        if mechanism == EXTERNAL:
+            return authenticator.check_certificate_login(peer_host(self.transport), self.transport)
+        return authenticator.check_password_login(PLAIN, hello.username, hello.password.encode(),
+                                                  peer_host(self.transport))
+
+    def _refuse_login(self, error):
+        """A refused login: nothing more is read, and C{error} is sent after the refusal delay, as AMQP's is."""
+        self.stopped_reading = True
+        if self._hello_timeout is not None and self._hello_timeout.active():
+            self._hello_timeout.cancel()
+        self._hello_timeout = None
+        self._refusal_call = self.clock.callLater(self.refusal_delay, self._close_connection, error)
 
     def on_connection_close(self, envelope, close):
         if self._close_reason is None:
@@ -322,135 +368,13 @@ class NativeServerProtocol(FrameReceiver):
     def on_channel_close_ok(self, envelope, close_ok):
         pass  # only meaningful while we wait for it, handled in stringReceived
 
-    def _channel(self, envelope):
-        return self.connection.channel(envelope.channel)
-
-    # -- exchanges and queues
-
-    def on_exchange_declare(self, envelope, request):
-        # An unset type means AMQP's default, direct.
-        type_name = EXCHANGE_TYPE_NAME.get(request.type or messages_pb2.DIRECT)
-        if type_name is None:
-            raise CommandInvalid(f"unknown exchange type number {request.type}")
-        self._channel(envelope).exchange_declare(
-            request.exchange,
-            type_name,
-            request.passive,
-            request.durable,
-            request.auto_delete,
-            request.internal,
-            _arguments(request),
-        )
-        self._ok(envelope)
-
-    def on_exchange_delete(self, envelope, request):
-        self._channel(envelope).exchange_delete(request.exchange, request.if_unused)
-        self._ok(envelope)
-
-    def on_exchange_bind(self, envelope, request):
-        self._channel(envelope).exchange_bind(
-            request.destination, request.source, request.routing_key, _arguments(request)
-        )
-        self._ok(envelope)
-
-    def on_exchange_unbind(self, envelope, request):
-        self._channel(envelope).exchange_unbind(
-            request.destination, request.source, request.routing_key, _arguments(request)
-        )
-        self._ok(envelope)
-
-    def on_queue_declare(self, envelope, request):
-        name, messages, consumers = self._channel(envelope).queue_declare(
-            request.queue, request.passive, request.durable, request.exclusive, request.auto_delete, _arguments(request)
-        )
-        reply = self._reply_to(envelope)
-        reply.queue_declare_ok.queue = name
-        reply.queue_declare_ok.message_count = messages
-        reply.queue_declare_ok.consumer_count = consumers
-        self.sendFrame(reply.SerializeToString())
-
-    def on_queue_bind(self, envelope, request):
-        self._channel(envelope).queue_bind(request.queue, request.exchange, request.routing_key, _arguments(request))
-        self._ok(envelope)
-
-    def on_queue_unbind(self, envelope, request):
-        self._channel(envelope).queue_unbind(request.queue, request.exchange, request.routing_key, _arguments(request))
-        self._ok(envelope)
-
-    def on_queue_purge(self, envelope, request):
-        self._message_count(envelope, self._channel(envelope).queue_purge(request.queue))
-
-    def on_queue_delete(self, envelope, request):
-        count = self._channel(envelope).queue_delete(request.queue, request.if_unused, request.if_empty)
-        self._message_count(envelope, count)
-
-    def _message_count(self, envelope, count):
-        reply = self._reply_to(envelope)
-        reply.message_count.message_count = count
-        self.sendFrame(reply.SerializeToString())
-
-    # -- basic
-
-    def on_basic_qos(self, envelope, request):
-        self._channel(envelope).basic_qos(request.prefetch_count, getattr(request, "global"))
-        self._ok(envelope)
-
-    def on_basic_consume(self, envelope, request):
-        tag = self._channel(envelope).basic_consume(
-            request.queue, request.consumer_tag, request.no_ack, request.exclusive, _arguments(request)
-        )
-        reply = self._reply_to(envelope)
-        reply.basic_consume_ok.consumer_tag = tag
-        self.sendFrame(reply.SerializeToString())
-
-    def on_basic_cancel(self, envelope, request):
-        self._channel(envelope).basic_cancel(request.consumer_tag)
-        self._ok(envelope)
-
-    def on_basic_publish(self, envelope, request):
-        self._channel(envelope).basic_publish(
-            request.exchange, request.routing_key, request.properties, request.body, request.mandatory
-        )
-        if self.broker.watermark.blocked:
-            self._publisher_gate().check()
-
-    def on_basic_get(self, envelope, request):
-        result = self._channel(envelope).basic_get(request.queue, request.no_ack)
-        reply = self._reply_to(envelope)
-        if result is None:
-            reply.basic_get_empty.SetInParent()
-        else:
-            delivery_tag, redelivered, message, message_count = result
-            got = reply.basic_get_ok
-            fill_content(got, message)
-            got.delivery_tag = delivery_tag
-            got.redelivered = redelivered
-            got.message_count = message_count
-        self.sendFrame(reply.SerializeToString())
-
-    def on_basic_ack(self, envelope, request):
-        self._channel(envelope).basic_ack(request.delivery_tag, request.multiple)
-
-    def on_basic_nack(self, envelope, request):
-        self._channel(envelope).basic_nack(request.delivery_tag, request.multiple, request.requeue)
-
-    def on_basic_reject(self, envelope, request):
-        self._channel(envelope).basic_reject(request.delivery_tag, request.requeue)
-
-    def on_basic_recover(self, envelope, request):
-        self._channel(envelope).basic_recover(request.requeue)
-        self._ok(envelope)
-
-    def on_confirm_select(self, envelope, request):
-        self._channel(envelope).confirm_select()
-        self._ok(envelope)
-
     _handlers = {}
 
 
 NativeServerProtocol._handlers = {
     name[len("on_") :]: function
-    for name, function in vars(NativeServerProtocol).items()
+    for cls in reversed(NativeServerProtocol.__mro__)
+    for name, function in vars(cls).items()
     if name.startswith("on_")
 }
 
@@ -460,10 +384,19 @@ class NativeServerFactory(ServerFactory):
 
     noisy = False
 
-    def __init__(self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE, channel_max=DEFAULT_CHANNEL_MAX):
+    def __init__(self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE, channel_max=DEFAULT_CHANNEL_MAX,
+                 authenticator=None, refusal_delay=LOGIN_REFUSAL_DELAY):
+        """
+        @param authenticator: the broker's L{brokerd.interfaces.IAccessControl},
+            the object AMQP logins use, so that one access database serves both
+            protocols; without one, guest/guest in memory.
+        @param refusal_delay: seconds a refused login waits for its answer.
+        """
         self.broker = broker
         self.max_frame_size = max_frame_size
         self.channel_max = channel_max
+        self.authenticator = authenticator if authenticator is not None else AccessControl()
+        self.refusal_delay = refusal_delay
         self.refusal_log = RefusalLog(protocol="native", before="hello")
         self._protocols = weakref.WeakSet()  # every connection made, to close them at shutdown
 
@@ -471,7 +404,8 @@ class NativeServerFactory(ServerFactory):
         self.refusal_log.stop()
 
     def buildProtocol(self, address):
-        protocol = NativeServerProtocol(self.broker, self.max_frame_size, self.channel_max, self.refusal_log)
+        protocol = NativeServerProtocol(self.broker, self.max_frame_size, self.channel_max, self.refusal_log,
+                                        self.authenticator, self.refusal_delay)
         protocol.factory = self
         self._protocols.add(protocol)
         return protocol

@@ -93,7 +93,7 @@ def test_a_native_connection_is_logged_when_accepted_and_when_closed(amqp_broker
         close.connection_close.reply_text = "done"
         assert client.answer(close).WhichOneof("payload") == "connection_close_ok"
     accepted, closed = connection_lines(amqp_broker, port)
-    assert re.search(r"accepted native connection \S+ -> \S+: no login, vhost '/', client raw native test client$",
+    assert re.search(r"accepted native connection \S+ -> \S+: user 'guest', vhost '/', client raw native test client$",
                      accepted), accepted
-    assert re.search(r"\(no login, vhost '/', client raw native test client\) after \d+\.\d s:"
+    assert re.search(r"\(user 'guest', vhost '/', client raw native test client\) after \d+\.\d s:"
                      r" the client closed it: 200 'done'$", closed), closed

@@ -291,6 +291,7 @@ class RawNative:
         envelope = Envelope()
         envelope.hello.protocol_version = 1
         envelope.hello.client_name = "raw"
+        envelope.hello.username = envelope.hello.password = "guest"
         self.send(envelope)
         self.wait_for("hello_ok")
 
