@@ -118,9 +118,10 @@ class DelayScheduler:
     out of it in due-time windows, into their exchanges when due.
     """
 
-    def __init__(self, broker):
+    def __init__(self, broker, store=None):
+        """Keeps the delayed messages of C{store} (the broker's own by default: a vhost with its own has its own)."""
         self._broker = broker
-        self._store = broker.store
+        self._store = broker.store if store is None else store
         self._clock = broker.clock
         self._soonest = []  # heap of (due, handle, vhost name, exchange name, message or record)
         self._in_soonest = set()  # the handles in it
