@@ -21,6 +21,7 @@ from brokerd.durability import SyncPolicy
 from brokerd.errors import NotAllowed
 from brokerd.model.broker import Broker
 from brokerd.proto import messages_pb2
+from brokerd.proto.tables import dict_to_table
 from brokerd.vhoststores import VhostStores, directory_name
 from tests.interop.conftest import TRACEBACK_MARKS, start_broker
 
@@ -145,6 +146,17 @@ def test_a_vhost_created_with_a_backend_commits_in_its_own_store_and_deleting_it
     assert broker.own_stores == {} and not access.vhost_exists("team")
 
 
+def test_deleting_a_vhost_whose_store_is_down_removes_its_files_and_the_refusal(tmp_path):
+    broker, access = in_process_broker(tmp_path)
+    access.add_vhost("broken", "nosuch")
+    broker.mark_vhost_unavailable("broken", "unknown backend 'nosuch'")
+    os.makedirs(broker.vhost_stores.directory("broken"))
+    assert delete_vhost(broker, access, "broken").result == 0
+    assert not os.path.exists(broker.vhost_stores.directory("broken"))
+    with pytest.raises(NotAllowed, match="vhost broken not found"):
+        broker.vhost("broken")
+
+
 def test_a_bad_backend_string_is_one_clear_error_and_changes_nothing(tmp_path):
     broker, access = in_process_broker(tmp_path)
     with pytest.raises(AccessChangeRefused, match="unknown backend 'nosuch'; known backends: .*sqlite"):
@@ -170,3 +182,19 @@ def test_a_vhost_name_is_one_directory_whatever_it_holds():
     assert directory_name("team") == "team"
     assert directory_name("a/b") == "a%2Fb"
     assert directory_name("..") == "%2E%2E" and directory_name(".") == "%2E"
+
+
+def test_a_vhost_with_its_own_store_delays_messages_in_that_store():
+    broker, access = in_process_broker("/nonexistent")
+    vhost = add_vhost(broker, access, "team", backend="memory").result
+    channel = Connection(broker, "team").open_channel(1, None)
+    channel.exchange_declare("later", "x-delayed-message", arguments={"x-delayed-type": "direct"})
+    channel.queue_declare("due")
+    channel.queue_bind("due", "later", "k")
+    delayed = messages_pb2.BasicProperties()
+    dict_to_table({"x-delay": 100}, delayed.headers)
+    channel.basic_publish("later", "k", delayed, b"in a while")
+    assert vhost.store.stats()["delayed"] == 1 and broker.store.stats()["delayed"] == 0
+    broker.clock.advance(0.2)
+    assert vhost.queues["due"].message_count == 1
+    assert vhost.store.stats()["delayed"] == 0

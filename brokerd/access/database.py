@@ -193,9 +193,7 @@ class AccessDatabase:
 
     def add_vhost(self, name, backend=None):
         """Create a vhost; with C{backend} (a backend string), it keeps its messages in a store of its own."""
-        _check_name("vhost", name)
-        if name in self.vhosts:
-            raise AccessChangeRefused(f"vhost '{name}' already exists")
+        self.check_new_vhost(name)
 
         def add():
             self.vhosts.append(name)
@@ -203,6 +201,12 @@ class AccessDatabase:
                 self.vhost_backends[name] = backend
 
         self._change(add)
+
+    def check_new_vhost(self, name):
+        """Raise AccessChangeRefused unless C{name} may be a new vhost's name (valid, and not one already)."""
+        _check_name("vhost", name)
+        if name in self.vhosts:
+            raise AccessChangeRefused(f"vhost '{name}' already exists")
 
     def vhost_backend(self, name):
         """The backend string of vhost C{name}'s own store, or None: it is on the broker's store."""

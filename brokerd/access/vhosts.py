@@ -13,7 +13,7 @@ its own is closed and its files removed.
 from twisted.internet import defer
 
 from brokerd import storeregistry
-from brokerd.access.database import AccessChangeRefused, _check_name
+from brokerd.access.database import AccessChangeRefused
 from brokerd.errors import ConnectionForced
 from brokerd.vhoststores import VhostStoreFailed
 
@@ -30,9 +30,7 @@ def add_vhost(broker, access, name, backend=None):
     if backend is None:
         access.add_vhost(name)
         return broker.add_vhost(name)
-    _check_name("vhost", name)
-    if access.vhost_exists(name):
-        raise AccessChangeRefused(f"vhost '{name}' already exists")
+    access.check_new_vhost(name)
     if broker.vhost_stores is None:
         raise AccessChangeRefused("this broker has no data directory for vhosts' own stores")
     try:
