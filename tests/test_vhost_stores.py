@@ -198,3 +198,16 @@ def test_a_vhost_with_its_own_store_delays_messages_in_that_store():
     broker.clock.advance(0.2)
     assert vhost.queues["due"].message_count == 1
     assert vhost.store.stats()["delayed"] == 0
+
+
+def test_the_access_database_keeps_a_vhosts_backend_and_reads_entries_without_one(tmp_path):
+    access = AccessDatabase.in_directory(str(tmp_path))
+    access.open()
+    access.add_vhost("team", "sqlite:cache=8M")
+    access.add_vhost("shared")
+    again = AccessDatabase.in_directory(str(tmp_path))
+    again.open()
+    assert again.vhosts == ["/", "team", "shared"]
+    assert [again.vhost_backend(name) for name in again.vhosts] == [None, "sqlite:cache=8M", None]
+    again.delete_vhost("team")
+    assert again.vhost_backend("team") is None and again.document()["vhosts"] == [{"name": "/"}, {"name": "shared"}]
