@@ -75,7 +75,7 @@ class Broker:
         return self.vhosts[name]
 
     def mark_vhost_unavailable(self, name, reason):
-        """Vhost C{name} cannot be served (its store did not open): refuse connections to it, saying C{reason}."""
+        """Vhost C{name} (not served) cannot be: its store did not open. Connections to it are refused, saying C{reason}."""
         self.unavailable_vhosts[name] = reason
 
     def forget_vhost(self, name):
@@ -156,7 +156,7 @@ class Broker:
         """
         counts = {"exchanges": 0, "queues": 0, "bindings": 0, "messages": 0, "unavailable": 0, "quarantined": 0}
         store = self.store if store is None else store
-        own = {name for name, own_store in self.own_stores.items() if own_store is store}
+        owner = next((name for name, own_store in self.own_stores.items() if own_store is store), None)
         for record in store.topology():
             if isinstance(record, QuarantinedRecord):
                 self._quarantine(record)
@@ -164,10 +164,10 @@ class Broker:
                 continue
             if not isinstance(record, TOPOLOGY_RECORDS):
                 raise TypeError(f"store {store.name!r} returned an unknown topology record: {record!r}")
-            if own and record.vhost not in own:  # a vhost's own store holds that vhost's records only
+            if owner is not None and record.vhost != owner:  # a vhost's own store holds that vhost's records only
                 log.error("quarantined the {kind} {name!r} of vhost {other!r} found in the {backend} store of vhost"
                           " {vhost!r}: it is not served; its record is kept on disk as it is", kind=_kind(record),
-                          name=_name(record), other=record.vhost, backend=store.name, vhost=sorted(own)[0])
+                          name=_name(record), other=record.vhost, backend=store.name, vhost=owner)
                 counts["quarantined"] += 1
                 continue
             try:
@@ -178,15 +178,12 @@ class Broker:
         counts["unavailable"] = sum(len(vhost.unavailable_queues) for vhost in self.vhosts.values()
                                     if vhost.store is store)
         if IDelayedMessageStore.providedBy(store):
-            for name in own:
-                self._own_delays[name].start()
-            if not own:
-                self.delays.start()
+            (self.delays if owner is None else self._own_delays[owner]).start()
         log.info(
             "recovered {exchanges} exchanges, {queues} queues ({unavailable} unavailable), {bindings} bindings"
             " and {messages} messages from the {backend} store{whose}; {quarantined} records quarantined",
             backend=store.name,
-            whose=f" of vhost {sorted(own)[0]!r}" if own else "",
+            whose="" if owner is None else f" of vhost {owner!r}",
             **counts,
         )
         return counts
