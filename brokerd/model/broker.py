@@ -75,7 +75,7 @@ class Broker:
         return self.vhosts[name]
 
     def mark_vhost_unavailable(self, name, reason):
-        """Vhost C{name} (not served) cannot be: its store did not open. Connections to it are refused, saying C{reason}."""
+        """Vhost C{name} cannot be served: its store did not open. Connections to it are refused, saying C{reason}."""
         self.unavailable_vhosts[name] = reason
 
     def forget_vhost(self, name):
