@@ -177,7 +177,8 @@ class BrokerService(Service):
                     raise VhostStoreFailed(name, "this broker has no data directory for vhosts' own stores")
                 store = yield self.broker.vhost_stores.open(name, backend)
             except VhostStoreFailed as failed:
-                log.error("vhost {vhost!r} is unavailable: {failed}", vhost=name, failed=failed)
+                log.error("vhost {vhost!r} is unavailable: its store cannot be opened: {problem}", vhost=name,
+                          problem=failed.problem)
                 self.broker.mark_vhost_unavailable(name, failed.problem)
                 continue
             self.broker.add_vhost(name, store)
