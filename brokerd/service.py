@@ -99,7 +99,7 @@ class BrokerService(Service):
         vhost_stores=None,
     ):
         """
-        @param vhost_stores: the L{brokerd.vhoststores.VhostStores} that
+        @param vhost_stores: the L{brokerd.interfaces.IVhostStores} that
             builds the stores of vhosts created with a backend of their own
             (None: such vhosts are unavailable).
         @param access_defaults: C{(user, password)} of the administrator a

@@ -15,8 +15,10 @@ from urllib.parse import quote
 
 from twisted.internet import defer
 from twisted.logger import Logger
+from zope.interface import implementer
 
 from brokerd import storeregistry
+from brokerd.interfaces import IVhostStores
 
 VHOSTS_DIRECTORY = "vhosts"
 
@@ -38,6 +40,7 @@ def directory_name(vhost):
     return name.replace(".", "%2E") if set(name) == {"."} else name  # "." and ".." are not directories of their own
 
 
+@implementer(IVhostStores)
 class VhostStores:
     """
     Builds, opens and removes the vhosts' own stores of one broker.

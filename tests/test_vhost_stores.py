@@ -12,6 +12,7 @@ import pika
 import pytest
 from pika.exceptions import ProbableAccessDeniedError
 from twisted.internet.task import Clock
+from zope.interface.verify import verifyObject
 
 from backends.memory.store import MemoryStore
 from brokerd.access.database import FULL_PERMISSIONS, AccessChangeRefused, AccessDatabase
@@ -19,6 +20,7 @@ from brokerd.access.vhosts import add_vhost, delete_vhost
 from brokerd.connection import Connection
 from brokerd.durability import SyncPolicy
 from brokerd.errors import NotAllowed
+from brokerd.interfaces import IVhostStores
 from brokerd.model.broker import Broker
 from brokerd.proto import messages_pb2
 from brokerd.proto.tables import dict_to_table
@@ -176,6 +178,10 @@ def test_an_unavailable_vhost_is_refused_with_530_naming_the_damage_and_the_user
     with pytest.raises(NotAllowed, match="^530 NOT_ALLOWED - vhost 'team' is down: file is not a database$"):
         broker.vhost("team")
     assert Connection(broker, "/", user="alice").vhost is broker.vhosts["/"]
+
+
+def test_vhost_stores_provide_their_role():
+    assert verifyObject(IVhostStores, VhostStores("/nonexistent", SyncPolicy(), Clock()))
 
 
 def test_a_vhost_name_is_one_directory_whatever_it_holds():

@@ -34,7 +34,7 @@ def add_vhost(broker, access, name, backend=None):
     if broker.vhost_stores is None:
         raise AccessChangeRefused("this broker has no data directory for vhosts' own stores")
     try:
-        storeregistry.make_store(backend, broker.vhost_stores.directory(name), reactor=broker.vhost_stores.reactor)
+        broker.vhost_stores.make(name, backend)
     except storeregistry.BackendError as problem:  # built only to check it: nothing is opened
         raise AccessChangeRefused(f"--backend {backend!r}: {problem}") from None
     return _add_vhost_with_store(broker, access, name, backend)

@@ -55,7 +55,7 @@ class Broker:
         self.own_stores = {}
         self.unavailable_vhosts = {}
         self._own_delays = {}  # vhost name -> the DelayScheduler of its own store
-        self.vhost_stores = None  # a brokerd.vhoststores.VhostStores, given by the service: builds vhosts' own stores
+        self.vhost_stores = None  # an IVhostStores, given by the service: builds the vhosts' own stores
         for name in vhosts:
             self.add_vhost(name)
 
