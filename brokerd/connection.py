@@ -85,7 +85,7 @@ class Connection:
             peer and local addresses name the connection (None in-process).
         """
         self.broker = broker
-        self.vhost = broker.vhost(vhost_name)
+        self.vhost = broker.vhost(vhost_name, user)  # 530 for an unknown vhost or one whose store is down
         self.client_name = client_name
         self.number = next(_connection_numbers)
         self.protocol = protocol

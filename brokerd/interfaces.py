@@ -3,7 +3,8 @@
 Protocol adapters sit on top of L{brokerd.model} and L{brokerd.channel}; the model
 reaches storage only through L{IMessageStore}, and every store hands messages
 back as one neutral L{MessageRecord}; a storage backend is found by name
-through L{IStoreBackend}. L{IDelayedMessageStore} is the storage half of
+through L{IStoreBackend}, and a vhost with a store of its own has it built
+and opened by L{IVhostStores}. L{IDelayedMessageStore} is the storage half of
 delayed delivery (the C{x-delayed-message} exchange type). L{IChannelPeer} is
 what a protocol adapter gives a channel so the channel can push deliveries,
 returns and confirms to its client. The model calls up only through named
@@ -354,6 +355,23 @@ class IStoreBackend(Interface):
         @raise ValueError: if an option's value is not acceptable; the message
             names the option.
         """
+
+
+class IVhostStores(Interface):
+    """
+    The stores of the vhosts that have one of their own (created with a
+    backend string): where their files live, building, opening and removing
+    them (L{brokerd.vhoststores.VhostStores}).
+    """
+
+    def make(vhost, backend):
+        """The unopened L{IMessageStore} the backend string C{backend} describes for C{vhost}; raises ValueError."""
+
+    def open(vhost, backend):
+        """A Deferred firing with C{vhost}'s store opened, or failing with an error naming the vhost and the fault."""
+
+    def remove_files(vhost):
+        """Delete the files of C{vhost}'s own store (closed already): the vhost is deleted."""
 
 
 class IChannelPeer(Interface):

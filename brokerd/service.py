@@ -2,14 +2,16 @@
 
 L{BrokerService} loads the access database (users, vhosts, permissions;
 created on the first start), which AMQP and the native protocol both log in
-against through one authenticator, opens the store and recovers durable state before any
+against through one authenticator, opens the store and recovers durable state,
+then opens and recovers the store of every vhost that has its own (one that
+fails takes down that vhost alone, logged in one line), before any
 listener accepts a client (AMQP plain and over TLS share one factory; a TLS
 endpoint is built by L{brokerd.endpoints.server_endpoint}), and on stop closes
 the listeners, then the clients' connections (L{brokerd.shutdown}: after the
-commits in flight are confirmed), then the store; a SIGTERM stop then ends the
+commits in flight are confirmed), then the stores; a SIGTERM stop then ends the
 process with exit status 0. A
 start-up failure (store unusable, port taken) is logged in one line naming
-the option at fault and ends the process with exit status 1; the store's
+the option at fault and ends the process with exit status 1; the stores'
 stats are logged at stop only if it started.
 """
 
@@ -30,6 +32,7 @@ from brokerd.model.broker import Broker
 from brokerd.model.watermark import DEFAULT_HIGH_WATERMARK, MemoryWatermark
 from brokerd.native.server import DEFAULT_CHANNEL_MAX, DEFAULT_MAX_FRAME_SIZE, NativeServerFactory
 from brokerd.shutdown import close_clients, ignore_further_stop_signals
+from brokerd.vhoststores import VhostStoreFailed
 
 log = Logger()
 
@@ -94,8 +97,12 @@ class BrokerService(Service):
         memory_high_watermark=DEFAULT_HIGH_WATERMARK,
         startup_report=None,
         access_defaults=None,
+        vhost_stores=None,
     ):
         """
+        @param vhost_stores: the L{brokerd.interfaces.IVhostStores} that
+            builds the stores of vhosts created with a backend of their own
+            (None: such vhosts are unavailable).
         @param access_defaults: C{(user, password)} of the administrator a
             first start creates in the access database of C{amqp_settings}'
             authenticator, C{(None, None)} for none; None: do not open that
@@ -106,6 +113,7 @@ class BrokerService(Service):
         # The end of a burst past the watermark is when the most memory has just been freed.
         watermark = MemoryWatermark(memory_high_watermark, on_unblocked=FreedMemory(reactor).give_back_soon)
         self.broker = Broker(store, reactor, watermark=watermark)
+        self.broker.vhost_stores = vhost_stores
         self.listeners = []
         if amqp_endpoint or amqps_endpoint:
             factory = AmqpServerFactory(self.broker, amqp_settings)  # one factory: the same broker behind both
@@ -133,6 +141,7 @@ class BrokerService(Service):
         d.addCallback(lambda _: self.store.open())
         d.addCallback(self._opened)
         d.addCallback(lambda _: self.broker.recover())
+        d.addCallback(self._open_vhost_stores)
         d.addCallback(self._recovered)
         d.addCallback(lambda _: defer.gatherResults([listener.start() for listener in self.listeners], consumeErrors=True))
         d.addCallback(lambda _: self.reactor.callWhenRunning(self._ready))
@@ -153,7 +162,37 @@ class BrokerService(Service):
             except (OSError, ValueError) as problem:
                 raise ValueError(f"--users={self.users_file.path}: {problem}") from None
         for name in self.access.vhosts:
-            self.broker.add_vhost(name)
+            if self.access.vhost_backend(name) is None:  # a vhost with its own store is served once that opens
+                self.broker.add_vhost(name)
+
+    @defer.inlineCallbacks
+    def _open_vhost_stores(self, counts):
+        """Open and recover each vhost's own store; one that fails takes down its vhost alone. Fires with C{counts}."""
+        if self.access is None:
+            return counts
+        for name in self.access.vhosts:
+            backend = self.access.vhost_backend(name)
+            if backend is None:
+                continue
+            try:
+                if self.broker.vhost_stores is None:
+                    raise VhostStoreFailed(name, "this broker has no data directory for vhosts' own stores")
+                store = yield self.broker.vhost_stores.open(name, backend)
+            except VhostStoreFailed as failed:
+                log.error("vhost {vhost!r} is unavailable: its store cannot be opened: {problem}", vhost=name,
+                          problem=failed.problem)
+                self.broker.mark_vhost_unavailable(name, failed.problem)
+                continue
+            self.broker.add_vhost(name, store)
+            try:
+                self.broker.recover(store)
+            except Exception as problem:
+                self.broker.forget_vhost(name)
+                yield store.close()
+                log.error("vhost {vhost!r} is unavailable: its store cannot be recovered: {problem}", vhost=name,
+                          problem=problem)
+                self.broker.mark_vhost_unavailable(name, str(problem) or type(problem).__name__)
+        return counts
 
     def _opened(self, _):
         self._store_opened = True
@@ -204,7 +243,7 @@ class BrokerService(Service):
             yield listener.stop()
         if self._serving:
             factories = list(dict.fromkeys(listener.factory for listener in self.listeners))  # amqp, amqps share one
-            yield close_clients(self.reactor, self.store, factories)
+            yield close_clients(self.reactor, self.broker.stores(), factories)
         for connection in list(self.broker.connections):
             connection.close()
         self.broker.stop()
@@ -215,10 +254,19 @@ class BrokerService(Service):
             except Exception as problem:
                 log.debug("closing the store that failed to open: {problem!r}", problem=problem)
             return
+        own_stores = dict(self.broker.own_stores)
+        for name, store in own_stores.items():
+            try:
+                yield store.close()
+            except Exception:
+                log.failure("the store of vhost {vhost!r} failed to close", vhost=name)
         yield self.store.close()
         if not self._serving:
             return
         log.info("store stats at stop: {stats}", stats=json.dumps(self.store.stats(), sort_keys=True))
+        for name, store in own_stores.items():
+            log.info("store stats of vhost {vhost!r} at stop: {stats}", vhost=name,
+                     stats=json.dumps(store.stats(), sort_keys=True))
         if getattr(self.reactor, "_exitSignal", None) == signal.SIGTERM:
             # twistd would end by re-raising SIGTERM (status "killed by SIGTERM"); a clean stop exits 0.
             self.reactor._exitSignal = None

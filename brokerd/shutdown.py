@@ -8,7 +8,7 @@ forced connection closure with reason 'shutdown'} (clients such as pika and
 aio-pika reconnect on it). Reading resumes then, so that a client's close-ok
 ends its connection at once (what else it sent is dropped unread, as after any
 connection.close); a client that has not answered within L{SHUTDOWN_GRACE_SECONDS}
-is dropped (RabbitMQ does not wait at all). The store closes after that.
+is dropped (RabbitMQ does not wait at all). The stores close after that.
 """
 
 import signal
@@ -54,11 +54,12 @@ def _connected(protocol):
 
 
 @defer.inlineCallbacks
-def close_clients(reactor, store, factories, grace=SHUTDOWN_GRACE_SECONDS):
+def close_clients(reactor, stores, factories, grace=SHUTDOWN_GRACE_SECONDS):
     """
     Close every client connection of C{factories} (server factories with
     C{open_protocols()} and C{close_connections(error)}) once the commits in
-    flight in C{store} are done and confirmed; fires when all are gone.
+    flight in C{stores} (the broker's and the vhosts' own) are done and
+    confirmed; fires when all are gone.
     """
     protocols = _open_protocols(factories)
     if not protocols:
@@ -70,9 +71,9 @@ def close_clients(reactor, store, factories, grace=SHUTDOWN_GRACE_SECONDS):
         # A confirm-mode channel asks for its sync at the end of a turn; the sync made after it fires after it.
         yield deferLater(reactor, 0, lambda: None)
         try:
-            yield store.sync()
+            yield defer.gatherResults([store.sync() for store in stores], consumeErrors=True)
         except Exception:
-            log.failure("the store failed its last commit before shutdown")
+            log.failure("a store failed its last commit before shutdown")
             break
     error = ConnectionForced(SHUTDOWN_REASON)
     for factory in factories:

@@ -21,6 +21,7 @@ from brokerd.native.server import DEFAULT_MAX_FRAME_SIZE
 from brokerd.service import BrokerService
 from brokerd.startup import StartupReport
 from brokerd.units import parse_size
+from brokerd.vhoststores import VhostStores
 
 DEFAULT_BACKEND = "chunked"
 MESSAGE_HEAD_ALLOWANCE = 1 << 20  # for a stored message's exchange, routing key and properties
@@ -256,6 +257,7 @@ def makeService(options):
         amqps_endpoint=options["amqps"],
         amqp_settings=options["amqp-settings"],
         access_defaults=options["access-defaults"],
+        vhost_stores=VhostStores(options["data-dir"], options["sync"], reactor),
         memory_high_watermark=options["memory-high-watermark"],
         startup_report=StartupReport(options["backend"], options["data-dir"], options["sync"], reactor),
     )

@@ -4,6 +4,9 @@ One JSON document in the broker's data directory (L{ACCESS_FILE}), apart from
 whatever message store the broker runs on, in the shape of RabbitMQ's
 definitions (C{users} with C{password_hash}, C{hashing_algorithm} and
 C{tags}; C{vhosts}; C{permissions} with C{configure}, C{write}, C{read}).
+A vhost made with a store of its own records its backend string in its
+entry (C{"backend"}); an entry without one is on the broker's C{--backend}
+store, as every vhost of a database written before that field was.
 Every change is written to a temporary file, fsynced, renamed over the old
 one and the directory fsynced before the change call returns, so a change
 that was acknowledged survives a crash; a change that cannot be written is
@@ -81,6 +84,8 @@ class AccessDatabase:
     @ivar path: the file it is kept in, or None for one held in memory only.
     @ivar users: user name -> L{User}.
     @ivar vhosts: the names of the vhosts, in the order they were created.
+    @ivar vhost_backends: vhost name -> the backend string of its own store,
+        for the vhosts that have one.
     @ivar permissions: C{(user name, vhost name)} -> L{Permissions}.
     @ivar failed_logins: user name -> how many logins as that user were refused since start.
     """
@@ -89,6 +94,7 @@ class AccessDatabase:
         self.path = path
         self.users = {}
         self.vhosts = []
+        self.vhost_backends = {}
         self.permissions = {}
         self.failed_logins = {}
 
@@ -185,11 +191,26 @@ class AccessDatabase:
 
         self._change(delete)
 
-    def add_vhost(self, name):
+    def add_vhost(self, name, backend=None):
+        """Create a vhost; with C{backend} (a backend string), it keeps its messages in a store of its own."""
+        self.check_new_vhost(name)
+
+        def add():
+            self.vhosts.append(name)
+            if backend is not None:
+                self.vhost_backends[name] = backend
+
+        self._change(add)
+
+    def check_new_vhost(self, name):
+        """Raise AccessChangeRefused unless C{name} may be a new vhost's name (valid, and not one already)."""
         _check_name("vhost", name)
         if name in self.vhosts:
             raise AccessChangeRefused(f"vhost '{name}' already exists")
-        self._change(lambda: self.vhosts.append(name))
+
+    def vhost_backend(self, name):
+        """The backend string of vhost C{name}'s own store, or None: it is on the broker's store."""
+        return self.vhost_backends.get(name)
 
     def delete_vhost(self, name):
         """Forget a vhost with every permission on it (its queues and exchanges are the broker's to drop)."""
@@ -197,6 +218,7 @@ class AccessDatabase:
 
         def delete():
             self.vhosts.remove(name)
+            self.vhost_backends.pop(name, None)
             for key in [key for key in self.permissions if key[1] == name]:
                 del self.permissions[key]
 
@@ -231,7 +253,8 @@ class AccessDatabase:
                  "tags": list(user.tags)}
                 for user in self.users.values()
             ],
-            "vhosts": [{"name": name} for name in self.vhosts],
+            "vhosts": [{"name": name, **({"backend": self.vhost_backends[name]} if name in self.vhost_backends else {})}
+                       for name in self.vhosts],
             "permissions": [
                 {"user": user, "vhost": vhost, "configure": permissions.configure, "write": permissions.write,
                  "read": permissions.read}
@@ -249,6 +272,7 @@ class AccessDatabase:
             users[entry["name"]] = User(entry["name"], entry["password_hash"] or None, entry["tags"])
         self.users = users
         self.vhosts = [entry["name"] for entry in document["vhosts"]]
+        self.vhost_backends = {entry["name"]: entry["backend"] for entry in document["vhosts"] if "backend" in entry}
         self.permissions = {
             (entry["user"], entry["vhost"]): Permissions(entry["configure"], entry["write"], entry["read"])
             for entry in document["permissions"]

@@ -1,4 +1,10 @@
-"""The broker: virtual hosts over one store, and recovery at start.
+"""The broker: virtual hosts, each over a message store, and recovery at start.
+
+Every vhost keeps its durable state in one store: the broker's own (the one
+C{--backend} names), or a store of its own given to L{Broker.add_vhost}.
+Routing never crosses vhosts, so a publish commits in its vhost's store alone.
+A vhost whose store cannot be opened is unavailable: L{Broker.vhost} refuses
+it with 530, naming the damage, while the other vhosts serve.
 
 Protocol adapters open L{Connection}s on a broker; everything they do goes
 through the connection's channels to the virtual host they opened.
@@ -25,7 +31,12 @@ log = Logger()
 
 class Broker:
     """
-    Holds the virtual hosts, the store and the clock.
+    Holds the virtual hosts, their stores and the clock.
+
+    @ivar store: the broker's store: every vhost's unless it has its own.
+    @ivar own_stores: vhost name -> the store of a vhost that has its own.
+    @ivar unavailable_vhosts: vhost name -> why it cannot be served (its store
+        did not open); connections to it are refused.
 
     @ivar clock: an L{IReactorTime} provider used for every timer (a
         L{twisted.internet.task.Clock} in tests).
@@ -41,39 +52,82 @@ class Broker:
         self.connections = set()
         self.replies = ReplyConsumers()  # direct reply-to consumers, by the token in their reply name
         self.delays = DelayScheduler(self)
+        self.own_stores = {}
+        self.unavailable_vhosts = {}
+        self._own_delays = {}  # vhost name -> the DelayScheduler of its own store
+        self.vhost_stores = None  # an IVhostStores, given by the service: builds the vhosts' own stores
         for name in vhosts:
             self.add_vhost(name)
 
-    def add_vhost(self, name):
+    def add_vhost(self, name, store=None):
+        """
+        The vhost C{name}, made if new: on the broker's store, or on C{store}
+        (opened already), which is then that vhost's alone.
+        """
         if name not in self.vhosts:
-            vhost = self.vhosts[name] = VirtualHost(name, self.store, self.clock, self.watermark)
-            vhost.delays = self.delays
+            if store is None or store is self.store:
+                vhost = self.vhosts[name] = VirtualHost(name, self.store, self.clock, self.watermark)
+                vhost.delays = self.delays
+            else:
+                vhost = self.vhosts[name] = VirtualHost(name, store, self.clock, self.watermark)
+                self.own_stores[name] = store
+                vhost.delays = self._own_delays[name] = DelayScheduler(self, store)
         return self.vhosts[name]
+
+    def mark_vhost_unavailable(self, name, reason):
+        """Vhost C{name} cannot be served: its store did not open. Connections to it are refused, saying C{reason}."""
+        self.unavailable_vhosts[name] = reason
+
+    def forget_vhost(self, name):
+        """
+        Stop serving vhost C{name} (being deleted); returns its L{VirtualHost}
+        (or None) and its own store (or None), which the caller closes.
+        """
+        self.unavailable_vhosts.pop(name, None)
+        delays = self._own_delays.pop(name, None)
+        if delays is not None:
+            delays.stop()
+        return self.vhosts.pop(name, None), self.own_stores.pop(name, None)
+
+    def stores(self):
+        """Every store the broker uses: its own first, then the vhosts' own stores."""
+        return [self.store, *self.own_stores.values()]
 
     def stop(self):
         """Cancel every timer (queue expiry, x-expires, delayed delivery): the broker is shutting down."""
         self.delays.stop()
+        for delays in self._own_delays.values():
+            delays.stop()
         for vhost in self.vhosts.values():
             for queue in vhost.queues.values():
                 queue.stop_timers()
 
-    def vhost(self, name):
-        """The virtual host C{name}; raises NotAllowed (530), as AMQP's connection.open does."""
-        vhost = self.vhosts.get(name or DEFAULT_VHOST)
+    def vhost(self, name, user=None):
+        """
+        The virtual host C{name}; raises NotAllowed (530), as AMQP's
+        connection.open does, for an unknown vhost and for one whose store did
+        not open (the text names the damage; C{user} is named in it if given).
+        """
+        name = name or DEFAULT_VHOST
+        vhost = self.vhosts.get(name)
         if vhost is None:
+            damage = self.unavailable_vhosts.get(name)
+            if damage is not None:
+                raise NotAllowed(vhost_down_text(name, user, damage))
             raise NotAllowed(f"vhost {name} not found")  # RabbitMQ's text, word for word
         return vhost
 
     def _recover_messages(self, queue):
         """Enqueue a durable queue's stored messages; a damaged queue is marked unavailable."""
+        store = queue.vhost.store
         try:
-            queue.restore_delivery_counts(self.store.delivery_counts(queue.key))
-            if IPagingStore.providedBy(self.store):
-                handles = self.store.recovered_handles(queue.key)
+            queue.restore_delivery_counts(store.delivery_counts(queue.key))
+            if IPagingStore.providedBy(store):
+                handles = store.recovered_handles(queue.key)
                 queue.restore_paged(handles)
                 return len(handles)
             recovered = [(Message.from_record(record), handle, redelivered)
-                         for handle, record, redelivered in self.store.recover(queue.key)]
+                         for handle, record, redelivered in store.recover(queue.key)]
         except StoreCorrupted as damage:
             log.error(
                 "queue {queue!r} in vhost {vhost!r} is unavailable: {damage}",
@@ -85,10 +139,12 @@ class Broker:
             queue.enqueue(message, handle, redelivered)
         return len(recovered)
 
-    def recover(self):
+    def recover(self, store=None):
         """
-        Rebuild durable topology and messages from the (opened) store, in queue
-        order. Called once at start, before any listener accepts clients.
+        Rebuild durable topology and messages from the (opened) C{store} (the
+        broker's own by default; a vhost's own store after L{add_vhost} gave it
+        to that vhost), in queue order. Called once per store at start, before
+        any listener accepts clients.
 
         A record the store cannot read back, or whose values the model cannot
         take, is quarantined: named in the log and left out, and everything
@@ -99,7 +155,8 @@ class Broker:
             messages recovered, and of records quarantined.
         """
         counts = {"exchanges": 0, "queues": 0, "bindings": 0, "messages": 0, "unavailable": 0, "quarantined": 0}
-        store = self.store
+        store = self.store if store is None else store
+        owner = next((name for name, own_store in self.own_stores.items() if own_store is store), None)
         for record in store.topology():
             if isinstance(record, QuarantinedRecord):
                 self._quarantine(record)
@@ -107,18 +164,26 @@ class Broker:
                 continue
             if not isinstance(record, TOPOLOGY_RECORDS):
                 raise TypeError(f"store {store.name!r} returned an unknown topology record: {record!r}")
+            if owner is not None and record.vhost != owner:  # a vhost's own store holds that vhost's records only
+                log.error("quarantined the {kind} {name!r} of vhost {other!r} found in the {backend} store of vhost"
+                          " {vhost!r}: it is not served; its record is kept on disk as it is", kind=_kind(record),
+                          name=_name(record), other=record.vhost, backend=store.name, vhost=owner)
+                counts["quarantined"] += 1
+                continue
             try:
                 self._restore(record, counts)
             except Exception as problem:  # values the model cannot take: that record alone is lost to service
                 self._quarantine(_unrestorable(record, problem, store.name))
                 counts["quarantined"] += 1
-        counts["unavailable"] = sum(len(vhost.unavailable_queues) for vhost in self.vhosts.values())
+        counts["unavailable"] = sum(len(vhost.unavailable_queues) for vhost in self.vhosts.values()
+                                    if vhost.store is store)
         if IDelayedMessageStore.providedBy(store):
-            self.delays.start()
+            (self.delays if owner is None else self._own_delays[owner]).start()
         log.info(
             "recovered {exchanges} exchanges, {queues} queues ({unavailable} unavailable), {bindings} bindings"
-            " and {messages} messages from the {backend} store; {quarantined} records quarantined",
+            " and {messages} messages from the {backend} store{whose}; {quarantined} records quarantined",
             backend=store.name,
+            whose="" if owner is None else f" of vhost {owner!r}",
             **counts,
         )
         return counts
@@ -148,7 +213,7 @@ class Broker:
                 log.warn(
                     "store {backend!r} holds a binding from {exchange!r} to {destination} in vhost {vhost!r}"
                     " whose source or destination it does not hold; skipped",
-                    backend=self.store.name,
+                    backend=vhost.store.name,
                     exchange=record.exchange,
                     destination=f"exchange {destination!r}" if destination else f"queue {record.queue!r}",
                     vhost=record.vhost,
@@ -185,14 +250,29 @@ class Broker:
                   what=what, where=quarantined.where, reason=quarantined.reason, consequence=consequence)
 
 
+def vhost_down_text(name, user, damage):
+    """
+    The 530 text refusing a vhost whose store did not open: RabbitMQ's words
+    for a vhost that is down (rabbit_reader), then the damage.
+    """
+    refused = f"access to vhost '{name}' refused for user '{user}': " if user is not None else ""
+    return f"{refused}vhost '{name}' is down: {damage}"
+
+
+def _kind(record):
+    if isinstance(record, messages_pb2.BindingRecord):
+        return "binding"
+    return "exchange" if isinstance(record, messages_pb2.ExchangeRecord) else "queue"
+
+
+def _name(record):
+    if isinstance(record, messages_pb2.BindingRecord):
+        name = (record.exchange, record.queue, record.routing_key)
+        return name + (record.destination_exchange,) if record.destination_exchange else name
+    return record.name
+
+
 def _unrestorable(record, problem, backend):
     """The L{QuarantinedRecord} of a record that parsed but whose values the model refused."""
-    if isinstance(record, messages_pb2.BindingRecord):
-        kind, name = "binding", (record.exchange, record.queue, record.routing_key)
-        if record.destination_exchange:
-            name += (record.destination_exchange,)
-    else:
-        kind = "exchange" if isinstance(record, messages_pb2.ExchangeRecord) else "queue"
-        name = record.name
     reason = f"its values cannot be taken ({problem})"
-    return QuarantinedRecord(kind, record.vhost, name, f"in the {backend} store", reason)
+    return QuarantinedRecord(_kind(record), record.vhost, _name(record), f"in the {backend} store", reason)

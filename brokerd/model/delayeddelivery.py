@@ -16,7 +16,8 @@ Where the feature lives, layer by layer:
     (for L{brokerd.model.exchange}, L{brokerd.model.vhost} and
     L{brokerd.model.deadletter}, which decide whether to hold a message),
     L{fired} marks a due message's copy, and the L{DelayScheduler} (one per
-    broker) moves messages into the store and out of it when due;
+    store: the broker's, and each vhost's own) moves messages into that store
+    and out of it when due;
   - L{brokerd.interfaces.IDelayedMessageStore} and
     L{brokerd.interfaces.DelayedMessage} are what every store promises;
   - L{backends.delayedshared} is what the stores share:
@@ -114,13 +115,14 @@ def fired(message):
 
 class DelayScheduler:
     """
-    Keeps a broker's delayed messages moving: into the store when published,
-    out of it in due-time windows, into their exchanges when due.
+    Keeps the delayed messages of one store moving: into the store when
+    published, out of it in due-time windows, into their exchanges when due.
     """
 
-    def __init__(self, broker):
+    def __init__(self, broker, store=None):
+        """Keeps the delayed messages of C{store} (the broker's own by default: a vhost with its own has its own)."""
         self._broker = broker
-        self._store = broker.store
+        self._store = broker.store if store is None else store
         self._clock = broker.clock
         self._soonest = []  # heap of (due, handle, vhost name, exchange name, message or record)
         self._in_soonest = set()  # the handles in it
