@@ -12,6 +12,7 @@ and times out its handshake); clients refused before hello are logged at a
 bounded rate (L{brokerd.refusallog}), as AMQP's refusals before login, and one
 that said hello gets an accepted and a closed line (L{brokerd.connectionlog}).
 A connection has at most C{channel_max} channels open, whatever their numbers.
+Management requests (users, vhosts, permissions) go to L{brokerd.native.management}.
 Replies and deliveries go out once per reactor turn of the broker's clock
 through the write buffer the AMQP server uses too (L{brokerd.writebuffer}).
 The protocol is its transport's producer: while the client does not read what
@@ -45,6 +46,7 @@ from brokerd.hangup import HangupWatch
 from brokerd.model.property_rules import ARGUMENT, check_table
 from brokerd.model.watermark import LARGE_PARTIAL_FRAME, SLOW_READER, PublisherGate, reading_pauses
 from brokerd.native.framing import FrameReceiver
+from brokerd.native.management import handle_management_request, management_serving
 from brokerd.native.peer import NativeChannelPeer, fill_content
 from brokerd.proto import messages_pb2
 from brokerd.proto.exchange_types import EXCHANGE_TYPE_NAME
@@ -72,6 +74,8 @@ def _arguments(message):
 @implementer(IPushProducer)
 class NativeServerProtocol(FrameReceiver):
     """One client connection speaking the native protocol."""
+
+    management = None  # the listener's IManagement (None: management requests are refused)
 
     def __init__(
         self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE, channel_max=DEFAULT_CHANNEL_MAX, refusal_log=None
@@ -445,6 +449,8 @@ class NativeServerProtocol(FrameReceiver):
         self._channel(envelope).confirm_select()
         self._ok(envelope)
 
+    on_management_request = handle_management_request
+
     _handlers = {}
 
 
@@ -460,8 +466,9 @@ class NativeServerFactory(ServerFactory):
 
     noisy = False
 
-    def __init__(self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE, channel_max=DEFAULT_CHANNEL_MAX):
+    def __init__(self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE, channel_max=DEFAULT_CHANNEL_MAX, access=None):
         self.broker = broker
+        self.management = management_serving(broker, access)  # None without an access database
         self.max_frame_size = max_frame_size
         self.channel_max = channel_max
         self.refusal_log = RefusalLog(protocol="native", before="hello")
@@ -472,7 +479,7 @@ class NativeServerFactory(ServerFactory):
 
     def buildProtocol(self, address):
         protocol = NativeServerProtocol(self.broker, self.max_frame_size, self.channel_max, self.refusal_log)
-        protocol.factory = self
+        protocol.factory, protocol.management = self, self.management
         self._protocols.add(protocol)
         return protocol
 
