@@ -6,6 +6,11 @@
     python -m brokerd.native publish --routing-key jobs --persistent --confirm 'hello'
     python -m brokerd.native consume jobs --count 1
     python -m brokerd.native get jobs
+    python -m brokerd.native add-user alice 's3cret'
+    python -m brokerd.native list-users
+
+The management commands (users, vhosts, permissions; L{brokerd.native.admincli})
+take rabbitmqctl's arguments and print its tab-separated tables.
 
 Bodies are printed one per line to standard output. Exit status: 0 when the
 command did what it says; 1 when it did not (the broker refused it, closed the
@@ -24,6 +29,7 @@ from twisted.internet.endpoints import clientFromString
 from twisted.internet.error import ConnectError
 
 from brokerd.endpoints import endpoint_problem
+from brokerd.native.admincli import MANAGEMENT_COMMANDS, add_management_commands
 from brokerd.native.client import DEFAULT_ENDPOINT, BrokerClosed, PublishNacked, connect
 from brokerd.shutdown import ignore_further_stop_signals
 
@@ -106,6 +112,7 @@ def build_parser():
     get = commands.add_parser("get", help="take one message (exit status 2 if the queue is empty)")
     get.add_argument("queue")
     get.add_argument("--requeue", action="store_true", help="put it back instead of acking it")
+    add_management_commands(commands)
     return parser
 
 
@@ -270,6 +277,7 @@ _COMMANDS = {
     "publish": _publish,
     "consume": _consume,
     "get": _get,
+    **MANAGEMENT_COMMANDS,
 }
 
 
