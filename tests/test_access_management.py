@@ -201,6 +201,6 @@ def test_an_empty_vhost_means_the_default_one(management):
 
 def test_a_change_the_database_cannot_write_is_541_and_undone(management, access, tmp_path):
     access.path = str(tmp_path / "gone" / "access.json")  # its directory does not exist: the save fails
-    with pytest.raises(InternalError, match="the access database could not be written"):
+    with pytest.raises(InternalError, match="the change could not be saved"):
         run(management, "add_user", "alice", "pw")
     assert access.user("alice") is None

@@ -24,6 +24,7 @@ from brokerd.access import vhosts
 from brokerd.access.database import DEFAULT_VHOST, AccessChangeRefused
 from brokerd.errors import AccessRefused, InternalError, MethodNotImplemented, NotFound, PreconditionFailed
 from brokerd.interfaces import IManagement
+from brokerd.storeregistry import BackendError
 
 ADMINISTRATOR = "administrator"
 NOT_ADMINISTRATOR = "Not administrator user"  # RabbitMQ's management API's words (rabbit_mgmt_util)
@@ -52,7 +53,10 @@ class Management:
     Every command takes the name of the user who asks first (None: nobody
     logged in) and refuses unless that user exists now with the
     C{administrator} tag, so a user whose tag is taken away loses the
-    right at once, whenever it logged in.
+    right at once, whenever it logged in. A listing or a user or permission
+    change returns its L{Table}; C{add_vhost} and C{delete_vhost}, which
+    the broker may carry out later, return a Deferred of it; L{run} always
+    returns a Deferred.
     """
 
     def __init__(self, broker, access):
@@ -193,23 +197,29 @@ class Management:
 
     @staticmethod
     def _changed(change, *args, **kwargs):
-        """Make a change; what the database refuses is 406 in its words, one it cannot write is 541."""
+        """
+        Make a change (which may return a Deferred): what the database refuses,
+        or a vhost's backend string it cannot use, is 406 in its words; one that
+        cannot be written is 541.
+        """
         try:
             result = change(*args, **kwargs)
-        except AccessChangeRefused as refused:
-            raise PreconditionFailed(str(refused)) from None
-        except OSError as problem:
-            raise InternalError(f"the access database could not be written: {problem}") from None
+        except (AccessChangeRefused, BackendError, OSError) as problem:
+            raise _refusal(problem) from None
         if isinstance(result, defer.Deferred):
-            result.addErrback(_changed_later)
+            result.addErrback(_refused_later)
         return result
 
 
-def _changed_later(failure):
-    failure.trap(AccessChangeRefused, OSError)
-    if failure.check(AccessChangeRefused):
-        raise PreconditionFailed(str(failure.value))
-    raise InternalError(f"the access database could not be written: {failure.value}")
+def _refusal(problem):
+    if isinstance(problem, OSError):
+        return InternalError(f"the change could not be saved: {problem}")
+    return PreconditionFailed(str(problem))
+
+
+def _refused_later(failure):
+    failure.trap(AccessChangeRefused, BackendError, OSError)
+    raise _refusal(failure.value)
 
 
 PER_VHOST = ("set_permissions", "clear_permissions", "list_permissions")
