@@ -12,6 +12,8 @@ from twisted.trial import unittest
 from backends.memory.store import MemoryStore
 from brokerd.access.database import AccessDatabase, User
 from brokerd.model.broker import Broker
+from brokerd.native.admincli import _request
+from brokerd.native.cli import build_parser
 from brokerd.native.client import ChannelClosed, ConnectionClosed
 from brokerd.native.management import REPLY_PART_BYTES, reply_parts
 from brokerd.native.server import NativeServerFactory
@@ -144,3 +146,29 @@ class ReplyPartsTests(unittest.TestCase):
                                                                                          [("b", "[]")]])
         (only,) = reply_parts(("name",), [])
         self.assertEqual((list(only.columns), list(only.rows), only.more), (["name"], [], False))
+
+
+class CommandLineTests(unittest.TestCase):
+    """What the management commands of ``python -m brokerd.native`` ask for."""
+
+    def request(self, *argv):
+        options = build_parser().parse_args(argv)
+        return options.vhost, getattr(options, "permissions_vhost", None), _request(options)
+
+    def test_arguments_go_in_rabbitmqctls_order_and_the_two_vhost_options_stay_apart(self):
+        self.assertEqual(self.request("--vhost", "conn", "set-permissions", "--vhost", "team", "bob", "c", "", "r"),
+                         ("conn", "team", ["bob", "c", "", "r"]))
+        self.assertEqual(self.request("clear-permissions", "-p", "team", "bob"), ("/", "team", ["bob"]))
+        self.assertEqual(self.request("list-permissions"), ("/", "/", []))
+        self.assertEqual(self.request("set-user-tags", "bob"), ("/", None, ["bob"]))
+        self.assertEqual(self.request("set-user-tags", "bob", "administrator", "monitoring"),
+                         ("/", None, ["bob", "administrator", "monitoring"]))
+        self.assertEqual(self.request("add-user", "bob", "pw"), ("/", None, ["bob", "pw"]))
+        self.assertEqual(self.request("change-password", "bob", "pw"), ("/", None, ["bob", "pw"]))
+        self.assertEqual(self.request("delete-vhost", "team"), ("/", None, ["team"]))
+        self.assertEqual(self.request("list-users"), ("/", None, []))
+        self.assertEqual(self.request("delete-user", "bob"), ("/", None, ["bob"]))
+
+    def test_add_vhost_takes_a_backend_string(self):
+        self.assertEqual(build_parser().parse_args(["add-vhost", "team", "--backend", "sqlite"]).backend, "sqlite")
+        self.assertIsNone(build_parser().parse_args(["add-vhost", "team"]).backend)
