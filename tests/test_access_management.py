@@ -5,6 +5,7 @@ sees it) when its Deferred fires; refusals are RabbitMQ's codes and words."""
 
 import pytest
 from twisted.internet import defer
+from twisted.logger import formatEvent, globalLogPublisher
 from zope.interface.verify import verifyObject
 
 from brokerd.access.database import AccessDatabase, Permissions
@@ -204,3 +205,35 @@ def test_a_change_the_database_cannot_write_is_541_and_undone(management, access
     with pytest.raises(InternalError, match="the change could not be saved"):
         run(management, "add_user", "alice", "pw")
     assert access.user("alice") is None
+
+
+def test_each_change_is_logged_with_who_made_it_and_never_a_password(management):
+    lines = []
+
+    def observe(event):
+        if event.get("log_namespace") == "brokerd.access.management":
+            lines.append(formatEvent(event))
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        run(management, "add_user", "alice", "s3cret")
+        run(management, "change_password", "alice", "n3w")
+        run(management, "set_user_tags", "alice", "monitoring", "management")
+        run(management, "add_vhost", "team")
+        run(management, "set_permissions", "alice", "^a", "", ".*", vhost="team")
+        run(management, "clear_permissions", "alice", vhost="team")
+        run(management, "delete_vhost", "team")
+        run(management, "delete_user", "alice")
+        run(management, "list_users")
+    finally:
+        globalLogPublisher.removeObserver(observe)
+    assert lines == [
+        "Created user 'alice' (by user 'guest')",
+        "Changed password for user 'alice' (by user 'guest')",
+        "Set user tags for user 'alice' to [monitoring, management] (by user 'guest')",
+        "Added vhost 'team' (by user 'guest')",
+        "Set permissions for user 'alice' in vhost 'team' to '^a', '', '.*' (by user 'guest')",
+        "Cleared permissions for user 'alice' in vhost 'team' (by user 'guest')",
+        "Deleted vhost 'team' (by user 'guest')",
+        "Deleted user 'alice' (by user 'guest')",
+    ]

@@ -6,7 +6,8 @@ user with the C{administrator} tag, on the broker's access database and its
 running broker together, so that every protocol's management front end (the
 native protocol's today, an HTTP API later) checks and does the same. A change
 is durable (written and fsynced by the access database, and for a vhost served
-or dropped by the broker) before the Deferred it returns fires.
+or dropped by the broker) before the Deferred it returns fires, and logged
+(in the words of RabbitMQ's log, with the user who made it; never a password).
 
 Refusals are L{brokerd.errors} errors in RabbitMQ's words: 403 ACCESS_REFUSED
 for a user who is not an administrator, 404 NOT_FOUND for an unknown user or
@@ -18,6 +19,7 @@ import re
 from typing import NamedTuple
 
 from twisted.internet import defer
+from twisted.logger import Logger
 from zope.interface import implementer
 
 from brokerd.access import vhosts
@@ -38,6 +40,8 @@ class Table(NamedTuple):
 
 
 DONE = Table((), [])
+
+log = Logger()
 
 
 def format_tags(tags):
@@ -105,14 +109,14 @@ class Management:
             return DONE
         extra = {"backend": backend} if backend else {}
         d = defer.maybeDeferred(self._changed, vhosts.add_vhost, self.broker, self.access, name, **extra)
-        return d.addCallback(lambda _: DONE)
+        return d.addCallback(lambda _: _done(user, "Added vhost '{name}'", name=name))
 
     def delete_vhost(self, user, name):
         """Delete vhost C{name} with its queues, messages and permissions; its clients get 320."""
         self.check_administrator(user)
         self._existing_vhost(name, f"Virtual host '{name}' does not exist")
         d = defer.maybeDeferred(self._changed, vhosts.delete_vhost, self.broker, self.access, name)
-        return d.addCallback(lambda _: DONE)
+        return d.addCallback(lambda _: _done(user, "Deleted vhost '{name}'", name=name))
 
     def list_vhosts(self, user):
         self.check_administrator(user)
@@ -128,27 +132,27 @@ class Management:
         if self.access.user(name) is not None:
             raise PreconditionFailed(f'User "{name}" already exists')
         self._changed(self.access.add_user, name, password)
-        return DONE
+        return _done(user, "Created user '{name}'", name=name)
 
     def delete_user(self, user, name):
         """Delete a user with its permissions on every vhost."""
         self.check_administrator(user)
         self._existing_user(name, f'User "{name}" does not exist')
         self._changed(self.access.delete_user, name)
-        return DONE
+        return _done(user, "Deleted user '{name}'", name=name)
 
     def change_password(self, user, name, password):
         self.check_administrator(user)
         self._existing_user(name, f'User "{name}" does not exist')
         self._changed(self.access.set_password, name, password)
-        return DONE
+        return _done(user, "Changed password for user '{name}'", name=name)
 
     def set_user_tags(self, user, name, *tags):
         """Replace a user's tags (none: it has no tags)."""
         self.check_administrator(user)
         self._existing_user(name, f'User "{name}" does not exist')
         self._changed(self.access.set_user_tags, name, tags)
-        return DONE
+        return _done(user, "Set user tags for user '{name}' to {tags}", name=name, tags=format_tags(tags))
 
     def list_users(self, user):
         self.check_administrator(user)
@@ -168,7 +172,8 @@ class Management:
         self._existing_vhost(vhost, f"Virtual host {vhost} does not exist")
         self._existing_user(name, f"User {name} does not exist")
         self._changed(self.access.set_permissions, name, vhost, configure, write, read)
-        return DONE
+        return _done(user, "Set permissions for user '{name}' in vhost '{vhost}' to '{configure}', '{write}', '{read}'",
+                     name=name, vhost=vhost, configure=configure, write=write, read=read)
 
     def clear_permissions(self, user, vhost, name):
         """Take every permission on C{vhost} from user C{name}; one without any is no error."""
@@ -176,7 +181,7 @@ class Management:
         self._existing_vhost(vhost, f"Virtual host {vhost} does not exist")
         self._existing_user(name, f"User {name} does not exist")
         self._changed(self.access.clear_permissions, name, vhost)
-        return DONE
+        return _done(user, "Cleared permissions for user '{name}' in vhost '{vhost}'", name=name, vhost=vhost)
 
     def list_permissions(self, user, vhost):
         self.check_administrator(user)
@@ -209,6 +214,12 @@ class Management:
         if isinstance(result, defer.Deferred):
             result.addErrback(_refused_later)
         return result
+
+
+def _done(user, what, **fields):
+    """Log a change that was made, in the words of RabbitMQ's log lines and with who made it; returns L{DONE}."""
+    log.info(what + " (by user '{acting_user}')", acting_user=user, **fields)
+    return DONE
 
 
 def _refusal(problem):
