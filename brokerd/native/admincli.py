@@ -69,7 +69,7 @@ def _request(options):
 
 
 @defer.inlineCallbacks
-def _management(channel, options):
+def _run_management_command(channel, options):
     columns, rows = yield channel.management(
         options.command.replace("-", "_"),
         _request(options),
@@ -86,5 +86,5 @@ def _management(channel, options):
 MANAGEMENT_COMMANDS = dict.fromkeys(
     ["add-vhost", "delete-vhost", "list-vhosts", "add-user", "delete-user", "change-password", "list-users",
      "set-user-tags", "set-permissions", "clear-permissions", "list-permissions"],
-    _management,
+    _run_management_command,
 )

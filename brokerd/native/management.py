@@ -26,7 +26,7 @@ def management_serving(broker, access):
     return Management(broker, access) if access is not None else None
 
 
-def handle_management_request(protocol, envelope, request):
+def answer_management_request(protocol, envelope, request):
     """Carry out C{request} for C{protocol}'s connection and answer it when done (or refuse it)."""
     connection = protocol.connection
     connection.channel(envelope.channel)  # 504 CHANNEL_ERROR unless the channel is open

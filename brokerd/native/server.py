@@ -46,7 +46,7 @@ from brokerd.hangup import HangupWatch
 from brokerd.model.property_rules import ARGUMENT, check_table
 from brokerd.model.watermark import LARGE_PARTIAL_FRAME, SLOW_READER, PublisherGate, reading_pauses
 from brokerd.native.framing import FrameReceiver
-from brokerd.native.management import handle_management_request, management_serving
+from brokerd.native.management import answer_management_request, management_serving
 from brokerd.native.peer import NativeChannelPeer, fill_content
 from brokerd.proto import messages_pb2
 from brokerd.proto.exchange_types import EXCHANGE_TYPE_NAME
@@ -449,7 +449,7 @@ class NativeServerProtocol(FrameReceiver):
         self._channel(envelope).confirm_select()
         self._ok(envelope)
 
-    on_management_request = handle_management_request
+    on_management_request = answer_management_request
 
     _handlers = {}
 
