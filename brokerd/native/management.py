@@ -34,7 +34,8 @@ def answer_management_request(protocol, envelope, request):
         raise AccessRefused("management is not served here: this listener has no access database")
     d = protocol.management.run(connection.user, request.command, list(request.arguments), request.vhost,
                                 request.backend or None)
-    d.addCallbacks(_answer, _refuse, (protocol, envelope), None, (protocol, envelope, request.command), None)
+    d.addCallbacks(_answer, _refuse, callbackArgs=(protocol, envelope),
+                   errbackArgs=(protocol, envelope, request.command))
 
 
 def _still_open(protocol, envelope):
