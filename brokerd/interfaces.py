@@ -464,19 +464,11 @@ class IAccessDatabase(Interface):
 
 
 class IManagement(Interface):
-    """
-    rabbitmqctl's user, vhost and permission commands for an administrator,
-    free of any protocol (L{brokerd.access.management.Management}); every
-    protocol's management front end hands its requests to one.
-    """
+    """rabbitmqctl's user, vhost and permission commands, for every protocol (L{brokerd.access.management})."""
 
     def check_administrator(user):
         """Raise L{brokerd.errors.AccessRefused} (403) unless user C{user} (None: nobody) is an administrator."""
 
     def run(user, command, arguments=(), vhost="/", backend=None):
-        """
-        Carry out C{command} (e.g. C{"add_user"}) with its positional
-        C{arguments} for user C{user}: a Deferred firing with a table
-        (C{columns}, C{rows}) once the change is durable, or failing with a
-        L{brokerd.errors.BrokerError} saying why not.
-        """
+        """C{command} (e.g. C{"add_user"}) for user C{user}: a Deferred of a table (C{columns}, C{rows}) once
+        the change is durable, or failing with a L{brokerd.errors.BrokerError} that says why not."""

@@ -111,12 +111,13 @@ class BrokerService(Service):
             for option, endpoint in (("amqp", amqp_endpoint), ("amqps", amqps_endpoint)):
                 if endpoint:
                     self.listeners.append(Listener(reactor, endpoint, factory, "AMQP", option))
-        self.access = amqp_settings.authenticator.access if amqp_settings is not None else None
-        if native_endpoint:
-            factory = NativeServerFactory(self.broker, native_max_frame_size, native_channel_max, access=self.access)
+        authenticator = amqp_settings.authenticator if amqp_settings is not None else None
+        if native_endpoint:  # the native protocol logs in against the same users, vhosts and permissions
+            factory = NativeServerFactory(self.broker, native_max_frame_size, native_channel_max, authenticator)
             self.listeners.append(Listener(reactor, native_endpoint, factory, "native protocol", "native"))
         self.startup_report = startup_report  # a StartupReport: what the start-up log says
-        self.users_file = amqp_settings.authenticator.users_file if amqp_settings is not None else None
+        self.access = authenticator.access if authenticator is not None else None
+        self.users_file = authenticator.users_file if authenticator is not None else None
         self.access_defaults = access_defaults
         self.started = defer.Deferred()
         self._store_opened = False

@@ -1,7 +1,7 @@
 """Management requests over the native protocol, through the real client and a
 listener on 127.0.0.1 in this process: tables come back whole however many
 frames they take, a refusal closes only the request's channel with its code,
-and a listener without an access database refuses them all.
+and a listener that serves no management refuses them all.
 
 The user a connection logged in as is set on the broker's side of it (the
 C{user} of its L{brokerd.connection.Connection}), as a login sets it."""
@@ -11,6 +11,7 @@ from twisted.trial import unittest
 
 from backends.memory.store import MemoryStore
 from brokerd.access.database import AccessDatabase, User
+from brokerd.amqp.auth import Authenticator
 from brokerd.model.broker import Broker
 from brokerd.native.admincli import _request
 from brokerd.native.cli import build_parser
@@ -21,13 +22,16 @@ from brokerd.proto.native_pb2 import Envelope
 from tests.support import connect_client
 
 
-def listen(testcase, access):
+def listen(testcase, access, serve_management=True):
     """A broker serving a native listener on a free loopback port with C{access}; its endpoint string."""
     store = MemoryStore()
     store.open()
     broker = Broker(store, reactor)
     broker.add_vhost("/")
-    port = reactor.listenTCP(0, NativeServerFactory(broker, access=access), interface="127.0.0.1")
+    factory = NativeServerFactory(broker, authenticator=Authenticator(access))
+    if not serve_management:
+        factory.management = None
+    port = reactor.listenTCP(0, factory, interface="127.0.0.1")
     testcase.addCleanup(port.stopListening)
     testcase.addCleanup(broker.stop)
     return broker, f"tcp:127.0.0.1:{port.getHost().port}"
@@ -116,17 +120,17 @@ class NativeManagementTests(unittest.TestCase):
         self.assertEqual(reason.reply_code, 504)
 
 
-class WithoutAccessDatabaseTests(unittest.TestCase):
+class WithoutManagementTests(unittest.TestCase):
     timeout = 30
 
     @defer.inlineCallbacks
-    def test_management_requests_are_refused(self):
-        _, endpoint = listen(self, None)
+    def test_management_requests_are_refused_with_403(self):
+        _, endpoint = listen(self, AccessDatabase.in_memory(), serve_management=False)
         client = yield connect_client(self, endpoint)
         channel = yield client.channel()
         refused = yield self.assertFailure(channel.management("list_users"), ChannelClosed)
-        self.assertEqual(refused.reply_code, 403)
-        self.assertIn("no access database", refused.reply_text)
+        self.assertEqual((refused.reply_code, refused.reply_text),
+                         (403, "ACCESS_REFUSED - management is not served on this listener"))
 
 
 class ReplyPartsTests(unittest.TestCase):

@@ -12,6 +12,7 @@ error's reply code and text, as any other request's would.
 
 from twisted.logger import Logger
 
+from brokerd.access.database import AccessDatabase
 from brokerd.access.management import Management
 from brokerd.errors import AccessRefused, BrokerError, ChannelError, InternalError
 from brokerd.proto.native_pb2 import Envelope, ManagementReply
@@ -21,9 +22,14 @@ REPLY_PART_BYTES = 1024 * 1024  # rows per reply frame, in encoded bytes: far be
 log = Logger()
 
 
-def management_serving(broker, access):
-    """The L{Management} of C{broker} and its access database C{access}; None without one (requests are refused)."""
-    return Management(broker, access) if access is not None else None
+def management_serving(broker, authenticator=None):
+    """
+    The L{Management} of C{broker} and the access database of C{authenticator}
+    (the object logins are checked by, which AMQP shares); without one, of a
+    database in memory holding guest/guest only, as such a listener's logins.
+    """
+    access = authenticator.access if authenticator is not None else AccessDatabase.in_memory()
+    return Management(broker, access)
 
 
 def answer_management_request(protocol, envelope, request):
@@ -31,7 +37,7 @@ def answer_management_request(protocol, envelope, request):
     connection = protocol.connection
     connection.channel(envelope.channel)  # 504 CHANNEL_ERROR unless the channel is open
     if protocol.management is None:
-        raise AccessRefused("management is not served here: this listener has no access database")
+        raise AccessRefused("management is not served on this listener")
     d = protocol.management.run(connection.user, request.command, list(request.arguments), request.vhost,
                                 request.backend or None)
     d.addCallbacks(_answer, _refuse, callbackArgs=(protocol, envelope),

@@ -466,9 +466,10 @@ class NativeServerFactory(ServerFactory):
 
     noisy = False
 
-    def __init__(self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE, channel_max=DEFAULT_CHANNEL_MAX, access=None):
+    def __init__(self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE, channel_max=DEFAULT_CHANNEL_MAX,
+                 authenticator=None):
         self.broker = broker
-        self.management = management_serving(broker, access)  # None without an access database
+        self.management = management_serving(broker, authenticator)  # authenticator.access: the access database
         self.max_frame_size = max_frame_size
         self.channel_max = channel_max
         self.refusal_log = RefusalLog(protocol="native", before="hello")
