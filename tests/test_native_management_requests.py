@@ -173,6 +173,13 @@ class CommandLineTests(unittest.TestCase):
         self.assertEqual(self.request("list-users"), ("/", None, []))
         self.assertEqual(self.request("delete-user", "bob"), ("/", None, ["bob"]))
 
+    def test_the_managed_user_and_password_are_not_the_options_of_the_login(self):
+        options = build_parser().parse_args(["add-user", "alice", "s3cret"])
+        self.assertNotIn("alice", vars(options).get("user", "") or "")
+        self.assertNotIn("s3cret", vars(options).get("password", "") or "")
+        options = build_parser().parse_args(["set-permissions", "bob", "c", "w", "r"])
+        self.assertNotEqual(vars(options).get("user"), "bob")
+
     def test_add_vhost_takes_a_backend_string(self):
         self.assertEqual(build_parser().parse_args(["add-vhost", "team", "--backend", "sqlite"]).backend, "sqlite")
         self.assertIsNone(build_parser().parse_args(["add-vhost", "team"]).backend)

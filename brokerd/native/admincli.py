@@ -31,8 +31,8 @@ def add_management_commands(commands):
         if per_vhost:
             parser.add_argument("-p", "--vhost", dest="permissions_vhost", default=DEFAULT_VHOST, metavar="VHOST",
                                 help=f"the vhost whose permissions (default: {DEFAULT_VHOST})")
-        for positional in positionals:
-            parser.add_argument(positional, metavar=positional.upper())
+        for positional in positionals:  # dests apart from the login's --user and --password
+            parser.add_argument(f"managed_{positional}", metavar=positional.upper())
         return parser
 
     add_vhost = command("add-vhost", "create a vhost (one that exists is left as it is)", "name")
@@ -45,7 +45,7 @@ def add_management_commands(commands):
     command("change-password", "change a user's password", "name", "password")
     command("list-users", "list the users and their tags")
     tags = command("set-user-tags", "replace a user's tags (none: no tags)", "name")
-    tags.add_argument("tags", nargs="*", metavar="TAG", help="administrator, monitoring, management, policymaker")
+    tags.add_argument("managed_tags", nargs="*", metavar="TAG", help="administrator, monitoring, management, policymaker")
     command("set-permissions", "give a user three regular expressions on a vhost", "user", "configure", "write",
             "read", per_vhost=True)
     command("clear-permissions", "take a user's permissions on a vhost", "user", per_vhost=True)
@@ -56,15 +56,15 @@ def _request(options):
     """The management command and its positional arguments named by C{options}."""
     command = options.command
     if command in ("add-vhost", "delete-vhost", "delete-user"):
-        return [options.name]
+        return [options.managed_name]
     if command in ("add-user", "change-password"):
-        return [options.name, options.password]
+        return [options.managed_name, options.managed_password]
     if command == "set-user-tags":
-        return [options.name, *options.tags]
+        return [options.managed_name, *options.managed_tags]
     if command == "set-permissions":
-        return [options.user, options.configure, options.write, options.read]
+        return [options.managed_user, options.managed_configure, options.managed_write, options.managed_read]
     if command == "clear-permissions":
-        return [options.user]
+        return [options.managed_user]
     return []
 
 
