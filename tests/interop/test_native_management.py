@@ -1,10 +1,11 @@
 """Managing users, vhosts and permissions with ``python -m brokerd.native`` as
 an operator runs it against a real broker process (sqlite store): rabbitmqctl's
 arguments and tables, each change in the access database on disk when the
-command exits and in effect for pika, one-line refusals in RabbitMQ's words,
-403 for a user who is not an administrator, and changes kept across a SIGKILL.
-The command line logs in as guest, the first start's administrator, unless
-BROKERD_USER and BROKERD_PASSWORD name another user."""
+command exits and in effect for pika, a vhost with a store of its own,
+one-line refusals in RabbitMQ's words, 403 for a user who is not an
+administrator, and changes kept across a SIGKILL. The command line logs in as
+guest, the first start's administrator, unless BROKERD_USER and
+BROKERD_PASSWORD name another user."""
 
 import os
 import subprocess
@@ -89,6 +90,15 @@ def test_a_vhost_is_added_given_permissions_listed_and_deleted(broker):
     assert cli(broker, "delete-vhost", "team") == DONE
     reread = on_disk(broker)
     assert not reread.vhost_exists("team") and reread.permissions_of("zed", "team") is None
+
+
+def test_a_vhost_added_with_a_backend_keeps_its_own_store_and_a_bad_backend_is_refused(broker):
+    assert cli(broker, "add-vhost", "own", "--backend", "sqlite") == DONE
+    assert {"name": "own", "backend": "sqlite"} in on_disk(broker).document()["vhosts"]
+    status, out, err = cli(broker, "add-vhost", "bad", "--backend", "nosuch")
+    assert (status, out) == (1, "") and err.startswith("error: 406 PRECONDITION_FAILED - ") and "nosuch" in err
+    assert not on_disk(broker).vhost_exists("bad")
+    assert cli(broker, "delete-vhost", "own") == DONE
 
 
 @pytest.mark.parametrize("args, complaint", [
