@@ -10,7 +10,8 @@ what a protocol adapter gives a channel so the channel can push deliveries,
 returns and confirms to its client. The model calls up only through named
 roles: a queue serves an L{IConsumer}, an exclusive queue belongs to an
 L{IQueueOwner} (a connection), and expiry timers call an L{IExpiringQueue}. Protocol servers ask an
-L{IAccessDatabase} who may log in and what a user may do on a vhost.
+L{IAccessDatabase} who may log in and what a user may do on a vhost, and
+hand management commands (users, vhosts, permissions) to an L{IManagement}.
 """
 
 from typing import Any, NamedTuple
@@ -499,3 +500,14 @@ class IAccessDatabase(Interface):
 
     def permissions_of(user, vhost):
         """C{user}'s permissions on C{vhost} (C{configure}, C{write}, C{read} expressions), or None: none."""
+
+
+class IManagement(Interface):
+    """rabbitmqctl's user, vhost and permission commands, for every protocol (L{brokerd.access.management})."""
+
+    def check_administrator(user):
+        """Raise L{brokerd.errors.AccessRefused} (403) unless user C{user} (None: nobody) is an administrator."""
+
+    def run(user, command, arguments=(), vhost="/", backend=None):
+        """C{command} (e.g. C{"add_user"}) for user C{user}: a Deferred of a table (C{columns}, C{rows}) once
+        the change is durable, or failing with a L{brokerd.errors.BrokerError} that says why not."""

@@ -6,6 +6,11 @@
     python -m brokerd.native publish --routing-key jobs --persistent --confirm 'hello'
     python -m brokerd.native consume jobs --count 1
     python -m brokerd.native get jobs
+    python -m brokerd.native add-user alice 's3cret'
+    python -m brokerd.native list-users
+
+The management commands (users, vhosts, permissions; L{brokerd.native.admincli})
+take rabbitmqctl's arguments and print its tab-separated tables.
 
 It logs in as ``--user`` with ``--password`` (defaults: the ``BROKERD_USER`` and
 ``BROKERD_PASSWORD`` environment variables, else guest/guest, which the broker
@@ -31,6 +36,7 @@ from twisted.internet.endpoints import clientFromString
 from twisted.internet.error import ConnectError
 
 from brokerd.endpoints import endpoint_problem
+from brokerd.native.admincli import MANAGEMENT_COMMANDS, add_management_commands
 from brokerd.native.client import (
     DEFAULT_ENDPOINT,
     DEFAULT_PASSWORD,
@@ -127,6 +133,7 @@ def build_parser():
     get = commands.add_parser("get", help="take one message (exit status 2 if the queue is empty)")
     get.add_argument("queue")
     get.add_argument("--requeue", action="store_true", help="put it back instead of acking it")
+    add_management_commands(commands)
     return parser
 
 
@@ -293,6 +300,7 @@ _COMMANDS = {
     "publish": _publish,
     "consume": _consume,
     "get": _get,
+    **MANAGEMENT_COMMANDS,
 }
 
 

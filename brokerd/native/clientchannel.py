@@ -1,5 +1,6 @@
 """The channel half of the native client: a L{ClientChannel}'s requests as
-Deferreds (topology, publishing with confirms, consuming, getting, settling),
+Deferreds (topology, publishing with confirms, consuming, getting, settling,
+management commands, whose long answers arrive in several frames),
 the L{Delivery} objects it hands to consumers, the message properties it
 accepts, and the errors its Deferreds fail with.
 
@@ -124,6 +125,7 @@ class ClientChannel:
         self.on_return = None
         self.on_cancel = None
         self._pending = {}  # correlation id -> (Deferred, expected response kind)
+        self._reply_parts = {}  # correlation id -> the parts of a reply that comes in several frames
         self._consumers = {}  # consumer tag -> callback
         self._unconfirmed = None  # publish sequence -> Deferred, once in confirm mode
         self._publish_sequence = 0
@@ -137,8 +139,10 @@ class ClientChannel:
         payload = getattr(envelope, kind)
         payload.SetInParent()
         for name, value in fields.items():
-            if name == "arguments":
+            if name == "arguments" and isinstance(value, dict):
                 dict_to_table(value, payload.arguments)
+            elif name == "arguments":
+                payload.arguments.extend(value)  # a management request's positional arguments
             else:
                 setattr(payload, name, value)
         d = defer.Deferred()
@@ -166,8 +170,12 @@ class ClientChannel:
             pending = self._pending.pop(envelope.correlation_id, None)
         if pending is not None:
             d, expected = pending
-            if kind == expected or expected == "*":
-                d.callback(payload)
+            if kind == "management_reply" and payload.more:  # a part: the request stays pending for the rest
+                self._pending[envelope.correlation_id] = pending
+                self._reply_parts.setdefault(envelope.correlation_id, []).append(payload)
+            elif kind == expected or expected == "*":
+                parts = self._reply_parts.pop(envelope.correlation_id, None)
+                d.callback(payload if parts is None else [*parts, payload])
             else:
                 d.errback(ValueError(f"expected {expected} from the broker, got {kind}"))
             return
@@ -414,6 +422,23 @@ class ClientChannel:
 
     def basic_recover(self, requeue=True):
         return self._request("basic_recover", requeue=requeue)
+
+    # -- management
+
+    def management(self, command, arguments=(), vhost="", backend=""):
+        """
+        Run rabbitmqctl's C{command} (e.g. C{"list_users"}) with its positional
+        C{arguments} (the logged-in user must be an administrator); fires with
+        C{(columns, rows)} once the change is durable, rows as tuples of text.
+        """
+        d = self._request("management_request", "management_reply", command=command, vhost=vhost,
+                          backend=backend, arguments=list(arguments))
+
+        def table(reply):
+            parts = reply if isinstance(reply, list) else [reply]
+            return tuple(parts[0].columns), [tuple(row.values) for part in parts for row in part.rows]
+
+        return d.addCallback(table)
 
     # -- closing
 

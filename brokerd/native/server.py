@@ -20,6 +20,7 @@ and times out its handshake); clients refused before hello are logged at a
 bounded rate (L{brokerd.refusallog}), as AMQP's refusals before login, and one
 that said hello gets an accepted and a closed line (L{brokerd.connectionlog}).
 A connection has at most C{channel_max} channels open, whatever their numbers.
+Management requests (users, vhosts, permissions) go to L{brokerd.native.management}.
 Replies and deliveries go out once per reactor turn of the broker's clock
 through the write buffer the AMQP server uses too (L{brokerd.writebuffer}).
 The protocol is its transport's producer: while the client does not read what
@@ -54,6 +55,7 @@ from brokerd.errors import (
 from brokerd.hangup import HangupWatch
 from brokerd.model.watermark import LARGE_PARTIAL_FRAME, SLOW_READER, PublisherGate, reading_pauses
 from brokerd.native.framing import FrameReceiver
+from brokerd.native.management import answer_management_request, management_serving
 from brokerd.native.peer import NativeChannelPeer
 from brokerd.native.requests import ChannelRequests
 from brokerd.proto.native_pb2 import Envelope
@@ -71,6 +73,8 @@ log = Logger()
 @implementer(IPushProducer)
 class NativeServerProtocol(ChannelRequests, FrameReceiver):
     """One client connection speaking the native protocol."""
+
+    management = None  # the listener's IManagement (None: management requests are refused)
 
     def __init__(
         self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE, channel_max=DEFAULT_CHANNEL_MAX, refusal_log=None,
@@ -368,6 +372,8 @@ class NativeServerProtocol(ChannelRequests, FrameReceiver):
     def on_channel_close_ok(self, envelope, close_ok):
         pass  # only meaningful while we wait for it, handled in stringReceived
 
+    on_management_request = answer_management_request
+
     _handlers = {}
 
 
@@ -397,6 +403,7 @@ class NativeServerFactory(ServerFactory):
         self.channel_max = channel_max
         self.authenticator = authenticator if authenticator is not None else AccessControl()
         self.refusal_delay = refusal_delay
+        self.management = management_serving(broker, self.authenticator)
         self.refusal_log = RefusalLog(protocol="native", before="hello")
         self._protocols = weakref.WeakSet()  # every connection made, to close them at shutdown
 
@@ -406,7 +413,7 @@ class NativeServerFactory(ServerFactory):
     def buildProtocol(self, address):
         protocol = NativeServerProtocol(self.broker, self.max_frame_size, self.channel_max, self.refusal_log,
                                         self.authenticator, self.refusal_delay)
-        protocol.factory = self
+        protocol.factory, protocol.management = self, self.management
         self._protocols.add(protocol)
         return protocol
 
