@@ -15,7 +15,7 @@ from brokerd.access.database import (
     Permissions,
 )
 from brokerd.access.passwords import hash_password, password_matches
-from brokerd.interfaces import IAccessDatabase
+from brokerd.access.interfaces import IAccessDatabase
 
 # Made by RabbitMQ 3.10.8 itself: rabbit_password:hash(rabbit_password_hashing_sha256, Password),
 # base64-encoded, in an erl shell with the rabbit and rabbit_common ebin directories on its path.

@@ -12,7 +12,7 @@ from brokerd.access.database import AccessDatabase, Permissions
 from brokerd.access.management import COMMANDS, NOT_ADMINISTRATOR, Management, Table
 from brokerd.connection import Connection
 from brokerd.errors import AccessRefused, InternalError, MethodNotImplemented, NotFound, PreconditionFailed
-from brokerd.interfaces import IManagement
+from brokerd.access.interfaces import IManagement
 from tests.support import make_broker
 
 

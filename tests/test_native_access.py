@@ -187,7 +187,7 @@ def test_the_native_login_is_the_one_access_control_that_amqp_uses():
     from zope.interface.verify import verifyObject
 
     from brokerd.amqp.auth import Authenticator
-    from brokerd.interfaces import IAccessControl
+    from brokerd.access.interfaces import IAccessControl
 
     for control in (AccessControl(), Authenticator()):
         assert verifyObject(IAccessControl, control)

@@ -7,5 +7,6 @@ vhost access for both protocols; L{brokerd.access.permissions} checks an
 operation against a user's configure / write / read expressions in one place
 for every protocol; L{brokerd.access.vhosts} creates and deletes vhosts in the
 database and the running broker together; L{brokerd.access.management} carries
-out rabbitmqctl's user, vhost and permission commands for an administrator.
+out rabbitmqctl's user, vhost and permission commands for an administrator;
+L{brokerd.access.interfaces} names their roles.
 """

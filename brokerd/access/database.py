@@ -24,7 +24,7 @@ import re
 from zope.interface import implementer
 
 from brokerd.access.passwords import HASHING_ALGORITHM, hash_password, password_matches
-from brokerd.interfaces import IAccessDatabase
+from brokerd.access.interfaces import IAccessDatabase
 
 ACCESS_FILE = "access.json"
 FORMAT = "brokerd access database"

@@ -4,7 +4,7 @@ L{AccessControl} is RabbitMQ's C{rabbit_access_control} for brokerd: each
 protocol server reads the credentials off its own wire (AMQP's SASL
 responses in L{brokerd.amqp.auth}, the native hello) and hands them here.
 Users and their password hashes live in the broker's
-L{brokerd.interfaces.IAccessDatabase}; without one, an in-memory database
+L{brokerd.access.interfaces.IAccessDatabase}; without one, an in-memory database
 holding guest/guest. As in RabbitMQ, guest may only log in from a loopback
 address (C{loopback_users}), user names and passwords are UTF-8, a refusal
 says, in RabbitMQ's words, C{PLAIN login refused: user 'bob' - invalid
@@ -28,7 +28,7 @@ from zope.interface import implementer
 from brokerd.access.database import FULL_PERMISSIONS, AccessDatabase
 from brokerd.access.permissions import ResourceAccess
 from brokerd.errors import NotAllowed
-from brokerd.interfaces import IAccessControl
+from brokerd.access.interfaces import IAccessControl
 
 log = Logger()
 

@@ -25,7 +25,7 @@ from zope.interface import implementer
 from brokerd.access import vhosts
 from brokerd.access.database import DEFAULT_VHOST, AccessChangeRefused
 from brokerd.errors import AccessRefused, InternalError, MethodNotImplemented, NotFound, PreconditionFailed
-from brokerd.interfaces import IManagement
+from brokerd.access.interfaces import IManagement
 from brokerd.storeregistry import BackendError
 
 ADMINISTRATOR = "administrator"
@@ -66,7 +66,7 @@ class Management:
     def __init__(self, broker, access):
         """
         @param broker: the running L{brokerd.model.broker.Broker}.
-        @param access: its L{brokerd.interfaces.IAccessDatabase}.
+        @param access: its L{brokerd.access.interfaces.IAccessDatabase}.
         """
         self.broker = broker
         self.access = access

@@ -1,7 +1,7 @@
 """The native protocol's management requests: ManagementRequest in, ManagementReply out.
 
 A request on an open channel is handed, with the name of the user who logged
-in on the connection, to the broker's L{brokerd.interfaces.IManagement}, which
+in on the connection, to the broker's L{brokerd.access.interfaces.IManagement}, which
 checks and carries it out; this module only translates. The answer goes out
 once the change is durable, as a table in parts of at most
 L{REPLY_PART_BYTES} of rows each (one row larger than that goes alone), so

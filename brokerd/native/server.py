@@ -81,7 +81,7 @@ class NativeServerProtocol(ChannelRequests, FrameReceiver):
         authenticator=None, refusal_delay=LOGIN_REFUSAL_DELAY,
     ):
         """
-        @param authenticator: the broker's L{brokerd.interfaces.IAccessControl}
+        @param authenticator: the broker's L{brokerd.access.interfaces.IAccessControl}
             (the one AMQP logins use); without one, guest/guest in memory.
         @param refusal_delay: seconds a refused login waits for its answer.
         """
@@ -393,7 +393,7 @@ class NativeServerFactory(ServerFactory):
     def __init__(self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE, channel_max=DEFAULT_CHANNEL_MAX,
                  authenticator=None, refusal_delay=LOGIN_REFUSAL_DELAY):
         """
-        @param authenticator: the broker's L{brokerd.interfaces.IAccessControl},
+        @param authenticator: the broker's L{brokerd.access.interfaces.IAccessControl},
             the object AMQP logins use, so that one access database serves both
             protocols; without one, guest/guest in memory.
         @param refusal_delay: seconds a refused login waits for its answer.
