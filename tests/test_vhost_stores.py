@@ -24,6 +24,7 @@ from brokerd.interfaces import IVhostStores
 from brokerd.model.broker import Broker
 from brokerd.proto import messages_pb2
 from brokerd.proto.tables import dict_to_table
+from brokerd.testing import native_cli
 from brokerd.vhoststores import VhostStores, directory_name
 from tests.interop.conftest import TRACEBACK_MARKS, start_broker
 
@@ -101,6 +102,9 @@ def test_vhosts_on_chunked_and_sqlite_serve_side_by_side_survive_sigkill_and_a_d
         assert text.startswith("NOT_ALLOWED - access to vhost 'damaged' refused for user 'guest': vhost 'damaged' is"
                                " down: sqlite store "), text
         assert "brokerd.sqlite is damaged or not a database" in text, text
+        native = native_cli(running.native_endpoint, "--vhost", "damaged", "declare", "queue", "jobs")
+        stderr = native.stderr.decode()
+        assert native.returncode == 1 and "530 NOT_ALLOWED" in stderr and "is down" in stderr, stderr
         code, text = refusal(running, "unknown")
         assert code == 530 and "vhost 'unknown' is down" in text and "unknown backend 'nosuch'" in text, text
         running.process.kill()  # SIGKILL: every confirmed message must come back from its own store
