@@ -37,6 +37,7 @@ from brokerd.access.database import AccessChangeRefused
 from brokerd.access.passwords import HASHING_ALGORITHM, hash_password
 from brokerd.access.policies import PolicyRefused, check_policy, publish_all_policies
 from brokerd.errors import BrokerError
+from brokerd.model.arguments import QueueArguments
 from brokerd.model.exchange import EXCHANGE_TYPES, KNOWN_TYPES
 from brokerd.model.queue_types import check_declaration
 from brokerd.proto.tables import TimestampSeconds
@@ -226,6 +227,7 @@ def _check(broker, access, document, vhost):
             _arguments(entry, "queues")
         try:
             check_declaration(name, on, durable, False, auto_delete, arguments)
+            QueueArguments(arguments, name, on)  # what declaring it would refuse
         except BrokerError as refusal:
             raise DefinitionsRefused(f"queues: {refusal.reply_text}") from None
         queues.append((on, name, durable, auto_delete, arguments))
