@@ -19,7 +19,8 @@ from tests.test_access_management import on_disk, result
 
 
 def rabbitmq_definitions():
-    """Definitions as RabbitMQ 3.10.8 exports them (GET /api/definitions), field for field."""
+    """Definitions as RabbitMQ 3.10.8 exports them (GET /api/definitions), field for field, with the
+    fields its rabbitmqctl export_definitions adds (a vhost's limits and metadata, a queue's type)."""
     return {
         "rabbit_version": "3.10.8",
         "rabbitmq_version": "3.10.8",
@@ -31,7 +32,7 @@ def rabbitmq_definitions():
             {"name": "guest", "password_hash": RABBITMQ_GUEST_HASH,
              "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": ["administrator"], "limits": {}},
         ],
-        "vhosts": [{"name": "team"}, {"name": "/"}],
+        "vhosts": [{"name": "team", "limits": [], "metadata": {"description": "", "tags": []}}, {"name": "/"}],
         "permissions": [
             {"user": "alice", "vhost": "team", "configure": "^alice", "write": ".*", "read": ".*"},
             {"user": "guest", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"},
@@ -44,7 +45,7 @@ def rabbitmq_definitions():
         "policies": [{"vhost": "team", "name": "ttl", "pattern": "^ttl\\.", "apply-to": "queues",
                       "definition": {"max-length": 10, "message-ttl": 60000}, "priority": 3}],
         "queues": [
-            {"name": "orders.q", "vhost": "team", "durable": True, "auto_delete": False,
+            {"name": "orders.q", "vhost": "team", "durable": True, "auto_delete": False, "type": "classic",
              "arguments": {"x-message-ttl": 5000, "x-max-priority": 5, "x-queue-mode": "lazy"}},
             {"name": "ttl.q", "vhost": "team", "durable": True, "auto_delete": True, "arguments": {}},
         ],
