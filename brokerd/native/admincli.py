@@ -6,7 +6,7 @@ argument order, and definitions export and import.
     python -m brokerd.native add-vhost team [--backend sqlite]
     python -m brokerd.native set-permissions --vhost team alice '^alice\\.' '^alice\\.' '.*'
     python -m brokerd.native list-permissions --vhost team
-    python -m brokerd.native set-policy --vhost team --priority 1 --apply-to queues ttl '^ttl\.' '{"message-ttl":60000}'
+    python -m brokerd.native set-policy --vhost team --apply-to queues ttl '^ttl\\.' '{"message-ttl":60000}'
     python -m brokerd.native list-policies --vhost team
     python -m brokerd.native export-definitions backup.json
     python -m brokerd.native import-definitions backup.json
