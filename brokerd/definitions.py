@@ -196,6 +196,8 @@ def _check(broker, access, document, vhost):
         name = _text(entry, "vhost", section)
         if name not in known_vhosts:
             raise DefinitionsRefused(f"{section}: Virtual host '{name}' does not exist and is not in the definitions")
+        if name in broker.unavailable_vhosts:
+            raise DefinitionsRefused(f"{section}: vhost '{name}' is down: {broker.unavailable_vhosts[name]}")
         return name
 
     permissions = []

@@ -163,10 +163,13 @@ def test_one_vhosts_definitions_export_without_vhost_fields_and_import_into_anot
         (lambda d: d["bindings"][1]["arguments"].update({"x-match": "most"}), "bindings: PRECONDITION_FAILED"),
         (lambda d: d["bindings"][0].update(destination_type="topic"), "bindings: destination_type 'topic'"),
         (lambda d: d["queues"][0].update(durable="yes"), "'durable' must be true or false"),
+        (lambda d: d["queues"][0].update(vhost="down"), "queues: vhost 'down' is down: its store cannot be opened"),
     ],
 )
 def test_a_malformed_document_is_one_error_and_changes_nothing(tmp_path, change, complaint):
     broker, access = fresh(tmp_path, "a")
+    access.add_vhost("down")
+    broker.mark_vhost_unavailable("down", "its store cannot be opened")
     document = rabbitmq_definitions()
     change(document)
     before = (on_disk(access).document(), export_definitions(broker, access))
