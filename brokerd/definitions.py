@@ -38,7 +38,8 @@ from brokerd.access.passwords import HASHING_ALGORITHM, hash_password
 from brokerd.access.policies import PolicyRefused, check_policy, publish_all_policies
 from brokerd.errors import BrokerError
 from brokerd.model.arguments import QueueArguments
-from brokerd.model.exchange import EXCHANGE_TYPES, KNOWN_TYPES
+from brokerd.interfaces import IDelayedMessageStore
+from brokerd.model.exchange import DELAYED_TYPE, EXCHANGE_TYPES, KNOWN_TYPES
 from brokerd.model.queue_types import check_declaration
 from brokerd.proto.tables import TimestampSeconds
 
@@ -220,6 +221,8 @@ def _check(broker, access, document, vhost):
         if type_name not in KNOWN_TYPES:
             raise DefinitionsRefused(f"exchanges: unknown exchange type '{type_name}' of exchange '{name}'"
                                      f" in vhost '{on}'")
+        if type_name == DELAYED_TYPE:
+            _check_delayed(broker, on, name, entry.get("arguments") or {})
         exchanges.append((on, name, type_name, _flag(entry, "durable", True), _flag(entry, "auto_delete", False),
                           _flag(entry, "internal", False), _arguments(entry, "exchanges")))
     queues = []
@@ -294,6 +297,18 @@ def _arguments(entry, section):
 def _named(kind, name):
     if not name or len(name.encode()) > 255:
         raise DefinitionsRefused(f"{kind}s: a {kind} name must be 1 to 255 bytes of UTF-8, not {name!r}")
+
+
+def _check_delayed(broker, vhost_name, name, arguments):
+    """What declaring an x-delayed-message exchange would refuse: an inner type that is none, a store without delays."""
+    if arguments.get("x-delayed-type") not in EXCHANGE_TYPES:
+        raise DefinitionsRefused(f"exchanges: invalid arg 'x-delayed-type' for exchange '{name}' in vhost"
+                                 f" '{vhost_name}': {arguments.get('x-delayed-type')!r} is none of"
+                                 f" {', '.join(EXCHANGE_TYPES)}")
+    vhost = broker.vhosts.get(vhost_name)
+    store = vhost.store if vhost is not None else broker.store
+    if not IDelayedMessageStore.providedBy(store):
+        raise DefinitionsRefused(f"exchanges: the {store.name} store cannot keep delayed messages (exchange '{name}')")
 
 
 def _served_type(broker, vhost_name, exchange_name):

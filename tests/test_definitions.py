@@ -163,6 +163,8 @@ def test_one_vhosts_definitions_export_without_vhost_fields_and_import_into_anot
         (lambda d: d["bindings"][1]["arguments"].update({"x-match": "most"}), "bindings: PRECONDITION_FAILED"),
         (lambda d: d["bindings"][0].update(destination_type="topic"), "bindings: destination_type 'topic'"),
         (lambda d: d["queues"][0].update(durable="yes"), "'durable' must be true or false"),
+        (lambda d: d["exchanges"][0].update(type="x-delayed-message"),
+         "exchanges: invalid arg 'x-delayed-type' for exchange 'ingress' in vhost 'team': None is none of"),
         (lambda d: d["queues"][0].update(vhost="down"), "queues: vhost 'down' is down: its store cannot be opened"),
     ],
 )
