@@ -4,7 +4,9 @@ L{BrokerService} loads the access database (users, vhosts, permissions;
 created on the first start), which AMQP and the native protocol both log in
 against through one authenticator, opens the store and recovers durable state,
 then opens and recovers the store of every vhost that has its own (one that
-fails takes down that vhost alone, logged in one line), before any
+fails takes down that vhost alone, logged in one line), imports the
+C{--load-definitions} file if given (L{brokerd.definitions}) and tells
+every vhost its policies, before any
 listener accepts a client (AMQP plain and over TLS share one factory; a TLS
 endpoint is built by L{brokerd.endpoints.server_endpoint}), and on stop closes
 the listeners, then the clients' connections (L{brokerd.shutdown}: after the
@@ -25,7 +27,9 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from brokerd.access.database import FULL_PERMISSIONS, AccessDatabaseDamaged
+from brokerd.access.policies import publish_all_policies
 from brokerd.amqp.server import AmqpServerFactory
+from brokerd.definitions import DefinitionsRefused, load_definitions_file
 from brokerd.endpoints import is_tls, server_endpoint
 from brokerd.freedmemory import FreedMemory
 from brokerd.model.broker import Broker
@@ -98,11 +102,14 @@ class BrokerService(Service):
         startup_report=None,
         access_defaults=None,
         vhost_stores=None,
+        definitions_file=None,
     ):
         """
         @param vhost_stores: the L{brokerd.interfaces.IVhostStores} that
             builds the stores of vhosts created with a backend of their own
             (None: such vhosts are unavailable).
+        @param definitions_file: the path of a definitions file to import
+            once recovered (C{--load-definitions}), or None.
         @param access_defaults: C{(user, password)} of the administrator a
             first start creates in the access database of C{amqp_settings}'
             authenticator, C{(None, None)} for none; None: do not open that
@@ -128,6 +135,7 @@ class BrokerService(Service):
         self.access = authenticator.access if authenticator is not None else None
         self.users_file = authenticator.users_file if authenticator is not None else None
         self.access_defaults = access_defaults
+        self.definitions_file = definitions_file
         self.started = defer.Deferred()
         self._store_opened = False
         self._serving = False
@@ -143,6 +151,7 @@ class BrokerService(Service):
         d.addCallback(lambda _: self.broker.recover())
         d.addCallback(self._open_vhost_stores)
         d.addCallback(self._recovered)
+        d.addCallback(lambda _: self._load_definitions())
         d.addCallback(lambda _: defer.gatherResults([listener.start() for listener in self.listeners], consumeErrors=True))
         d.addCallback(lambda _: self.reactor.callWhenRunning(self._ready))
         d.addErrback(self._failed_to_start)
@@ -202,6 +211,19 @@ class BrokerService(Service):
             self._adopt_recovered_vhosts()
         if self.startup_report is not None:
             self.startup_report.warn_of_other_backends_data(self.store, counts)
+
+    @defer.inlineCallbacks
+    def _load_definitions(self):
+        """Import the --load-definitions file, then tell every vhost its policies; a bad file stops the start."""
+        if self.access is None:
+            return
+        if self.definitions_file is not None:
+            try:
+                yield load_definitions_file(self.broker, self.access, self.definitions_file)
+            except DefinitionsRefused as refusal:
+                raise DefinitionsRefused(f"--load-definitions={self.definitions_file}: {refusal}") from None
+            log.info("definitions imported from {path} (--load-definitions)", path=self.definitions_file)
+        publish_all_policies(self.broker, self.access)
 
     def _adopt_recovered_vhosts(self):
         """

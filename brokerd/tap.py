@@ -93,6 +93,14 @@ class Options(usage.Options):
             " changes; its new users get every permission on vhost /. Given on the first start, it replaces guest.",
         ],
         [
+            "load-definitions",
+            None,
+            None,
+            "A definitions file in RabbitMQ's JSON format (users with their password hashes, vhosts, permissions,"
+            " policies, exchanges, queues, bindings) imported at every start, after recovery and before clients"
+            " are accepted (as RabbitMQ's load_definitions); what exists already is left as it is.",
+        ],
+        [
             "default-user",
             None,
             None,
@@ -174,6 +182,13 @@ class Options(usage.Options):
         except storeregistry.BackendError as problem:
             raise usage.UsageError(f"--backend: {problem}") from None
         self._check_message_fits(self["store"], self["amqp-settings"].max_message_size)
+        if self["load-definitions"] is not None:
+            try:
+                with open(self["load-definitions"], "rb"):
+                    pass
+            except OSError as problem:
+                raise usage.UsageError(f"--load-definitions: cannot read {self['load-definitions']!r}:"
+                                       f" {problem.strerror}") from None
 
     @staticmethod
     def _check_message_fits(store, max_message_size):
@@ -258,6 +273,7 @@ def makeService(options):
         amqp_settings=options["amqp-settings"],
         access_defaults=options["access-defaults"],
         vhost_stores=VhostStores(options["data-dir"], options["sync"], reactor),
+        definitions_file=options["load-definitions"],
         memory_high_watermark=options["memory-high-watermark"],
         startup_report=StartupReport(options["backend"], options["data-dir"], options["sync"], reactor),
     )

@@ -62,12 +62,14 @@ EVERY_COMMAND = [
     ("add_vhost", "team"), ("delete_vhost", "/"), ("list_vhosts",), ("add_user", "bob2", "pw"),
     ("delete_user", "guest"), ("change_password", "guest", "new"), ("list_users",),
     ("set_user_tags", "guest"), ("set_permissions", "guest", "", "", ""), ("clear_permissions", "guest"),
-    ("list_permissions",),
+    ("list_permissions",), ("export_definitions",), ("import_definitions", "{}"),
 ]
+# The policy commands have rules of their own (tests/test_policies.py).
+POLICY_COMMANDS = ["set_policy", "clear_policy", "list_policies"]
 
 
 def test_every_command_is_covered():
-    assert sorted(command[0] for command in EVERY_COMMAND) == sorted(COMMANDS)
+    assert sorted([command[0] for command in EVERY_COMMAND] + POLICY_COMMANDS) == sorted(COMMANDS)
 
 
 @pytest.mark.parametrize("command", EVERY_COMMAND, ids=lambda command: command[0])

@@ -3,7 +3,9 @@
 One JSON document in the broker's data directory (L{ACCESS_FILE}), apart from
 whatever message store the broker runs on, in the shape of RabbitMQ's
 definitions (C{users} with C{password_hash}, C{hashing_algorithm} and
-C{tags}; C{vhosts}; C{permissions} with C{configure}, C{write}, C{read}).
+C{tags}; C{vhosts}; C{permissions} with C{configure}, C{write}, C{read};
+C{policies} with C{vhost}, C{name}, C{pattern}, C{apply-to}, C{definition},
+C{priority}: a file written before policies were kept has none).
 A vhost made with a store of its own records its backend string in its
 entry (C{"backend"}); an entry without one is on the broker's C{--backend}
 store, as every vhost of a database written before that field was.
@@ -25,6 +27,8 @@ from zope.interface import implementer
 
 from brokerd.access.passwords import HASHING_ALGORITHM, hash_password, password_matches
 from brokerd.access.interfaces import IAccessDatabase
+from brokerd.access.policies import PolicyRefused, check_policy
+from brokerd.model.policies import Policy
 
 ACCESS_FILE = "access.json"
 FORMAT = "brokerd access database"
@@ -87,6 +91,7 @@ class AccessDatabase:
     @ivar vhost_backends: vhost name -> the backend string of its own store,
         for the vhosts that have one.
     @ivar permissions: C{(user name, vhost name)} -> L{Permissions}.
+    @ivar policy_records: C{(vhost name, policy name)} -> L{Policy}.
     @ivar failed_logins: user name -> how many logins as that user were refused since start.
     """
 
@@ -96,6 +101,7 @@ class AccessDatabase:
         self.vhosts = []
         self.vhost_backends = {}
         self.permissions = {}
+        self.policy_records = {}
         self.failed_logins = {}
 
     @classmethod
@@ -155,6 +161,11 @@ class AccessDatabase:
     def permissions_of(self, user, vhost):
         """The L{Permissions} of C{user} on C{vhost}, or None: it may not use that vhost."""
         return self.permissions.get((user, vhost))
+
+    def policies(self, vhost=None):
+        """The L{Policy} records of C{vhost} (None: of every vhost), by vhost, highest priority first, then name."""
+        found = [policy for (on, _), policy in self.policy_records.items() if vhost is None or on == vhost]
+        return sorted(found, key=lambda policy: (policy.vhost, -policy.priority, policy.name))
 
     # -- changes, each durable before it returns
 
@@ -221,6 +232,8 @@ class AccessDatabase:
             self.vhost_backends.pop(name, None)
             for key in [key for key in self.permissions if key[1] == name]:
                 del self.permissions[key]
+            for key in [key for key in self.policy_records if key[0] == name]:
+                del self.policy_records[key]
 
         self._change(delete)
 
@@ -241,6 +254,24 @@ class AccessDatabase:
         self._existing_vhost(vhost)
         self._change(lambda: self.permissions.pop((user, vhost), None))
 
+    def set_policy(self, vhost, name, pattern, definition, priority=0, apply_to="all"):
+        """Create or replace policy C{name} of C{vhost} (RabbitMQ's C{set_policy}); returns the L{Policy}.
+        Refuses (AccessChangeRefused, in RabbitMQ's words) what RabbitMQ's validation refuses."""
+        self._existing_vhost(vhost)
+        try:
+            policy = check_policy(vhost, name, pattern, definition, priority, apply_to)
+        except PolicyRefused as refusal:
+            raise AccessChangeRefused(str(refusal)) from None
+        self._change(lambda: self.policy_records.__setitem__((vhost, name), policy))
+        return policy
+
+    def clear_policy(self, vhost, name):
+        """Delete policy C{name} of C{vhost}; refuses (as RabbitMQ: "Parameter does not exist") an unknown one."""
+        self._existing_vhost(vhost)
+        if (vhost, name) not in self.policy_records:
+            raise AccessChangeRefused("Parameter does not exist")
+        self._change(lambda: self.policy_records.pop((vhost, name)))
+
     # -- the document on disk
 
     def document(self):
@@ -260,6 +291,11 @@ class AccessDatabase:
                  "read": permissions.read}
                 for (user, vhost), permissions in self.permissions.items()
             ],
+            "policies": [
+                {"vhost": policy.vhost, "name": policy.name, "pattern": policy.pattern, "apply-to": policy.apply_to,
+                 "definition": policy.definition, "priority": policy.priority}
+                for policy in self.policy_records.values()
+            ],
         }
 
     def _take_document(self, document):
@@ -276,6 +312,11 @@ class AccessDatabase:
         self.permissions = {
             (entry["user"], entry["vhost"]): Permissions(entry["configure"], entry["write"], entry["read"])
             for entry in document["permissions"]
+        }
+        self.policy_records = {
+            (entry["vhost"], entry["name"]): Policy(entry["vhost"], entry["name"], entry["pattern"],
+                                                    entry["definition"], entry["priority"], entry["apply-to"])
+            for entry in document.get("policies", ())  # none in a file from before policies
         }
 
     def _change(self, apply):

@@ -52,9 +52,13 @@ class IAccessDatabase(Interface):
     def permissions_of(user, vhost):
         """C{user}'s permissions on C{vhost} (C{configure}, C{write}, C{read} expressions), or None: none."""
 
+    def policies(vhost=None):
+        """The L{brokerd.model.policies.Policy} records of C{vhost} (None: of every vhost), highest priority first."""
+
 
 class IManagement(Interface):
-    """rabbitmqctl's user, vhost and permission commands, for every protocol (L{brokerd.access.management})."""
+    """rabbitmqctl's user, vhost, permission and policy commands, and definitions export and import, for every
+    protocol (L{brokerd.access.management})."""
 
     def check_administrator(user):
         """Raise L{brokerd.errors.AccessRefused} (403) unless user C{user} (None: nobody) is an administrator."""

@@ -1,8 +1,12 @@
 """Managing users, vhosts and permissions, free of any wire protocol.
 
 L{Management} carries out rabbitmqctl's commands (C{add_user}, C{list_vhosts},
-C{set_permissions} and the others, in its argument order) for a logged-in
-user with the C{administrator} tag, on the broker's access database and its
+C{set_permissions}, C{set_policy} and the others, in its argument order) for
+a logged-in user with the C{administrator} tag (the policy commands also for
+a C{policymaker} with access to the vhost, as RabbitMQ's management API
+allows; C{list_policies} for any management user with access to it), and
+exports and imports definitions (L{brokerd.definitions}) for an
+administrator, on the broker's access database and its
 running broker together, so that every protocol's management front end (the
 native protocol's today, an HTTP API later) checks and does the same. A change
 is durable (written and fsynced by the access database, and for a vhost served
@@ -15,6 +19,7 @@ vhost, 406 PRECONDITION_FAILED for a change that cannot be made. Listings are
 L{Table}s of text as C{rabbitmqctl --quiet} prints them, sorted by name.
 """
 
+import json
 import re
 from typing import NamedTuple
 
@@ -24,12 +29,18 @@ from zope.interface import implementer
 
 from brokerd.access import vhosts
 from brokerd.access.database import DEFAULT_VHOST, AccessChangeRefused
+from brokerd.access.policies import PolicyRefused, parse_definition, parse_priority, publish_policies
+from brokerd.definitions import DefinitionsRefused, export_definitions, import_definitions, parse_definitions
 from brokerd.errors import AccessRefused, InternalError, MethodNotImplemented, NotFound, PreconditionFailed
 from brokerd.access.interfaces import IManagement
 from brokerd.storeregistry import BackendError
 
 ADMINISTRATOR = "administrator"
 NOT_ADMINISTRATOR = "Not administrator user"  # RabbitMQ's management API's words (rabbit_mgmt_util)
+POLICYMAKER = "policymaker"
+MANAGEMENT_TAGS = ("administrator", "monitoring", "policymaker", "management")
+NOT_AUTHORISED_OBJECT = "User not authorised to access object"  # rabbit_mgmt_util:is_authorized_policies
+NOT_AUTHORISED_VHOST = "User not authorised to access virtual host"  # rabbit_mgmt_util:is_authorized_vhost
 
 
 class Table(NamedTuple):
@@ -190,6 +201,72 @@ class Management:
                 if on == vhost]
         return Table(("user", "configure", "write", "read"), rows)
 
+    # -- policies
+
+    def check_policymaker(self, user, vhost):
+        """Raise 403 unless C{user} is an administrator, or a policymaker with permissions on C{vhost}."""
+        record = self.access.user(user) if user is not None else None
+        if record is not None and (ADMINISTRATOR in record.tags or (
+                POLICYMAKER in record.tags and self.access.permissions_of(user, vhost) is not None)):
+            return
+        raise AccessRefused(NOT_AUTHORISED_OBJECT)
+
+    def set_policy(self, user, vhost, name, pattern, definition, priority="0", apply_to="all"):
+        """Create or replace a policy (rabbitmqctl's C{set_policy}: C{definition} is JSON text) and apply it."""
+        self.check_policymaker(user, vhost)
+        self._existing_vhost(vhost, f"Virtual host '{vhost}' does not exist")
+        try:
+            priority, definition = parse_priority(priority), parse_definition(definition)
+        except PolicyRefused as refusal:
+            raise PreconditionFailed(str(refusal)) from None
+        self._changed(self.access.set_policy, vhost, name, pattern, definition, priority, apply_to)
+        publish_policies(self.broker, self.access, vhost)
+        return _done(user, "Set policy '{name}' matching {apply_to} names in virtual host '{vhost}' using pattern"
+                     " '{pattern}'", name=name, apply_to=apply_to, vhost=vhost, pattern=pattern)
+
+    def clear_policy(self, user, vhost, name):
+        """Delete a policy (rabbitmqctl's C{clear_policy}); one that does not exist is 404."""
+        self.check_policymaker(user, vhost)
+        self._existing_vhost(vhost, f"Virtual host '{vhost}' does not exist")
+        if all(policy.name != name for policy in self.access.policies(vhost)):
+            raise NotFound("Parameter does not exist")
+        self._changed(self.access.clear_policy, vhost, name)
+        publish_policies(self.broker, self.access, vhost)
+        return _done(user, "Cleared policy '{name}' in virtual host '{vhost}'", name=name, vhost=vhost)
+
+    def list_policies(self, user, vhost):
+        """The policies of C{vhost} as C{rabbitmqctl list_policies} prints them (definition as JSON)."""
+        record = self.access.user(user) if user is not None else None
+        if record is None or not (ADMINISTRATOR in record.tags or (
+                set(record.tags) & set(MANAGEMENT_TAGS) and self.access.permissions_of(user, vhost) is not None)):
+            raise AccessRefused(NOT_AUTHORISED_VHOST)
+        self._existing_vhost(vhost, f"Virtual host '{vhost}' does not exist")
+        rows = [(policy.vhost, policy.name, policy.pattern, policy.apply_to,
+                 json.dumps(policy.definition, separators=(",", ":"), sort_keys=True), str(policy.priority))
+                for policy in self.access.policies(vhost)]
+        return Table(("vhost", "name", "pattern", "apply-to", "definition", "priority"), rows)
+
+    # -- definitions
+
+    def export_definitions(self, user):
+        """The broker's definitions (L{brokerd.definitions}) as one row of one column: the JSON text."""
+        self.check_administrator(user)
+        text = json.dumps(export_definitions(self.broker, self.access), ensure_ascii=False)
+        return Table(("definitions",), [(text,)])
+
+    def import_definitions(self, user, text):
+        """Import definitions given as JSON text; a malformed document is 406, naming the fault, and changes nothing."""
+        self.check_administrator(user)
+        d = defer.maybeDeferred(parse_definitions, text)
+        d.addCallback(lambda document: import_definitions(self.broker, self.access, document))
+
+        def refused(failure):
+            failure.trap(DefinitionsRefused)
+            raise PreconditionFailed(str(failure.value))
+
+        d.addErrback(refused)
+        return d.addCallback(lambda _: _done(user, "Imported definitions"))
+
     # -- helpers
 
     def _existing_user(self, name, complaint):
@@ -233,7 +310,8 @@ def _refused_later(failure):
     raise _refusal(failure.value)
 
 
-PER_VHOST = ("set_permissions", "clear_permissions", "list_permissions")
+PER_VHOST = ("set_permissions", "clear_permissions", "list_permissions", "set_policy", "clear_policy",
+             "list_policies")
 
 # command -> (method, fewest and most positional arguments (None: any number), what they are)
 COMMANDS = {
@@ -248,4 +326,9 @@ COMMANDS = {
     "set_permissions": (Management.set_permissions, 4, 4, "USER CONFIGURE WRITE READ"),
     "clear_permissions": (Management.clear_permissions, 1, 1, "USER"),
     "list_permissions": (Management.list_permissions, 0, 0, "no arguments"),
+    "set_policy": (Management.set_policy, 3, 5, "NAME PATTERN DEFINITION [PRIORITY [APPLY_TO]]"),
+    "clear_policy": (Management.clear_policy, 1, 1, "NAME"),
+    "list_policies": (Management.list_policies, 0, 0, "no arguments"),
+    "export_definitions": (Management.export_definitions, 0, 0, "no arguments"),
+    "import_definitions": (Management.import_definitions, 1, 1, "DEFINITIONS_JSON"),
 }

@@ -1,24 +1,35 @@
-"""The command line's management commands: users, vhosts and permissions, in rabbitmqctl's argument order.
+"""The command line's management commands: users, vhosts, permissions and policies, in rabbitmqctl's
+argument order, and definitions export and import.
 
     python -m brokerd.native add-user alice 's3cret'
     python -m brokerd.native set-user-tags alice monitoring
     python -m brokerd.native add-vhost team [--backend sqlite]
     python -m brokerd.native set-permissions --vhost team alice '^alice\\.' '^alice\\.' '.*'
     python -m brokerd.native list-permissions --vhost team
+    python -m brokerd.native set-policy --vhost team --apply-to queues ttl '^ttl\\.' '{"message-ttl":60000}'
+    python -m brokerd.native list-policies --vhost team
+    python -m brokerd.native export-definitions backup.json
+    python -m brokerd.native import-definitions backup.json
 
 Each is one ManagementRequest (L{brokerd.native.management}) for the user the
-command line logged in as, who must be an administrator. A change prints
+command line logged in as, who must be an administrator (for the policy commands, an administrator or
+a policymaker with permissions on the vhost). A change prints
 nothing and exits 0 once it is durable; a listing prints what
 C{rabbitmqctl --quiet} prints: a header line of column names, then one line
-per row, columns separated by tabs. A refusal is one line on standard error
+per row, columns separated by tabs. C{export-definitions} writes RabbitMQ's
+definitions JSON to its file (C{-}: standard output); C{import-definitions}
+sends a file's (C{-}: standard input) in one frame, so it must be smaller
+than the broker's C{--native-max-frame}. A refusal is one line on standard error
 with the broker's reply code and text (403 for a user who is not an
 administrator, 404 for an unknown user or vhost, 406 for a change that cannot
 be made) and exit status 1.
 """
 
+import json
 import sys
 
 from twisted.internet import defer
+
 
 DEFAULT_VHOST = "/"
 
@@ -30,7 +41,7 @@ def add_management_commands(commands):
         parser = commands.add_parser(name, help=help)
         if per_vhost:
             parser.add_argument("-p", "--vhost", dest="permissions_vhost", default=DEFAULT_VHOST, metavar="VHOST",
-                                help=f"the vhost whose permissions (default: {DEFAULT_VHOST})")
+                                help=f"the vhost (default: {DEFAULT_VHOST})")
         for positional in positionals:  # dests apart from the login's --user and --password
             parser.add_argument(f"managed_{positional}", metavar=positional.upper())
         return parser
@@ -50,6 +61,15 @@ def add_management_commands(commands):
             "read", per_vhost=True)
     command("clear-permissions", "take a user's permissions on a vhost", "user", per_vhost=True)
     command("list-permissions", "list the permissions on a vhost", per_vhost=True)
+    policy = command("set-policy", "create or replace a policy on a vhost", "name", "pattern", "definition",
+                     per_vhost=True)
+    policy.add_argument("--priority", default="0", help="policies of higher priority win (default: 0)")
+    policy.add_argument("--apply-to", default="all", choices=["all", "queues", "exchanges"],
+                        help="what the policy applies to (default: all)")
+    command("clear-policy", "delete a policy of a vhost", "name", per_vhost=True)
+    command("list-policies", "list the policies of a vhost", per_vhost=True)
+    command("export-definitions", "write the broker's definitions (RabbitMQ's JSON) to FILE ('-': stdout)", "file")
+    command("import-definitions", "import definitions (RabbitMQ's JSON) from FILE ('-': stdin)", "file")
 
 
 def _request(options):
@@ -65,6 +85,11 @@ def _request(options):
         return [options.managed_user, options.managed_configure, options.managed_write, options.managed_read]
     if command == "clear-permissions":
         return [options.managed_user]
+    if command == "set-policy":
+        return [options.managed_name, options.managed_pattern, options.managed_definition, options.priority,
+                options.apply_to]
+    if command == "clear-policy":
+        return [options.managed_name]
     return []
 
 
@@ -83,8 +108,44 @@ def _run_management_command(channel, options):
     return 0
 
 
+@defer.inlineCallbacks
+def _export_definitions(channel, options):
+    _columns, rows = yield channel.management("export_definitions")
+    text = json.dumps(json.loads(rows[0][0]), indent=2, ensure_ascii=False) + "\n"
+    if options.managed_file == "-":
+        sys.stdout.buffer.write(text.encode("utf-8"))
+        sys.stdout.flush()
+    else:
+        with open(options.managed_file, "w", encoding="utf-8") as file:
+            file.write(text)
+    return 0
+
+
+@defer.inlineCallbacks
+def _import_definitions(channel, options):
+    try:
+        if options.managed_file == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(options.managed_file, "rb") as file:
+                data = file.read()
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as problem:
+        print(f"error: cannot read {options.managed_file!r}: {problem}", file=sys.stderr)
+        return 1
+    limit = getattr(channel.protocol, "server_max_frame_size", 0)
+    if limit and len(data) + 4096 > limit:
+        print(f"error: {options.managed_file!r} is {len(data)} bytes: more than the broker's largest frame"
+              f" ({limit} bytes, its --native-max-frame) allows", file=sys.stderr)
+        return 1
+    yield channel.management("import_definitions", [text])
+    return 0
+
+
 MANAGEMENT_COMMANDS = dict.fromkeys(
     ["add-vhost", "delete-vhost", "list-vhosts", "add-user", "delete-user", "change-password", "list-users",
-     "set-user-tags", "set-permissions", "clear-permissions", "list-permissions"],
+     "set-user-tags", "set-permissions", "clear-permissions", "list-permissions", "set-policy", "clear-policy",
+     "list-policies"],
     _run_management_command,
 )
+MANAGEMENT_COMMANDS.update({"export-definitions": _export_definitions, "import-definitions": _import_definitions})

@@ -9,7 +9,7 @@
     python -m brokerd.native add-user alice 's3cret'
     python -m brokerd.native list-users
 
-The management commands (users, vhosts, permissions; L{brokerd.native.admincli})
+The management commands (users, vhosts, permissions, policies, definitions; L{brokerd.native.admincli})
 take rabbitmqctl's arguments and print its tab-separated tables.
 
 It logs in as ``--user`` with ``--password`` (defaults: the ``BROKERD_USER`` and

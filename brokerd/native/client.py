@@ -108,6 +108,7 @@ class NativeClientProtocol(FrameReceiver):
             return
         if kind == "hello_ok":
             self.server_version = envelope.hello_ok.server_version
+            self.server_max_frame_size = envelope.hello_ok.max_frame_size
             self.ready.callback(self)
         elif kind == "connection_close":
             close = envelope.connection_close
