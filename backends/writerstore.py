@@ -78,6 +78,11 @@ class WriterThreadStore:
             return defer.fail(RuntimeError(f"the {self.name} store is not open"))
         return self._commit.sync()
 
+    def commit_times(self):
+        """The L{brokerd.durability.CommitTimes} of this store's commits (None before it opens)."""
+        commit = self._commit
+        return commit.commit_times if commit is not None else None
+
     def _commit_stats(self):
         """Commits and fsyncs so far, for stats()."""
         commit = self._commit
