@@ -13,10 +13,13 @@ C{write_batch} returns (given to C{_batch_written}).
 """
 
 from twisted.internet import defer
+from zope.interface import implementer
 
 from brokerd.durability import GroupCommit
+from brokerd.interfaces import ITimedCommits
 
 
+@implementer(ITimedCommits)
 class WriterThreadStore:
     """
     The open / sync / close half of a durable store.

@@ -24,6 +24,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from brokerd import __version__
+from brokerd.interfaces import ITimedCommits
 
 # The text format every Prometheus server reads, and what RabbitMQ's plugin answers with.
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
@@ -194,7 +195,7 @@ class BrokerCollector(Collector):
             for figure, family in families.items():
                 if figure in stats:
                     family.add_metric(key, stats[figure])
-            times = store.commit_times() if hasattr(store, "commit_times") else None
+            times = store.commit_times() if ITimedCommits.providedBy(store) else None
             if times is not None:
                 buckets, cumulative = [], 0
                 for bound, count in zip((*times.bounds, float("inf")), times.counts):

@@ -1,5 +1,6 @@
 """Prometheus metrics (--prometheus): a real broker, pika clients, and the
-exposition fetched over HTTP and parsed with prometheus_client's own parser."""
+exposition fetched over HTTP and parsed with prometheus_client's own parser;
+and the commit-time histogram the durable stores keep for it."""
 
 import urllib.error
 import urllib.request
@@ -7,8 +8,13 @@ import urllib.request
 import pika
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from twisted.internet import task
+from zope.interface.verify import verifyObject
 
-from brokerd.testing import BrokerProcess, parse_endpoint
+from brokerd import storeregistry
+from brokerd.durability import CommitTimes
+from brokerd.interfaces import ITimedCommits
+from brokerd.testing import BrokerProcess
 
 
 @pytest.fixture(scope="module")
@@ -141,3 +147,23 @@ def test_unknown_paths_are_not_found(broker):
     with pytest.raises(urllib.error.HTTPError) as raised:
         scrape(broker, "/nothing")
     assert raised.value.code == 404
+
+
+@pytest.mark.parametrize("backend", ["chunked", "filelog", "sqlite"])
+def test_durable_stores_give_their_commit_times(backend, tmp_path):
+    store = storeregistry.make_store(backend, str(tmp_path), reactor=task.Clock())
+    assert verifyObject(ITimedCommits, store)
+    assert store.commit_times() is None  # not opened
+
+
+def test_the_memory_store_has_no_commits_to_time(tmp_path):
+    assert not ITimedCommits.providedBy(storeregistry.make_store("memory", str(tmp_path), reactor=task.Clock()))
+
+
+def test_commit_times_count_each_commit_under_its_bound():
+    times = CommitTimes(bounds=(0.001, 0.01))
+    for seconds in (0.0005, 0.001, 0.002, 0.5):
+        times.observe(seconds)
+    assert times.counts == [2, 1, 1]  # up to 1 ms (bound included), up to 10 ms, longer
+    assert times.count == 4
+    assert times.total_seconds == pytest.approx(0.5035)
