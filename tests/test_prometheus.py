@@ -102,15 +102,23 @@ def test_queue_depths_connections_and_message_totals(broker):
     assert grew("rabbitmq_global_messages_confirmed_total") == 6
     assert grew("rabbitmq_global_messages_routed_total") == 5
     assert grew("rabbitmq_global_messages_unroutable_dropped_total") == 1
+    assert grew("rabbitmq_global_messages_unroutable_returned_total") == 0
     assert grew("rabbitmq_global_messages_delivered_total") == 4
     assert grew("rabbitmq_global_messages_acknowledged_total") == 1
     assert value(aggregated, "rabbitmq_connections_opened_total") >= 1
 
+    returner = connection.channel()
+    returner.basic_publish("", "metrics.nowhere", b"returned", mandatory=True)
+    connection.process_data_events(time_limit=0)
+    open_totals = scrape(broker)
+    assert value(open_totals, "rabbitmq_global_messages_unroutable_returned_total", **amqp) == value(
+        aggregated, "rabbitmq_global_messages_unroutable_returned_total", **amqp) + 1
     connection.close()  # its counts stay in the totals; its deliveries go back to the queue
     after = scrape(broker)
     assert value(after, "rabbitmq_connections") == 0
-    assert value(after, "rabbitmq_global_messages_received_total", **amqp) == value(
-        aggregated, "rabbitmq_global_messages_received_total", **amqp)
+    for name in ("received", "delivered", "acknowledged", "unroutable_returned"):
+        total = f"rabbitmq_global_messages_{name}_total"
+        assert value(after, total, **amqp) == value(open_totals, total, **amqp), total
     assert value(after, "rabbitmq_connections_closed_total") >= 1
     assert value(scrape(broker, "/metrics/per-object"), "rabbitmq_queue_messages_ready", **queue) == 4
 
