@@ -137,7 +137,8 @@ class BrokerCollector(Collector):
     def _connections(self, broker):
         connections = list(broker.connections)
         channels = sum(len(connection.channels) for connection in connections)
-        consumers = sum(len(channel.consumers) for connection in connections for channel in connection.channels.values())
+        consumers = sum(len(channel.consumers)
+                        for connection in connections for channel in connection.channels.values())
         counters = broker.counters
         yield GaugeMetricFamily("rabbitmq_connections", "Connections currently open", value=len(connections))
         yield GaugeMetricFamily("rabbitmq_channels", "Channels currently open", value=channels)
