@@ -97,16 +97,23 @@ class BrokerCollector(Collector):
         yield info
 
     def _unacked_by_queue(self, broker):
-        """(vhost, queue) -> un-acked deliveries: consumers' counts, and basic.get's where a channel has some."""
+        """
+        (vhost, queue) -> un-acked deliveries: the consumers' counts; a channel
+        holding others (basic.get's, a cancelled consumer's) has those looked up one by one.
+        """
         unacked = {}
         for connection in broker.connections:
             for channel in connection.channels.values():
-                for consumer in channel.consumers.values():
+                consumers = channel.consumers
+                counted = 0
+                for consumer in consumers.values():
                     key = consumer.queue.key
                     unacked[key] = unacked.get(key, 0) + consumer.unacked
-                if channel.unacked_count > channel.consumer_unacked:  # some basic.get deliveries not acked
+                    counted += consumer.unacked
+                if channel.unacked_count > counted:
                     for entry in channel.unacked_deliveries.values():
-                        if entry.consumer is None:
+                        consumer = entry.consumer
+                        if consumer is None or consumers.get(consumer.tag) is not consumer:
                             key = entry.queue.key
                             unacked[key] = unacked.get(key, 0) + 1
         return unacked

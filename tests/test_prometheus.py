@@ -64,7 +64,7 @@ def test_queue_depths_connections_and_message_totals(broker):
     channel.basic_publish("", "metrics.nowhere", b"dropped")
     channel.basic_qos(prefetch_count=2)
     deliveries = []
-    channel.basic_consume("metrics.jobs", lambda ch, method, properties, body: deliveries.append(method))
+    tag = channel.basic_consume("metrics.jobs", lambda ch, method, properties, body: deliveries.append(method))
     connection.process_data_events(time_limit=0)
     while len(deliveries) < 2:
         connection.process_data_events(time_limit=1)
@@ -107,6 +107,10 @@ def test_queue_depths_connections_and_message_totals(broker):
     assert grew("rabbitmq_global_messages_acknowledged_total") == 1
     assert value(aggregated, "rabbitmq_connections_opened_total") >= 1
 
+    channel.basic_cancel(tag)  # its deliveries stay un-acked, and counted
+    cancelled = scrape(broker, "/metrics/per-object")
+    assert value(cancelled, "rabbitmq_queue_messages_unacked", **queue) == 3
+    assert value(cancelled, "rabbitmq_queue_consumers", **queue) == 0
     returner = connection.channel()
     returner.basic_publish("", "metrics.nowhere", b"returned", mandatory=True)
     connection.process_data_events(time_limit=0)
