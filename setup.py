@@ -45,6 +45,7 @@ setup(
         PROTOBUF_RUNTIME,
         "zope.interface>=6",
         "pamqp>=3.3",
+        "prometheus_client>=0.17",  # --prometheus: the metrics' exposition format, and its parser in the tests
     ],
     extras_require={
         "test": TEST_REQUIREMENTS,

@@ -13,10 +13,13 @@ C{write_batch} returns (given to C{_batch_written}).
 """
 
 from twisted.internet import defer
+from zope.interface import implementer
 
 from brokerd.durability import GroupCommit
+from brokerd.interfaces import ITimedCommits
 
 
+@implementer(ITimedCommits)
 class WriterThreadStore:
     """
     The open / sync / close half of a durable store.
@@ -77,6 +80,11 @@ class WriterThreadStore:
         if self._state != "open":
             return defer.fail(RuntimeError(f"the {self.name} store is not open"))
         return self._commit.sync()
+
+    def commit_times(self):
+        """The L{brokerd.durability.CommitTimes} of this store's commits (None before it opens)."""
+        commit = self._commit
+        return commit.commit_times if commit is not None else None
 
     def _commit_stats(self):
         """Commits and fsyncs so far, for stats()."""

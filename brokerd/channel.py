@@ -6,9 +6,11 @@ consume with prefetch limits, get, and settle deliveries with ack, nack, reject
 and recover. Protocol adapters translate frames into these calls and give the
 channel an L{IChannelPeer} to push deliveries, returns and confirms through.
 Errors are raised as L{brokerd.errors.BrokerError}s for the adapter to report.
-Its consumers (L{brokerd.consumer.Consumer}) are what its queues deliver to.
+Its consumers (L{brokerd.consumer.Consumer}) are what its queues deliver to;
+transactions (tx.select, commit, rollback) are L{brokerd.transactions}'.
 Each channel counts the messages it publishes, delivers and has acked
-(L{MESSAGE_COUNTERS}), one integer increment each, for its connection's totals.
+(L{MESSAGE_COUNTERS}), one integer increment each, for its connection's totals,
+and the unroutable publishes it drops or returns (counted on that path only).
 Every operation is checked against the user's permissions (L{brokerd.access.permissions}).
 """
 
@@ -25,15 +27,21 @@ from brokerd.model.names import check_short_string, generate_consumer_tag
 from brokerd.model.property_rules import check_arguments, check_properties
 from brokerd.model.replyto import REPLY_PREFIX, REPLY_QUEUE
 from brokerd.publisher_confirms import PublisherConfirms
+from brokerd.transactions import ChannelTransactions
 
 log = Logger()
 
 # The message counters every channel keeps (and its connection adds up), as RabbitMQ's
 # message_stats: publish, deliver_get (consumer deliveries and basic.get), redeliver and ack.
 MESSAGE_COUNTERS = ("messages_published", "messages_delivered", "messages_redelivered", "messages_acked")
+# What else a channel counts for the broker-wide metrics (RabbitMQ's global counters): unroutable
+# publishes dropped or returned (counted on that path only), and the publishes made and confirmed in
+# confirm mode (read from its publisher confirms, not counted per message).
+ROUTING_COUNTERS = ("messages_unroutable_dropped", "messages_unroutable_returned", "messages_received_confirm",
+                    "messages_confirmed")
 
 
-class Channel:
+class Channel(ChannelTransactions):
     """
     One open channel of a connection.
 
@@ -47,6 +55,8 @@ class Channel:
     @ivar messages_published: messages the vhost took (routed or not), transactional ones once committed.
     @ivar messages_redelivered: deliveries and gets of messages flagged redelivered.
     @ivar messages_acked: deliveries the client acked.
+    @ivar messages_unroutable_dropped: publishes no queue took, not mandatory (dropped).
+    @ivar messages_unroutable_returned: mandatory publishes no queue took (returned to the publisher).
     @ivar unacked_deliveries: delivery tag -> un-acked entry, in tag order.
     @ivar next_delivery_tag: the tag the next delivery or basic.get gets.
         These two and the counters are shared with the channel's consumers
@@ -68,6 +78,7 @@ class Channel:
         self.flow_active = True
         self.closed = False
         self.messages_published = self.messages_redelivered = self.messages_acked = 0
+        self.messages_unroutable_dropped = self.messages_unroutable_returned = 0
         self.unacked_deliveries = OrderedDict()  # delivery tag -> QueuedMessage, in tag order
         self.next_delivery_tag = 1
         self._last_queue_name = None
@@ -87,6 +98,16 @@ class Channel:
     def messages_delivered(self):
         """Messages handed to consumers or taken by basic.get: as many as the delivery tags given out."""
         return self.next_delivery_tag - 1
+
+    @property
+    def messages_received_confirm(self):
+        """Publishes made in confirm mode (each got a sequence number)."""
+        return self._confirms.published if self._confirms is not None else 0
+
+    @property
+    def messages_confirmed(self):
+        """Publishes in confirm mode whose confirm (ack or nack) was sent."""
+        return self._confirms.confirmed if self._confirms is not None else 0
 
     @property
     def unacked_count(self):
@@ -209,10 +230,14 @@ class Channel:
             sequence = confirms.next_sequence()
         routed, stored, refused = self.vhost.publish(message.exchange, message)
         self.messages_published += 1
-        if not routed and message.routing_key.startswith(REPLY_PREFIX) and not message.exchange:
-            self.connection.broker.replies.deliver(self.vhost, message)  # and RabbitMQ returns it if mandatory
-        if not routed and mandatory and not refused:
-            self.peer.returned(312, "NO_ROUTE", message)
+        if not routed:  # one test on the routed path, as before; the counting is on the unroutable one only
+            if reply := message.routing_key.startswith(REPLY_PREFIX) and not message.exchange:
+                self.connection.broker.replies.deliver(self.vhost, message)  # and RabbitMQ returns it if mandatory
+            if mandatory and not refused:
+                self.messages_unroutable_returned += 1
+                self.peer.returned(312, "NO_ROUTE", message)
+            elif not refused and not reply:
+                self.messages_unroutable_dropped += 1
         if confirms is not None:
             if refused:
                 confirms.confirm(sequence, ack=False)  # a full queue with x-overflow reject-publish said no
@@ -220,61 +245,6 @@ class Channel:
                 confirms.confirm_after_sync(sequence)
             else:
                 confirms.confirm(sequence)
-
-    # -- transactions
-
-    def tx_select(self):
-        """Put the channel in transaction mode: publishes and acks wait for commit."""
-        if self._confirms is not None:
-            raise PreconditionFailed("cannot switch from confirm to tx mode")
-        if self._transaction is None:
-            self._transaction = []
-
-    def tx_commit(self):
-        """Apply the transaction's publishes and acks, in the order they came; a new one begins."""
-        pending = self._pending_transaction()
-        self._transaction = None
-        self._release_transaction_bytes()  # the queues count the bodies they take from here on
-        try:
-            for operation, arguments in pending:
-                operation(*arguments)
-        finally:
-            self._transaction = []
-
-    def tx_rollback(self):
-        """Drop the transaction's publishes and acks (the deliveries stay un-acked); a new one begins."""
-        self._pending_transaction()
-        self._transaction = []
-        self._release_transaction_bytes()
-
-    @property
-    def transaction_bytes(self):
-        """Body bytes of the publishes waiting for tx.commit (counted against the watermark)."""
-        return self._transaction_bytes
-
-    def _hold_for_transaction(self, size):
-        """A publish waits for commit: its body counts against the memory watermark meanwhile."""
-        self._transaction_bytes += size
-        self.vhost.watermark.add(size)
-
-    def _release_transaction_bytes(self):
-        size, self._transaction_bytes = self._transaction_bytes, 0
-        if size:
-            self.vhost.watermark.release(size)
-
-    def _deferred_by_transaction(self, operation, arguments, delivery_tag, multiple):
-        """In tx mode, check C{delivery_tag} now and keep the settlement for commit."""
-        if self._transaction is None:
-            return False
-        if delivery_tag not in self.unacked_deliveries and not (multiple and delivery_tag == 0):
-            raise PreconditionFailed(f"unknown delivery tag {delivery_tag}")
-        self._transaction.append((operation, arguments))
-        return True
-
-    def _pending_transaction(self):
-        if self._transaction is None:
-            raise PreconditionFailed("channel is not transactional")
-        return self._transaction
 
     # -- consuming
 

@@ -23,7 +23,7 @@ import itertools
 
 from zope.interface import implementer
 
-from brokerd.channel import MESSAGE_COUNTERS, Channel
+from brokerd.channel import MESSAGE_COUNTERS, ROUTING_COUNTERS, Channel
 from brokerd.errors import InvalidChannel
 from brokerd.interfaces import IQueueOwner
 
@@ -107,7 +107,9 @@ class Connection:
         self.closer = None  # set by the protocol server: tells the client why the broker closes (close_by_broker)
         self.deliveries_paused = False
         self._closed_channel_counts = dict.fromkeys(MESSAGE_COUNTERS, 0)
+        self._closed_channel_routing = dict.fromkeys(ROUTING_COUNTERS, 0)
         broker.connections.add(self)
+        broker.counters.connections_opened += 1
 
     def __repr__(self):
         return f"<Connection {self.number} {self.name} {self.client_name!r} on vhost {self.vhost.name!r}>"
@@ -136,6 +138,9 @@ class Connection:
             counts = self._closed_channel_counts
             for counter in MESSAGE_COUNTERS:
                 counts[counter] += getattr(channel, counter)
+            routing = self._closed_channel_routing
+            for counter in ROUTING_COUNTERS:
+                routing[counter] += getattr(channel, counter)
 
     def consumers(self):
         """Every consumer of this connection's open channels, channel by channel in the order they started."""
@@ -153,6 +158,18 @@ class Connection:
         counts = dict(self._closed_channel_counts)
         for channel in self.channels.values():
             for counter in MESSAGE_COUNTERS:
+                counts[counter] += getattr(channel, counter)
+        return counts
+
+    def routing_counts(self):
+        """
+        The connection's other counters (L{brokerd.channel.ROUTING_COUNTERS}),
+        open and closed channels added up: unroutable publishes dropped and
+        returned, publishes made and confirmed in confirm mode.
+        """
+        counts = dict(self._closed_channel_routing)
+        for channel in self.channels.values():
+            for counter in ROUTING_COUNTERS:
                 counts[counter] += getattr(channel, counter)
         return counts
 
@@ -221,3 +238,4 @@ class Connection:
         for queue in list(self.exclusive_queues):
             self.vhost.delete_queue(queue.name)
         self.broker.connections.discard(self)
+        self.broker.counters.connection_closed(self)  # keeps its message counts in the broker's totals

@@ -21,8 +21,11 @@ buffers until C{take_batch} hands it over, the writer thread owns its files,
 and what a commit tells the store (positions reached, files removed, figures)
 comes back as the value C{write_batch} returns, handed to C{on_written} on the
 reactor thread. Time and scheduling come from the reactor given, never from
-the global one.
+the global one. Each commit's duration, on that reactor's clock, goes into the
+L{CommitTimes} histogram the metrics show.
 """
+
+import bisect
 
 from twisted.internet import defer, threads
 from twisted.internet.task import LoopingCall
@@ -79,6 +82,30 @@ class SyncPolicy:
         return f"SyncPolicy({str(self)!r})"
 
 
+COMMIT_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class CommitTimes:
+    """
+    How long a store's commits took, from the reactor's hand-over to the
+    writer thread until the reactor hears back (fsync included): the counts
+    per upper bound of L{COMMIT_SECONDS_BUCKETS} (not cumulative; the last one
+    counts the longer ones), their sum and their number, for a histogram metric.
+    """
+
+    def __init__(self, bounds=COMMIT_SECONDS_BUCKETS):
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total_seconds = 0.0
+        self.count = 0
+
+    def observe(self, seconds):
+        """One commit took C{seconds}."""
+        self.count += 1
+        self.total_seconds += seconds
+        self.counts[bisect.bisect_left(self.bounds, seconds)] += 1
+
+
 class GroupCommit:
     """
     Commits one store's batches on a writer thread, in order.
@@ -114,6 +141,7 @@ class GroupCommit:
         self._stopped = False
         self.commits = 0
         self.fsyncs = 0
+        self.commit_times = CommitTimes()
 
     def start(self):
         self._pool.start()
@@ -155,11 +183,12 @@ class GroupCommit:
         if fsync:
             self.fsyncs += 1
         running = self._running = self.call(self._write_batch, batch, fsync)
-        running.addBoth(self._committed, waiters)
+        running.addBoth(self._committed, waiters, self._reactor.seconds())
         return running
 
-    def _committed(self, result, waiters):
+    def _committed(self, result, waiters, started_at):
         self._running = None
+        self.commit_times.observe(self._reactor.seconds() - started_at)
         if not isinstance(result, Failure) and self._on_written is not None:
             try:
                 self._on_written(result)

@@ -5,7 +5,8 @@ reaches storage only through L{IMessageStore}, and every store hands messages
 back as one neutral L{MessageRecord}; a storage backend is found by name
 through L{IStoreBackend}, and a vhost with a store of its own has it built
 and opened by L{IVhostStores}. L{IDelayedMessageStore} is the storage half of
-delayed delivery (the C{x-delayed-message} exchange type). L{IChannelPeer} is
+delayed delivery (the C{x-delayed-message} exchange type); a durable store's
+commit times, for the metrics, come through L{ITimedCommits}. L{IChannelPeer} is
 what a protocol adapter gives a channel so the channel can push deliveries,
 returns and confirms to its client. The model calls up only through named
 roles: a queue serves an L{IConsumer}, an exclusive queue belongs to an
@@ -356,6 +357,16 @@ class IStoreBackend(Interface):
         @raise ValueError: if an option's value is not acceptable; the message
             names the option.
         """
+
+
+class ITimedCommits(Interface):
+    """
+    A store whose commits go through a L{brokerd.durability.GroupCommit}
+    (every durable backend's): how long they took, for the metrics.
+    """
+
+    def commit_times():
+        """The store's L{brokerd.durability.CommitTimes}, or None before it has opened."""
 
 
 class IVhostStores(Interface):

@@ -24,6 +24,16 @@ class PublisherConfirms:
         self._flush_call = None
         self._discarded = False
 
+    @property
+    def published(self):
+        """Publishes numbered so far."""
+        return self._last_sequence
+
+    @property
+    def confirmed(self):
+        """Publishes whose confirm (ack or nack) was sent to the client."""
+        return self._sent_through
+
     def next_sequence(self):
         self._last_sequence += 1
         return self._last_sequence

@@ -8,7 +8,8 @@ fails takes down that vhost alone, logged in one line), imports the
 C{--load-definitions} file if given (L{brokerd.definitions}) and tells
 every vhost its policies, before any
 listener accepts a client (AMQP plain and over TLS share one factory; a TLS
-endpoint is built by L{brokerd.endpoints.server_endpoint}), and on stop closes
+endpoint is built by L{brokerd.endpoints.server_endpoint}; the Prometheus
+metrics of L{brokerd.metrics} are one more listener), and on stop closes
 the listeners, then the clients' connections (L{brokerd.shutdown}: after the
 commits in flight are confirmed), then the stores; a SIGTERM stop then ends the
 process with exit status 0. A
@@ -32,6 +33,7 @@ from brokerd.amqp.server import AmqpServerFactory
 from brokerd.definitions import DefinitionsRefused, load_definitions_file
 from brokerd.endpoints import is_tls, server_endpoint
 from brokerd.freedmemory import FreedMemory
+from brokerd.metrics import metrics_site
 from brokerd.model.broker import Broker
 from brokerd.model.watermark import DEFAULT_HIGH_WATERMARK, MemoryWatermark
 from brokerd.native.server import DEFAULT_CHANNEL_MAX, DEFAULT_MAX_FRAME_SIZE, NativeServerFactory
@@ -103,8 +105,11 @@ class BrokerService(Service):
         access_defaults=None,
         vhost_stores=None,
         definitions_file=None,
+        prometheus_endpoint=None,
     ):
         """
+        @param prometheus_endpoint: where to serve the Prometheus metrics
+            (L{brokerd.metrics}), or None.
         @param vhost_stores: the L{brokerd.interfaces.IVhostStores} that
             builds the stores of vhosts created with a backend of their own
             (None: such vhosts are unavailable).
@@ -133,6 +138,9 @@ class BrokerService(Service):
             self.listeners.append(Listener(reactor, native_endpoint, factory, "native protocol", "native"))
         self.startup_report = startup_report  # a StartupReport: what the start-up log says
         self.access = authenticator.access if authenticator is not None else None
+        if prometheus_endpoint:
+            site = metrics_site(self.broker, self.access)
+            self.listeners.append(Listener(reactor, prometheus_endpoint, site, "Prometheus metrics", "prometheus"))
         self.users_file = authenticator.users_file if authenticator is not None else None
         self.access_defaults = access_defaults
         self.definitions_file = definitions_file
@@ -264,7 +272,8 @@ class BrokerService(Service):
         for listener in self.listeners:
             yield listener.stop()
         if self._serving:
-            factories = list(dict.fromkeys(listener.factory for listener in self.listeners))  # amqp, amqps share one
+            factories = list(dict.fromkeys(  # amqp, amqps share one; a web site has no clients to close
+                listener.factory for listener in self.listeners if hasattr(listener.factory, "close_connections")))
             yield close_clients(self.reactor, self.broker.stores(), factories)
         for connection in list(self.broker.connections):
             connection.close()

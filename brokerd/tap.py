@@ -28,6 +28,7 @@ MESSAGE_HEAD_ALLOWANCE = 1 << 20  # for a stored message's exchange, routing key
 DEFAULT_DATA_DIR = "./brokerd-data"
 DEFAULT_NATIVE = "tcp:5673:interface=127.0.0.1"
 DEFAULT_AMQP = "tcp:5672:interface=127.0.0.1"
+DEFAULT_PROMETHEUS = "tcp:15692:interface=127.0.0.1"  # the port of RabbitMQ's rabbitmq_prometheus plugin
 
 
 class Options(usage.Options):
@@ -76,6 +77,13 @@ class Options(usage.Options):
             DEFAULT_NATIVE,
             "Endpoint for the native protobuf protocol (an ssl: endpoint as for --amqps serves it over TLS);"
             " 'none' to disable it.",
+        ],
+        [
+            "prometheus",
+            None,
+            DEFAULT_PROMETHEUS,
+            "Endpoint for Prometheus metrics, at /metrics (aggregated) and /metrics/per-object (per queue),"
+            " with the names of RabbitMQ's rabbitmq_prometheus plugin; 'none' to disable it.",
         ],
         [
             "auth-mechanisms",
@@ -164,7 +172,7 @@ class Options(usage.Options):
             raise usage.UsageError(
                 f"--native-channel-max: {self['native-channel-max']!r} is not a positive number of channels"
             ) from None
-        for name in ("native", "amqp", "amqps"):
+        for name in ("native", "amqp", "amqps", "prometheus"):
             self[name] = _endpoint_option(reactor, name, self[name])
         if self["amqps"] is not None and not is_tls(self["amqps"]):
             raise usage.UsageError(f"--amqps: {self['amqps']!r} is not a TLS endpoint; use ssl:PORT:privateKey=...")
@@ -275,5 +283,6 @@ def makeService(options):
         vhost_stores=VhostStores(options["data-dir"], options["sync"], reactor),
         definitions_file=options["load-definitions"],
         memory_high_watermark=options["memory-high-watermark"],
+        prometheus_endpoint=options["prometheus"],
         startup_report=StartupReport(options["backend"], options["data-dir"], options["sync"], reactor),
     )

@@ -2,7 +2,8 @@
 cross-backend validation runs (as Twisted ships L{twisted.internet.testing}).
 
 L{BrokerProcess} starts the broker with the ``twistd`` script installed beside
-this Python, as users start it, with AMQP on a free port unless told otherwise;
+this Python, as users start it, with AMQP on a free port and no Prometheus
+metrics listener unless told otherwise;
 a thread drains its output (so a chatty broker never blocks on a full pipe),
 keeps every line, copies it to a log file if given one, and reads the ports the
 broker says it listens on. L{native_cli} runs the native command line.
@@ -61,7 +62,7 @@ class BrokerProcess:
         """
         @param args: the options of the brokerd subcommand; without an
             C{--amqp} option AMQP listens on a free loopback port, never on the
-            shared default one.
+            shared default one; without C{--prometheus} there are no metrics.
         @param cwd: the directory it runs in.
         @param env: its environment (default: this process's).
         @param twistd_args: options of twistd itself (e.g. C{--profile=FILE}).
@@ -70,6 +71,8 @@ class BrokerProcess:
         """
         if not any(arg.startswith("--amqp") for arg in args):
             args = [*args, "--amqp", "tcp:0:interface=127.0.0.1"]
+        if not any(arg.startswith("--prometheus") for arg in args):
+            args = [*args, "--prometheus", "none"]  # brokers run side by side: none takes the default port
         self.command = [*twistd_command(), *twistd_args, "-n", "--pidfile=", "brokerd", *args]
         self._cwd = cwd
         # Unbuffered: brokerd exits 0 on SIGTERM, but twistd ends by re-raising SIGINT, and a SIGKILL

@@ -62,7 +62,7 @@ def pika_parameters(broker, context, **options):
 
 def run_brokerd(cwd, *args):
     """A twistd brokerd that should not start, run to its end."""
-    command = [*twistd_command(), "-n", "--pidfile=", "brokerd", "--backend=memory", *args]
+    command = [*twistd_command(), "-n", "--pidfile=", "brokerd", "--backend=memory", "--prometheus=none", *args]
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=60)
 
 

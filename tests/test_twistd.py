@@ -105,6 +105,8 @@ def test_help_documents_every_option_with_its_default(tmp_path):
          " bytes; raise its chunk_size or lower --max-message-size"),
         (["--backend=chunked:chunk_size=1"], "--backend: backend 'chunked': option chunk_size must be at least 4096"),
         (["--native=tcp:99999"], "--native: 'tcp:99999' is not a valid endpoint: port 99999 is outside 0-65535"),
+        (["--prometheus=tcp:99999"],
+         "--prometheus: 'tcp:99999' is not a valid endpoint: port 99999 is outside 0-65535"),
         pytest.param(
             ["--amqp=ssl:5671:privateKey=server.pem"],
             "--amqp: 'ssl:5671:privateKey=server.pem' is not a valid endpoint: TLS support is not installed",

@@ -14,6 +14,7 @@ from twisted.logger import Logger
 
 from brokerd.errors import NotAllowed
 from brokerd.interfaces import IDelayedMessageStore, IPagingStore, QuarantinedRecord, StoreCorrupted
+from brokerd.model.counters import MessageCounters
 from brokerd.model.delayeddelivery import DelayScheduler
 from brokerd.model.message import Message
 from brokerd.model.replyto import ReplyConsumers
@@ -42,6 +43,8 @@ class Broker:
         L{twisted.internet.task.Clock} in tests).
     @ivar connections: the open client connections (L{brokerd.connection.Connection}),
         each with its client's facts, channels, consumers and counters.
+    @ivar counters: the L{MessageCounters}: connections opened and closed, and
+        the message counts of closed connections, for totals since start.
     """
 
     def __init__(self, store, clock, vhosts=(DEFAULT_VHOST,), watermark=None):
@@ -50,6 +53,7 @@ class Broker:
         self.watermark = watermark if watermark is not None else MemoryWatermark()
         self.vhosts = {}
         self.connections = set()
+        self.counters = MessageCounters()
         self.replies = ReplyConsumers()  # direct reply-to consumers, by the token in their reply name
         self.delays = DelayScheduler(self)
         self.own_stores = {}
