@@ -363,7 +363,10 @@ class Queue(QueueSettings):
         if self._unused is not None:
             self._unused.touch()
         if self.unavailable is None:
-            return self._take()
+            entry = self._take()
+            if self._ready.count <= self._alarm_below:
+                self.watch_backlog()
+            return entry
         return None
 
     def _take(self):
@@ -371,8 +374,6 @@ class Queue(QueueSettings):
         ready = self._ready
         while ready:
             entry = ready.popleft()
-            if ready.count <= self._alarm_below:
-                self.watch_backlog()
             if entry.message is None:
                 loaded = self._page_in(entry)
                 if loaded is None:
@@ -451,11 +452,13 @@ class Queue(QueueSettings):
         while ready:
             consumer = next_with_room()
             if consumer is None:
-                return
+                break
             entry = self._take()
             if entry is None:
-                return
+                break
             consumer.deliver(entry)
+        if ready.count <= self._alarm_below:
+            self.watch_backlog()
 
     # -- lifecycle
 
@@ -467,10 +470,7 @@ class Queue(QueueSettings):
             raise PreconditionFailed(f"queue {self.name!r} in vhost {self.vhost.name!r} not empty")
 
     def mark_deleted(self):
-        """Called by the vhost on delete: cancels consumers, drops messages.
-
-        @return: the number of ready messages dropped.
-        """
+        """Called by the vhost on delete: cancels consumers, drops messages; returns how many ready ones it dropped."""
         self.deleted = True
         count = len(self._ready)
         self._watermark.release(sum(map(_body_size, self._ready.in_memory())))
