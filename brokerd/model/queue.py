@@ -342,7 +342,7 @@ class Queue(QueueSettings):
         for entry in expired:
             self._ready_bytes -= _body_size(entry)
             self._died(entry, EXPIRED)
-        if ready.count <= self._alarm_below:
+        if self.backlog_alarmed and ready.count <= self._alarm_below:
             self.watch_backlog()
 
     def _drop_overflow(self):
@@ -364,7 +364,7 @@ class Queue(QueueSettings):
             self._unused.touch()
         if self.unavailable is None:
             entry = self._take()
-            if self._ready.count <= self._alarm_below:
+            if self.backlog_alarmed and self._ready.count <= self._alarm_below:
                 self.watch_backlog()
             return entry
         return None
@@ -457,7 +457,7 @@ class Queue(QueueSettings):
             if entry is None:
                 break
             consumer.deliver(entry)
-        if ready.count <= self._alarm_below:
+        if self.backlog_alarmed and ready.count <= self._alarm_below:
             self.watch_backlog()
 
     # -- lifecycle
