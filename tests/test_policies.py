@@ -2,7 +2,7 @@
 arguments, priority, apply-to, and policies that change while the objects exist."""
 
 from brokerd.model.policies import Policy
-from tests.support import open_channel, properties, publish, ready
+from tests.support import make_broker, open_channel, properties, publish, ready
 from tests.test_queue_limits import dead, drain, outcomes, with_dead_letters
 
 
@@ -246,3 +246,16 @@ def test_a_changed_definition_under_the_same_name_applies(broker):
     set_policies(broker, policy({"max-length": 2}))
     set_policies(broker, policy({"max-length": 3}))
     assert queue_of(broker).policy.max_length == 3
+
+
+def test_queues_and_exchanges_restored_at_start_get_their_policies():
+    broker, _ = make_broker()
+    channel, _ = open_channel(broker)
+    channel.exchange_declare("main", "direct", durable=True)
+    channel.queue_declare("q", durable=True)
+    restarted, _ = make_broker(broker.store)
+    vhost = restarted.vhost("/")
+    vhost.set_policies([policy({"max-length": 2}), policy({"alternate-exchange": "ae"}, name="x", pattern="^main$")])
+    restarted.recover()
+    assert (vhost.queues["q"].applied_policy.name, vhost.queues["q"].policy.max_length) == ("p", 2)
+    assert vhost.exchanges["main"].alternate_exchange == "ae"
