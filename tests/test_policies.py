@@ -2,6 +2,7 @@
 arguments, priority, apply-to, and policies that change while the objects exist."""
 
 from brokerd.model.policies import Policy
+from brokerd.model.policy_effects import definition_problem
 from tests.support import make_broker, open_channel, properties, publish, ready
 from tests.test_queue_limits import dead, drain, outcomes, with_dead_letters
 
@@ -259,3 +260,10 @@ def test_queues_and_exchanges_restored_at_start_get_their_policies():
     restarted.recover()
     assert (vhost.queues["q"].applied_policy.name, vhost.queues["q"].policy.max_length) == ("p", 2)
     assert vhost.exchanges["main"].alternate_exchange == "ae"
+
+
+def test_rabbitmqs_validation_text_for_a_bad_value():
+    assert definition_problem({"max-length": 5, "ha-mode": "all", "queue-mode": "whatever"}) is None
+    assert definition_problem({"max-length": -1}) == "-1 is not a valid maximum length"
+    assert definition_problem({"message-ttl": "soon"}) == '<<"soon">> is not a valid message TTL'
+    assert definition_problem({"alternate-exchange": 7}) == "7 is not a valid alternate exchange name"

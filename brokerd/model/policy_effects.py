@@ -17,8 +17,9 @@ argument wins; ``overflow`` and ``expires`` go to the queue's argument on
 classic queues (``expires``: the lower value) and to the policy on quorum
 queues. An exchange's own ``alternate-exchange`` argument wins over the
 policy's (rabbit_policy:get_arg/3). A value RabbitMQ's validation would
-refuse (rabbit_policies:validate_policy0/2), and any other key, is kept in
-the definition but not applied.
+refuse (rabbit_policies:validate_policy0/2; L{definition_problem} gives its
+text, for those who refuse such a policy as RabbitMQ does), and any other key,
+is kept in the definition but not applied.
 """
 
 import copy
@@ -26,7 +27,7 @@ import re
 
 from twisted.logger import Logger
 
-from brokerd.model.arguments import OVERFLOW_MODES
+from brokerd.model.arguments import OVERFLOW_MODES, erlang_term
 
 log = Logger()
 
@@ -132,6 +133,34 @@ class VhostPolicies:
             if policy.apply_to in ("all", "exchanges") and pattern.search(name):
                 return policy
         return None
+
+
+# What RabbitMQ's validation says of a bad value (rabbit_policies:validate_policy0/2), for the keys applied here.
+_REFUSALS = {
+    "message-ttl": "is not a valid message TTL",
+    "expires": "is not a valid queue expiry",
+    "max-length": "is not a valid maximum length",
+    "max-length-bytes": "is not a valid maximum length in bytes",
+    "overflow": "is not a valid overflow value",
+    "dead-letter-exchange": "is not a valid dead letter exchange name",
+    "dead-letter-routing-key": "is not a valid dead letter routing key",
+    "delivery-limit": "is not a valid delivery limit",
+    "backlog-alarm": "is not a valid backlog alarm",
+    "alternate-exchange": "is not a valid alternate exchange name",
+}
+
+
+def definition_problem(definition):
+    """
+    What RabbitMQ's validation would say of the first bad value in a policy
+    C{definition} among the keys brokerd applies (e.g. C{-1 is not a valid
+    maximum length}, the value as Erlang prints it), or None if they are all good.
+    """
+    for key, value in definition.items():
+        check = QUEUE_KEYS[key][1] if key in QUEUE_KEYS else EXCHANGE_KEYS.get(key)
+        if check is not None and not check(value):
+            return f"{erlang_term(value)} {_REFUSALS[key]}"
+    return None
 
 
 def unapplied_keys(policy):
