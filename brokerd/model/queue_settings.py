@@ -40,7 +40,10 @@ class QueueSettings:
         x-expires countdown from now.
         """
         previous, self.policy = self.policy, settings
-        self._pages = self.persisted and IPagingStore.providedBy(self._store) and not settings.needs_messages
+        paged, self._pages = self._pages, (self.persisted and IPagingStore.providedBy(self._store)
+                                           and not settings.needs_messages)
+        if paged and settings.max_length_bytes is not None and previous.max_length_bytes is None:
+            self._load_backlog()
         if settings.expires != previous.expires:
             if self._unused is not None:
                 self._unused.stop()
@@ -48,6 +51,21 @@ class QueueSettings:
         if settings.limited and settings.overflow == "drop-head":
             self._drop_overflow()
         self.watch_backlog()
+
+    def _load_backlog(self):
+        """Load the messages kept as handles only (a paging queue's backlog), so that a new byte limit counts
+        them: as a queue that must see its messages loads them when recovered."""
+        ready, loaded = self._ready, []
+        while ready:
+            entry = ready.popleft()
+            if entry.message is None:
+                outcome = self._page_in(entry)
+                if outcome is None:  # unreadable: quarantined, and gone from here
+                    continue
+                if outcome is False:  # the store failed: the entry is back at the head and the queue unavailable
+                    break
+            loaded.append(entry)
+        ready.extendleft(reversed(loaded))
 
     def touch(self):
         """The queue was declared again: it counts as used (x-expires)."""
