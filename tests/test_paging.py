@@ -26,6 +26,7 @@ from backends.chunked.format import (
 from brokerd.durability import SyncPolicy
 from brokerd.errors import NotFound, PreconditionFailed
 from brokerd.model.message import Message
+from brokerd.model.policies import Policy
 from brokerd.model.queue import PAGE_OUT_DEPTH
 from tests.support import make_broker, open_channel, properties
 
@@ -113,6 +114,15 @@ class Paging(unittest.TestCase):
             got.append((number, redelivered))
 
     # -- deep queues
+
+    @defer.inlineCallbacks
+    def test_a_byte_limit_a_policy_sets_on_a_deep_queue_counts_its_paged_backlog(self):
+        broker, _, channel, _ = yield self.started()
+        self.publish(channel, range(DEEP))
+        broker.vhost("/").set_policies([Policy("/", "bytes", "^jobs$", {"max-length-bytes": 1000 * SIZE})])
+        self.assertEqual(self.queue(broker).message_count, 1000)
+        self.assertEqual(broker.watermark.queued_bytes, 1000 * SIZE)
+        self.assertEqual(self.get_all(channel, no_ack=True), [(number, False) for number in range(DEEP - 1000, DEEP)])
 
     @defer.inlineCallbacks
     def test_a_deep_queue_holds_page_out_depth_bodies_and_basic_get_gives_every_message_in_order(self):

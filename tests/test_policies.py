@@ -11,16 +11,8 @@ from brokerd.access.management import NOT_AUTHORISED_OBJECT, NOT_AUTHORISED_VHOS
 from brokerd.access.policies import publish_all_policies
 from brokerd.errors import AccessRefused, NotFound, PreconditionFailed
 from brokerd.model.policies import Policy
-from brokerd.model.vhost import VirtualHost
 from tests.support import make_broker
 from tests.test_access_management import on_disk, run
-
-
-class PolicyTakingVirtualHost(VirtualHost):
-    """A vhost that notes the policies it is told, as the model's does to apply them."""
-
-    def set_policies(self, policies):
-        self.told = list(policies)
 
 
 @pytest.fixture
@@ -36,7 +28,7 @@ def management(access):
     broker, _ = make_broker()
     broker.store.open()
     for name in access.vhosts:
-        broker.vhosts[name] = PolicyTakingVirtualHost(name, broker.store, broker.clock)
+        broker.add_vhost(name)
     return Management(broker, access)
 
 
@@ -88,23 +80,34 @@ def test_set_policy_stores_it_and_tells_the_vhost_its_policies(management, acces
     assert run(management, "set_policy", "ttl", "^t", '{"message-ttl": 500}', "2", "queues", vhost="team") == \
         Table((), [])
     assert on_disk(access).policies("team") == [Policy("team", "ttl", "^t", {"message-ttl": 500}, 2, "queues")]
-    assert management.broker.vhosts["team"].told == access.policies("team")
+    assert management.broker.vhosts["team"].policies == access.policies("team")
     run(management, "set_policy", "all", ".*", '{"max-length": 3}', vhost="team")
-    assert [policy.name for policy in management.broker.vhosts["team"].told] == ["ttl", "all"]
+    assert [policy.name for policy in management.broker.vhosts["team"].policies] == ["ttl", "all"]
     assert run(management, "list_policies", vhost="team") == Table(
         ("vhost", "name", "pattern", "apply-to", "definition", "priority"),
         [("team", "ttl", "^t", "queues", '{"message-ttl":500}', "2"),
          ("team", "all", ".*", "all", '{"max-length":3}', "0")])
     run(management, "clear_policy", "ttl", vhost="team")
-    assert management.broker.vhosts["team"].told == [Policy("team", "all", ".*", {"max-length": 3})]
-    assert not hasattr(management.broker.vhosts["/"], "told")  # other vhosts are not bothered
+    assert management.broker.vhosts["team"].policies == [Policy("team", "all", ".*", {"max-length": 3})]
+    assert management.broker.vhosts["/"].policies == []  # other vhosts are not bothered
+
+
+def test_a_policy_set_by_command_applies_to_the_vhosts_queues(management):
+    """The command reaches the model: a queue of that vhost, declared before or after, gets the policy's limit."""
+    team = management.broker.vhosts["team"]
+    team.declare_queue("before")
+    run(management, "set_policy", "cap", ".*", '{"max-length": 3}', vhost="team")
+    team.declare_queue("after")
+    assert [team.queues[name].policy.max_length for name in ("before", "after")] == [3, 3]
+    run(management, "clear_policy", "cap", vhost="team")
+    assert team.queues["before"].policy.max_length is None
 
 
 def test_every_vhost_is_told_its_policies_at_start(management, access):
     access.set_policy("/", "a", ".*", {"max-length": 1})
     publish_all_policies(management.broker, access)
-    assert management.broker.vhosts["/"].told == [Policy("/", "a", ".*", {"max-length": 1})]
-    assert management.broker.vhosts["team"].told == []
+    assert management.broker.vhosts["/"].policies == [Policy("/", "a", ".*", {"max-length": 1})]
+    assert management.broker.vhosts["team"].policies == []
 
 
 @pytest.mark.parametrize(

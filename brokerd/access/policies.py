@@ -63,15 +63,13 @@ def parse_definition(text):
 def publish_policies(broker, access, vhost_name):
     """
     Tell the running broker's vhost C{vhost_name} its policies now (all of
-    them, highest priority first); a vhost not being served (unknown, or its
-    store down) has nothing to tell, nor has a model without
-    C{VirtualHost.set_policies}.
+    them, highest priority first), which it applies to its queues and
+    exchanges; a vhost not being served (unknown, or its store down) has
+    nothing to tell.
     """
     vhost = broker.vhosts.get(vhost_name)
-    set_policies = getattr(vhost, "set_policies", None)  # None: not served, or a model that applies none
-    if set_policies is None:
-        return
-    set_policies(access.policies(vhost_name))
+    if vhost is not None:
+        vhost.set_policies(access.policies(vhost_name))
 
 
 def publish_all_policies(broker, access):

@@ -2,8 +2,10 @@
 
 RabbitMQ users pass these as ``x-`` arguments; a value of the wrong type or
 out of range is refused with 406 PRECONDITION_FAILED naming the argument, as
-RabbitMQ does, and an unknown ``x-`` argument is kept but has no effect. Which
-queue types and arguments a new queue may have is L{brokerd.model.queue_types}'s.
+RabbitMQ does, and an unknown ``x-`` argument is kept but has no effect
+(``x-backlog-alarm`` is brokerd's own). Which queue types and arguments a new
+queue may have is L{brokerd.model.queue_types}'s; how a policy's keys merge
+with these into a queue's effective settings, L{brokerd.model.policy_effects}'s.
 """
 
 import datetime
@@ -30,6 +32,8 @@ class QueueArguments:
     @ivar delivery_limit: returns a message may have before it is dead-lettered, or None.
     @ivar quorum: True for a quorum queue (x-queue-type quorum).
     @ivar single_active_consumer: True if one consumer at a time gets messages.
+    @ivar backlog_alarm: ready messages above which the queue's backlog alarm goes off
+        (x-backlog-alarm, brokerd's own), or None.
     """
 
     def __init__(self, arguments, queue_name="", vhost_name=""):
@@ -51,6 +55,7 @@ class QueueArguments:
         self.delivery_limit = self._whole(get("x-delivery-limit"), "x-delivery-limit", 0)
         self.quorum = get("x-queue-type") == "quorum"
         self.single_active_consumer = get("x-single-active-consumer") is True
+        self.backlog_alarm = self._whole(get("x-backlog-alarm"), "x-backlog-alarm", 0)
 
     @property
     def rabbitmq_type_module(self):

@@ -2,8 +2,9 @@
 
 A message dies when it is rejected or nacked without requeue, expires, is
 pushed out by a length limit, or is returned more often than the queue's
-delivery limit allows. If the queue has ``x-dead-letter-exchange``, a copy goes
-there, its ``x-death`` header saying why, as RabbitMQ writes it: a list of
+delivery limit allows. If the queue has a dead-letter exchange
+(``x-dead-letter-exchange`` or its policy's), a copy goes there, its
+``x-death`` header saying why, as RabbitMQ writes it: a list of
 tables, most recently updated first, one per (queue, reason), each with ``count``,
 ``reason``, ``queue``, ``time``, ``exchange``, ``routing-keys`` and, if the
 message had one, ``original-expiration`` (the copy loses its ``expiration``

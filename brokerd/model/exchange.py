@@ -53,6 +53,11 @@ class Exchange:
     Behaviour common to every exchange type; subclasses keep the routing index.
 
     @cvar type_name: the AMQP type string, e.g. C{"direct"}.
+    @ivar alternate_exchange: the name of the exchange a message this one
+        routes nowhere goes on to: its own C{alternate-exchange} argument, else
+        its policy's (see L{brokerd.model.policy_effects}), else None.
+    @ivar applied_policy: the vhost's L{brokerd.model.policies.Policy} that
+        applies to it, or None.
     """
 
     type_name = None
@@ -65,6 +70,9 @@ class Exchange:
         self.auto_delete = auto_delete
         self.internal = internal
         self.arguments = dict(arguments or {})
+        alternate = self.arguments.get("alternate-exchange")
+        self.alternate_exchange = alternate if isinstance(alternate, str) else None
+        self.applied_policy = None
         self.bindings = {}  # identity -> Binding, for every binding whose source this exchange is
         self.incoming = set()  # the bindings whose destination this exchange is
         self.forwards = None  # an index of this type over the bindings to exchanges, while there are any
@@ -381,8 +389,8 @@ def route_onwards(exchange, message, queues, exchanges):
         if matched:
             reached.update(dict.fromkeys(matched))
         elif not onward:
-            name = current.arguments.get("alternate-exchange")
-            alternate = exchanges.get(name) if isinstance(name, str) else None
+            name = current.alternate_exchange
+            alternate = exchanges.get(name) if name is not None else None
             onward = () if alternate is None else (alternate,)
         for destination in onward:
             if destination not in seen:

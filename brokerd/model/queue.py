@@ -14,6 +14,8 @@ when it reaches a consumer. A backlog then costs 8 bytes a message, not its
 body and an object.
 """
 
+from operator import attrgetter
+
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -24,6 +26,7 @@ from brokerd.model.consumers import QueueConsumers
 from brokerd.model.deadletter import DELIVERY_LIMIT, EXPIRED, MAXLEN, REJECTED, dead_letter
 from brokerd.model.expiry import MessageExpiry, UnusedExpiry
 from brokerd.model.message import Message, QueuedMessage
+from brokerd.model.queue_settings import QueueSettings
 from brokerd.model.ready import PriorityReady, ReadyList
 
 log = Logger()
@@ -32,7 +35,7 @@ PAGE_OUT_DEPTH = 2000  # ready messages a queue keeps in memory before it keeps 
 
 
 @implementer(IExpiringQueue)
-class Queue:
+class Queue(QueueSettings):
     """
     One queue of a virtual host. Above the model it calls only its consumers,
     as L{brokerd.interfaces.IConsumer}s.
@@ -44,6 +47,13 @@ class Queue:
         connection, so it never outlives a restart).
     @ivar deleted: set once the queue is deleted; late acks and requeues of its
         messages are then ignored.
+    @ivar own_settings: what its declare arguments ask (L{QueueArguments}).
+    @ivar policy: its effective settings: C{own_settings} merged with the
+        applied policy's keys (see L{brokerd.model.policy_effects}).
+    @ivar applied_policy: the vhost's L{brokerd.model.policies.Policy} that
+        applies to it, or None.
+    @ivar backlog_alarmed: True while more messages are ready than its
+        backlog alarm (C{policy.backlog_alarm}) allows.
     """
 
     def __init__(self, vhost, name, durable=False, owner=None, auto_delete=False, arguments=None):
@@ -55,7 +65,8 @@ class Queue:
         self.persisted = durable and owner is None
         self.auto_delete = auto_delete
         self.arguments = dict(arguments or {})
-        self.policy = QueueArguments(self.arguments, name, vhost.name)
+        self.own_settings = self.policy = QueueArguments(self.arguments, name, vhost.name)
+        self.applied_policy = None
         self.bindings = set()
         self.deleted = False
         self.unavailable = None  # why the store cannot serve this queue, if it cannot
@@ -72,6 +83,8 @@ class Queue:
         self._clock = vhost.clock
         self._expiry = MessageExpiry(self, vhost.clock)
         self._unused = UnusedExpiry(self, vhost.clock, self.policy.expires) if self.policy.expires else None
+        self.backlog_alarmed = False
+        self.watch_backlog()
 
     def _new_ready(self):
         if self.policy.max_priority is not None:
@@ -150,6 +163,8 @@ class Queue:
             self._drop_overflow()
         if ttl == 0 and self._ready:
             self.expire_due()
+        if self._ready.count > self._alarm_above:
+            self.watch_backlog()
 
     def _ttl_of(self, message):
         """The message's time to live here: the smaller of its own and the queue's, or None."""
@@ -192,6 +207,7 @@ class Queue:
         sequence = self._next_sequence
         self._ready.append_paged(handles, sequence, True)
         self._next_sequence = sequence + len(handles)
+        self.watch_backlog()
 
     def _page_in(self, entry):
         """
@@ -256,6 +272,7 @@ class Queue:
         if returned:
             self._ready.put_back(returned)
             self._ready_bytes += sum(map(_body_size, returned))
+            self.watch_backlog()
             self.dispatch()
 
     def returned(self, entry):
@@ -325,6 +342,8 @@ class Queue:
         for entry in expired:
             self._ready_bytes -= _body_size(entry)
             self._died(entry, EXPIRED)
+        if self.backlog_alarmed and ready.count <= self._alarm_below:
+            self.watch_backlog()
 
     def _drop_overflow(self):
         """x-overflow drop-head: a queue over its length limits loses its oldest messages."""
@@ -344,7 +363,10 @@ class Queue:
         if self._unused is not None:
             self._unused.touch()
         if self.unavailable is None:
-            return self._take()
+            entry = self._take()
+            if self.backlog_alarmed and self._ready.count <= self._alarm_below:
+                self.watch_backlog()
+            return entry
         return None
 
     def _take(self):
@@ -376,6 +398,7 @@ class Queue:
         """Drop every ready message (delivered, un-acked ones stay); returns how many went."""
         purged, self._ready = self._ready, self._new_ready()
         self._ready_bytes = 0
+        self.watch_backlog()
         self._watermark.release(sum(map(_body_size, purged.in_memory())))
         if self.persisted:
             handles = [handle for handle in purged.handles() if handle is not None]
@@ -387,11 +410,6 @@ class Queue:
         self._expiry.stop()
         if self._unused is not None:
             self._unused.stop()
-
-    def touch(self):
-        """The queue was declared again: it counts as used (x-expires)."""
-        if self._unused is not None:
-            self._unused.touch()
 
     # -- consumers
 
@@ -434,11 +452,13 @@ class Queue:
         while ready:
             consumer = next_with_room()
             if consumer is None:
-                return
+                break
             entry = self._take()
             if entry is None:
-                return
+                break
             consumer.deliver(entry)
+        if self.backlog_alarmed and ready.count <= self._alarm_below:
+            self.watch_backlog()
 
     # -- lifecycle
 
@@ -450,10 +470,7 @@ class Queue:
             raise PreconditionFailed(f"queue {self.name!r} in vhost {self.vhost.name!r} not empty")
 
     def mark_deleted(self):
-        """Called by the vhost on delete: cancels consumers, drops messages.
-
-        @return: the number of ready messages dropped.
-        """
+        """Called by the vhost on delete: cancels consumers, drops messages; returns how many ready ones it dropped."""
         self.deleted = True
         count = len(self._ready)
         self._watermark.release(sum(map(_body_size, self._ready.in_memory())))
@@ -471,8 +488,7 @@ class Queue:
             consumer.cancelled_by_broker()
 
 
-def _by_sequence(entry):
-    return entry.sequence
+_by_sequence = attrgetter("sequence")
 
 
 def _body_size(entry):

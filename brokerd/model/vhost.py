@@ -5,7 +5,9 @@ other attributes, passive checks, reserved ``amq.`` names, if-unused / if-empty
 deletes, exclusive ownership and auto-delete. Durable topology is written
 through to the store. A binding's destination is a queue or, for
 exchange-to-exchange bindings, another exchange; routing follows those from
-exchange to exchange (see L{VirtualHost.route_now}).
+exchange to exchange (see L{VirtualHost.route_now}). The vhost's policies
+(L{VirtualHost.set_policies}) apply to its queues and exchanges as they are
+declared and whenever the policies change (see L{brokerd.model.policy_effects}).
 """
 
 from brokerd.interfaces import IDelayedMessageStore
@@ -22,6 +24,7 @@ from brokerd.model.exchange import (
     make_exchange,
     route_onwards,
 )
+from brokerd.model.policy_effects import VhostPolicies, unapplied_keys
 from brokerd.model.names import check_not_reserved, check_short_string, generate_queue_name
 from brokerd.model.queue import Queue
 from brokerd.model.queue_types import check_declaration, comparable_arguments
@@ -47,6 +50,7 @@ class VirtualHost:
         vhost's queues runs on and which stamps publish times.
     @ivar exchanges: name -> exchange, the default exchange under C{""}.
     @ivar queues: name -> queue.
+    @ivar policies: its L{brokerd.model.policies.Policy} records, highest priority first.
     """
 
     def __init__(self, name, store, clock, watermark=None):
@@ -59,11 +63,32 @@ class VirtualHost:
         self.quorum_queues = 0  # how many: transient messages are stored only if some queue is one
         self.unavailable_queues = set()  # durable queues whose stored data is damaged
         self.delays = None  # the broker's DelayScheduler, for x-delayed-message exchanges
+        self._policies = VhostPolicies(name)
         for exchange_name, type_name in PREDECLARED_EXCHANGES.items():
             self.exchanges[exchange_name] = EXCHANGE_TYPES[type_name](self, exchange_name, durable=True)
 
     def __repr__(self):
         return f"<VirtualHost {self.name!r}>"
+
+    # -- policies
+
+    @property
+    def policies(self):
+        return self._policies.policies
+
+    def set_policies(self, policies):
+        """
+        Make C{policies} (L{brokerd.model.policies.Policy} records; those of
+        other vhosts are ignored) the vhost's, replacing the ones it had, and
+        apply them to every queue and exchange now; the ones declared later
+        get theirs when declared.
+        """
+        self._policies = VhostPolicies(self.name, policies)
+        self._policies.apply_to_all(list(self.queues.values()), self.exchanges.values())
+
+    def unapplied_policy_keys(self, policy):
+        """The keys of C{policy}'s definition brokerd keeps but does not apply, sorted."""
+        return unapplied_keys(policy)
 
     # -- lookups
 
@@ -121,6 +146,7 @@ class VirtualHost:
         check_not_reserved("exchange", name)
         exchange = make_exchange(self, name, type_name, durable, auto_delete, internal, arguments)
         self.exchanges[name] = exchange
+        self._policies.apply_to_new_exchange(exchange)
         if durable:
             self.store.save_exchange(exchange_record(self.name, exchange))
         return exchange
@@ -204,6 +230,7 @@ class VirtualHost:
         check_declaration(name, self.name, durable, exclusive, auto_delete, arguments)
         queue = Queue(self, name, durable, connection if exclusive else None, auto_delete, arguments)
         self.queues[name] = queue
+        self._policies.apply_to_new_queue(queue)
         self.quorum_queues += queue.policy.quorum
         if exclusive and connection is not None:
             connection.own(queue)
@@ -365,7 +392,7 @@ class VirtualHost:
         """
         queues = exchange.route(message)
         delaying = ()
-        if exchange.forwards is not None or (not queues and "alternate-exchange" in exchange.arguments):
+        if exchange.forwards is not None or (not queues and exchange.alternate_exchange is not None):
             queues, delaying = route_onwards(exchange, message, queues, self.exchanges)
             if delaying:
                 milliseconds = delay_of(message)
@@ -425,11 +452,13 @@ class VirtualHost:
     def restore_exchange(self, name, type_name, auto_delete, internal, arguments):
         exchange = make_exchange(self, name, type_name, True, auto_delete, internal, arguments)
         self.exchanges[name] = exchange
+        self._policies.apply_to_new_exchange(exchange)
         return exchange
 
     def restore_queue(self, name, auto_delete, arguments):
         queue = Queue(self, name, durable=True, auto_delete=auto_delete, arguments=arguments)
         self.queues[name] = queue
+        self._policies.apply_to_new_queue(queue)
         self.quorum_queues += queue.policy.quorum
         return queue
 
