@@ -6,7 +6,8 @@ against through one authenticator, opens the store and recovers durable state,
 then opens and recovers the store of every vhost that has its own (one that
 fails takes down that vhost alone, logged in one line), before any
 listener accepts a client (AMQP plain and over TLS share one factory; a TLS
-endpoint is built by L{brokerd.endpoints.server_endpoint}), and on stop closes
+endpoint is built by L{brokerd.endpoints.server_endpoint}; the HTTP management
+API of L{brokerd.http} listens on C{--http}), and on stop closes
 the listeners, then the clients' connections (L{brokerd.shutdown}: after the
 commits in flight are confirmed), then the stores; a SIGTERM stop then ends the
 process with exit status 0. A
@@ -25,9 +26,12 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from brokerd.access.database import FULL_PERMISSIONS, AccessDatabaseDamaged
+from brokerd.access.login import AccessControl
+from brokerd.access.management import Management
 from brokerd.amqp.server import AmqpServerFactory
 from brokerd.endpoints import is_tls, server_endpoint
 from brokerd.freedmemory import FreedMemory
+from brokerd.http.server import ApiContext, make_site
 from brokerd.model.broker import Broker
 from brokerd.model.watermark import DEFAULT_HIGH_WATERMARK, MemoryWatermark
 from brokerd.native.server import DEFAULT_CHANNEL_MAX, DEFAULT_MAX_FRAME_SIZE, NativeServerFactory
@@ -98,6 +102,7 @@ class BrokerService(Service):
         startup_report=None,
         access_defaults=None,
         vhost_stores=None,
+        http_endpoint=None,
     ):
         """
         @param vhost_stores: the L{brokerd.interfaces.IVhostStores} that
@@ -128,10 +133,18 @@ class BrokerService(Service):
         self.access = authenticator.access if authenticator is not None else None
         self.users_file = authenticator.users_file if authenticator is not None else None
         self.access_defaults = access_defaults
+        if http_endpoint:
+            self.listeners.append(Listener(reactor, http_endpoint, self._management_site(), "HTTP API", "http"))
         self.started = defer.Deferred()
         self._store_opened = False
         self._serving = False
         self._first_access_start = False  # True when this start made the access database
+
+    def _management_site(self):
+        """The management API's site, over the same access database as the protocols (in memory without one)."""
+        access = self.access if self.access is not None else AccessControl().access
+        context = ApiContext(self.broker, access, Management(self.broker, access), self.listeners)
+        return make_site(context)
 
     def startService(self):
         Service.startService(self)

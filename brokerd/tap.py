@@ -28,6 +28,7 @@ MESSAGE_HEAD_ALLOWANCE = 1 << 20  # for a stored message's exchange, routing key
 DEFAULT_DATA_DIR = "./brokerd-data"
 DEFAULT_NATIVE = "tcp:5673:interface=127.0.0.1"
 DEFAULT_AMQP = "tcp:5672:interface=127.0.0.1"
+DEFAULT_HTTP = "tcp:15672:interface=127.0.0.1"  # RabbitMQ's management plugin's port
 
 
 class Options(usage.Options):
@@ -76,6 +77,13 @@ class Options(usage.Options):
             DEFAULT_NATIVE,
             "Endpoint for the native protobuf protocol (an ssl: endpoint as for --amqps serves it over TLS);"
             " 'none' to disable it.",
+        ],
+        [
+            "http",
+            None,
+            DEFAULT_HTTP,
+            "Endpoint for the HTTP management API (RabbitMQ's /api/..., basic authentication against the"
+            " broker's users); 'none' to disable it.",
         ],
         [
             "auth-mechanisms",
@@ -156,7 +164,7 @@ class Options(usage.Options):
             raise usage.UsageError(
                 f"--native-channel-max: {self['native-channel-max']!r} is not a positive number of channels"
             ) from None
-        for name in ("native", "amqp", "amqps"):
+        for name in ("native", "amqp", "amqps", "http"):
             self[name] = _endpoint_option(reactor, name, self[name])
         if self["amqps"] is not None and not is_tls(self["amqps"]):
             raise usage.UsageError(f"--amqps: {self['amqps']!r} is not a TLS endpoint; use ssl:PORT:privateKey=...")
@@ -258,6 +266,7 @@ def makeService(options):
         amqp_settings=options["amqp-settings"],
         access_defaults=options["access-defaults"],
         vhost_stores=VhostStores(options["data-dir"], options["sync"], reactor),
+        http_endpoint=options["http"],
         memory_high_watermark=options["memory-high-watermark"],
         startup_report=StartupReport(options["backend"], options["data-dir"], options["sync"], reactor),
     )

@@ -53,7 +53,7 @@ class BrokerProcess:
     @ivar process: the L{subprocess.Popen} of the current incarnation.
     @ivar output: every line the current incarnation printed so far (stdout
         and stderr together, without line ends).
-    @ivar listening: listener label (C{"AMQP"}, C{"native protocol"}) -> the
+    @ivar listening: listener label (C{"AMQP"}, C{"native protocol"}, C{"HTTP API"}) -> the
         client endpoint string C{tcp:HOST:PORT} it printed.
     """
 
@@ -61,7 +61,7 @@ class BrokerProcess:
         """
         @param args: the options of the brokerd subcommand; without an
             C{--amqp} option AMQP listens on a free loopback port, never on the
-            shared default one.
+            shared default one, and so does the HTTP API without C{--http}.
         @param cwd: the directory it runs in.
         @param env: its environment (default: this process's).
         @param twistd_args: options of twistd itself (e.g. C{--profile=FILE}).
@@ -70,6 +70,8 @@ class BrokerProcess:
         """
         if not any(arg.startswith("--amqp") for arg in args):
             args = [*args, "--amqp", "tcp:0:interface=127.0.0.1"]
+        if not any(arg.startswith("--http") for arg in args):
+            args = [*args, "--http", "tcp:0:interface=127.0.0.1"]
         self.command = [*twistd_command(), *twistd_args, "-n", "--pidfile=", "brokerd", *args]
         self._cwd = cwd
         # Unbuffered: brokerd exits 0 on SIGTERM, but twistd ends by re-raising SIGINT, and a SIGKILL

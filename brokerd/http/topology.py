@@ -1,0 +1,246 @@
+"""C{/api/queues}, C{/api/exchanges} and C{/api/bindings}: listing and changing a vhost's topology.
+
+Listings read the model directly (only the vhosts the user sees); changes go
+through a L{brokerd.http.operations.management_channel}, so permissions and
+equivalence checks are those of AMQP. Shapes and field names are RabbitMQ's.
+"""
+
+import zlib
+from urllib.parse import quote
+
+from brokerd.http.overview import unacked_by_queue
+from brokerd.http.operations import management_channel
+from brokerd.http.routes import bad_request, json_body, not_found, parse_bool, query_value
+from brokerd.http.server import Created
+
+DEFAULT_EXCHANGE = ""
+
+
+def _vhosts(api, vhost=None):
+    """The model vhosts to list: C{vhost} alone (checked), or every visible one."""
+    broker = api.context.broker
+    if vhost is not None:
+        return [api.model_vhost(vhost)]
+    return [broker.vhosts[name] for name in api.visible_vhosts() if name in broker.vhosts]
+
+
+def _arguments(body):
+    arguments = body.get("arguments") or {}
+    if not isinstance(arguments, dict):
+        raise bad_request("arguments must be a JSON object")
+    return arguments
+
+
+# -- queues
+
+def queue_info(api, queue, unacked):
+    ready = queue.message_count
+    pending = unacked.get(queue.key, 0)
+    return {
+        "name": queue.name,
+        "vhost": queue.vhost.name,
+        "durable": queue.durable,
+        "auto_delete": queue.auto_delete,
+        "exclusive": queue.exclusive,
+        "arguments": queue.arguments,
+        "type": "quorum" if queue.policy.quorum else "classic",
+        "node": api.context.node,
+        "state": "running" if queue.unavailable is None else "down",
+        "messages": ready + pending,
+        "messages_ready": ready,
+        "messages_unacknowledged": pending,
+        "consumers": queue.consumer_count,
+        "policy": None,
+        "exclusive_consumer_tag": None,
+    }
+
+
+def list_queues(api, vhost=None):
+    unacked = unacked_by_queue(api.context.broker)
+    return [queue_info(api, queue, unacked) for model in _vhosts(api, vhost)
+            for queue in sorted(model.queues.values(), key=lambda queue: queue.name)]
+
+
+def _queue(api, vhost, name):
+    queue = api.model_vhost(vhost).queues.get(name)
+    if queue is None:
+        raise not_found()
+    return queue
+
+
+def get_queue(api, vhost, name):
+    return queue_info(api, _queue(api, vhost, name), unacked_by_queue(api.context.broker))
+
+
+def put_queue(api, vhost, name):
+    body = json_body(api.request)
+    model = api.model_vhost(vhost)
+    created = name not in model.queues
+    with management_channel(api, vhost) as channel:
+        channel.queue_declare(name, durable=parse_bool(body.get("durable"), True),
+                              auto_delete=parse_bool(body.get("auto_delete")), arguments=_arguments(body))
+    return Created() if created else None
+
+
+def delete_queue(api, vhost, name):
+    _queue(api, vhost, name)
+    if_empty = parse_bool(query_value(api.request, "if-empty"))
+    if_unused = parse_bool(query_value(api.request, "if-unused"))
+    with management_channel(api, vhost) as channel:
+        channel.queue_delete(name, if_unused=if_unused, if_empty=if_empty)
+
+
+def purge_queue(api, vhost, name):
+    _queue(api, vhost, name)
+    with management_channel(api, vhost) as channel:
+        channel.queue_purge(name)
+
+
+# -- exchanges
+
+def exchange_info(exchange):
+    return {
+        "name": exchange.name,
+        "vhost": exchange.vhost.name,
+        "type": exchange.type_name,
+        "durable": exchange.durable,
+        "auto_delete": exchange.auto_delete,
+        "internal": exchange.internal,
+        "arguments": exchange.arguments,
+        "user_who_performed_action": "",
+        "policy": None,
+    }
+
+
+def list_exchanges(api, vhost=None):
+    return [exchange_info(exchange) for model in _vhosts(api, vhost)
+            for exchange in sorted(model.exchanges.values(), key=lambda exchange: exchange.name)]
+
+
+def _exchange(api, vhost, name):
+    exchange = api.model_vhost(vhost).exchanges.get(name)
+    if exchange is None:
+        raise not_found()
+    return exchange
+
+
+def get_exchange(api, vhost, name):
+    return exchange_info(_exchange(api, vhost, name))
+
+
+def put_exchange(api, vhost, name):
+    body = json_body(api.request)
+    type_name = body.get("type")
+    if not isinstance(type_name, str):
+        raise bad_request("[{key_missing,type}]")  # RabbitMQ's with_decode complaint
+    created = name not in api.model_vhost(vhost).exchanges
+    with management_channel(api, vhost) as channel:
+        channel.exchange_declare(name, type_name, durable=parse_bool(body.get("durable"), True),
+                                 auto_delete=parse_bool(body.get("auto_delete")),
+                                 internal=parse_bool(body.get("internal")), arguments=_arguments(body))
+    return Created() if created else None
+
+
+def delete_exchange(api, vhost, name):
+    _exchange(api, vhost, name)
+    if_unused = parse_bool(query_value(api.request, "if-unused"))
+    with management_channel(api, vhost) as channel:
+        channel.exchange_delete(name, if_unused=if_unused)
+
+
+# -- bindings
+
+def properties_key(routing_key, arguments):
+    """RabbitMQ's C{properties_key} of a binding: the routing key URL-quoted, "~" and a hash with arguments."""
+    if not arguments:
+        return quote(routing_key, safe="") if routing_key else "~"
+    digest = zlib.crc32(repr(sorted(arguments.items())).encode())
+    return f"{quote(routing_key, safe='')}~{digest:x}"
+
+
+def binding_info(vhost_name, source, destination, destination_type, routing_key, arguments):
+    return {"source": source, "vhost": vhost_name, "destination": destination, "destination_type": destination_type,
+            "routing_key": routing_key, "arguments": arguments, "properties_key": properties_key(routing_key,
+                                                                                                   arguments)}
+
+
+def _bindings(model):
+    """Every binding of a vhost as RabbitMQ lists them: the default exchange's implicit ones first."""
+    found = [binding_info(model.name, DEFAULT_EXCHANGE, name, "queue", name, {}) for name in sorted(model.queues)]
+    for exchange in sorted(model.exchanges.values(), key=lambda exchange: exchange.name):
+        for binding in exchange.bindings.values():
+            kind = "exchange" if binding.to_exchange else "queue"
+            found.append(binding_info(model.name, exchange.name, binding.destination.name, kind, binding.routing_key,
+                                      dict(binding.arguments or {})))
+    return found
+
+
+def list_bindings(api, vhost=None):
+    return [binding for model in _vhosts(api, vhost) for binding in _bindings(model)]
+
+
+def _between(api, vhost, source, kind, destination):
+    model = api.model_vhost(vhost)
+    if source not in model.exchanges or (destination not in (model.exchanges if kind == "exchange" else model.queues)):
+        raise not_found()
+    return [binding for binding in _bindings(model) if binding["source"] == source
+            and binding["destination"] == destination and binding["destination_type"] == kind]
+
+
+def bindings_to_queue(api, vhost, source, destination):
+    return _between(api, vhost, source, "queue", destination)
+
+
+def bindings_to_exchange(api, vhost, source, destination):
+    return _between(api, vhost, source, "exchange", destination)
+
+
+def _bind(api, vhost, source, kind, destination, prefix):
+    _between(api, vhost, source, kind, destination)
+    body = json_body(api.request)
+    routing_key = body.get("routing_key", "")
+    if not isinstance(routing_key, str):
+        raise bad_request("routing_key must be a string")
+    arguments = _arguments(body)
+    with management_channel(api, vhost) as channel:
+        if kind == "queue":
+            channel.queue_bind(destination, source, routing_key, arguments)
+        else:
+            channel.exchange_bind(destination, source, routing_key, arguments)
+    return Created("/api/bindings/" + "/".join(quote(part, safe="") for part in (
+        vhost, "e", source, prefix, destination, properties_key(routing_key, arguments))))
+
+
+def bind_queue(api, vhost, source, destination):
+    return _bind(api, vhost, source, "queue", destination, "q")
+
+
+def bind_exchange(api, vhost, source, destination):
+    return _bind(api, vhost, source, "exchange", destination, "e")
+
+
+def _binding(api, vhost, source, kind, destination, props):
+    for binding in _between(api, vhost, source, kind, destination):
+        if binding["properties_key"] == props:
+            return binding
+    raise not_found()
+
+
+def get_queue_binding(api, vhost, source, destination, props):
+    return _binding(api, vhost, source, "queue", destination, props)
+
+
+def get_exchange_binding(api, vhost, source, destination, props):
+    return _binding(api, vhost, source, "exchange", destination, props)
+
+
+def unbind_queue(api, vhost, source, destination, props):
+    binding = _binding(api, vhost, source, "queue", destination, props)
+    with management_channel(api, vhost) as channel:
+        channel.queue_unbind(destination, source, binding["routing_key"], binding["arguments"])
+
+
+def unbind_exchange(api, vhost, source, destination, props):
+    binding = _binding(api, vhost, source, "exchange", destination, props)
+    with management_channel(api, vhost) as channel:
+        channel.exchange_unbind(destination, source, binding["routing_key"], binding["arguments"])
