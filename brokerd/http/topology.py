@@ -6,7 +6,7 @@ equivalence checks are those of AMQP. Shapes and field names are RabbitMQ's.
 """
 
 import zlib
-from urllib.parse import quote
+from urllib.parse import quote, quote_plus, unquote
 
 from brokerd.http.overview import unacked_by_queue
 from brokerd.http.operations import management_channel
@@ -151,11 +151,21 @@ def delete_exchange(api, vhost, name):
 # -- bindings
 
 def properties_key(routing_key, arguments):
-    """RabbitMQ's C{properties_key} of a binding: the routing key URL-quoted, "~" and a hash with arguments."""
+    """
+    RabbitMQ's C{properties_key} of a binding (C{rabbit_mgmt_format:pack_binding_props}): "~" for
+    none, else the routing key quoted as a form value with its "%" quoted again, then "~" and a
+    hash of the arguments if it has any.
+    """
+    if not routing_key and not arguments:
+        return "~"
+    key = _quote_binding(routing_key)
     if not arguments:
-        return quote(routing_key, safe="") if routing_key else "~"
-    digest = zlib.crc32(repr(sorted(arguments.items())).encode())
-    return f"{quote(routing_key, safe='')}~{digest:x}"
+        return key
+    return f"{key}~{zlib.crc32(repr(sorted(arguments.items())).encode()):x}"
+
+
+def _quote_binding(text):
+    return quote_plus(text, safe="-_.~").replace("%", "%25")
 
 
 def binding_info(vhost_name, source, destination, destination_type, routing_key, arguments):
@@ -207,8 +217,8 @@ def _bind(api, vhost, source, kind, destination, prefix):
             channel.queue_bind(destination, source, routing_key, arguments)
         else:
             channel.exchange_bind(destination, source, routing_key, arguments)
-    return Created("/api/bindings/" + "/".join(quote(part, safe="") for part in (
-        vhost, "e", source, prefix, destination, properties_key(routing_key, arguments))))
+    path = "/".join(quote(part, safe="") for part in (vhost, "e", source, prefix, destination))
+    return Created(f"/api/bindings/{path}/{properties_key(routing_key, arguments)}")
 
 
 def bind_queue(api, vhost, source, destination):
@@ -221,7 +231,8 @@ def bind_exchange(api, vhost, source, destination):
 
 def _binding(api, vhost, source, kind, destination, props):
     for binding in _between(api, vhost, source, kind, destination):
-        if binding["properties_key"] == props:
+        # The key as it is (its segment quoted once more, as clients do) or as it comes in the Location header.
+        if props in (binding["properties_key"], unquote(binding["properties_key"])):
             return binding
     raise not_found()
 
