@@ -10,6 +10,7 @@ from twisted.internet import defer
 
 from brokerd.access.database import AccessChangeRefused
 from brokerd.access.passwords import HASHING_ALGORITHM, hash_password
+from brokerd.http.overview import unacked_by_queue
 from brokerd.http.routes import bad_request, json_body, not_found
 from brokerd.http.server import Created
 
@@ -24,20 +25,23 @@ def _answer(created):
 
 # -- vhosts
 
-def vhost_info(api, name):
+def vhost_info(api, name, unacked):
     broker = api.context.broker
     vhost = broker.vhosts.get(name)
     ready = sum(queue.message_count for queue in vhost.queues.values()) if vhost is not None else 0
+    pending = sum(count for (on, _), count in unacked.items() if on == name)
     return {"name": name, "description": "", "tags": [], "default_queue_type": "classic", "tracing": False,
-            "messages_ready": ready, "cluster_state": {api.context.node: "running" if vhost is not None else "stopped"}}
+            "messages": ready + pending, "messages_ready": ready, "messages_unacknowledged": pending,
+            "cluster_state": {api.context.node: "running" if vhost is not None else "stopped"}}
 
 
 def list_vhosts(api):
-    return [vhost_info(api, name) for name in sorted(api.visible_vhosts())]
+    unacked = unacked_by_queue(api.context.broker)
+    return [vhost_info(api, name, unacked) for name in sorted(api.visible_vhosts())]
 
 
 def get_vhost(api, vhost):
-    return vhost_info(api, api.vhost_named(vhost))
+    return vhost_info(api, api.vhost_named(vhost), unacked_by_queue(api.context.broker))
 
 
 def put_vhost(api, vhost):
