@@ -49,10 +49,15 @@ class Listener:
     """
     One endpoint string (the value of option C{--NAME}) and the factory serving
     it; logs the bound address, with "over TLS" after the label of a TLS one.
+
+    @ivar broker_clients: whether its factory's connections are broker clients
+        that a stop closes after their commits (AMQP, native), rather than
+        HTTP requests, which end with the reactor.
     """
 
-    def __init__(self, reactor, description, factory, label, option):
+    def __init__(self, reactor, description, factory, label, option, broker_clients=True):
         self.reactor = reactor
+        self.broker_clients = broker_clients
         self.description = description
         self.factory = factory
         self.label = f"{label} over TLS" if is_tls(description) else label
@@ -134,7 +139,8 @@ class BrokerService(Service):
         self.users_file = authenticator.users_file if authenticator is not None else None
         self.access_defaults = access_defaults
         if http_endpoint:
-            self.listeners.append(Listener(reactor, http_endpoint, self._management_site(), "HTTP API", "http"))
+            self.listeners.append(Listener(reactor, http_endpoint, self._management_site(), "HTTP API", "http",
+                                           broker_clients=False))
         self.started = defer.Deferred()
         self._store_opened = False
         self._serving = False
@@ -255,7 +261,8 @@ class BrokerService(Service):
         for listener in self.listeners:
             yield listener.stop()
         if self._serving:
-            factories = list(dict.fromkeys(listener.factory for listener in self.listeners))  # amqp, amqps share one
+            factories = list(dict.fromkeys(listener.factory for listener in self.listeners  # amqp, amqps share one
+                                           if listener.broker_clients))
             yield close_clients(self.reactor, self.broker.stores(), factories)
         for connection in list(self.broker.connections):
             connection.close()

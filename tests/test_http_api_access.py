@@ -11,7 +11,8 @@ from tests.httpapi import Api, segment
 def broker(tmp_path_factory):
     process = BrokerProcess(["--backend=memory", "--native", "none"], cwd=tmp_path_factory.mktemp("broker"))
     yield process
-    process.stop()
+    assert process.stop() == 0  # HTTP clients do not hold up a clean stop
+    assert not any("Traceback" in line for line in process.output)
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +129,8 @@ def test_users_with_password_or_hash_and_tags_log_in_over_amqp(broker, api):
     amqp(broker, "bob", "s3cret").close()  # the hash carried alice's password over
     bob = api.as_user("bob", "s3cret")
     assert bob.get("/api/whoami") == {"name": "bob", "tags": ["management", "policymaker"]}
-    assert bob.request("GET", "/api/users")[:2] == (401, {"error": "not_authorised", "reason": "Not administrator user"})
+    assert bob.request("GET", "/api/users")[:2] == (
+        401, {"error": "not_authorised", "reason": "Not administrator user"})
     assert bob.put("/api/vhosts/bobs")[0] == 401
     assert [vhost["name"] for vhost in bob.get("/api/vhosts")] == ["/"]
     assert {"user": "bob", "vhost": "/", "configure": "^bob-", "write": ".*", "read": ".*"} in \
@@ -148,3 +150,12 @@ def test_a_monitoring_user_sees_every_vhost(api):
     assert {"/", "monitored"} <= {vhost["name"] for vhost in carol.get("/api/vhosts")}
     assert carol.get("/api/nodes")[0]["running"] is True
     api.delete("/api/vhosts/monitored")
+
+
+def test_http_none_turns_the_api_off(tmp_path):
+    process = BrokerProcess(["--backend=memory", "--native", "none", "--http", "none"], cwd=tmp_path)
+    try:
+        process.wait_listening("AMQP")
+        assert "HTTP API" not in process.listening
+    finally:
+        assert process.stop() == 0

@@ -81,7 +81,8 @@ def test_publish_get_purge_and_delete_over_http(api):
     status, got = api.post("/api/queues/%2F/box/get", {"count": 1, "ackmode": "ack_requeue_false",
                                                       "encoding": "base64"})
     assert (got[0]["payload"], got[0]["payload_encoding"]) == (base64.b64encode(b"one").decode(), "base64")
-    assert api.get("/api/queues/%2F/box")["messages"] == 2
+    box = api.get("/api/queues/%2F/box")
+    assert (box["messages"], box["memory"]) == (2, len("two") + 2)
     assert api.delete("/api/queues/%2F/box?if-empty=true")[0] == 400
     assert api.delete("/api/queues/%2F/box/contents") == (204, None)
     assert api.get("/api/queues/%2F/box")["messages_ready"] == 0

@@ -50,6 +50,7 @@ def queue_info(api, queue, unacked):
         "messages_ready": ready,
         "messages_unacknowledged": pending,
         "consumers": queue.consumer_count,
+        "memory": queue.ready_bytes,
         "policy": None,
         "exclusive_consumer_tag": None,
     }

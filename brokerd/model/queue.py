@@ -91,6 +91,11 @@ class Queue:
     def consumer_count(self):
         return len(self._consumers)
 
+    @property
+    def ready_bytes(self):
+        """Body bytes of the ready messages in memory (paged-out ones not counted): the management API's C{memory}."""
+        return self._ready_bytes
+
     def __repr__(self):
         return f"<Queue {self.name!r} in vhost {self.vhost.name!r}>"
 
