@@ -1,10 +1,21 @@
 """The HTTP management API's queues, exchanges, bindings, messages and clients, on a real broker over real HTTP."""
 
 import base64
+import json
+import time
 
 import pika
 import pytest
+from twisted.internet.task import Clock
 
+from backends.memory import MemoryStore
+from brokerd.access.database import AccessDatabase
+from brokerd.http import topology
+from brokerd.http.routes import encode
+from brokerd.http.server import ApiContext, ApiRequest
+from brokerd.model.broker import Broker
+from brokerd.model.message import Message
+from brokerd.proto.messages_pb2 import BasicProperties
 from brokerd.testing import BrokerProcess
 from tests.httpapi import Api, segment
 
@@ -159,3 +170,25 @@ def test_connections_and_channels_are_listed_and_closed_with_a_reason(api, clien
         client.channel()
     assert (closed.value.reply_code, closed.value.reply_text) == (320, "CONNECTION_FORCED - go away")
     assert api.request("GET", "/api/connections/" + segment(connection["name"]))[0] == 404
+
+
+def test_the_queue_listing_is_the_queues_info_and_quick_with_ten_thousand_queues():
+    """The listing's cached parts give what L{topology.queue_info} gives, in under 100 ms for 10,000 queues."""
+    broker = Broker(MemoryStore(), Clock())
+    vhost = broker.vhosts["/"]
+    for number in range(10_000):
+        vhost.declare_queue(f"q{number:05}", arguments={"x-max-length": number})
+    vhost.publish("", Message("", "q00007", BasicProperties(), b"body"))
+    api = ApiRequest(ApiContext(broker, AccessDatabase.in_memory(), None), None, "guest")
+    listing = json.loads(encode(topology.list_queues(api)))
+    assert listing == [json.loads(encode(topology.queue_info(api, vhost.queues[name], {})))
+                       for name in sorted(vhost.queues)]
+    assert (listing[7]["messages"], listing[7]["memory"]) == (1, 4)
+    best = min(_timed(lambda: encode(topology.list_queues(api))) for _ in range(5))
+    assert best < 0.1, f"{best * 1000:.0f} ms"
+
+
+def _timed(work):
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started

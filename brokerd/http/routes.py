@@ -110,9 +110,23 @@ def json_body(request):
     return value
 
 
+class RawJson:
+    """An answer already encoded as JSON text (a long listing built from cached parts)."""
+
+    def __init__(self, text):
+        self.text = text
+
+
 def encode(value):
     """JSON bytes for an answer; bytes inside (AMQP table values) become text."""
+    if isinstance(value, RawJson):
+        return value.text.encode("utf-8")
     return json.dumps(value, default=_jsonable).encode("utf-8")
+
+
+def encode_text(value):
+    """L{encode} as text, for parts of a L{RawJson} answer."""
+    return json.dumps(value, default=_jsonable)
 
 
 def _jsonable(value):
