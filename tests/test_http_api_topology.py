@@ -57,13 +57,21 @@ def test_queues_declared_over_http_take_amqp_messages_and_show_their_depths(api,
     assert queue["arguments"] == {"x-max-length": 10}
     assert (queue["messages"], queue["messages_unacknowledged"], queue["consumers"], queue["state"]) == \
         (3, 3, 1, "running")
-    assert "depth" in [queue["name"] for queue in api.get("/api/queues")]
+    stats = queue["message_stats"]
+    assert (stats["publish"], stats["deliver_get"], stats["ack"]) == (3, 3, 0)
+    assert all(isinstance(stats[f"{name}_details"]["rate"], float) for name in ("publish", "deliver_get", "ack"))
+    [listed] = [queue for queue in api.get("/api/queues") if queue["name"] == "depth"]
+    assert (listed["messages"], listed["message_stats"]["deliver_get"]) == (3, 3)
     assert [queue["name"] for queue in api.get("/api/queues/%2F")] == sorted(q["name"] for q in api.get("/api/queues"))
     status, body = api.put("/api/queues/%2F/depth", {"durable": True})
     assert status == 400 and body["reason"].startswith("406 PRECONDITION_FAILED - ")
     [consumer] = [c for c in api.get("/api/consumers") if c["queue"]["name"] == "depth"]
     assert consumer["queue"] == {"name": "depth", "vhost": "/"} and consumer["ack_required"] is True
     assert consumer["channel_details"]["number"] == channel.channel_number and consumer["consumer_tag"]
+    channel.basic_ack(3, multiple=True)
+    channel.queue_declare("depth", passive=True)  # a round trip: the ack was taken
+    queue = api.get("/api/queues/%2F/depth")
+    assert (queue["messages"], queue["message_stats"]["ack"]) == (0, 3)
 
 
 def test_publish_get_purge_and_delete_over_http(api):

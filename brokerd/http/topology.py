@@ -50,6 +50,32 @@ def fixed_queue_info(api, queue):
     }
 
 
+# queue -> (time, published, delivered, acked) when last listed, for the rates
+_samples = weakref.WeakKeyDictionary()
+STATS_TEMPLATE = ('"message_stats":{"publish":%d,"publish_details":{"rate":%.1f},"deliver_get":%d,'
+                  '"deliver_get_details":{"rate":%.1f},"ack":%d,"ack_details":{"rate":%.1f}}')
+
+
+def _queue_stats(queue, now):
+    """C{(publish, rate, deliver_get, rate, ack, rate)}: the queue's counters and their rates since the last look."""
+    counts = (queue.messages_published, queue.messages_delivered, queue.messages_acked)
+    previous = _samples.get(queue)
+    _samples[queue] = (now, *counts)
+    if previous is None or now <= previous[0]:
+        rates = (0.0, 0.0, 0.0)
+    else:
+        elapsed = now - previous[0]
+        rates = tuple((count - before) / elapsed for count, before in zip(counts, previous[1:]))
+    return counts[0], rates[0], counts[1], rates[1], counts[2], rates[2]
+
+
+def message_stats(queue, now):
+    publish, publish_rate, deliver, deliver_rate, ack, ack_rate = _queue_stats(queue, now)
+    return {"publish": publish, "publish_details": {"rate": round(publish_rate, 1)}, "deliver_get": deliver,
+            "deliver_get_details": {"rate": round(deliver_rate, 1)}, "ack": ack,
+            "ack_details": {"rate": round(ack_rate, 1)}}
+
+
 def queue_info(api, queue, unacked):
     ready = queue.message_count
     pending = unacked.get(queue.key, 0)
@@ -61,6 +87,7 @@ def queue_info(api, queue, unacked):
         "messages_unacknowledged": pending,
         "consumers": queue.consumer_count,
         "memory": queue.ready_bytes,
+        "message_stats": message_stats(queue, api.context.broker.clock.seconds()),
     }
 
 
@@ -71,6 +98,7 @@ _fixed_json = weakref.WeakKeyDictionary()
 def list_queues(api, vhost=None):
     """Every visible queue as L{queue_info} gives it, built from cached parts (quick for thousands of queues)."""
     unacked = unacked_by_queue(api.context.broker)
+    now = api.context.broker.clock.seconds()
     parts = []
     for model in _vhosts(api, vhost):
         for name in sorted(model.queues):
@@ -81,9 +109,10 @@ def list_queues(api, vhost=None):
             ready = queue.message_count
             pending = unacked.get(queue.key, 0)
             parts.append('{%s,"state":"%s","messages":%d,"messages_ready":%d,"messages_unacknowledged":%d,'
-                         '"consumers":%d,"memory":%d}' % (fixed, "running" if queue.unavailable is None else "down",
+                         '"consumers":%d,"memory":%d,' % (fixed, "running" if queue.unavailable is None else "down",
                                                           ready + pending, ready, pending, queue.consumer_count,
-                                                          queue.ready_bytes))
+                                                          queue.ready_bytes)
+                         + STATS_TEMPLATE % _queue_stats(queue, now) + "}")
     return RawJson("[" + ",".join(parts) + "]")
 
 

@@ -12,6 +12,9 @@ C{PAGE_OUT_DEPTH} ready ones, and so do the entries recovered at start (runs
 of handles, see L{brokerd.model.ready}): the message is loaded from the store
 when it reaches a consumer. A backlog then costs 8 bytes a message, not its
 body and an object.
+
+A queue counts the messages enqueued, delivered (or got) and acked since
+start, one integer increment each, for the management API's message_stats.
 """
 
 from twisted.logger import Logger
@@ -67,6 +70,8 @@ class Queue:
         self._consumers = QueueConsumers(self.policy.single_active_consumer)
         self._exclusive_consumer = None
         self._next_sequence = 0
+        # Since start, for the management API's message_stats: messages enqueued, delivered or got, acked.
+        self.messages_published = self.messages_delivered = self.messages_acked = 0
         self._restored_at = None  # when recovered entries came back: their per-message TTLs count from then
         self._counts_before_restart = {}  # handle -> how often a recovered message had come back (x-delivery-count)
         self._clock = vhost.clock
@@ -134,6 +139,7 @@ class Queue:
         """Add a message at the tail and hand it to a consumer if one has room."""
         sequence = self._next_sequence
         self._next_sequence = sequence + 1
+        self.messages_published += 1
         ttl = self._ttl_of(message)
         if handle is not None and self._pages and ttl is None and len(self._ready) >= PAGE_OUT_DEPTH:
             self._ready.append_paged((handle,), sequence, redelivered)
@@ -368,11 +374,19 @@ class Queue:
             if entry.expires_at is not None and entry.expires_at < self._expiry.now():
                 self._died(entry, EXPIRED)
                 continue
+            self.messages_delivered += 1
             return entry
         return None
 
     def forget(self, entry):
         """The entry is done with (acked, or delivered without ack)."""
+        self._watermark.release(_body_size(entry))
+        if entry.handle is not None and not self.deleted:
+            self._store.ack(self.key, entry.handle)
+
+    def acked(self, entry):
+        """A delivered entry the client acked: counted, then done with as by L{forget} (inlined: the ack path)."""
+        self.messages_acked += 1
         self._watermark.release(_body_size(entry))
         if entry.handle is not None and not self.deleted:
             self._store.ack(self.key, entry.handle)
