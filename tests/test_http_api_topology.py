@@ -1,6 +1,7 @@
 """The HTTP management API's queues, exchanges, bindings, messages and clients, on a real broker over real HTTP."""
 
 import base64
+import contextlib
 import json
 import time
 
@@ -192,7 +193,7 @@ def test_the_queue_listing_is_the_queues_info_and_quick_with_ten_thousand_queues
     assert listing == [json.loads(encode(topology.queue_info(api, vhost.queues[name], {})))
                        for name in sorted(vhost.queues)]
     assert (listing[7]["messages"], listing[7]["memory"]) == (1, 4)
-    best = min(_timed(lambda: encode(topology.list_queues(api))) for _ in range(5))
+    best = min(_timed(lambda: encode(topology.list_queues(api))) for _ in range(10))  # the best: load aside
     assert best < 0.1, f"{best * 1000:.0f} ms"
 
 
@@ -200,3 +201,26 @@ def _timed(work):
     started = time.perf_counter()
     work()
     return time.perf_counter() - started
+
+
+def test_a_management_user_sees_and_closes_only_its_own_connections(broker, api, client):
+    api.put("/api/users/watcher", {"password": "pw", "tags": "management"})
+    api.put("/api/permissions/%2F/watcher", {"configure": ".*", "write": ".*", "read": ".*"})
+    watcher = api.as_user("watcher", "pw")
+    host, port = broker.wait_address("AMQP")
+    own = pika.BlockingConnection(pika.ConnectionParameters(
+        host, port, credentials=pika.PlainCredentials("watcher", "pw"), connection_attempts=1, socket_timeout=10))
+    try:
+        own.channel()
+        [mine] = watcher.get("/api/connections")
+        assert mine["user"] == "watcher" and watcher.get("/api/channels")[0]["user"] == "watcher"
+        assert {"guest", "watcher"} <= {connection["user"] for connection in api.get("/api/connections")}
+        [guests] = [c for c in api.get("/api/connections") if c["user"] == "guest"]
+        assert watcher.request("GET", "/api/connections/" + segment(guests["name"]))[0] == 401
+        assert watcher.delete("/api/connections/" + segment(guests["name"]))[0] == 401
+        assert watcher.delete("/api/connections/" + segment(mine["name"])) == (204, None)
+        assert client.is_open
+    finally:
+        with contextlib.suppress(pika.exceptions.AMQPError):
+            own.close()
+        api.delete("/api/users/watcher")

@@ -50,27 +50,33 @@ def fixed_queue_info(api, queue):
     }
 
 
-# queue -> (time, published, delivered, acked) when last listed, for the rates
-_samples = weakref.WeakKeyDictionary()
-STATS_TEMPLATE = ('"message_stats":{"publish":%d,"publish_details":{"rate":%.1f},"deliver_get":%d,'
-                  '"deliver_get_details":{"rate":%.1f},"ack":%d,"ack_details":{"rate":%.1f}}')
+# queue -> [JSON text of its fixed fields without braces (None until listed), then the time and its published,
+# delivered and acked counts when last looked at]: a listing of many queues encodes only their figures, and
+# rates are per second since the previous look
+_seen = weakref.WeakKeyDictionary()
+LISTED_TEMPLATE = ('{%s,"state":"%s","messages":%d,"messages_ready":%d,"messages_unacknowledged":%d,"consumers":%d,'
+                   '"memory":%d,"message_stats":{"publish":%d,"publish_details":{"rate":%.1f},"deliver_get":%d,'
+                   '"deliver_get_details":{"rate":%.1f},"ack":%d,"ack_details":{"rate":%.1f}}}')
 
 
 def _queue_stats(queue, now):
-    """C{(publish, rate, deliver_get, rate, ack, rate)}: the queue's counters and their rates since the last look."""
-    counts = (queue.messages_published, queue.messages_delivered, queue.messages_acked)
-    previous = _samples.get(queue)
-    _samples[queue] = (now, *counts)
-    if previous is None or now <= previous[0]:
-        rates = (0.0, 0.0, 0.0)
+    """The queue's L{_seen} entry and C{(publish, rate, deliver_get, rate, ack, rate)}: its counters and their
+    rates since the last look."""
+    published, delivered, acked = queue.messages_published, queue.messages_delivered, queue.messages_acked
+    seen = _seen.get(queue)
+    if seen is None:
+        seen = _seen[queue] = [None, now, published, delivered, acked]
+    elapsed = now - seen[1]
+    if elapsed > 0:
+        rates = ((published - seen[2]) / elapsed, (delivered - seen[3]) / elapsed, (acked - seen[4]) / elapsed)
     else:
-        elapsed = now - previous[0]
-        rates = tuple((count - before) / elapsed for count, before in zip(counts, previous[1:]))
-    return counts[0], rates[0], counts[1], rates[1], counts[2], rates[2]
+        rates = (0.0, 0.0, 0.0)
+    seen[1:] = now, published, delivered, acked
+    return seen, (published, rates[0], delivered, rates[1], acked, rates[2])
 
 
 def message_stats(queue, now):
-    publish, publish_rate, deliver, deliver_rate, ack, ack_rate = _queue_stats(queue, now)
+    _, (publish, publish_rate, deliver, deliver_rate, ack, ack_rate) = _queue_stats(queue, now)
     return {"publish": publish, "publish_details": {"rate": round(publish_rate, 1)}, "deliver_get": deliver,
             "deliver_get_details": {"rate": round(deliver_rate, 1)}, "ack": ack,
             "ack_details": {"rate": round(ack_rate, 1)}}
@@ -91,28 +97,23 @@ def queue_info(api, queue, unacked):
     }
 
 
-# queue -> the JSON text of its fixed fields, without braces: a listing of many queues encodes only their figures
-_fixed_json = weakref.WeakKeyDictionary()
-
-
 def list_queues(api, vhost=None):
     """Every visible queue as L{queue_info} gives it, built from cached parts (quick for thousands of queues)."""
     unacked = unacked_by_queue(api.context.broker)
     now = api.context.broker.clock.seconds()
     parts = []
     for model in _vhosts(api, vhost):
-        for name in sorted(model.queues):
-            queue = model.queues[name]
-            fixed = _fixed_json.get(queue)
-            if fixed is None:
-                fixed = _fixed_json[queue] = encode_text(fixed_queue_info(api, queue))[1:-1]
+        queues = model.queues
+        for name in sorted(queues):
+            queue = queues[name]
+            seen, stats = _queue_stats(queue, now)
+            if seen[0] is None:
+                seen[0] = encode_text(fixed_queue_info(api, queue))[1:-1]
             ready = queue.message_count
             pending = unacked.get(queue.key, 0)
-            parts.append('{%s,"state":"%s","messages":%d,"messages_ready":%d,"messages_unacknowledged":%d,'
-                         '"consumers":%d,"memory":%d,' % (fixed, "running" if queue.unavailable is None else "down",
-                                                          ready + pending, ready, pending, queue.consumer_count,
-                                                          queue.ready_bytes)
-                         + STATS_TEMPLATE % _queue_stats(queue, now) + "}")
+            parts.append(LISTED_TEMPLATE % (seen[0], "running" if queue.unavailable is None else "down",
+                                            ready + pending, ready, pending, queue.consumer_count, queue.ready_bytes,
+                                            *stats))
     return RawJson("[" + ",".join(parts) + "]")
 
 
