@@ -1,5 +1,9 @@
 """The HTTP management API's login, overview, vhosts, users and permissions, on a real broker over real HTTP."""
 
+import contextlib
+import ipaddress
+import socket
+
 import pika
 import pytest
 
@@ -157,5 +161,33 @@ def test_http_none_turns_the_api_off(tmp_path):
     try:
         process.wait_listening("AMQP")
         assert "HTTP API" not in process.listening
+    finally:
+        assert process.stop() == 0
+
+
+def non_loopback_address():
+    """An IPv4 address of this machine that is not a loopback one (no packet is sent), or None."""
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))
+        address = probe.getsockname()[0]
+        if not ipaddress.ip_address(address).is_loopback:
+            return address
+    return None
+
+
+def test_guest_may_use_the_api_from_loopback_only(tmp_path):
+    address = non_loopback_address()
+    if address is None:
+        pytest.skip("this machine has no address but loopback ones")
+    process = BrokerProcess(["--backend=memory", "--native", "none", "--http", "tcp:0:interface=0.0.0.0"],
+                            cwd=tmp_path)
+    try:
+        _, port = process.wait_address("HTTP API")
+        local = Api(f"tcp:127.0.0.1:{port}")
+        assert local.put("/api/users/remote", {"password": "pw", "tags": "administrator"}) == (201, None)
+        remote = Api(f"tcp:{address}:{port}")
+        assert remote.request("GET", "/api/whoami")[:2] == (
+            401, {"error": "not_authorised", "reason": "User can only log in via localhost"})
+        assert remote.as_user("remote", "pw").get("/api/whoami")["name"] == "remote"
     finally:
         assert process.stop() == 0
