@@ -7,12 +7,17 @@ A PUT answers 201 when it created the object and 204 when it changed one.
 """
 
 from twisted.internet import defer
+from twisted.logger import Logger
 
 from brokerd.access.database import AccessChangeRefused
+from brokerd.access.management import format_tags
 from brokerd.access.passwords import HASHING_ALGORITHM, hash_password
 from brokerd.http.overview import unacked_by_queue
 from brokerd.http.routes import bad_request, json_body, not_found
 from brokerd.http.server import Created
+
+
+log = Logger()
 
 
 def _run(api, command, *arguments, vhost=None):
@@ -114,6 +119,8 @@ def put_user(api, name):
         raise bad_request(str(problem)) from None
     except OSError as problem:
         raise bad_request(f"the change could not be saved: {problem}") from None
+    log.info("{what} user '{name}' with tags {tags} (by user '{acting_user}')", what="Created" if created else "Updated",
+             name=name, tags=format_tags(tags), acting_user=api.user)
     return defer.succeed(_answer(created))
 
 

@@ -20,13 +20,13 @@ def _connections(api, vhost=None):
     return sorted(found, key=lambda connection: connection.name)
 
 
-def connection_info(connection):
+def connection_info(api, connection):
     peer_host, peer_port = connection.peer or (None, None)
     host, port = connection.local or (None, None)
     counts = connection.message_counts()
     return {
         "name": connection.name,
-        "node": "brokerd@localhost",
+        "node": api.context.node,
         "type": "network",
         "state": "running",
         "user": connection.user,
@@ -49,7 +49,7 @@ def connection_info(connection):
 
 
 def list_connections(api, vhost=None):
-    return [connection_info(connection) for connection in _connections(api, vhost)]
+    return [connection_info(api, connection) for connection in _connections(api, vhost)]
 
 
 def _connection(api, name):
@@ -64,7 +64,7 @@ def _connection(api, name):
 
 
 def get_connection(api, name):
-    return connection_info(_connection(api, name))
+    return connection_info(api, _connection(api, name))
 
 
 def close_connection(api, name):
@@ -75,12 +75,12 @@ def close_connection(api, name):
     connection.close_by_broker(ConnectionForced(reason))
 
 
-def channel_info(channel):
+def channel_info(api, channel):
     connection = channel.connection
     return {
         "name": channel.name,
         "number": channel.id,
-        "node": "brokerd@localhost",
+        "node": api.context.node,
         "state": "running" if channel.flow_active else "flow",
         "user": connection.user,
         "vhost": connection.vhost.name,
@@ -96,7 +96,7 @@ def channel_info(channel):
 
 
 def list_channels(api, vhost=None):
-    return [channel_info(channel) for connection in _connections(api, vhost)
+    return [channel_info(api, channel) for connection in _connections(api, vhost)
             for channel in sorted(connection.channels.values(), key=lambda channel: channel.id)]
 
 
@@ -104,11 +104,11 @@ def get_channel(api, name):
     for connection in _connections(api):
         for channel in connection.channels.values():
             if channel.name == name:
-                return channel_info(channel)
+                return channel_info(api, channel)
     raise not_found()
 
 
-def consumer_info(consumer):
+def consumer_info(api, consumer):
     channel = consumer.channel
     return {
         "queue": {"name": consumer.queue.name, "vhost": consumer.queue.vhost.name},
@@ -117,7 +117,7 @@ def consumer_info(consumer):
                             "connection_name": channel.connection.name,
                             "peer_host": (channel.connection.peer or (None,))[0],
                             "peer_port": (channel.connection.peer or (None, None))[1],
-                            "user": channel.connection.user, "node": "brokerd@localhost"},
+                            "user": channel.connection.user, "node": api.context.node},
         "ack_required": not consumer.no_ack,
         "exclusive": consumer.exclusive,
         "prefetch_count": consumer.prefetch,
@@ -128,4 +128,4 @@ def consumer_info(consumer):
 
 
 def list_consumers(api, vhost=None):
-    return [consumer_info(consumer) for connection in _connections(api, vhost) for consumer in connection.consumers()]
+    return [consumer_info(api, consumer) for connection in _connections(api, vhost) for consumer in connection.consumers()]

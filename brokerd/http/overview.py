@@ -13,6 +13,7 @@ import socket
 import twisted
 
 from brokerd.channel import MESSAGE_COUNTERS
+from brokerd.http.routes import not_found
 
 MANAGEMENT_VERSION = "3.10.8"  # the RabbitMQ management API whose shapes this follows
 PRODUCT_NAME = "brokerd"
@@ -180,8 +181,6 @@ def nodes(api):
 def node(api, name):
     api.check_monitor()
     if name != api.context.node:
-        from brokerd.http.routes import not_found
-
         raise not_found()
     return node_info(api.context)
 

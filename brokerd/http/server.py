@@ -119,8 +119,11 @@ class ManagementApi(resource.Resource):
         self.router = Router(routes)
 
     def render(self, request):
+        gone = []  # set when the client hangs up before its answer is ready: nothing is sent then
+        request.notifyFinish().addErrback(lambda _: gone.append(True))
         d = defer.maybeDeferred(self._answer, request)
-        d.addCallbacks(lambda result: self._send(request, *result), lambda failure: self._fail(request, failure))
+        d.addCallbacks(lambda result: self._send(request, gone, *result),
+                       lambda failure: self._fail(request, gone, failure))
         return server.NOT_DONE_YET
 
     def _answer(self, request):
@@ -150,8 +153,8 @@ class ManagementApi(resource.Resource):
             raise not_authorised(NOT_MANAGEMENT_USER)
         return name
 
-    def _send(self, request, status, body, headers=None):
-        if request.finished or getattr(request, "_disconnected", False):
+    def _send(self, request, gone, status, body, headers=None):
+        if gone or request.finished:
             return
         request.setResponseCode(status)
         request.setHeader(b"cache-control", b"no-cache")
@@ -163,7 +166,7 @@ class ManagementApi(resource.Resource):
                 request.write(encode(body))
         request.finish()
 
-    def _fail(self, request, failure):
+    def _fail(self, request, gone, failure):
         problem = failure.value
         if isinstance(problem, BrokerError):
             problem = broker_error(problem)
@@ -171,7 +174,7 @@ class ManagementApi(resource.Resource):
             log.failure("management API request {method} {uri} failed", failure, method=request.method,
                         uri=request.uri)
             problem = ApiError(500, "internal_server_error", failure.getErrorMessage() or failure.type.__name__)
-        self._send(request, problem.status, problem.body, problem.headers)
+        self._send(request, gone, problem.status, problem.body, problem.headers)
 
 
 class Created:
