@@ -129,6 +129,10 @@ def test_exchanges_and_bindings_route_as_declared(api):
     [e2e] = api.get("/api/bindings/%2F/e/fan/e/logs")
     assert e2e["destination_type"] == "exchange"
     assert binding in api.get("/api/bindings/%2F") and e2e in api.get("/api/bindings")
+    assert [b["source"] for b in api.get("/api/queues/%2F/errors/bindings")] == ["", "logs"]
+    assert api.get("/api/exchanges/%2F/logs/bindings/source") == [binding]
+    assert api.get("/api/exchanges/%2F/logs/bindings/destination") == [e2e]
+    assert api.get("/api/exchanges/%2F/fan/bindings/source") == [e2e]
     assert api.post("/api/exchanges/%2F/fan/publish", {"properties": {}, "routing_key": "db.error",
                                                        "payload": "x", "payload_encoding": "string"})[1] == \
         {"routed": True}

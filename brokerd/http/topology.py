@@ -311,3 +311,23 @@ def unbind_exchange(api, vhost, source, destination, props):
     binding = _binding(api, vhost, source, "exchange", destination, props)
     with management_channel(api, vhost) as channel:
         channel.exchange_unbind(destination, source, binding["routing_key"], binding["arguments"])
+
+
+def queue_bindings(api, vhost, name):
+    """C{/api/queues/VHOST/NAME/bindings}: the bindings to a queue, the default exchange's first."""
+    _queue(api, vhost, name)
+    return [binding for binding in _bindings(api.model_vhost(vhost))
+            if binding["destination_type"] == "queue" and binding["destination"] == name]
+
+
+def exchange_bindings_from(api, vhost, name):
+    """C{/api/exchanges/VHOST/NAME/bindings/source}: the bindings whose source is the exchange."""
+    _exchange(api, vhost, name)
+    return [binding for binding in _bindings(api.model_vhost(vhost)) if binding["source"] == name]
+
+
+def exchange_bindings_to(api, vhost, name):
+    """C{/api/exchanges/VHOST/NAME/bindings/destination}: the bindings to the exchange."""
+    _exchange(api, vhost, name)
+    return [binding for binding in _bindings(api.model_vhost(vhost))
+            if binding["destination_type"] == "exchange" and binding["destination"] == name]
