@@ -77,6 +77,7 @@ def test_queues_declared_over_http_take_amqp_messages_and_show_their_depths(api,
 
 def test_publish_get_purge_and_delete_over_http(api):
     api.put("/api/queues/%2F/box", {"durable": True})
+    published_before = api.get("/api/overview")["message_stats"]["publish"]
     for payload in ("one", "two"):
         assert api.post("/api/exchanges/%2F/amq.default/publish", {
             "properties": {"delivery_mode": 2, "headers": {"k": "v"}, "content_type": "text/plain"},
@@ -88,6 +89,7 @@ def test_publish_get_purge_and_delete_over_http(api):
     assert api.post("/api/exchanges/%2F/amq.default/publish", {
         "properties": {}, "routing_key": "nowhere", "payload": "x", "payload_encoding": "string"}) == \
         (200, {"routed": False})
+    assert api.get("/api/overview")["message_stats"]["publish"] == published_before + 4
     status, got = api.post("/api/queues/%2F/box/get", {"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto"})
     assert status == 200
     assert got == [{"payload": "one", "payload_encoding": "string", "payload_bytes": 3, "redelivered": False,

@@ -53,3 +53,4 @@ def management_channel(api, vhost_name):
         raise broker_error(problem) from None
     finally:
         connection.close()
+        api.context.totals.count_closed(connection)

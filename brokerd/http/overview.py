@@ -1,8 +1,8 @@
 """C{/api/overview}, C{/api/whoami} and C{/api/nodes}: the broker at a glance, in RabbitMQ's shapes.
 
 Message figures add up the counters every connection keeps
-(L{brokerd.connection.Connection.message_counts}, closed connections
-included through L{MessageTotals}); rates are the change since the previous
+(L{brokerd.connection.Connection.message_counts}, closed connections and
+the management API's own publishes and gets included through L{MessageTotals}); rates are the change since the previous
 request that asked, per second, as RabbitMQ's C{*_details.rate}.
 """
 
@@ -44,6 +44,12 @@ class MessageTotals:
         self._seen = {}  # connection -> its counts when last looked at
         self._closed = dict.fromkeys(MESSAGE_COUNTERS, 0)
         self._previous = None  # (time, totals) of the previous look
+
+    def count_closed(self, connection):
+        """Add the counts of a connection that closed unseen (a management request's own)."""
+        counts = connection.message_counts()
+        for name in MESSAGE_COUNTERS:
+            self._closed[name] += counts[name]
 
     def totals(self, connections):
         current = {connection: connection.message_counts() for connection in connections}
