@@ -345,7 +345,7 @@ class Channel(ChannelTransactions):
         entries = self._take(delivery_tag, multiple)
         self.messages_acked += len(entries)
         for entry in entries:
-            entry.queue.forget(entry)
+            entry.queue.acked(entry)
         self._released(entries)
 
     def basic_nack(self, delivery_tag, multiple=False, requeue=True):

@@ -8,8 +8,9 @@ fails takes down that vhost alone, logged in one line), imports the
 C{--load-definitions} file if given (L{brokerd.definitions}) and tells
 every vhost its policies, before any
 listener accepts a client (AMQP plain and over TLS share one factory; a TLS
-endpoint is built by L{brokerd.endpoints.server_endpoint}; the Prometheus
-metrics of L{brokerd.metrics} are one more listener), and on stop closes
+endpoint is built by L{brokerd.endpoints.server_endpoint}; the HTTP management
+API of L{brokerd.http} listens on C{--http} and the Prometheus metrics of
+L{brokerd.metrics} on C{--prometheus}), and on stop closes
 the listeners, then the clients' connections (L{brokerd.shutdown}: after the
 commits in flight are confirmed), then the stores; a SIGTERM stop then ends the
 process with exit status 0. A
@@ -29,11 +30,14 @@ from twisted.logger import Logger
 
 from brokerd.access.database import FULL_PERMISSIONS, AccessDatabaseDamaged
 from brokerd.access.policies import publish_all_policies
+from brokerd.access.login import AccessControl
+from brokerd.access.management import Management
 from brokerd.amqp.server import AmqpServerFactory
 from brokerd.definitions import DefinitionsRefused, load_definitions_file
 from brokerd.endpoints import is_tls, server_endpoint
 from brokerd.freedmemory import FreedMemory
 from brokerd.metrics import metrics_site
+from brokerd.http.server import ApiContext, make_site
 from brokerd.model.broker import Broker
 from brokerd.model.watermark import DEFAULT_HIGH_WATERMARK, MemoryWatermark
 from brokerd.native.server import DEFAULT_CHANNEL_MAX, DEFAULT_MAX_FRAME_SIZE, NativeServerFactory
@@ -51,10 +55,15 @@ class Listener:
     """
     One endpoint string (the value of option C{--NAME}) and the factory serving
     it; logs the bound address, with "over TLS" after the label of a TLS one.
+
+    @ivar broker_clients: whether its factory's connections are broker clients
+        that a stop closes after their commits (AMQP, native), rather than
+        HTTP requests, which end with the reactor.
     """
 
-    def __init__(self, reactor, description, factory, label, option):
+    def __init__(self, reactor, description, factory, label, option, broker_clients=True):
         self.reactor = reactor
+        self.broker_clients = broker_clients
         self.description = description
         self.factory = factory
         self.label = f"{label} over TLS" if is_tls(description) else label
@@ -106,6 +115,7 @@ class BrokerService(Service):
         vhost_stores=None,
         definitions_file=None,
         prometheus_endpoint=None,
+        http_endpoint=None,
     ):
         """
         @param prometheus_endpoint: where to serve the Prometheus metrics
@@ -140,14 +150,24 @@ class BrokerService(Service):
         self.access = authenticator.access if authenticator is not None else None
         if prometheus_endpoint:
             site = metrics_site(self.broker, self.access)
-            self.listeners.append(Listener(reactor, prometheus_endpoint, site, "Prometheus metrics", "prometheus"))
+            self.listeners.append(Listener(reactor, prometheus_endpoint, site, "Prometheus metrics", "prometheus",
+                                           broker_clients=False))
         self.users_file = authenticator.users_file if authenticator is not None else None
         self.access_defaults = access_defaults
         self.definitions_file = definitions_file
+        if http_endpoint:
+            self.listeners.append(Listener(reactor, http_endpoint, self._management_site(), "HTTP API", "http",
+                                           broker_clients=False))
         self.started = defer.Deferred()
         self._store_opened = False
         self._serving = False
         self._first_access_start = False  # True when this start made the access database
+
+    def _management_site(self):
+        """The management API's site, over the same access database as the protocols (in memory without one)."""
+        access = self.access if self.access is not None else AccessControl().access
+        context = ApiContext(self.broker, access, Management(self.broker, access), self.listeners)
+        return make_site(context)
 
     def startService(self):
         Service.startService(self)
@@ -272,8 +292,8 @@ class BrokerService(Service):
         for listener in self.listeners:
             yield listener.stop()
         if self._serving:
-            factories = list(dict.fromkeys(  # amqp, amqps share one; a web site has no clients to close
-                listener.factory for listener in self.listeners if hasattr(listener.factory, "close_connections")))
+            factories = list(dict.fromkeys(listener.factory for listener in self.listeners  # amqp, amqps share one
+                                           if listener.broker_clients))
             yield close_clients(self.reactor, self.broker.stores(), factories)
         for connection in list(self.broker.connections):
             connection.close()

@@ -29,6 +29,7 @@ DEFAULT_DATA_DIR = "./brokerd-data"
 DEFAULT_NATIVE = "tcp:5673:interface=127.0.0.1"
 DEFAULT_AMQP = "tcp:5672:interface=127.0.0.1"
 DEFAULT_PROMETHEUS = "tcp:15692:interface=127.0.0.1"  # the port of RabbitMQ's rabbitmq_prometheus plugin
+DEFAULT_HTTP = "tcp:15672:interface=127.0.0.1"  # RabbitMQ's management plugin's port
 
 
 class Options(usage.Options):
@@ -84,6 +85,13 @@ class Options(usage.Options):
             DEFAULT_PROMETHEUS,
             "Endpoint for Prometheus metrics, at /metrics (aggregated) and /metrics/per-object (per queue),"
             " with the names of RabbitMQ's rabbitmq_prometheus plugin; 'none' to disable it.",
+        ],
+        [
+            "http",
+            None,
+            DEFAULT_HTTP,
+            "Endpoint for the HTTP management API (RabbitMQ's /api/..., basic authentication against the"
+            " broker's users); 'none' to disable it.",
         ],
         [
             "auth-mechanisms",
@@ -172,7 +180,7 @@ class Options(usage.Options):
             raise usage.UsageError(
                 f"--native-channel-max: {self['native-channel-max']!r} is not a positive number of channels"
             ) from None
-        for name in ("native", "amqp", "amqps", "prometheus"):
+        for name in ("native", "amqp", "amqps", "prometheus", "http"):
             self[name] = _endpoint_option(reactor, name, self[name])
         if self["amqps"] is not None and not is_tls(self["amqps"]):
             raise usage.UsageError(f"--amqps: {self['amqps']!r} is not a TLS endpoint; use ssl:PORT:privateKey=...")
@@ -282,6 +290,7 @@ def makeService(options):
         access_defaults=options["access-defaults"],
         vhost_stores=VhostStores(options["data-dir"], options["sync"], reactor),
         definitions_file=options["load-definitions"],
+        http_endpoint=options["http"],
         memory_high_watermark=options["memory-high-watermark"],
         prometheus_endpoint=options["prometheus"],
         startup_report=StartupReport(options["backend"], options["data-dir"], options["sync"], reactor),

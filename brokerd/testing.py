@@ -54,7 +54,7 @@ class BrokerProcess:
     @ivar process: the L{subprocess.Popen} of the current incarnation.
     @ivar output: every line the current incarnation printed so far (stdout
         and stderr together, without line ends).
-    @ivar listening: listener label (C{"AMQP"}, C{"native protocol"}) -> the
+    @ivar listening: listener label (C{"AMQP"}, C{"native protocol"}, C{"HTTP API"}) -> the
         client endpoint string C{tcp:HOST:PORT} it printed.
     """
 
@@ -62,7 +62,8 @@ class BrokerProcess:
         """
         @param args: the options of the brokerd subcommand; without an
             C{--amqp} option AMQP listens on a free loopback port, never on the
-            shared default one; without C{--prometheus} there are no metrics.
+            shared default one; without C{--prometheus} there are no metrics, and
+            the HTTP API listens on a free port without C{--http}.
         @param cwd: the directory it runs in.
         @param env: its environment (default: this process's).
         @param twistd_args: options of twistd itself (e.g. C{--profile=FILE}).
@@ -73,6 +74,8 @@ class BrokerProcess:
             args = [*args, "--amqp", "tcp:0:interface=127.0.0.1"]
         if not any(arg.startswith("--prometheus") for arg in args):
             args = [*args, "--prometheus", "none"]  # brokers run side by side: none takes the default port
+        if not any(arg.startswith("--http") for arg in args):
+            args = [*args, "--http", "tcp:0:interface=127.0.0.1"]
         self.command = [*twistd_command(), *twistd_args, "-n", "--pidfile=", "brokerd", *args]
         self._cwd = cwd
         # Unbuffered: brokerd exits 0 on SIGTERM, but twistd ends by re-raising SIGINT, and a SIGKILL

@@ -117,3 +117,9 @@ def test_migrate_benchmark_moves_a_store_and_reports_its_rates():
     assert (results["from"], results["to"], results["messages"]) == ("chunked", "sqlite", 2000)
     assert results["entries"] == 2200  # every 10th message is held by two queues
     assert results["copy_per_s"] > 0 and results["wall_mb_per_s"] > 0 and results["peak_rss_mib"] > 0
+
+
+def test_http_api_benchmark_lists_every_queue():
+    results = json.loads(run_benchmark("benchmarks.http_api", "--queues", "200", "--repeat", "2", "--json"))
+    assert (results["queues"], results["listed"]) == (200, 200)
+    assert results["fastest_ms"] > 0 and results["bytes"] > 0

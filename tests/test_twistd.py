@@ -73,6 +73,7 @@ def test_help_documents_every_option_with_its_default(tmp_path):
         ("--native=", "tcp:5673:interface=127.0.0.1"),
         ("--native-max-frame=", "134283264"),
         ("--amqp=", "tcp:5672:interface=127.0.0.1"),
+        ("--http=", "tcp:15672:interface=127.0.0.1"),
         ("--heartbeat=", "60"),
         ("--frame-max=", "131072"),
         ("--max-message-size=", "134217728"),
@@ -107,6 +108,7 @@ def test_help_documents_every_option_with_its_default(tmp_path):
         (["--native=tcp:99999"], "--native: 'tcp:99999' is not a valid endpoint: port 99999 is outside 0-65535"),
         (["--prometheus=tcp:99999"],
          "--prometheus: 'tcp:99999' is not a valid endpoint: port 99999 is outside 0-65535"),
+        (["--http=tcp:notaport"], "--http: 'tcp:notaport' is not a valid endpoint"),
         pytest.param(
             ["--amqp=ssl:5671:privateKey=server.pem"],
             "--amqp: 'ssl:5671:privateKey=server.pem' is not a valid endpoint: TLS support is not installed",

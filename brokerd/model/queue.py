@@ -12,6 +12,9 @@ C{PAGE_OUT_DEPTH} ready ones, and so do the entries recovered at start (runs
 of handles, see L{brokerd.model.ready}): the message is loaded from the store
 when it reaches a consumer. A backlog then costs 8 bytes a message, not its
 body and an object.
+
+A queue counts the messages enqueued, delivered (or got) and acked since
+start, one integer increment each, for the management API's message_stats.
 """
 
 from operator import attrgetter
@@ -78,6 +81,8 @@ class Queue(QueueSettings):
         self._consumers = QueueConsumers(self.policy.single_active_consumer)
         self._exclusive_consumer = None
         self._next_sequence = 0
+        # Since start, for the management API's message_stats: messages enqueued, delivered or got, acked.
+        self.messages_published = self.messages_delivered = self.messages_acked = 0
         self._restored_at = None  # when recovered entries came back: their per-message TTLs count from then
         self._counts_before_restart = {}  # handle -> how often a recovered message had come back (x-delivery-count)
         self._clock = vhost.clock
@@ -103,6 +108,11 @@ class Queue(QueueSettings):
     @property
     def consumer_count(self):
         return len(self._consumers)
+
+    @property
+    def ready_bytes(self):
+        """Body bytes of the ready messages in memory (paged-out ones not counted): the management API's C{memory}."""
+        return self._ready_bytes
 
     def __repr__(self):
         return f"<Queue {self.name!r} in vhost {self.vhost.name!r}>"
@@ -142,6 +152,7 @@ class Queue(QueueSettings):
         """Add a message at the tail and hand it to a consumer if one has room."""
         sequence = self._next_sequence
         self._next_sequence = sequence + 1
+        self.messages_published += 1
         ttl = self._ttl_of(message)
         if handle is not None and self._pages and ttl is None and len(self._ready) >= PAGE_OUT_DEPTH:
             self._ready.append_paged((handle,), sequence, redelivered)
@@ -385,11 +396,19 @@ class Queue(QueueSettings):
             if entry.expires_at is not None and entry.expires_at < self._expiry.now():
                 self._died(entry, EXPIRED)
                 continue
+            self.messages_delivered += 1
             return entry
         return None
 
     def forget(self, entry):
         """The entry is done with (acked, or delivered without ack)."""
+        self._watermark.release(_body_size(entry))
+        if entry.handle is not None and not self.deleted:
+            self._store.ack(self.key, entry.handle)
+
+    def acked(self, entry):
+        """A delivered entry the client acked: counted, then done with as by L{forget} (inlined: the ack path)."""
+        self.messages_acked += 1
         self._watermark.release(_body_size(entry))
         if entry.handle is not None and not self.deleted:
             self._store.ack(self.key, entry.handle)

@@ -1,0 +1,333 @@
+"""C{/api/queues}, C{/api/exchanges} and C{/api/bindings}: listing and changing a vhost's topology.
+
+Listings read the model directly (only the vhosts the user sees); changes go
+through a L{brokerd.http.operations.management_channel}, so permissions and
+equivalence checks are those of AMQP. Shapes and field names are RabbitMQ's.
+"""
+
+import weakref
+import zlib
+from urllib.parse import quote, quote_plus, unquote
+
+from brokerd.http.overview import unacked_by_queue
+from brokerd.http.operations import management_channel
+from brokerd.http.routes import RawJson, bad_request, encode_text, json_body, not_found, parse_bool, query_value
+from brokerd.http.server import Created
+
+DEFAULT_EXCHANGE = ""
+
+
+def _vhosts(api, vhost=None):
+    """The model vhosts to list: C{vhost} alone (checked), or every visible one."""
+    broker = api.context.broker
+    if vhost is not None:
+        return [api.model_vhost(vhost)]
+    return [broker.vhosts[name] for name in api.visible_vhosts() if name in broker.vhosts]
+
+
+def _arguments(body):
+    arguments = body.get("arguments") or {}
+    if not isinstance(arguments, dict):
+        raise bad_request("arguments must be a JSON object")
+    return arguments
+
+
+# -- queues
+
+def fixed_queue_info(api, queue):
+    """What does not change in a queue's lifetime (declared fields, then the same every time)."""
+    return {
+        "name": queue.name,
+        "vhost": queue.vhost.name,
+        "durable": queue.durable,
+        "auto_delete": queue.auto_delete,
+        "exclusive": queue.exclusive,
+        "arguments": queue.arguments,
+        "type": "quorum" if queue.policy.quorum else "classic",
+        "node": api.context.node,
+        "policy": None,
+        "exclusive_consumer_tag": None,
+    }
+
+
+# queue -> [JSON text of its fixed fields without braces (None until listed), then the time and its published,
+# delivered and acked counts when last looked at]: a listing of many queues encodes only their figures, and
+# rates are per second since the previous look
+_seen = weakref.WeakKeyDictionary()
+LISTED_TEMPLATE = ('{%s,"state":"%s","messages":%d,"messages_ready":%d,"messages_unacknowledged":%d,"consumers":%d,'
+                   '"memory":%d,"message_stats":{"publish":%d,"publish_details":{"rate":%.1f},"deliver_get":%d,'
+                   '"deliver_get_details":{"rate":%.1f},"ack":%d,"ack_details":{"rate":%.1f}}}')
+
+
+def _queue_stats(queue, now):
+    """The queue's L{_seen} entry and C{(publish, rate, deliver_get, rate, ack, rate)}: its counters and their
+    rates since the last look."""
+    published, delivered, acked = queue.messages_published, queue.messages_delivered, queue.messages_acked
+    seen = _seen.get(queue)
+    if seen is None:
+        seen = _seen[queue] = [None, now, published, delivered, acked]
+    elapsed = now - seen[1]
+    if elapsed > 0:
+        rates = ((published - seen[2]) / elapsed, (delivered - seen[3]) / elapsed, (acked - seen[4]) / elapsed)
+    else:
+        rates = (0.0, 0.0, 0.0)
+    seen[1:] = now, published, delivered, acked
+    return seen, (published, rates[0], delivered, rates[1], acked, rates[2])
+
+
+def message_stats(queue, now):
+    _, (publish, publish_rate, deliver, deliver_rate, ack, ack_rate) = _queue_stats(queue, now)
+    return {"publish": publish, "publish_details": {"rate": round(publish_rate, 1)}, "deliver_get": deliver,
+            "deliver_get_details": {"rate": round(deliver_rate, 1)}, "ack": ack,
+            "ack_details": {"rate": round(ack_rate, 1)}}
+
+
+def queue_info(api, queue, unacked):
+    ready = queue.message_count
+    pending = unacked.get(queue.key, 0)
+    return {
+        **fixed_queue_info(api, queue),
+        "state": "running" if queue.unavailable is None else "down",
+        "messages": ready + pending,
+        "messages_ready": ready,
+        "messages_unacknowledged": pending,
+        "consumers": queue.consumer_count,
+        "memory": queue.ready_bytes,
+        "message_stats": message_stats(queue, api.context.broker.clock.seconds()),
+    }
+
+
+def list_queues(api, vhost=None):
+    """Every visible queue as L{queue_info} gives it, built from cached parts (quick for thousands of queues)."""
+    unacked = unacked_by_queue(api.context.broker)
+    now = api.context.broker.clock.seconds()
+    parts = []
+    for model in _vhosts(api, vhost):
+        queues = model.queues
+        for name in sorted(queues):
+            queue = queues[name]
+            seen, stats = _queue_stats(queue, now)
+            if seen[0] is None:
+                seen[0] = encode_text(fixed_queue_info(api, queue))[1:-1]
+            ready = queue.message_count
+            pending = unacked.get(queue.key, 0)
+            parts.append(LISTED_TEMPLATE % (seen[0], "running" if queue.unavailable is None else "down",
+                                            ready + pending, ready, pending, queue.consumer_count, queue.ready_bytes,
+                                            *stats))
+    return RawJson("[" + ",".join(parts) + "]")
+
+
+def _queue(api, vhost, name):
+    queue = api.model_vhost(vhost).queues.get(name)
+    if queue is None:
+        raise not_found()
+    return queue
+
+
+def get_queue(api, vhost, name):
+    return queue_info(api, _queue(api, vhost, name), unacked_by_queue(api.context.broker))
+
+
+def put_queue(api, vhost, name):
+    body = json_body(api.request)
+    model = api.model_vhost(vhost)
+    created = name not in model.queues
+    with management_channel(api, vhost) as channel:
+        channel.queue_declare(name, durable=parse_bool(body.get("durable"), True),
+                              auto_delete=parse_bool(body.get("auto_delete")), arguments=_arguments(body))
+    return Created() if created else None
+
+
+def delete_queue(api, vhost, name):
+    _queue(api, vhost, name)
+    if_empty = parse_bool(query_value(api.request, "if-empty"))
+    if_unused = parse_bool(query_value(api.request, "if-unused"))
+    with management_channel(api, vhost) as channel:
+        channel.queue_delete(name, if_unused=if_unused, if_empty=if_empty)
+
+
+def purge_queue(api, vhost, name):
+    _queue(api, vhost, name)
+    with management_channel(api, vhost) as channel:
+        channel.queue_purge(name)
+
+
+# -- exchanges
+
+def exchange_info(exchange):
+    return {
+        "name": exchange.name,
+        "vhost": exchange.vhost.name,
+        "type": exchange.type_name,
+        "durable": exchange.durable,
+        "auto_delete": exchange.auto_delete,
+        "internal": exchange.internal,
+        "arguments": exchange.arguments,
+        "user_who_performed_action": "",
+        "policy": None,
+    }
+
+
+def list_exchanges(api, vhost=None):
+    return [exchange_info(exchange) for model in _vhosts(api, vhost)
+            for exchange in sorted(model.exchanges.values(), key=lambda exchange: exchange.name)]
+
+
+def _exchange(api, vhost, name):
+    exchange = api.model_vhost(vhost).exchanges.get(name)
+    if exchange is None:
+        raise not_found()
+    return exchange
+
+
+def get_exchange(api, vhost, name):
+    return exchange_info(_exchange(api, vhost, name))
+
+
+def put_exchange(api, vhost, name):
+    body = json_body(api.request)
+    type_name = body.get("type")
+    if not isinstance(type_name, str):
+        raise bad_request("[{key_missing,type}]")  # RabbitMQ's with_decode complaint
+    created = name not in api.model_vhost(vhost).exchanges
+    with management_channel(api, vhost) as channel:
+        channel.exchange_declare(name, type_name, durable=parse_bool(body.get("durable"), True),
+                                 auto_delete=parse_bool(body.get("auto_delete")),
+                                 internal=parse_bool(body.get("internal")), arguments=_arguments(body))
+    return Created() if created else None
+
+
+def delete_exchange(api, vhost, name):
+    _exchange(api, vhost, name)
+    if_unused = parse_bool(query_value(api.request, "if-unused"))
+    with management_channel(api, vhost) as channel:
+        channel.exchange_delete(name, if_unused=if_unused)
+
+
+# -- bindings
+
+def properties_key(routing_key, arguments):
+    """
+    RabbitMQ's C{properties_key} of a binding (C{rabbit_mgmt_format:pack_binding_props}): "~" for
+    none, else the routing key quoted as a form value with its "%" quoted again, then "~" and a
+    hash of the arguments if it has any.
+    """
+    if not routing_key and not arguments:
+        return "~"
+    key = _quote_binding(routing_key)
+    if not arguments:
+        return key
+    return f"{key}~{zlib.crc32(repr(sorted(arguments.items())).encode()):x}"
+
+
+def _quote_binding(text):
+    return quote_plus(text, safe="-_.~").replace("%", "%25")
+
+
+def binding_info(vhost_name, source, destination, destination_type, routing_key, arguments):
+    return {"source": source, "vhost": vhost_name, "destination": destination, "destination_type": destination_type,
+            "routing_key": routing_key, "arguments": arguments, "properties_key": properties_key(routing_key,
+                                                                                                   arguments)}
+
+
+def _bindings(model):
+    """Every binding of a vhost as RabbitMQ lists them: the default exchange's implicit ones first."""
+    found = [binding_info(model.name, DEFAULT_EXCHANGE, name, "queue", name, {}) for name in sorted(model.queues)]
+    for exchange in sorted(model.exchanges.values(), key=lambda exchange: exchange.name):
+        for binding in exchange.bindings.values():
+            kind = "exchange" if binding.to_exchange else "queue"
+            found.append(binding_info(model.name, exchange.name, binding.destination.name, kind, binding.routing_key,
+                                      dict(binding.arguments or {})))
+    return found
+
+
+def list_bindings(api, vhost=None):
+    return [binding for model in _vhosts(api, vhost) for binding in _bindings(model)]
+
+
+def _between(api, vhost, source, kind, destination):
+    model = api.model_vhost(vhost)
+    if source not in model.exchanges or (destination not in (model.exchanges if kind == "exchange" else model.queues)):
+        raise not_found()
+    return [binding for binding in _bindings(model) if binding["source"] == source
+            and binding["destination"] == destination and binding["destination_type"] == kind]
+
+
+def bindings_to_queue(api, vhost, source, destination):
+    return _between(api, vhost, source, "queue", destination)
+
+
+def bindings_to_exchange(api, vhost, source, destination):
+    return _between(api, vhost, source, "exchange", destination)
+
+
+def _bind(api, vhost, source, kind, destination, prefix):
+    _between(api, vhost, source, kind, destination)
+    body = json_body(api.request)
+    routing_key = body.get("routing_key", "")
+    if not isinstance(routing_key, str):
+        raise bad_request("routing_key must be a string")
+    arguments = _arguments(body)
+    with management_channel(api, vhost) as channel:
+        if kind == "queue":
+            channel.queue_bind(destination, source, routing_key, arguments)
+        else:
+            channel.exchange_bind(destination, source, routing_key, arguments)
+    path = "/".join(quote(part, safe="") for part in (vhost, "e", source, prefix, destination))
+    return Created(f"/api/bindings/{path}/{properties_key(routing_key, arguments)}")
+
+
+def bind_queue(api, vhost, source, destination):
+    return _bind(api, vhost, source, "queue", destination, "q")
+
+
+def bind_exchange(api, vhost, source, destination):
+    return _bind(api, vhost, source, "exchange", destination, "e")
+
+
+def _binding(api, vhost, source, kind, destination, props):
+    for binding in _between(api, vhost, source, kind, destination):
+        # The key as it is (its segment quoted once more, as clients do) or as it comes in the Location header.
+        if props in (binding["properties_key"], unquote(binding["properties_key"])):
+            return binding
+    raise not_found()
+
+
+def get_queue_binding(api, vhost, source, destination, props):
+    return _binding(api, vhost, source, "queue", destination, props)
+
+
+def get_exchange_binding(api, vhost, source, destination, props):
+    return _binding(api, vhost, source, "exchange", destination, props)
+
+
+def unbind_queue(api, vhost, source, destination, props):
+    binding = _binding(api, vhost, source, "queue", destination, props)
+    with management_channel(api, vhost) as channel:
+        channel.queue_unbind(destination, source, binding["routing_key"], binding["arguments"])
+
+
+def unbind_exchange(api, vhost, source, destination, props):
+    binding = _binding(api, vhost, source, "exchange", destination, props)
+    with management_channel(api, vhost) as channel:
+        channel.exchange_unbind(destination, source, binding["routing_key"], binding["arguments"])
+
+
+def queue_bindings(api, vhost, name):
+    """C{/api/queues/VHOST/NAME/bindings}: the bindings to a queue, the default exchange's first."""
+    _queue(api, vhost, name)
+    return [binding for binding in _bindings(api.model_vhost(vhost))
+            if binding["destination_type"] == "queue" and binding["destination"] == name]
+
+
+def exchange_bindings_from(api, vhost, name):
+    """C{/api/exchanges/VHOST/NAME/bindings/source}: the bindings whose source is the exchange."""
+    _exchange(api, vhost, name)
+    return [binding for binding in _bindings(api.model_vhost(vhost)) if binding["source"] == name]
+
+
+def exchange_bindings_to(api, vhost, name):
+    """C{/api/exchanges/VHOST/NAME/bindings/destination}: the bindings to the exchange."""
+    _exchange(api, vhost, name)
+    return [binding for binding in _bindings(api.model_vhost(vhost))
+            if binding["destination_type"] == "exchange" and binding["destination"] == name]
