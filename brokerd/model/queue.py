@@ -10,8 +10,8 @@ Over a store that can load messages at once (L{IPagingStore}), a deep queue
 keeps only the handle of each persistent message past the first
 C{PAGE_OUT_DEPTH} ready ones, and so do the entries recovered at start (runs
 of handles, see L{brokerd.model.ready}): the message is loaded from the store
-when it reaches a consumer. A backlog then costs 8 bytes a message, not its
-body and an object.
+when it reaches a consumer (L{brokerd.model.queue_paging}). A backlog then
+costs 8 bytes a message, not its body and an object.
 
 A queue counts the messages enqueued, delivered (or got) and acked since
 start, one integer increment each, for the management API's message_stats.
@@ -29,6 +29,7 @@ from brokerd.model.consumers import QueueConsumers
 from brokerd.model.deadletter import DELIVERY_LIMIT, EXPIRED, MAXLEN, REJECTED, dead_letter
 from brokerd.model.expiry import MessageExpiry, UnusedExpiry
 from brokerd.model.message import Message, QueuedMessage
+from brokerd.model.queue_paging import QueuePaging
 from brokerd.model.queue_settings import QueueSettings
 from brokerd.model.ready import PriorityReady, ReadyList
 
@@ -38,7 +39,7 @@ PAGE_OUT_DEPTH = 2000  # ready messages a queue keeps in memory before it keeps 
 
 
 @implementer(IExpiringQueue)
-class Queue(QueueSettings):
+class Queue(QueuePaging, QueueSettings):
     """
     One queue of a virtual host. Above the model it calls only its consumers,
     as L{brokerd.interfaces.IConsumer}s.
@@ -187,79 +188,6 @@ class Queue(QueueSettings):
         if own is None:
             return queue_ttl
         return own if queue_ttl is None else min(own, queue_ttl)
-
-    def restore_delivery_counts(self, counts):
-        """
-        How often recovered messages had come back before the restart (handle
-        to count), given before they are restored: each entry takes its count
-        when it is made, a paged one when it is loaded.
-        """
-        self._counts_before_restart = dict(counts)
-
-    def restore_paged(self, handles):
-        """
-        Add stored messages recovered at start, flagged redelivered: by handle
-        only (each loaded when delivered), unless the queue must see every
-        message (priority, TTL, byte limit), which loads them now.
-        """
-        self._restored_at = self._expiry.now()
-        if self.policy.needs_messages:
-            for handle in handles:
-                try:
-                    message = Message.from_record(self._store.load(handle))
-                except UnreadableMessage as problem:
-                    self._quarantine(handle, problem)
-                    continue
-                except (KeyError, StoreCorrupted) as problem:
-                    self._unreadable(problem)
-                    return
-                self.enqueue(message, handle, True)
-            return
-        sequence = self._next_sequence
-        self._ready.append_paged(handles, sequence, True)
-        self._next_sequence = sequence + len(handles)
-        self.watch_backlog()
-
-    def _page_in(self, entry):
-        """
-        Load a paged-out entry's message. Returns True if it was loaded; None
-        if it cannot be read and was quarantined (the queue goes on with the
-        next); False if the store failed, and the queue became unavailable.
-        """
-        try:
-            message = Message.from_record(self._store.load(entry.handle))
-        except UnreadableMessage as problem:
-            self._quarantine(entry.handle, problem)
-            return None
-        except (KeyError, StoreCorrupted) as problem:
-            self._ready.appendleft(entry)
-            self._unreadable(problem)
-            return False
-        entry.message = message
-        if self._counts_before_restart:
-            entry.delivery_count = self._counts_before_restart.pop(entry.handle, 0)
-        self._watermark.add(len(message.body))
-        ttl = self._ttl_of(message) if message.properties.HasField("expiration") else None
-        if ttl is not None:
-            published = message.published_at
-            entry.expires_at = (published if published is not None else self._restored_at or self._expiry.now()) + ttl
-        self._ready_bytes += len(message.body)
-        return True
-
-    def _quarantine(self, handle, problem):
-        """A stored message that cannot be read: never delivered, named in the log, and forgotten here
-        (the store has kept its record aside)."""
-        log.error("queue {queue!r} in vhost {vhost!r}: quarantined stored message {handle!r}, not delivered: {problem}",
-                  queue=self.name, vhost=self.vhost.name, handle=handle, problem=problem)
-        self._counts_before_restart.pop(handle, None)
-        if not self.deleted:
-            self._store.ack(self.key, handle)
-
-    def _unreadable(self, problem):
-        log.error("queue {queue!r} in vhost {vhost!r} is unavailable: a stored message cannot be read: {problem}",
-                  queue=self.name, vhost=self.vhost.name, problem=problem)
-        self.vhost.mark_unavailable(self, f"a stored message cannot be read: {problem}")
-        self._cancel_consumers()
 
     def requeue(self, entries):
         """
