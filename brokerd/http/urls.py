@@ -1,6 +1,6 @@
 """Every path of the management API and the handler answering it."""
 
-from brokerd.http import accessapi, clients, messages, overview, topology
+from brokerd.http import accessapi, clients, definitionsapi, messages, overview, topology
 from brokerd.http.routes import Route
 
 ROUTES = [
@@ -57,4 +57,13 @@ ROUTES = [
     Route("GET", "/api/channels/{name}", clients.get_channel),
     Route("GET", "/api/consumers", clients.list_consumers),
     Route("GET", "/api/consumers/{vhost}", clients.list_consumers),
+    Route("GET", "/api/definitions", definitionsapi.get_definitions),
+    Route("POST", "/api/definitions", definitionsapi.post_definitions),
+    Route("GET", "/api/definitions/{vhost}", definitionsapi.get_definitions),
+    Route("POST", "/api/definitions/{vhost}", definitionsapi.post_definitions),
+    Route("GET", "/api/policies", definitionsapi.list_policies),
+    Route("GET", "/api/policies/{vhost}", definitionsapi.list_policies),
+    Route("GET", "/api/policies/{vhost}/{name}", definitionsapi.get_policy),
+    Route("PUT", "/api/policies/{vhost}/{name}", definitionsapi.put_policy),
+    Route("DELETE", "/api/policies/{vhost}/{name}", definitionsapi.delete_policy),
 ]
