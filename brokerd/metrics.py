@@ -123,10 +123,19 @@ class BrokerCollector(Collector):
         families = [GaugeMetricFamily(name, text, labels=labels) for name, text in QUEUE_GAUGES]
         unacked = self._unacked_by_queue(broker)
         totals = [0, 0, 0, 0]
-        queue_count = 0
+        queue_count = alarmed = 0
+        alarms = GaugeMetricFamily(
+            "brokerd_queue_backlog_alarm",
+            "1 while a queue has more messages ready than its backlog alarm (x-backlog-alarm or the policy key"
+            " backlog-alarm) allows, per queue that has one; summed: how many queues are in alarm",
+            labels=labels)
         for vhost in broker.vhosts.values():
             for queue in vhost.queues.values():
                 queue_count += 1
+                if queue.backlog_alarm is not None:
+                    alarmed += queue.backlog_alarmed
+                    if self.per_object:
+                        alarms.add_metric([vhost.name, queue.name], int(queue.backlog_alarmed))
                 ready = queue.message_count
                 held = unacked.get(queue.key, 0)
                 values = (ready, held, ready + held, queue.consumer_count)
@@ -138,7 +147,9 @@ class BrokerCollector(Collector):
         if not self.per_object:
             for family, total in zip(families, totals):
                 family.add_metric([], total)
+            alarms.add_metric([], alarmed)
         yield from families
+        yield alarms
         yield GaugeMetricFamily("rabbitmq_queues", "Queues available", value=queue_count)
 
     def _connections(self, broker):

@@ -150,6 +150,24 @@ def test_watermark_store_and_process_figures(broker):
                  brokerd_version=brokerd.__version__) == 1
 
 
+def test_a_queue_over_its_backlog_alarm_is_one_until_drained(broker):
+    connection = connect(broker)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.queue_declare("metrics.alarmed", arguments={"x-backlog-alarm": 2})
+    queue = {"vhost": "/", "queue": "metrics.alarmed"}
+    for body in (b"1", b"2"):
+        channel.basic_publish("", "metrics.alarmed", body)
+    assert value(scrape(broker, "/metrics/per-object"), "brokerd_queue_backlog_alarm", **queue) == 0  # at it
+    channel.basic_publish("", "metrics.alarmed", b"3")
+    assert value(scrape(broker, "/metrics/per-object"), "brokerd_queue_backlog_alarm", **queue) == 1
+    assert value(scrape(broker), "brokerd_queue_backlog_alarm") == 1
+    channel.queue_purge("metrics.alarmed")
+    assert value(scrape(broker, "/metrics/per-object"), "brokerd_queue_backlog_alarm", **queue) == 0
+    assert value(scrape(broker), "brokerd_queue_backlog_alarm") == 0
+    connection.close()
+
+
 def test_failed_logins_are_counted_per_user(broker):
     with pytest.raises(pika.exceptions.ProbableAuthenticationError):
         connect(broker, password="wrong")
