@@ -105,6 +105,21 @@ def test_list_connections_and_close_one(broker, url):
             connection.close()
 
 
+def test_close_connection_without_a_reason_gives_the_apis_default(broker, url):
+    connection = amqp(broker)
+    try:
+        status, listed, errors = admin(url, "--format", "json", "list", "connections")
+        name, = [entry["name"] for entry in json.loads(listed) if entry["user"] == "guest"]
+        assert admin(url, "close-connection", name) == (0, f"Closed connection {name}\n", "")
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+            connection.process_data_events(time_limit=10)
+        assert (closed.value.reply_code, closed.value.reply_text) == (
+            320, "CONNECTION_FORCED - Closed via management plugin")
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
 def test_errors_are_one_line_with_exit_status_1(url):
     assert admin(url, "list", "queues", password="wrong") == (
         1, "", "error: HTTP 401 not_authorised - Login failed\n")

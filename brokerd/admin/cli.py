@@ -27,7 +27,6 @@ DEFAULT_URL = "http://127.0.0.1:15672"
 DEFAULT_USER = "guest"
 DEFAULT_PASSWORD = "guest"
 DEFAULT_PURGE_VHOST = "/"
-DEFAULT_CLOSE_REASON = "Closed via brokerd-admin"
 
 
 class Listing:
@@ -82,8 +81,8 @@ def build_parser():
     purge.add_argument("queue")
     close = commands.add_parser("close-connection", help="close a client connection (320 CONNECTION_FORCED)")
     close.add_argument("name", help="the connection's name, as list connections shows it")
-    close.add_argument("--reason", default=DEFAULT_CLOSE_REASON,
-                       help=f"the text the client is given (default: {DEFAULT_CLOSE_REASON!r})")
+    close.add_argument("--reason", help="the text the client is given (default: the API's,"
+                                        " 'Closed via management plugin')")
     return parser
 
 
@@ -164,7 +163,8 @@ def purge_queue(client, arguments, out):
 
 
 def close_connection(client, arguments, out):
-    client.request("DELETE", f"/api/connections/{segment(arguments.name)}", headers={"X-Reason": arguments.reason})
+    headers = {"X-Reason": arguments.reason} if arguments.reason is not None else {}
+    client.request("DELETE", f"/api/connections/{segment(arguments.name)}", headers=headers)
     out.write(f"Closed connection {arguments.name}\n")
 
 
@@ -184,7 +184,12 @@ def main(argv=None, out=None):
     client = ManagementClient(arguments.url, arguments.user, arguments.password)
     try:
         COMMANDS[arguments.command](client, arguments, out)
+        out.flush()
     except AdminError as error:
         print(f"error: {error}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # the reader (e.g. head) stopped reading: not an error to report
+        if out is sys.stdout:  # as Python's documentation says: what is left to flush at exit goes nowhere
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     return 0
