@@ -109,6 +109,7 @@ def test_close_connection_without_a_reason_gives_the_apis_default(broker, url):
     connection = amqp(broker)
     try:
         status, listed, errors = admin(url, "--format", "json", "list", "connections")
+        assert (status, errors) == (0, "")
         name, = [entry["name"] for entry in json.loads(listed) if entry["user"] == "guest"]
         assert admin(url, "close-connection", name) == (0, f"Closed connection {name}\n", "")
         with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
