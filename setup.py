@@ -61,5 +61,7 @@ setup(
             "filelog = backends.filelog:backend",
             "chunked = backends.chunked:backend",
         ],
+        # brokerd-admin: list, export, import, purge and close over the HTTP management API.
+        "console_scripts": ["brokerd-admin = brokerd.admin.cli:main"],
     },
 )

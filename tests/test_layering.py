@@ -1,8 +1,9 @@
 """The house's rules, read from the sources: a backend sees only the store contract
 (brokerd.interfaces), the records (brokerd.proto) and small shared utilities, never
 the model or a protocol; the model and the protocol-free channel and connection
-import no protocol, and the protocol adapters (AMQP, native, the HTTP API) do not import each other; nothing in
-brokerd/ imports a backend by name; nothing
+import no protocol, and the protocol adapters (AMQP, native, the HTTP API) do not import each other;
+brokerd-admin (brokerd/admin) is a client of the HTTP API and imports nothing else of brokerd, nor
+does the broker import it; nothing in brokerd/ imports a backend by name; nothing
 outside tests/ imports tests (what benchmarks and spark_jobs share with the tests
 ships as brokerd.testing); and no module is over 500 lines."""
 
@@ -58,6 +59,20 @@ def test_the_model_channel_and_connection_import_no_protocol(path):
 def test_one_protocol_adapter_does_not_import_the_other(protocol, other):
     found = [(str(path.relative_to(ROOT)), name) for path in sources(f"brokerd/{protocol}")
              for name in names_under(path, (f"brokerd.{other}",))]
+    assert found == []
+
+
+@pytest.mark.parametrize("path", sources("brokerd/admin"), ids=lambda path: str(path.relative_to(ROOT)))
+def test_brokerd_admin_is_a_client_of_the_http_api_only(path):
+    """It talks to the broker over HTTP; the model, the protocols and the API's server are not its to import."""
+    others = [name for name in imported_modules(path)
+              if (name == "brokerd" or name.startswith("brokerd.")) and not name.startswith("brokerd.admin")]
+    assert others == []
+
+
+def test_nothing_in_brokerd_imports_brokerd_admin():
+    found = [(str(path.relative_to(ROOT)), name) for path in sources("brokerd") if "admin" not in path.parts
+             for name in imported_modules(path) if name == "brokerd.admin" or name.startswith("brokerd.admin.")]
     assert found == []
 
 

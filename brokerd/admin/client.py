@@ -1,0 +1,69 @@
+"""The management API as C{brokerd-admin} calls it: basic authentication over C{urllib.request}.
+
+Every failure becomes an L{AdminError} carrying the one line the command prints:
+an HTTP error as C{HTTP 401 not_authorised - Login failed} (the status and the
+API's C{error} and C{reason}), an unreachable broker as a line naming the URL.
+"""
+
+import base64
+import json
+import urllib.error
+import urllib.request
+from urllib.parse import quote
+
+TIMEOUT_SECONDS = 30
+
+
+class AdminError(Exception):
+    """A request that did not do what it asked; C{str()} is the line to print."""
+
+
+def segment(name):
+    """A path segment as RabbitMQ's clients write it: every reserved character encoded (C{/} is C{%2F})."""
+    return quote(name, safe="")
+
+
+def _http_error_line(error):
+    """C{HTTP STATUS error - reason} from the API's JSON error body, or the status line without one."""
+    try:
+        body = json.loads(error.read() or b"null")
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and ("error" in body or "reason" in body):
+        return f"HTTP {error.code} {body.get('error', '')} - {body.get('reason', '')}"
+    return f"HTTP {error.code} {error.reason}"
+
+
+class ManagementClient:
+    """Requests to one broker's management API (C{url}, e.g. C{http://127.0.0.1:15672}) as one user."""
+
+    def __init__(self, url, user, password):
+        self.url = url.rstrip("/")
+        credentials = base64.b64encode(f"{user}:{password}".encode()).decode()
+        self._authorization = f"Basic {credentials}"
+
+    def request(self, method, path, body=None, headers=None):
+        """The answer's body as bytes (empty for 204); raises L{AdminError}."""
+        request = urllib.request.Request(self.url + path, data=body, method=method)
+        request.add_header("Authorization", self._authorization)
+        if body is not None:
+            request.add_header("Content-Type", "application/json")
+        for name, value in (headers or {}).items():
+            request.add_header(name, value)
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:
+                return response.read()
+        except urllib.error.HTTPError as error:
+            raise AdminError(_http_error_line(error)) from None
+        except urllib.error.URLError as error:
+            raise AdminError(f"could not reach the broker's management API at {self.url}: {error.reason}") from None
+        except (OSError, ValueError) as error:  # a reset or timeout mid-answer; a malformed --url
+            raise AdminError(f"could not talk to the broker's management API at {self.url}: {error}") from None
+
+    def get_json(self, path):
+        """The decoded JSON answer of C{GET path}, and its text as the API sent it."""
+        raw = self.request("GET", path)
+        try:
+            return json.loads(raw), raw.decode("utf-8")
+        except ValueError:
+            raise AdminError(f"{self.url}{path} did not answer JSON") from None
