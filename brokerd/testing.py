@@ -106,6 +106,10 @@ class BrokerProcess:
                 self._changed.notify_all()
         if self._log is not None:
             self._log.flush()
+        try:  # its output ends a moment before it can be reaped: the waiters' last wake-up must see it gone
+            process.wait(WAIT_SECONDS)
+        except subprocess.TimeoutExpired:  # it closed its output and lives on: the waiters' timeouts decide
+            pass
         with self._changed:
             self._changed.notify_all()
 
