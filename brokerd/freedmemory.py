@@ -11,6 +11,10 @@ does nothing where the C library has no such call.
 import ctypes
 import ctypes.util
 
+from twisted.logger import Logger
+
+log = Logger()
+
 
 def _malloc_trim():
     """glibc's C{malloc_trim}, or None where the C library has none."""
@@ -44,3 +48,4 @@ class FreedMemory:
     def _give_back(self):
         self._pending = None
         self._trim(0)
+        log.info("freed memory given back to the system")
