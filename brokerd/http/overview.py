@@ -2,8 +2,9 @@
 
 Message figures add up the counters every connection keeps
 (L{brokerd.connection.Connection.message_counts}, closed connections and
-the management API's own publishes and gets included through L{MessageTotals}); rates are the change since the previous
-request that asked, per second, as RabbitMQ's C{*_details.rate}.
+the management API's own publishes and gets included through
+L{MessageTotals}); rates are per second over the last 5 to 10 seconds
+(L{brokerd.http.rates.CounterRates}), as RabbitMQ's C{*_details.rate}.
 """
 
 import os
@@ -13,6 +14,7 @@ import socket
 import twisted
 
 from brokerd.channel import MESSAGE_COUNTERS
+from brokerd.http.rates import CounterRates
 from brokerd.http.routes import not_found
 
 MANAGEMENT_VERSION = "3.10.8"  # the RabbitMQ management API whose shapes this follows
@@ -36,14 +38,14 @@ class MessageTotals:
     """
     The broker's message counters since start: the open connections' added
     to those of connections that closed (noted when the overview sees them
-    gone), and the rate of each since the previous look.
+    gone), and the rate of each per second.
     """
 
     def __init__(self, clock):
         self.clock = clock
         self._seen = {}  # connection -> its counts when last looked at
         self._closed = dict.fromkeys(MESSAGE_COUNTERS, 0)
-        self._previous = None  # (time, totals) of the previous look
+        self._rates = None  # CounterRates of the STAT_NAMES counters, from the first look
 
     def count_closed(self, connection):
         """Add the counts of a connection that closed unseen (a management request's own)."""
@@ -68,15 +70,13 @@ class MessageTotals:
         """RabbitMQ's C{message_stats}: C{publish}, C{deliver_get}, C{ack}... each with C{*_details.rate}."""
         totals = self.totals(connections)
         now = self.clock.seconds()
-        previous = self._previous
-        self._previous = (now, totals)
+        counts = tuple(totals[counter] for counter in STAT_NAMES)
+        if self._rates is None:
+            self._rates = CounterRates(now, counts)
         stats = {}
-        for counter, name in STAT_NAMES.items():
-            rate = 0.0
-            if previous is not None and now > previous[0]:
-                rate = round((totals[counter] - previous[1][counter]) / (now - previous[0]), 1)
+        for (counter, name), rate in zip(STAT_NAMES.items(), self._rates.rates(now, counts)):
             stats[name] = totals[counter]
-            stats[f"{name}_details"] = {"rate": rate}
+            stats[f"{name}_details"] = {"rate": round(rate, 1)}
         stats["deliver"] = stats["get"] = 0  # brokerd counts deliveries and gets together (deliver_get)
         stats["deliver_details"] = stats["get_details"] = {"rate": 0.0}
         stats["confirm"] = stats["publish"]

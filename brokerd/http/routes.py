@@ -31,8 +31,8 @@ def not_found():
     return error
 
 
-def bad_request(reason):
-    return ApiError(400, "bad_request", reason)
+def bad_request(reason, error="bad_request"):
+    return ApiError(400, error, reason)
 
 
 def not_authorised(reason):
@@ -50,12 +50,16 @@ def broker_error(problem):
 
 
 class Route:
-    """C{methods} on the path C{pattern} (e.g. C{"/api/queues/{vhost}/{name}"}) answered by C{handler}."""
+    """
+    C{methods} on the path C{pattern} (e.g. C{"/api/queues/{vhost}/{name}"})
+    answered by C{handler}; a listing's items sort by C{sort} keys by default.
+    """
 
-    def __init__(self, methods, pattern, handler):
+    def __init__(self, methods, pattern, handler, sort=("vhost", "name")):
         self.methods = frozenset(methods.split())
         self.segments = pattern.strip("/").split("/")
         self.handler = handler
+        self.sort = sort
 
     def match(self, segments):
         """The names the pattern's C{{...}} segments matched, or None."""
@@ -77,7 +81,7 @@ class Router:
         self.routes = list(routes)
 
     def find(self, method, raw_path):
-        """C{(handler, names)}; raises L{ApiError} 404 for an unknown path, 405 for a method it does not take."""
+        """C{(route, names)}; raises L{ApiError} 404 for an unknown path, 405 for a method it does not take."""
         segments = [unquote(segment) for segment in raw_path.split("?", 1)[0].strip("/").split("/")]
         allowed = set()
         for route in self.routes:
@@ -85,7 +89,7 @@ class Router:
             if names is None:
                 continue
             if method in route.methods:
-                return route.handler, names
+                return route, names
             allowed |= route.methods
         if allowed:
             raise ApiError(405, "method_not_allowed", f"{method} is not allowed here",

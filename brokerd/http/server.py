@@ -18,6 +18,7 @@ from twisted.web import resource, server
 from brokerd.access.login import LOOPBACK_ONLY_USERS, is_loopback
 from brokerd.access.permissions import ResourceAccess
 from brokerd.errors import BrokerError
+from brokerd.http.listing import ListingQuery
 from brokerd.http.overview import MessageTotals
 from brokerd.http.routes import ApiError, Router, broker_error, encode, not_authorised, not_found
 
@@ -131,9 +132,12 @@ class ManagementApi(resource.Resource):
         path = request.uri.decode("utf-8", "replace")
         if method == "HEAD":
             method = "GET"
-        handler, names = self.router.find(method, path)
+        route, names = self.router.find(method, path)
         api_request = ApiRequest(self.context, request, self._login(request))
-        d = defer.maybeDeferred(handler, api_request, **names)
+        d = defer.maybeDeferred(route.handler, api_request, **names)
+        listing = ListingQuery.of(request) if method == "GET" else None
+        if listing is not None:
+            d.addCallback(listing.shape, route.sort)
         return d.addCallback(_status_of)
 
     def _login(self, request):

@@ -10,6 +10,7 @@ import zlib
 from urllib.parse import quote, quote_plus, unquote
 
 from brokerd.http.overview import unacked_by_queue
+from brokerd.http.rates import CounterRates
 from brokerd.http.operations import management_channel
 from brokerd.http.routes import RawJson, bad_request, encode_text, json_body, not_found, parse_bool, query_value
 from brokerd.http.server import Created
@@ -50,36 +51,67 @@ def fixed_queue_info(api, queue):
     }
 
 
-# queue -> [JSON text of its fixed fields without braces (None until listed), then the time and its published,
-# delivered and acked counts when last looked at]: a listing of many queues encodes only their figures, and
-# rates are per second since the previous look
-_seen = weakref.WeakKeyDictionary()
 LISTED_TEMPLATE = ('{%s,"state":"%s","messages":%d,"messages_ready":%d,"messages_unacknowledged":%d,"consumers":%d,'
                    '"memory":%d,"message_stats":{"publish":%d,"publish_details":{"rate":%.1f},"deliver_get":%d,'
                    '"deliver_get_details":{"rate":%.1f},"ack":%d,"ack_details":{"rate":%.1f}}}')
 
 
-def _queue_stats(queue, now):
-    """The queue's L{_seen} entry and C{(publish, rate, deliver_get, rate, ack, rate)}: its counters and their
-    rates since the last look."""
-    published, delivered, acked = queue.messages_published, queue.messages_delivered, queue.messages_acked
-    seen = _seen.get(queue)
-    if seen is None:
-        seen = _seen[queue] = [None, now, published, delivered, acked]
-    elapsed = now - seen[1]
-    if elapsed > 0:
-        rates = ((published - seen[2]) / elapsed, (delivered - seen[3]) / elapsed, (acked - seen[4]) / elapsed)
-    else:
-        rates = (0.0, 0.0, 0.0)
-    seen[1:] = now, published, delivered, acked
-    return seen, (published, rates[0], delivered, rates[1], acked, rates[2])
+class QueueListing:
+    """
+    What the API keeps per queue between looks, so that a listing of
+    thousands of queues stays quick: the JSON text of its fixed fields, its
+    counters' L{CounterRates}, and its last listed line with the figures it
+    was made from (an idle queue's line is reused as it is).
+    """
+
+    __slots__ = ("queue", "fixed", "rates", "figures", "line")
+
+    def __init__(self, queue, now):
+        self.queue = weakref.ref(queue)
+        self.fixed = None
+        self.rates = CounterRates(now, _counters(queue))
+        self.figures = self.line = None
+
+
+def _counters(queue):
+    return queue.messages_published, queue.messages_delivered, queue.messages_acked
+
+
+class QueueListings:
+    """The L{QueueListing} of each queue looked at, by queue identity; entries of deleted queues are dropped."""
+
+    def __init__(self):
+        self._entries = {}
+        self._prune_above = 1000
+
+    def entry(self, queue, now):
+        found = self._entries.get(id(queue))
+        if found is None or found.queue() is not queue:
+            if len(self._entries) >= self._prune_above:
+                self._drop_gone()
+            found = self._entries[id(queue)] = QueueListing(queue, now)
+        return found
+
+    def _drop_gone(self):
+        """Forget deleted queues; the next pruning waits until the entries have doubled."""
+        self._entries = {key: entry for key, entry in self._entries.items() if entry.queue() is not None}
+        self._prune_above = max(1000, 2 * len(self._entries))
+
+
+_listings = QueueListings()
+
+
+def _stats(entry, queue, now):
+    """C{(publish, rate, deliver_get, rate, ack, rate)} of C{queue}, rates rounded as shown."""
+    counts = _counters(queue)
+    rates = entry.rates.rates(now, counts)
+    return (counts[0], round(rates[0], 1), counts[1], round(rates[1], 1), counts[2], round(rates[2], 1))
 
 
 def message_stats(queue, now):
-    _, (publish, publish_rate, deliver, deliver_rate, ack, ack_rate) = _queue_stats(queue, now)
-    return {"publish": publish, "publish_details": {"rate": round(publish_rate, 1)}, "deliver_get": deliver,
-            "deliver_get_details": {"rate": round(deliver_rate, 1)}, "ack": ack,
-            "ack_details": {"rate": round(ack_rate, 1)}}
+    publish, publish_rate, deliver, deliver_rate, ack, ack_rate = _stats(_listings.entry(queue, now), queue, now)
+    return {"publish": publish, "publish_details": {"rate": publish_rate}, "deliver_get": deliver,
+            "deliver_get_details": {"rate": deliver_rate}, "ack": ack, "ack_details": {"rate": ack_rate}}
 
 
 def queue_info(api, queue, unacked):
@@ -101,19 +133,26 @@ def list_queues(api, vhost=None):
     """Every visible queue as L{queue_info} gives it, built from cached parts (quick for thousands of queues)."""
     unacked = unacked_by_queue(api.context.broker)
     now = api.context.broker.clock.seconds()
+    entry_of = _listings.entry
     parts = []
     for model in _vhosts(api, vhost):
         queues = model.queues
         for name in sorted(queues):
             queue = queues[name]
-            seen, stats = _queue_stats(queue, now)
-            if seen[0] is None:
-                seen[0] = encode_text(fixed_queue_info(api, queue))[1:-1]
+            entry = entry_of(queue, now)
             ready = queue.message_count
             pending = unacked.get(queue.key, 0)
-            parts.append(LISTED_TEMPLATE % (seen[0], "running" if queue.unavailable is None else "down",
-                                            ready + pending, ready, pending, queue.consumer_count, queue.ready_bytes,
-                                            *stats))
+            counts = queue.messages_published, queue.messages_delivered, queue.messages_acked
+            published, delivered, acked = entry.rates.rates(now, counts)
+            figures = ("running" if queue.unavailable is None else "down", ready + pending, ready, pending,
+                       queue.consumer_count, queue.ready_bytes, counts[0], round(published, 1), counts[1],
+                       round(delivered, 1), counts[2], round(acked, 1))
+            if figures != entry.figures:
+                if entry.fixed is None:
+                    entry.fixed = encode_text(fixed_queue_info(api, queue))[1:-1]
+                entry.figures = figures
+                entry.line = LISTED_TEMPLATE % (entry.fixed, *figures)
+            parts.append(entry.line)
     return RawJson("[" + ",".join(parts) + "]")
 
 
