@@ -30,6 +30,28 @@ _DISCONNECT_POLL_SECONDS = 0.02
 _COMMIT_ROUNDS = 2  # a confirm's sync may be requested in the same reactor turn as ours: wait for one more
 
 
+def stop_once_on_signals(reactor):
+    """
+    Make the first SIGTERM or SIGINT stop the reactor as Twisted's handlers do,
+    and later ones change nothing (Twisted's would queue a second C{stop},
+    which fails with ReactorNotRunning when two signals come in one turn).
+    Call it once the reactor runs: Twisted installs its own handlers at start.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(number, frame):
+        if getattr(reactor, "_exitSignal", None) is not None:
+            reactor.callFromThread(log.info, "already shutting down; signal {signal} ignored",
+                                   signal=signal.Signals(number).name)
+            return
+        reactor._exitSignal = number  # as Twisted's handler: task.react and twistd read it
+        reactor.callFromThread(reactor.stop)
+
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, stop)
+
+
 def ignore_further_stop_signals(reactor):
     """When a signal is stopping the reactor, a second SIGTERM or SIGINT is logged and ignored (Twisted's
     own handler would try to stop the stopping reactor and log a traceback); other stops change nothing."""

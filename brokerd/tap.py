@@ -278,6 +278,9 @@ def _endpoint_option(reactor, name, value):
 def makeService(options):
     from twisted.internet import reactor
 
+    from brokerd.shutdown import stop_once_on_signals
+
+    reactor.callWhenRunning(stop_once_on_signals, reactor)  # two quick SIGTERMs stop it once, quietly
     return BrokerService(
         options["store"],
         reactor,

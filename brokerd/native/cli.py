@@ -45,7 +45,7 @@ from brokerd.native.client import (
     PublishNacked,
     connect,
 )
-from brokerd.shutdown import ignore_further_stop_signals
+from brokerd.shutdown import ignore_further_stop_signals, stop_once_on_signals
 
 
 STOP_GRACE_SECONDS = 5  # how long a stop signal lets ``consume`` cancel and close before the connection is dropped
@@ -337,6 +337,7 @@ def main(argv=None):
             return done.addTimeout(STOP_GRACE_SECONDS, reactor).addErrback(lambda _: None)
 
         reactor.addSystemEventTrigger("before", "shutdown", wind_down)
+        reactor.callWhenRunning(stop_once_on_signals, reactor)
         try:
             status = yield running
         except (BrokerClosed, PublishNacked, ConsumerCancelled) as problem:
