@@ -43,6 +43,7 @@ class DashboardFiles(static.File):
 
     def __init__(self, path, defaultType="application/octet-stream", ignoredExts=(), registry=None):
         super().__init__(path, defaultType, ignoredExts, registry)
+        self.indexNames = []  # the page is at /, not /static/
 
     def directoryListing(self):
         return resource.NoResource()

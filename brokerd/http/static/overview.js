@@ -72,10 +72,10 @@ export class OverviewView {
     this.previous = { time, stats };
     this.rates.add(time, rates);
     this.queued.add(time, overview.queue_totals || {});
-    this.show(overview);
+    this.showFigures(overview);
   }
 
-  show(overview) {
+  showFigures(overview) {
     replaceContent(this.about, `${overview.product_name || "brokerd"} ${overview.product_version || ""} on ${overview.node || ""}`);
     replaceContent(this.queueTotals, tiles(QUEUED.map(({ key, label }) => [key, label]), overview.queue_totals || {}));
     replaceContent(this.objectTotals, tiles(OBJECTS, overview.object_totals || {}));
