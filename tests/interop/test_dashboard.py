@@ -72,7 +72,7 @@ def page(browser, api):
     """The browser on the dashboard's page, logged out, refreshing every second."""
     browser.get(api.base + "/")
     browser.execute_script("sessionStorage.clear(); localStorage.setItem('brokerd.dashboard.refresh', '1');")
-    browser.get(api.base + "/#/")
+    browser.refresh()  # the page starts again without the login saved in this tab
     wait_until(browser, lambda driver: driver.find_element(By.ID, "login-username").is_displayed())
     return browser
 
@@ -83,8 +83,8 @@ def wait_until(browser, condition, message=""):
 
 def text_of(browser, selector):
     """The text of the element C{selector} finds, or None while there is none."""
-    found = browser.find_elements(By.CSS_SELECTOR, selector)
-    return found[0].text if found else None
+    return browser.execute_script("const found = document.querySelector(arguments[0]);"
+                                  "return found ? found.innerText.trim() : null", selector)
 
 
 def wait_for_text(browser, selector, expected):
@@ -155,6 +155,16 @@ def test_a_wrong_password_shows_why_the_login_failed(page):
     assert page.execute_script("return sessionStorage.length") == 0
 
 
+def queue_names(browser):
+    return browser.execute_script(
+        "return Array.from(document.querySelectorAll('#queues-table tbody tr'), row => row.dataset.name)")
+
+
+def wait_for_queues(browser, expected):
+    wait_until(browser, lambda driver: queue_names(driver) == expected,
+               f"the queues table did not list {expected} (it lists {queue_names(browser)})")
+
+
 def test_a_queue_appears_with_its_depth_and_its_page_purges_it(page, api, publish):
     log_in(page, "guest", "guest")
     wait_for_text(page, "#session-user", "guest (administrator)")
@@ -182,3 +192,27 @@ def test_a_queue_appears_with_its_depth_and_its_page_purges_it(page, api, publis
     assert (queue["messages"], queue["messages_ready"]) == (0, 0)
     assert api.post(f"/api/queues/%2F/{segment(QUEUE)}/get",
                     {"count": 10, "ackmode": "ack_requeue_true", "encoding": "auto"}) == (200, [])
+
+
+def test_the_queues_table_sorts_on_a_column_and_filters_by_vhost_and_name(page, api, publish):
+    for name, depth in (("sorted b", 5), ("sorted a", 3), ("sorted c", 1)):
+        publish(name, depth)
+    assert api.put("/api/vhosts/dash-team")[0] == 201
+    assert api.put("/api/permissions/dash-team/guest", {"configure": ".*", "write": ".*", "read": ".*"})[0] == 201
+    assert api.put("/api/queues/dash-team/sorted%20team", {"durable": True})[0] == 201
+    log_in(page, "guest", "guest")
+    page.get(api.base + "/#/queues")
+    page.find_element(By.ID, "filter-name").send_keys("SORTED")
+    wait_for_queues(page, ["sorted a", "sorted b", "sorted c", "sorted team"])  # by name
+
+    total = page.find_element(By.CSS_SELECTOR, '#queues-table th[data-column="messages"] button')
+    total.click()
+    wait_for_queues(page, ["sorted b", "sorted a", "sorted c", "sorted team"])  # biggest first
+    assert page.find_element(By.CSS_SELECTOR, '#queues-table th[data-column="messages"]').get_attribute("aria-sort") == "descending"
+    total.click()
+    wait_for_queues(page, ["sorted team", "sorted c", "sorted a", "sorted b"])
+
+    wait_until(page, lambda driver: driver.find_elements(By.CSS_SELECTOR, '#filter-vhost option[value="dash-team"]'))
+    Select(page.find_element(By.ID, "filter-vhost")).select_by_value("dash-team")
+    wait_for_queues(page, ["sorted team"])
+    wait_for_text(page, "#view-queues .count", "1 queue")

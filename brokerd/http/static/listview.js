@@ -55,7 +55,8 @@ export class ListView {
     const rows = (await api.get(vhost ? this.listPath(vhost) : apiPath(this.kind))) || [];
     const text = this.filters.text;
     const shown = text ? rows.filter((row) => this.texts(row).some((value) => String(value ?? "").toLowerCase().includes(text))) : rows;
-    this.count.textContent = shown.length === rows.length ? `${rows.length} ${this.kind}` : `${shown.length} of ${rows.length} ${this.kind}`;
+    const noun = rows.length === 1 ? this.kind.slice(0, -1) : this.kind; // queue, connection, ...
+    this.count.textContent = shown.length === rows.length ? `${rows.length} ${noun}` : `${shown.length} of ${rows.length} ${noun}`;
     this.table.update(shown);
   }
 }

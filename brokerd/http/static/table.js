@@ -29,25 +29,28 @@ export class SortableTable {
   }
 
   renderHead() {
-    const cells = this.columns.map((column) => {
-      const sorted = column === this.sort.column;
-      return el(
+    this.headers = this.columns.map((column) =>
+      el(
         "th",
-        {
-          class: column.numeric ? "numeric" : null,
-          "data-column": column.id,
-          "aria-sort": sorted ? (this.sort.descending ? "descending" : "ascending") : "none",
-        },
+        { class: column.numeric ? "numeric" : null, "data-column": column.id },
         el("button", { type: "button", onclick: () => this.sortOn(column) }, column.label),
-      );
+      ),
+    );
+    replaceContent(this.head, el("tr", {}, this.headers));
+    this.markSorted();
+  }
+
+  markSorted() {
+    this.columns.forEach((column, index) => {
+      const order = this.sort.descending ? "descending" : "ascending";
+      this.headers[index].setAttribute("aria-sort", column === this.sort.column ? order : "none");
     });
-    replaceContent(this.head, el("tr", {}, cells));
   }
 
   sortOn(column) {
     if (this.sort.column === column) this.sort.descending = !this.sort.descending;
     else this.sort = { column, descending: Boolean(column.numeric) }; // biggest first for figures
-    this.renderHead();
+    this.markSorted();
     this.update(this.rows);
   }
 
