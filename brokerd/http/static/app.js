@@ -43,7 +43,7 @@ class Dashboard {
     };
     this.current = this.overview;
     const container = byId("views");
-    container.append(this.filters.element, ...Object.values(this.views).map((view) => view.element));
+    container.append(...Object.values(this.views).map((view) => view.element));
 
     this.interval = byId("refresh-interval");
     this.interval.value = localStorage.getItem(REFRESH_KEY) || this.interval.value;
@@ -119,7 +119,6 @@ class Dashboard {
     const view = this.views[name] || this.overview;
     if (view.show) view.show(...args);
     for (const each of Object.values(this.views)) each.element.hidden = each !== view;
-    this.filters.element.hidden = !view.usesFilters;
     for (const link of document.querySelectorAll("#nav a")) {
       const active = link.dataset.route === (name === "queue" ? "queues" : name);
       if (active) link.setAttribute("aria-current", "page");

@@ -22,7 +22,7 @@ function axisLabel(value) {
 
 export class LineChart {
   /**
-   * series: [{ key, label, color }]; format(value) writes a value in the legend;
+   * series: [{ key, label, color, width }]; format(value) writes a value in the legend;
    * windowSeconds: how far back the chart reaches.
    */
   constructor({ id, title, series, format = String, windowSeconds = 300 }) {
@@ -83,10 +83,10 @@ export class LineChart {
     const y = (value) => plot.top + plot.height - (value / top) * plot.height;
 
     this.drawAxes(context, plot, top, x, end);
-    context.lineWidth = 2;
     context.lineJoin = "round";
-    for (const line of this.series) {
+    for (const line of this.series.slice().reverse()) { // the first listed on top
       context.strokeStyle = line.color;
+      context.lineWidth = line.width || 2;
       context.beginPath();
       visible.forEach((sample, index) => {
         const point = [x(sample.time), y(sample.values[line.key] || 0)];

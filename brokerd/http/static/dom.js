@@ -55,9 +55,11 @@ export function formatBytes(value) {
   return unit === 0 ? `${size} B` : `${decimal.format(size)} ${units[unit]}`;
 }
 
-/** A millisecond timestamp as local date and time. */
+/** A millisecond timestamp as local time, with the date unless it is today. */
 export function formatTime(milliseconds) {
-  return typeof milliseconds === "number" ? new Date(milliseconds).toLocaleString() : "";
+  if (typeof milliseconds !== "number") return "";
+  const time = new Date(milliseconds);
+  return time.toDateString() === new Date().toDateString() ? time.toLocaleTimeString() : time.toLocaleString();
 }
 
 /** A rate from a message_stats object: stats.publish_details.rate and the like (0 when absent). */

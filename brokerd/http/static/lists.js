@@ -38,7 +38,8 @@ export function queuesView(filters) {
 
 function client(row) {
   const properties = row.client_properties || {};
-  return [properties.connection_name, properties.product, properties.version].filter((value) => typeof value === "string").join(" ");
+  if (typeof properties.connection_name === "string") return properties.connection_name;
+  return [properties.product, properties.version].filter((value) => typeof value === "string").join(" ");
 }
 
 export function connectionsView(filters) {

@@ -12,7 +12,7 @@ export class FilterBar {
     this.select = el("select", { id: "filter-vhost", onchange: () => this.changed() }, el("option", { value: "" }, "All vhosts"));
     this.input = el("input", { id: "filter-name", type: "search", placeholder: "Filter by name", oninput: () => this.changed() });
     this.onChange = onChange;
-    this.element = el("div", { class: "filters", hidden: true }, el("label", {}, "Virtual host ", this.select), el("label", {}, "Name ", this.input));
+    this.element = el("div", { class: "filters" }, el("label", {}, "Virtual host ", this.select), el("label", {}, "Name ", this.input));
   }
 
   changed() {
@@ -47,7 +47,11 @@ export class ListView {
     this.table = new SortableTable({ id: `${kind}-table`, emptyText: `No ${kind}.`, ...table });
     this.count = el("p", { class: "count" });
     this.element = el("section", { id: `view-${kind}`, class: "view", hidden: true }, el("h1", {}, title), this.count, this.table.element);
-    this.usesFilters = true;
+  }
+
+  /** Called when the page is shown: the filter bar moves under its title. */
+  show() {
+    this.count.before(this.filters.element);
   }
 
   async refresh(api) {

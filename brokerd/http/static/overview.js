@@ -11,7 +11,7 @@ const RATES = [
 const QUEUED = [
   { key: "messages_ready", label: "Ready", color: "#d9b42b" },
   { key: "messages_unacknowledged", label: "Unacked", color: "#2b7bd9" },
-  { key: "messages", label: "Total", color: "#9a4ad9" },
+  { key: "messages", label: "Total", color: "#9a4ad9", width: 4 }, // under the others, which it often equals
 ];
 const OBJECTS = [
   ["connections", "Connections"],

@@ -80,7 +80,6 @@ export class QueueView {
     this.missing = el("p", { class: "error", hidden: true });
     this.body = el("div", {}, this.figures, el("div", { class: "panels" }, publishForm, getForm, purgePanel));
     this.element = el("section", { id: "view-queue", class: "view", hidden: true }, el("p", {}, el("a", { href: "#/queues" }, "← Queues")), this.title, this.missing, this.body);
-    this.usesFilters = false;
   }
 
   /** Show the queue named name of vhost (decoded names); the forms start empty for another queue. */
