@@ -201,8 +201,9 @@ def test_the_queues_table_sorts_on_a_column_and_filters_by_vhost_and_name(page, 
     assert api.put("/api/permissions/dash-team/guest", {"configure": ".*", "write": ".*", "read": ".*"})[0] == 201
     assert api.put("/api/queues/dash-team/sorted%20team", {"durable": True})[0] == 201
     log_in(page, "guest", "guest")
-    page.get(api.base + "/#/queues")
-    page.find_element(By.ID, "filter-name").send_keys("SORTED")
+    wait_for_text(page, "#session-user", "guest (administrator)")
+    page.find_element(By.CSS_SELECTOR, '#nav a[data-route="queues"]').click()
+    wait_until(page, expected_conditions.visibility_of_element_located((By.ID, "filter-name"))).send_keys("SORTED")
     wait_for_queues(page, ["sorted a", "sorted b", "sorted c", "sorted team"])  # by name
 
     total = page.find_element(By.CSS_SELECTOR, '#queues-table th[data-column="messages"] button')

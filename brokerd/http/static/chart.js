@@ -5,12 +5,12 @@ import { el } from "./dom.js";
 const MARGIN = { left: 52, right: 12, top: 10, bottom: 24 };
 const GRID_LINES = 4;
 
-/** The smallest of 1, 2, 5 times a power of ten at or above value (at least 1). */
-function niceCeiling(value) {
-  if (!(value > 1)) return 1;
+/** The grid's step: the smallest of 1, 2, 2.5, 5 times a power of ten at or above value, and at least least. */
+function niceStep(value, least) {
+  if (!(value > least)) return least;
   const power = 10 ** Math.floor(Math.log10(value));
   const fraction = value / power;
-  const nice = fraction <= 1 ? 1 : fraction <= 2 ? 2 : fraction <= 5 ? 5 : 10;
+  const nice = fraction <= 1 ? 1 : fraction <= 2 ? 2 : fraction <= 2.5 ? 2.5 : fraction <= 5 ? 5 : 10;
   return nice * power;
 }
 
@@ -23,10 +23,11 @@ function axisLabel(value) {
 export class LineChart {
   /**
    * series: [{ key, label, color, width }]; format(value) writes a value in the legend;
-   * windowSeconds: how far back the chart reaches.
+   * windowSeconds: how far back the chart reaches; counts: whole numbers only on the axis.
    */
-  constructor({ id, title, series, format = String, windowSeconds = 300 }) {
+  constructor({ id, title, series, format = String, windowSeconds = 300, counts = false }) {
     this.series = series;
+    this.leastStep = counts ? 1 : 0.25;
     this.format = format;
     this.windowSeconds = windowSeconds;
     this.samples = []; // { time (seconds), values: { key: number } }, oldest first
@@ -78,7 +79,7 @@ export class LineChart {
     const visible = this.samples.filter((sample) => sample.time >= start);
     let highest = 0;
     for (const sample of visible) for (const line of this.series) highest = Math.max(highest, sample.values[line.key] || 0);
-    const top = niceCeiling(highest);
+    const top = niceStep(highest / GRID_LINES, this.leastStep) * GRID_LINES;
     const x = (time) => plot.left + ((time - start) / this.windowSeconds) * plot.width;
     const y = (value) => plot.top + plot.height - (value / top) * plot.height;
 

@@ -57,6 +57,7 @@ export class ListView {
   async refresh(api) {
     const vhost = this.filters.vhost;
     const rows = (await api.get(vhost ? this.listPath(vhost) : apiPath(this.kind))) || [];
+    if (vhost !== this.filters.vhost) return; // the answer of a vhost no longer chosen
     const text = this.filters.text;
     const shown = text ? rows.filter((row) => this.texts(row).some((value) => String(value ?? "").toLowerCase().includes(text))) : rows;
     const noun = rows.length === 1 ? this.kind.slice(0, -1) : this.kind; // queue, connection, ...

@@ -6,7 +6,7 @@ import { el, formatCount, formatRate, rateOf, replaceContent } from "./dom.js";
 const RATES = [
   { key: "publish", label: "Published", color: "#d9822b" },
   { key: "deliver_get", label: "Delivered", color: "#2b7bd9" },
-  { key: "ack", label: "Acknowledged", color: "#3a9a4a" },
+  { key: "ack", label: "Acknowledged", color: "#3a9a4a", width: 4 }, // under deliveries, which it often equals
 ];
 const QUEUED = [
   { key: "messages_ready", label: "Ready", color: "#d9b42b" },
@@ -31,7 +31,7 @@ function tiles(figures, source) {
 export class OverviewView {
   constructor() {
     this.rates = new LineChart({ id: "chart-rates", title: "Message rates", series: RATES, format: formatRate });
-    this.queued = new LineChart({ id: "chart-queued", title: "Queued messages", series: QUEUED, format: formatCount });
+    this.queued = new LineChart({ id: "chart-queued", title: "Queued messages", series: QUEUED, format: formatCount, counts: true });
     this.previous = null; // { time, stats } of the sample before, for rates over the polling interval
     this.about = el("p", { class: "about" });
     this.queueTotals = el("div", { class: "tiles", id: "queue-totals" });
@@ -43,9 +43,9 @@ export class OverviewView {
       el("h1", {}, "Overview"),
       this.about,
       el("div", { class: "charts" }, this.queued.element, this.rates.element),
-      el("h2", {}, "Queued messages"),
+      el("h2", {}, "Queue totals"),
       this.queueTotals,
-      el("h2", {}, "Totals"),
+      el("h2", {}, "Object totals"),
       this.objectTotals,
       el("h2", {}, "Listeners"),
       el("table", { class: "data", id: "listeners-table" }, el("thead", {}, el("tr", {}, el("th", {}, "Protocol"), el("th", {}, "Address"), el("th", { class: "numeric" }, "Port"))), this.listeners),

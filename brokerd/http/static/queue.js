@@ -101,16 +101,19 @@ export class QueueView {
   }
 
   async refresh(api) {
+    const { vhost, name } = this;
     let queue;
     try {
       queue = await api.get(this.path());
     } catch (error) {
+      if (vhost !== this.vhost || name !== this.name) return; // another queue is shown now
       if (error.status !== 404) throw error;
       this.missing.textContent = `There is no queue ${this.name} in virtual host ${this.vhost}.`;
       this.missing.hidden = false;
       this.body.hidden = true;
       return;
     }
+    if (vhost !== this.vhost || name !== this.name) return;
     this.missing.hidden = true;
     this.body.hidden = false;
     this.queue = queue;
