@@ -123,29 +123,34 @@ def publish(broker):
     connection.close()
 
 
-def test_the_page_and_its_files_are_served_without_login_and_nothing_outside_them(api):
+def fetch(api, path, headers=None):
+    """C{(status, headers, body)} of a GET of C{path} sent as written (http.client keeps C{..} and C{%2F})."""
     host, port = api.base.removeprefix("http://").split(":")
-
-    def fetch(path):
-        connection = http.client.HTTPConnection(host, int(port), timeout=10)
-        connection.request("GET", path)  # sent as written: http.client does not tidy '..' away
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        connection.request("GET", path, headers=headers or {})
         response = connection.getresponse()
-        answer = response.status, response.getheader("content-type"), response.read()
+        return response.status, response.headers, response.read()
+    finally:
         connection.close()
-        return answer
 
-    status, content_type, body = fetch("/")
-    assert (status, content_type) == (200, "text/html; charset=utf-8")
+
+def test_the_page_and_its_files_are_served_without_login_and_nothing_outside_them(api):
+    status, headers, body = fetch(api, "/")
+    assert (status, headers["content-type"]) == (200, "text/html; charset=utf-8")
     assert b'<script type="module" src="static/app.js"></script>' in body
+    assert "default-src 'self'" in headers["content-security-policy"]
     for asset, wanted in (("app.js", "text/javascript"), ("chart.js", "text/javascript"), ("style.css", "text/css")):
-        status, content_type, body = fetch(f"/static/{asset}")
-        assert (status, content_type) == (200, f"{wanted}; charset=utf-8") and body
+        status, headers, body = fetch(api, f"/static/{asset}")
+        assert (status, headers["content-type"]) == (200, f"{wanted}; charset=utf-8") and body
+    assert fetch(api, "/static/style.css", {"If-Modified-Since": headers["last-modified"]})[0] == 304  # cached copy kept
     for escape in ("/static/../../../../etc/passwd", "/static/..%2F..%2F..%2F..%2Fetc%2Fpasswd", "/../../etc/passwd",
-                   "/static/%2Fetc%2Fpasswd", "/static/../server.py", "/static/..%2Fserver.py", "/static/"):
-        status, _, body = fetch(escape)
+                   "/static/%2Fetc%2Fpasswd", "/static/../server.py", "/static/..%2Fserver.py", "/static/",
+                   "/static", "/static/app.js/../../server.py", "/static/app.js/x"):
+        status, _, body = fetch(api, escape)
         assert status == 404, (escape, status)
         assert b"root:" not in body and b"import" not in body
-    assert fetch("/api/overview")[0] == 401  # the data still needs a login
+    assert fetch(api, "/api/overview")[0] == 401  # the data still needs a login
 
 
 def test_a_wrong_password_shows_why_the_login_failed(page):
