@@ -4,8 +4,20 @@ import { apiPath } from "./api.js";
 import { el, exchangeLabel, formatBytes, formatCount, formatJson, formatRate, formatTime, queueHref, rateOf } from "./dom.js";
 import { ListView } from "./listview.js";
 
-const count = (id, label, value) => ({ id, label, numeric: true, value: (row) => value(row) ?? 0, cell: (row) => formatCount(value(row)) });
-const rate = (id, label, stat) => ({ id, label, numeric: true, value: (row) => rateOf(row.message_stats, stat), cell: (row) => formatRate(rateOf(row.message_stats, stat)) });
+const count = (id, label, value) => ({
+  id,
+  label,
+  numeric: true,
+  value: (row) => value(row) ?? 0,
+  cell: (row) => formatCount(value(row)),
+});
+const rate = (id, label, stat) => ({
+  id,
+  label,
+  numeric: true,
+  value: (row) => rateOf(row.message_stats, stat),
+  cell: (row) => formatRate(rateOf(row.message_stats, stat)),
+});
 const text = (id, label, value) => ({ id, label, value: (row) => value(row) ?? "" });
 const vhost = text("vhost", "Virtual host", (row) => row.vhost);
 
@@ -124,7 +136,10 @@ export function bindingsView(filters) {
         id: "destination",
         label: "Destination",
         value: (row) => row.destination,
-        cell: (row) => (row.destination_type === "queue" ? el("a", { href: queueHref(row.vhost, row.destination) }, row.destination) : row.destination),
+        cell: (row) =>
+          row.destination_type === "queue"
+            ? el("a", { href: queueHref(row.vhost, row.destination) }, row.destination)
+            : row.destination,
       },
       text("routing_key", "Routing key", (row) => row.routing_key),
       text("arguments", "Arguments", (row) => formatJson(row.arguments)),

@@ -24,7 +24,12 @@ const OBJECTS = [
 /** Tiles of figures: [[key, label]] read from an object, each tile marked data-total=key. */
 function tiles(figures, source) {
   return figures.map(([key, label]) =>
-    el("div", { class: "tile", "data-total": key }, el("span", { class: "tile-value" }, formatCount(source[key] ?? 0)), el("span", { class: "tile-label" }, label)),
+    el(
+      "div",
+      { class: "tile", "data-total": key },
+      el("span", { class: "tile-value" }, formatCount(source[key] ?? 0)),
+      el("span", { class: "tile-label" }, label),
+    ),
   );
 }
 
@@ -48,7 +53,12 @@ export class OverviewView {
       el("h2", {}, "Object totals"),
       this.objectTotals,
       el("h2", {}, "Listeners"),
-      el("table", { class: "data", id: "listeners-table" }, el("thead", {}, el("tr", {}, el("th", {}, "Protocol"), el("th", {}, "Address"), el("th", { class: "numeric" }, "Port"))), this.listeners),
+      el(
+        "table",
+        { class: "data", id: "listeners-table" },
+        el("thead", {}, el("tr", {}, el("th", {}, "Protocol"), el("th", {}, "Address"), el("th", { class: "numeric" }, "Port"))),
+        this.listeners,
+      ),
     );
   }
 

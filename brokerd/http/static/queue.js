@@ -53,7 +53,13 @@ export class QueueView {
       "form",
       { id: "get-form", class: "panel", onsubmit: (event) => this.getMessages(event) },
       el("h2", {}, "Get messages"),
-      el("div", { class: "row" }, el("label", {}, "Messages", this.getCount), el("label", {}, "Ack mode", this.ackMode), el("label", {}, "Encoding", this.encoding)),
+      el(
+        "div",
+        { class: "row" },
+        el("label", {}, "Messages", this.getCount),
+        el("label", {}, "Ack mode", this.ackMode),
+        el("label", {}, "Encoding", this.encoding),
+      ),
       el("button", { type: "submit" }, "Get messages"),
       this.getResult,
       this.messages,
@@ -79,7 +85,8 @@ export class QueueView {
 
     this.missing = el("p", { class: "error", hidden: true });
     this.body = el("div", {}, this.figures, el("div", { class: "panels" }, publishForm, getForm, purgePanel));
-    this.element = el("section", { id: "view-queue", class: "view", hidden: true }, el("p", {}, el("a", { href: "#/queues" }, "← Queues")), this.title, this.missing, this.body);
+    const back = el("p", {}, el("a", { href: "#/queues" }, "← Queues"));
+    this.element = el("section", { id: "view-queue", class: "view", hidden: true }, back, this.title, this.missing, this.body);
   }
 
   /** Show the queue named name of vhost (decoded names); the forms start empty for another queue. */
@@ -88,7 +95,8 @@ export class QueueView {
     this.vhost = vhost;
     this.name = name;
     this.queue = null;
-    replaceContent(this.title, "Queue ", el("span", { id: "queue-name" }, name), el("span", { class: "subtle" }, ` in virtual host ${vhost}`));
+    const where = el("span", { class: "subtle" }, ` in virtual host ${vhost}`);
+    replaceContent(this.title, "Queue ", el("span", { id: "queue-name" }, name), where);
     replaceContent(this.figures);
     replaceContent(this.messages);
     for (const line of [this.publishResult, this.getResult, this.purgeResult]) report(line, "");
@@ -133,7 +141,12 @@ export class QueueView {
       ["auto_delete", "Auto-delete", queue.auto_delete ? "yes" : "no"],
       ["arguments", "Arguments", formatJson(queue.arguments) || "none"],
     ];
-    replaceContent(this.figures, figures.map(([key, label, value]) => el("div", { class: "figure", "data-figure": key }, el("dt", {}, label), el("dd", {}, value ?? ""))));
+    replaceContent(
+      this.figures,
+      figures.map(([key, label, value]) =>
+        el("div", { class: "figure", "data-figure": key }, el("dt", {}, label), el("dd", {}, value ?? "")),
+      ),
+    );
   }
 
   /** Run an API call for a form: its result line says what happened; the page refreshes after. */

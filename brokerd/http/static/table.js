@@ -78,7 +78,9 @@ export class SortableTable {
       }),
     );
     if (rows.length === 0) this.note.textContent = this.emptyText;
-    else if (rows.length > shown.length) this.note.textContent = `The first ${shown.length} of ${rows.length}: narrow the filter to see the others.`;
+    else if (rows.length > shown.length) {
+      this.note.textContent = `The first ${shown.length} of ${rows.length}: narrow the filter to see the others.`;
+    }
     else this.note.textContent = "";
   }
 }
