@@ -2,10 +2,11 @@
 
 The page is served by the broker's HTTP listener at C{/}; the tests log in as
 guest, see a queue filled over AMQP appear in the queues table with its depth,
-sort and filter the table, open the queue's page and purge it (and check with
-the API that it is empty), and see a wrong password refused with RabbitMQ's
-reason. Chromium and its driver are Debian's C{chromium} and
-C{chromium-driver} (C{.ci/run} installs them); without them the module is skipped.
+sort and filter the table, open the queue's page, publish to it and get from
+it there, purge it (and check with the API that it is empty), and see a wrong
+password refused with RabbitMQ's reason. Chromium and its driver are Debian's
+C{chromium} and C{chromium-driver} (C{.ci/run} installs them); without them the
+module is skipped.
 """
 
 import http.client
@@ -15,12 +16,13 @@ from urllib.parse import quote
 import pika
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from brokerd.testing import BrokerProcess, parse_endpoint
+from brokerd.testing import BrokerProcess
 from tests.httpapi import Api, segment
 
 BROWSER = next(filter(None, map(shutil.which, ("chromium", "chromium-browser"))), None)
@@ -34,7 +36,6 @@ pytestmark = pytest.mark.skipif(
 
 # A queue name that would be markup if the page wrote it as HTML, with a '/' to URL-encode.
 QUEUE = "dash <b>jobs</b> & /1"
-SMALL_QUEUE = "dash small"
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +78,14 @@ def page(browser, api):
     return browser
 
 
-def wait_until(browser, condition, message=""):
-    return WebDriverWait(browser, WAIT_SECONDS).until(condition, message)
+def wait_until(browser, condition, describe=lambda: "the page did not get there"):
+    """What C{condition(browser)} gives once true; if it is not within the wait, a failure that
+    says C{describe()} (then) and what the page's console has."""
+    try:
+        return WebDriverWait(browser, WAIT_SECONDS).until(condition)
+    except TimeoutException:
+        console = "\n".join(entry["message"] for entry in browser.get_log("browser")) or "(nothing)"
+        raise AssertionError(f"{describe()} within {WAIT_SECONDS} s; the page's console:\n{console}") from None
 
 
 def text_of(browser, selector):
@@ -89,7 +96,7 @@ def text_of(browser, selector):
 
 def wait_for_text(browser, selector, expected):
     wait_until(browser, lambda driver: text_of(driver, selector) == expected,
-               f"{selector} did not show {expected!r} (it shows {text_of(browser, selector)!r})")
+               lambda: f"{selector} did not show {expected!r} (it shows {text_of(browser, selector)!r})")
 
 
 def log_in(browser, user, password):
@@ -99,7 +106,8 @@ def log_in(browser, user, password):
 
 
 def row_selector(vhost, name, column):
-    return f'#queues-table tr[data-vhost="{css_string(vhost)}"][data-name="{css_string(name)}"] td[data-column="{column}"]'
+    row = f'#queues-table tr[data-vhost="{css_string(vhost)}"][data-name="{css_string(name)}"]'
+    return f'{row} td[data-column="{column}"]'
 
 
 def css_string(text):
@@ -110,7 +118,8 @@ def css_string(text):
 def publish(broker):
     """C{publish(queue, count)}: declare the queue and put C{count} messages in it over AMQP, confirmed."""
     host, port = broker.wait_address("AMQP")
-    connection = pika.BlockingConnection(pika.ConnectionParameters(host, port, connection_attempts=1, socket_timeout=10))
+    parameters = pika.ConnectionParameters(host, port, connection_attempts=1, socket_timeout=10)
+    connection = pika.BlockingConnection(parameters)
     channel = connection.channel()
     channel.confirm_delivery()
 
@@ -143,7 +152,8 @@ def test_the_page_and_its_files_are_served_without_login_and_nothing_outside_the
     for asset, wanted in (("app.js", "text/javascript"), ("chart.js", "text/javascript"), ("style.css", "text/css")):
         status, headers, body = fetch(api, f"/static/{asset}")
         assert (status, headers["content-type"]) == (200, f"{wanted}; charset=utf-8") and body
-    assert fetch(api, "/static/style.css", {"If-Modified-Since": headers["last-modified"]})[0] == 304  # cached copy kept
+    cached = {"If-Modified-Since": headers["last-modified"]}
+    assert fetch(api, "/static/style.css", cached)[0] == 304  # the browser's copy is still good
     for escape in ("/static/../../../../etc/passwd", "/static/..%2F..%2F..%2F..%2Fetc%2Fpasswd", "/../../etc/passwd",
                    "/static/%2Fetc%2Fpasswd", "/static/../server.py", "/static/..%2Fserver.py", "/static/",
                    "/static", "/static/app.js/../../server.py", "/static/app.js/x"):
@@ -167,7 +177,7 @@ def queue_names(browser):
 
 def wait_for_queues(browser, expected):
     wait_until(browser, lambda driver: queue_names(driver) == expected,
-               f"the queues table did not list {expected} (it lists {queue_names(browser)})")
+               lambda: f"the queues table did not list {expected} (it lists {queue_names(browser)})")
 
 
 def test_a_queue_appears_with_its_depth_and_its_page_purges_it(page, api, publish):
@@ -183,13 +193,26 @@ def test_a_queue_appears_with_its_depth_and_its_page_purges_it(page, api, publis
     link = page.find_element(By.CSS_SELECTOR, row_selector("/", QUEUE, "name") + " a")
     assert link.text == QUEUE  # written as text, not markup
     link.click()
-    wait_until(page, lambda driver: driver.execute_script("return location.hash") == f"#/queues/%2F/{quote(QUEUE, safe='')}")
+    queue_page = f"#/queues/%2F/{quote(QUEUE, safe='')}"  # the vhost and the name URL-encoded
+    wait_until(page, lambda driver: driver.execute_script("return location.hash") == queue_page)
     wait_for_text(page, "#queue-name", QUEUE)
     wait_for_text(page, '#queue-figures [data-figure="messages"] dd', "7")
 
+    page.find_element(By.ID, "publish-payload").send_keys("<i>from the page</i>")
+    page.find_element(By.CSS_SELECTOR, "#publish-form button[type=submit]").click()
+    wait_for_text(page, "#publish-result", "Message published.")
+    wait_for_text(page, '#queue-figures [data-figure="messages"] dd', "8")
+    page.find_element(By.ID, "get-count").clear()
+    page.find_element(By.ID, "get-count").send_keys("8")
+    page.find_element(By.CSS_SELECTOR, "#get-form button[type=submit]").click()  # ack_requeue_true: they stay
+    wait_for_text(page, "#get-result", "8 message(s).")
+    payloads = page.execute_script(
+        "return Array.from(document.querySelectorAll('#get-messages .payload'), payload => payload.textContent)")
+    assert payloads == [f"message {number}" for number in range(7)] + ["<i>from the page</i>"]
+
     page.find_element(By.ID, "purge-button").click()
     wait_until(page, expected_conditions.visibility_of_element_located((By.ID, "purge-confirm")))
-    assert "7 ready message(s)" in text_of(page, "#purge-confirm")
+    assert "8 ready message(s)" in text_of(page, "#purge-confirm")
     page.find_element(By.ID, "purge-yes").click()
     wait_for_text(page, "#purge-result", "Queue purged.")
     wait_for_text(page, '#queue-figures [data-figure="messages"] dd', "0")
@@ -214,7 +237,8 @@ def test_the_queues_table_sorts_on_a_column_and_filters_by_vhost_and_name(page, 
     total = page.find_element(By.CSS_SELECTOR, '#queues-table th[data-column="messages"] button')
     total.click()
     wait_for_queues(page, ["sorted b", "sorted a", "sorted c", "sorted team"])  # biggest first
-    assert page.find_element(By.CSS_SELECTOR, '#queues-table th[data-column="messages"]').get_attribute("aria-sort") == "descending"
+    header = page.find_element(By.CSS_SELECTOR, '#queues-table th[data-column="messages"]')
+    assert header.get_attribute("aria-sort") == "descending"
     total.click()
     wait_for_queues(page, ["sorted team", "sorted c", "sorted a", "sorted b"])
 
