@@ -246,3 +246,19 @@ def test_the_queues_table_sorts_on_a_column_and_filters_by_vhost_and_name(page, 
     Select(page.find_element(By.ID, "filter-vhost")).select_by_value("dash-team")
     wait_for_queues(page, ["sorted team"])
     wait_for_text(page, "#view-queues .count", "1 queue")
+
+
+def test_connections_channels_exchanges_and_bindings_are_listed(page, publish):
+    publish("listed", 1)  # the module's AMQP connection and channel, and the default binding of a queue
+    log_in(page, "guest", "guest")
+    wait_for_text(page, "#session-user", "guest (administrator)")
+    expected = {
+        "connections": '#connections-table td[data-column="user"]',
+        "channels": '#channels-table td[data-column="user"]',
+        "exchanges": '#exchanges-table tr[data-name="amq.topic"] td[data-column="type"]',
+        "bindings": '#bindings-table tr[data-source=""][data-destination="listed"] td[data-column="source"]',
+    }
+    texts = {"connections": "guest", "channels": "guest", "exchanges": "topic", "bindings": "(AMQP default)"}
+    for route, selector in expected.items():
+        page.find_element(By.CSS_SELECTOR, f'#nav a[data-route="{route}"]').click()
+        wait_for_text(page, selector, texts[route])
