@@ -248,7 +248,7 @@ def test_the_queues_table_sorts_on_a_column_and_filters_by_vhost_and_name(page, 
     wait_for_text(page, "#view-queues .count", "1 queue")
 
 
-def test_connections_channels_exchanges_and_bindings_are_listed(page, publish):
+def test_connections_channels_exchanges_and_bindings_are_listed_until_logging_out(page, publish):
     publish("listed", 1)  # the module's AMQP connection and channel, and the default binding of a queue
     log_in(page, "guest", "guest")
     wait_for_text(page, "#session-user", "guest (administrator)")
@@ -262,3 +262,8 @@ def test_connections_channels_exchanges_and_bindings_are_listed(page, publish):
     for route, selector in expected.items():
         page.find_element(By.CSS_SELECTOR, f'#nav a[data-route="{route}"]').click()
         wait_for_text(page, selector, texts[route])
+
+    page.find_element(By.ID, "logout").click()
+    wait_until(page, expected_conditions.visibility_of_element_located((By.ID, "login-form")))
+    assert not page.find_element(By.ID, "views").is_displayed()
+    assert page.execute_script("return sessionStorage.length") == 0

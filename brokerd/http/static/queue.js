@@ -195,7 +195,8 @@ export class QueueView {
     return el(
       "div",
       { class: "message" },
-      el("h3", {}, `Message ${index + 1}`, el("span", { class: "subtle" }, ` (${formatCount(message.message_count)} left in the queue)`)),
+      el("h3", {}, `Message ${index + 1}`),
+      el("p", { class: "subtle" }, `The server reported ${formatCount(message.message_count)} messages remaining.`),
       el("dl", { class: "message-fields" }, rows.map(([label, value]) => [el("dt", {}, label), el("dd", {}, value)])),
       el("pre", { class: "payload" }, message.payload),
     );
