@@ -25,7 +25,7 @@ export class FilterBar {
   setVhosts(vhosts) {
     const names = vhosts.map((vhost) => vhost.name);
     const current = Array.from(this.select.options, (option) => option.value).slice(1);
-    if (names.join("\n") !== current.join("\n")) {
+    if (JSON.stringify(names) !== JSON.stringify(current)) {
       replaceContent(this.select, el("option", { value: "" }, "All vhosts"), names.map((name) => el("option", { value: name }, name)));
     }
     if (!names.includes(this.vhost)) this.vhost = "";
