@@ -163,11 +163,18 @@ def test_the_page_and_its_files_are_served_without_login_and_nothing_outside_the
     assert fetch(api, "/api/overview")[0] == 401  # the data still needs a login
 
 
-def test_a_wrong_password_shows_why_the_login_failed(page):
+def test_a_refused_login_shows_why_in_rabbitmqs_words(page, api):
     log_in(page, "guest", "not the password")
     wait_for_text(page, "#login-error", "Login failed")
     assert not page.find_element(By.ID, "nav").is_displayed()
     assert page.execute_script("return sessionStorage.length") == 0
+
+    assert api.put("/api/users/dash-plain", {"password": "plain", "tags": ""})[0] == 201  # no management tag
+    for field in ("login-username", "login-password"):
+        page.find_element(By.ID, field).clear()
+    log_in(page, "dash-plain", "plain")
+    wait_for_text(page, "#login-error", "Not management user")
+    assert not page.find_element(By.ID, "nav").is_displayed()
 
 
 def queue_names(browser):

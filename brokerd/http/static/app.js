@@ -75,6 +75,7 @@ class Dashboard {
     event.preventDefault();
     const button = byId("login-button");
     button.disabled = true;
+    byId("login-error").textContent = "";
     try {
       const login = await logIn(byId("login-username").value, byId("login-password").value);
       saveLogin(login.api, login.whoami);
