@@ -274,3 +274,17 @@ def test_connections_channels_exchanges_and_bindings_are_listed_until_logging_ou
     wait_until(page, expected_conditions.visibility_of_element_located((By.ID, "login-form")))
     assert not page.find_element(By.ID, "views").is_displayed()
     assert page.execute_script("return sessionStorage.length") == 0
+
+
+def test_a_refused_permission_is_shown_and_the_user_stays_logged_in(page, api, publish):
+    publish("guarded", 2)
+    assert api.put("/api/users/dash-reader", {"password": "reader", "tags": "management"})[0] == 201
+    assert api.put("/api/permissions/%2F/dash-reader", {"configure": "", "write": "", "read": "^$"})[0] == 201
+    page.execute_script("location.hash = '#/queues/%2F/guarded'")
+    log_in(page, "dash-reader", "reader")
+    wait_for_text(page, '#queue-figures [data-figure="messages"] dd', "2")
+    page.find_element(By.ID, "purge-button").click()
+    page.find_element(By.ID, "purge-yes").click()
+    wait_for_text(page, "#purge-result", "access to queue 'guarded' in vhost '/' refused for user 'dash-reader'")
+    assert page.find_element(By.ID, "nav").is_displayed() and not page.find_element(By.ID, "login").is_displayed()
+    assert api.get("/api/queues/%2F/guarded")["messages"] == 2

@@ -103,15 +103,31 @@ class Dashboard {
     this.showLogin(reason);
   }
 
-  /** A failure of a request: a refused login goes back to the login form, the rest is shown above the page. */
-  handleError(error) {
-    if (error.status === 401) {
-      this.logOut(error.reason);
-      return;
+  /** A failure of a request: shown above the page, unless the login itself is refused now. */
+  async handleError(error) {
+    if (await this.stillLoggedIn(error)) {
+      const banner = byId("banner");
+      banner.textContent = error.reason || error.message;
+      banner.hidden = false;
     }
-    const banner = byId("banner");
-    banner.textContent = error.reason || error.message;
-    banner.hidden = false;
+  }
+
+  /**
+   * False, back at the login form, if error says the login is refused now (the password changed,
+   * the user was deleted): the API answers 401 to a refused permission as well, so a 401 is
+   * checked with /api/whoami.
+   */
+  async stillLoggedIn(error) {
+    const api = this.api;
+    if (!api) return false;
+    if (error.status !== 401) return true;
+    try {
+      await api.get(apiPath("whoami"));
+      return api === this.api;
+    } catch (again) {
+      if (api === this.api && again.status === 401) this.logOut(again.reason);
+      return api === this.api;
+    }
   }
 
   route() {

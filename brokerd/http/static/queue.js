@@ -25,7 +25,7 @@ function report(line, text, failed = false) {
 }
 
 export class QueueView {
-  /** app: the dashboard, for its API client (app.api), refreshNow() and handleError(error). */
+  /** app: the dashboard, for its API client (app.api), refreshNow() and stillLoggedIn(error). */
   constructor(app) {
     this.app = app;
     this.vhost = null;
@@ -155,8 +155,8 @@ export class QueueView {
     try {
       report(line, done(await call(api)));
     } catch (error) {
-      if (error.status === 401) this.app.handleError(error);
-      else report(line, error.reason || error.message, true);
+      if (!(await this.app.stillLoggedIn(error))) return;
+      report(line, error.reason || error.message, true); // a refused permission, in the broker's words
     }
     this.app.refreshNow();
   }
