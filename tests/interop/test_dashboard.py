@@ -191,6 +191,8 @@ def test_a_queue_appears_with_its_depth_and_its_page_purges_it(page, api, publis
     log_in(page, "guest", "guest")
     wait_for_text(page, "#session-user", "guest (administrator)")
     wait_until(page, lambda driver: text_of(driver, '#object-totals [data-total="queues"] .tile-value') is not None)
+    assert text_of(page, '#chart-rates [data-series="publish"] .legend-value').endswith("/s")
+    assert page.execute_script("return document.querySelector('#chart-rates canvas').width") > 0  # drawn
     page.find_element(By.CSS_SELECTOR, '#nav a[data-route="queues"]').click()
     wait_until(page, expected_conditions.visibility_of_element_located((By.ID, "queues-table")))
 
