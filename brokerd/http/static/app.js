@@ -46,7 +46,9 @@ class Dashboard {
     container.append(...Object.values(this.views).map((view) => view.element));
 
     this.interval = byId("refresh-interval");
-    this.interval.value = localStorage.getItem(REFRESH_KEY) || this.interval.value;
+    const offered = Array.from(this.interval.options, (option) => option.value);
+    const savedInterval = localStorage.getItem(REFRESH_KEY);
+    if (offered.includes(savedInterval)) this.interval.value = savedInterval; // else the default
     this.interval.addEventListener("change", () => {
       localStorage.setItem(REFRESH_KEY, this.interval.value);
       this.startPolling();
