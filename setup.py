@@ -25,7 +25,9 @@ AMQP_CLIENTS = ["pika>=1.3", "kombu>=5.3", "celery>=5.3", "aio-pika>=9"]
 SPARK_REQUIREMENTS = ["pyspark>=3.5", "matplotlib>=3.8"]
 # pytest-xdist runs the suite on every core: most tests wait on real broker
 # processes, so two workers take the suite well under its ten-minute budget.
-TEST_REQUIREMENTS = ["pytest>=8", "pytest-xdist>=3.5", "trustme>=1.1", "grpcio-tools==1.85.1", *AMQP_CLIENTS, *SPARK_REQUIREMENTS]
+# Selenium drives a real headless Chromium (Debian's chromium and chromium-driver) through the dashboard.
+TEST_REQUIREMENTS = ["pytest>=8", "pytest-xdist>=3.5", "trustme>=1.1", "grpcio-tools==1.85.1", "selenium>=4.10",
+                     *AMQP_CLIENTS, *SPARK_REQUIREMENTS]
 
 setup(
     name="brokerd",
@@ -39,7 +41,9 @@ setup(
     # finds drop-ins by path, so only our module is shipped into it.
     packages=find_packages(include=["brokerd", "brokerd.*", "backends", "backends.*", "spark_jobs", "spark_jobs.*"])
     + ["twisted.plugins"],
-    package_data={"twisted": ["plugins/brokerd_plugin.py"], "brokerd.proto": ["*.proto"]},
+    # brokerd/http/static: the dashboard's page, styles and scripts, served as they are.
+    package_data={"twisted": ["plugins/brokerd_plugin.py"], "brokerd.proto": ["*.proto"],
+                  "brokerd.http": ["static/*"]},
     install_requires=[
         "twisted[tls]>=24.7",  # pyOpenSSL and service_identity, for the ssl: listeners (--amqps)
         PROTOBUF_RUNTIME,

@@ -9,6 +9,8 @@ administrator may use the API at all (401 C{not_authorised} otherwise).
 Monitoring and administrator users see every vhost, the others the vhosts
 they have permissions on; changes to users, vhosts and permissions are for
 administrators (L{brokerd.access.management.Management} checks that).
+L{make_site} serves it under C{/api/}, beside the dashboard's page and files
+(L{brokerd.http.dashboard}), which need no login.
 """
 
 from twisted.internet import defer
@@ -18,6 +20,7 @@ from twisted.web import resource, server
 from brokerd.access.login import LOOPBACK_ONLY_USERS, is_loopback
 from brokerd.access.permissions import ResourceAccess
 from brokerd.errors import BrokerError
+from brokerd.http.dashboard import add_dashboard
 from brokerd.http.listing import ListingQuery
 from brokerd.http.overview import MessageTotals
 from brokerd.http.routes import ApiError, Router, broker_error, encode, not_authorised, not_found
@@ -196,10 +199,11 @@ def _status_of(body):
 
 
 def make_site(context):
-    """The twisted.web site of the management API over L{ApiContext} C{context}."""
+    """The twisted.web site of the management API over L{ApiContext} C{context}, and of the dashboard."""
     from brokerd.http.urls import ROUTES
 
     root = resource.Resource()
+    add_dashboard(root)
     root.putChild(b"api", ManagementApi(context, ROUTES))
     site = server.Site(root)
     site.displayTracebacks = False

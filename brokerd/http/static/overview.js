@@ -1,0 +1,105 @@
+// The overview: queued messages and message rates over the last minutes, totals, listeners.
+
+import { LineChart } from "./chart.js";
+import { el, formatCount, formatRate, rateOf, replaceContent } from "./dom.js";
+
+const RATES = [
+  { key: "publish", label: "Published", color: "#d9822b" },
+  { key: "deliver_get", label: "Delivered", color: "#2b7bd9" },
+  { key: "ack", label: "Acknowledged", color: "#3a9a4a", width: 4 }, // under deliveries, which it often equals
+];
+const QUEUED = [
+  { key: "messages_ready", label: "Ready", color: "#d9b42b" },
+  { key: "messages_unacknowledged", label: "Unacked", color: "#2b7bd9" },
+  { key: "messages", label: "Total", color: "#9a4ad9", width: 4 }, // under the others, which it often equals
+];
+const OBJECTS = [
+  ["connections", "Connections"],
+  ["channels", "Channels"],
+  ["exchanges", "Exchanges"],
+  ["queues", "Queues"],
+  ["consumers", "Consumers"],
+];
+
+/** Tiles of figures: [[key, label]] read from an object, each tile marked data-total=key. */
+function tiles(figures, source) {
+  return figures.map(([key, label]) =>
+    el(
+      "div",
+      { class: "tile", "data-total": key },
+      el("span", { class: "tile-value" }, formatCount(source[key] ?? 0)),
+      el("span", { class: "tile-label" }, label),
+    ),
+  );
+}
+
+export class OverviewView {
+  constructor() {
+    this.rates = new LineChart({ id: "chart-rates", title: "Message rates", series: RATES, format: formatRate });
+    this.queued = new LineChart({ id: "chart-queued", title: "Queued messages", series: QUEUED, format: formatCount, counts: true });
+    this.previous = null; // { time, stats } of the sample before, for rates over the polling interval
+    this.about = el("p", { class: "about" });
+    this.queueTotals = el("div", { class: "tiles", id: "queue-totals" });
+    this.objectTotals = el("div", { class: "tiles", id: "object-totals" });
+    this.listeners = el("tbody");
+    this.element = el(
+      "section",
+      { id: "view-overview", class: "view", hidden: true },
+      el("h1", {}, "Overview"),
+      this.about,
+      el("div", { class: "charts" }, this.queued.element, this.rates.element),
+      el("h2", {}, "Queue totals"),
+      this.queueTotals,
+      el("h2", {}, "Object totals"),
+      this.objectTotals,
+      el("h2", {}, "Listeners"),
+      el(
+        "table",
+        { class: "data", id: "listeners-table" },
+        el("thead", {}, el("tr", {}, el("th", {}, "Protocol"), el("th", {}, "Address"), el("th", { class: "numeric" }, "Port"))),
+        this.listeners,
+      ),
+    );
+  }
+
+  /**
+   * Take one answer of /api/overview: the charts get a point, the figures are shown. Rates are
+   * the counters' change since the previous sample, per second (the API's own rate is the change
+   * since whoever asked last, so other clients would shorten its interval); the first sample,
+   * or one after the counters went back (a restarted broker), takes the API's rate.
+   */
+  sample(overview, time = Date.now() / 1000) {
+    const stats = overview.message_stats || {};
+    const rates = {};
+    for (const { key } of RATES) {
+      const count = stats[key];
+      const before = this.previous && this.previous.stats[key];
+      const interval = this.previous ? time - this.previous.time : 0;
+      rates[key] = typeof count === "number" && typeof before === "number" && count >= before && interval > 0
+        ? (count - before) / interval
+        : rateOf(stats, key);
+    }
+    this.previous = { time, stats };
+    this.rates.add(time, rates);
+    this.queued.add(time, overview.queue_totals || {});
+    this.showFigures(overview);
+  }
+
+  showFigures(overview) {
+    replaceContent(this.about, `${overview.product_name || "brokerd"} ${overview.product_version || ""} on ${overview.node || ""}`);
+    replaceContent(this.queueTotals, tiles(QUEUED.map(({ key, label }) => [key, label]), overview.queue_totals || {}));
+    replaceContent(this.objectTotals, tiles(OBJECTS, overview.object_totals || {}));
+    replaceContent(
+      this.listeners,
+      (overview.listeners || []).map((listener) =>
+        el("tr", {}, el("td", {}, listener.protocol), el("td", {}, listener.ip_address), el("td", { class: "numeric" }, listener.port)),
+      ),
+    );
+  }
+
+  /** Called when the view is shown: the charts are drawn at their new size. */
+  redraw() {
+    this.rates.draw();
+    this.queued.draw();
+  }
+}
