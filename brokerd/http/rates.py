@@ -28,6 +28,6 @@ class CounterRates:
             self._previous, self._latest = latest, (now, counts)
         since, before = self._previous or latest
         elapsed = now - since
-        if elapsed <= 0:
+        if elapsed <= 0 or counts == before:  # the common case of an idle queue, without the arithmetic
             return (0.0,) * len(counts)
-        return tuple((count - old) / elapsed for count, old in zip(counts, before))
+        return tuple([(count - old) / elapsed for count, old in zip(counts, before)])

@@ -168,9 +168,11 @@ class ManagementApi(resource.Resource):
         for name, value in (headers or {}).items():
             request.setHeader(name.encode(), value.encode())
         if body is not None:
+            data = encode(body)
             request.setHeader(b"content-type", b"application/json")
+            request.setHeader(b"content-length", b"%d" % len(data))  # one plain body, not chunks
             if request.method != b"HEAD":
-                request.write(encode(body))
+                request.write(data)
         request.finish()
 
     def _fail(self, request, gone, failure):

@@ -143,15 +143,15 @@ def list_queues(api, vhost=None):
             ready = queue.message_count
             pending = unacked.get(queue.key, 0)
             counts = queue.messages_published, queue.messages_delivered, queue.messages_acked
-            published, delivered, acked = entry.rates.rates(now, counts)
+            rates = entry.rates.rates(now, counts)
             figures = ("running" if queue.unavailable is None else "down", ready + pending, ready, pending,
-                       queue.consumer_count, queue.ready_bytes, counts[0], round(published, 1), counts[1],
-                       round(delivered, 1), counts[2], round(acked, 1))
+                       queue.consumer_count, queue.ready_bytes, counts, rates)
             if figures != entry.figures:
                 if entry.fixed is None:
                     entry.fixed = encode_text(fixed_queue_info(api, queue))[1:-1]
                 entry.figures = figures
-                entry.line = LISTED_TEMPLATE % (entry.fixed, *figures)
+                entry.line = LISTED_TEMPLATE % (entry.fixed, *figures[:6], counts[0], rates[0], counts[1], rates[1],
+                                                counts[2], rates[2])
             parts.append(entry.line)
     return RawJson("[" + ",".join(parts) + "]")
 
