@@ -22,6 +22,8 @@ from spark_jobs.settings import WorkloadSettings
 from spark_jobs.tables import RunInputError, stage_runs
 from tests.spark_events import FAULT_MESSAGES, SyntheticRun, write_lines
 
+pytestmark = pytest.mark.long_module(seconds=110)  # started early (tests/conftest.py)
+
 RUN_CHECKS, CROSS_CHECKS = events.BACKEND_CHECKS, events.CROSS_BACKEND_CHECKS
 
 # Label -> the faults planted in it, as (check that must find it, message it must name).

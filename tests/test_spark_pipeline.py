@@ -16,6 +16,8 @@ import pytest
 from spark_jobs import events
 from tests.storedamage import drop_stored_message
 
+pytestmark = pytest.mark.long_module(seconds=200)  # started early (tests/conftest.py)
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BACKENDS = ("sqlite", "filelog", "chunked")
 PER_BACKEND_CHECKS, CROSS_CHECKS = events.BACKEND_CHECKS, events.CROSS_BACKEND_CHECKS
