@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.long_module(seconds=90)  # started early (tests/conftest.py)
+pytestmark = pytest.mark.long_module(seconds=85)  # started early (tests/conftest.py)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

@@ -23,7 +23,7 @@ from spark_jobs.tables import RunInputError, stage_runs
 from tests.spark_driver import spark_session
 from tests.spark_events import FAULT_MESSAGES, SyntheticRun, write_lines
 
-pytestmark = pytest.mark.long_module(seconds=110)  # started early (tests/conftest.py)
+pytestmark = pytest.mark.long_module(seconds=65)  # started early (tests/conftest.py)
 
 RUN_CHECKS, CROSS_CHECKS = events.BACKEND_CHECKS, events.CROSS_BACKEND_CHECKS
 

@@ -17,7 +17,7 @@ from spark_jobs import events
 from tests.spark_driver import spark_environment
 from tests.storedamage import drop_stored_message
 
-pytestmark = pytest.mark.long_module(seconds=200)  # started early (tests/conftest.py)
+pytestmark = pytest.mark.long_module(seconds=195)  # started early (tests/conftest.py)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BACKENDS = ("sqlite", "filelog", "chunked")

@@ -16,7 +16,7 @@ import trustme
 
 from brokerd.testing import BrokerProcess, native_cli, twistd_command
 
-pytestmark = pytest.mark.long_module(seconds=27)  # started early (tests/conftest.py)
+pytestmark = pytest.mark.long_module(seconds=15)  # started early (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import brokerd
 from brokerd.endpoints import tls_installed
 from brokerd.testing import BrokerProcess, native_cli, twistd_command
 
-pytestmark = pytest.mark.long_module(seconds=55)  # started early (tests/conftest.py)
+pytestmark = pytest.mark.long_module(seconds=40)  # started early (tests/conftest.py)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

@@ -27,7 +27,7 @@ from tests.interop.conftest import TRACEBACK_MARKS, logged_errors, start_broker
 from tests.interop.rawamqp import RawAmqp, content_frames
 from tests.support import encode_frame
 
-pytestmark = pytest.mark.long_module(seconds=30)  # started early (tests/conftest.py)
+pytestmark = pytest.mark.long_module(seconds=27)  # started early (tests/conftest.py)
 
 MiB = 1024 * 1024
 WATERMARK = 32 * MiB
