@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.long_module(seconds=85)  # started early (tests/conftest.py)
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 

@@ -24,6 +24,8 @@ from benchmarks.crash_body import PERSISTENT_PROPERTIES, make_body
 from benchmarks.crash_check import check_recovery
 from benchmarks.crash_loop import DURABLE_BACKENDS, CrashCheckFailed, CrashLoop, backend_installed
 
+pytestmark = pytest.mark.long_module(seconds=140)  # started early (tests/conftest.py)
+
 SEEDS = (11, 12, 13)
 KILLS_PER_SEED = 2  # chained on one data directory: the second crash hits a store that already recovered once
 MAX_KILL_CONFIRMS = 3000

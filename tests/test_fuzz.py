@@ -16,6 +16,8 @@ from benchmarks.fuzz import Fuzzer
 from benchmarks.fuzz_inputs import InputStream
 from benchmarks.fuzz_report import format_summary
 
+pytestmark = pytest.mark.long_module(seconds=50)  # started early (tests/conftest.py)
+
 SEED = 1
 SECONDS = 22  # per protocol; with start-up and the restart check each run stays under 30 s
 MAX_INPUTS = 250

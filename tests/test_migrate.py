@@ -24,6 +24,8 @@ from tests import migratedata as data
 from tests.interop.conftest import TRACEBACK_MARKS, start_broker
 from tests.interop.pika_support import wait_for_body
 
+pytestmark = pytest.mark.long_module(seconds=21)  # started early (tests/conftest.py)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DURABLE = ("sqlite", "filelog", "chunked")
 

@@ -17,10 +17,13 @@ import sys
 import pytest
 
 from spark_jobs import events
-from spark_jobs.analysis import analyse_runs, create_session
+from spark_jobs.analysis import analyse_runs
 from spark_jobs.settings import WorkloadSettings
 from spark_jobs.tables import RunInputError, stage_runs
+from tests.spark_driver import spark_session
 from tests.spark_events import FAULT_MESSAGES, SyntheticRun, write_lines
+
+pytestmark = pytest.mark.long_module(seconds=65)  # started early (tests/conftest.py)
 
 RUN_CHECKS, CROSS_CHECKS = events.BACKEND_CHECKS, events.CROSS_BACKEND_CHECKS
 
@@ -45,7 +48,7 @@ SETTINGS = WorkloadSettings(messages=40, queues=2, crash_every=24)
 
 @pytest.fixture(scope="module")
 def spark():
-    session = create_session(driver_memory="1g")
+    session = spark_session(driver_memory="1g")
     yield session
     session.stop()
 

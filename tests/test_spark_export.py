@@ -31,6 +31,8 @@ from spark_jobs import events
 from spark_jobs.export import DELAYED_WINDOW, ExportError, export_store, export_store_deferred
 from tests.storedamage import drop_stored_message
 
+pytestmark = pytest.mark.long_module(seconds=22)  # started early (tests/conftest.py)
+
 BACKENDS = ["sqlite", "filelog", "chunked:chunk_size=4M"]
 PRIORITY_QUEUE, PLAIN_QUEUE = "export.priority", "export.plain"
 FANOUT, DELAYED_EXCHANGE = "export.both", "export.later"

@@ -14,7 +14,10 @@ import sys
 import pytest
 
 from spark_jobs import events
+from tests.spark_driver import spark_environment
 from tests.storedamage import drop_stored_message
+
+pytestmark = pytest.mark.long_module(seconds=195)  # started early (tests/conftest.py)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BACKENDS = ("sqlite", "filelog", "chunked")
@@ -26,7 +29,7 @@ def validate(out, *arguments):
     return subprocess.run(
         [sys.executable, "-m", "spark_jobs.validate_backends", "--backends", ",".join(BACKENDS), "--out", str(out),
          *arguments],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
+        cwd=ROOT, env=spark_environment(), capture_output=True, text=True, timeout=900,
     )
 
 

@@ -16,6 +16,8 @@ import trustme
 
 from brokerd.testing import BrokerProcess, native_cli, twistd_command
 
+pytestmark = pytest.mark.long_module(seconds=15)  # started early (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def ca():

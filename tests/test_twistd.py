@@ -13,6 +13,8 @@ import brokerd
 from brokerd.endpoints import tls_installed
 from brokerd.testing import BrokerProcess, native_cli, twistd_command
 
+pytestmark = pytest.mark.long_module(seconds=40)  # started early (tests/conftest.py)
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 

@@ -27,6 +27,8 @@ from tests.interop.conftest import TRACEBACK_MARKS, logged_errors, start_broker
 from tests.interop.rawamqp import RawAmqp, content_frames
 from tests.support import encode_frame
 
+pytestmark = pytest.mark.long_module(seconds=27)  # started early (tests/conftest.py)
+
 MiB = 1024 * 1024
 WATERMARK = 32 * MiB
 # What the broker may hold above its start and the watermark: the interpreter's
