@@ -105,3 +105,21 @@ def test_recover_recreates_other_vhosts():
     channel, _ = open_channel(second, connection=Connection(second, "staging"))
     assert channel.queue_declare("q", passive=True) == ("q", 1, 0)
     assert "q" not in second.vhost("/").queues
+
+
+@pytest.mark.parametrize("arguments", [{}, {"x-max-length": 10}], ids=["paged", "loaded"])
+def test_recovered_messages_are_not_counted_as_published_and_new_ones_are(arguments):
+    """The management API's per-queue publish count: what publishers sent since start, not what came back."""
+    broker, _clock = make_broker()
+    channel, _ = open_channel(broker)
+    channel.queue_declare("kept", durable=True, arguments=arguments)
+    for body in (b"a", b"b", b"c"):
+        channel.basic_publish("", "kept", properties(persistent=True), body)
+    assert broker.vhosts["/"].queues["kept"].messages_published == 3
+    restarted, _ = make_broker(broker.store)
+    restarted.recover()
+    queue = restarted.vhosts["/"].queues["kept"]
+    assert (queue.message_count, queue.messages_published) == (3, 0)
+    channel, _ = open_channel(restarted)
+    channel.basic_publish("", "kept", properties(persistent=True), b"d")
+    assert (queue.message_count, queue.messages_published) == (4, 1)

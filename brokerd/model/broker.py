@@ -140,7 +140,7 @@ class Broker:
             queue.vhost.mark_unavailable(queue, str(damage))
             return 0
         for message, handle, redelivered in recovered:
-            queue.enqueue(message, handle, redelivered)
+            queue.restore(message, handle, redelivered)
         return len(recovered)
 
     def recover(self, store=None):

@@ -81,9 +81,11 @@ class Queue(QueuePaging, QueueSettings):
         self._ready_bytes = 0  # body bytes of the ready entries kept as objects (for x-max-length-bytes)
         self._consumers = QueueConsumers(self.policy.single_active_consumer)
         self._exclusive_consumer = None
-        self._next_sequence = 0
-        # Since start, for the management API's message_stats: messages enqueued, delivered or got, acked.
-        self.messages_published = self.messages_delivered = self.messages_acked = 0
+        self._next_sequence = 0  # one per entry made: messages enqueued and recovered
+        self._recovered_count = 0  # of those, the recovered ones (not counted as published)
+        # Since start, for the management API's message_stats: messages delivered or got, acked.
+        self.messages_delivered = self.messages_acked = 0
+        self._checks_after_enqueue = False  # a length limit or a backlog alarm to check (set by watch_backlog)
         self._restored_at = None  # when recovered entries came back: their per-message TTLs count from then
         self._counts_before_restart = {}  # handle -> how often a recovered message had come back (x-delivery-count)
         self._clock = vhost.clock
@@ -153,7 +155,6 @@ class Queue(QueuePaging, QueueSettings):
         """Add a message at the tail and hand it to a consumer if one has room."""
         sequence = self._next_sequence
         self._next_sequence = sequence + 1
-        self.messages_published += 1
         ttl = self._ttl_of(message)
         if handle is not None and self._pages and ttl is None and len(self._ready) >= PAGE_OUT_DEPTH:
             self._ready.append_paged((handle,), sequence, redelivered)
@@ -171,12 +172,24 @@ class Queue(QueuePaging, QueueSettings):
                 self._expiry.track(entry)
         if self._consumers.registered:
             self.dispatch()
+        if self._checks_after_enqueue:  # one test on the common path for the two checks below
+            self._check_after_enqueue(ttl)
+        elif ttl == 0 and self._ready:
+            self.expire_due()
+
+    def _check_after_enqueue(self, ttl):
+        """After an enqueue on a queue with a length limit or a backlog alarm: drop, expire, watch, in that order."""
         if self.policy.limited:
             self._drop_overflow()
         if ttl == 0 and self._ready:
             self.expire_due()
         if self._ready.count > self._alarm_above:
             self.watch_backlog()
+
+    @property
+    def messages_published(self):
+        """Messages enqueued since start (recovered ones not counted), for the management API's message_stats."""
+        return self._next_sequence - self._recovered_count
 
     def _ttl_of(self, message):
         """The message's time to live here: the smaller of its own and the queue's, or None."""

@@ -43,12 +43,18 @@ class QueuePaging:
                 except (KeyError, StoreCorrupted) as problem:
                     self._unreadable(problem)
                     return
-                self.enqueue(message, handle, True)
+                self.restore(message, handle, True)
             return
         sequence = self._next_sequence
         self._ready.append_paged(handles, sequence, True)
         self._next_sequence = sequence + len(handles)
+        self._recovered_count += len(handles)
         self.watch_backlog()
+
+    def restore(self, message, handle, redelivered):
+        """Add a stored message recovered at start, loaded (not counted as published since start)."""
+        self.enqueue(message, handle, redelivered)
+        self._recovered_count += 1
 
     def _page_in(self, entry):
         """

@@ -94,3 +94,4 @@ class QueueSettings:
             self._alarm_above, self._alarm_below = NEVER, threshold
         else:
             self._alarm_above, self._alarm_below = NEVER if threshold is None else threshold, -1
+        self._checks_after_enqueue = self.policy.limited or threshold is not None
