@@ -14,6 +14,11 @@ with one AMQP connection per role:
   together  a consumer running while N more are published; the rate counts
             until the last one is consumed (and every publish confirmed)
 
+With ``--scrape-every 1`` the broker also serves Prometheus metrics and a
+thread scrapes them and the management API every second while it runs (what
+monitoring costs); ``--no-management`` starts it without those listeners
+(the figure to compare with).
+
 Every phase checks that each message arrived exactly once, in order (each body
 starts with its number, 8 bytes big-endian).
 
@@ -41,6 +46,7 @@ from benchmarks.amqp_client import (
     publish_block,
 )
 from benchmarks.report import print_results
+from benchmarks.scraper import Scraper
 
 QUEUE = "benchmark-amqp"
 
@@ -237,8 +243,23 @@ def build_parser():
     parser.add_argument("--ack-every", type=int, default=100)
     parser.add_argument("--connect", type=parse_address, metavar="HOST:PORT",
                         help="AMQP address of a running broker (default: start one)")
+    parser.add_argument("--scrape-every", type=float, default=0, metavar="SECONDS",
+                        help="while measuring, scrape the broker's /metrics, /metrics/per-object, /api/overview and"
+                             " /api/queues every SECONDS, as a Prometheus server and a dashboard would")
+    parser.add_argument("--no-management", action="store_true",
+                        help="start the broker without its HTTP API and metrics listeners (--http none)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     return parser
+
+
+def broker_arguments(options):
+    """The broker's command line for these options: with metrics when scraped, without listeners if asked."""
+    arguments = ["--backend=memory", "--amqp", "tcp:0:interface=127.0.0.1", "--native", "none"]
+    if options.no_management:
+        return [*arguments, "--http", "none", "--prometheus", "none"]
+    if options.scrape_every:
+        return [*arguments, "--prometheus", "tcp:0:interface=127.0.0.1"]
+    return arguments
 
 
 def main(argv=None):
@@ -250,25 +271,32 @@ def main(argv=None):
         parser.error("--messages, --window and --ack-every must be positive, --prefetch not negative")
     if options.prefetch and options.ack_every > options.prefetch:
         parser.error("--ack-every larger than --prefetch would stall the consumer")
-    broker = None
+    if options.scrape_every and (options.connect or options.no_management):
+        parser.error("--scrape-every needs a broker this benchmark starts, with its management listeners")
+    broker = scraper = None
     address = options.connect
     if address is None:
         from brokerd.testing import BrokerProcess
 
-        broker = BrokerProcess(
-            ["--backend=memory", "--amqp", "tcp:0:interface=127.0.0.1", "--native", "none"],
-            cwd=tempfile.mkdtemp(prefix="brokerd-bench-"),
-        )
+        broker = BrokerProcess(broker_arguments(options), cwd=tempfile.mkdtemp(prefix="brokerd-bench-"))
         try:
             address = parse_address(broker.wait_listening("AMQP"))
+            if options.scrape_every:
+                scraper = Scraper(broker.wait_address("HTTP API"), broker.wait_address("Prometheus metrics"),
+                                  options.scrape_every)
         except AssertionError as problem:  # it exited, or never said where it listens
             broker.stop()
             print(f"amqp_throughput: {problem}", file=sys.stderr)
             return None
     try:
+        if scraper is not None:
+            scraper.start()
         results = measure(*address, options.messages, options.size, options.window, options.prefetch,
                           options.ack_every)
-    except (BenchmarkError, OSError) as error:
+        if scraper is not None:
+            scraper.stop()
+            results["scrapes"] = scraper.rounds
+    except (BenchmarkError, OSError, RuntimeError) as error:
         print(f"amqp_throughput: {error}", file=sys.stderr)
         if broker is not None and broker.process.poll() is not None:
             print(f"the broker exited with {broker.process.returncode}; its output:", file=sys.stderr)

@@ -43,6 +43,17 @@ def test_amqp_throughput_benchmark_moves_every_message_once_in_order():
         assert results[f"{phase}_per_s"] > 0
 
 
+def test_amqp_throughput_benchmark_scrapes_metrics_and_the_management_api_while_it_measures():
+    output = run_benchmark(
+        "benchmarks.amqp_throughput", "--messages", "3000", "--window", "500", "--prefetch", "200",
+        "--scrape-every", "0.02", "--json"
+    )
+    results = json.loads(output)
+    assert results["messages"] == 3000 and results["scrapes"] >= 1
+    for phase in ("publish", "consume", "together"):
+        assert results[f"{phase}_per_s"] > 0
+
+
 def installed_durable_backends():
     from benchmarks.crash_loop import DURABLE_BACKENDS, backend_installed
 
