@@ -115,6 +115,7 @@ class CrashLoop:
          order. The drain acks everything and makes its acks durable (a confirmed
          marker publish on the same channel), so the next cycle starts from an
          empty queue and a message of an earlier cycle coming back is a failure.
+         The messages acked without proof that came back are counted per cycle.
 
     The same code runs a few cycles per backend in tests/test_crash_recovery.py
     and hundreds from the command line. A failed check stops the loop, raising
