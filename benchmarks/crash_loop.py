@@ -115,6 +115,7 @@ class CrashLoop:
          order. The drain acks everything and makes its acks durable (a confirmed
          marker publish on the same channel), so the next cycle starts from an
          empty queue and a message of an earlier cycle coming back is a failure.
+         The messages acked without proof that came back are counted per cycle.
 
     The same code runs a few cycles per backend in tests/test_crash_recovery.py
     and hundreds from the command line. A failed check stops the loop, raising
@@ -244,7 +245,7 @@ class CrashLoop:
         self.acks_sent = read_ids(out / ACKS_SENT_LOG)
         restart_seconds = self.start_broker()
         warnings = [line for line in self.broker.output if "#warn]" in line]
-        recovered = self.drain_and_check()
+        recovered, acked_came_back = self.drain_and_check()
         return {
             "run": run,
             "kill_target": target,
@@ -256,6 +257,7 @@ class CrashLoop:
             "acked_durable": len(self.durably_acked),
             "held_unacked": summary.get("held", 0),
             "recovered": recovered,
+            "acked_came_back": acked_came_back,
             "restart_s": restart_seconds,
             # What the store said about the crash at its restart (torn tails dropped, say), and
             # whether the killed broker had logged compactions: context for the figures, not checks.
@@ -301,7 +303,11 @@ class CrashLoop:
         return summary
 
     def drain_and_check(self):
-        """Drain the running broker's queue and check it; returns how many messages came back."""
+        """
+        Drain the running broker's queue and check it; returns how many
+        messages came back, and how many of them the client had acked (acks
+        not proven durable, which may come back).
+        """
         recovered_lines = [line for line in self.broker.output if RECOVERED.search(line)]
         if recovered_lines and int(RECOVERED.search(recovered_lines[-1])["unavailable"]):
             raise self.failure("the restarted broker marked a queue unavailable", recovered_lines[-1])
@@ -309,15 +315,15 @@ class CrashLoop:
             deliveries = drain(self.host, self.port)
         except (BenchmarkError, OSError) as error:
             raise self.failure(f"draining the queue failed: {error}") from None
-        problems, _ = check_recovery(deliveries, self.run_number, self.confirmed, self.sent, self.durably_acked,
-                                     self.acks_sent)
+        problems, seen = check_recovery(deliveries, self.run_number, self.confirmed, self.sent, self.durably_acked,
+                                        self.acks_sent)
         if problems:
             raise self.failure(f"{len(problems)} problems in the {len(deliveries)} messages that came back",
                                *problems[:30])
         bad = broker_failures(self.broker.output)
         if bad:
             raise self.failure("the restarted broker logged failures", *bad)
-        return len(deliveries)
+        return len(deliveries), len(seen & self.acks_sent)
 
     @staticmethod
     def describe(result):
@@ -325,7 +331,8 @@ class CrashLoop:
             "cycle {run:>3}: killed at {confirmed_at_kill} confirms (target {kill_target}); published {published},"
             " confirmed {confirmed}, delivered {delivered}, acked {acks_sent} (durably {acked_durable}),"
             " held {held_unacked};"
-            " {recovered} came back, restart {restart_s:.2f} s, {restart_warnings} warnings at restart,"
+            " {recovered} came back ({acked_came_back} of them acked, not durably), restart {restart_s:.2f} s,"
+            " {restart_warnings} warnings at restart,"
             " {compactions_before_kill} compactions logged before the kill".format(**result)
         )
 
@@ -365,6 +372,7 @@ def main(argv=None):
         "confirmed": sum(r["confirmed"] for r in results),
         "durably_acked": sum(r["acked_durable"] for r in results),
         "came_back": sum(r["recovered"] for r in results),
+        "acked_came_back": sum(r["acked_came_back"] for r in results),
         "mean_restart_s": sum(r["restart_s"] for r in results) / max(len(results), 1),
         "max_restart_s": max((r["restart_s"] for r in results), default=0.0),
         "restarts_with_warnings": sum(1 for r in results if r["restart_warnings"]),
@@ -377,7 +385,9 @@ def main(argv=None):
     else:
         print(f"{summary['kills']} kills of the {options.backend} broker (--sync={options.sync}) in"
               f" {elapsed:.1f} s: {summary['confirmed']} confirmed, {summary['durably_acked']} durably acked,"
-              f" {summary['came_back']} came back; restart mean {summary['mean_restart_s']:.2f} s,"
+              f" {summary['came_back']} came back, {summary['acked_came_back']} of them acked"
+              f" ({summary['acked_came_back'] / max(summary['kills'], 1):.1f} per kill, none durably);"
+              f" restart mean {summary['mean_restart_s']:.2f} s,"
               f" max {summary['max_restart_s']:.2f} s; {summary['restarts_with_warnings']} restarts logged warnings,"
               f" {summary['compactions_before_kills']} compactions logged before kills; every check passed")
     if not options.keep and not options.workdir:

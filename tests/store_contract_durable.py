@@ -3,7 +3,7 @@ crash) finds. Every backend's test module mixes L{DurableStoreContract} into a
 TestCase with its store-making mixin, as it does L{StoreContract}; for a store
 that is not durable every test here is skipped."""
 
-from twisted.internet import defer
+from twisted.internet import defer, reactor, task
 
 from tests.store_contract import AUDIT, JOBS, OpensStores, binding_record, exchange_record, message, queue_record
 
@@ -191,3 +191,68 @@ class DurableStoreContract(OpensStores):
         self.addCleanup(lambda: self._close_quietly(beside))
         self.assertEqual([r.name for r in beside.topology()], ["jobs"])
         self.assertEqual(self.recovered_bodies(beside, JOBS), [b"m1", b"m2"])
+
+    # -- an ack rides on the next commit: once the sync of a later append fired, a crash keeps it
+
+    @defer.inlineCallbacks
+    def test_acks_before_a_later_append_are_kept_by_a_crash_once_its_sync_fired(self):
+        store = yield self.opened_durable()
+        store.save_queue(queue_record("jobs"))
+        store.save_queue(queue_record("audit"))
+        handles = [store.append(message(b"m%d" % n), [JOBS]) for n in range(6)]
+        yield store.sync()
+        store.ack(JOBS, handles[1])
+        store.ack(JOBS, handles[4])
+        store.append(message(b"marker", "audit"), [AUDIT])
+        yield store.sync()
+        crashed = yield self.reopen_after_crash(store)  # the files as they are the moment the sync fired
+        self.addCleanup(lambda: self._close_quietly(crashed))
+        self.assertEqual(self.recovered_bodies(crashed, JOBS), [b"m0", b"m2", b"m3", b"m5"])
+        self.assertEqual(self.recovered_bodies(crashed, AUDIT), [b"marker"])
+
+    @defer.inlineCallbacks
+    def test_an_ack_made_while_its_messages_commit_runs_is_kept_by_the_next_commit(self):
+        store = yield self.opened_durable()
+        store.save_queue(queue_record("jobs"))
+        store.save_queue(queue_record("audit"))
+        yield store.sync()
+        commits = store.stats()["commits"]
+        handles = [store.append(message(b"m%d" % n), [JOBS, AUDIT]) for n in range(4)]
+        first = store.sync()
+        yield commit_started(store, commits)  # the batch holding the appends is the writer's now
+        store.ack(JOBS, handles[0])
+        store.ack(AUDIT, handles[0])
+        store.ack(JOBS, handles[2])
+        store.append(message(b"marker", "audit"), [AUDIT])
+        yield defer.gatherResults([first, store.sync()])
+        crashed = yield self.reopen_after_crash(store)
+        self.addCleanup(lambda: self._close_quietly(crashed))
+        self.assertEqual(self.recovered_bodies(crashed, JOBS), [b"m1", b"m3"])
+        self.assertEqual(self.recovered_bodies(crashed, AUDIT), [b"m1", b"m2", b"m3", b"marker"])
+
+    @defer.inlineCallbacks
+    def test_acks_of_messages_a_crash_brought_back_are_kept_by_the_next_crash(self):
+        store = yield self.opened_durable()
+        store.save_queue(queue_record("jobs"))
+        store.save_queue(queue_record("audit"))
+        for number in range(5):
+            store.append(message(b"m%d" % number), [JOBS])
+        store = yield self.restarted(store, crash=True)
+        for handle, record, _ in store.recover(JOBS):
+            if record.body in (b"m0", b"m3"):
+                store.ack(JOBS, handle)
+        store.append(message(b"marker", "audit"), [AUDIT])
+        yield store.sync()
+        crashed = yield self.reopen_after_crash(store)
+        self.addCleanup(lambda: self._close_quietly(crashed))
+        self.assertEqual(self.recovered_bodies(crashed, JOBS), [b"m1", b"m2", b"m4"])
+
+
+@defer.inlineCallbacks
+def commit_started(store, commits, timeout=10.0):
+    """Wait, a reactor turn at a time, until C{store} has begun a commit after its first C{commits}."""
+    deadline = reactor.seconds() + timeout
+    while store.stats()["commits"] == commits:
+        if reactor.seconds() > deadline:
+            raise AssertionError(f"{store.name}: no commit began within {timeout} s")
+        yield task.deferLater(reactor, 0, lambda: None)

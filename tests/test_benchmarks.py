@@ -92,6 +92,9 @@ def test_crash_loop_benchmark_survives_a_kill():
     results = json.loads(output)
     assert results["summary"]["kills"] == 1
     assert results["cycles"][0]["confirmed"] > 0
+    cycle = results["cycles"][0]
+    assert 0 <= cycle["acked_came_back"] <= min(cycle["recovered"], cycle["acks_sent"]), cycle
+    assert results["summary"]["acked_came_back"] == cycle["acked_came_back"]
 
 
 def test_delayed_delivery_benchmark_fires_every_message_and_every_probe_due_while_it_watches():
