@@ -22,6 +22,11 @@ monitoring costs); ``--no-management`` starts it without those listeners
 Every phase checks that each message arrived exactly once, in order (each body
 starts with its number, 8 bytes big-endian).
 
+Next to each rate it prints how many cores the broker process kept busy over
+that phase (its CPU seconds over the phase's wall seconds, from /proc: 1.0 is
+one core busy throughout); with ``--connect`` only when ``--broker-pid`` names
+the broker's process on this machine, otherwise "n/a" (null in ``--json``).
+
 The client (L{benchmarks.amqp_client}) pipelines on raw sockets and costs far
 less than the broker, so the figures are the broker's, not the client's.
 """
@@ -45,6 +50,7 @@ from benchmarks.amqp_client import (
     Loop,
     publish_block,
 )
+from benchmarks.processcpu import CpuWindow
 from benchmarks.report import print_results
 from benchmarks.scraper import Scraper
 
@@ -163,8 +169,11 @@ class Consumer:
                 self.finished_at = time.perf_counter()
 
 
-def measure(host, port, messages, size, window, prefetch, ack_every):
-    """Runs the three phases; returns a dict of rates in messages per second."""
+def measure(host, port, messages, size, window, prefetch, ack_every, broker_pid=None):
+    """
+    Runs the three phases; returns a dict of rates in messages per second and,
+    for each, the cores process C{broker_pid} kept busy meanwhile (None without it).
+    """
     loop = Loop()
     publishing = Connection(loop, host, port, "benchmark-publisher")
     consuming = Connection(loop, host, port, "benchmark-consumer")
@@ -183,6 +192,7 @@ def measure(host, port, messages, size, window, prefetch, ack_every):
             return publisher
 
         # publish: N with confirms, until the last confirm
+        broker_cpu = CpuWindow(broker_pid).start()
         started = time.perf_counter()
         publisher = publish(0, 1)
         loop.run_until(
@@ -190,21 +200,27 @@ def measure(host, port, messages, size, window, prefetch, ack_every):
             lambda: f"publish phase, {publisher.sent} sent, {publisher.confirmed} confirmed",
             lambda: publisher.confirmed,
         )
+        broker_cores = broker_cpu.cores_busy()
         results["publish_per_s"] = messages / (publisher.finished_at - started)
+        results["publish_broker_cpu"] = broker_cores
 
         # consume: the N queued, until the last delivery
         consumer = Consumer(consuming, messages, size, ack_every, 0)
+        broker_cpu = CpuWindow(broker_pid).start()
         started = time.perf_counter()
         consumer.start()
         loop.run_until(
             lambda: consumer.done, lambda: f"consume phase, {consumer.received} received", lambda: consumer.received
         )
+        broker_cores = broker_cpu.cores_busy()
         results["consume_per_s"] = messages / (consumer.finished_at - started)
+        results["consume_broker_cpu"] = broker_cores
         consumer.cancel()
 
         # together: a consumer running while N more are published, until the last consumed
         consumer = Consumer(consuming, messages, size, ack_every, messages)
         consumer.start()
+        broker_cpu = CpuWindow(broker_pid).start()
         started = time.perf_counter()
         publisher = publish(messages, messages + 1)
         loop.run_until(
@@ -213,7 +229,9 @@ def measure(host, port, messages, size, window, prefetch, ack_every):
             f" {consumer.received} received",
             lambda: (consumer.received, publisher.confirmed),
         )
+        broker_cores = broker_cpu.cores_busy()
         results["together_per_s"] = messages / (max(consumer.finished_at, publisher.finished_at) - started)
+        results["together_broker_cpu"] = broker_cores
         consumer.cancel()
     except BaseException:
         publishing.shut()
@@ -243,6 +261,9 @@ def build_parser():
     parser.add_argument("--ack-every", type=int, default=100)
     parser.add_argument("--connect", type=parse_address, metavar="HOST:PORT",
                         help="AMQP address of a running broker (default: start one)")
+    parser.add_argument("--broker-pid", type=int, metavar="PID",
+                        help="with --connect: the process id of that broker, when it runs on this machine, so its"
+                             " CPU use is reported (otherwise n/a)")
     parser.add_argument("--scrape-every", type=float, default=0, metavar="SECONDS",
                         help="while measuring, scrape the broker's /metrics, /metrics/per-object, /api/overview and"
                              " /api/queues every SECONDS, as a Prometheus server and a dashboard would")
@@ -271,16 +292,19 @@ def main(argv=None):
         parser.error("--messages, --window and --ack-every must be positive, --prefetch not negative")
     if options.prefetch and options.ack_every > options.prefetch:
         parser.error("--ack-every larger than --prefetch would stall the consumer")
+    if options.broker_pid is not None and not options.connect:
+        parser.error("--broker-pid goes with --connect (a broker this benchmark starts is read anyway)")
     if options.scrape_every and (options.connect or options.no_management):
         parser.error("--scrape-every needs a broker this benchmark starts, with its management listeners")
     broker = scraper = None
-    address = options.connect
+    address, broker_pid = options.connect, options.broker_pid
     if address is None:
         from brokerd.testing import BrokerProcess
 
         broker = BrokerProcess(broker_arguments(options), cwd=tempfile.mkdtemp(prefix="brokerd-bench-"))
         try:
             address = parse_address(broker.wait_listening("AMQP"))
+            broker_pid = broker.process.pid
             if options.scrape_every:
                 scraper = Scraper(broker.wait_address("HTTP API"), broker.wait_address("Prometheus metrics"),
                                   options.scrape_every)
@@ -292,7 +316,7 @@ def main(argv=None):
         if scraper is not None:
             scraper.start()
         results = measure(*address, options.messages, options.size, options.window, options.prefetch,
-                          options.ack_every)
+                          options.ack_every, broker_pid)
         if scraper is not None:
             scraper.stop()
             results["scrapes"] = scraper.rounds

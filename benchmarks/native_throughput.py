@@ -12,7 +12,11 @@ Starts ``twistd -n brokerd --backend=memory`` as a subprocess (or uses
   together  a consumer running while N more are published; the rate counts
             until the last one is consumed
 
-Every phase checks that each message arrived exactly once, in order.
+Every phase checks that each message arrived exactly once, in order. Next to
+each rate it prints how many cores the broker process kept busy over that phase
+(CPU seconds over wall seconds, from /proc: 1.0 is one core busy throughout);
+with ``--connect`` only when ``--broker-pid`` names the broker's process on this
+machine, otherwise "n/a" (null in ``--json``).
 """
 
 import argparse
@@ -22,6 +26,7 @@ import time
 
 from twisted.internet import defer, task
 
+from benchmarks.processcpu import CpuWindow
 from benchmarks.report import print_results
 from brokerd.native.client import connect
 
@@ -88,8 +93,11 @@ class Consumer:
 
 
 @defer.inlineCallbacks
-def measure(reactor, endpoint, messages, size, window, prefetch, ack_every):
-    """Run the three phases; fires with a dict of rates in messages per second."""
+def measure(reactor, endpoint, messages, size, window, prefetch, ack_every, broker_pid=None):
+    """
+    Run the three phases; fires with a dict of rates in messages per second and,
+    for each, the cores process C{broker_pid} kept busy meanwhile (None without it).
+    """
     publisher_connection = yield connect(reactor, endpoint, client_name="benchmark-publisher")
     consumer_connection = yield connect(reactor, endpoint, client_name="benchmark-consumer")
     try:
@@ -101,23 +109,29 @@ def measure(reactor, endpoint, messages, size, window, prefetch, ack_every):
         yield consuming.basic_qos(prefetch)
         results = {"messages": messages, "size": size}
 
+        broker_cpu = CpuWindow(broker_pid).start()
         started = time.perf_counter()
         yield Publisher(publishing, messages, size, window).start()
         results["publish_per_s"] = messages / (time.perf_counter() - started)
+        results["publish_broker_cpu"] = broker_cpu.cores_busy()
 
         consumer = Consumer(consuming, messages, ack_every)
+        broker_cpu = CpuWindow(broker_pid).start()
         started = time.perf_counter()
         tag = yield consuming.basic_consume(QUEUE, consumer.on_delivery)
         yield consumer.done
         results["consume_per_s"] = messages / (time.perf_counter() - started)
+        results["consume_broker_cpu"] = broker_cpu.cores_busy()
         yield consuming.basic_cancel(tag)
 
         consumer = Consumer(consuming, messages, ack_every)
         tag = yield consuming.basic_consume(QUEUE, consumer.on_delivery)
+        broker_cpu = CpuWindow(broker_pid).start()
         started = time.perf_counter()
         yield Publisher(publishing, messages, size, window).start()
         yield consumer.done
         results["together_per_s"] = messages / (time.perf_counter() - started)
+        results["together_broker_cpu"] = broker_cpu.cores_busy()
         yield consuming.basic_cancel(tag)
         return results
     finally:
@@ -133,26 +147,33 @@ def build_parser():
     parser.add_argument("--prefetch", type=int, default=1000)
     parser.add_argument("--ack-every", type=int, default=100)
     parser.add_argument("--connect", help="endpoint of a running broker (default: start one)")
+    parser.add_argument("--broker-pid", type=int, metavar="PID",
+                        help="with --connect: the process id of that broker, when it runs on this machine, so its"
+                             " CPU use is reported (otherwise n/a)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     return parser
 
 
 def main(argv=None):
-    options = build_parser().parse_args(argv)
+    parser = build_parser()
+    options = parser.parse_args(argv)
+    if options.broker_pid is not None and not options.connect:
+        parser.error("--broker-pid goes with --connect (a broker this benchmark starts is read anyway)")
     broker = None
-    endpoint = options.connect
+    endpoint, broker_pid = options.connect, options.broker_pid
     if endpoint is None:
         from brokerd.testing import BrokerProcess
 
         broker = BrokerProcess(["--backend=memory", "--native", "tcp:0:interface=127.0.0.1"],
                                cwd=tempfile.mkdtemp(prefix="brokerd-bench-"))
         endpoint = broker.wait_listening("native protocol")
+        broker_pid = broker.process.pid
     try:
         results = {}
 
         def run(reactor):
             d = measure(reactor, endpoint, options.messages, options.size, options.window, options.prefetch,
-                        options.ack_every)
+                        options.ack_every, broker_pid)
             return d.addCallback(results.update)
 
         _react(run)

@@ -22,7 +22,10 @@ L{benchmarks.amqp_client}:
             order; the rate counts until the last delivery (--no-consume skips
             the restart and this phase).
 
-MB/s is body bytes (10^6) per second. ``--profile DIR`` runs each publishing
+MB/s is body bytes (10^6) per second. Next to each phase's figure it prints how
+many cores the broker process kept busy over that phase (CPU seconds from /proc
+over the phase's wall seconds: 1.0 is one core busy throughout; for the recovery,
+all the restarted broker's CPU until it listens). ``--profile DIR`` runs each publishing
 broker under twistd's cProfile and saves its stats in DIR. The store alone,
 without broker or network, is measured by L{benchmarks.store_direct_throughput}.
 """
@@ -40,6 +43,7 @@ from pamqp import commands
 
 from benchmarks.amqp_client import PERSISTENT_PROPERTIES, BenchmarkError, Connection, Loop
 from benchmarks.amqp_throughput import Consumer, Publisher, parse_address
+from benchmarks.processcpu import CpuWindow, cpu_seconds, format_cores
 from brokerd.testing import BrokerProcess
 
 QUEUE = "benchmark-store"
@@ -59,6 +63,7 @@ class StoreBroker:
             cwd=data_dir.parent,
             twistd_args=twistd_args,
         )
+        self.pid = self.process.process.pid
         try:
             self.address = parse_address(self.process.wait_listening("AMQP", timeout=WAIT_SECONDS))
         except AssertionError as problem:
@@ -83,8 +88,11 @@ class StoreBroker:
         return "\n".join(self.process.output[-30:])
 
 
-def publish(address, count, size, window):
-    """Publish C{count} persistent C{size}-byte messages with confirms to the durable queue; returns seconds."""
+def publish(address, count, size, window, broker_pid=None):
+    """
+    Publish C{count} persistent C{size}-byte messages with confirms to the durable
+    queue; returns the seconds it took and the cores process C{broker_pid} kept busy.
+    """
     loop = Loop()
     connection = Connection(loop, *address, "store-benchmark-publisher")
     try:
@@ -92,6 +100,7 @@ def publish(address, count, size, window):
         connection.rpc(commands.Queue.Declare(queue=QUEUE, durable=True), commands.Queue.DeclareOk)
         connection.rpc(commands.Confirm.Select(), commands.Confirm.SelectOk)
         publisher = Publisher(connection, count, size, window, 0, 1, queue=QUEUE, properties=PERSISTENT_PROPERTIES)
+        broker_cpu = CpuWindow(broker_pid).start()
         started = time.perf_counter()
         publisher.start()
         loop.run_until(
@@ -99,15 +108,19 @@ def publish(address, count, size, window):
             lambda: f"publishing, {publisher.sent} sent, {publisher.confirmed} confirmed",
             lambda: publisher.confirmed,
         )
+        broker_cores = broker_cpu.cores_busy()
         elapsed = publisher.finished_at - started
         connection.close()
     finally:
         connection.shut()
-    return elapsed
+    return elapsed, broker_cores
 
 
-def consume(address, count, size, prefetch, ack_every):
-    """Consume and ack the C{count} recovered messages, checking number and order; returns seconds."""
+def consume(address, count, size, prefetch, ack_every, broker_pid=None):
+    """
+    Consume and ack the C{count} recovered messages, checking number and order;
+    returns the seconds it took and the cores process C{broker_pid} kept busy.
+    """
     loop = Loop()
     connection = Connection(loop, *address, "store-benchmark-consumer")
     try:
@@ -117,17 +130,19 @@ def consume(address, count, size, prefetch, ack_every):
             raise BenchmarkError(f"{declared.message_count} messages recovered, {count} were confirmed")
         connection.rpc(commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.QosOk)
         consumer = Consumer(connection, count, size, ack_every, 0, queue=QUEUE)
+        broker_cpu = CpuWindow(broker_pid).start()
         started = time.perf_counter()
         consumer.start()
         loop.run_until(
             lambda: consumer.done, lambda: f"consuming, {consumer.received} received", lambda: consumer.received
         )
+        broker_cores = broker_cpu.cores_busy()
         elapsed = consumer.finished_at - started
         consumer.cancel()
         connection.close()
     finally:
         connection.shut()
-    return elapsed
+    return elapsed, broker_cores
 
 
 def measure(backend, sync, label, size, count, options, workdir):
@@ -141,7 +156,7 @@ def measure(backend, sync, label, size, count, options, workdir):
     row = {"backend": backend, "sync": sync, "size": size, "label": label, "messages": count}
     broker = StoreBroker(backend, sync, data_dir, profile)
     try:
-        seconds = publish(broker.address, count, size, options.window)
+        seconds, publish_cores = publish(broker.address, count, size, options.window, broker.pid)
     except (BenchmarkError, OSError) as error:
         raise broker.fail(f"{name}, publishing: {error}") from None
     stats = broker.stop()
@@ -149,6 +164,7 @@ def measure(backend, sync, label, size, count, options, workdir):
         publish_s=seconds,
         publish_per_s=count / seconds,
         publish_mb_per_s=count * size / seconds / 1e6,
+        publish_broker_cpu=publish_cores,
         fsyncs=stats.get("fsyncs", 0),
         commits=stats.get("commits", 0),
         fsyncs_per_s=stats.get("fsyncs", 0) / seconds,
@@ -161,13 +177,17 @@ def measure(backend, sync, label, size, count, options, workdir):
         started = time.perf_counter()
         broker = StoreBroker(backend, sync, data_dir)
         row["recover_s"] = time.perf_counter() - started
+        recover_cpu = cpu_seconds(broker.pid)
+        row["recover_broker_cpu"] = None if recover_cpu is None else recover_cpu / row["recover_s"]
         row["recovered_rss_mb"] = resident_megabytes(broker.process.process.pid)
         try:
-            seconds = consume(broker.address, count, size, options.prefetch, options.ack_every)
+            seconds, consume_cores = consume(broker.address, count, size, options.prefetch, options.ack_every,
+                                             broker.pid)
         except (BenchmarkError, OSError) as error:
             raise broker.fail(f"{name}, consuming after the restart: {error}") from None
         broker.stop()
-        row.update(consume_s=seconds, consume_per_s=count / seconds, consume_mb_per_s=count * size / seconds / 1e6)
+        row.update(consume_s=seconds, consume_per_s=count / seconds, consume_mb_per_s=count * size / seconds / 1e6,
+                   consume_broker_cpu=consume_cores)
     shutil.rmtree(data_dir, ignore_errors=True)
     return row
 
@@ -182,9 +202,10 @@ def resident_megabytes(pid):
 
 
 def print_table(rows):
+    """One line per row; each "cpu" column is the cores the broker kept busy in the phase before it."""
     header = (f"{'backend':<8} {'sync':<12} {'size':>6} {'messages':>8} {'publish msg/s':>13} {'MB/s':>7}"
-              f" {'fsyncs/s':>8} {'commits/s':>9} {'msgs/commit':>11} {'recover s':>9} {'RSS MB':>7}"
-              f" {'consume msg/s':>13}")
+              f" {'cpu':>4} {'fsyncs/s':>8} {'commits/s':>9} {'msgs/commit':>11} {'recover s':>9} {'cpu':>4}"
+              f" {'RSS MB':>7} {'consume msg/s':>13} {'cpu':>4}")
     print(header)
     print("-" * len(header))
     for row in rows:
@@ -192,9 +213,17 @@ def print_table(rows):
         recover = f"{row['recover_s']:>9.2f}" if "recover_s" in row else f"{'-':>9}"
         rss = f"{row['recovered_rss_mb']:>7.0f}" if "recovered_rss_mb" in row else f"{'-':>7}"
         consume = f"{row['consume_per_s']:>13,.0f}" if "consume_per_s" in row else f"{'-':>13}"
+        cores = {phase: f"{cores_column(row, phase):>4}" for phase in ("publish", "recover", "consume")}
         print(f"{row['backend']:<8} {row['sync']:<12} {row['label']:>6} {row['messages']:>8}"
-              f" {row['publish_per_s']:>13,.0f} {row['publish_mb_per_s']:>7,.1f} {row['fsyncs_per_s']:>8,.0f}"
-              f" {row['commits_per_s']:>9,.0f} {per_commit} {recover} {rss} {consume}")
+              f" {row['publish_per_s']:>13,.0f} {row['publish_mb_per_s']:>7,.1f} {cores['publish']}"
+              f" {row['fsyncs_per_s']:>8,.0f} {row['commits_per_s']:>9,.0f} {per_commit} {recover} {cores['recover']}"
+              f" {rss} {consume} {cores['consume']}")
+
+
+def cores_column(row, phase):
+    """The cores busy in C{phase}: a figure, n/a if unreadable, - if the phase did not run."""
+    field = f"{phase}_broker_cpu"
+    return format_cores(row[field]) if field in row else "-"
 
 
 def build_parser():

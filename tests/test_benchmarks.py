@@ -1,18 +1,29 @@
 """Small runs of the benchmarks, so they keep working: correctness, not speed.
 
 Each runs as its own process, as users start it (it runs and stops a reactor).
+The broker's CPU figures they print are checked to be there and possible, and
+the helper that reads them (L{benchmarks.processcpu}) against real busy processes.
 """
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
 
 import pytest
 
+from benchmarks.processcpu import CLOCK_TICKS_PER_SECOND, CpuWindow, cpu_seconds
+from brokerd.testing import BrokerProcess
+
 pytestmark = pytest.mark.long_module(seconds=85)  # started early (tests/conftest.py)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+PHASES = ("publish", "consume", "together")
+# Two readings of /proc/PID/stat, each in whole clock ticks: a phase's CPU seconds are exact to about two ticks.
+READING_SLACK_SECONDS = 2.5 / CLOCK_TICKS_PER_SECOND
 
 
 def run_benchmark(module, *args):
@@ -23,6 +34,20 @@ def run_benchmark(module, *args):
     return result.stdout
 
 
+def assert_possible_cores(cores, seconds, what):
+    """C{cores} busy over a phase of C{seconds}: not negative, and no more than this machine has."""
+    assert cores is not None, what
+    assert 0 <= cores * seconds <= (os.cpu_count() or 1) * seconds + READING_SLACK_SECONDS, (what, cores, seconds)
+
+
+def assert_broker_cpu_in_each_phase(results):
+    """Every phase of a throughput run carries the cores the broker kept busy: some, and no more than exist."""
+    for phase in PHASES:
+        cores = results[f"{phase}_broker_cpu"]
+        assert_possible_cores(cores, results["messages"] / results[f"{phase}_per_s"], phase)
+        assert cores > 0, (phase, results)
+
+
 def test_native_throughput_benchmark_moves_every_message_once_in_order():
     output = run_benchmark(
         "benchmarks.native_throughput", "--messages", "3000", "--window", "500", "--prefetch", "200", "--json"
@@ -31,6 +56,7 @@ def test_native_throughput_benchmark_moves_every_message_once_in_order():
     assert results["messages"] == 3000
     for phase in ("publish", "consume", "together"):
         assert results[f"{phase}_per_s"] > 0
+    assert_broker_cpu_in_each_phase(results)
 
 
 def test_amqp_throughput_benchmark_moves_every_message_once_in_order():
@@ -41,6 +67,7 @@ def test_amqp_throughput_benchmark_moves_every_message_once_in_order():
     assert results["messages"] == 3000
     for phase in ("publish", "consume", "together"):
         assert results[f"{phase}_per_s"] > 0
+    assert_broker_cpu_in_each_phase(results)
 
 
 def test_amqp_throughput_benchmark_scrapes_metrics_and_the_management_api_while_it_measures():
@@ -52,6 +79,96 @@ def test_amqp_throughput_benchmark_scrapes_metrics_and_the_management_api_while_
     assert results["messages"] == 3000 and results["scrapes"] >= 1
     for phase in ("publish", "consume", "together"):
         assert results[f"{phase}_per_s"] > 0
+    assert_broker_cpu_in_each_phase(results)
+
+
+@pytest.fixture(scope="module")
+def running_broker(tmp_path_factory):
+    """A broker the benchmarks reach with --connect."""
+    broker = BrokerProcess(["--backend=memory", "--native", "tcp:0:interface=127.0.0.1"],
+                           tmp_path_factory.mktemp("connected-broker"))
+    yield broker
+    broker.stop()
+
+
+def test_amqp_throughput_benchmark_reads_the_cpu_of_a_connected_broker_only_when_told_its_pid(running_broker):
+    address = running_broker.wait_listening("AMQP")
+    arguments = ("benchmarks.amqp_throughput", "--messages", "3000", "--window", "500", "--prefetch", "200",
+                 "--connect", address)
+    results = json.loads(run_benchmark(*arguments, "--broker-pid", str(running_broker.process.pid), "--json"))
+    assert_broker_cpu_in_each_phase(results)
+    table = run_benchmark(*arguments)
+    phase_lines = [line.split() for line in table.splitlines()[1:]]
+    assert [(line[0], line[-4:]) for line in phase_lines] == [
+        (phase, ["broker", "n/a", "cores", "busy"]) for phase in PHASES
+    ], table
+
+
+def test_native_throughput_benchmark_reports_no_cpu_for_a_connected_broker_without_its_pid(running_broker):
+    endpoint = running_broker.wait_listening("native protocol")
+    results = json.loads(run_benchmark("benchmarks.native_throughput", "--messages", "1000", "--window", "500",
+                                       "--prefetch", "200", "--connect", endpoint, "--json"))
+    assert results["publish_per_s"] > 0
+    assert [results[f"{phase}_broker_cpu"] for phase in PHASES] == [None, None, None]
+
+
+BURNER = """
+import sys, time
+def burn(cpu_seconds):
+    until = time.process_time() + cpu_seconds
+    while time.process_time() < until:
+        pass
+for line in sys.stdin:  # each line: CPU seconds to burn, then say so
+    burn(float(line))
+    print("burnt", flush=True)
+"""
+
+
+@pytest.fixture
+def burner():
+    """A process that burns as many CPU seconds as it is sent on a line, then answers "burnt"."""
+    process = subprocess.Popen([sys.executable, "-c", BURNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True)
+    yield process
+    process.stdin.close()
+    process.wait(timeout=30)
+
+
+def burn(process, seconds):
+    process.stdin.write(f"{seconds}\n")
+    process.stdin.flush()
+    assert process.stdout.readline() == "burnt\n"
+
+
+def test_process_cpu_counts_what_a_busy_process_burnt(burner):
+    burn(burner, 0.05)  # the interpreter has started and is ready
+    window = CpuWindow(burner.pid).start()
+    burn(burner, 0.3)
+    used = window.cpu_seconds()
+    assert 0.3 - READING_SLACK_SECONDS <= used <= 0.3 + 0.2, used
+    assert 0 < window.cores_busy() <= 1 + READING_SLACK_SECONDS / 0.3, "one thread keeps at most one core busy"
+    assert cpu_seconds(burner.pid) >= 0.35 - READING_SLACK_SECONDS
+
+
+def test_process_cpu_counts_the_processes_a_process_started():
+    parent = subprocess.Popen(
+        [sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {BURNER!r}])"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        burn(parent, 0.3)  # done by its child, which shares its pipes
+        assert cpu_seconds(parent.pid) >= 0.3 - READING_SLACK_SECONDS
+    finally:
+        parent.stdin.close()
+        parent.wait(timeout=30)
+
+
+def test_process_cpu_of_a_finished_process_or_of_none_is_unknown():
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait(timeout=30)  # reaped: its pid names no process
+    assert cpu_seconds(finished.pid) is None
+    window = CpuWindow(None).start()
+    assert window.cpu_seconds() is None and window.cores_busy() is None
 
 
 def installed_durable_backends():
@@ -81,6 +198,12 @@ def test_store_throughput_benchmark_reports_rates_and_fsyncs_for_each_backend_an
             assert row["fsyncs"] == 0, row
         else:
             assert row["fsyncs_per_s"] > 0, row
+        for phase in ("publish", "recover", "consume"):
+            seconds = row[f"{phase}_s"]
+            assert_possible_cores(row[f"{phase}_broker_cpu"], seconds, (phase, row))
+        assert row["recover_broker_cpu"] > 0, "starting a broker takes CPU"
+    for phase in ("publish", "consume"):  # one short phase may fall within a clock tick, all of them not
+        assert sum(row[f"{phase}_broker_cpu"] * row[f"{phase}_s"] for row in rows) > 0, (phase, rows)
 
 
 def test_crash_loop_benchmark_survives_a_kill():
