@@ -173,7 +173,9 @@ class GroupCommit:
             self._commit()
 
     def _commit(self):
-        self._scheduled = None
+        scheduled, self._scheduled = self._scheduled, None
+        if scheduled is not None and scheduled.active():  # an overdue idle tick came first: it commits for both
+            scheduled.cancel()
         waiters, self._waiting = self._waiting, []
         batch = self._take_batch()
         if batch is None and not waiters:

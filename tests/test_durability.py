@@ -10,7 +10,7 @@ import pytest
 from twisted.internet import defer, reactor, task, threads
 from twisted.trial import unittest
 
-from brokerd.durability import GroupCommit, SyncPolicy
+from brokerd.durability import IDLE_COMMIT_SECONDS, GroupCommit, SyncPolicy
 
 
 @pytest.mark.parametrize(
@@ -176,6 +176,54 @@ class GroupCommitTests(unittest.TestCase):
         yield group.stop()
         self.assertEqual(log.on_disk(), [b"last words"])
         yield self.assertFailure(group.sync(), RuntimeError)
+
+
+class ThreadedClock(task.Clock):
+    """Time from a task.Clock (driven by the test), results from the writer thread through the real reactor."""
+
+    def callFromThread(self, function, *args, **kwargs):
+        reactor.callFromThread(function, *args, **kwargs)
+
+
+class OverdueTickTests(unittest.TestCase):
+    timeout = 10
+
+    @defer.inlineCallbacks
+    def test_an_overdue_idle_tick_that_commits_cancels_the_commit_already_scheduled(self):
+        """
+        A reactor busy past the idle tick runs it before a commit scheduled for
+        now: the tick commits what the scheduled one would have, so the latter
+        must not start a second commit beside the first when a sync comes in between.
+        """
+        clock = ThreadedClock()
+        log = FileLog(self.mktemp())
+        self.addCleanup(log.file.close)
+        group = GroupCommit(log.take_batch, log.write_batch, SyncPolicy.parse("always"), clock, name="test")
+        group.start()
+        self.addCleanup(group.stop)
+        self.addCleanup(log.may_finish.set)  # before the stop, should the test fail while a commit waits
+        log.may_finish.clear()  # the first commit stays on the writer thread until the test lets it finish
+        clock.rightNow = IDLE_COMMIT_SECONDS * 1.5  # time passed without the reactor running its timers
+        log.add(b"first")
+        first = group.sync()  # schedules a commit for now, behind the overdue tick
+        second = []
+
+        def in_between():
+            log.add(b"second")
+            second.append(group.sync())
+
+        clock.callLater(-IDLE_COMMIT_SECONDS * 0.2, in_between)  # due after the tick, before the scheduled commit
+        clock.advance(0)  # the tick, then in_between, then (unless cancelled) the scheduled commit
+        self.assertEqual(group.commits, 1)
+        log.may_finish.set()
+        deadline = reactor.seconds() + 5
+        while not second[0].called and reactor.seconds() < deadline:  # the writer answers through the reactor
+            clock.advance(0)  # the commit the second sync waits for, once the first has ended
+            yield task.deferLater(reactor, 0.001, lambda: None)
+        yield first
+        yield second[0]
+        self.assertEqual([batch for batch, _, _ in log.batches], [[b"first"], [b"second"]])
+        self.assertEqual(group.commits, 2)
 
 
 class NumberedLog(FileLog):
