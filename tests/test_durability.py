@@ -196,7 +196,9 @@ class OverdueTickTests(unittest.TestCase):
         must not start a second commit beside the first when a sync comes in between.
         """
         clock = ThreadedClock()
-        log = FileLog(self.mktemp())
+        directory = tempfile.mkdtemp(prefix="brokerd-durability-")
+        self.addCleanup(shutil.rmtree, directory, True)
+        log = FileLog(os.path.join(directory, "log"))
         self.addCleanup(log.file.close)
         group = GroupCommit(log.take_batch, log.write_batch, SyncPolicy.parse("always"), clock, name="test")
         group.start()
