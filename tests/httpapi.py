@@ -1,12 +1,53 @@
-"""What the HTTP management API's test modules share: a broker process and an HTTP client on urllib."""
+"""What the HTTP management API's test modules share: a broker process and an HTTP client on urllib.
+
+The fixtures C{broker} (one memory-backend broker per module, checked to stop
+cleanly) and C{api} (guest's client of its HTTP API) are used by importing them.
+"""
 
 import base64
 import json
+import pathlib
+import shutil
+import sys
 import urllib.error
 import urllib.request
 from urllib.parse import quote
 
+import pika
+import pytest
+
+from brokerd.testing import BrokerProcess
+
 TIMEOUT = 10
+# RabbitMQ's own rabbitmqadmin: Debian's rabbitmq-server installs it; .ci/run takes it from that package otherwise.
+RABBITMQADMIN = shutil.which("rabbitmqadmin") or shutil.which("rabbitmqadmin",
+                                                               path=str(pathlib.Path(sys.executable).parent))
+
+
+def module_broker(tmp_path_factory, *arguments):
+    """A memory-backend broker for one module (a fixture's body): stopped at the end, with exit 0 and no traceback."""
+    process = BrokerProcess(["--backend=memory", "--native", "none", *arguments],
+                            cwd=tmp_path_factory.mktemp("broker"))
+    yield process
+    assert process.stop() == 0  # HTTP clients do not hold up a clean stop
+    assert not any("Traceback" in line for line in process.output)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    yield from module_broker(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def api(broker):
+    return Api(broker.wait_listening("HTTP API"))
+
+
+def amqp(broker, user="guest", password="guest", vhost="/"):
+    """A pika connection to C{broker} as C{user} on C{vhost}."""
+    host, port = broker.wait_address("AMQP")
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        host, port, vhost, pika.PlainCredentials(user, password), connection_attempts=1, socket_timeout=10))
 
 
 class Api:

@@ -9,17 +9,9 @@ import sys
 import pika
 import pytest
 
-from brokerd.testing import BrokerProcess
+from tests.httpapi import broker  # noqa: F401 (the module's fixture)
 
 QUEUE = "admin.jobs"
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    process = BrokerProcess(["--backend=memory", "--native", "none"], cwd=tmp_path_factory.mktemp("broker"))
-    yield process
-    assert process.stop() == 0
-    assert not any("Traceback" in line for line in process.output)
 
 
 @pytest.fixture(scope="module")

@@ -8,26 +8,7 @@ import pika
 import pytest
 
 from brokerd.testing import BrokerProcess
-from tests.httpapi import Api, segment
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    process = BrokerProcess(["--backend=memory", "--native", "none"], cwd=tmp_path_factory.mktemp("broker"))
-    yield process
-    assert process.stop() == 0  # HTTP clients do not hold up a clean stop
-    assert not any("Traceback" in line for line in process.output)
-
-
-@pytest.fixture(scope="module")
-def api(broker):
-    return Api(broker.wait_listening("HTTP API"))
-
-
-def amqp(broker, user="guest", password="guest", vhost="/"):
-    host, port = broker.wait_address("AMQP")
-    return pika.BlockingConnection(pika.ConnectionParameters(
-        host, port, vhost, pika.PlainCredentials(user, password), connection_attempts=1, socket_timeout=10))
+from tests.httpapi import Api, amqp, api, broker, segment  # noqa: F401 (api, broker: the module's fixtures)
 
 
 def test_the_listener_is_announced_and_listed_in_the_overview(broker, api):

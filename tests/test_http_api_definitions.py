@@ -3,35 +3,13 @@ a RabbitMQ 3.10 export imports (its users log in with their old passwords over A
 follows its exchange-to-exchange binding), export -> import into a fresh broker gives the same
 definitions, and a policy set over HTTP caps a queue."""
 
-import pika
-import pytest
-
 from brokerd.testing import BrokerProcess
-from tests.httpapi import Api
+from tests.httpapi import Api, amqp, api, broker  # noqa: F401 (api, broker: the module's fixtures)
 from tests.test_definitions import comparable, rabbitmq_definitions
 
 
 def start(directory):
     return BrokerProcess(["--backend=memory", "--native", "none"], cwd=directory)
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    process = start(tmp_path_factory.mktemp("broker"))
-    yield process
-    assert process.stop() == 0
-    assert not any("Traceback" in line for line in process.output)
-
-
-@pytest.fixture(scope="module")
-def api(broker):
-    return Api(broker.wait_listening("HTTP API"))
-
-
-def amqp(broker, user="guest", password="guest", vhost="/"):
-    host, port = broker.wait_address("AMQP")
-    return pika.BlockingConnection(pika.ConnectionParameters(
-        host, port, vhost, pika.PlainCredentials(user, password), connection_attempts=1, socket_timeout=10))
 
 
 def test_a_rabbitmq_export_imports_and_its_user_routes_through_its_bindings(broker, api):

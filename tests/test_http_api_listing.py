@@ -1,8 +1,8 @@
 """The management API's listing parameters (sort, columns, pages, name filters), rates and health checks."""
 
 import json
-import shutil
 import subprocess
+import sys
 
 import pytest
 from twisted.internet.task import Clock
@@ -17,17 +17,14 @@ from brokerd.model.broker import Broker
 from brokerd.model.message import Message
 from brokerd.proto.messages_pb2 import BasicProperties
 from brokerd.testing import BrokerProcess
-from tests.httpapi import Api
+from tests.httpapi import RABBITMQADMIN, Api, module_broker
 
 QUEUES = {"alpha": 3, "Beta": 0, "gamma": 7, "delta": 1, "epsilon": 5}
 
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    process = BrokerProcess(["--backend=memory", "--native", "none", "--memory-high-watermark", "64KiB"],
-                            cwd=tmp_path_factory.mktemp("broker"))
-    yield process
-    process.stop()
+    yield from module_broker(tmp_path_factory, "--memory-high-watermark", "64KiB")
 
 
 @pytest.fixture(scope="module")
@@ -109,11 +106,10 @@ def test_a_name_regex_that_backtracks_without_bound_is_refused_and_a_plain_one_i
 
 
 def test_rabbitmqadmin_sorts_and_picks_columns_through_the_same_parameters(broker, api):
-    rabbitmqadmin = shutil.which("rabbitmqadmin") or shutil.which("rabbitmqadmin", path=".venv/bin")
-    if rabbitmqadmin is None:
+    if RABBITMQADMIN is None:
         pytest.skip("rabbitmqadmin is not installed (.ci/run fetches it from Debian's rabbitmq-server package)")
     _, port = broker.wait_address("HTTP API")
-    listed = subprocess.run([rabbitmqadmin, "-H", "127.0.0.1", "-P", str(port), "-f", "raw_json", "list", "queues",
+    listed = subprocess.run([sys.executable, RABBITMQADMIN, "-H", "127.0.0.1", "-P", str(port), "-f", "raw_json", "list", "queues",
                              "name", "messages", "--sort", "messages", "--sort-reverse"],
                             capture_output=True, text=True, timeout=30, check=True)
     assert json.loads(listed.stdout) == [{"name": name, "messages": depth} for name, depth in sorted(

@@ -2,27 +2,15 @@
 delete, close connection, export and import, on a real broker."""
 
 import json
-import pathlib
-import shutil
 import subprocess
 import sys
 
 import pika
 import pytest
 
-from brokerd.testing import BrokerProcess
+from tests.httpapi import RABBITMQADMIN, broker  # noqa: F401 (broker: the module's fixture)
 
-# Debian's rabbitmq-server installs it; .ci/run takes it from that package into the virtualenv otherwise.
-RABBITMQADMIN = shutil.which("rabbitmqadmin") or shutil.which("rabbitmqadmin",
-                                                               path=str(pathlib.Path(sys.executable).parent))
 pytestmark = pytest.mark.skipif(RABBITMQADMIN is None, reason="rabbitmqadmin (RabbitMQ's) is not installed here")
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    process = BrokerProcess(["--backend=memory", "--native", "none"], cwd=tmp_path_factory.mktemp("broker"))
-    yield process
-    process.stop()
 
 
 @pytest.fixture(scope="module")

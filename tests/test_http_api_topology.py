@@ -17,20 +17,7 @@ from brokerd.http.server import ApiContext, ApiRequest
 from brokerd.model.broker import Broker
 from brokerd.model.message import Message
 from brokerd.proto.messages_pb2 import BasicProperties
-from brokerd.testing import BrokerProcess
-from tests.httpapi import Api, segment
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    process = BrokerProcess(["--backend=memory", "--native", "none"], cwd=tmp_path_factory.mktemp("broker"))
-    yield process
-    process.stop()
-
-
-@pytest.fixture(scope="module")
-def api(broker):
-    return Api(broker.wait_listening("HTTP API"))
+from tests.httpapi import api, broker, segment  # noqa: F401 (api, broker: the module's fixtures)
 
 
 @pytest.fixture

@@ -7,12 +7,11 @@ import json
 import pytest
 
 from brokerd.access.database import AccessChangeRefused, AccessDatabase
-from brokerd.access.management import NOT_AUTHORISED_OBJECT, NOT_AUTHORISED_VHOST, Management, Table
+from brokerd.access.management import NOT_AUTHORISED_OBJECT, NOT_AUTHORISED_VHOST, Table
 from brokerd.access.policies import publish_all_policies
 from brokerd.errors import AccessRefused, NotFound, PreconditionFailed
 from brokerd.model.policies import Policy
-from tests.support import make_broker
-from tests.test_access_management import on_disk, run
+from tests.test_access_management import management, on_disk, run  # noqa: F401 (management: a fixture)
 
 
 @pytest.fixture
@@ -21,15 +20,6 @@ def access(tmp_path):
     database.open()
     database.add_vhost("team")
     return database
-
-
-@pytest.fixture
-def management(access):
-    broker, _ = make_broker()
-    broker.store.open()
-    for name in access.vhosts:
-        broker.add_vhost(name)
-    return Management(broker, access)
 
 
 def test_policies_are_kept_per_vhost_on_disk_and_listed_highest_priority_first(access):

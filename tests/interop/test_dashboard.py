@@ -22,8 +22,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from brokerd.testing import BrokerProcess
-from tests.httpapi import Api, segment
+from tests.httpapi import api, broker, segment  # noqa: F401 (api, broker: the module's fixtures)
 
 BROWSER = next(filter(None, map(shutil.which, ("chromium", "chromium-browser"))), None)
 DRIVER = shutil.which("chromedriver")
@@ -37,18 +36,6 @@ pytestmark = pytest.mark.skipif(
 
 # A queue name that would be markup if the page wrote it as HTML, with a '/' to URL-encode.
 QUEUE = "dash <b>jobs</b> & /1"
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    process = BrokerProcess(["--backend=memory", "--native", "none"], cwd=tmp_path_factory.mktemp("broker"))
-    yield process
-    process.stop()
-
-
-@pytest.fixture(scope="module")
-def api(broker):
-    return Api(broker.wait_listening("HTTP API"))
 
 
 def start_browser(width=1280, height=800):
