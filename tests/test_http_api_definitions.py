@@ -61,11 +61,14 @@ def test_a_policy_set_over_http_caps_a_queue_and_goes_when_deleted(broker, api):
         for number in range(5):
             channel.basic_publish("", "capped.q", b"%d" % number)
         assert api.get("/api/queues/%2F/capped.q")["messages"] == 2
+        assert [(queue["policy"], queue["messages"]) for queue in api.get("/api/queues/%2F")
+                if queue["name"] == "capped.q"] == [("cap", 2)]  # the listing names the policy applied
         assert api.delete("/api/policies/%2F/cap") == (204, None)
         assert api.request("GET", "/api/policies/%2F/cap")[0] == 404
         for number in range(5):
             channel.basic_publish("", "capped.q", b"%d" % number)
         assert api.get("/api/queues/%2F/capped.q")["messages"] == 7
+        assert [queue["policy"] for queue in api.get("/api/queues/%2F") if queue["name"] == "capped.q"] == [None]
     finally:
         connection.close()
     status, body, _ = api.request("PUT", "/api/policies/%2F/bad", {**policy, "apply-to": "foo"})

@@ -46,12 +46,18 @@ def fixed_queue_info(api, queue):
         "arguments": queue.arguments,
         "type": "quorum" if queue.policy.quorum else "classic",
         "node": api.context.node,
-        "policy": None,
         "exclusive_consumer_tag": None,
     }
 
 
-LISTED_TEMPLATE = ('{%s,"state":"%s","messages":%d,"messages_ready":%d,"messages_unacknowledged":%d,"consumers":%d,'
+def policy_name(queue_or_exchange):
+    """The name of the policy applied to it (RabbitMQ's C{policy} field), or None."""
+    policy = queue_or_exchange.applied_policy
+    return policy.name if policy is not None else None
+
+
+LISTED_TEMPLATE = ('{%s,"policy":%s,"state":"%s","messages":%d,"messages_ready":%d,"messages_unacknowledged":%d,'
+                   '"consumers":%d,'
                    '"memory":%d,"message_stats":{"publish":%d,"publish_details":{"rate":%.1f},"deliver_get":%d,'
                    '"deliver_get_details":{"rate":%.1f},"ack":%d,"ack_details":{"rate":%.1f}}}')
 
@@ -119,6 +125,7 @@ def queue_info(api, queue, unacked):
     pending = unacked.get(queue.key, 0)
     return {
         **fixed_queue_info(api, queue),
+        "policy": policy_name(queue),
         "state": "running" if queue.unavailable is None else "down",
         "messages": ready + pending,
         "messages_ready": ready,
@@ -142,16 +149,16 @@ def list_queues(api, vhost=None):
             entry = entry_of(queue, now)
             ready = queue.message_count
             pending = unacked.get(queue.key, 0)
-            counts = queue.messages_published, queue.messages_delivered, queue.messages_acked
+            counts = _counters(queue)
             rates = entry.rates.rates(now, counts)
-            figures = ("running" if queue.unavailable is None else "down", ready + pending, ready, pending,
-                       queue.consumer_count, queue.ready_bytes, counts, rates)
+            figures = (queue.applied_policy, "running" if queue.unavailable is None else "down", ready + pending,
+                       ready, pending, queue.consumer_count, queue.ready_bytes, counts, rates)
             if figures != entry.figures:
                 if entry.fixed is None:
                     entry.fixed = encode_text(fixed_queue_info(api, queue))[1:-1]
                 entry.figures = figures
-                entry.line = LISTED_TEMPLATE % (entry.fixed, *figures[:6], counts[0], rates[0], counts[1], rates[1],
-                                                counts[2], rates[2])
+                entry.line = LISTED_TEMPLATE % (entry.fixed, encode_text(policy_name(queue)), *figures[1:7], counts[0],
+                                                rates[0], counts[1], rates[1], counts[2], rates[2])
             parts.append(entry.line)
     return RawJson("[" + ",".join(parts) + "]")
 
@@ -203,7 +210,7 @@ def exchange_info(exchange):
         "internal": exchange.internal,
         "arguments": exchange.arguments,
         "user_who_performed_action": "",
-        "policy": None,
+        "policy": policy_name(exchange),
     }
 
 
