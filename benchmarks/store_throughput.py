@@ -10,10 +10,12 @@ L{benchmarks.amqp_client}:
 
   publish   N persistent messages (delivery mode 2) to a durable queue with
             publisher confirms, at most --window unconfirmed; the rate counts
-            until the last confirm. The broker is then stopped with SIGTERM and
+            until the last confirm. The broker's resident memory (VmRSS) holding
+            the backlog is read then. The broker is then stopped with SIGTERM and
             the "fsyncs" and "commits" of its "store stats at stop" log line are
             divided by the publish time (each size gets its own broker, so the
-            counts are that phase's alone);
+            counts are that phase's alone); with --kill it is SIGKILLed instead,
+            as a crash, and those two columns are left empty;
   recover   the broker restarted on the same directory: seconds until it
             listens again with every message recovered, and its resident
             memory (VmRSS) then;
@@ -159,16 +161,21 @@ def measure(backend, sync, label, size, count, options, workdir):
         seconds, publish_cores = publish(broker.address, count, size, options.window, broker.pid)
     except (BenchmarkError, OSError) as error:
         raise broker.fail(f"{name}, publishing: {error}") from None
-    stats = broker.stop()
+    row["holding_rss_mb"] = resident_megabytes(broker.pid)
+    if options.kill:
+        broker.process.kill()
+        stats = {}
+    else:
+        stats = broker.stop()
     row.update(
         publish_s=seconds,
         publish_per_s=count / seconds,
         publish_mb_per_s=count * size / seconds / 1e6,
         publish_broker_cpu=publish_cores,
-        fsyncs=stats.get("fsyncs", 0),
-        commits=stats.get("commits", 0),
-        fsyncs_per_s=stats.get("fsyncs", 0) / seconds,
-        commits_per_s=stats.get("commits", 0) / seconds,
+        fsyncs=stats.get("fsyncs"),
+        commits=stats.get("commits"),
+        fsyncs_per_s=stats["fsyncs"] / seconds if "fsyncs" in stats else None,
+        commits_per_s=stats["commits"] / seconds if "commits" in stats else None,
         store_stats=stats,
     )
     if profile:
@@ -202,21 +209,24 @@ def resident_megabytes(pid):
 
 
 def print_table(rows):
-    """One line per row; each "cpu" column is the cores the broker kept busy in the phase before it."""
+    """One line per row; each "cpu" column is the cores the broker kept busy in the phase before it, the first
+    "RSS MB" the publishing broker's resident memory holding the backlog, the second the restarted one's."""
     header = (f"{'backend':<8} {'sync':<12} {'size':>6} {'messages':>8} {'publish msg/s':>13} {'MB/s':>7}"
-              f" {'cpu':>4} {'fsyncs/s':>8} {'commits/s':>9} {'msgs/commit':>11} {'recover s':>9} {'cpu':>4}"
-              f" {'RSS MB':>7} {'consume msg/s':>13} {'cpu':>4}")
+              f" {'cpu':>4} {'RSS MB':>7} {'fsyncs/s':>8} {'commits/s':>9} {'msgs/commit':>11} {'recover s':>9}"
+              f" {'cpu':>4} {'RSS MB':>7} {'consume msg/s':>13} {'cpu':>4}")
     print(header)
     print("-" * len(header))
     for row in rows:
         per_commit = f"{row['messages'] / row['commits']:>11,.1f}" if row["commits"] else f"{'-':>11}"
+        fsyncs = f"{row['fsyncs_per_s']:>8,.0f}" if row["fsyncs_per_s"] is not None else f"{'-':>8}"
+        commits = f"{row['commits_per_s']:>9,.0f}" if row["commits_per_s"] is not None else f"{'-':>9}"
         recover = f"{row['recover_s']:>9.2f}" if "recover_s" in row else f"{'-':>9}"
         rss = f"{row['recovered_rss_mb']:>7.0f}" if "recovered_rss_mb" in row else f"{'-':>7}"
         consume = f"{row['consume_per_s']:>13,.0f}" if "consume_per_s" in row else f"{'-':>13}"
         cores = {phase: f"{cores_column(row, phase):>4}" for phase in ("publish", "recover", "consume")}
         print(f"{row['backend']:<8} {row['sync']:<12} {row['label']:>6} {row['messages']:>8}"
               f" {row['publish_per_s']:>13,.0f} {row['publish_mb_per_s']:>7,.1f} {cores['publish']}"
-              f" {row['fsyncs_per_s']:>8,.0f} {row['commits_per_s']:>9,.0f} {per_commit} {recover} {cores['recover']}"
+              f" {row['holding_rss_mb']:>7.0f} {fsyncs} {commits} {per_commit} {recover} {cores['recover']}"
               f" {rss} {consume} {cores['consume']}")
 
 
@@ -236,6 +246,8 @@ def build_parser():
     parser.add_argument("--prefetch", type=int, default=1000)
     parser.add_argument("--ack-every", type=int, default=100)
     parser.add_argument("--no-consume", action="store_true", help="skip the restart and the consume phase")
+    parser.add_argument("--kill", action="store_true",
+                        help="SIGKILL the publishing broker (a crash) rather than stop it, before the restart")
     parser.add_argument("--profile", metavar="DIR", help="save a cProfile of each publishing broker in DIR")
     parser.add_argument("--workdir", help="where the data directories go (default: a new temp dir)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")

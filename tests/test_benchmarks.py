@@ -192,7 +192,8 @@ def test_store_throughput_benchmark_reports_rates_and_fsyncs_for_each_backend_an
     ]
     for row in rows:
         assert row["messages"] == (500 if row["size"] == 100 else 50)
-        for figure in ("publish_per_s", "publish_mb_per_s", "commits_per_s", "consume_per_s"):
+        for figure in ("publish_per_s", "publish_mb_per_s", "commits_per_s", "consume_per_s", "holding_rss_mb",
+                       "recovered_rss_mb"):
             assert row[figure] > 0, (figure, row)
         if row["sync"] == "none":
             assert row["fsyncs"] == 0, row
@@ -204,6 +205,19 @@ def test_store_throughput_benchmark_reports_rates_and_fsyncs_for_each_backend_an
         assert row["recover_broker_cpu"] > 0, "starting a broker takes CPU"
     for phase in ("publish", "consume"):  # one short phase may fall within a clock tick, all of them not
         assert sum(row[f"{phase}_broker_cpu"] * row[f"{phase}_s"] for row in rows) > 0, (phase, rows)
+
+
+def test_store_throughput_benchmark_restarts_after_a_kill_with_every_confirmed_message():
+    backends = installed_durable_backends()
+    if not backends:
+        pytest.skip("no durable backend is installed")
+    output = run_benchmark("benchmarks.store_throughput", "--backends", backends[-1], "--sync", "always",
+                           "--sizes", "100", "--messages", "500", "--window", "100", "--prefetch", "100",
+                           "--ack-every", "10", "--kill", "--json")
+    [row] = json.loads(output)
+    assert (row["fsyncs"], row["commits"], row["fsyncs_per_s"]) == (None, None, None), "a killed broker logs no stats"
+    assert row["holding_rss_mb"] > 0 and row["recover_s"] > 0
+    assert row["consume_per_s"] > 0, "the consumer checked every confirmed message came back, in order"
 
 
 def test_crash_loop_benchmark_survives_a_kill():
