@@ -184,16 +184,44 @@ def full_record_size(buffer, offset):
     return LENGTH.unpack_from(buffer, offset)[0] + LENGTH.size + RECORD_TAIL.size
 
 
-def record_parts(buffer, offset):
+SMALL_RECORD = 4096  # a record up to this length is copied out whole, then split; a larger one through a view
+
+
+def record_at(buffer, offset, limit):
     """
-    The C{(head bytes, body bytes)} of the (checked) record at C{offset} of
-    C{buffer}, each copied out once; the head is a body-less StoredMessage.
+    The C{(head bytes, body bytes)} of the record at C{offset} of C{buffer}
+    (C{limit} the end of valid data), checked, each copied out once; None if
+    the bytes there hold no whole, undamaged record (L{record_problem} says
+    why). The head is a body-less StoredMessage. This is every paged
+    delivery's read, so it takes the sound case in one pass.
     """
-    length, _, head_length = RECORD_HEAD.unpack_from(buffer, offset)
-    head_start = offset + RECORD_HEAD.size
-    body_start = head_start + head_length
+    if offset + RECORD_HEAD.size > limit:
+        return None
+    length, kind, head_length = RECORD_HEAD.unpack_from(buffer, offset)
+    end = offset + 4 + length
+    if length < 5 or end + RECORD_TAIL.size > limit or kind != MESSAGE_RECORD or head_length > length - 5:
+        return None
+    crc, trailing = RECORD_TAIL.unpack_from(buffer, end)
+    if trailing != length:
+        return None
+    if length <= SMALL_RECORD:
+        record = buffer[offset + 4 : end]
+        if zlib.crc32(record) != crc:
+            return None
+        head_end = 5 + head_length
+        return record[5:head_end], record[head_end:]
     with memoryview(buffer) as view:
-        return bytes(view[head_start:body_start]), bytes(view[body_start : offset + 4 + length])
+        if zlib.crc32(view[offset + 4 : end]) != crc:
+            return None
+        body_start = offset + RECORD_HEAD.size + head_length
+        return bytes(view[offset + RECORD_HEAD.size : body_start]), bytes(view[body_start:end])
+
+
+def record_damage(buffer, offset, limit, path, file_offset):
+    """The L{StoreCorrupted} naming the file and the data offset of the damaged record at C{offset}."""
+    problem = record_problem(buffer, offset, limit) or "unreadable"
+    return StoreCorrupted(f"chunk {path}: the record at data offset {file_offset - HEADER_SIZE} is damaged"
+                          f" ({problem})", path, file_offset)
 
 
 def checked_record_parts(buffer, offset, limit, path, file_offset):
@@ -203,11 +231,10 @@ def checked_record_parts(buffer, offset, limit, path, file_offset):
 
     @raise StoreCorrupted: naming the file and the data offset, if the record is damaged.
     """
-    problem = record_problem(buffer, offset, limit)
-    if problem is not None:
-        raise StoreCorrupted(f"chunk {path}: the record at data offset {file_offset - HEADER_SIZE} is damaged"
-                             f" ({problem})", path, file_offset)
-    return record_parts(buffer, offset)
+    parts = record_at(buffer, offset, limit)
+    if parts is None:
+        raise record_damage(buffer, offset, limit, path, file_offset)
+    return parts
 
 
 def decode_head(head):

@@ -9,14 +9,14 @@ reactor for over 100 ms.
 A chunk's file has its full size from the start, so one map serves it while
 it is written and after; the reactor reads only below the write position the
 last commit handed back, which the writer moves once the bytes are in the file. A body is copied out of
-the map once, as bytes; the head is parsed on its own.
+the map once, as bytes (a small record whole, then split); the head is parsed on its own.
 """
 
 import mmap
 import os
 from collections import OrderedDict
 
-from backends.chunked.format import HEADER_SIZE, checked_record_parts, decode_head, position_of
+from backends.chunked.format import HEADER_SIZE, decode_head, position_of, record_at, record_damage
 from backends.chunked.messagelog import chunk_path
 from brokerd.interfaces import MessageRecord
 
@@ -127,10 +127,15 @@ class ChunkReader:
         number, offset = divmod(position, data_size)
         if position >= self.written:
             raise KeyError(f"the chunked store holds no message with handle {handle!r}")
-        chunk = self._map(number, handle)
+        chunk = self._maps.get(number)
+        if chunk is None:
+            chunk = self._map(number, handle)
         offset += HEADER_SIZE
-        parts = checked_record_parts(chunk, offset, HEADER_SIZE + data_size, chunk_path(self.directory, number), offset)
-        self.reads[number] = self.reads.get(number, 0) + 1
+        parts = record_at(chunk, offset, HEADER_SIZE + data_size)
+        if parts is None:
+            raise record_damage(chunk, offset, HEADER_SIZE + data_size, chunk_path(self.directory, number), offset)
+        reads = self.reads
+        reads[number] = reads.get(number, 0) + 1
         return parts
 
     def where(self, handle):
@@ -143,9 +148,6 @@ class ChunkReader:
         return self._heads.message(head, body)
 
     def _map(self, number, handle):
-        chunk = self._maps.get(number)
-        if chunk is not None:
-            return chunk
         try:
             descriptor = os.open(chunk_path(self.directory, number), os.O_RDONLY)
         except FileNotFoundError:
