@@ -95,10 +95,11 @@ class ChunkReader:
     commit's result comes back.
     """
 
-    def __init__(self, directory, data_size):
+    def __init__(self, directory, data_size, read_ahead=None):
         self.directory = directory
         self.data_size = data_size
         self.written = 0
+        self.read_ahead = read_ahead  # a ReadAhead, or None
         self._maps = {}  # chunk number -> mmap
         self._heads = HeadCache()
         self.reads = {}  # chunk number -> records read
@@ -131,6 +132,9 @@ class ChunkReader:
         if chunk is None:
             chunk = self._map(number, handle)
         offset += HEADER_SIZE
+        read_ahead = self.read_ahead
+        if read_ahead is not None and offset + read_ahead.half >= read_ahead.requested.get(number, 0):
+            read_ahead.ahead(number, offset, HEADER_SIZE + min(data_size, self.written - number * data_size))
         parts = record_at(chunk, offset, HEADER_SIZE + data_size)
         if parts is None:
             raise record_damage(chunk, offset, HEADER_SIZE + data_size, chunk_path(self.directory, number), offset)
@@ -162,6 +166,8 @@ class ChunkReader:
 
     def forget(self, number):
         """Chunk C{number} was deleted: drop its map."""
+        if self.read_ahead is not None:
+            self.read_ahead.forget(number)
         chunk = self._maps.pop(number, None)
         if chunk is not None:
             chunk.close()
@@ -169,3 +175,5 @@ class ChunkReader:
     def close(self):
         for number in list(self._maps):
             self.forget(number)
+        if self.read_ahead is not None:
+            self.read_ahead.close()

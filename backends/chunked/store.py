@@ -20,6 +20,7 @@ L{HandleMap}, and reads the records of a window from the chunk files.
 """
 
 import os
+from functools import partial
 
 from google.protobuf.message import DecodeError
 from twisted.internet import defer
@@ -35,7 +36,8 @@ from backends.chunked.format import (
     message_id,
     record_size,
 )
-from backends.chunked.messagelog import bytes_on_disk
+from backends.chunked.messagelog import bytes_on_disk, chunk_path
+from backends.chunked.readahead import ReadAhead
 from backends.chunked.reads import ChunkReader, RingCache
 from backends.delayedshared.metafile import Meta
 from backends.delayedshared.reactorside import HandleLease, check_due, check_exchange, delayed_window, readable_messages
@@ -66,13 +68,15 @@ class ChunkedStore(FileStoreBase):
 
     def __init__(self, directory, sync_policy=None, chunk_size=256 << 20, index_chunk_entries=1 << 20,
                  cache_size=64 << 20, retain_chunks=0, retain_seconds=0.0, *, reactor, delayed_bucket_ms=60_000,
-                 delayed_flush_entries=1 << 16):
+                 delayed_flush_entries=1 << 16, read_ahead=4 << 20):
         self.directory = directory
         self.sync_policy = sync_policy or SyncPolicy()
         self._reactor = reactor
         self._files = ChunkedFiles(directory, chunk_size, index_chunk_entries, retain_chunks, retain_seconds,
                                    delayed_bucket_ms, delayed_flush_entries)
-        self._reader = ChunkReader(directory, chunk_size)
+        self._reader = ChunkReader(directory, chunk_size,
+                                   ReadAhead(read_ahead, partial(chunk_path, directory))
+                                   if read_ahead else None)
         self._cache = RingCache(cache_size)
         self._topology = Topology()
         self._topology_changed = False
@@ -441,6 +445,7 @@ class ChunkedStore(FileStoreBase):
             "chunks": len(chunks),
             "chunk_size": self._data_size,
             "chunk_reads": chunk_reads,
+            "read_ahead_bytes": self._reader.read_ahead.bytes_read if self._reader.read_ahead else 0,
             "chunk_writes": sum(writes for writes, _ in chunks.values()),
             "bytes_on_disk": bytes_on_disk(self.directory, chunks),
             "append_position": self._position,
