@@ -4,11 +4,14 @@ protocol, addresses, user, vhost, client properties, channels, consumers and cou
 import pika
 from pika.adapters.twisted_connection import TwistedProtocolConnection
 from twisted.internet import defer, protocol, reactor
+from twisted.protocols.policies import WrappingFactory
 from twisted.trial import unittest
 
 from backends.memory import MemoryStore
 from brokerd.amqp.server import AmqpServerFactory
 from brokerd.model.broker import Broker
+from brokerd.native.server import NativeServerFactory
+from brokerd.readbuffer import READ_SIZE
 from tests.support import DeliveryCollector, connect_client, listen_native, wait_until
 
 STEP_TIMEOUT = 10.0
@@ -144,3 +147,49 @@ class AmqpConnectionTests(unittest.TestCase):
         client.close()
         yield client.lost
         yield wait_until(lambda: not self.broker.connections)
+
+
+class ReadSizeTests(unittest.TestCase):
+    """Both servers read a connection up to READ_SIZE bytes at a time (Twisted's own default is 64 KiB), through
+    a wrapping transport (as TLS wraps the socket's) too: a 64 KiB message comes in one read, not two joined."""
+
+    timeout = 30
+
+    @defer.inlineCallbacks
+    def socket_of_a_connection(self, factory):
+        """Listen with C{factory} on a real port, connect a plain client; the server side's socket transport."""
+        accepted = []
+
+        class Recording(type(factory)):
+            def buildProtocol(self, address):
+                built = super().buildProtocol(address)
+                accepted.append(built)
+                return built
+
+        factory.__class__ = Recording
+        port = reactor.listenTCP(0, factory, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        client = yield protocol.ClientCreator(reactor, protocol.Protocol).connectTCP("127.0.0.1",
+                                                                                     port.getHost().port)
+        self.addCleanup(client.transport.loseConnection)
+        yield wait_until(lambda: accepted and accepted[0].transport is not None)
+        transport = accepted[0].transport
+        while not hasattr(type(transport), "bufferSize"):
+            transport = transport.transport
+        return transport
+
+    @defer.inlineCallbacks
+    def test_the_amqp_and_native_servers_read_256_kib_at_a_time(self):
+        broker = Broker(MemoryStore(), reactor)
+        self.addCleanup(broker.stop)
+        for factory in (AmqpServerFactory(broker), NativeServerFactory(broker)):
+            socket = yield self.socket_of_a_connection(factory)
+            self.assertEqual(socket.bufferSize, READ_SIZE)
+            self.assertEqual(READ_SIZE, 256 * 1024)
+
+    @defer.inlineCallbacks
+    def test_a_wrapped_transport_has_its_socket_read_256_kib_at_a_time(self):
+        broker = Broker(MemoryStore(), reactor)
+        self.addCleanup(broker.stop)
+        socket = yield self.socket_of_a_connection(WrappingFactory(AmqpServerFactory(broker)))
+        self.assertEqual(socket.bufferSize, READ_SIZE)

@@ -46,7 +46,7 @@ from brokerd.errors import (
 )
 from brokerd.hangup import HangupWatch
 from brokerd.model.watermark import LARGE_PARTIAL_FRAME, SLOW_READER, ConnectionFlow, reading_pauses
-from brokerd.readbuffer import ReadBuffer
+from brokerd.readbuffer import ReadBuffer, read_in_large_pieces
 from brokerd.writebuffer import WriteBuffer
 
 log = Logger()
@@ -80,6 +80,7 @@ class AmqpServerProtocol(Protocol):
         # Confirms and small replies must not wait for the client's delayed ACK (Nagle).
         if hasattr(self.transport, "setTcpNoDelay"):
             self.transport.setTcpNoDelay(True)
+        read_in_large_pieces(self.transport)
         self.writes.transport = self.transport
         pauses = self._flow.pauses = reading_pauses(self.transport)
         pauses.on_resume = self._parse_held_back

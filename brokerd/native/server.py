@@ -57,6 +57,7 @@ from brokerd.model.watermark import LARGE_PARTIAL_FRAME, SLOW_READER, PublisherG
 from brokerd.native.framing import FrameReceiver
 from brokerd.native.management import answer_management_request, management_serving
 from brokerd.native.peer import NativeChannelPeer
+from brokerd.readbuffer import read_in_large_pieces
 from brokerd.native.requests import ChannelRequests
 from brokerd.proto.native_pb2 import Envelope
 from brokerd.refusallog import RefusalLog
@@ -108,6 +109,7 @@ class NativeServerProtocol(ChannelRequests, FrameReceiver):
         # Confirms and small replies must not wait for the client's delayed ACK (Nagle).
         if hasattr(self.transport, "setTcpNoDelay"):
             self.transport.setTcpNoDelay(True)
+        read_in_large_pieces(self.transport)
         self.read_pauses = reading_pauses(self.transport)
         self.read_pauses.on_resume = self._parse_held_back
         self.read_pauses.hangup_watch = HangupWatch(self.transport, self.clock, self._probe_paused_peer)
