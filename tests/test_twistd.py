@@ -221,3 +221,21 @@ def test_plugin_is_found_after_a_regular_install(tmp_path):
     )
     names = sorted(line.split(":")[0] for line in backends.stdout.splitlines() if not line.startswith(" "))
     assert names == ["chunked", "filelog", "memory", "sqlite"], backends.stdout + backends.stderr
+
+
+def test_the_service_twistd_makes_leaves_what_exists_at_start_out_of_the_cyclic_collectors_walks(tmp_path):
+    # Its full collections then walk only what the broker made since (modules and classes live as long as
+    # the process anyway); the store, queues and messages made afterwards stay collectable.
+    script = (
+        "import gc; from brokerd.tap import Options, makeService\n"
+        "options = Options()\n"
+        f"options.parseOptions(['--backend=memory', '--data-dir={tmp_path}', '--native', 'none', '--amqp', 'none',"
+        " '--http', 'none', '--prometheus', 'none'])\n"
+        "before = gc.get_freeze_count()\n"
+        "makeService(options)\n"
+        "print(before, gc.get_freeze_count())\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    before, after = map(int, ran.stdout.split())
+    assert before == 0 and after > 10_000, ran.stdout
