@@ -17,6 +17,11 @@ tag and flag, ``[u32 count][count x u64 offset][count x u32 delivery count]``
 same file came back to the queue unacked. Later ones win; compaction writes
 one with the counts of the records it keeps, at their new offsets, so the
 counts move with the records inside one atomic rename.
+
+Opening a file reads no message body: L{walk} follows the length prefixes
+and flags alone, checking the CRCs only of the records near the end of the
+file, where a write cut short by a crash leaves its marks. The CRC of any
+other record is checked when the record is read back.
 """
 
 import struct
@@ -41,6 +46,7 @@ FLAG_OFFSET = HEADER_SIZE + 1  # of the valid flag, from the start of a record
 ACKED_FLAG = bytes([ACKED])
 QUEUE_MAGIC = b"brokerd filelog queue 1\n"
 BODY_TAG = bytes([5 << 3 | 2])  # StoredMessage.body: field 5, length-delimited
+TAIL_CHECK_BYTES = 32 << 10  # at open, the records that start this close to the end have their CRCs checked
 
 
 def file_header(queue):
@@ -180,6 +186,65 @@ class Damage(NamedTuple):
     offset: int
     reason: str
     torn: bool
+
+
+class Framing(NamedTuple):
+    """What L{walk} found in a queue file, read by its framing alone."""
+
+    offsets: array  # of the valid message records, in file order ("Q")
+    sizes: array  # of the same records, framing included ("I")
+    counts: list  # (offset, payload) of the records of delivery counts
+    records: int  # how many whole records precede C{end}: valid, acked or of counts
+    end: int  # where the walk stopped: the end of the file, or the first bad record
+    problem: str | None  # why the record at C{end} is bad, if one is
+
+
+def walk(data, start, check_from):
+    """
+    Walk the records of a queue file's contents by their length prefixes and
+    flags, reading no message: only the records that start at or after
+    C{check_from} (and the last one) have their CRCs checked.
+
+    @param data: the whole file, as bytes or an mmap.
+    @param start: where the first record starts (after the header).
+    @return: a L{Framing}.
+    """
+    offsets, sizes, counts = array("Q"), array("I"), []
+    add_offset, add_size, unpack = offsets.append, sizes.append, LENGTH.unpack_from
+    size, offset, records, problem, last = len(data), start, 0, None, None
+    while offset < size:
+        if size - offset < OVERHEAD:
+            problem = record_problem(data, offset)
+            break
+        length = unpack(data, offset)[0]
+        following = offset + OVERHEAD + length
+        flag = data[offset + FLAG_OFFSET]
+        if following > size or length < 2 or data[offset + HEADER_SIZE] != VALID_TAG or offset >= check_from:
+            problem = record_problem(data, offset)
+            if problem is not None:
+                break
+        if flag == VALID:
+            add_offset(offset)
+            add_size(following - offset)
+        elif flag == RETURNS:
+            counts.append((offset, bytes(data[offset + HEADER_SIZE : following - TRAILER_SIZE])))
+        elif flag != ACKED:
+            problem = record_problem(data, offset)
+            break
+        records += 1
+        last = offset
+        offset = following
+    if problem is None and last is not None and last < check_from:
+        problem = record_problem(data, last)
+        if problem is not None:  # the last record, checked whatever its size: drop it again
+            offset = last
+            records -= 1
+            if offsets and offsets[-1] == last:
+                offsets.pop()
+                sizes.pop()
+            elif counts and counts[-1][0] == last:
+                counts.pop()
+    return Framing(offsets, sizes, counts, records, offset, problem)
 
 
 def scan(data, start):
