@@ -2,14 +2,19 @@
 the reactor thread keeps a few bytes a message, loads read runs of records ahead within the cache, compactions
 and messages kept for several queues read back right."""
 
+import math
 import os
+import tracemalloc
 
-from twisted.internet import defer
+from twisted.internet import defer, reactor, task
 from twisted.trial import unittest
 
 from backends.filelog import backend
 from backends.filelog.queuefile import queue_file_name
+from backends.filelog.reads import READ_AHEAD_BYTES
+from brokerd.interfaces import MessageRecord, StoreCorrupted
 from tests.paging_contract import PagingContract
+from tests.store_contract import AUDIT, JOBS, message, queue_record
 from tests.test_store_filelog import record_spans
 
 
@@ -28,3 +33,149 @@ class FilelogPaging(PagingContract, unittest.TestCase):
             byte = opened.read(1)
             opened.seek(offset + size - 5)
             opened.write(bytes([byte[0] ^ 0xFF]))
+
+    @defer.inlineCallbacks
+    def filled(self, count, size=100, queues=(JOBS,), **options):
+        """A store whose queues (declared) hold C{count} committed messages of C{size} bytes: (store, handles)."""
+        store = yield self.open_store(**options)
+        for queue in queues:
+            store.save_queue(queue_record(queue[1]))
+        handles = [store.append(message(b"%06d" % number + b"." * (size - 6)), list(queues))
+                   for number in range(count)]
+        yield store.sync()
+        return store, handles
+
+    @defer.inlineCallbacks
+    def reopened(self, store, **options):
+        yield store.close()
+        reopened = yield self.open_store(**options)
+        return reopened
+
+    def assert_bodies(self, store, handles, numbers):
+        self.assertEqual([store.load(handle).body[:6] for handle in handles], [b"%06d" % n for n in numbers])
+
+    @defer.inlineCallbacks
+    def test_opening_reads_no_message_body(self):
+        store, _ = yield self.filled(20_000, size=1024)
+        yield store.close()
+        tracemalloc.start()
+        self.addCleanup(tracemalloc.stop)
+        store = yield self.open_store()
+        _, peak = tracemalloc.get_traced_memory()
+        self.assertLess(peak, 2 << 20, "20 MB of bodies: opening must not read them")
+        self.assertEqual((store.stats()["messages"], store.stats()["file_reads"]), (20_000, 0))
+        self.assertEqual(len(store.recovered_handles(JOBS)), 20_000)
+
+    @defer.inlineCallbacks
+    def test_the_store_keeps_a_few_bytes_a_held_message(self):
+        count = 25_000
+        store, _ = yield self.filled(count, size=10)
+        yield store.close()
+        tracemalloc.start()
+        self.addCleanup(tracemalloc.stop)
+        before, _ = tracemalloc.get_traced_memory()
+        store = yield self.open_store()
+        handles = store.recovered_handles(JOBS)
+        held, _ = tracemalloc.get_traced_memory()
+        self.assertEqual(len(handles), count)
+        self.assertLess((held - before) / count, 40, "bytes a held message costs, both threads together")
+
+    @defer.inlineCallbacks
+    def test_loads_in_queue_order_read_runs_of_records_ahead(self):
+        store, handles = yield self.filled(3000)
+        store = yield self.reopened(store)
+        handles = store.recovered_handles(JOBS)
+        self.assert_bodies(store, handles, range(3000))
+        record_size = os.path.getsize(self.queue_path(store)) // 3000
+        runs = math.ceil(3000 * record_size / READ_AHEAD_BYTES)
+        self.assertEqual(store.stats()["file_reads"], 3000)
+        self.assertLessEqual(store.stats()["file_read_calls"], runs + 1)
+        store = yield self.reopened(store, cache_size="0")
+        self.assert_bodies(store, store.recovered_handles(JOBS)[:100], range(100))
+        self.assertEqual((store.stats()["file_read_calls"], store.stats()["cache_bytes"]), (100, 0),
+                         "without a cache each load reads its own record")
+
+    @defer.inlineCallbacks
+    def test_what_is_read_ahead_stays_within_the_cache_size(self):
+        queues = [("/", f"q{number}") for number in range(4)]
+        store, _ = yield self.filled(2000, queues=queues)
+        store = yield self.reopened(store, cache_size="40K")
+        recovered = [store.recovered_handles(queue) for queue in queues]
+        highest = 0
+        for row in range(2000):
+            for handles in recovered:
+                self.assertEqual(store.load(handles[row]).body[:6], b"%06d" % row)
+                highest = max(highest, store.stats()["cache_bytes"])
+        self.assertLessEqual(highest, 40 << 10)
+        record_size = os.path.getsize(self.queue_path(store, queues[0])) / 2000
+        runs = 8000 * record_size / (5 << 10)  # each an eighth of the cache
+        self.assertLess(store.stats()["file_read_calls"], runs * 1.1, "every queue's run is kept as it is read")
+
+    @defer.inlineCallbacks
+    def test_a_message_loads_as_appended_until_its_commit_is_taken_in(self):
+        store = yield self.open_store(cache_size="0")
+        store.save_queue(queue_record("jobs"))
+        appended = message(b"in a batch")
+        handle = store.append(appended, [JOBS])
+        self.assertIs(store.load(handle), appended, "buffered")
+        commits = store.stats()["commits"]
+        synced = store.sync()
+        yield task.deferLater(reactor, 0, lambda: None)  # runs after the commit took the batch
+        self.assertEqual((store.stats()["commits"], synced.called), (commits + 1, False))
+        self.assertIs(store.load(handle), appended, "handed to the writer, not written yet")
+        yield synced
+        loaded = store.load(handle)
+        self.assertIsInstance(loaded, MessageRecord)
+        self.assertEqual((loaded.body, loaded.properties.message_id), (b"in a batch", "in a batch"))
+        self.assertEqual(store.stats()["file_reads"], 1)
+
+    @defer.inlineCallbacks
+    def test_loads_after_a_compaction_read_the_new_file(self):
+        store, handles = yield self.filled(3000, compact_min_records="100")
+        self.assert_bodies(store, handles[:10], range(10))  # a run of the old file is kept
+        for handle in handles[:2000]:
+            store.ack(JOBS, handle)
+        yield store.sync()
+        self.assertEqual(store.stats()["compactions"], 1)
+        self.assertEqual(len(record_spans(self.queue_path(store))), 1000)
+        self.assert_bodies(store, handles[2000:], range(2000, 3000))
+        store = yield self.reopened(store)
+        self.assert_bodies(store, store.recovered_handles(JOBS), range(2000, 3000))
+
+    @defer.inlineCallbacks
+    def test_a_message_of_two_queues_loads_from_the_other_once_one_has_compacted_it_away(self):
+        store, handles = yield self.filled(300, queues=(JOBS, AUDIT), compact_min_records="100")
+        for handle in handles[:200]:
+            store.ack(JOBS, handle)
+        yield store.sync()
+        self.assertEqual(store.stats()["compactions"], 1)
+        self.assertEqual(len(record_spans(self.queue_path(store))), 100)
+        self.assert_bodies(store, handles, range(300))
+        self.assertEqual(store.stats()["messages"], 400, "a copy in each file")
+
+    @defer.inlineCallbacks
+    def test_a_message_found_damaged_at_load_leaves_its_queue_unavailable_and_its_file_as_it_is(self):
+        store, _ = yield self.filled(1000, queues=(JOBS, AUDIT))
+        yield store.close()
+        path = self.queue_path(store)
+        offset, size = record_spans(path)[10]
+        with open(path, "r+b") as opened:
+            opened.seek(offset + size - 5)
+            opened.write(b"!")
+        contents = open(path, "rb").read()
+        store = yield self.open_store()
+        handles = store.recovered_handles(JOBS)
+        self.assert_bodies(store, handles[:10], range(10))
+        with self.assertRaises(StoreCorrupted) as raised:
+            store.load(handles[10])
+        self.assertEqual((raised.exception.path, raised.exception.offset), (path, offset))
+        self.assertRaises(StoreCorrupted, store.recovered_handles, JOBS)
+        self.assertRaises(StoreCorrupted, store.append, message(b"refused"), [JOBS])
+        for handle in handles[:10]:
+            store.ack(JOBS, handle)
+        store.append(message(b"audited"), [AUDIT])
+        yield store.sync()
+        self.assertEqual(open(path, "rb").read(), contents)
+
+    def queue_path(self, store, queue=JOBS):
+        return os.path.join(store.directory, queue_file_name(queue))

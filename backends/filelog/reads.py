@@ -35,6 +35,7 @@ from brokerd.proto import messages_pb2
 
 ROUTE_MASK = (1 << ROUTE_BITS) - 1
 READ_AHEAD_BYTES = 256 << 10  # one load reads the records following its own up to about this many bytes
+RUNS_CACHED = 8  # ... or an eighth of the cache, so that the runs of several queues fit in it
 KNOWN_HEADS = 8  # distinct message heads (exchange, routing key, properties) a reader recognises without parsing
 _new_tuple = tuple.__new__
 _body_tag = BODY_TAG[0]
@@ -153,7 +154,7 @@ class FileReads:
     def __init__(self, path_of, cache_size):
         self._path_of = path_of  # queue key -> path of its file, for messages about it
         self.cache_size = cache_size
-        self.run_bytes = min(READ_AHEAD_BYTES, cache_size)
+        self.run_bytes = min(READ_AHEAD_BYTES, cache_size // RUNS_CACHED)
         self.readers = {}  # queue key -> QueueReader
         self.routes = Routes()
         self._kept = OrderedDict()  # queue key -> QueueReader whose run is kept, least recently read first
