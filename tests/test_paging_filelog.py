@@ -1,18 +1,21 @@
 """The paging contract over the filelog store, and what is particular to its files: opening reads no message,
-the reactor thread keeps a few bytes a message, loads read runs of records ahead within the cache, compactions
-and messages kept for several queues read back right."""
+the store keeps a few bytes a message, loads read runs of records ahead within the cache, compactions and
+messages kept for several queues read back right; and a real broker killed with a backlog serves it paged."""
 
 import math
 import os
 import tracemalloc
 
+import pika
 from twisted.internet import defer, reactor, task
 from twisted.trial import unittest
+from zope.interface.verify import verifyObject
 
 from backends.filelog import backend
 from backends.filelog.queuefile import queue_file_name
 from backends.filelog.reads import READ_AHEAD_BYTES
-from brokerd.interfaces import MessageRecord, StoreCorrupted
+from brokerd.interfaces import IDelayedMessageStore, IPagingStore, MessageRecord, StoreCorrupted
+from brokerd.testing import BrokerProcess
 from tests.paging_contract import PagingContract
 from tests.store_contract import AUDIT, JOBS, message, queue_record
 from tests.test_store_filelog import record_spans
@@ -179,3 +182,46 @@ class FilelogPaging(PagingContract, unittest.TestCase):
 
     def queue_path(self, store, queue=JOBS):
         return os.path.join(store.directory, queue_file_name(queue))
+
+    @defer.inlineCallbacks
+    def test_the_store_provides_the_paging_and_delayed_interfaces(self):
+        store = yield self.open_store()
+        self.assertTrue(verifyObject(IPagingStore, store))
+        self.assertTrue(verifyObject(IDelayedMessageStore, store))
+
+
+def test_a_broker_killed_with_a_backlog_serves_it_paged_in_order_after_its_restart(tmp_path):
+    count = 2500
+    broker = BrokerProcess(["--backend=filelog:cache_size=256K", "--sync=none", "--data-dir", str(tmp_path / "data")],
+                           cwd=tmp_path)
+    try:
+        with amqp(broker) as connection:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            channel.queue_declare("backlog", durable=True)
+            for number in range(count):
+                channel.basic_publish("", "backlog", b"%06d" % number + b"." * 94,
+                                      pika.BasicProperties(delivery_mode=2, message_id=str(number)))
+        broker.restart(crash=True)
+        with amqp(broker) as connection:
+            channel = connection.channel()
+            channel.basic_qos(prefetch_count=500)
+            got = []
+            for method, properties, body in channel.consume("backlog", inactivity_timeout=10):
+                assert method is not None, f"the consumer got {len(got)} of {count} messages"
+                got.append((body[:6], properties.message_id, method.redelivered))
+                if len(got) % 100 == 0:
+                    channel.basic_ack(method.delivery_tag, multiple=True)
+                if len(got) == count:
+                    break
+        assert got == [(b"%06d" % number, str(number), True) for number in range(count)]
+        broker.restart()
+        with amqp(broker) as connection:
+            assert connection.channel().queue_declare("backlog", passive=True).method.message_count == 0
+    finally:
+        assert broker.stop() == 0, broker.tail()
+
+
+def amqp(broker):
+    host, port = broker.wait_address("AMQP")
+    return pika.BlockingConnection(pika.ConnectionParameters(host, port, connection_attempts=1, socket_timeout=10))
