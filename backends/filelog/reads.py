@@ -159,7 +159,8 @@ class FileReads:
         self.routes = Routes()
         self._kept = OrderedDict()  # queue key -> QueueReader whose run is kept, least recently read first
         self.cache_bytes = 0
-        self._heads = []  # (head bytes from the tag of exchange to the body's tag, fields), most recent first
+        self._heads = []  # (head bytes from after the valid flag to the body's tag, its fields), latest first
+        self._route_readers = {}  # route number -> the readers of its queues, made again when readers change
         self.records_read = 0
         self.read_calls = 0
 
@@ -168,6 +169,7 @@ class FileReads:
         reader = self.readers.get(queue)
         if reader is None:
             self.readers[queue] = QueueReader(queue, update)
+            self._route_readers.clear()
             return
         if update.descriptor is not None:
             self._drop_run(reader)
@@ -177,6 +179,7 @@ class FileReads:
         """C{queue}'s file is deleted or damaged: close its reader."""
         reader = self.readers.pop(queue, None)
         if reader is not None:
+            self._route_readers.clear()
             self._drop_run(reader)
             reader.close()
 
@@ -200,12 +203,10 @@ class FileReads:
             C{queue} names the queue whose file it is).
         @raise UnreadableMessage: if its record is whole but does not parse.
         """
-        queues = self.routes.queues(handle)
-        readers = self.readers
-        for queue in readers if queues is None else queues:
-            reader = readers.get(queue)
-            if reader is None:
-                continue
+        readers = self._route_readers.get(handle & ROUTE_MASK)
+        if readers is None:
+            readers = self._readers_of(handle)
+        for reader in readers:
             handles = reader.handles
             row = reader.cursor
             if row >= len(handles) or handles[row] != handle:
@@ -222,14 +223,14 @@ class FileReads:
             length = LENGTH.unpack_from(data, at)[0] if at + OVERHEAD <= len(data) else -1
             end = at + OVERHEAD + length
             if length < 2 or end > len(data) or data[at + HEADER_SIZE] != VALID_TAG:
-                raise self._damaged(queue, offset, "it is not a whole record where the index has one")
+                raise self._damaged(reader.queue, offset, "it is not a whole record where the index has one")
             end -= TRAILER_SIZE
             if zlib.crc32(data[at + HEADER_SIZE + 2 : end]) != LENGTH.unpack_from(data, end)[0]:
-                raise self._damaged(queue, offset, "its CRC does not match")
+                raise self._damaged(reader.queue, offset, "its CRC does not match")
             self.records_read += 1
             start = at + HEADER_SIZE
-            for head, fields in self._heads:  # a message head seen lately: only the body is copied out
-                if data.startswith(head, start + 2):
+            for head, exchange, routing_key, properties, published_at in self._heads:
+                if data.startswith(head, start + 2):  # a head seen lately: only the body is copied out
                     at = start + 2 + len(head)
                     size = data[at] if at < end else 0x80
                     if size < 0x80:
@@ -237,10 +238,19 @@ class FileReads:
                     else:
                         size, at = _varint(data, at, end)
                     if at + size == end:
-                        return _new_tuple(MessageRecord, (*fields[:3], data[at:end], fields[3]))
+                        return _new_tuple(MessageRecord, (exchange, routing_key, properties, data[at:end], published_at))
                     break
-            return self._parsed(data, start, end, queue, offset)
+            return self._parsed(data, start, end, reader.queue, offset)
         raise KeyError(f"the filelog store holds no message with handle {handle!r}")
+
+    def _readers_of(self, handle):
+        """The readers of the files of C{handle}'s route, remembered until readers come or go."""
+        queues = self.routes.queues(handle)
+        readers = self.readers
+        found = tuple(readers.values()) if queues is None else tuple(
+            readers[queue] for queue in queues if queue in readers)
+        self._route_readers[handle & ROUTE_MASK] = found
+        return found
 
     def _read_run(self, reader, row):
         """Read the record at C{row} and the whole records after it within C{run_bytes}; keep them if they fit."""
@@ -295,7 +305,7 @@ class FileReads:
         if tag_at < start + 2 or data[tag_at] != _body_tag or data[tag_at + 1 : end - size] != length:
             return
         heads = self._heads
-        heads.insert(0, (data[start + 2 : tag_at + 1], record[:3] + (record.published_at,)))
+        heads.insert(0, (data[start + 2 : tag_at + 1], *record[:3], record.published_at))
         del heads[KNOWN_HEADS:]
 
     def _damaged(self, queue, offset, reason):

@@ -1,4 +1,4 @@
-"""The format of a filelog queue file, and the scan that reads a file back.
+"""The format of a filelog queue file, and the walk that finds its records again.
 
 A queue file starts with a header: ``QUEUE_MAGIC`` (which carries the format
 version), the queue key it belongs to (``[u32 length]["vhost\\0name" in
@@ -30,7 +30,6 @@ from array import array
 from typing import NamedTuple
 
 from backends.fileio import little_endian_bytes, read_little_endian
-from backends.messagerecord import record_of_stored
 from brokerd.proto import messages_pb2
 
 LENGTH = struct.Struct(">I")
@@ -108,11 +107,6 @@ def encode_returns(counts):
                      little_endian_bytes(array("I", (counts[offset] for offset in offsets)))))
 
 
-def is_returns(payload):
-    """Whether the payload of a sound record is one of delivery counts rather than a message."""
-    return payload[1] == RETURNS
-
-
 def decode_returns(payload):
     """C{{record offset: delivery count}} of a delivery-counts record's payload."""
     (count,) = LENGTH.unpack_from(payload, 2)
@@ -121,11 +115,6 @@ def decode_returns(payload):
         raise ValueError(f"a delivery-counts record of {count} entries is {len(payload)} bytes long")
     offsets = read_little_endian("Q", payload, start, count)
     return dict(zip(offsets, read_little_endian("I", payload, start + 8 * count, count)))
-
-
-def decode(head, body):
-    """The L{MessageRecord} of the StoredMessage that L{encode} gave as C{(head, body)}."""
-    return record_of_stored(messages_pb2.StoredMessage.FromString(head + body))
 
 
 def frame(head, body):
@@ -159,33 +148,6 @@ def record_problem(data, offset=0):
 def record_size(data, offset):
     """The size of the (sound) record at C{offset}, framing included."""
     return OVERHEAD + LENGTH.unpack_from(data, offset)[0]
-
-
-def payload_of(record):
-    """The StoredMessage bytes of one whole record."""
-    return record[HEADER_SIZE:-TRAILER_SIZE]
-
-
-class Record(NamedTuple):
-    """A sound record found by L{scan}; C{payload} is None for an acked one (see L{is_returns} for the others)."""
-
-    offset: int
-    size: int
-    payload: bytes | None
-
-
-class Damage(NamedTuple):
-    """
-    Where L{scan} stopped early.
-
-    @ivar torn: True if no sound record follows the damage: a write cut short
-        by a crash (a torn tail), safe to truncate. False means damage in the
-        middle of the file, which must not be skipped.
-    """
-
-    offset: int
-    reason: str
-    torn: bool
 
 
 class Framing(NamedTuple):
@@ -245,27 +207,6 @@ def walk(data, start, check_from):
             elif counts and counts[-1][0] == last:
                 counts.pop()
     return Framing(offsets, sizes, counts, records, offset, problem)
-
-
-def scan(data, start):
-    """
-    Walk the records of a queue file's contents.
-
-    @param data: the whole file, as bytes or an mmap.
-    @param start: where the first record starts (after the header).
-    @return: C{(records, damage)}: the sound L{Record}s in file order up to the
-        first damage, and that L{Damage} or None.
-    """
-    records, offset, size = [], start, len(data)
-    while offset < size:
-        problem = record_problem(data, offset)
-        if problem is not None:
-            return records, Damage(offset, problem, torn=find_record(data, offset + 1) is None)
-        length = record_size(data, offset)
-        payload = data[offset + HEADER_SIZE : offset + length - TRAILER_SIZE] if data[offset + FLAG_OFFSET] else None
-        records.append(Record(offset, length, payload))
-        offset += length
-    return records, None
 
 
 def find_record(data, start):
