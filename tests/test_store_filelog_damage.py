@@ -44,6 +44,22 @@ class FilelogDamageTests(FilelogStores, unittest.TestCase):
         self.assertEqual([r.body for _, r, _ in store.recover(JOBS)], [b"m0", b"m1", b"m3"])
 
     @defer.inlineCallbacks
+    def test_a_last_record_damaged_before_the_part_checked_at_open_is_still_cut_off(self):
+        # Open checks the CRCs of the records near the end only; the last one is checked whatever its size.
+        big = b"b" * (200 << 10)
+        store = yield self.closed_store_with([b"m%d" % n for n in range(300)] + [big])
+        path = self.queue_path(store, JOBS)
+        offset, size = record_spans(path)[-1]
+        with open(path, "r+b") as queue_file:
+            queue_file.seek(offset + 100)
+            queue_file.write(b"c")
+        logged = LogWatcher(self)
+        store = yield self.reopen(store)
+        self.assertEqual([r.body for _, r, _ in store.recover(JOBS)], [b"m%d" % n for n in range(300)])
+        self.assertEqual(os.path.getsize(path), offset)
+        self.assertEqual(len(logged.matching(path, "torn tail of %d bytes" % size, "CRC")), 1)
+
+    @defer.inlineCallbacks
     def test_garbage_after_the_last_record_is_cut_off_and_logged(self):
         crafted = RECORD_LENGTH.pack(6) + b"\x08\x01abcd" + b"\0\0\0\0"  # well framed, wrong CRC
         for garbage in (b"garbage that is no record", crafted, b"\0" * 4096, crafted + b"and more"):

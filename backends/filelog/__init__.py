@@ -2,6 +2,10 @@
 valid flag in place, compaction of files that are mostly acked, the topology
 in a small file replaced atomically; delayed messages in one more such log,
 indexed by due time in memory. Files live under C{<data dir>/filelog/}.
+
+The store pages: the broker keeps handles for a backlog, and messages are read
+back from the files when delivered, a run of following records at a time,
+within C{cache_size} bytes.
 """
 
 import os
@@ -9,7 +13,7 @@ import os
 from zope.interface import implementer
 
 from backends.filelog.store import FilelogStore
-from backends.options import given_options, whole_number
+from backends.options import byte_size, given_options, whole_number
 from brokerd.interfaces import IStoreBackend
 
 SUBDIRECTORY = "filelog"
@@ -23,6 +27,7 @@ class FilelogBackend:
         "compact_min_records": ("2000", "compact a queue file only once it holds at least this many records"),
         "compact_valid_ratio": ("0.5", "... and fewer than this fraction of them are un-acked (0 < ratio <= 1)"),
         "delayed_bucket_ms": ("60000", "milliseconds of due time per bucket of the in-memory delayed-message index"),
+        "cache_size": ("64M", "bytes of records read ahead from the queue files and kept in memory for loads"),
     }
 
     def make_store(self, data_dir, sync_policy=None, *, reactor, **options):
@@ -34,6 +39,7 @@ class FilelogBackend:
             compact_min_records=whole_number("compact_min_records", given["compact_min_records"]),
             compact_valid_ratio=_ratio("compact_valid_ratio", given["compact_valid_ratio"]),
             delayed_bucket_ms=whole_number("delayed_bucket_ms", given["delayed_bucket_ms"]),
+            cache_size=byte_size("cache_size", given["cache_size"], 0),
         )
 
 

@@ -1,9 +1,15 @@
 """The files of a filelog store, as its writer thread works on them.
 
 Everything here runs on the store's one writer thread (L{GroupCommit}'s), one
-call at a time, so it needs no locks: recovery at open, each commit's batch,
-reads of records back. The reactor thread reads none of its state: the
-L{Figures} reach it as values, in the L{Recovery} and each commit's result.
+call at a time, so it needs no locks: recovery at open and each commit's
+batch. The reactor thread reads none of its state: the L{Figures} and each
+queue file's L{QueueUpdate} (where its records are, and a descriptor of its
+own to read them with) reach it as values, in the L{Recovery} and in each
+commit's L{BatchWritten}.
+
+Handles carry a route in their low C{ROUTE_BITS} bits (see
+L{backends.filelog.reads.Routes}); open numbers the valid records of the
+queue files in queue order, each file's with the route of its queue alone.
 
 The directory holds a lock file (flocked while a store has it open), the
 topology file, one L{QueueFile} per durable queue that was ever written to,
@@ -11,6 +17,7 @@ and the delayed messages' log and meta file (L{FilelogDelayedLog}).
 """
 
 import os
+from itertools import compress
 from typing import NamedTuple
 
 from twisted.logger import Logger
@@ -27,18 +34,28 @@ log = Logger()
 
 LOCK_FILE = "lock"
 HEADER_READ_SIZE = 4096  # more than any header: queue and vhost names are at most 255 bytes
+ROUTE_BITS = 20  # the low bits of a handle: which queues its message was appended to
 
 
 class Recovery(NamedTuple):
-    """What L{QueueFiles.open} found, for the store to serve C{topology} and C{recover} from."""
+    """What L{QueueFiles.open} found, for the store to serve C{topology}, C{recovered_handles} and loads from."""
 
     topology: list  # topology records in file order
-    messages: dict  # queue key -> [(handle, MessageRecord)] in queue order
+    queues: list  # the durable queues' keys in topology order: queue i's handles carry route i + 1
+    recovered: dict  # queue key -> (first handle, count): its messages' handles, each 1 << ROUTE_BITS after the last
+    files: dict  # queue key -> QueueUpdate of its file (with a descriptor the receiver owns)
     damaged: dict  # queue key -> StoreCorrupted
-    next_handle: int
+    next_sequence: int  # the handle of the next message appended, shifted right by ROUTE_BITS
     delayed: object = None  # the FilelogDelayedRecovery of the delayed log
     delivery_counts: dict = {}  # queue key -> {handle: delivery count}, for messages that came back unacked
     figures: object = None  # the FiguresNow of the files as open leaves them
+
+
+class BatchWritten(NamedTuple):
+    """What a commit hands back to the reactor thread."""
+
+    figures: object  # the FiguresNow of the files after it
+    files: dict  # queue key -> QueueUpdate, of the files it appended to, created or compacted
 
 
 class QueueFiles:
@@ -66,7 +83,7 @@ class QueueFiles:
         """
         Take the directory, read the topology and every queue file it names.
 
-        @return: a L{Recovery}; handles are numbered from 1 in queue order.
+        @return: a L{Recovery}; messages are numbered from 1 in queue order.
         @raise StoreCorrupted: if the topology file is damaged.
         @raise DirectoryInUse: if another open store holds the directory.
         """
@@ -75,16 +92,16 @@ class QueueFiles:
         self._remove_leftovers()
         topology = read_topology(self.topology_path)
         queues = [(record.vhost, record.name) for record in topology if isinstance(record, messages_pb2.QueueRecord)]
-        messages, damaged, handle = {}, {}, 1
-        for queue in queues:
+        recovered, damaged, sequence = {}, {}, 1
+        for route, queue in enumerate(queues, 1):
+            first = sequence << ROUTE_BITS | route
             try:
-                messages[queue] = self._recover(queue, handle)
+                count = self._recover(queue, first)
             except StoreCorrupted as damage:
                 damaged[queue] = damage
             else:
-                queue_file = self._files.get(queue)
-                if queue_file is not None:
-                    handle = queue_file.next_handle
+                recovered[queue] = (first, count)
+                sequence += count
         self._log_orphans(queues, kept_queue_names(topology))
         delivery_counts = {}
         for queue, queue_file in list(self._files.items()):
@@ -92,7 +109,9 @@ class QueueFiles:
                 delivery_counts[queue] = dict(queue_file.delivery_counts)
             self._compact_if_worth_it(queue_file)
         delayed = self.delayed.open()
-        return Recovery(topology, messages, damaged, handle, delayed, delivery_counts, self.figures.now())
+        files = self._reports(self._files.values())
+        return Recovery(topology, queues, recovered, files, damaged, sequence, delayed, delivery_counts,
+                        self.figures.now())
 
     def _take_lock(self):
         """Two stores writing the same files would corrupt them; the second to open fails instead."""
@@ -110,11 +129,11 @@ class QueueFiles:
         try:
             descriptor = os.open(path, os.O_RDWR)
         except FileNotFoundError:
-            return []  # nothing was ever written for the queue
+            return 0  # nothing was ever written for the queue
         except OSError as problem:
             raise StoreCorrupted(f"queue file {path} cannot be opened: {problem.strerror}", path) from None
         queue_file = self._files[queue] = QueueFile(queue, path, descriptor, self.figures)
-        return queue_file.recover(first_handle)
+        return queue_file.recover(first_handle, 1 << ROUTE_BITS)
 
     def _log_orphans(self, queues, kept):
         """
@@ -144,13 +163,19 @@ class QueueFiles:
     def write_batch(self, batch, fsync):
         """
         Apply one L{Batch}, in the order that keeps a crash at any point
-        consistent: topology, removed queue files, appends (one write per file),
-        acks, delivery counts, compaction; then, if C{fsync}, make everything
-        written durable.
+        consistent: topology, removed queue files, appends (one write per
+        file), acks, delivery counts, compaction; then, if C{fsync}, make everything written durable.
+        Files found damaged by the reactor thread are left alone from then on.
 
-        @return: the L{FiguresNow} of the files after it, for the reactor thread.
+        @return: the L{BatchWritten}, for the reactor thread.
         """
+        touched = set()  # QueueFiles appended to, created or compacted
         if batch is not None:
+            for queue, damage in batch.damaged.items():
+                queue_file = self._files.get(queue)
+                if queue_file is not None and queue_file.damage is None:
+                    self._unsynced.discard(queue_file)
+                    queue_file.mark_damaged(damage)
             if batch.topology is not None:
                 self.figures.syncs += replace_file(self.topology_path, batch.topology, sync_directory=fsync)
                 self._directory_unsynced = self._directory_unsynced or not fsync
@@ -160,18 +185,20 @@ class QueueFiles:
             for queue, handles in batch.appends.items():
                 if handles:
                     queue_file = self._files.get(queue) or self._create(queue)
-                    queue_file.append(handles, batch.records, framings)
-                    self._unsynced.add(queue_file)
+                    if queue_file.damage is None:
+                        queue_file.append(handles, batch.records, framings)
+                        self._unsynced.add(queue_file)
+                        touched.add(queue_file)
             for queue, handles in batch.acks.items():
                 queue_file = self._files.get(queue)
-                if queue_file is not None and queue_file.damage is None and queue_file.ack(handles):
+                if queue_file is not None and queue_file.ack(handles):
                     self._unsynced.add(queue_file)
-                    self._compact_if_worth_it(queue_file)
+                    self._compact_if_worth_it(queue_file, touched)
             for queue, counts in batch.returns.items():
                 queue_file = self._files.get(queue)
                 if queue_file is not None and queue_file.returned(counts):
                     self._unsynced.add(queue_file)
-                    self._compact_if_worth_it(queue_file)
+                    self._compact_if_worth_it(queue_file, touched)
             if batch.delays or batch.delay_releases or batch.delay_lease is not None:
                 self.delayed.write(batch.delay_lease, batch.delays, batch.delay_releases, fsync)
                 if batch.delay_releases:
@@ -179,7 +206,17 @@ class QueueFiles:
         if fsync:
             self._sync()
             self.delayed.sync()
-        return self.figures.now()
+        return BatchWritten(self.figures.now(), self._reports(touched))
+
+    @staticmethod
+    def _reports(queue_files):
+        """The L{QueueUpdate}s the reactor thread needs of C{queue_files}, by queue key."""
+        reports = {}
+        for queue_file in queue_files:
+            update = queue_file.report()
+            if update is not None:
+                reports[queue_file.queue] = update
+        return reports
 
     def _create(self, queue):
         queue_file = self._files[queue] = QueueFile.create(queue, self.path_of(queue), self.figures)
@@ -191,6 +228,8 @@ class QueueFiles:
         if queue_file is not None:
             self._unsynced.discard(queue_file)
             self.figures.file_bytes -= queue_file.size
+            self.figures.held -= queue_file.held
+            self.figures.held_bytes -= sum(compress(queue_file.sizes, queue_file.valid))
             queue_file.close()
         try:
             os.unlink(self.path_of(queue))
@@ -207,7 +246,7 @@ class QueueFiles:
             self.figures.syncs += 1
             self._directory_unsynced = False
 
-    def _compact_if_worth_it(self, queue_file):
+    def _compact_if_worth_it(self, queue_file, touched=None):
         if queue_file.worth_compacting(self.compact_min_records, self.compact_valid_ratio):
             try:
                 queue_file.compact()
@@ -215,23 +254,8 @@ class QueueFiles:
                 log.failure("compaction of queue file {path} failed; the file stays as it was", path=queue_file.path)
             else:
                 self._unsynced.discard(queue_file)  # the compacted file is fsynced whole
-
-    # -- reads
-
-    def read(self, handle, queues):
-        """
-        The L{MessageRecord} of C{handle}, from the file of the first of
-        C{queues} that holds it.
-
-        @raise KeyError: if none of them holds it.
-        @raise StoreCorrupted: if the record no longer reads back whole.
-        """
-        for queue in queues:
-            queue_file = self._files.get(queue)
-            message = queue_file.read(handle) if queue_file is not None else None
-            if message is not None:
-                return message
-        raise KeyError(f"the filelog store holds no message with handle {handle!r}")
+                if touched is not None:
+                    touched.add(queue_file)
 
     def close(self):
         """Close every file and give up the lock (once no commit can run any more)."""

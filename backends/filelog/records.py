@@ -1,4 +1,4 @@
-"""The format of a filelog queue file, and the scan that reads a file back.
+"""The format of a filelog queue file, and the walk that finds its records again.
 
 A queue file starts with a header: ``QUEUE_MAGIC`` (which carries the format
 version), the queue key it belongs to (``[u32 length]["vhost\\0name" in
@@ -17,6 +17,11 @@ tag and flag, ``[u32 count][count x u64 offset][count x u32 delivery count]``
 same file came back to the queue unacked. Later ones win; compaction writes
 one with the counts of the records it keeps, at their new offsets, so the
 counts move with the records inside one atomic rename.
+
+Opening a file reads no message body: L{walk} follows the length prefixes
+and flags alone, checking the CRCs only of the records near the end of the
+file, where a write cut short by a crash leaves its marks. The CRC of any
+other record is checked when the record is read back.
 """
 
 import struct
@@ -25,7 +30,6 @@ from array import array
 from typing import NamedTuple
 
 from backends.fileio import little_endian_bytes, read_little_endian
-from backends.messagerecord import record_of_stored
 from brokerd.proto import messages_pb2
 
 LENGTH = struct.Struct(">I")
@@ -41,6 +45,7 @@ FLAG_OFFSET = HEADER_SIZE + 1  # of the valid flag, from the start of a record
 ACKED_FLAG = bytes([ACKED])
 QUEUE_MAGIC = b"brokerd filelog queue 1\n"
 BODY_TAG = bytes([5 << 3 | 2])  # StoredMessage.body: field 5, length-delimited
+TAIL_CHECK_BYTES = 32 << 10  # at open, the records that start this close to the end have their CRCs checked
 
 
 def file_header(queue):
@@ -102,11 +107,6 @@ def encode_returns(counts):
                      little_endian_bytes(array("I", (counts[offset] for offset in offsets)))))
 
 
-def is_returns(payload):
-    """Whether the payload of a sound record is one of delivery counts rather than a message."""
-    return payload[1] == RETURNS
-
-
 def decode_returns(payload):
     """C{{record offset: delivery count}} of a delivery-counts record's payload."""
     (count,) = LENGTH.unpack_from(payload, 2)
@@ -115,11 +115,6 @@ def decode_returns(payload):
         raise ValueError(f"a delivery-counts record of {count} entries is {len(payload)} bytes long")
     offsets = read_little_endian("Q", payload, start, count)
     return dict(zip(offsets, read_little_endian("I", payload, start + 8 * count, count)))
-
-
-def decode(head, body):
-    """The L{MessageRecord} of the StoredMessage that L{encode} gave as C{(head, body)}."""
-    return record_of_stored(messages_pb2.StoredMessage.FromString(head + body))
 
 
 def frame(head, body):
@@ -155,52 +150,63 @@ def record_size(data, offset):
     return OVERHEAD + LENGTH.unpack_from(data, offset)[0]
 
 
-def payload_of(record):
-    """The StoredMessage bytes of one whole record."""
-    return record[HEADER_SIZE:-TRAILER_SIZE]
+class Framing(NamedTuple):
+    """What L{walk} found in a queue file, read by its framing alone."""
+
+    offsets: array  # of the valid message records, in file order ("Q")
+    sizes: array  # of the same records, framing included ("I")
+    counts: list  # (offset, payload) of the records of delivery counts
+    records: int  # how many whole records precede C{end}: valid, acked or of counts
+    end: int  # where the walk stopped: the end of the file, or the first bad record
+    problem: str | None  # why the record at C{end} is bad, if one is
 
 
-class Record(NamedTuple):
-    """A sound record found by L{scan}; C{payload} is None for an acked one (see L{is_returns} for the others)."""
-
-    offset: int
-    size: int
-    payload: bytes | None
-
-
-class Damage(NamedTuple):
+def walk(data, start, check_from):
     """
-    Where L{scan} stopped early.
-
-    @ivar torn: True if no sound record follows the damage: a write cut short
-        by a crash (a torn tail), safe to truncate. False means damage in the
-        middle of the file, which must not be skipped.
-    """
-
-    offset: int
-    reason: str
-    torn: bool
-
-
-def scan(data, start):
-    """
-    Walk the records of a queue file's contents.
+    Walk the records of a queue file's contents by their length prefixes and
+    flags, reading no message: only the records that start at or after
+    C{check_from} (and the last one) have their CRCs checked.
 
     @param data: the whole file, as bytes or an mmap.
     @param start: where the first record starts (after the header).
-    @return: C{(records, damage)}: the sound L{Record}s in file order up to the
-        first damage, and that L{Damage} or None.
+    @return: a L{Framing}.
     """
-    records, offset, size = [], start, len(data)
+    offsets, sizes, counts = array("Q"), array("I"), []
+    add_offset, add_size, unpack = offsets.append, sizes.append, LENGTH.unpack_from
+    size, offset, records, problem, last = len(data), start, 0, None, None
     while offset < size:
-        problem = record_problem(data, offset)
-        if problem is not None:
-            return records, Damage(offset, problem, torn=find_record(data, offset + 1) is None)
-        length = record_size(data, offset)
-        payload = data[offset + HEADER_SIZE : offset + length - TRAILER_SIZE] if data[offset + FLAG_OFFSET] else None
-        records.append(Record(offset, length, payload))
-        offset += length
-    return records, None
+        if size - offset < OVERHEAD:
+            problem = record_problem(data, offset)
+            break
+        length = unpack(data, offset)[0]
+        following = offset + OVERHEAD + length
+        flag = data[offset + FLAG_OFFSET]
+        if following > size or length < 2 or data[offset + HEADER_SIZE] != VALID_TAG or offset >= check_from:
+            problem = record_problem(data, offset)
+            if problem is not None:
+                break
+        if flag == VALID:
+            add_offset(offset)
+            add_size(following - offset)
+        elif flag == RETURNS:
+            counts.append((offset, bytes(data[offset + HEADER_SIZE : following - TRAILER_SIZE])))
+        elif flag != ACKED:
+            problem = record_problem(data, offset)
+            break
+        records += 1
+        last = offset
+        offset = following
+    if problem is None and last is not None and last < check_from:
+        problem = record_problem(data, last)
+        if problem is not None:  # the last record, checked whatever its size: drop it again
+            offset = last
+            records -= 1
+            if offsets and offsets[-1] == last:
+                offsets.pop()
+                sizes.pop()
+            elif counts and counts[-1][0] == last:
+                counts.pop()
+    return Framing(offsets, sizes, counts, records, offset, problem)
 
 
 def find_record(data, start):

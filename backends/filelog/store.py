@@ -1,15 +1,21 @@
 """L{FilelogStore}: the store contract over one append-only file per durable queue.
 
-The reactor thread buffers every change in a L{Batch} and keeps what the
-broker asks about (topology, which queues hold which handles, what open
-recovered); L{GroupCommit} hands each batch to L{QueueFiles} on its writer
-thread and decides when it is fsynced. Nothing here touches a file, nor the
-writer's state: the file figures of stats() come back with each commit.
+The reactor thread buffers every change in a L{Batch}; L{GroupCommit} hands
+each batch to L{QueueFiles} on its writer thread and decides when it is
+fsynced. The store pages (L{IPagingStore}): the broker keeps only handles for
+recovered messages and deep queues' backlogs, and L{load} gives each message
+at once, from the batches not yet written or from the files
+(L{backends.filelog.reads}: the reactor thread reads them through descriptors
+of its own, by an index of each file that every commit's result extends).
+The reactor thread keeps nothing per message but those indexes: an ack is
+buffered, and the writer thread, which indexes its files too, flips the flag.
 
 Delayed messages go to one more log (L{backends.filelog.delayedlog}); the
 writer thread indexes it by due time, and the reactor thread keeps only which
 handles are kept (a L{HandleMap}) and the delays not yet handed over.
 """
+
+import os
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -18,13 +24,21 @@ from zope.interface import implementer
 from backends.delayedshared.reactorside import HandleLease, check_due, check_exchange, delayed_window, readable_messages
 from backends.filelog.delayedlog import decode_delayed, encode_delayed
 from backends.filelog.queuefile import FiguresNow
-from backends.filelog.queuefiles import QueueFiles
-from backends.filelog.records import decode, encode
+from backends.filelog.queuefiles import ROUTE_BITS, QueueFiles
+from backends.filelog.reads import FileReads, Routes
+from backends.filelog.records import encode
 from backends.filestore import FileStoreBase
 from backends.handlemap import HandleMap
+from backends.messagerecord import record_of
 from backends.topologyfile import Topology
 from brokerd.durability import SyncPolicy
-from brokerd.interfaces import DelayedMessage, IDelayedMessageStore, IMessageStore, StoreCorrupted, UnreadableMessage
+from brokerd.interfaces import (
+    DelayedMessage,
+    IDelayedMessageStore,
+    IPagingStore,
+    StoreCorrupted,
+    UnreadableMessage,
+)
 
 log = Logger()
 
@@ -37,58 +51,62 @@ class Batch:
     can apply removals, then appends, then acks.
     """
 
-    __slots__ = ("records", "appends", "acks", "returns", "deleted", "topology", "delays", "delay_releases",
-                 "delay_lease")
+    __slots__ = ("records", "appends", "acks", "returns", "deleted", "damaged", "topology", "delays",
+                 "delay_releases", "delay_lease")
 
     def __init__(self):
-        self.records = {}  # handle -> encoded StoredMessage, as (head, body)
+        self.records = {}  # handle -> (head, body, message): the StoredMessage encoded, and what was appended
         self.appends = {}  # queue key -> {handle: None}, in append order
         self.acks = {}  # queue key -> [handle], of records already handed to the writer
         self.returns = {}  # queue key -> {handle: delivery count}, the latest count of each
         self.deleted = []  # queue keys whose files go before this batch's appends
+        self.damaged = {}  # queue key -> StoreCorrupted found reading its file: the writer leaves it alone
         self.topology = None  # the new topology file's contents, if it changed
         self.delays = {}  # delayed handle -> (due, exchange key, head, body), in handle order
         self.delay_releases = []  # delayed handles handed to the writer before, released since
         self.delay_lease = None  # the handle limit to persist, if it moved
 
     def is_empty(self):
-        return not (self.records or self.acks or self.returns or self.deleted or self.delays or self.delay_releases
-                    or self.delay_lease is not None)
+        return not (self.records or self.acks or self.returns or self.deleted or self.damaged or self.delays
+                    or self.delay_releases or self.delay_lease is not None)
 
 
-@implementer(IMessageStore, IDelayedMessageStore)
+@implementer(IPagingStore, IDelayedMessageStore)
 class FilelogStore(FileStoreBase):
     """
     Keeps each durable queue's persistent messages in its own file, an ack
     being a one-byte flip of the record's valid flag, and the topology in a
     small file replaced whole on change.
 
-    Handles are integers from one counter: one handle serves every queue a
-    message was appended for, though each queue's file has its own copy of
-    the record. After a restart each recovered copy has a handle of its own.
+    Handles are integers: a sequence number shifted left by C{ROUTE_BITS},
+    and in the low bits the number of the set of queues the message was
+    appended to (L{Routes}). One handle serves every queue a message was
+    appended for, though each queue's file has its own copy of the record.
+    After a restart each recovered copy has a handle of its own.
     """
 
     name = "filelog"
     durable = True
 
     def __init__(self, directory, sync_policy=None, compact_min_records=2000, compact_valid_ratio=0.5, *, reactor,
-                 delayed_bucket_ms=60_000):
+                 delayed_bucket_ms=60_000, cache_size=64 << 20):
         self.directory = directory
         self.sync_policy = sync_policy or SyncPolicy()
         self.compact_min_records = compact_min_records
         self.compact_valid_ratio = compact_valid_ratio
         self._reactor = reactor
         self._files = QueueFiles(directory, compact_min_records, compact_valid_ratio, delayed_bucket_ms)
+        self._reads = FileReads(self._files.path_of, cache_size)
+        self._routes = self._reads.routes
         self._topology = Topology()
         self._topology_changed = False
         self._batch = Batch()
-        self._held = {}  # handle -> [body size, set of queue keys still holding it]
-        self._queue_handles = {}  # queue key -> {handle: None}, in queue order
-        self._recovered = {}  # handle -> MessageRecord that open found, while held
+        self._in_flight = []  # batches handed to the writer whose records the reads do not know of yet
+        self._recovered = {}  # queue key -> range of the handles open found
         self._recovered_counts = {}  # queue key -> {handle: delivery count} that open found
-        self._damaged = {}  # queue key -> StoreCorrupted that open found
-        self._next_handle = 1
-        self._bytes = 0
+        self._damaged = {}  # queue key -> StoreCorrupted found at open or reading its file
+        self._kept_in_place = set()  # handles of unparsable records: kept valid in their files, acks ignored
+        self._next_sequence = 1
         self._appends = 0
         self._acks = 0
         self._delayed = HandleMap()  # kept delayed handles
@@ -96,12 +114,16 @@ class FilelogStore(FileStoreBase):
         self._delayed_damage = None  # StoreCorrupted that open found in the delayed files
         self._figures = FiguresNow(0, 0, 0, 0)  # the files' figures as of the last commit
 
+    @property
+    def cache_size(self):
+        return self._reads.cache_size
+
     def open(self):
         """
-        Start the writer thread and read the files back on it. Fails with
-        StoreCorrupted if the topology file is damaged (the broker cannot
-        start without it), or DirectoryInUse if another open store has the
-        directory; a damaged queue file only makes that queue's C{recover} fail.
+        Start the writer thread and index the files on it, reading no message.
+        Fails with StoreCorrupted if the topology file is damaged, or
+        DirectoryInUse if another open store has the directory; a damaged
+        queue file only makes that queue unavailable.
         """
         return self._open(self._files.open, self._files.write_batch, self._take_in)
 
@@ -109,84 +131,133 @@ class FilelogStore(FileStoreBase):
         """Keep what the writer thread's open found (its L{Recovery})."""
         self._topology = Topology(recovery.topology)
         self._damaged = dict(recovery.damaged)
-        for queue in self._topology.queues:
-            self._queue_handles.setdefault(queue, {})
-        for queue, messages in recovery.messages.items():
-            handles = self._queue_handles[queue]
-            for handle, record in messages:
-                handles[handle] = None
-                self._held[handle] = [len(record.body), {queue}]
-                self._recovered[handle] = record
-                self._bytes += len(record.body)
+        self._routes = self._reads.routes = Routes(recovery.queues)
+        step = 1 << ROUTE_BITS
+        self._recovered = {queue: range(first, first + count * step, step)
+                           for queue, (first, count) in recovery.recovered.items()}
+        for queue, update in recovery.files.items():
+            self._reads.take(queue, update)
         self._recovered_counts = dict(recovery.delivery_counts)
-        self._next_handle = recovery.next_handle
+        self._next_sequence = recovery.next_sequence
         self._delayed = recovery.delayed.kept
         self._lease = HandleLease(recovery.delayed.next_handle)
         self._delayed_damage = recovery.delayed.damage
         self._figures = recovery.figures
 
-    def recover(self, queue):
-        """The messages open found for C{queue} and still held, each flagged as possibly delivered before."""
+    def _check_available(self, queue):
+        damage = self._damaged.get(queue)
+        if damage is not None:
+            raise StoreCorrupted(f"queue {queue!r} is unavailable: {damage}", damage.path, damage.offset)
+
+    def recovered_handles(self, queue):
+        """The handles of the messages open found for C{queue}, in queue order, all possibly delivered before."""
         damage = self._damaged.get(queue)
         if damage is not None:
             raise StoreCorrupted(str(damage), damage.path, damage.offset)
-        recovered = self._recovered
-        return [(handle, recovered[handle], True) for handle in self._queue_handles.get(queue, ()) if handle in recovered]
+        return self._recovered.get(queue, range(0))
+
+    def recover(self, queue):
+        """
+        The messages open found for C{queue}, read one at a time as the result
+        is iterated; one that cannot be parsed is quarantined (logged, kept
+        in the file as it is) and left out.
+        """
+        return self._readable(queue, self.recovered_handles(queue))
+
+    def _readable(self, queue, handles):
+        for handle in handles:
+            try:
+                message = self.load(handle)
+            except UnreadableMessage as problem:
+                log.error("queue {queue!r} in vhost {vhost!r}: quarantined stored message {handle}, not delivered:"
+                          " {problem}; it is kept in the file as it is", queue=queue[1], vhost=queue[0],
+                          handle=handle, problem=problem)
+                continue
+            yield handle, record_of(message), True
+
+    def delivery_counts(self, queue):
+        return dict(self._recovered_counts.get(queue, ()))
 
     # -- topology
 
     def save_queue(self, record):
         self._topology.save_queue(record)
-        self._queue_handles.setdefault((record.vhost, record.name), {})
         self._topology_changed = True
 
     def delete_queue(self, queue):
         """Forget a queue, its bindings and messages; its file (damaged or not) is removed."""
         self._topology.delete_queue(queue)
         self._topology_changed = True
-        for handle in self._queue_handles.pop(queue, ()):
-            self._release(queue, handle)
-        self._batch.appends.pop(queue, None)
-        self._batch.acks.pop(queue, None)
-        self._batch.returns.pop(queue, None)
-        self._batch.deleted.append(queue)
+        batch = self._batch
+        unwritten = batch.appends.pop(queue, ())
+        batch.acks.pop(queue, None)
+        batch.returns.pop(queue, None)
+        batch.damaged.pop(queue, None)
+        batch.deleted.append(queue)
+        for handle in unwritten:
+            self._drop_if_unwritten(handle)
         self._damaged.pop(queue, None)
+        self._recovered.pop(queue, None)
+        self._recovered_counts.pop(queue, None)
+        self._reads.forget(queue)
 
     # -- messages
 
     def append(self, message, queues):
-        for queue in queues:
-            if queue in self._damaged:
-                damage = self._damaged[queue]
-                raise StoreCorrupted(f"queue {queue!r} is unavailable: {damage}", damage.path, damage.offset)
-        handle = self._next_handle
-        self._next_handle = handle + 1
+        damaged = self._damaged
+        if len(queues) == 1:
+            queue = queues[0]
+            if damaged and queue in damaged:
+                self._check_available(queue)
+            route = self._routes.single(queue)
+        else:
+            if damaged:
+                for queue in queues:
+                    if queue in damaged:
+                        self._check_available(queue)
+            route = self._routes.number(tuple(queues))
+        handle = self._next_sequence << ROUTE_BITS | route
+        self._next_sequence += 1
         batch = self._batch
-        batch.records[handle] = encode(message)
+        head, body = encode(message)
+        batch.records[handle] = (head, body, message)
+        appends = batch.appends
         for queue in queues:
-            batch.appends.setdefault(queue, {})[handle] = None
-            self._queue_handles.setdefault(queue, {})[handle] = None
-        size = len(message.body)
-        self._held[handle] = [size, set(queues)]
-        self._bytes += size
+            pending = appends.get(queue)
+            if pending is None:
+                appends[queue] = {handle: None}
+            else:
+                pending[handle] = None
         self._appends += 1
         return handle
 
     def ack(self, queue, handle):
-        handles = self._queue_handles.get(queue)
-        if handles is None or handle not in handles:
-            return
-        del handles[handle]
+        if self._kept_in_place and handle in self._kept_in_place:
+            return  # an unparsable record stays in its file, to be found again
         self._acks += 1
-        returns = self._batch.returns.get(queue)
-        if returns:
-            returns.pop(handle, None)
-        buffered = self._batch.appends.get(queue)
-        if buffered is not None and handle in buffered:
-            del buffered[handle]  # never written to this queue's file
+        batch = self._batch
+        if batch.returns:
+            returns = batch.returns.get(queue)
+            if returns:
+                returns.pop(handle, None)
+        pending = batch.appends.get(queue)
+        if pending is not None and handle in pending:
+            del pending[handle]  # never written to this queue's file
+            self._drop_if_unwritten(handle)
+            return
+        acks = batch.acks.get(queue)
+        if acks is None:
+            batch.acks[queue] = [handle]
         else:
-            self._batch.acks.setdefault(queue, []).append(handle)
-        self._release(queue, handle)
+            acks.append(handle)
+
+    def _drop_if_unwritten(self, handle):
+        """Forget the buffered record of C{handle} once no queue's buffered appends hold it."""
+        appends = self._batch.appends
+        queues = self._routes.queues(handle)
+        if any(handle in appends.get(queue, ()) for queue in (appends if queues is None else queues)):
+            return
+        self._batch.records.pop(handle, None)
 
     def purge(self, queue, handles):
         for handle in handles:
@@ -194,38 +265,64 @@ class FilelogStore(FileStoreBase):
 
     def returned(self, queue, handle, count):
         """Buffered: the writer appends one record of the queue's new counts to its file."""
-        handles = self._queue_handles.get(queue)
-        if handles is not None and handle in handles:
-            self._batch.returns.setdefault(queue, {})[handle] = count
+        returns = self._batch.returns.get(queue)
+        if returns is None:
+            self._batch.returns[queue] = {handle: count}
+        else:
+            returns[handle] = count
 
-    def delivery_counts(self, queue):
-        return dict(self._recovered_counts.get(queue, ()))
+    def load(self, handle):
+        """
+        The message of C{handle}, at once: the object appended while it is
+        not written yet, else read back from a file that holds it.
+
+        @raise KeyError: if the handle names no stored message.
+        @raise StoreCorrupted: if its record is damaged; its queue is then
+            unavailable (appends refused, its file left as it is).
+        @raise UnreadableMessage: if its record is whole but does not parse;
+            the record stays in its file (acks of it are ignored), so a
+            restart finds it again.
+        """
+        record = self._batch.records.get(handle)
+        if record is None:
+            for batch in self._in_flight:
+                record = batch.records.get(handle)
+                if record is not None:
+                    return record[2]
+            if self._state != "open":
+                raise KeyError(f"the filelog store is not open; cannot read {handle!r}")
+            try:
+                return self._reads.load(handle)
+            except UnreadableMessage:
+                self._kept_in_place.add(handle)
+                raise
+            except StoreCorrupted as damage:
+                self._found_damage(damage.queue, damage)
+                raise
+        return record[2]
+
+    def _found_damage(self, queue, damage):
+        """A record of C{queue}'s file read back damaged: the queue is unavailable, its file left alone."""
+        log.error("queue {queue!r} in vhost {vhost!r} is unavailable: {damage}", queue=queue[1], vhost=queue[0],
+                  damage=damage)
+        self._damaged[queue] = damage
+        batch = self._batch
+        batch.damaged[queue] = damage
+        for handle in batch.appends.pop(queue, ()):
+            self._drop_if_unwritten(handle)
+        batch.acks.pop(queue, None)
+        batch.returns.pop(queue, None)
+        self._reads.forget(queue)
 
     def read(self, handle):
-        held = self._held.get(handle)
-        if held is None:
-            return defer.fail(KeyError(f"the filelog store holds no message with handle {handle!r}"))
-        buffered = self._batch.records.get(handle)
-        if buffered is not None:
-            return defer.succeed(decode(*buffered))
-        recovered = self._recovered.get(handle)
-        if recovered is not None:  # open read it whole and keeps it: no trip to the writer thread and the file
-            return defer.succeed(recovered)
         if self._state != "open":
             return defer.fail(RuntimeError("the filelog store is not open"))
-        return self._commit.call(self._files.read, handle, tuple(held[1]))
-
-    def _release(self, queue, handle):
-        """C{queue} no longer holds C{handle}; the message goes once no queue does."""
-        held = self._held.get(handle)
-        if held is None:
-            return
-        held[1].discard(queue)
-        if not held[1]:
-            del self._held[handle]
-            self._bytes -= held[0]
-            self._recovered.pop(handle, None)
-            self._batch.records.pop(handle, None)
+        try:
+            return defer.succeed(record_of(self.load(handle)))
+        except (KeyError, StoreCorrupted):
+            return defer.fail()
+        except TypeError:
+            return defer.fail(KeyError(f"{handle!r} is not a filelog store handle"))
 
     # -- delayed messages
 
@@ -304,26 +401,46 @@ class FilelogStore(FileStoreBase):
         elif batch.is_empty():
             return None
         self._batch = Batch()
+        if batch.records:
+            self._in_flight.append(batch)
         return batch
 
-    def _batch_written(self, figures):
-        """Called by GroupCommit on the reactor thread with the L{FiguresNow} a commit handed back."""
-        self._figures = figures
+    def _batch_written(self, written):
+        """
+        Called by GroupCommit on the reactor thread with a commit's
+        L{BatchWritten}, before the syncs it covers fire: read what it wrote
+        from the files from now on. What it says of a queue deleted or found
+        damaged since it was taken is stale, and dropped.
+        """
+        self._figures = written.figures
+        gone = self._batch.deleted
+        for queue, update in written.files.items():
+            if queue in self._damaged or queue in gone:
+                if update.descriptor is not None:
+                    os.close(update.descriptor)
+                continue
+            self._reads.take(queue, update)
+        self._in_flight = []
 
     def _close_files(self):
+        self._reads.close()
+        self._in_flight = []
         self._files.close()
 
     def stats(self):
-        figures = self._figures
+        figures, reads = self._figures, self._reads
         return {
             **self._common_stats(),
-            "messages": len(self._held),
-            "bytes": self._bytes,
+            "messages": figures.held,
+            "bytes": figures.held_bytes,
             "appends": self._appends,
             "acks": self._acks,
             "compactions": figures.compactions,
             "file_bytes": figures.file_bytes,
             "file_writes": figures.writes,
             "file_syncs": figures.syncs,
+            "file_reads": reads.records_read,
+            "file_read_calls": reads.read_calls,
+            "cache_bytes": reads.cache_bytes,
             "delayed": len(self._delayed),
         }
