@@ -13,6 +13,14 @@ A queue's backlog need not live in Python memory: the store provides
 L{IPagingStore}, so the broker keeps only handles for recovered messages and
 for deep queues, and loads each message when it is delivered.
 
+Sparse old chunks are compacted (L{backends.chunked.compaction}): the
+writer hands back slices of held records with a commit's result, the reactor
+thread places the copies at the head of the log in its next batch, and once
+the writer has made them durable it hands back the pairs (handle, new
+position). Handles never change; the reactor thread keeps those pairs (for
+the messages still held, which are few: only sparse chunks are moved) and
+reads a moved handle's record where it now is.
+
 Delayed messages (L{IDelayedMessageStore}) are records of the log too; the
 writer thread indexes them by due time (L{backends.chunked.delayedindex}).
 The reactor thread keeps, per kept handle, its due time and chunk in a
@@ -66,12 +74,12 @@ class ChunkedStore(FileStoreBase):
 
     def __init__(self, directory, sync_policy=None, chunk_size=256 << 20, index_chunk_entries=1 << 20,
                  cache_size=64 << 20, retain_chunks=0, retain_seconds=0.0, *, reactor, delayed_bucket_ms=60_000,
-                 delayed_flush_entries=1 << 16):
+                 delayed_flush_entries=1 << 16, compact_below=0.25, compact_bytes=1 << 20):
         self.directory = directory
         self.sync_policy = sync_policy or SyncPolicy()
         self._reactor = reactor
         self._files = ChunkedFiles(directory, chunk_size, index_chunk_entries, retain_chunks, retain_seconds,
-                                   delayed_bucket_ms, delayed_flush_entries)
+                                   delayed_bucket_ms, delayed_flush_entries, compact_below, compact_bytes)
         self._reader = ChunkReader(directory, chunk_size)
         self._cache = RingCache(cache_size)
         self._topology = Topology()
@@ -84,6 +92,7 @@ class ChunkedStore(FileStoreBase):
         self._recovered_counts = {}  # queue key -> {handle: delivery count} open found
         self._damaged = {}  # queue key -> StoreCorrupted that open found
         self._position = 0  # where the next record goes
+        self._moves = {}  # handle -> position of its record, for held messages compaction moved
         self._data_size = chunk_size
         self._appends = 0
         self._acks = 0
@@ -120,6 +129,7 @@ class ChunkedStore(FileStoreBase):
         self._reader.written = recovery.write_position
         self._written = recovery.written
         self._chunk_figures = dict(recovery.written.chunk_figures)
+        self._moves = dict(recovery.moves)
         delayed = recovery.delayed
         self._delayed = delayed.kept
         self._lease = HandleLease(delayed.next_handle)
@@ -261,22 +271,25 @@ class ChunkedStore(FileStoreBase):
                     break
             else:
                 record = self._cache.get(handle)
+                position = handle
                 try:
                     if record is not None:
                         message = self._reader.message(*record)
                     else:
                         if self._state != "open":
                             raise KeyError(f"the chunked store is not open; cannot read {handle!r}")
-                        message = self._reader.read(handle)
+                        if self._moves:
+                            position = self._moves.get(handle, handle)
+                        message = self._reader.read(position)
                 except DecodeError as problem:
-                    raise self._keep_aside(handle, record, problem) from None
+                    raise self._keep_aside(handle, position, record, problem) from None
         return message
 
-    def _keep_aside(self, handle, record, problem):
+    def _keep_aside(self, handle, position, record, problem):
         """Buffer a copy of an unparsable record for the quarantine directory; the UnreadableMessage to raise."""
-        where = self._reader.where(handle)
+        where = self._reader.where(position)
         name = f"message-{handle}"
-        self._batch.kept_aside[name] = record if record is not None else self._reader.record(handle)
+        self._batch.kept_aside[name] = record if record is not None else self._reader.record(position)
         copy = os.path.join(self.directory, QUARANTINE_DIRECTORY, name + RECORD_SUFFIX)
         return unreadable_message(f"{where} (copied to {copy})", problem)
 
@@ -366,7 +379,7 @@ class ChunkedStore(FileStoreBase):
             try:
                 record = record_of_stored(decode_head(row[4]), row[5])
             except DecodeError as problem:
-                raise self._keep_aside(position, row[4:6], problem) from None
+                raise self._keep_aside(position, position, row[4:6], problem) from None
         else:
             record = record_of(self.load(position))
         return DelayedMessage(due, handle, self._exchanges[number], record)
@@ -415,9 +428,32 @@ class ChunkedStore(FileStoreBase):
         figures = self._chunk_figures
         if written.chunk_figures:
             figures.update(written.chunk_figures)
+        if written.moved:
+            self._moves.update(written.moved)
+        for handle in written.unmoved:
+            self._moves.pop(handle, None)
         for number in written.deleted_chunks:
             figures.pop(number, None)
             self._reader.forget(number)
+        if written.compaction:
+            self._place_copies(written.compaction)
+
+    def _place_copies(self, records):
+        """
+        Put the copies of held records (a compaction's slice) at the head of
+        the log with the next batch, and what they are copies of; the next
+        commit makes them the records read for those handles.
+        """
+        batch, data_size = self._batch, self._data_size
+        for handle, head, body in records:
+            size = record_size(head, len(body))
+            position = self._position
+            room = data_size - position % data_size
+            if size > room:
+                position += room
+            self._position = position + size
+            batch.records.append((position, head, body))
+            batch.moves.append((handle, position))
 
     def _close_files(self):
         """Drop the maps and cached messages, then close the files (final checkpoints written)."""
@@ -452,6 +488,9 @@ class ChunkedStore(FileStoreBase):
             "cache_bytes": self._cache.size,
             "delayed": len(self._delayed),
             "delayed_flushes": written.delayed_flushes,
+            "compacted_chunks": written.compacted_chunks,
+            "compacted_bytes": written.compacted_bytes,
+            "moved_messages": len(self._moves),
         }
 
     def chunk_stats(self):
@@ -463,5 +502,5 @@ class ChunkedStore(FileStoreBase):
         }
 
     def chunk_of(self, handle):
-        """The number of the message chunk a handle's record is in."""
-        return handle // self._data_size
+        """The number of the message chunk a handle's record is in (moved by compaction or not)."""
+        return self._moves.get(handle, handle) // self._data_size

@@ -1,0 +1,168 @@
+"""Compaction of sparse message chunks, on the chunked store's writer thread.
+
+A finished message chunk is deleted once nothing points into it; a queue
+that keeps a few messages in every chunk (a parked queue) would keep every
+chunk. So a finished chunk whose held records are a small share of it (under
+C{below} of its bytes; records of kept delayed messages are never moved, so a
+chunk holding one is left alone) has its held records copied forward to the
+head of the log and is then deleted like a consumed one. Handles do not
+change: the pairs (handle, new position) go to the moves file
+(L{backends.chunked.moves}) and reads of a moved handle follow them.
+
+One compaction goes in slices, each at most C{slice_bytes} of held records
+(and at least one record), so that no commit carries much more than its own
+work and publishers' confirms are not held up:
+
+  1. commit I{k}: the writer reads a slice of held records from the chunk
+     (pread) and hands it back with the commit's result;
+  2. the reactor thread places the copies in its next batch, at the head of
+     the log, with the pairs (handle, new position);
+  3. commit I{k+1}: the writer writes the copies with the batch's records and
+     fsyncs the log (whatever the sync policy), then appends the pairs of the
+     handles still held to the moves file and fsyncs it, then counts the
+     moved records in their new chunks, and reads the next slice;
+  4. once the chunk holds nothing, it is deleted as consumed chunks are:
+     after the moves that emptied it are durable.
+
+A crash before the moves record is durable leaves the copies unreferenced
+(dead bytes in a newer chunk) and the old records in place; one after it
+leaves the old chunk unreferenced, and opening deletes it. Either way each
+held message is read from exactly one record, once: the queue indexes are
+never rewritten.
+"""
+
+from collections import deque
+
+from twisted.logger import Logger
+
+from backends.chunked.format import RECORD_OVERHEAD
+from brokerd.interfaces import StoreCorrupted
+
+log = Logger()
+
+
+class Compactor:
+    """
+    Chooses sparse chunks and reads their held records a slice at a time.
+
+    @ivar moving: handle -> body length, of the held records of the chunk
+        being compacted not yet moved (those handed out included); a
+        handle leaves it when moved or when no queue holds it any more.
+    """
+
+    def __init__(self, files, below, slice_bytes):
+        self.files = files  # the ChunkedFiles whose log, indexes and counts it reads
+        self.below = below  # a share of a chunk's bytes (0 to 1); 0 turns compaction off
+        self.slice_bytes = slice_bytes
+        self.number = None  # the chunk being compacted
+        self.moving = {}
+        self.compacted_chunks = 0
+        self.compacted_bytes = 0
+        self.changed = True  # something was released or a chunk finished since the last look for a sparse chunk
+        self._pending = deque()  # handles of the chunk not yet handed out, in position order
+        self._handed = []  # handles of the last slice handed out
+        self._left_alone = set()  # chunks with a damaged record: never compacted
+
+    # -- choosing
+
+    def _choose(self):
+        """Start on the sparsest finished chunk under the limit, if any."""
+        files = self.files
+        self.changed = False
+        data_size = files.log.data_size
+        limit = self.below * data_size
+        references, live, delayed = files.chunk_references, files.held.live, files.delayed_references
+        best, best_live = None, limit
+        for number in files.log.chunks:
+            held = live.get(number, 0)
+            if (held < best_live and references.get(number, 0) and not delayed.get(number)
+                    and files.log.deletable(number) and number not in self._left_alone):
+                best, best_live = number, held
+        if best is None:
+            return
+        low, high = best * data_size, (best + 1) * data_size
+        moves = files.moves
+        found = {}
+        for index in files.queue_indexes.values():
+            for handle, size in index.held_between(low, high):
+                if handle not in moves:
+                    found[handle] = size
+        moved_here = [handle for handle, position in moves.items() if low <= position < high]
+        for handle in moved_here:
+            for index in files.queue_indexes.values():
+                size = index.held_size(handle)
+                if size is not None:
+                    found[handle] = size
+                    break
+        if not found:
+            return
+        self.number = best
+        self.moving = found
+        self._pending = deque(sorted(found, key=lambda handle: moves.get(handle, handle)))
+        log.info("compacting message chunk {number}: {count} held records, {held} of {size} bytes",
+                 number=best, count=len(found), held=best_live, size=data_size)
+
+    # -- slices
+
+    def next_slice(self):
+        """
+        The next slice of held records to copy forward: a tuple of C{(handle,
+        head, body)}, empty if there is nothing to move (or a slice is out).
+        """
+        if not self.below or self._handed or not self.files.compactable():
+            return ()
+        if self.number is None:
+            if not self.changed:
+                return ()
+            self._choose()
+            if self.number is None:
+                return ()
+        pending, moving = self._pending, self.moving
+        taken, size = [], 0
+        while pending and (not taken or size < self.slice_bytes):
+            handle = pending.popleft()
+            if handle in moving:
+                taken.append(handle)
+                size += moving[handle] + RECORD_OVERHEAD
+        if not taken:
+            if not moving:
+                self._finished()
+            return ()
+        moves = self.files.moves
+        try:
+            records = self.files.log.read_records([moves.get(handle, handle) for handle in taken])
+        except (KeyError, StoreCorrupted) as problem:
+            log.error("message chunk {number} is not compacted: {problem}", number=self.number, problem=problem)
+            self._left_alone.add(self.number)
+            self._drop()
+            return ()
+        self._handed = taken
+        return tuple((handle, head, body) for handle, (head, body) in zip(taken, records))
+
+    def accept(self, moves):
+        """
+        The C{(handle, position, body length)} of a batch's moves whose
+        handles are still held (the others' copies are left unreferenced);
+        handles of the last slice the batch did not move are taken up again.
+        """
+        moving, accepted = self.moving, []
+        for handle, position in moves:
+            size = moving.pop(handle, None)
+            if size is not None:
+                accepted.append((handle, position, size))
+                self.compacted_bytes += size + RECORD_OVERHEAD
+        handed, self._handed = self._handed, []
+        returned = [handle for handle in handed if handle in moving]
+        if returned:
+            self._pending.extendleft(reversed(returned))
+        if self.number is not None and not moving and not self._pending:
+            self._finished()
+        return accepted
+
+    def _finished(self):
+        self.compacted_chunks += 1
+        self._drop()
+
+    def _drop(self):
+        self.number, self.moving, self._pending, self._handed = None, {}, deque(), []
+        self.changed = True
