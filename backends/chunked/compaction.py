@@ -145,6 +145,8 @@ class Compactor:
         handles are still held (the others' copies are left unreferenced);
         handles of the last slice the batch did not move are taken up again.
         """
+        if not (moves or self._handed):
+            return []
         moving, accepted = self.moving, []
         for handle, position in moves:
             size = moving.pop(handle, None)

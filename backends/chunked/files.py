@@ -373,7 +373,7 @@ class ChunkedFiles:
         for index in self._indexes.values():
             index.sync(fsync)
         self.delayed.sync(fsync)
-        moved = self._apply_moves(moves) if moves else {}
+        moved = self._apply_moves(moves or ())
         if batch is not None:
             self.delayed.flush_if_due()  # what it flushes points into log records already durable
             for queue in {*batch.acks, *batch.returns}:
