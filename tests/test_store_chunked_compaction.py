@@ -15,6 +15,7 @@ from backends.chunked.format import RECORD_OVERHEAD, record_size
 from backends.chunked.messagelog import bytes_on_disk
 from backends.chunked.moves import MOVES_FILE
 from tests.store_contract import JOBS, StoreContract, queue_record
+from tests.support import make_broker, open_channel, properties
 from tests.test_store_chunked import DATA, FILE_SIZE, ChunkedStores, chunk_numbers, record_bytes, sized
 
 PARKED = ("/", "parked")
@@ -273,6 +274,76 @@ class ThrottleTests(Compacting, unittest.TestCase):
         self.assertEqual(self.backend.options["compact_below"][0], "25")
         self.assertEqual(self.backend.options["compact_bytes"][0], "1M")
         self.assertEqual(RECORD_OVERHEAD, 17)
+
+
+def delivery_count(message):
+    """A delivered message's x-delivery-count header, or None."""
+    for field in message.properties.headers.fields:
+        if field.name == "x-delivery-count":
+            return field.value.integer_value
+    return None
+
+
+class BrokerTests(Compacting, unittest.TestCase):
+    """A real Broker over the store: what a client of a parked queue sees while and after its chunks are compacted."""
+
+    @defer.inlineCallbacks
+    def restarted(self, store):
+        """The store reopened and a broker recovered from it: (store, broker, channel)."""
+        store = yield self.reopen(store)
+        broker, _ = make_broker(store)
+        broker.recover()
+        return store, broker, open_channel(broker)[0]
+
+    def take(self, channel, queue):
+        """basic.get until empty: (tag, number, redelivered, x-delivery-count) of each message, bodies checked."""
+        got = []
+        while True:
+            result = channel.basic_get(queue)
+            if result is None:
+                return got
+            tag, redelivered, message, _ = result
+            number = int(message.properties.message_id[1:])
+            self.assertEqual(message.body, published(number).body)
+            got.append((tag, number, redelivered, delivery_count(message)))
+
+    @defer.inlineCallbacks
+    def test_a_parked_queue_is_delivered_in_order_with_its_counts_while_and_after_its_chunks_go(self):
+        store = yield self.open_store()
+        broker, _ = make_broker(store)
+        channel, _ = open_channel(broker)
+        for name in ("jobs", "parked"):
+            channel.queue_declare(name, durable=True)
+        for number in range(COUNT):
+            queue = "parked" if number in parked_numbers() else "jobs"
+            channel.basic_publish("", queue, properties(True, message_id="p%03d" % number), published(number).body)
+        yield store.sync()
+        channel.basic_get("parked")
+        channel.basic_reject(channel.basic_get("parked")[0], requeue=True)  # the second one comes back
+        channel.connection.close_channel(channel.id)  # and so does the first
+        yield store.sync()
+        chunks = len(chunk_numbers(store))
+        # After a restart the broker holds handles only; the chunks go while it holds them.
+        store, broker, channel = yield self.restarted(store)
+        for tag, _, _, _ in self.take(channel, "jobs"):
+            channel.basic_ack(tag)
+        yield settle(store)
+        self.assertGreaterEqual(chunks, 10)
+        self.assertLessEqual(len(chunk_numbers(store)), 2)
+        self.assertGreater(store.stats()["moved_messages"], 0)
+        parked = parked_numbers()
+        got = self.take(channel, "parked")
+        self.assertEqual([(number, redelivered, count) for _, number, redelivered, count in got],
+                         [(number, True, 1 if number in parked[:2] else None) for number in parked])
+        channel.basic_ack(got[0][0])  # acked by the handle it had before it moved
+        channel.basic_reject(got[2][0], requeue=True)
+        channel.connection.close_channel(channel.id)  # the rest come back unacked
+        yield store.sync()
+        store, broker, channel = yield self.restarted(store)
+        got = self.take(channel, "parked")
+        self.assertEqual([(number, count) for _, number, _, count in got],
+                         [(number, 2 if number == parked[1] else 1) for number in parked[1:]])
+        self.assertEqual(self.take(channel, "jobs"), [])
 
 
 class EveryChunkCompactedContractTests(ChunkedStores, StoreContract, unittest.TestCase):
