@@ -19,6 +19,7 @@ from brokerd.interfaces import IStoreBackend
 
 SUBDIRECTORY = "chunked"
 SMALLEST_CHUNK = BLOCK_SIZE
+COMPACT_BELOW_LIMIT = 50  # above it, the copies of one sparse chunk would make a chunk to compact again
 
 
 @implementer(IStoreBackend)
@@ -34,7 +35,7 @@ class ChunkedBackend:
         "delayed_bucket_ms": ("60000", "milliseconds of due time per delayed-message index file (bucket)"),
         "delayed_flush_entries": ("65536", "delayed-message journal entries that make a flush into the buckets"),
         "compact_below": ("25", "percent of a finished chunk's bytes still held under which its held messages are"
-                                " moved forward and the chunk deleted (0: never)"),
+                                " moved forward and the chunk deleted (0: never, at most 50)"),
         "compact_bytes": ("1M", "bytes of held messages a compaction moves per commit, at most (and one message)"),
     }
 
@@ -54,16 +55,16 @@ class ChunkedBackend:
             retain_seconds=whole_number("retain_seconds", given["retain_seconds"], 0),
             delayed_bucket_ms=whole_number("delayed_bucket_ms", given["delayed_bucket_ms"]),
             delayed_flush_entries=whole_number("delayed_flush_entries", given["delayed_flush_entries"]),
-            compact_below=percent("compact_below", given["compact_below"]) / 100,
+            compact_below=percent("compact_below", given["compact_below"], COMPACT_BELOW_LIMIT) / 100,
             compact_bytes=byte_size("compact_bytes", given["compact_bytes"], 1),
         )
 
 
-def percent(name, text):
-    """An option's text as a whole percentage, 0 to 100; the ValueError names the option."""
+def percent(name, text, largest):
+    """An option's text as a whole percentage, 0 to C{largest}; the ValueError names the option."""
     value = whole_number(name, text, 0)
-    if value > 100:
-        raise ValueError(f"option {name} must be a percentage from 0 to 100, not {text!r}")
+    if value > largest:
+        raise ValueError(f"option {name} must be a percentage from 0 to {largest}, not {text!r}")
     return value
 
 

@@ -40,6 +40,45 @@ from brokerd.interfaces import StoreCorrupted
 
 log = Logger()
 
+SPAN_PER_SLICE = 8  # a slice's records are read in one pread of a span up to this many times its bytes
+
+
+class Held:
+    """
+    Messages and body bytes held by some queue, kept on the writer thread
+    for stats(), and per message chunk the bytes of the held records in it
+    (bodies and record framing; heads are not counted) for compaction.
+    """
+
+    __slots__ = ("messages", "bytes", "shared", "live")
+
+    def __init__(self):
+        self.messages = 0
+        self.bytes = 0
+        self.shared = {}  # handle -> queues still holding it, for messages held by more than one queue
+        self.live = {}  # chunk number -> bytes of held records in it
+
+    def add(self, handle, queues, size, number):
+        self.messages += 1
+        self.bytes += size
+        live = self.live
+        live[number] = live.get(number, 0) + size + RECORD_OVERHEAD
+        if queues > 1:
+            self.shared[handle] = queues
+
+    def release(self, handle, size, number):
+        """Count one queue letting C{handle} go; True if it was the last one holding it."""
+        remaining = self.shared.get(handle)
+        if remaining is not None:
+            if remaining > 1:
+                self.shared[handle] = remaining - 1
+                return False
+            del self.shared[handle]
+        self.messages -= 1
+        self.bytes -= size
+        self.live[number] -= size + RECORD_OVERHEAD
+        return True
+
 
 class Compactor:
     """
@@ -117,20 +156,25 @@ class Compactor:
             self._choose()
             if self.number is None:
                 return ()
-        pending, moving = self._pending, self.moving
-        taken, size = [], 0
+        pending, moving, moves = self._pending, self.moving, self.files.moves
+        taken, positions, size = [], [], 0
+        span_limit = SPAN_PER_SLICE * self.slice_bytes
         while pending and (not taken or size < self.slice_bytes):
-            handle = pending.popleft()
+            handle = pending[0]
             if handle in moving:
+                position = moves.get(handle, handle)
+                if taken and position - positions[0] > span_limit:
+                    break
                 taken.append(handle)
+                positions.append(position)
                 size += moving[handle] + RECORD_OVERHEAD
+            pending.popleft()
         if not taken:
             if not moving:
                 self._finished()
             return ()
-        moves = self.files.moves
         try:
-            records = self.files.log.read_records([moves.get(handle, handle) for handle in taken])
+            records = self.files.log.read_run(positions)
         except (KeyError, StoreCorrupted) as problem:
             log.error("message chunk {number} is not compacted: {problem}", number=self.number, problem=problem)
             self._left_alone.add(self.number)
@@ -138,6 +182,33 @@ class Compactor:
             return ()
         self._handed = taken
         return tuple((handle, head, body) for handle, (head, body) in zip(taken, records))
+
+    def apply_moves(self, moves):
+        """
+        Make a batch's copies (written and fsynced) the records of their
+        messages: their pairs go to the moves file (fsynced), then the
+        records count in their new chunks. The pairs taken, for the reactor.
+        """
+        accepted = self.accept(moves)
+        if not accepted:
+            return {}
+        files = self.files
+        files.moves_file.append([(handle, position) for handle, position, _ in accepted])
+        references, live, shared = files.chunk_references, files.held.live, files.held.shared
+        data_size, known = files.log.data_size, files.moves
+        moved = {}
+        for handle, position, size in accepted:
+            old = known.get(handle, handle) // data_size
+            new = position // data_size
+            entries, record = shared.get(handle, 1), size + RECORD_OVERHEAD
+            references[old] -= entries
+            references[new] = references.get(new, 0) + entries
+            live[old] -= record
+            live[new] = live.get(new, 0) + record
+            known[handle] = moved[handle] = position
+            if references[old] == 0:
+                files.note_if_consumed(old)
+        return moved
 
     def accept(self, moves):
         """

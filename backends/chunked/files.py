@@ -30,9 +30,8 @@ from typing import NamedTuple
 
 from twisted.logger import Logger
 
-from backends.chunked.compaction import Compactor
+from backends.chunked.compaction import Compactor, Held
 from backends.chunked.delayedindex import ChunkedDelayedIndex
-from backends.chunked.format import RECORD_OVERHEAD
 from backends.chunked.messagelog import MessageLog
 from backends.chunked.moves import MovesFile
 from backends.chunked.queueindex import QueueIndex, creation_cut_short
@@ -114,43 +113,6 @@ class Recovery(NamedTuple):
     delivery_counts: dict = {}  # queue key -> {handle: delivery count}, for messages that came back unacked
     written: BatchWritten = None  # the files as open leaves them: every chunk there is, with no writes yet
     moves: dict = {}  # handle -> position of the records compaction moved, for the messages held
-
-
-class Held:
-    """
-    Messages and body bytes held by some queue, kept on the writer thread
-    for stats(), and per message chunk the bytes of the held records in it
-    (bodies and record framing; heads are not counted) for compaction.
-    """
-
-    __slots__ = ("messages", "bytes", "shared", "live")
-
-    def __init__(self):
-        self.messages = 0
-        self.bytes = 0
-        self.shared = {}  # handle -> queues still holding it, for messages held by more than one queue
-        self.live = {}  # chunk number -> bytes of held records in it
-
-    def add(self, handle, queues, size, number):
-        self.messages += 1
-        self.bytes += size
-        live = self.live
-        live[number] = live.get(number, 0) + size + RECORD_OVERHEAD
-        if queues > 1:
-            self.shared[handle] = queues
-
-    def release(self, handle, size, number):
-        """Count one queue letting C{handle} go; True if it was the last one holding it."""
-        remaining = self.shared.get(handle)
-        if remaining is not None:
-            if remaining > 1:
-                self.shared[handle] = remaining - 1
-                return False
-            del self.shared[handle]
-        self.messages -= 1
-        self.bytes -= size
-        self.live[number] -= size + RECORD_OVERHEAD
-        return True
 
 
 class ChunkedFiles:
@@ -243,7 +205,7 @@ class ChunkedFiles:
                 self._references[number] = self._references.get(number, 0) + count
                 self.delayed_references[number] = count
         for number in list(self.log.chunks):
-            self._note_if_consumed(number)
+            self.note_if_consumed(number)
         self._delete_consumed()
         self.log.take_changes()
         return Recovery(topology, unacked, damaged, self.log.write_position, self.log.data_size, delayed,
@@ -373,7 +335,7 @@ class ChunkedFiles:
         for index in self._indexes.values():
             index.sync(fsync)
         self.delayed.sync(fsync)
-        moved = self._apply_moves(moves or ())
+        moved = self.compactor.apply_moves(moves or ())
         if batch is not None:
             self.delayed.flush_if_due()  # what it flushes points into log records already durable
             for queue in {*batch.acks, *batch.returns}:
@@ -393,32 +355,6 @@ class ChunkedFiles:
         return BatchWritten(self.log.write_position, self.log.flushed_position, deleted_chunks, chunk_figures,
                             held.messages, held.bytes, self.delayed.flushes, moved or {}, unmoved, compaction,
                             compactor.compacted_chunks, compactor.compacted_bytes)
-
-    def _apply_moves(self, moves):
-        """
-        Make a batch's copies (written and fsynced) the records of their
-        messages: their pairs go to the moves file (fsynced), then the
-        records count in their new chunks. The pairs taken, for the reactor.
-        """
-        accepted = self.compactor.accept(moves)
-        if not accepted:
-            return {}
-        self.moves_file.append([(handle, position) for handle, position, _ in accepted])
-        references, live, shared = self._references, self.held.live, self.held.shared
-        data_size, known = self.log.data_size, self.moves
-        moved = {}
-        for handle, position, size in accepted:
-            old = known.get(handle, handle) // data_size
-            new = position // data_size
-            entries, record = shared.get(handle, 1), size + RECORD_OVERHEAD
-            references[old] -= entries
-            references[new] = references.get(new, 0) + entries
-            live[old] -= record
-            live[new] = live.get(new, 0) + record
-            known[handle] = moved[handle] = position
-            if references[old] == 0:
-                self._note_if_consumed(old)
-        return moved
 
     def _append(self, queue, handles, sizes, shared):
         index = self._indexes.get(queue)
@@ -463,7 +399,7 @@ class ChunkedFiles:
             references[number] = remaining
             delayed[number] -= 1
             if remaining == 0:
-                self._note_if_consumed(number)
+                self.note_if_consumed(number)
 
     def _release(self, handle, size):
         moves = self.moves
@@ -477,7 +413,7 @@ class ChunkedFiles:
             if moving:
                 moving.pop(handle, None)
         if remaining == 0:
-            self._note_if_consumed(number)
+            self.note_if_consumed(number)
 
     def _delete_queue(self, queue):
         self._damaged.discard(queue)
@@ -492,7 +428,8 @@ class ChunkedFiles:
 
     # -- chunk cleanup
 
-    def _note_if_consumed(self, number):
+    def note_if_consumed(self, number):
+        """Count finished chunk C{number} as consumed (to be deleted) if nothing points into it."""
         if self._references.get(number, 0) == 0 and self.log.deletable(number) and number in self.log.chunks:
             self._consumed.add(number)
 
@@ -500,7 +437,7 @@ class ChunkedFiles:
         """Delete the consumed chunks the retention options do not keep."""
         finished, self.log.finished = self.log.finished, []
         for number in finished:
-            self._note_if_consumed(number)
+            self.note_if_consumed(number)
             self.compactor.changed = True
         if not self._consumed or self._damaged or self.delayed.damaged or self._unnamed_kept_queue:
             # A damaged queue index or delayed index, or the index of a quarantined queue whose name

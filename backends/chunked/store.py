@@ -13,13 +13,10 @@ A queue's backlog need not live in Python memory: the store provides
 L{IPagingStore}, so the broker keeps only handles for recovered messages and
 for deep queues, and loads each message when it is delivered.
 
-Sparse old chunks are compacted (L{backends.chunked.compaction}): the
-writer hands back slices of held records with a commit's result, the reactor
-thread places the copies at the head of the log in its next batch, and once
-the writer has made them durable it hands back the pairs (handle, new
-position). Handles never change; the reactor thread keeps those pairs (for
-the messages still held, which are few: only sparse chunks are moved) and
-reads a moved handle's record where it now is.
+Sparse old chunks are compacted (L{backends.chunked.compaction}): the reactor
+thread places the held records a commit hands back at the head of the log, and
+keeps the pairs (handle, new position) the writer returns once they are
+durable: handles never change, a moved one is read where its record now is.
 
 Delayed messages (L{IDelayedMessageStore}) are records of the log too; the
 writer thread indexes them by due time (L{backends.chunked.delayedindex}).
@@ -439,11 +436,7 @@ class ChunkedStore(FileStoreBase):
             self._place_copies(written.compaction)
 
     def _place_copies(self, records):
-        """
-        Put the copies of held records (a compaction's slice) at the head of
-        the log with the next batch, and what they are copies of; the next
-        commit makes them the records read for those handles.
-        """
+        """Put the copies of held records (a compaction's slice) at the head of the log with the next batch."""
         batch, data_size = self._batch, self._data_size
         for handle, head, body in records:
             size = record_size(head, len(body))
