@@ -47,7 +47,7 @@ def settle(store, limit=400):
 class Compacting(ChunkedStores):
     """A store where a parked queue holds one message per chunk and JOBS held (then acked) them all."""
 
-    options = {**ChunkedStores.options, "compact_below": "25", "compact_bytes": "1M"}
+    options = {**ChunkedStores.options, "compact_below": "25", "compact_bytes": "1M", "compact_after_seconds": "0"}
 
     @defer.inlineCallbacks
     def parked_store(self, **options):
@@ -108,6 +108,13 @@ class ParkedQueueTests(Compacting, unittest.TestCase):
         self.assertEqual(chunk_numbers(store), chunks)
 
     @defer.inlineCallbacks
+    def test_a_chunk_whose_held_bytes_changed_lately_is_not_compacted_yet(self):
+        store, handles = yield self.parked_store(compact_after_seconds="3600")
+        chunks = chunk_numbers(store)
+        yield self.consume_jobs(store, handles)
+        self.assertEqual(chunk_numbers(store), chunks)
+
+    @defer.inlineCallbacks
     def test_moved_messages_are_read_acked_and_returned_by_the_handles_they_had(self):
         store, handles = yield self.parked_store()
         parked = parked_numbers()
@@ -159,20 +166,44 @@ class ParkedQueueTests(Compacting, unittest.TestCase):
     def test_a_message_moved_twice_is_read_from_its_last_copy(self):
         store, handles = yield self.parked_store()
         yield self.consume_jobs(store, handles)
-        kept = parked_numbers()[3::4]
+        kept = parked_numbers()[3:4]
         for number in parked_numbers():
             if number not in kept:
-                store.ack(PARKED, handles[number])  # the copies' chunk is left sparse
+                store.ack(PARKED, handles[number])  # the copies' chunk is left sparse, and the sparsest
         first = {number: store.chunk_of(handles[number]) for number in kept}
-        # Fill chunks with consumed messages so that the copies' chunk is finished in turn.
-        more = [store.append(published(COUNT + number), [JOBS]) for number in range(3 * EVERY)]
+        # Consumed messages to the end of the copies' chunk, then more chunks with a parked message each:
+        # the copies' chunk is one sparse chunk of many, as sparse as any and the oldest.
+        current, more = store.stats()["append_position"] // DATA, []
+        while store.stats()["append_position"] // DATA == current:
+            more.append(store.append(published(COUNT), [JOBS]))
+        filler = len(more)
+        more += [store.append(published(COUNT + number), [JOBS, PARKED] if number % EVERY == 1 else [JOBS])
+                 for number in range(1, 3 * EVERY)]
         yield store.sync()
         yield self.consume_jobs(store, more)
         again = {number: store.chunk_of(handles[number]) for number in kept}
         self.assertTrue(all(again[number] > first[number] for number in kept), (first, again))
         self.assertNotIn(first[kept[0]], chunk_numbers(store))
         store = yield self.reopen(store)
-        self.assert_parked(store, kept, handles)
+        recovered = list(store.recovered_handles(PARKED))
+        parked = range(1, 3 * EVERY, EVERY)
+        self.assertEqual(recovered, [handles[number] for number in kept] + [more[filler + n - 1] for n in parked])
+        self.assertEqual([store.load(handle).body for handle in recovered],
+                         [published(number).body for number in kept + [COUNT + n for n in parked]])
+
+    @defer.inlineCallbacks
+    def test_the_last_sparse_chunk_is_left_as_it_is(self):
+        store, handles = yield self.parked_store()
+        yield self.consume_jobs(store, handles)
+        for number in parked_numbers()[1:]:
+            store.ack(PARKED, handles[number])
+        yield settle(store)
+        where = store.chunk_of(handles[0])
+        for _ in range(3):  # chunks filled and consumed in one commit each, so none is ever sparse for a while
+            more = [store.append(published(COUNT + number), [JOBS]) for number in range(EVERY)]
+            yield self.consume_jobs(store, more)
+        self.assertEqual(store.chunk_of(handles[0]), where, "one message is not copied again with every chunk")
+        self.assertEqual(len(chunk_numbers(store)), 2)
 
 
 class CrashTests(Compacting, unittest.TestCase):
@@ -274,6 +305,7 @@ class ThrottleTests(Compacting, unittest.TestCase):
             self.assertRaises(ValueError, self.make_store, **options)
         self.assertEqual(self.backend.options["compact_below"][0], "25")
         self.assertEqual(self.backend.options["compact_bytes"][0], "1M")
+        self.assertEqual(self.backend.options["compact_after_seconds"][0], "5")
         self.assertEqual(RECORD_OVERHEAD, 17)
 
 
@@ -350,4 +382,4 @@ class BrokerTests(Compacting, unittest.TestCase):
 class EveryChunkCompactedContractTests(ChunkedStores, StoreContract, unittest.TestCase):
     """The store contract with every finished chunk up to half held compacted, a record per commit."""
 
-    options = {**ChunkedStores.options, "compact_below": "50", "compact_bytes": "1"}
+    options = {**ChunkedStores.options, "compact_below": "50", "compact_bytes": "1", "compact_after_seconds": "0"}

@@ -37,6 +37,7 @@ class ChunkedBackend:
         "compact_below": ("25", "percent of a finished chunk's bytes still held under which its held messages are"
                                 " moved forward and the chunk deleted (0: never, at most 50)"),
         "compact_bytes": ("1M", "bytes of held messages a compaction moves per commit, at most (and one message)"),
+        "compact_after_seconds": ("5", "... once a sparse chunk's held bytes have not changed for this long"),
     }
 
     def make_store(self, data_dir, sync_policy=None, *, reactor, **options):
@@ -57,6 +58,7 @@ class ChunkedBackend:
             delayed_flush_entries=whole_number("delayed_flush_entries", given["delayed_flush_entries"]),
             compact_below=percent("compact_below", given["compact_below"], COMPACT_BELOW_LIMIT) / 100,
             compact_bytes=byte_size("compact_bytes", given["compact_bytes"], 1),
+            compact_quiet=whole_number("compact_after_seconds", given["compact_after_seconds"], 0),
         )
 
 

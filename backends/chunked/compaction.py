@@ -3,9 +3,12 @@
 A finished message chunk is deleted once nothing points into it; a queue
 that keeps a few messages in every chunk (a parked queue) would keep every
 chunk. So a finished chunk whose held records are a small share of it (under
-C{below} of its bytes; records of kept delayed messages are never moved, so a
-chunk holding one is left alone) has its held records copied forward to the
-head of the log and is then deleted like a consumed one. Handles do not
+C{below} of its bytes, as L{Held} counts them; records of kept delayed
+messages are never moved, so a chunk holding one is left alone) has its held
+records copied forward to the head of the log and is then deleted like a
+consumed one. The last such chunk is left: moving it would only make the
+chunk its copies land in sparse in turn. So the message chunks take at most
+what is held divided by C{below}, plus two chunks. Handles do not
 change: the pairs (handle, new position) go to the moves file
 (L{backends.chunked.moves}) and reads of a moved handle follow them.
 
@@ -31,6 +34,7 @@ held message is read from exactly one record, once: the queue indexes are
 never rewritten.
 """
 
+import time
 from collections import deque
 
 from twisted.logger import Logger
@@ -89,10 +93,11 @@ class Compactor:
         handle leaves it when moved or when no queue holds it any more.
     """
 
-    def __init__(self, files, below, slice_bytes):
+    def __init__(self, files, below, slice_bytes, quiet):
         self.files = files  # the ChunkedFiles whose log, indexes and counts it reads
         self.below = below  # a share of a chunk's bytes (0 to 1); 0 turns compaction off
         self.slice_bytes = slice_bytes
+        self.quiet = quiet  # seconds a chunk's held bytes stay the same before it is compacted
         self.number = None  # the chunk being compacted
         self.moving = {}
         self.compacted_chunks = 0
@@ -101,23 +106,40 @@ class Compactor:
         self._pending = deque()  # handles of the chunk not yet handed out, in position order
         self._handed = []  # handles of the last slice handed out
         self._left_alone = set()  # chunks with a damaged record: never compacted
+        self._seen = {}  # sparse chunk number -> (held bytes, since when it has held them)
 
     # -- choosing
 
     def _choose(self):
-        """Start on the sparsest finished chunk under the limit, if any."""
+        """
+        Start on the sparsest finished chunk under the limit whose held bytes
+        have not changed for C{quiet} seconds (a chunk its consumers are
+        still acking is not copied), if there is another such chunk: the last
+        sparse chunk is left as it is, or a few held messages would be copied
+        again with every chunk the log fills.
+        """
         files = self.files
         self.changed = False
         data_size = files.log.data_size
         limit = self.below * data_size
         references, live, delayed = files.chunk_references, files.held.live, files.delayed_references
-        best, best_live = None, limit
+        now, seen, watched = time.monotonic(), self._seen, {}
+        best, best_live, quiet = None, limit, 0
         for number in files.log.chunks:
             held = live.get(number, 0)
-            if (held < best_live and references.get(number, 0) and not delayed.get(number)
+            if (held < limit and references.get(number, 0) and not delayed.get(number)
                     and files.log.deletable(number) and number not in self._left_alone):
-                best, best_live = number, held
-        if best is None:
+                previous = seen.get(number)
+                since = previous[1] if previous is not None and previous[0] == held else now
+                watched[number] = (held, since)
+                if now - since < self.quiet:
+                    self.changed = True  # look again with the next commit
+                    continue
+                quiet += 1
+                if held < best_live:
+                    best, best_live = number, held
+        self._seen = watched
+        if quiet < 2:
             return
         low, high = best * data_size, (best + 1) * data_size
         moves = files.moves

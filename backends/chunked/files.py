@@ -119,7 +119,8 @@ class ChunkedFiles:
     """The message log, the queue indexes and the topology file of one directory."""
 
     def __init__(self, directory, data_size, entries_per_chunk, retain_chunks=0, retain_seconds=0.0,
-                 delayed_bucket_ms=60_000, delayed_flush_entries=1 << 16, compact_below=0.25, compact_bytes=1 << 20):
+                 delayed_bucket_ms=60_000, delayed_flush_entries=1 << 16, compact_below=0.25, compact_bytes=1 << 20,
+                 compact_quiet=5.0):
         self.directory = directory
         self.entries_per_chunk = entries_per_chunk
         self.retain_chunks = retain_chunks
@@ -135,7 +136,7 @@ class ChunkedFiles:
         self.moves = {}  # handle -> position of the record compaction moved it to, for messages held
         self._unmoved = []  # moved handles released since the last commit's result
         self.moves_file = MovesFile(directory)
-        self.compactor = Compactor(self, compact_below, compact_bytes)
+        self.compactor = Compactor(self, compact_below, compact_bytes, compact_quiet)
         self._consumed = set()  # finished chunks no entry points into, kept for retention
         self._damaged = set()  # queues whose index could not be read: what they point to is unknown
         self._kept_queues = set()  # queues whose topology records are quarantined: their indexes are kept

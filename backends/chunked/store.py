@@ -71,12 +71,13 @@ class ChunkedStore(FileStoreBase):
 
     def __init__(self, directory, sync_policy=None, chunk_size=256 << 20, index_chunk_entries=1 << 20,
                  cache_size=64 << 20, retain_chunks=0, retain_seconds=0.0, *, reactor, delayed_bucket_ms=60_000,
-                 delayed_flush_entries=1 << 16, compact_below=0.25, compact_bytes=1 << 20):
+                 delayed_flush_entries=1 << 16, compact_below=0.25, compact_bytes=1 << 20, compact_quiet=5.0):
         self.directory = directory
         self.sync_policy = sync_policy or SyncPolicy()
         self._reactor = reactor
         self._files = ChunkedFiles(directory, chunk_size, index_chunk_entries, retain_chunks, retain_seconds,
-                                   delayed_bucket_ms, delayed_flush_entries, compact_below, compact_bytes)
+                                   delayed_bucket_ms, delayed_flush_entries, compact_below, compact_bytes,
+                                   compact_quiet)
         self._reader = ChunkReader(directory, chunk_size)
         self._cache = RingCache(cache_size)
         self._topology = Topology()
