@@ -225,9 +225,11 @@ class CrashTests(Compacting, unittest.TestCase):
 
         def watched_append(pairs):
             append(pairs)
-            self.snapshot(store, "moves durable", snapshots)
+            self.snapshot(store, "moves written", snapshots)
 
         def watched_delete(number):
+            if files.moves_file.unsynced:
+                raise AssertionError("a chunk deleted before the moves were fsynced")
             delete(number)
             if files.moves:  # a chunk emptied by moves, not by acks alone
                 self.snapshot(store, "chunk deleted", snapshots)
@@ -242,9 +244,9 @@ class CrashTests(Compacting, unittest.TestCase):
         snapshots = {}
         self.watch_steps(store, snapshots)
         yield self.consume_jobs(store, handles)
-        self.assertEqual(sorted(snapshots), ["chunk deleted", "copies written", "moves durable"])
+        self.assertEqual(sorted(snapshots), ["chunk deleted", "copies written", "moves written"])
         torn = self.fresh_data_dir()
-        shutil.copytree(os.path.join(snapshots["moves durable"], "chunked"), os.path.join(torn, "chunked"))
+        shutil.copytree(os.path.join(snapshots["moves written"], "chunked"), os.path.join(torn, "chunked"))
         moves_path = os.path.join(torn, "chunked", MOVES_FILE)
         os.truncate(moves_path, os.path.getsize(moves_path) - 5)
         snapshots["moves record torn"] = torn
@@ -304,7 +306,7 @@ class ThrottleTests(Compacting, unittest.TestCase):
         for options in ({"compact_below": "51"}, {"compact_below": "-1"}, {"compact_bytes": "0"}):
             self.assertRaises(ValueError, self.make_store, **options)
         self.assertEqual(self.backend.options["compact_below"][0], "25")
-        self.assertEqual(self.backend.options["compact_bytes"][0], "1M")
+        self.assertEqual(self.backend.options["compact_bytes"][0], "256K")
         self.assertEqual(self.backend.options["compact_after_seconds"][0], "5")
         self.assertEqual(RECORD_OVERHEAD, 17)
 

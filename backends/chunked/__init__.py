@@ -36,7 +36,7 @@ class ChunkedBackend:
         "delayed_flush_entries": ("65536", "delayed-message journal entries that make a flush into the buckets"),
         "compact_below": ("25", "percent of a finished chunk's bytes still held under which its held messages are"
                                 " moved forward and the chunk deleted (0: never, at most 50)"),
-        "compact_bytes": ("1M", "bytes of held messages a compaction moves per commit, at most (and one message)"),
+        "compact_bytes": ("256K", "bytes of held messages a compaction moves per commit, at most (and one message)"),
         "compact_after_seconds": ("5", "... once a sparse chunk's held bytes have not changed for this long"),
     }
 

@@ -22,10 +22,11 @@ work and publishers' confirms are not held up:
      the log, with the pairs (handle, new position);
   3. commit I{k+1}: the writer writes the copies with the batch's records and
      fsyncs the log (whatever the sync policy), then appends the pairs of the
-     handles still held to the moves file and fsyncs it, then counts the
-     moved records in their new chunks, and reads the next slice;
-  4. once the chunk holds nothing, it is deleted as consumed chunks are:
-     after the moves that emptied it are durable.
+     handles still held to the moves file, then counts the moved records in
+     their new chunks, and reads the next slice;
+  4. once the chunk holds nothing, it is deleted as consumed chunks are,
+     the moves file fsynced first: the moves that emptied it are durable
+     before it goes.
 
 A crash before the moves record is durable leaves the copies unreferenced
 (dead bytes in a newer chunk) and the old records in place; one after it

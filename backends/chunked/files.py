@@ -18,9 +18,9 @@ of the log and the pairs (handle, new position) kept in the moves file
 (L{backends.chunked.moves}), so the chunk counts as consumed. A commit
 writes, in this order: the topology, removed queues, records (copies
 included), index entries, returns and acks; the fsync of the log (forced
-when the batch moves records) and of the indexes; the moves record (always
-fsynced); checkpoints and deleted chunks; then it reads the next slice of a
-compaction.
+when the batch moves records) and of the indexes; the moves record;
+checkpoints and deleted chunks (the moves file fsynced first, whatever the
+sync policy); then it reads the next slice of a compaction.
 """
 
 import os
@@ -119,7 +119,7 @@ class ChunkedFiles:
     """The message log, the queue indexes and the topology file of one directory."""
 
     def __init__(self, directory, data_size, entries_per_chunk, retain_chunks=0, retain_seconds=0.0,
-                 delayed_bucket_ms=60_000, delayed_flush_entries=1 << 16, compact_below=0.25, compact_bytes=1 << 20,
+                 delayed_bucket_ms=60_000, delayed_flush_entries=1 << 16, compact_below=0.25, compact_bytes=256 << 10,
                  compact_quiet=5.0):
         self.directory = directory
         self.entries_per_chunk = entries_per_chunk
@@ -454,6 +454,7 @@ class ChunkedFiles:
             kept_by_count = rank < self.retain_chunks
             kept_by_age = self.retain_seconds and now - self.log.completed_at(number) < self.retain_seconds
             if not (kept_by_count or kept_by_age):
+                self.moves_file.sync()  # the moves that emptied it are durable before it goes
                 self.log.delete(number)
                 self._consumed.discard(number)
                 self._references.pop(number, None)
@@ -469,6 +470,7 @@ class ChunkedFiles:
             index.close()
         self._indexes.clear()
         self.delayed.close()
+        self.moves_file.sync()
         self.moves_file.close()
         self.log.close()
         if self._lock is not None:

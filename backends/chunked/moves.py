@@ -12,8 +12,10 @@ later one wins.
 ``[u32 count][count x u64 handle][count x u64 position][u32 CRC]`` (arrays
 little-endian, the rest big-endian; the CRC covers the record before it). The
 first record that does not check out ends the file (a torn tail, cut off).
-The file is rewritten whole (atomically, by rename) with only the pairs of
-messages still held once it has grown well past them.
+Records are appended without an fsync; the file is fsynced before any
+message chunk is deleted, so the pairs that emptied a chunk are durable
+before it goes. The file is rewritten whole (atomically, by rename) with only
+the pairs of messages still held once it has grown well past them.
 """
 
 import os
@@ -67,6 +69,7 @@ class MovesFile:
     def __init__(self, directory):
         self.path = os.path.join(directory, MOVES_FILE)
         self.written_pairs = 0  # pairs in the file, stale ones included
+        self.unsynced = False  # records were appended since the last fsync
         self._descriptor = None
         self._size = 0
 
@@ -89,14 +92,20 @@ class MovesFile:
         return moves
 
     def append(self, pairs):
-        """Add one record of pairs and make it durable (whatever the sync policy: a chunk is deleted after it)."""
+        """Add one record of pairs, not fsynced yet (see L{sync})."""
         if self._descriptor is None:
             self.rewrite({})
         data = encode_moves(pairs)
         write_all(self._descriptor, data, self._size)
-        os.fsync(self._descriptor)
+        self.unsynced = True
         self._size += len(data)
         self.written_pairs += len(pairs)
+
+    def sync(self):
+        """Make the records appended durable, whatever the sync policy: called before a chunk is deleted."""
+        if self.unsynced:
+            os.fsync(self._descriptor)
+            self.unsynced = False
 
     def rewrite_if_due(self, moves):
         """Replace the file by one holding only C{moves} once most of its pairs are stale."""
@@ -107,6 +116,7 @@ class MovesFile:
         data = MOVES_MAGIC + (encode_moves(sorted(moves.items())) if moves else b"")
         self.close()
         replace_file(self.path, data, True)
+        self.unsynced = False
         self._descriptor = os.open(self.path, os.O_RDWR)
         self._size = len(data)
         self.written_pairs = len(moves)

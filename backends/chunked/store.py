@@ -71,7 +71,7 @@ class ChunkedStore(FileStoreBase):
 
     def __init__(self, directory, sync_policy=None, chunk_size=256 << 20, index_chunk_entries=1 << 20,
                  cache_size=64 << 20, retain_chunks=0, retain_seconds=0.0, *, reactor, delayed_bucket_ms=60_000,
-                 delayed_flush_entries=1 << 16, compact_below=0.25, compact_bytes=1 << 20, compact_quiet=5.0):
+                 delayed_flush_entries=1 << 16, compact_below=0.25, compact_bytes=256 << 10, compact_quiet=5.0):
         self.directory = directory
         self.sync_policy = sync_policy or SyncPolicy()
         self._reactor = reactor
