@@ -7,8 +7,9 @@ And the store contract holds with every finished chunk compacted."""
 
 import os
 import shutil
+import time
 
-from twisted.internet import defer
+from twisted.internet import defer, reactor, task
 from twisted.trial import unittest
 
 from backends.chunked.format import RECORD_OVERHEAD, record_size
@@ -113,6 +114,22 @@ class ParkedQueueTests(Compacting, unittest.TestCase):
         chunks = chunk_numbers(store)
         yield self.consume_jobs(store, handles)
         self.assertEqual(chunk_numbers(store), chunks)
+
+    @defer.inlineCallbacks
+    def test_an_idle_store_compacts_once_its_sparse_chunks_have_been_quiet_long_enough(self):
+        store, handles = yield self.parked_store(compact_after_seconds="1")
+        chunks = chunk_numbers(store)
+        for handle in handles:
+            store.ack(JOBS, handle)
+        yield store.sync()
+        self.assertEqual(chunk_numbers(store), chunks, "not quiet for a second yet")
+        # Nothing is published or acked from now on: the store commits by itself when the chunks are due.
+        deadline = time.monotonic() + 30
+        while len(chunk_numbers(store)) > 2:
+            self.assertLess(time.monotonic(), deadline, "the chunks were not compacted")
+            yield task.deferLater(reactor, 0.05, lambda: None)
+        self.assertEqual([store.load(handles[number]).body for number in parked_numbers()],
+                         [published(number).body for number in parked_numbers()])
 
     @defer.inlineCallbacks
     def test_moved_messages_are_read_acked_and_returned_by_the_handles_they_had(self):

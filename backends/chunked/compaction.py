@@ -40,12 +40,29 @@ from collections import deque
 
 from twisted.logger import Logger
 
-from backends.chunked.format import RECORD_OVERHEAD
+from backends.chunked.format import RECORD_OVERHEAD, record_size
 from brokerd.interfaces import StoreCorrupted
 
 log = Logger()
 
 SPAN_PER_SLICE = 8  # a slice's records are read in one pread of a span up to this many times its bytes
+
+
+def place_copies(batch, position, data_size, records):
+    """
+    On the reactor thread: put the copies of a slice's records (C{(handle,
+    head, body)}) in C{batch} from log position C{position} on, with the
+    pairs (handle, new position); the position after them.
+    """
+    for handle, head, body in records:
+        size = record_size(head, len(body))
+        room = data_size - position % data_size
+        if size > room:
+            position += room  # the record goes to the start of the next chunk
+        batch.records.append((position, head, body))
+        batch.moves.append((handle, position))
+        position += size
+    return position
 
 
 class Held:
@@ -108,6 +125,7 @@ class Compactor:
         self._handed = []  # handles of the last slice handed out
         self._left_alone = set()  # chunks with a damaged record: never compacted
         self._seen = {}  # sparse chunk number -> (held bytes, since when it has held them)
+        self.due_in = 0.0  # seconds until a sparse chunk waiting to be quiet is, if one is (else 0)
 
     # -- choosing
 
@@ -125,7 +143,7 @@ class Compactor:
         limit = self.below * data_size
         references, live, delayed = files.chunk_references, files.held.live, files.delayed_references
         now, seen, watched = time.monotonic(), self._seen, {}
-        best, best_live, quiet = None, limit, 0
+        best, best_live, quiet, due_in = None, limit, 0, 0.0
         for number in files.log.chunks:
             held = live.get(number, 0)
             if (held < limit and references.get(number, 0) and not delayed.get(number)
@@ -135,11 +153,13 @@ class Compactor:
                 watched[number] = (held, since)
                 if now - since < self.quiet:
                     self.changed = True  # look again with the next commit
+                    wait = since + self.quiet - now
+                    due_in = min(due_in, wait) if due_in else wait
                     continue
                 quiet += 1
                 if held < best_live:
                     best, best_live = number, held
-        self._seen = watched
+        self._seen, self.due_in = watched, due_in
         if quiet < 2:
             return
         low, high = best * data_size, (best + 1) * data_size
@@ -209,8 +229,9 @@ class Compactor:
     def apply_moves(self, moves):
         """
         Make a batch's copies (written and fsynced) the records of their
-        messages: their pairs go to the moves file (fsynced), then the
-        records count in their new chunks. The pairs taken, for the reactor.
+        messages: their pairs go to the moves file (fsynced before any chunk
+        is deleted), then the records count in their new chunks. The pairs
+        taken, for the reactor.
         """
         accepted = self.accept(moves)
         if not accepted:

@@ -99,6 +99,7 @@ class BatchWritten(NamedTuple):
     compaction: tuple = ()  # (handle, head, body) of held records to copy to the head of the log
     compacted_chunks: int = 0  # chunks compacted so far
     compacted_bytes: int = 0  # and the bytes of records they moved
+    compaction_due_in: float = 0.0  # seconds until a sparse chunk is quiet enough to compact (0: none waits)
 
 
 class Recovery(NamedTuple):
@@ -355,7 +356,7 @@ class ChunkedFiles:
         unmoved, self._unmoved = tuple(self._unmoved), []
         return BatchWritten(self.log.write_position, self.log.flushed_position, deleted_chunks, chunk_figures,
                             held.messages, held.bytes, self.delayed.flushes, moved or {}, unmoved, compaction,
-                            compactor.compacted_chunks, compactor.compacted_bytes)
+                            compactor.compacted_chunks, compactor.compacted_bytes, compactor.due_in)
 
     def _append(self, queue, handles, sizes, shared):
         index = self._indexes.get(queue)
