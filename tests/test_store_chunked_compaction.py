@@ -15,7 +15,7 @@ from twisted.trial import unittest
 from backends.chunked.format import RECORD_OVERHEAD, record_size
 from backends.chunked.messagelog import bytes_on_disk
 from backends.chunked.moves import MOVES_FILE
-from tests.store_contract import JOBS, StoreContract, queue_record
+from tests.store_contract import JOBS, NOW, StoreContract, queue_record
 from tests.support import make_broker, open_channel, properties
 from tests.test_store_chunked import DATA, FILE_SIZE, ChunkedStores, chunk_numbers, record_bytes, sized
 
@@ -107,6 +107,22 @@ class ParkedQueueTests(Compacting, unittest.TestCase):
         chunks = chunk_numbers(store)
         yield self.consume_jobs(store, handles)
         self.assertEqual(chunk_numbers(store), chunks)
+
+    @defer.inlineCallbacks
+    def test_a_chunk_holding_a_delayed_message_is_not_compacted(self):
+        store = yield self.open_store()
+        for vhost, name in (JOBS, PARKED):
+            store.save_queue(queue_record(name, vhost=vhost))
+        store.delay(published(COUNT), ("/", "delays"), NOW + 3_600_000)  # its record goes to chunk 0
+        handles = [store.append(published(number), [JOBS, PARKED] if number in parked_numbers() else [JOBS])
+                   for number in range(COUNT)]
+        yield store.sync()
+        yield self.consume_jobs(store, handles)
+        self.assertEqual(store.chunk_of(handles[0]), 0, "the parked message beside it stays too")
+        self.assertIn(0, chunk_numbers(store))
+        self.assertLessEqual(len(chunk_numbers(store)), 3)
+        store = yield self.reopen(store)
+        self.assert_parked(store, parked_numbers(), handles)
 
     @defer.inlineCallbacks
     def test_a_chunk_whose_held_bytes_changed_lately_is_not_compacted_yet(self):

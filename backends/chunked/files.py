@@ -399,7 +399,7 @@ class ChunkedFiles:
         for _, _, number in batch.delay_releases:
             remaining = references[number] - 1
             references[number] = remaining
-            delayed[number] -= 1
+            delayed[number] = delayed.get(number, 0) - 1
             if remaining == 0:
                 self.note_if_consumed(number)
 
