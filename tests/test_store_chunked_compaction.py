@@ -6,6 +6,7 @@ every held message exactly once; each commit moves at most the option's bytes.
 And the store contract holds with every finished chunk compacted."""
 
 import os
+import random
 import shutil
 import time
 
@@ -16,6 +17,7 @@ from backends.chunked.format import RECORD_OVERHEAD, record_size
 from backends.chunked.messagelog import bytes_on_disk
 from backends.chunked.moves import MOVES_FILE
 from tests.store_contract import JOBS, NOW, StoreContract, queue_record
+from tests.store_contract_durable import DurableStoreContract
 from tests.support import make_broker, open_channel, properties
 from tests.test_store_chunked import DATA, FILE_SIZE, ChunkedStores, chunk_numbers, record_bytes, sized
 
@@ -311,6 +313,48 @@ class CrashTests(Compacting, unittest.TestCase):
         self.assert_parked(store, kept, handles)
 
 
+class RandomTests(Compacting, unittest.TestCase):
+    @defer.inlineCallbacks
+    def test_random_work_with_restarts_and_crashes_keeps_every_queue_as_a_model_says(self):
+        chooser = random.Random(1919)
+        queues = [JOBS, PARKED, ("/", "slow")]
+        store = yield self.open_store(compact_below="50", compact_bytes="2K")
+        for vhost, name in queues:
+            store.save_queue(queue_record(name, vhost=vhost))
+        held = {queue: [] for queue in queues}  # queue -> [(handle, number)] in order
+        counts = {queue: {} for queue in queues}  # queue -> {handle: delivery count}
+        bodies, compacted = {}, 0
+        for round_number in range(40):
+            for _ in range(chooser.randint(5, 30)):
+                number = len(bodies)
+                bodies[number] = sized("r%05d" % number, chooser.randint(20, 1500))
+                targets = [queue for queue in queues if chooser.random() < 0.5] or [JOBS]
+                handle = store.append(bodies[number], targets)
+                for queue in targets:
+                    held[queue].append((handle, number))
+            for queue, share in ((JOBS, 0.9), (PARKED, 0.02), (("/", "slow"), 0.2)):
+                for entry in [entry for entry in held[queue] if chooser.random() < share]:
+                    store.ack(queue, entry[0])
+                    held[queue].remove(entry)
+                    counts[queue].pop(entry[0], None)
+                for handle, _ in held[queue][:2]:
+                    counts[queue][handle] = counts[queue].get(handle, 0) + 1
+                    store.returned(queue, handle, counts[queue][handle])
+            yield settle(store)
+            for queue in queues:
+                self.assertEqual([store.load(handle).body for handle, _ in held[queue]],
+                                 [bodies[number].body for _, number in held[queue]], round_number)
+            if round_number % 10 == 9:
+                compacted += store.stats()["compacted_chunks"]
+                store = yield (self.reopen(store) if round_number % 20 == 9 else self.reopen_after_crash(store))
+                for queue in queues:
+                    self.assertEqual(list(store.recovered_handles(queue)), [handle for handle, _ in held[queue]])
+                    self.assertEqual(store.delivery_counts(queue), counts[queue])
+        self.assertGreater(compacted, 5)
+        self.assertLessEqual(store.stats()["chunks"], 2 + 2 * sum(
+            record_bytes(bodies[number]) for queue in queues for _, number in held[queue]) // DATA + 2)
+
+
 class ThrottleTests(Compacting, unittest.TestCase):
     @defer.inlineCallbacks
     def test_each_commit_copies_at_most_the_option_bytes_and_one_record(self):
@@ -418,3 +462,9 @@ class EveryChunkCompactedContractTests(ChunkedStores, StoreContract, unittest.Te
     """The store contract with every finished chunk up to half held compacted, a record per commit."""
 
     options = {**ChunkedStores.options, "compact_below": "50", "compact_bytes": "1", "compact_after_seconds": "0"}
+
+
+class EveryChunkCompactedDurableContractTests(ChunkedStores, DurableStoreContract, unittest.TestCase):
+    """The durable store contract (restarts, crashes) with compaction as eager."""
+
+    options = EveryChunkCompactedContractTests.options
