@@ -179,6 +179,23 @@ class ParkedQueueTests(Compacting, unittest.TestCase):
         self.assertEqual((list(store.recovered_handles(PARKED)), store.stats()["moved_messages"]), ([], 0))
 
     @defer.inlineCallbacks
+    def test_the_moves_file_is_rewritten_with_the_pairs_of_held_messages_only(self):
+        store, handles = yield self.parked_store()
+        store._files.moves_file.rewrite_at_least = 4
+        yield self.consume_jobs(store, handles)
+        path = os.path.join(store.directory, MOVES_FILE)
+        grown = os.path.getsize(path)
+        kept = parked_numbers()[-2:]
+        for number in parked_numbers()[:-2]:
+            store.ack(PARKED, handles[number])
+        yield settle(store)
+        self.assertLess(os.path.getsize(path), grown)
+        self.assertEqual(store.stats()["moved_messages"], 2)
+        store = yield self.reopen(store)
+        self.assert_parked(store, kept, handles)
+        self.assertEqual(store.stats()["moved_messages"], 2)
+
+    @defer.inlineCallbacks
     def test_a_message_held_by_two_queues_moves_once_and_stays_until_both_ack_it(self):
         store = yield self.open_store()
         other = ("/", "other")

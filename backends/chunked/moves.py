@@ -66,8 +66,9 @@ def decode_moves(data, path):
 class MovesFile:
     """The moves file of one store's directory, on the writer thread."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, rewrite_at_least=REWRITE_AT_LEAST):
         self.path = os.path.join(directory, MOVES_FILE)
+        self.rewrite_at_least = rewrite_at_least
         self.written_pairs = 0  # pairs in the file, stale ones included
         self.unsynced = False  # records were appended since the last fsync
         self._descriptor = None
@@ -109,7 +110,7 @@ class MovesFile:
 
     def rewrite_if_due(self, moves):
         """Replace the file by one holding only C{moves} once most of its pairs are stale."""
-        if self.written_pairs >= REWRITE_AT_LEAST and self.written_pairs > 2 * len(moves):
+        if self.written_pairs >= self.rewrite_at_least and self.written_pairs > 2 * len(moves):
             self.rewrite(moves)
 
     def rewrite(self, moves):
