@@ -16,11 +16,12 @@ One compaction goes in slices, each at most C{slice_bytes} of held records
 (and at least one record), so that no commit carries much more than its own
 work and publishers' confirms are not held up:
 
-  1. commit I{k}: the writer reads a slice of held records from the chunk
-     (pread) and hands it back with the commit's result;
-  2. the reactor thread places the copies in its next batch, at the head of
-     the log, with the pairs (handle, new position);
-  3. commit I{k+1}: the writer writes the copies with the batch's records and
+  1. commit I{k}: the writer picks a slice of held records of the chunk and
+     hands their positions back with the commit's result;
+  2. the reactor thread has them read on its thread pool (one pread of the
+     span they cover) and places the copies in its next batch, at the head
+     of the log, with the pairs (handle, new position);
+  3. the commit of that batch: the writer writes the copies with its records and
      fsyncs the log (whatever the sync policy), then appends the pairs of the
      handles still held to the moves file, then counts the moved records in
      their new chunks, and reads the next slice;
@@ -38,23 +39,37 @@ never rewritten.
 import time
 from collections import deque
 
+from twisted.internet import threads
 from twisted.logger import Logger
 
 from backends.chunked.format import RECORD_OVERHEAD, record_size
-from brokerd.interfaces import StoreCorrupted
+from backends.chunked.messagelog import read_run
 
 log = Logger()
 
 SPAN_PER_SLICE = 8  # a slice's records are read in one pread of a span up to this many times its bytes
 
 
-def place_copies(batch, position, data_size, records):
+def read_slice(reactor, directory, data_size, pairs):
     """
-    On the reactor thread: put the copies of a slice's records (C{(handle,
-    head, body)}) in C{batch} from log position C{position} on, with the
-    pairs (handle, new position); the position after them.
+    On the reactor thread: a Deferred firing with C{(handles, records)} of a
+    slice's C{(handle, position)} pairs, the records read on the reactor's
+    thread pool, so that neither the reactor thread nor the writer (and so no
+    publisher's confirm) waits for the disk.
     """
-    for handle, head, body in records:
+    handles = [handle for handle, _ in pairs]
+    positions = [position for _, position in pairs]
+    reading = threads.deferToThreadPool(reactor, reactor.getThreadPool(), read_run, directory, data_size, positions)
+    return reading.addCallback(lambda records: (handles, records))
+
+
+def place_copies(batch, position, data_size, handles, records):
+    """
+    On the reactor thread: put the copies of a slice's records (C{(head,
+    body)} of C{handles}) in C{batch} from log position C{position} on, with
+    the pairs (handle, new position); the position after them.
+    """
+    for handle, (head, body) in zip(handles, records):
         size = record_size(head, len(body))
         room = data_size - position % data_size
         if size > room:
@@ -189,7 +204,10 @@ class Compactor:
     def next_slice(self):
         """
         The next slice of held records to copy forward: a tuple of C{(handle,
-        head, body)}, empty if there is nothing to move (or a slice is out).
+        position)} pairs, in position order and all in one chunk, empty if
+        there is nothing to move (or a slice is out). The reactor thread has
+        them read and places the copies in a later batch (or marks the batch
+        C{slice_dropped} if they cannot be read).
         """
         if not self.below or self._handed or not self.files.compactable():
             return ()
@@ -216,24 +234,17 @@ class Compactor:
             if not moving:
                 self._finished()
             return ()
-        try:
-            records = self.files.log.read_run(positions)
-        except (KeyError, StoreCorrupted) as problem:
-            log.error("message chunk {number} is not compacted: {problem}", number=self.number, problem=problem)
-            self._left_alone.add(self.number)
-            self._drop()
-            return ()
         self._handed = taken
-        return tuple((handle, head, body) for handle, (head, body) in zip(taken, records))
+        return tuple(zip(taken, positions))
 
-    def apply_moves(self, moves):
+    def apply_moves(self, moves, dropped=False):
         """
         Make a batch's copies (written and fsynced) the records of their
         messages: their pairs go to the moves file (fsynced before any chunk
         is deleted), then the records count in their new chunks. The pairs
         taken, for the reactor.
         """
-        accepted = self.accept(moves)
+        accepted = self.accept(moves, dropped)
         if not accepted:
             return {}
         files = self.files
@@ -254,13 +265,20 @@ class Compactor:
                 files.note_if_consumed(old)
         return moved
 
-    def accept(self, moves):
+    def accept(self, moves, dropped=False):
         """
         The C{(handle, position, body length)} of a batch's moves whose
         handles are still held (the others' copies are left unreferenced);
         handles of the last slice the batch did not move are taken up again.
+        A batch with neither (the slice is still being read) changes nothing;
+        one whose slice could not be read (C{dropped}) leaves its chunk alone.
         """
-        if not (moves or self._handed):
+        if dropped and self.number is not None:
+            log.error("message chunk {number} is not compacted: a record in it cannot be read", number=self.number)
+            self._left_alone.add(self.number)
+            self._drop()
+            return []
+        if not moves:
             return []
         moving, accepted = self.moving, []
         for handle, position in moves:

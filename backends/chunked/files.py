@@ -57,7 +57,7 @@ class Batch:
     """
 
     __slots__ = ("records", "messages", "appends", "acks", "returns", "shared", "deleted", "topology", "end",
-                 "delays", "delay_releases", "delayed_meta", "kept_aside", "moves")
+                 "delays", "delay_releases", "delayed_meta", "kept_aside", "moves", "slice_dropped")
 
     def __init__(self):
         self.records = []  # (position, head, body), in position order
@@ -74,10 +74,11 @@ class Batch:
         self.delayed_meta = None  # the delayed index's new Meta, if it changed
         self.kept_aside = {}  # quarantine file name -> (head, body) of a record that does not parse
         self.moves = []  # (handle, position) of the copies among the records, made by compaction
+        self.slice_dropped = False  # the last compaction slice handed back could not be read
 
     def is_empty(self):
         return not (self.records or self.acks or self.returns or self.deleted or self.delay_releases
-                    or self.delayed_meta or self.kept_aside)
+                    or self.delayed_meta or self.kept_aside or self.slice_dropped)
 
 
 class BatchWritten(NamedTuple):
@@ -96,7 +97,7 @@ class BatchWritten(NamedTuple):
     delayed_flushes: int  # flushes of the delayed index so far
     moved: dict = {}  # handle -> position, of records compaction moved in this commit
     unmoved: tuple = ()  # moved handles no queue holds any more: their pairs are forgotten
-    compaction: tuple = ()  # (handle, head, body) of held records to copy to the head of the log
+    compaction: tuple = ()  # (handle, position) of held records to copy to the head of the log
     compacted_chunks: int = 0  # chunks compacted so far
     compacted_bytes: int = 0  # and the bytes of records they moved
     compaction_due_in: float = 0.0  # seconds until a sparse chunk is quiet enough to compact (0: none waits)
@@ -332,12 +333,12 @@ class ChunkedFiles:
                 self.compactor.changed = True  # a chunk may have turned sparse
             if batch.delays or batch.delay_releases or batch.delayed_meta is not None:
                 self._delayed(batch, fsync)
-        moves = batch.moves if batch is not None else None
+        moves, dropped = (batch.moves, batch.slice_dropped) if batch is not None else (None, False)
         self.log.sync(fsync or bool(moves))  # copies are durable before any pair names them
         for index in self._indexes.values():
             index.sync(fsync)
         self.delayed.sync(fsync)
-        moved = self.compactor.apply_moves(moves or ())
+        moved = self.compactor.apply_moves(moves or (), dropped)
         if batch is not None:
             self.delayed.flush_if_due()  # what it flushes points into log records already durable
             for queue in {*batch.acks, *batch.returns}:

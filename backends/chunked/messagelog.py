@@ -130,40 +130,6 @@ class MessageLog:
                 os.close(descriptor)
         return records
 
-    def read_run(self, positions):
-        """
-        The C{(head, body)} of the records at C{positions}, ascending and all
-        in one chunk below C{write_position}, read with one pread of the
-        span they cover (a record running past it is read on its own).
-
-        @raise KeyError: if their chunk is gone.
-        @raise StoreCorrupted: if a record is damaged.
-        """
-        number, first = divmod(positions[0], self.data_size)
-        path = self.path_of(number)
-        try:
-            descriptor = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise KeyError(f"no record at {positions[0]}: message chunk {number} is gone") from None
-        try:
-            start = HEADER_SIZE + first
-            end = min(HEADER_SIZE + positions[-1] % self.data_size + RECORD_READ_AHEAD, HEADER_SIZE + self.data_size)
-            span = os.pread(descriptor, end - start, start)
-            records = []
-            for position in positions:
-                offset = HEADER_SIZE + position % self.data_size
-                local = offset - start
-                if local + LENGTH.size > len(span) or local + full_record_size(span, local) > len(span):
-                    data = os.pread(descriptor, RECORD_READ_AHEAD, offset)
-                    if len(data) >= LENGTH.size and full_record_size(data, 0) > len(data):
-                        data = os.pread(descriptor, full_record_size(data, 0), offset)
-                    records.append(checked_record_parts(data, 0, len(data), path, offset))
-                else:
-                    records.append(checked_record_parts(span, local, len(span), path, offset))
-        finally:
-            os.close(descriptor)
-        return records
-
     # -- open
 
     def open(self):
@@ -397,6 +363,42 @@ class MessageLog:
 def chunk_path(directory, number):
     """The path of message chunk C{number} in a store's C{directory}."""
     return os.path.join(directory, chunk_file_name(PREFIX, number))
+
+
+def read_run(directory, data_size, positions):
+    """
+    The C{(head, body)} of the records at C{positions}, ascending and all
+    in one finished chunk of the log in C{directory}, read with one pread of
+    the span they cover (a record running past it is read on its own). Any
+    thread may call it: the records of a finished chunk never change.
+
+    @raise KeyError: if their chunk is gone.
+    @raise StoreCorrupted: if a record is damaged.
+    """
+    number, first = divmod(positions[0], data_size)
+    path = chunk_path(directory, number)
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise KeyError(f"no record at {positions[0]}: message chunk {number} is gone") from None
+    try:
+        start = HEADER_SIZE + first
+        end = min(HEADER_SIZE + positions[-1] % data_size + RECORD_READ_AHEAD, HEADER_SIZE + data_size)
+        span = os.pread(descriptor, end - start, start)
+        records = []
+        for position in positions:
+            offset = HEADER_SIZE + position % data_size
+            local = offset - start
+            if local + LENGTH.size > len(span) or local + full_record_size(span, local) > len(span):
+                data = os.pread(descriptor, RECORD_READ_AHEAD, offset)
+                if len(data) >= LENGTH.size and full_record_size(data, 0) > len(data):
+                    data = os.pread(descriptor, full_record_size(data, 0), offset)
+                records.append(checked_record_parts(data, 0, len(data), path, offset))
+            else:
+                records.append(checked_record_parts(span, local, len(span), path, offset))
+    finally:
+        os.close(descriptor)
+    return records
 
 
 def bytes_on_disk(directory, numbers):

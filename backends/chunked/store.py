@@ -13,9 +13,10 @@ A queue's backlog need not live in Python memory: the store provides
 L{IPagingStore}, so the broker keeps only handles for recovered messages and
 for deep queues, and loads each message when it is delivered.
 
-Sparse old chunks are compacted (L{backends.chunked.compaction}): the reactor thread
-places the held records a commit hands back at the head of the log and keeps the
-pairs (handle, new position) that come back once they are written; a moved handle is read there.
+Sparse old chunks are compacted (L{backends.chunked.compaction}); the reactor
+thread's part (L{backends.chunked.compactingstore}) has the held records a commit
+names read, places them at the head of the log and reads a moved handle where
+the pairs (handle, new position) that come back say.
 
 Delayed messages (L{IDelayedMessageStore}) are records of the log too; the
 writer thread indexes them by due time (L{backends.chunked.delayedindex}).
@@ -30,7 +31,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from backends.chunked.compaction import place_copies
+from backends.chunked.compactingstore import CompactingStore
 from backends.chunked.files import TOPOLOGY_MAGIC, Batch, BatchWritten, ChunkedFiles
 from backends.chunked.delayedindex import KEPT_TYPECODES
 from backends.chunked.format import (
@@ -60,7 +61,7 @@ class MessageTooLarge(ValueError):
 
 
 @implementer(IPagingStore, IDelayedMessageStore)
-class ChunkedStore(FileStoreBase):
+class ChunkedStore(CompactingStore, FileStoreBase):
     """
     Keeps every persistent message once in a log of fixed-size chunks, and per
     durable queue an index of entries pointing into it plus an ack log.
@@ -91,7 +92,6 @@ class ChunkedStore(FileStoreBase):
         self._damaged = {}  # queue key -> StoreCorrupted that open found
         self._position = 0  # where the next record goes
         self._moves = {}  # handle -> position of its record, for held messages compaction moved
-        self._nudge = None  # the call that commits once a sparse chunk is due for compaction
         self._data_size = chunk_size
         self._appends = 0
         self._acks = 0
@@ -427,28 +427,14 @@ class ChunkedStore(FileStoreBase):
         figures = self._chunk_figures
         if written.chunk_figures:
             figures.update(written.chunk_figures)
-        self._moves.update(written.moved)
-        for handle in written.unmoved:
-            self._moves.pop(handle, None)
         for number in written.deleted_chunks:
             figures.pop(number, None)
             self._reader.forget(number)
-        if written.compaction:
-            self._position = place_copies(self._batch, self._position, self._data_size, written.compaction)
-        elif written.compaction_due_in and self._nudge is None:
-            self._nudge = self._reactor.callLater(written.compaction_due_in, self._commit_for_compaction)
-
-    def _commit_for_compaction(self):
-        """A sparse chunk is due for compaction: commit, even with nothing buffered, so that it starts."""
-        self._nudge = None
-        if self._state == "open":
-            self._commit.sync().addErrback(lambda failure: None)  # a failed commit fails its own syncs too
+        self._follow_compaction(written)
 
     def _close_files(self):
         """Drop the maps and cached messages, then close the files (final checkpoints written)."""
-        if self._nudge is not None and self._nudge.active():
-            self._nudge.cancel()
-        self._nudge = None
+        self._stop_following()
         self._reader.close()
         self._cache.clear()
         self._in_flight = []
