@@ -13,13 +13,22 @@ import time
 from twisted.internet import defer, reactor, task
 from twisted.trial import unittest
 
-from backends.chunked.format import RECORD_OVERHEAD, record_size
+from backends.chunked.format import HEADER_SIZE, RECORD_OVERHEAD, record_size
 from backends.chunked.messagelog import bytes_on_disk
 from backends.chunked.moves import MOVES_FILE
 from tests.store_contract import JOBS, NOW, StoreContract, queue_record
 from tests.store_contract_durable import DurableStoreContract
 from tests.support import make_broker, open_channel, properties
-from tests.test_store_chunked import DATA, FILE_SIZE, ChunkedStores, chunk_numbers, record_bytes, sized
+from tests.test_store_chunked import (
+    DATA,
+    FILE_SIZE,
+    ChunkedStores,
+    chunk_numbers,
+    chunk_path,
+    flip,
+    record_bytes,
+    sized,
+)
 
 PARKED = ("/", "parked")
 EVERY = 12  # messages per chunk, about: 300-byte bodies in 4 KiB chunks
@@ -135,6 +144,19 @@ class ParkedQueueTests(Compacting, unittest.TestCase):
         self.assertLessEqual(len(chunk_numbers(store)), 3)
         store = yield self.reopen(store)
         self.assert_parked(store, parked_numbers(), handles)
+
+    @defer.inlineCallbacks
+    def test_a_chunk_with_a_damaged_held_record_is_left_alone(self):
+        store, handles = yield self.parked_store()
+        damaged = handles[parked_numbers()[3]]
+        flip(chunk_path(store, damaged // DATA), HEADER_SIZE + damaged % DATA + 30)
+        yield self.consume_jobs(store, handles)
+        self.assertIn(damaged // DATA, chunk_numbers(store))
+        self.assertEqual(store.chunk_of(damaged), damaged // DATA)
+        self.assertLessEqual(len(chunk_numbers(store)), 3)
+        for number in parked_numbers():
+            if handles[number] != damaged:
+                self.assertEqual(store.load(handles[number]).body, published(number).body)
 
     @defer.inlineCallbacks
     def test_a_chunk_whose_held_bytes_changed_lately_is_not_compacted_yet(self):
