@@ -15,7 +15,7 @@ from twisted.trial import unittest
 
 from backends.chunked.format import HEADER_SIZE, RECORD_OVERHEAD, record_size
 from backends.chunked.messagelog import bytes_on_disk
-from backends.chunked.moves import MOVES_FILE
+from backends.chunked.moves import MOVES_FILE, MOVES_MAGIC
 from tests.store_contract import JOBS, NOW, StoreContract, queue_record
 from tests.store_contract_durable import DurableStoreContract
 from tests.support import make_broker, open_channel, properties
@@ -226,6 +226,11 @@ class ParkedQueueTests(Compacting, unittest.TestCase):
         store = yield self.reopen(store)
         self.assert_parked(store, kept, handles)
         self.assertEqual(store.stats()["moved_messages"], 2)
+        store._files.moves_file.rewrite_at_least = 1
+        for number in kept:
+            store.ack(PARKED, handles[number])
+        yield settle(store)
+        self.assertEqual(os.path.getsize(path), len(MOVES_MAGIC), "no pair is left")
 
     @defer.inlineCallbacks
     def test_a_message_held_by_two_queues_moves_once_and_stays_until_both_ack_it(self):

@@ -346,7 +346,7 @@ class ChunkedFiles:
                 if index is not None:
                     index.checkpoint_if_due(fsync)
             self._delete_consumed()
-            if fsync and self.moves:
+            if fsync and self.moves_file.written_pairs:
                 self.moves_file.rewrite_if_due(self.moves)  # the acks that made pairs stale are durable
         compaction = self.compactor.next_slice()
         deleted, figures = self.log.take_changes()
