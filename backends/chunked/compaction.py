@@ -81,29 +81,22 @@ def place_copies(batch, position, data_size, handles, records):
 
 
 class Held:
-    """
-    Messages and body bytes held by some queue, kept on the writer thread
-    for stats(), and per message chunk the bytes of the held records in it
-    (bodies and record framing; heads are not counted) for compaction.
-    """
+    """Messages and body bytes held by some queue, kept on the writer thread for stats()."""
 
-    __slots__ = ("messages", "bytes", "shared", "live")
+    __slots__ = ("messages", "bytes", "shared")
 
     def __init__(self):
         self.messages = 0
         self.bytes = 0
         self.shared = {}  # handle -> queues still holding it, for messages held by more than one queue
-        self.live = {}  # chunk number -> bytes of held records in it
 
-    def add(self, handle, queues, size, number):
+    def add(self, handle, queues, size):
         self.messages += 1
         self.bytes += size
-        live = self.live
-        live[number] = live.get(number, 0) + size + RECORD_OVERHEAD
         if queues > 1:
             self.shared[handle] = queues
 
-    def release(self, handle, size, number):
+    def release(self, handle, size):
         """Count one queue letting C{handle} go; True if it was the last one holding it."""
         remaining = self.shared.get(handle)
         if remaining is not None:
@@ -113,7 +106,6 @@ class Held:
             del self.shared[handle]
         self.messages -= 1
         self.bytes -= size
-        self.live[number] -= size + RECORD_OVERHEAD
         return True
 
 
@@ -139,65 +131,91 @@ class Compactor:
         self._pending = deque()  # handles of the chunk not yet handed out, in position order
         self._handed = []  # handles of the last slice handed out
         self._left_alone = set()  # chunks with a damaged record: never compacted
-        self._seen = {}  # sparse chunk number -> (held bytes, since when it has held them)
+        self._seen = {}  # chunk number -> (entries into it, since when, held bytes or None), of sparse ones
         self.due_in = 0.0  # seconds until a sparse chunk waiting to be quiet is, if one is (else 0)
 
     # -- choosing
 
     def _choose(self):
         """
-        Start on the sparsest finished chunk under the limit whose held bytes
-        have not changed for C{quiet} seconds (a chunk its consumers are
-        still acking is not copied), if there is another such chunk: the last
-        sparse chunk is left as it is, or a few held messages would be copied
-        again with every chunk the log fills.
+        Start on the sparsest finished chunk under the limit whose held
+        records have not changed for C{quiet} seconds (a chunk its consumers
+        are still acking is not copied), if there is another such chunk: the
+        last sparse chunk is left as it is, or a few held messages would be
+        copied again with every chunk the log fills. A chunk's held bytes are
+        counted here, from the queue indexes, and only again once the number
+        of entries pointing into it has changed.
         """
         files = self.files
         self.changed = False
-        data_size = files.log.data_size
+        log_chunks, data_size = files.log.chunks, files.log.data_size
         limit = self.below * data_size
-        references, live, delayed = files.chunk_references, files.held.live, files.delayed_references
-        now, seen, watched = time.monotonic(), self._seen, {}
-        best, best_live, quiet, due_in = None, limit, 0, 0.0
-        for number in files.log.chunks:
-            held = live.get(number, 0)
-            if (held < limit and references.get(number, 0) and not delayed.get(number)
-                    and files.log.deletable(number) and number not in self._left_alone):
-                previous = seen.get(number)
-                since = previous[1] if previous is not None and previous[0] == held else now
-                watched[number] = (held, since)
-                if now - since < self.quiet:
-                    self.changed = True  # look again with the next commit
-                    wait = since + self.quiet - now
-                    due_in = min(due_in, wait) if due_in else wait
-                    continue
+        references, delayed = files.chunk_references, files.delayed_references
+        now, seen, watched, moved_into = time.monotonic(), self._seen, {}, None
+        best, best_held, quiet, due_in = None, limit, 0, 0.0
+        for number, figures in log_chunks.items():
+            entries = references.get(number, 0)
+            if (not entries or delayed.get(number) or 0 < figures.records <= entries
+                    or not files.log.deletable(number) or number in self._left_alone):
+                continue
+            previous = seen.get(number)
+            if previous is not None and previous[0] == entries:
+                since, held = previous[1], previous[2]
+            else:
+                since, held = now, None
+            if now - since < self.quiet:
+                watched[number] = (entries, since, None)
+                self.changed = True  # look again with the next commit
+                wait = since + self.quiet - now
+                due_in = min(due_in, wait) if due_in else wait
+                continue
+            if held is None:
+                if moved_into is None:
+                    moved_into = self._moved_into()
+                held = sum(self._held_in(number, moved_into).values()) + entries * RECORD_OVERHEAD
+            watched[number] = (entries, since, held)
+            if held < limit:
                 quiet += 1
-                if held < best_live:
-                    best, best_live = number, held
+                if held < best_held:
+                    best, best_held = number, held
         self._seen, self.due_in = watched, due_in
         if quiet < 2:
             return
-        low, high = best * data_size, (best + 1) * data_size
+        found = self._held_in(best, self._moved_into() if moved_into is None else moved_into)
+        if not found:  # entries point into it, yet no queue holds a record there: leave it as it is
+            self._left_alone.add(best)
+            return
         moves = files.moves
+        self.number = best
+        self.moving = found
+        self._pending = deque(sorted(found, key=lambda handle: moves.get(handle, handle)))
+        log.info("compacting message chunk {number}: {count} held records, about {held} of {size} bytes",
+                 number=best, count=len(found), held=best_held, size=data_size)
+
+    def _moved_into(self):
+        """Chunk number -> handles moved into it."""
+        data_size, moved_into = self.files.log.data_size, {}
+        for handle, position in self.files.moves.items():
+            moved_into.setdefault(position // data_size, []).append(handle)
+        return moved_into
+
+    def _held_in(self, number, moved_into):
+        """The held records in chunk C{number}: C{{handle: body length}}."""
+        files = self.files
+        low, high = number * files.log.data_size, (number + 1) * files.log.data_size
+        moves, indexes = files.moves, files.queue_indexes.values()
         found = {}
-        for index in files.queue_indexes.values():
+        for index in indexes:
             for handle, size in index.held_between(low, high):
                 if handle not in moves:
                     found[handle] = size
-        moved_here = [handle for handle, position in moves.items() if low <= position < high]
-        for handle in moved_here:
-            for index in files.queue_indexes.values():
+        for handle in moved_into.get(number, ()):
+            for index in indexes:
                 size = index.held_size(handle)
                 if size is not None:
                     found[handle] = size
                     break
-        if not found:
-            return
-        self.number = best
-        self.moving = found
-        self._pending = deque(sorted(found, key=lambda handle: moves.get(handle, handle)))
-        log.info("compacting message chunk {number}: {count} held records, {held} of {size} bytes",
-                 number=best, count=len(found), held=best_live, size=data_size)
+        return found
 
     # -- slices
 
@@ -249,17 +267,15 @@ class Compactor:
             return {}
         files = self.files
         files.moves_file.append([(handle, position) for handle, position, _ in accepted])
-        references, live, shared = files.chunk_references, files.held.live, files.held.shared
+        references, shared = files.chunk_references, files.held.shared
         data_size, known = files.log.data_size, files.moves
         moved = {}
-        for handle, position, size in accepted:
+        for handle, position, _ in accepted:
             old = known.get(handle, handle) // data_size
             new = position // data_size
-            entries, record = shared.get(handle, 1), size + RECORD_OVERHEAD
+            entries = shared.get(handle, 1)
             references[old] -= entries
             references[new] = references.get(new, 0) + entries
-            live[old] -= record
-            live[new] = live.get(new, 0) + record
             known[handle] = moved[handle] = position
             if references[old] == 0:
                 files.note_if_consumed(old)

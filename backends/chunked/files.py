@@ -264,33 +264,26 @@ class ChunkedFiles:
     def _count_held(self):
         """
         Messages held by more than one queue count once: find them without a
-        set of every handle. Moves of messages no queue holds are forgotten.
+        set of every handle. The pairs of moved messages no queue holds are forgotten.
         """
         indexes = sorted(self._indexes.values(), key=lambda index: index.held)
         counts = {}
         for index in indexes[:-1]:
             for handle, size in zip(index.unacked(), index.unacked_sizes()):
                 counts[handle] = (counts[handle][0] + 1, size) if handle in counts else (1, size)
-        held, moves, data_size = self.held, self.moves, self.log.data_size
-        kept_moves = {}
+        held = self.held
         if indexes:
             for handle, size in zip(indexes[-1].unacked(), indexes[-1].unacked_sizes()):
                 if handle in counts:
                     counts[handle] = (counts[handle][0] + 1, size)
                 else:
-                    position = moves.get(handle) if moves else None
-                    if position is not None:
-                        kept_moves[handle] = position
-                    held.add(handle, 1, size, (handle if position is None else position) // data_size)
+                    held.add(handle, 1, size)
         for handle, (queues, size) in counts.items():
-            position = moves.get(handle) if moves else None
-            if position is not None:
-                kept_moves[handle] = position
-            held.add(handle, queues, size, (handle if position is None else position) // data_size)
-        if self._damaged or self._unnamed_kept_queue:
-            return  # an index not read may hold any moved handle: keep every pair
-        moves.clear()
-        moves.update(kept_moves)
+            held.add(handle, queues, size)
+        if self.moves and not (self._damaged or self._unnamed_kept_queue):  # else any index may hold any
+            indexes = self._indexes.values()
+            for handle in [handle for handle in self.moves if all(index.held_size(handle) is None for index in indexes)]:
+                del self.moves[handle]  # acked before the restart: its pair is forgotten
 
     # -- commits
 
@@ -316,10 +309,9 @@ class ChunkedFiles:
                 sizes = {position: len(body) for position, _, body in batch.records}
                 for queue, handles in batch.appends.items():
                     self._append(queue, handles, sizes, batch.shared)
-                data_size = self.log.data_size
                 for handle, queues in batch.shared.items():
                     if queues:
-                        self.held.add(handle, queues, sizes[handle], handle // data_size)
+                        self.held.add(handle, queues, sizes[handle])
             for queue, counts in batch.returns.items():
                 index = self._indexes.get(queue)
                 if index is not None:
@@ -371,16 +363,17 @@ class ChunkedFiles:
             number = handle // data_size
             references[number] = references.get(number, 0) + 1
             if handle not in shared:
-                held.add(handle, 1, size, number)
+                held.add(handle, 1, size)
 
     def _ack(self, queue, handles):
         index = self._indexes.get(queue)
         if index is None:
             return
+        ack, release = index.ack, self._release
         for handle in handles:
-            size = index.ack(handle)
+            size = ack(handle)
             if size is not None:
-                self._release(handle, size)
+                release(handle, size)
         index.write_acks()
 
     def delayed_window(self, cursor, until, limit):
@@ -405,18 +398,20 @@ class ChunkedFiles:
                 self.note_if_consumed(number)
 
     def _release(self, handle, size):
-        moves = self.moves
+        moves, references = self.moves, self._references
         number = (moves.get(handle, handle) if moves else handle) // self.log.data_size
-        remaining = self._references[number] - 1
-        self._references[number] = remaining
-        if self.held.release(handle, size, number):
-            if moves and moves.pop(handle, None) is not None:
-                self._unmoved.append(handle)
-            moving = self.compactor.moving
-            if moving:
-                moving.pop(handle, None)
+        remaining = references[number] - 1
+        references[number] = remaining
+        if self.held.release(handle, size) and (moves or self.compactor.moving):
+            self._forget_moved(handle)
         if remaining == 0:
             self.note_if_consumed(number)
+
+    def _forget_moved(self, handle):
+        """No queue holds C{handle} any more: drop its pair, and it from a compaction under way."""
+        if self.moves.pop(handle, None) is not None:
+            self._unmoved.append(handle)
+        self.compactor.moving.pop(handle, None)
 
     def _delete_queue(self, queue):
         self._damaged.discard(queue)
@@ -460,7 +455,6 @@ class ChunkedFiles:
                 self.log.delete(number)
                 self._consumed.discard(number)
                 self._references.pop(number, None)
-                self.held.live.pop(number, None)
                 self.delayed_references.pop(number, None)
 
     # -- the end

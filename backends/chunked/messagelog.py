@@ -56,11 +56,12 @@ OWN_WRITE_BODY = 64 << 10  # a body this big is written on its own rather than c
 class ChunkFigures:
     """Writes to one chunk, for metrics (its reads are counted by the reactor thread's reader)."""
 
-    __slots__ = ("writes", "bytes_written")
+    __slots__ = ("writes", "bytes_written", "records")
 
     def __init__(self):
         self.writes = 0
         self.bytes_written = 0
+        self.records = 0  # in it, once it is finished (0 before), for compaction
 
 
 class MessageLog:
@@ -144,6 +145,8 @@ class MessageLog:
         for number in numbers:
             self._check_header(number)
             self.chunks[number] = ChunkFigures()
+            if number != numbers[-1]:
+                self.chunks[number].records = self._records_in(number)
         if not numbers:
             return
         last = numbers[-1]
@@ -151,6 +154,7 @@ class MessageLog:
             footer = decode_footer(_pread(chunk.fileno(), FOOTER_SIZE, HEADER_SIZE + self.data_size))
             if footer is not None:
                 self.write_position = (last + 1) * self.data_size
+                self.chunks[last].records = footer[1]
             else:
                 used, count = self._scan(chunk, last)
                 self.write_position = last * self.data_size + used
@@ -163,6 +167,12 @@ class MessageLog:
                 tail = _pread(chunk.fileno(), offset % BLOCK, offset - offset % BLOCK)
             self._descriptor = open_for_writing(self.path_of(last))
             self._writer = AlignedWriter(self._descriptor, offset, tail)
+
+    def _records_in(self, number):
+        """The records a finished chunk's footer counts (0 if it has none)."""
+        with open(self.path_of(number), "rb") as chunk:
+            footer = decode_footer(_pread(chunk.fileno(), FOOTER_SIZE, HEADER_SIZE + self.data_size))
+        return footer[1] if footer is not None else 0
 
     def _read_header(self, number):
         path = self.path_of(number)
@@ -291,6 +301,7 @@ class MessageLog:
             self._finished.append(self._descriptor)
             self._writer.close()
             self.finished.append(self._current)
+            self.chunks[self._current].records = self._records_in_current
         path = self.path_of(number)
         descriptor = open_for_writing(path, create=True)
         os.ftruncate(descriptor, self.file_size())
