@@ -3,14 +3,15 @@
 A finished message chunk is deleted once nothing points into it; a queue
 that keeps a few messages in every chunk (a parked queue) would keep every
 chunk. So a finished chunk whose held records are a small share of it (under
-C{below} of its bytes, as L{Held} counts them; records of kept delayed
-messages are never moved, so a chunk holding one is left alone) has its held
-records copied forward to the head of the log and is then deleted like a
-consumed one. The last such chunk is left: moving it would only make the
-chunk its copies land in sparse in turn. So the message chunks take at most
-what is held divided by C{below}, plus two chunks. Handles do not
-change: the pairs (handle, new position) go to the moves file
-(L{backends.chunked.moves}) and reads of a moved handle follow them.
+C{below} of its bytes, counting bodies and record framing but not heads, once
+that share has not changed for C{quiet} seconds) has its held records copied
+forward to the head of the log and is then deleted like a consumed one. A
+chunk holding a kept delayed message is left alone (those are never moved),
+and so is the last sparse chunk: moving it would only make the chunk its
+copies land in sparse in turn. So the message chunks take at most what is
+held divided by C{below}, plus two chunks. Handles do not change: the pairs
+(handle, new position) go to the moves file (L{backends.chunked.moves}) and
+reads of a moved handle follow them.
 
 One compaction goes in slices, each at most C{slice_bytes} of held records
 (and at least one record), so that no commit carries much more than its own
@@ -21,10 +22,10 @@ work and publishers' confirms are not held up:
   2. the reactor thread has them read on its thread pool (one pread of the
      span they cover) and places the copies in its next batch, at the head
      of the log, with the pairs (handle, new position);
-  3. the commit of that batch: the writer writes the copies with its records and
-     fsyncs the log (whatever the sync policy), then appends the pairs of the
-     handles still held to the moves file, then counts the moved records in
-     their new chunks, and reads the next slice;
+  3. the commit of that batch: the writer writes the copies with its
+     records and fsyncs the log (whatever the sync policy), then appends the
+     pairs of the handles still held to the moves file, then counts the
+     moved records in their new chunks, and picks the next slice;
   4. once the chunk holds nothing, it is deleted as consumed chunks are,
      the moves file fsynced first: the moves that emptied it are durable
      before it goes.
@@ -172,7 +173,8 @@ class Compactor:
             if held is None:
                 if moved_into is None:
                     moved_into = self._moved_into()
-                held = sum(self._held_in(number, moved_into).values()) + entries * RECORD_OVERHEAD
+                found = self._held_in(number, moved_into)
+                held = sum(found.values()) + len(found) * RECORD_OVERHEAD
             watched[number] = (entries, since, held)
             if held < limit:
                 quiet += 1

@@ -20,7 +20,7 @@ writes, in this order: the topology, removed queues, records (copies
 included), index entries, returns and acks; the fsync of the log (forced
 when the batch moves records) and of the indexes; the moves record;
 checkpoints and deleted chunks (the moves file fsynced first, whatever the
-sync policy); then it reads the next slice of a compaction.
+sync policy); then it picks the next slice of a compaction.
 """
 
 import os
