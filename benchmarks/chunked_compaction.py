@@ -44,7 +44,7 @@ def run(reactor, arguments, compact_below):
     try:
         store = backend.make_store(directory, SyncPolicy.parse(arguments.sync), reactor=reactor,
                                    chunk_size=arguments.chunk_size, compact_below=str(compact_below),
-                                   compact_after_seconds="1")
+                                   compact_after_seconds=str(arguments.compact_after))
         yield store.open()
         queues = [("/", f"q{number}") for number in range(arguments.queues)]
         for vhost, name in queues:
@@ -121,6 +121,7 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=1000, help="messages per sync")
     parser.add_argument("--sync", default="always")
     parser.add_argument("--compact-below", type=int, default=25)
+    parser.add_argument("--compact-after", type=int, default=1, help="compact_after_seconds (the option's default is 5)")
     parser.add_argument("--compare", action="store_true", help="run with compaction off, then as configured")
     parser.add_argument("--json", action="store_true")
     arguments = parser.parse_args(argv)

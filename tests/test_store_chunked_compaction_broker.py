@@ -1,9 +1,13 @@
 """Compaction of sparse chunks in the chunked store seen from above: random
 work on several queues with restarts and crashes against a model of each
-queue, and a real Broker whose parked queue's chunks are compacted while it
-holds their handles."""
+queue, a real Broker whose parked queue's chunks are compacted while it
+holds their handles, and the compaction benchmark."""
 
+import json
+import os
 import random
+import subprocess
+import sys
 
 from twisted.internet import defer
 from twisted.trial import unittest
@@ -124,3 +128,18 @@ class BrokerTests(Compacting, unittest.TestCase):
         self.assertEqual([(number, count) for _, number, _, count in got],
                          [(number, 2 if number == parked[1] else 1) for number in parked[1:]])
         self.assertEqual(self.take(channel, "jobs"), [])
+
+
+def test_the_compaction_benchmark_shows_disk_use_following_what_is_held():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    output = subprocess.run(
+        [sys.executable, "-m", "benchmarks.chunked_compaction", "--messages", "3000", "--chunk-size", "64K",
+         "--batch", "200", "--compact-after", "0", "--compare", "--json"],
+        cwd=root, env={**os.environ, "PYTHONPATH": root}, capture_output=True, text=True, timeout=120, check=True,
+    ).stdout
+    without, with_compaction = (json.loads(line) for line in output.splitlines())
+    assert (without["compact_below"], with_compaction["compact_below"]) == (0, 25)
+    assert without["held_body_bytes"] == with_compaction["held_body_bytes"] == without["parked_body_bytes"]
+    assert without["chunks"] > 20 and without["compacted_chunks"] == 0
+    assert with_compaction["chunks"] <= 3 and with_compaction["compacted_chunks"] > 20
+    assert with_compaction["bytes_on_disk"] * 10 < without["bytes_on_disk"]
