@@ -3,7 +3,9 @@ a log of fixed-size chunk files, per durable queue an index of fixed-size
 entries pointing into it, acks in a per-queue ack log with a checkpointed
 low-water mark. Delayed messages are records of the same log, indexed by due
 time in one file per bucket of due time under C{delayed/} (fed through a
-journal). Files live under C{<data dir>/chunked/}.
+journal). A finished chunk whose held messages are a small share of it is
+compacted: they are moved to the head of the log and the chunk is deleted.
+Files live under C{<data dir>/chunked/}.
 """
 
 import os
@@ -17,6 +19,7 @@ from brokerd.interfaces import IStoreBackend
 
 SUBDIRECTORY = "chunked"
 SMALLEST_CHUNK = BLOCK_SIZE
+COMPACT_BELOW_LIMIT = 50  # above it, the copies of one sparse chunk would make a chunk to compact again
 
 
 @implementer(IStoreBackend)
@@ -32,6 +35,10 @@ class ChunkedBackend:
         "retain_seconds": ("0", "... and consumed chunks kept until this old (0: delete at once)"),
         "delayed_bucket_ms": ("60000", "milliseconds of due time per delayed-message index file (bucket)"),
         "delayed_flush_entries": ("65536", "delayed-message journal entries that make a flush into the buckets"),
+        "compact_below": ("25", "percent of a finished chunk's bytes still held under which its held messages are"
+                                " moved forward and the chunk deleted (0: never, at most 50)"),
+        "compact_bytes": ("256K", "bytes of held messages a compaction moves per commit, at most (and one message)"),
+        "compact_after_seconds": ("5", "... once a sparse chunk's held bytes have not changed for this long"),
     }
 
     def make_store(self, data_dir, sync_policy=None, *, reactor, **options):
@@ -51,7 +58,18 @@ class ChunkedBackend:
             retain_seconds=whole_number("retain_seconds", given["retain_seconds"], 0),
             delayed_bucket_ms=whole_number("delayed_bucket_ms", given["delayed_bucket_ms"]),
             delayed_flush_entries=whole_number("delayed_flush_entries", given["delayed_flush_entries"]),
+            compact_below=percent("compact_below", given["compact_below"], COMPACT_BELOW_LIMIT) / 100,
+            compact_bytes=byte_size("compact_bytes", given["compact_bytes"], 1),
+            compact_quiet=whole_number("compact_after_seconds", given["compact_after_seconds"], 0),
         )
+
+
+def percent(name, text, largest):
+    """An option's text as a whole percentage, 0 to C{largest}; the ValueError names the option."""
+    value = whole_number(name, text, 0)
+    if value > largest:
+        raise ValueError(f"option {name} must be a percentage from 0 to {largest}, not {text!r}")
+    return value
 
 
 backend = ChunkedBackend()

@@ -12,6 +12,15 @@ It also decides when a message chunk goes: it counts, per chunk, the un-acked
 queue entries and the kept delayed messages that point into it, and once a
 finished chunk's count is zero (and the retention options let it go) the
 chunk file is deleted, after the acks and releases that freed it are durable.
+A finished chunk that stays sparse (few held bytes) is compacted
+(L{backends.chunked.compaction}): its held records are copied to the head
+of the log and the pairs (handle, new position) kept in the moves file
+(L{backends.chunked.moves}), so the chunk counts as consumed. A commit
+writes, in this order: the topology, removed queues, records (copies
+included), index entries, returns and acks; the fsync of the log (forced
+when the batch moves records) and of the indexes; the moves record;
+checkpoints and deleted chunks (the moves file fsynced first, whatever the
+sync policy); then it picks the next slice of a compaction.
 """
 
 import os
@@ -21,8 +30,10 @@ from typing import NamedTuple
 
 from twisted.logger import Logger
 
+from backends.chunked.compaction import Compactor, Held
 from backends.chunked.delayedindex import ChunkedDelayedIndex
 from backends.chunked.messagelog import MessageLog
+from backends.chunked.moves import MovesFile
 from backends.chunked.queueindex import QueueIndex, creation_cut_short
 from backends.fileio import TEMPORARY_SUFFIX, fsync_directory, lock_directory, queue_key_name, replace_file
 from backends.quarantine import keep_aside
@@ -46,7 +57,7 @@ class Batch:
     """
 
     __slots__ = ("records", "messages", "appends", "acks", "returns", "shared", "deleted", "topology", "end",
-                 "delays", "delay_releases", "delayed_meta", "kept_aside")
+                 "delays", "delay_releases", "delayed_meta", "kept_aside", "moves", "slice_dropped")
 
     def __init__(self):
         self.records = []  # (position, head, body), in position order
@@ -62,10 +73,12 @@ class Batch:
         self.delay_releases = []  # (delayed handle, due, chunk number)
         self.delayed_meta = None  # the delayed index's new Meta, if it changed
         self.kept_aside = {}  # quarantine file name -> (head, body) of a record that does not parse
+        self.moves = []  # (handle, position) of the copies among the records, made by compaction
+        self.slice_dropped = False  # the last compaction slice handed back could not be read
 
     def is_empty(self):
         return not (self.records or self.acks or self.returns or self.deleted or self.delay_releases
-                    or self.delayed_meta or self.kept_aside)
+                    or self.delayed_meta or self.kept_aside or self.slice_dropped)
 
 
 class BatchWritten(NamedTuple):
@@ -82,6 +95,12 @@ class BatchWritten(NamedTuple):
     held_messages: int  # messages some queue holds
     held_bytes: int  # and their body bytes
     delayed_flushes: int  # flushes of the delayed index so far
+    moved: dict = {}  # handle -> position, of records compaction moved in this commit
+    unmoved: tuple = ()  # moved handles no queue holds any more: their pairs are forgotten
+    compaction: tuple = ()  # (handle, position) of held records to copy to the head of the log
+    compacted_chunks: int = 0  # chunks compacted so far
+    compacted_bytes: int = 0  # and the bytes of records they moved
+    compaction_due_in: float = 0.0  # seconds until a sparse chunk is quiet enough to compact (0: none waits)
 
 
 class Recovery(NamedTuple):
@@ -95,40 +114,15 @@ class Recovery(NamedTuple):
     delayed: object = None  # the ChunkedDelayedRecovery of the delayed-message index
     delivery_counts: dict = {}  # queue key -> {handle: delivery count}, for messages that came back unacked
     written: BatchWritten = None  # the files as open leaves them: every chunk there is, with no writes yet
-
-
-class Held:
-    """Messages and body bytes held by some queue, kept on the writer thread for stats()."""
-
-    __slots__ = ("messages", "bytes", "shared")
-
-    def __init__(self):
-        self.messages = 0
-        self.bytes = 0
-        self.shared = {}  # handle -> queues still holding it, for messages held by more than one queue
-
-    def add(self, handle, queues, size):
-        self.messages += 1
-        self.bytes += size
-        if queues > 1:
-            self.shared[handle] = queues
-
-    def release(self, handle, size):
-        remaining = self.shared.get(handle)
-        if remaining is not None:
-            if remaining > 1:
-                self.shared[handle] = remaining - 1
-                return
-            del self.shared[handle]
-        self.messages -= 1
-        self.bytes -= size
+    moves: dict = {}  # handle -> position of the records compaction moved, for the messages held
 
 
 class ChunkedFiles:
     """The message log, the queue indexes and the topology file of one directory."""
 
     def __init__(self, directory, data_size, entries_per_chunk, retain_chunks=0, retain_seconds=0.0,
-                 delayed_bucket_ms=60_000, delayed_flush_entries=1 << 16):
+                 delayed_bucket_ms=60_000, delayed_flush_entries=1 << 16, compact_below=0.25, compact_bytes=256 << 10,
+                 compact_quiet=5.0):
         self.directory = directory
         self.entries_per_chunk = entries_per_chunk
         self.retain_chunks = retain_chunks
@@ -140,6 +134,11 @@ class ChunkedFiles:
         self.queues_directory = os.path.join(directory, QUEUES)
         self._indexes = {}  # queue key -> QueueIndex
         self._references = {}  # message chunk number -> un-acked entries pointing into it
+        self.delayed_references = {}  # message chunk number -> kept delayed messages in it (never compacted)
+        self.moves = {}  # handle -> position of the record compaction moved it to, for messages held
+        self._unmoved = []  # moved handles released since the last commit's result
+        self.moves_file = MovesFile(directory)
+        self.compactor = Compactor(self, compact_below, compact_bytes, compact_quiet)
         self._consumed = set()  # finished chunks no entry points into, kept for retention
         self._damaged = set()  # queues whose index could not be read: what they point to is unknown
         self._kept_queues = set()  # queues whose topology records are quarantined: their indexes are kept
@@ -148,6 +147,24 @@ class ChunkedFiles:
 
     def index_directory(self, queue):
         return os.path.join(self.queues_directory, queue_key_name(queue))
+
+    @property
+    def chunk_references(self):
+        """Message chunk number -> un-acked entries and kept delayed messages pointing into it."""
+        return self._references
+
+    @property
+    def queue_indexes(self):
+        """Queue key -> L{QueueIndex}, of every queue whose index was read."""
+        return self._indexes
+
+    def compactable(self):
+        """
+        Whether records may be moved: not while a damaged queue index or
+        delayed index, or the index of a quarantined queue whose name cannot
+        be read, may point anywhere (nothing is deleted then either).
+        """
+        return not (self._damaged or self.delayed.damaged or self._unnamed_kept_queue)
 
     # -- open
 
@@ -165,6 +182,7 @@ class ChunkedFiles:
             if name.endswith(TEMPORARY_SUFFIX):
                 os.unlink(os.path.join(self.directory, name))
         self.log.open()
+        self._read_moves()
         topology = read_topology(self.topology_path, TOPOLOGY_MAGIC)
         queues = [(record.vhost, record.name) for record in topology if isinstance(record, messages_pb2.QueueRecord)]
         self._kept_queues, self._unnamed_kept_queue = kept_queue_names(topology)
@@ -188,12 +206,19 @@ class ChunkedFiles:
         for number, count in delayed.references.items():
             if count:
                 self._references[number] = self._references.get(number, 0) + count
+                self.delayed_references[number] = count
         for number in list(self.log.chunks):
-            self._note_if_consumed(number)
+            self.note_if_consumed(number)
         self._delete_consumed()
         self.log.take_changes()
         return Recovery(topology, unacked, damaged, self.log.write_position, self.log.data_size, delayed,
-                        delivery_counts, self._written(dict.fromkeys(self.log.chunks, (0, 0)), ()))
+                        delivery_counts, self._written(dict.fromkeys(self.log.chunks, (0, 0)), ()), dict(self.moves))
+
+    def _read_moves(self):
+        """The moves file's pairs whose records are there (the others' messages are read where they were)."""
+        end, data_size, chunks = self.log.write_position, self.log.data_size, self.log.chunks
+        self.moves.update((handle, position) for handle, position in self.moves_file.open().items()
+                          if position < end and position // data_size in chunks)
 
     def _recover(self, queue):
         directory = self.index_directory(queue)
@@ -206,7 +231,7 @@ class ChunkedFiles:
         index = QueueIndex(directory, queue, self.entries_per_chunk)
         self._indexes[queue] = index
         index.recover(self.log.write_position)
-        counts = index.unacked_positions_by_chunk(self.log.data_size)
+        counts = index.unacked_positions_by_chunk(self.log.data_size, self.moves)
         missing = sorted(number for number in counts if number not in self.log.chunks)
         if missing:
             path = self.log.path_of(missing[0])
@@ -237,7 +262,10 @@ class ChunkedFiles:
                 shutil.rmtree(path, ignore_errors=True)
 
     def _count_held(self):
-        """Messages held by more than one queue count once: find them without a set of every handle."""
+        """
+        Messages held by more than one queue count once: find them without a
+        set of every handle. The pairs of moved messages no queue holds are forgotten.
+        """
         indexes = sorted(self._indexes.values(), key=lambda index: index.held)
         counts = {}
         for index in indexes[:-1]:
@@ -252,6 +280,10 @@ class ChunkedFiles:
                     held.add(handle, 1, size)
         for handle, (queues, size) in counts.items():
             held.add(handle, queues, size)
+        if self.moves and not (self._damaged or self._unnamed_kept_queue):  # else any index may hold any
+            indexes = self._indexes.values()
+            for handle in [handle for handle in self.moves if all(index.held_size(handle) is None for index in indexes)]:
+                del self.moves[handle]  # acked before the restart: its pair is forgotten
 
     # -- commits
 
@@ -289,12 +321,16 @@ class ChunkedFiles:
                         index.write_acks()
             for queue, handles in batch.acks.items():
                 self._ack(queue, handles)
+            if batch.acks or batch.deleted or batch.delay_releases:
+                self.compactor.changed = True  # a chunk may have turned sparse
             if batch.delays or batch.delay_releases or batch.delayed_meta is not None:
                 self._delayed(batch, fsync)
-        self.log.sync(fsync)
+        moves, dropped = (batch.moves, batch.slice_dropped) if batch is not None else (None, False)
+        self.log.sync(fsync or bool(moves))  # copies are durable before any pair names them
         for index in self._indexes.values():
             index.sync(fsync)
         self.delayed.sync(fsync)
+        moved = self.compactor.apply_moves(moves or (), dropped)
         if batch is not None:
             self.delayed.flush_if_due()  # what it flushes points into log records already durable
             for queue in {*batch.acks, *batch.returns}:
@@ -302,13 +338,18 @@ class ChunkedFiles:
                 if index is not None:
                     index.checkpoint_if_due(fsync)
             self._delete_consumed()
+            if fsync and self.moves_file.written_pairs:
+                self.moves_file.rewrite_if_due(self.moves)  # the acks that made pairs stale are durable
+        compaction = self.compactor.next_slice()
         deleted, figures = self.log.take_changes()
-        return self._written(figures, deleted)
+        return self._written(figures, deleted, moved, compaction)
 
-    def _written(self, chunk_figures, deleted_chunks):
-        held = self.held
+    def _written(self, chunk_figures, deleted_chunks, moved=None, compaction=()):
+        held, compactor = self.held, self.compactor
+        unmoved, self._unmoved = tuple(self._unmoved), []
         return BatchWritten(self.log.write_position, self.log.flushed_position, deleted_chunks, chunk_figures,
-                            held.messages, held.bytes, self.delayed.flushes)
+                            held.messages, held.bytes, self.delayed.flushes, moved or {}, unmoved, compaction,
+                            compactor.compacted_chunks, compactor.compacted_bytes, compactor.due_in)
 
     def _append(self, queue, handles, sizes, shared):
         index = self._indexes.get(queue)
@@ -328,10 +369,11 @@ class ChunkedFiles:
         index = self._indexes.get(queue)
         if index is None:
             return
+        ack, release = index.ack, self._release
         for handle in handles:
-            size = index.ack(handle)
+            size = ack(handle)
             if size is not None:
-                self._release(handle, size)
+                release(handle, size)
         index.write_acks()
 
     def delayed_window(self, cursor, until, limit):
@@ -342,24 +384,34 @@ class ChunkedFiles:
 
     def _delayed(self, batch, fsync):
         """Index the batch's delays (their records are written) and releases; count their chunks."""
-        references, data_size = self._references, self.log.data_size
+        references, delayed, data_size = self._references, self.delayed_references, self.log.data_size
         for _, _, position, _ in batch.delays:
             number = position // data_size
             references[number] = references.get(number, 0) + 1
+            delayed[number] = delayed.get(number, 0) + 1
         self.delayed.write(batch.delayed_meta, batch.delays, batch.delay_releases, fsync)
         for _, _, number in batch.delay_releases:
             remaining = references[number] - 1
             references[number] = remaining
+            delayed[number] = delayed.get(number, 0) - 1
             if remaining == 0:
-                self._note_if_consumed(number)
+                self.note_if_consumed(number)
 
     def _release(self, handle, size):
-        number = handle // self.log.data_size
-        remaining = self._references[number] - 1
-        self._references[number] = remaining
-        self.held.release(handle, size)
+        moves, references = self.moves, self._references
+        number = (moves.get(handle, handle) if moves else handle) // self.log.data_size
+        remaining = references[number] - 1
+        references[number] = remaining
+        if self.held.release(handle, size) and (moves or self.compactor.moving):
+            self._forget_moved(handle)
         if remaining == 0:
-            self._note_if_consumed(number)
+            self.note_if_consumed(number)
+
+    def _forget_moved(self, handle):
+        """No queue holds C{handle} any more: drop its pair, and it from a compaction under way."""
+        if self.moves.pop(handle, None) is not None:
+            self._unmoved.append(handle)
+        self.compactor.moving.pop(handle, None)
 
     def _delete_queue(self, queue):
         self._damaged.discard(queue)
@@ -374,7 +426,8 @@ class ChunkedFiles:
 
     # -- chunk cleanup
 
-    def _note_if_consumed(self, number):
+    def note_if_consumed(self, number):
+        """Count finished chunk C{number} as consumed (to be deleted) if nothing points into it."""
         if self._references.get(number, 0) == 0 and self.log.deletable(number) and number in self.log.chunks:
             self._consumed.add(number)
 
@@ -382,7 +435,8 @@ class ChunkedFiles:
         """Delete the consumed chunks the retention options do not keep."""
         finished, self.log.finished = self.log.finished, []
         for number in finished:
-            self._note_if_consumed(number)
+            self.note_if_consumed(number)
+            self.compactor.changed = True
         if not self._consumed or self._damaged or self.delayed.damaged or self._unnamed_kept_queue:
             # A damaged queue index or delayed index, or the index of a quarantined queue whose name
             # cannot be read, may still point into any chunk: keep them all until the damaged data is
@@ -397,9 +451,11 @@ class ChunkedFiles:
             kept_by_count = rank < self.retain_chunks
             kept_by_age = self.retain_seconds and now - self.log.completed_at(number) < self.retain_seconds
             if not (kept_by_count or kept_by_age):
+                self.moves_file.sync()  # the moves that emptied it are durable before it goes
                 self.log.delete(number)
                 self._consumed.discard(number)
                 self._references.pop(number, None)
+                self.delayed_references.pop(number, None)
 
     # -- the end
 
@@ -410,6 +466,8 @@ class ChunkedFiles:
             index.close()
         self._indexes.clear()
         self.delayed.close()
+        self.moves_file.sync()
+        self.moves_file.close()
         self.log.close()
         if self._lock is not None:
             os.close(self._lock)

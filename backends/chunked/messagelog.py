@@ -56,11 +56,12 @@ OWN_WRITE_BODY = 64 << 10  # a body this big is written on its own rather than c
 class ChunkFigures:
     """Writes to one chunk, for metrics (its reads are counted by the reactor thread's reader)."""
 
-    __slots__ = ("writes", "bytes_written")
+    __slots__ = ("writes", "bytes_written", "records")
 
     def __init__(self):
         self.writes = 0
         self.bytes_written = 0
+        self.records = 0  # in it, once it is finished (0 before), for compaction
 
 
 class MessageLog:
@@ -144,6 +145,8 @@ class MessageLog:
         for number in numbers:
             self._check_header(number)
             self.chunks[number] = ChunkFigures()
+            if number != numbers[-1]:
+                self.chunks[number].records = self._records_in(number)
         if not numbers:
             return
         last = numbers[-1]
@@ -151,6 +154,7 @@ class MessageLog:
             footer = decode_footer(_pread(chunk.fileno(), FOOTER_SIZE, HEADER_SIZE + self.data_size))
             if footer is not None:
                 self.write_position = (last + 1) * self.data_size
+                self.chunks[last].records = footer[1]
             else:
                 used, count = self._scan(chunk, last)
                 self.write_position = last * self.data_size + used
@@ -163,6 +167,12 @@ class MessageLog:
                 tail = _pread(chunk.fileno(), offset % BLOCK, offset - offset % BLOCK)
             self._descriptor = open_for_writing(self.path_of(last))
             self._writer = AlignedWriter(self._descriptor, offset, tail)
+
+    def _records_in(self, number):
+        """The records a finished chunk's footer counts (0 if it has none)."""
+        with open(self.path_of(number), "rb") as chunk:
+            footer = decode_footer(_pread(chunk.fileno(), FOOTER_SIZE, HEADER_SIZE + self.data_size))
+        return footer[1] if footer is not None else 0
 
     def _read_header(self, number):
         path = self.path_of(number)
@@ -291,6 +301,7 @@ class MessageLog:
             self._finished.append(self._descriptor)
             self._writer.close()
             self.finished.append(self._current)
+            self.chunks[self._current].records = self._records_in_current
         path = self.path_of(number)
         descriptor = open_for_writing(path, create=True)
         os.ftruncate(descriptor, self.file_size())
@@ -363,6 +374,42 @@ class MessageLog:
 def chunk_path(directory, number):
     """The path of message chunk C{number} in a store's C{directory}."""
     return os.path.join(directory, chunk_file_name(PREFIX, number))
+
+
+def read_run(directory, data_size, positions):
+    """
+    The C{(head, body)} of the records at C{positions}, ascending and all
+    in one finished chunk of the log in C{directory}, read with one pread of
+    the span they cover (a record running past it is read on its own). Any
+    thread may call it: the records of a finished chunk never change.
+
+    @raise KeyError: if their chunk is gone.
+    @raise StoreCorrupted: if a record is damaged.
+    """
+    number, first = divmod(positions[0], data_size)
+    path = chunk_path(directory, number)
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise KeyError(f"no record at {positions[0]}: message chunk {number} is gone") from None
+    try:
+        start = HEADER_SIZE + first
+        end = min(HEADER_SIZE + positions[-1] % data_size + RECORD_READ_AHEAD, HEADER_SIZE + data_size)
+        span = os.pread(descriptor, end - start, start)
+        records = []
+        for position in positions:
+            offset = HEADER_SIZE + position % data_size
+            local = offset - start
+            if local + LENGTH.size > len(span) or local + full_record_size(span, local) > len(span):
+                data = os.pread(descriptor, RECORD_READ_AHEAD, offset)
+                if len(data) >= LENGTH.size and full_record_size(data, 0) > len(data):
+                    data = os.pread(descriptor, full_record_size(data, 0), offset)
+                records.append(checked_record_parts(data, 0, len(data), path, offset))
+            else:
+                records.append(checked_record_parts(span, local, len(span), path, offset))
+    finally:
+        os.close(descriptor)
+    return records
 
 
 def bytes_on_disk(directory, numbers):

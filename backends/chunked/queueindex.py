@@ -276,13 +276,32 @@ class QueueIndex:
         acked = self._acked
         return array(typecode, (value for number, value in enumerate(values[start:], self.mark) if number not in acked))
 
-    def unacked_positions_by_chunk(self, data_size):
-        """How many un-acked entries point into each message chunk: C{{chunk number: count}}."""
+    def unacked_positions_by_chunk(self, data_size, moves=None):
+        """
+        How many un-acked entries point into each message chunk: C{{chunk
+        number: count}}, a handle counting where C{moves} (handle ->
+        position, from compaction) says its record is now.
+        """
         counts = {}
         for handle in self.unacked():
-            number = handle // data_size
+            number = (moves.get(handle, handle) if moves else handle) // data_size
             counts[number] = counts.get(number, 0) + 1
         return counts
+
+    def held_between(self, low, high):
+        """C{(handle, body length)} of the un-acked entries whose handles are in C{[low, high)}, in order."""
+        window, sizes, base, acked = self._window, self._sizes, self._window_base, self._acked
+        start = bisect.bisect_left(window, low, self.mark - base)
+        end = bisect.bisect_left(window, high, start)
+        return [(window[index], sizes[index]) for index in range(start, end) if base + index not in acked]
+
+    def held_size(self, handle):
+        """The body length of C{handle}'s un-acked entry, or None if the queue holds none for it."""
+        window, base = self._window, self._window_base
+        index = bisect.bisect_left(window, handle, self.mark - base)
+        if index == len(window) or window[index] != handle or base + index in self._acked:
+            return None
+        return self._sizes[index]
 
     # -- commits
 

@@ -13,6 +13,11 @@ A queue's backlog need not live in Python memory: the store provides
 L{IPagingStore}, so the broker keeps only handles for recovered messages and
 for deep queues, and loads each message when it is delivered.
 
+Sparse old chunks are compacted (L{backends.chunked.compaction}); the reactor
+thread's part (L{backends.chunked.compactingstore}) has the held records a commit
+names read, places them at the head of the log and reads a moved handle where
+the pairs (handle, new position) that come back say.
+
 Delayed messages (L{IDelayedMessageStore}) are records of the log too; the
 writer thread indexes them by due time (L{backends.chunked.delayedindex}).
 The reactor thread keeps, per kept handle, its due time and chunk in a
@@ -27,6 +32,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from backends.chunked.compactingstore import CompactingStore
 from backends.chunked.files import TOPOLOGY_MAGIC, Batch, BatchWritten, ChunkedFiles
 from backends.chunked.delayedindex import KEPT_TYPECODES
 from backends.chunked.format import (
@@ -57,7 +63,7 @@ class MessageTooLarge(ValueError):
 
 
 @implementer(IPagingStore, IDelayedMessageStore)
-class ChunkedStore(FileStoreBase):
+class ChunkedStore(CompactingStore, FileStoreBase):
     """
     Keeps every persistent message once in a log of fixed-size chunks, and per
     durable queue an index of entries pointing into it plus an ack log.
@@ -68,12 +74,14 @@ class ChunkedStore(FileStoreBase):
 
     def __init__(self, directory, sync_policy=None, chunk_size=256 << 20, index_chunk_entries=1 << 20,
                  cache_size=64 << 20, retain_chunks=0, retain_seconds=0.0, *, reactor, delayed_bucket_ms=60_000,
-                 delayed_flush_entries=1 << 16, read_ahead=4 << 20):
+                 delayed_flush_entries=1 << 16, compact_below=0.25, compact_bytes=256 << 10, compact_quiet=5.0,
+                 read_ahead=4 << 20):
         self.directory = directory
         self.sync_policy = sync_policy or SyncPolicy()
         self._reactor = reactor
         self._files = ChunkedFiles(directory, chunk_size, index_chunk_entries, retain_chunks, retain_seconds,
-                                   delayed_bucket_ms, delayed_flush_entries)
+                                   delayed_bucket_ms, delayed_flush_entries, compact_below, compact_bytes,
+                                   compact_quiet)
         self._reader = ChunkReader(directory, chunk_size,
                                    ReadAhead(read_ahead, partial(chunk_path, directory))
                                    if read_ahead else None)
@@ -88,6 +96,7 @@ class ChunkedStore(FileStoreBase):
         self._recovered_counts = {}  # queue key -> {handle: delivery count} open found
         self._damaged = {}  # queue key -> StoreCorrupted that open found
         self._position = 0  # where the next record goes
+        self._moves = {}  # handle -> position of its record, for held messages compaction moved
         self._data_size = chunk_size
         self._appends = 0
         self._acks = 0
@@ -124,6 +133,7 @@ class ChunkedStore(FileStoreBase):
         self._reader.written = recovery.write_position
         self._written = recovery.written
         self._chunk_figures = dict(recovery.written.chunk_figures)
+        self._moves = dict(recovery.moves)
         delayed = recovery.delayed
         self._delayed = delayed.kept
         self._lease = HandleLease(delayed.next_handle)
@@ -265,22 +275,25 @@ class ChunkedStore(FileStoreBase):
                     break
             else:
                 record = self._cache.get(handle)
+                position = handle
                 try:
                     if record is not None:
                         message = self._reader.message(*record)
                     else:
                         if self._state != "open":
                             raise KeyError(f"the chunked store is not open; cannot read {handle!r}")
-                        message = self._reader.read(handle)
+                        if self._moves:
+                            position = self._moves.get(handle, handle)
+                        message = self._reader.read(position)
                 except DecodeError as problem:
-                    raise self._keep_aside(handle, record, problem) from None
+                    raise self._keep_aside(handle, position, record, problem) from None
         return message
 
-    def _keep_aside(self, handle, record, problem):
+    def _keep_aside(self, handle, position, record, problem):
         """Buffer a copy of an unparsable record for the quarantine directory; the UnreadableMessage to raise."""
-        where = self._reader.where(handle)
+        where = self._reader.where(position)
         name = f"message-{handle}"
-        self._batch.kept_aside[name] = record if record is not None else self._reader.record(handle)
+        self._batch.kept_aside[name] = record if record is not None else self._reader.record(position)
         copy = os.path.join(self.directory, QUARANTINE_DIRECTORY, name + RECORD_SUFFIX)
         return unreadable_message(f"{where} (copied to {copy})", problem)
 
@@ -370,7 +383,7 @@ class ChunkedStore(FileStoreBase):
             try:
                 record = record_of_stored(decode_head(row[4]), row[5])
             except DecodeError as problem:
-                raise self._keep_aside(position, row[4:6], problem) from None
+                raise self._keep_aside(position, position, row[4:6], problem) from None
         else:
             record = record_of(self.load(position))
         return DelayedMessage(due, handle, self._exchanges[number], record)
@@ -422,9 +435,11 @@ class ChunkedStore(FileStoreBase):
         for number in written.deleted_chunks:
             figures.pop(number, None)
             self._reader.forget(number)
+        self._follow_compaction(written)
 
     def _close_files(self):
         """Drop the maps and cached messages, then close the files (final checkpoints written)."""
+        self._stop_following()
         self._reader.close()
         self._cache.clear()
         self._in_flight = []
@@ -457,6 +472,9 @@ class ChunkedStore(FileStoreBase):
             "cache_bytes": self._cache.size,
             "delayed": len(self._delayed),
             "delayed_flushes": written.delayed_flushes,
+            "compacted_chunks": written.compacted_chunks,
+            "compacted_bytes": written.compacted_bytes,
+            "moved_messages": len(self._moves),
         }
 
     def chunk_stats(self):
@@ -468,5 +486,5 @@ class ChunkedStore(FileStoreBase):
         }
 
     def chunk_of(self, handle):
-        """The number of the message chunk a handle's record is in."""
-        return handle // self._data_size
+        """The number of the message chunk a handle's record is in (moved by compaction or not)."""
+        return self._moves.get(handle, handle) // self._data_size
