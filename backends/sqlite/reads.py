@@ -35,6 +35,7 @@ RUN = ("SELECT e.message_id, m.crc, m.record, m.body,"
 QUEUE_OF = "SELECT queue_id FROM entries WHERE queue_id IN (SELECT id FROM queues) AND message_id = ? LIMIT 1"
 RUN_BYTES = 1 << 20  # about how many bytes of rows one query reads ahead
 MOST_RUN_ROWS = 512  # ... and at most this many rows
+RECORD_BYTES = 64  # about what a row's record (exchange, routing key, properties) takes
 READER_CACHE_KIB = 2048  # SQLite's page cache of the reader (emptied by every commit of the writer anyway)
 HEAD_KINDS = 256  # distinct records (exchange, routing key, properties) remembered
 _new_tuple = tuple.__new__
@@ -59,7 +60,10 @@ class MessageReader:
         self._row_bytes = 1024  # bytes a row took in the last run read, to size the next
         self._kinds = {}  # record bytes -> (exchange, routing key, properties, published_at)
 
-    def open(self):
+    def open(self, held_messages=0, held_bytes=0):
+        """Open the connection; what is held tells how many rows the first run may read."""
+        if held_messages:
+            self._row_bytes = held_bytes // held_messages + ROW_OVERHEAD + RECORD_BYTES
         uri = "file:" + urllib.parse.quote(os.path.abspath(self.path)) + "?mode=ro"
         self._db = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=LOCK_WAIT_SECONDS)
         self._db.execute(f"PRAGMA cache_size = -{READER_CACHE_KIB}")
@@ -147,16 +151,20 @@ class MessageReader:
         """Read the entries of C{queue_id} from message id C{start} on with their rows; cache all but what
         does not fit. Returns the rows (the first is C{start}'s)."""
         capacity = self.capacity
-        count = max(1, min(MOST_RUN_ROWS, RUN_BYTES // self._row_bytes, capacity // self._row_bytes))
+        # At most half the cache, so that a run a little larger than guessed does not push its own first rows out.
+        count = max(1, min(MOST_RUN_ROWS, RUN_BYTES // self._row_bytes, capacity // (2 * self._row_bytes)))
         rows = self._query(RUN, (queue_id, start, count))
         self.rows_read += len(rows)
         if not rows or capacity <= 0:
             return rows
         cache, size = self._cache, 0
         for row in rows:
+            old = cache.pop(row[0], None)  # read before: goes to the end, counted once
+            if old is not None:
+                size -= old[4]
             cache[row[0]] = row
             size += row[4]
-        self._row_bytes = max(1, size // len(rows))
+        self._row_bytes = max(1, sum([row[4] for row in rows]) // len(rows))
         if len(rows) == count:
             self._run_ends[rows[-1][0]] = queue_id
         self.size += size

@@ -117,7 +117,7 @@ class SqliteStore(WriterThreadStore):
 
     def _loaded(self, loaded):
         """Keep what the writer thread's open found (its L{Loaded}), and open the reader's connection."""
-        self._reader.open()
+        self._reader.open(*loaded.held)
         for record in loaded.exchanges:
             self._exchanges[(record.vhost, record.name)] = record
         for queue_id, vhost, name, record in loaded.queues:
