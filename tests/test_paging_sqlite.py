@@ -3,6 +3,7 @@ the reactor side keeps a few bytes per held message, loads read a queue's rows a
 cache's bound, and messages of a batch being written load as they were appended."""
 
 import gc
+import os
 import sqlite3
 import tracemalloc
 
@@ -132,6 +133,8 @@ class SqlitePagingParticulars(unittest.TestCase):
         self.assertEqual([store.load(handle).body for handle in handles], [b"m0", b"m1", b"m2"])
         self.assertEqual(store.stats()["message_reads"], 3)
         self.assertRaises(KeyError, store.load, handles[-1] + 1)
+        yield store.close()
+        self.assertFalse(os.path.exists(store.path + "-wal"), "the reader's connection kept the log from going")
 
     @defer.inlineCallbacks
     def test_a_message_acked_by_every_queue_leaves_the_file_and_the_books(self):

@@ -146,6 +146,9 @@ class SqliteStore(WriterThreadStore):
             batch.acks = [entry for entry in batch.acks if entry[1] not in kept]
         self._batch = Batch()
         batch.final = final
+        if final:
+            # The writer's connection closes last, so that it can fold the log into the file and remove it.
+            self._reader.close()
         if batch.messages:
             self._in_flight.append(batch)
         return batch
