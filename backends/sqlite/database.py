@@ -44,8 +44,10 @@ CACHE_KIB = 16384  # page cache of the connection
 UNPARSABLE = "its record does not parse (nested deeper than protobuf reads)"
 SYNCHRONOUS = {"always": "FULL", "interval": "FULL", "none": "OFF"}
 TOPOLOGY_TABLES = ("exchanges", "queues", "bindings", "exchange_bindings", "shared", "held", "counters")
-# A queue's message ids in order, as one text of 16 hex digits each: one row instead of one per
-# message, turned into an array by bytes.fromhex (half the time of fetching the rows).
+# How many message ids a queue has, and its first and last: without a gap between them they are a range.
+QUEUE_SPAN = "SELECT count(*), min(message_id), max(message_id) FROM entries WHERE queue_id = ?"
+# Else a queue's message ids in order, as one text of 16 hex digits each: one row instead of one per
+# message, turned into an array by bytes.fromhex (two thirds of the time of fetching the rows).
 QUEUE_IDS = ("SELECT group_concat(printf('%016x', message_id), '')"
              " FROM (SELECT message_id FROM entries WHERE queue_id = ? ORDER BY message_id)")
 
@@ -285,6 +287,9 @@ class Database:
 
     def _queue_handles(self, queue_id):
         """The message ids of C{queue_id}'s entries, in queue order, as an array."""
+        count, lowest, highest = self._db.execute(QUEUE_SPAN, (queue_id,)).fetchone()
+        if count and highest - lowest + 1 == count:  # no gap (ids are distinct): a range, at a third of the cost
+            return array("Q", range(lowest, highest + 1))
         (text,) = self._db.execute(QUEUE_IDS, (queue_id,)).fetchone()
         handles = array("Q", bytes.fromhex(text or ""))
         if sys.byteorder == "little":
