@@ -4,10 +4,11 @@ cache's bound, and messages of a batch being written load as they were appended.
 
 import gc
 import os
+import threading
 import sqlite3
 import tracemalloc
 
-from twisted.internet import defer, reactor
+from twisted.internet import defer, reactor, task
 from twisted.trial import unittest
 
 from backends.sqlite import backend
@@ -126,9 +127,16 @@ class SqlitePagingParticulars(unittest.TestCase):
         store.save_queue(queue_record("jobs"))
         appended = [message(b"m%d" % number) for number in range(3)]
         handles = [store.append(each, [JOBS]) for each in appended]
-        committing = store.sync()  # the batch goes to the writer thread: committed only when this fires
-        self.assertEqual([store.load(handle) for handle in handles], appended)
-        self.assertTrue(all(store.load(handle) is each for handle, each in zip(handles, appended)))
+        self.assertTrue(all(store.load(handle) is each for handle, each in zip(handles, appended)), "buffered")
+        gate = threading.Event()
+        self.addCleanup(gate.set)
+        held_up = store._commit.call(gate.wait, 30)  # the writer thread waits: the next commit cannot end
+        committing = store.sync()
+        yield task.deferLater(reactor, 0, lambda: None)  # the commit takes the batch, and waits for the writer
+        self.assertEqual(store.stats()["commits"], 1)
+        self.assertTrue(all(store.load(handle) is each for handle, each in zip(handles, appended)), "handed over")
+        gate.set()
+        yield held_up
         yield committing
         self.assertEqual([store.load(handle).body for handle in handles], [b"m0", b"m1", b"m2"])
         self.assertEqual(store.stats()["message_reads"], 3)
