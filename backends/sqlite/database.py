@@ -5,9 +5,11 @@ ids in order, delivery counts, the held-message books; no message is read) and
 applying each batch of buffered writes in one transaction.
 
 Only L{brokerd.durability.GroupCommit}'s writer thread calls into a
-L{Database}; the reactor thread never touches its connection. Checkpoints
-(copying the write-ahead log into the database file) are kept off the commit
-path: a L{Checkpointer} runs them on a connection and thread of its own.
+L{Database}; the reactor thread never touches its connection (it reads
+messages back on a read-only connection of its own, L{backends.sqlite.reads}).
+Checkpoints (copying the write-ahead log into the database file) are kept off
+the commit path: a L{Checkpointer} runs them on a connection and thread of
+its own.
 """
 
 import fcntl
