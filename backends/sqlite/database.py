@@ -46,8 +46,10 @@ CACHE_KIB = 16384  # page cache of the connection
 UNPARSABLE = "its record does not parse (nested deeper than protobuf reads)"
 SYNCHRONOUS = {"always": "FULL", "interval": "FULL", "none": "OFF"}
 TOPOLOGY_TABLES = ("exchanges", "queues", "bindings", "exchange_bindings", "shared", "held", "counters")
-# How many message ids a queue has, and its first and last: without a gap between them they are a range.
-QUEUE_SPAN = "SELECT count(*), min(message_id), max(message_id) FROM entries WHERE queue_id = ?"
+# How many message ids each queue has, and its first and last: without a gap between them they are a range.
+QUEUE_COUNTS = "SELECT queue_id, count(*) FROM entries GROUP BY queue_id"
+LOWEST = "SELECT min(message_id) FROM entries WHERE queue_id = ?"
+HIGHEST = "SELECT max(message_id) FROM entries WHERE queue_id = ?"
 # Else a queue's message ids in order, as one text of 16 hex digits each: one row instead of one per
 # message, turned into an array by bytes.fromhex (two thirds of the time of fetching the rows).
 QUEUE_IDS = ("SELECT group_concat(printf('%016x', message_id), '')"
@@ -267,18 +269,17 @@ class Database:
         db, loaded = self._db, Loaded()
         self._load_topology(loaded)
         queue_ids = {queue[0] for queue in loaded.queues}
-        stray = [queue_id for (queue_id,) in db.execute("SELECT DISTINCT queue_id FROM entries")
-                 if queue_id not in queue_ids]
+        spans = self._queue_spans()
+        stray = [span[0] for span in spans if span[0] not in queue_ids]
         if stray:
             dropped = sum(db.execute("DELETE FROM entries WHERE queue_id = ?", (queue_id,)).rowcount
                           for queue_id in stray)
             log.warn("sqlite store {path}: dropping {count} entries of unknown queues", path=self.path, count=dropped)
         highest = db.execute("SELECT max(id) FROM messages").fetchone()[0] or 0
-        for queue_id in sorted(queue_ids):
-            handles = self._queue_handles(queue_id)
-            if handles:
-                loaded.handles[queue_id] = handles
-                highest = max(highest, handles[-1])
+        for queue_id, count, lowest, last in spans:
+            if queue_id in queue_ids:
+                loaded.handles[queue_id] = self._queue_handles(queue_id, count, lowest, last)
+                highest = max(highest, last)
         for queue_id, message_id, count in db.execute(
                 "SELECT queue_id, message_id, delivery_count FROM entries WHERE delivery_count > 0"):
             loaded.delivery_counts.setdefault(queue_id, {})[message_id] = count
@@ -287,10 +288,26 @@ class Database:
         loaded.delayed, loaded.next_delayed = self._delayed.load(db)
         return loaded
 
-    def _queue_handles(self, queue_id):
-        """The message ids of C{queue_id}'s entries, in queue order, as an array."""
-        count, lowest, highest = self._db.execute(QUEUE_SPAN, (queue_id,)).fetchone()
-        if count and highest - lowest + 1 == count:  # no gap (ids are distinct): a range, at a third of the cost
+    def _queue_spans(self):
+        """
+        C{(queue id, entries, lowest message id, highest)} of each queue with
+        entries. Counting all entries is cheap (SQLite counts the cells of the
+        key's pages); counting a queue's walks its rows, so it is done only
+        when several queues hold entries. The lowest and highest are seeks.
+        """
+        db = self._db
+        (total,) = db.execute("SELECT count(*) FROM entries").fetchone()
+        if not total:
+            return []
+        (first,) = db.execute("SELECT min(queue_id) FROM entries").fetchone()
+        (last,) = db.execute("SELECT max(queue_id) FROM entries").fetchone()
+        counts = [(first, total)] if first == last else db.execute(QUEUE_COUNTS).fetchall()
+        return [(queue_id, count, db.execute(LOWEST, (queue_id,)).fetchone()[0],
+                 db.execute(HIGHEST, (queue_id,)).fetchone()[0]) for queue_id, count in counts]
+
+    def _queue_handles(self, queue_id, count, lowest, highest):
+        """The message ids of C{queue_id}'s C{count} entries, in queue order, as an array."""
+        if highest - lowest + 1 == count:  # no gap (ids are distinct): a range, read no further
             return array("Q", range(lowest, highest + 1))
         (text,) = self._db.execute(QUEUE_IDS, (queue_id,)).fetchone()
         handles = array("Q", bytes.fromhex(text or ""))
