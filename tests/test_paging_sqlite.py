@@ -4,6 +4,8 @@ cache's bound, and messages of a batch being written load as they were appended.
 
 import gc
 import os
+import shutil
+import tempfile
 import threading
 import sqlite3
 import tracemalloc
@@ -42,7 +44,8 @@ class SqlitePagingParticulars(unittest.TestCase):
     timeout = 120
 
     def setUp(self):
-        self.data_dir = self.mktemp()
+        self.data_dir = tempfile.mkdtemp(prefix="brokerd-sqlite-paging-test-")
+        self.addCleanup(shutil.rmtree, self.data_dir, True)
 
     @defer.inlineCallbacks
     def opened(self, **options):
