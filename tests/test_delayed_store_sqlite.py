@@ -103,13 +103,13 @@ class SqliteDelayedTableTests(unittest.TestCase):
         self.addCleanup(globalLogPublisher.removeObserver, observer)
         store = yield self.opened()
         self.assertEqual([record.body for _, record, _ in store.recover(JOBS)], [b"from version 2"])
-        self.assertTrue([text for text in logged if "schema version 2 upgraded to 5 (delayed messages, delivery counts,"
-                                                   " exchange-to-exchange bindings)"
+        self.assertTrue([text for text in logged if "schema version 2 upgraded to 6 (delayed messages, delivery counts,"
+                                                   " exchange-to-exchange bindings, held-message books)"
                          in text], logged)
         handle = store.delay(delayed(b"later"), DELAYS, NOW)
         yield store.close()
         self.assertEqual(query(self.path, "PRAGMA user_version"), [(SCHEMA_VERSION,)])
-        self.assertEqual(SCHEMA_VERSION, 5)
+        self.assertEqual(SCHEMA_VERSION, 6)
         store = yield self.opened()
         found = yield store.delayed_after(None, FOREVER, 10)
         self.assertEqual([(item.handle, item.record.body) for item in found], [(handle, b"later")])

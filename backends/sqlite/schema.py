@@ -2,6 +2,13 @@
 older versions, and the statements the reactor thread buffers for the
 topology tables, with the key of a binding's row.
 
+The file keeps its own books, so that neither thread holds anything per
+message: a message held by several queues has a row in C{shared} counting its
+entries, and a trigger on C{entries} deletes a message's row with its last
+entry (an ack, a purge, a deleted queue: whatever deletes the entry); another
+keeps the count and bytes of held messages in C{held}, which the writer adds
+each commit's new messages to.
+
 The writer thread creates or upgrades the tables when the file opens
 (L{backends.sqlite.database}); the delayed-message tables are
 L{backends.sqlite.delayed}'s.
@@ -14,8 +21,8 @@ from brokerd.proto import messages_pb2
 
 log = Logger()
 
-SCHEMA_VERSION = 5  # PRAGMA user_version of the files this code writes (and reads; 2 to 4 are upgraded)
-UPGRADABLE_VERSIONS = (2, 3, 4)
+SCHEMA_VERSION = 6  # PRAGMA user_version of the files this code writes (and reads; 2 to 5 are upgraded)
+UPGRADABLE_VERSIONS = (2, 3, 4, 5)
 APPLICATION_ID = 0x62726B64  # PRAGMA application_id, b"brkd": marks the file as a brokerd store
 SCHEMA = """
 CREATE TABLE exchanges (
@@ -49,6 +56,36 @@ CREATE TABLE exchange_bindings (
     record BLOB NOT NULL,
     UNIQUE (vhost, source, destination, routing_key, arguments))
 """
+# What the file counts of its messages (schema version 6): created empty and filled from the
+# messages and entries there are, by a new file and by the upgrade of an older one alike.
+BOOKS_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS shared (
+        message_id INTEGER PRIMARY KEY,
+        holders INTEGER NOT NULL)  -- entries holding the message, while two or more do""",
+    """CREATE TABLE IF NOT EXISTS held (
+        messages INTEGER NOT NULL, bytes INTEGER NOT NULL)  -- one row: messages held, their body bytes""",
+    """CREATE TRIGGER IF NOT EXISTS entry_removed AFTER DELETE ON entries BEGIN
+        DELETE FROM messages WHERE id = OLD.message_id
+            AND NOT EXISTS (SELECT 1 FROM shared WHERE message_id = OLD.message_id);
+        DELETE FROM shared WHERE message_id = OLD.message_id AND holders <= 2;
+        UPDATE shared SET holders = holders - 1 WHERE message_id = OLD.message_id;
+    END""",
+    """CREATE TRIGGER IF NOT EXISTS message_removed AFTER DELETE ON messages BEGIN
+        UPDATE held SET messages = messages - 1, bytes = bytes - OLD.size;
+    END""",
+)
+COUNT_BOOKS = (
+    "DELETE FROM messages WHERE id NOT IN (SELECT message_id FROM entries)",  # an older version's strays
+    "DELETE FROM shared",
+    "INSERT INTO shared (message_id, holders)"
+    " SELECT message_id, count(*) FROM entries GROUP BY message_id HAVING count(*) > 1",
+    "DELETE FROM held",
+    "INSERT INTO held (messages, bytes) SELECT count(*), coalesce(sum(size), 0) FROM messages",
+)
+INSERT_MESSAGE = "INSERT INTO messages (id, size, crc, record, body) VALUES (?, ?, ?, ?, ?)"
+INSERT_SHARED = "INSERT INTO shared (message_id, holders) VALUES (?, ?)"
+ADD_HELD = "UPDATE held SET messages = messages + ?, bytes = bytes + ?"
+HELD = "SELECT messages, bytes FROM held"
 
 UPSERT_EXCHANGE = (
     "INSERT INTO exchanges (vhost, name, record) VALUES (?, ?, ?)"
@@ -91,6 +128,7 @@ def create(db):
             db.execute(statement)
     db.execute(EXCHANGE_BINDINGS_SCHEMA)
     delayed.create_tables(db)
+    create_books(db)
     db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
@@ -107,9 +145,18 @@ def upgrade(db, version, path):
     if version < 5:
         db.execute(EXCHANGE_BINDINGS_SCHEMA)
         added.append("exchange-to-exchange bindings")
+    if version < 6:
+        create_books(db)
+        added.append("held-message books")
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     log.info("sqlite store {path}: schema version {old} upgraded to {new} ({added})",
              path=path, old=version, new=SCHEMA_VERSION, added=", ".join(added))
+
+
+def create_books(db):
+    """Create the tables and triggers that count held messages (if missing), and count what the file holds."""
+    for statement in (*BOOKS_SCHEMA, *COUNT_BOOKS):
+        db.execute(statement)
 
 
 def canonical_arguments(table):

@@ -2,15 +2,25 @@
 batches by a L{brokerd.durability.GroupCommit} whose life (open, close, a
 failed open) it shares with the file stores (L{WriterThreadStore}).
 
-The reactor thread keeps what the broker needs at once (ids, which queue holds
-which message, sizes, topology) and buffers every write in a L{Batch}; the
-writer thread applies each batch in one transaction (see L{Database}).
+The reactor thread keeps what the broker needs at once (topology, queue ids,
+the message ids of each queue that open found) and buffers every write in a
+L{Batch}; the writer thread applies each batch in one transaction (see
+L{Database}). Nothing is kept per message on the reactor side beyond the
+arrays of recovered ids: an ack is buffered, and the file's own books (see
+L{backends.sqlite.schema}) drop a message with its last entry and count what
+is held.
+
+The store pages (L{IPagingStore}): the broker keeps handles (message ids) of a
+queue's backlog and loads each message when it is delivered, from the batches
+not yet committed or through the L{MessageReader}'s read-only connection and
+its cache of rows read ahead, within C{cache_size} bytes.
 
 A message is stored as its StoredMessage without the body, the body in a
 column of its own (so an append never copies the body into a protobuf) and a
-CRC-32 over both, computed at append on the reactor thread (zlib lets go of
-the GIL for large buffers, so this runs alongside the writer thread) and
-checked whenever the message is read back.
+CRC-32 over both, computed on the writer thread and checked whenever the
+message is read back. A row whose record does not parse is quarantined where
+it is: loads raise L{UnreadableMessage}, the acks the broker then makes are
+not written, and the next open finds it again.
 
 Delayed messages (L{IDelayedMessageStore}) are rows of a table indexed by
 C{(due, handle)} (see L{backends.sqlite.delayed}); the reactor thread keeps
@@ -18,16 +28,16 @@ only which handles are kept, as a L{HandleMap}, and reads windows on the
 writer thread.
 """
 
-from google.protobuf.message import DecodeError
 from twisted.internet import defer
 from twisted.logger import Logger
 from zope.interface import implementer
 
 from backends.delayedshared.reactorside import check_due, check_exchange, delayed_window, readable_messages
 from backends.handlemap import HandleMap
-from backends.messagerecord import record_of_stored
+from backends.messagerecord import record_of
 from backends.sqlite.delayed import delayed_message
 from backends.sqlite.database import Batch, Database, checksum
+from backends.sqlite.reads import MessageReader
 from backends.sqlite.schema import (
     ADD_QUEUE,
     DELETE_BINDING,
@@ -48,14 +58,15 @@ from backends.sqlite.schema import (
 )
 from backends.writerstore import WriterThreadStore
 from brokerd.durability import SyncPolicy
-from backends.quarantine import unreadable_message
-from brokerd.interfaces import IDelayedMessageStore, IMessageStore, StoreCorrupted, UnreadableMessage
+from brokerd.interfaces import IDelayedMessageStore, IPagingStore, StoreCorrupted, UnreadableMessage
 from brokerd.proto import messages_pb2
+
+DEFAULT_CACHE_SIZE = 16 << 20
 
 log = Logger()
 
 
-@implementer(IMessageStore, IDelayedMessageStore)
+@implementer(IPagingStore, IDelayedMessageStore)
 class SqliteStore(WriterThreadStore):
     """
     Durable topology and persistent messages in one SQLite database.
@@ -63,7 +74,7 @@ class SqliteStore(WriterThreadStore):
     A message routed to several queues is one row of C{messages} plus one row
     of C{entries} per queue; its handle is its integer id, given out in append
     order on the reactor thread (so a queue's entries in id order are its
-    queue order). The row goes in the commit after its last entry goes.
+    queue order). The row goes in the commit that deletes its last entry.
     Everything C{open} finds comes back from C{recover} marked redelivered.
 
     @ivar path: the database file.
@@ -72,23 +83,24 @@ class SqliteStore(WriterThreadStore):
     name = "sqlite"
     durable = True
 
-    def __init__(self, path, sync_policy=None, *, reactor):
+    def __init__(self, path, sync_policy=None, *, reactor, cache_size=DEFAULT_CACHE_SIZE):
         self.path = path
         self.sync_policy = sync_policy or SyncPolicy()
         self._reactor = reactor
         self._db = Database(path, self.sync_policy.mode)
+        self._reader = MessageReader(path, cache_size)
         self._batch = Batch()
+        self._in_flight = []  # batches handed to the writer thread and not committed yet
         self._exchanges = {}  # (vhost, name) -> ExchangeRecord
         self._queues = {}  # queue key -> QueueRecord
         self._bindings = {}  # see binding_key -> BindingRecord
         self._queue_ids = {}  # queue key -> queue id, for every queue with a row in the file
-        self._queue_handles = {}  # queue id -> {message id: None} held for it, in queue order
-        self._held = {}  # message id -> [number of queues holding it, body size]
-        self._recovered = {}  # message id -> (crc, record, body) of messages found at open
+        self._recovered = {}  # queue id -> its message ids open found (an array), in queue order
         self._recovered_counts = {}  # queue id -> {message id: delivery count} found at open
-        self._last_recovered = 0  # the highest message id found at open
+        self._quarantined_handles = set()  # messages whose records do not parse: kept in place, acks not written
+        self._held = (0, 0)  # messages held and their bytes, as the last commit counted them
         self._next_id = self._next_queue_id = 1
-        self._bytes = self._appends = self._acks = 0
+        self._appends = self._acks = 0
         self._delayed = HandleMap()  # the kept delayed handles
         self._next_delayed = 1
 
@@ -104,28 +116,19 @@ class SqliteStore(WriterThreadStore):
         return self._open(self._db.open, self._db.write, self._loaded)
 
     def _loaded(self, loaded):
-        """Keep what the writer thread's open found (its L{Loaded})."""
+        """Keep what the writer thread's open found (its L{Loaded}), and open the reader's connection."""
+        self._reader.open(*loaded.held)
         for record in loaded.exchanges:
             self._exchanges[(record.vhost, record.name)] = record
         for queue_id, vhost, name, record in loaded.queues:
             self._queue_ids[(vhost, name)] = queue_id
-            self._queue_handles[queue_id] = {}
             if record is not None:
                 self._queues[(vhost, name)] = record
         for arguments, record in loaded.bindings:
             self._bindings[binding_key(record, arguments)] = record
-        for queue_id, message_id in loaded.entries:
-            self._queue_handles[queue_id][message_id] = None
-            held = self._held.get(message_id)
-            if held is None:
-                size = loaded.messages[message_id][0] if message_id in loaded.messages else 0
-                self._held[message_id] = [1, size]
-                self._bytes += size
-            else:
-                held[0] += 1
-        self._recovered = {message_id: stored[1:] for message_id, stored in loaded.messages.items()}
+        self._recovered = loaded.handles
         self._recovered_counts = loaded.delivery_counts
-        self._last_recovered = loaded.next_message_id - 1
+        self._held = loaded.held
         self._next_id = loaded.next_message_id
         self._next_queue_id = loaded.next_queue_id
         self._delayed = loaded.delayed
@@ -138,12 +141,27 @@ class SqliteStore(WriterThreadStore):
         final = self._state == "closing"
         if not batch and not final:
             return None
+        if self._quarantined_handles and batch.acks:
+            kept = self._quarantined_handles
+            batch.acks = [entry for entry in batch.acks if entry[1] not in kept]
         self._batch = Batch()
         batch.final = final
+        if final:
+            # The writer's connection closes last, so that it can fold the log into the file and remove it.
+            self._reader.close()
+        if batch.messages:
+            self._in_flight.append(batch)
         return batch
+
+    def _batch_written(self, held):
+        """A commit succeeded: what the batches taken so far hold, the reader's connection now sees."""
+        self._held = held
+        self._in_flight = []
 
     def _close_files(self):
         """The final batch closed the connection, unless the writer thread died before it; its failure is close's."""
+        self._reader.close()
+        self._in_flight = []
         self._db.close()
         if self._db.final_error is not None:
             raise self._db.final_error
@@ -198,9 +216,10 @@ class SqliteStore(WriterThreadStore):
             return
         batch.topology.append((DELETE_QUEUE, (queue_id,)))
         batch.dropped_queues.append(queue_id)
-        for handle in self._queue_handles.pop(queue_id):
-            batch.entries.pop((queue_id, handle), None)
-            self._release(handle)
+        self._recovered.pop(queue_id, None)
+        self._recovered_counts.pop(queue_id, None)
+        for entry in [entry for entry in batch.entries if entry[0] == queue_id]:
+            self._cancel_entry(batch, entry)
 
     def save_binding(self, record):
         self._writable()
@@ -241,7 +260,9 @@ class SqliteStore(WriterThreadStore):
             raise ValueError("append needs at least one queue")
         handle = self._next_id
         self._next_id = handle + 1
-        body = bytes(message.body)
+        body = message.body
+        if type(body) is not bytes:
+            body = bytes(body)
         stored = messages_pb2.StoredMessage(
             valid=True,
             exchange=message.exchange,
@@ -250,41 +271,36 @@ class SqliteStore(WriterThreadStore):
         )
         if message.published_at is not None:
             stored.published_at = message.published_at
-        record = stored.SerializeToString()
         batch = self._batch
-        batch.messages[handle] = (checksum(record, body), record, body)
-        count = 0
+        entries = batch.entries
+        holders = 0
         for queue in queues:
             queue_id = self._queue_ids.get(queue)
             if queue_id is None:
                 queue_id = self._new_queue_id(queue)
                 batch.topology.append((ADD_QUEUE, (queue_id, *queue)))
-            handles = self._queue_handles[queue_id]
-            if handle not in handles:
-                handles[handle] = None
-                batch.entries[(queue_id, handle)] = None
-                count += 1
-        self._held[handle] = [count, len(body)]
-        self._bytes += len(body)
+            entry = (queue_id, handle)
+            if entry not in entries:
+                entries[entry] = None
+                holders += 1
+        batch.messages[handle] = (message, stored.SerializeToString(), body, holders)
         self._appends += 1
         return handle
 
     def ack(self, queue, handle):
         self._writable()
         queue_id = self._queue_ids.get(queue)
-        handles = self._queue_handles.get(queue_id)
-        if handles is None or handle not in handles:
+        if queue_id is None:
             return
-        del handles[handle]
         self._acks += 1
         entry = (queue_id, handle)
         batch = self._batch
-        batch.returns.pop(entry, None)
+        if batch.returns:
+            batch.returns.pop(entry, None)
         if entry in batch.entries:
-            del batch.entries[entry]
+            self._cancel_entry(batch, entry)
         else:
             batch.acks.append(entry)
-        self._release(handle)
 
     def purge(self, queue, handles):
         for handle in handles:
@@ -294,46 +310,55 @@ class SqliteStore(WriterThreadStore):
         """Keep the entry's delivery count: one UPDATE in the next commit, the latest count winning."""
         self._writable()
         queue_id = self._queue_ids.get(queue)
-        handles = self._queue_handles.get(queue_id)
-        if handles is not None and handle in handles:
+        if queue_id is not None:
             self._batch.returns[(queue_id, handle)] = count
 
     def delivery_counts(self, queue):
         return dict(self._recovered_counts.get(self._queue_ids.get(queue), ()))
 
-    def read(self, handle):
-        pending = self._batch.messages.get(handle)
-        if pending is not None:
-            return defer.maybeDeferred(self._parse, handle, *pending)
-        if self._state != "open" or handle not in self._held:
-            return defer.fail(KeyError(f"sqlite store {self.path} holds no message with handle {handle!r}"))
-        recovered = self._recovered.get(handle)
-        if recovered is not None:
-            return defer.maybeDeferred(self._parse, handle, *recovered)
-        reading = self._commit.call(self._db.read, handle)
-        reading.addCallback(self._read, handle)
-        return reading
+    def recovered_handles(self, queue):
+        """The message ids open found for C{queue}, in queue order (an array), all possibly delivered before."""
+        return self._recovered.get(self._queue_ids.get(queue), ())
 
-    def _read(self, row, handle):
-        if row is None:
-            raise KeyError(f"sqlite store {self.path} holds no message with handle {handle!r}")
-        return self._parse(handle, *row)
+    def load(self, handle):
+        """
+        The message of C{handle}, at once: the message appended while its
+        batch is not committed, else a MessageRecord read back (see
+        L{MessageReader.load} for what it raises).
+        """
+        pending = self._batch.messages.get(handle)
+        if pending is None:
+            for batch in self._in_flight:
+                pending = batch.messages.get(handle)
+                if pending is not None:
+                    return pending[0]
+            try:
+                return self._reader.load(handle)
+            except UnreadableMessage:
+                self._quarantined_handles.add(handle)
+                raise
+        return pending[0]
+
+    def read(self, handle):
+        try:
+            return defer.succeed(record_of(self.load(handle)))
+        except (KeyError, StoreCorrupted):
+            return defer.fail()
 
     def recover(self, queue):
-        queue_id = self._queue_ids.get(queue)
+        """
+        The messages open found for C{queue} that it still holds, read now;
+        one whose record does not parse is quarantined: logged, left out, and
+        its row kept as it is.
+
+        @raise StoreCorrupted: if one is damaged or missing.
+        """
         recovered = []
-        for handle in self._queue_handles.get(queue_id, ()):
-            if handle > self._last_recovered:
-                break  # appended since open: not something open found
-            stored = self._recovered.get(handle)
-            if stored is None:
-                raise StoreCorrupted(
-                    f"sqlite store {self.path}: message {handle} of queue {queue[1]!r} in vhost {queue[0]!r}"
-                    " is missing from the messages table",
-                    path=self.path,
-                )
+        for handle in self.recovered_handles(queue):
             try:
-                recovered.append((handle, self._parse(handle, *stored), True))
+                recovered.append((handle, record_of(self.load(handle)), True))
+            except KeyError:
+                continue  # acked since open
             except UnreadableMessage as problem:
                 log.error("queue {queue!r} in vhost {vhost!r}: quarantined stored message {handle}, not delivered:"
                           " {problem}; its row is kept as it is", queue=queue[1], vhost=queue[0], handle=handle,
@@ -399,9 +424,11 @@ class SqliteStore(WriterThreadStore):
         self._delayed.pop(handle)
 
     def stats(self):
+        messages, held_bytes = self._held
+        reader = self._reader
         return {
-            "messages": len(self._held),
-            "bytes": self._bytes,
+            "messages": messages,
+            "bytes": held_bytes,
             "queues": len(self._queues),
             "exchanges": len(self._exchanges),
             "bindings": len(self._bindings),
@@ -409,6 +436,11 @@ class SqliteStore(WriterThreadStore):
             "acks": self._acks,
             **self._commit_stats(),
             "delayed": len(self._delayed),
+            "message_reads": reader.rows_read,
+            "read_queries": reader.queries,
+            "cache_hits": reader.hits,
+            "cache_misses": reader.misses,
+            "cache_bytes": reader.size,
         }
 
     # -- inside
@@ -421,37 +453,15 @@ class SqliteStore(WriterThreadStore):
         queue_id = self._next_queue_id
         self._next_queue_id = queue_id + 1
         self._queue_ids[key] = queue_id
-        self._queue_handles[queue_id] = {}
         return queue_id
 
-    def _release(self, handle):
-        """One queue fewer holds C{handle}; the last one out drops the message."""
-        held = self._held[handle]
-        held[0] -= 1
-        if held[0] > 0:
-            return
-        del self._held[handle]
-        self._bytes -= held[1]
-        self._recovered.pop(handle, None)
-        batch = self._batch
-        if handle in batch.messages:
-            del batch.messages[handle]
+    @staticmethod
+    def _cancel_entry(batch, entry):
+        """Take an entry out of the batch that would write it; its message too, if no other entry holds it."""
+        del batch.entries[entry]
+        handle = entry[1]
+        message, record, body, holders = batch.messages[handle]
+        if holders > 1:
+            batch.messages[handle] = (message, record, body, holders - 1)
         else:
-            batch.released.append(handle)
-
-    def _parse(self, handle, crc, record, body):
-        """The MessageRecord of a row, its body put back; L{StoreCorrupted} if its checksum or record is bad."""
-        if checksum(record, body) != crc:
-            raise StoreCorrupted(
-                f"sqlite store {self.path}: message {handle} is damaged (its checksum does not match)", path=self.path
-            )
-        try:
-            stored = messages_pb2.StoredMessage.FromString(record)
-        except DecodeError as error:
-            raise unreadable_message(f"sqlite store {self.path}, messages row {handle}", error) from None
-        except Exception as error:
-            raise StoreCorrupted(
-                f"sqlite store {self.path}: message {handle} cannot be read as a StoredMessage ({error})",
-                path=self.path,
-            ) from None
-        return record_of_stored(stored, body)
+            del batch.messages[handle]
