@@ -97,6 +97,11 @@ class Held:
         if queues > 1:
             self.shared[handle] = queues
 
+    def add_unshared(self, count, size):
+        """C{count} messages of C{size} body bytes in all, each held by one queue."""
+        self.messages += count
+        self.bytes += size
+
     def release(self, handle, size):
         """Count one queue letting C{handle} go; True if it was the last one holding it."""
         remaining = self.shared.get(handle)

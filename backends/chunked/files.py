@@ -272,7 +272,9 @@ class ChunkedFiles:
             for handle, size in zip(index.unacked(), index.unacked_sizes()):
                 counts[handle] = (counts[handle][0] + 1, size) if handle in counts else (1, size)
         held = self.held
-        if indexes:
+        if indexes and not counts:  # one queue holds messages: none is shared
+            held.add_unshared(len(indexes[-1].unacked()), sum(indexes[-1].unacked_sizes()))
+        elif indexes:
             for handle, size in zip(indexes[-1].unacked(), indexes[-1].unacked_sizes()):
                 if handle in counts:
                     counts[handle] = (counts[handle][0] + 1, size)

@@ -31,12 +31,15 @@ from backends.chunked.format import (
     chunk_file_name,
     chunk_numbers,
     decode_footer,
+    decode_progress,
     decode_header,
     encode_footer,
+    encode_progress,
     encode_header,
     frame_parts,
     full_record_size,
     record_problem,
+    sound_records,
     record_size,
 )
 from backends.chunked.directio import BLOCK, AlignedWriter, open_for_writing, write_block
@@ -89,6 +92,8 @@ class MessageLog:
         self._descriptor = None  # of the chunk being written
         self._writer = None  # the AlignedWriter of that descriptor
         self._records_in_current = 0
+        self._synced_progress = None  # (bytes, records) of the current chunk at the last fsync
+        self._written_progress = None  # what its progress block says
         self._unsynced = []  # descriptors written since the last fsync
         self._finished = []  # descriptors of chunks finished since the last sync, closed after it
         self._directory_unsynced = False
@@ -156,10 +161,14 @@ class MessageLog:
                 self.write_position = (last + 1) * self.data_size
                 self.chunks[last].records = footer[1]
             else:
-                used, count = self._scan(chunk, last)
+                progress = decode_progress(_pread(chunk.fileno(), FOOTER_SIZE, HEADER_SIZE + self.data_size))
+                if progress is not None and progress[0] > self.data_size:
+                    progress = None
+                used, count = self._scan(chunk, last, *(progress or (0, 0)))
                 self.write_position = last * self.data_size + used
                 self._records_in_current = count
                 self._current = last
+                self._synced_progress = self._written_progress = progress
         self.flushed_position = self.write_position
         if self._current is not None:
             offset = HEADER_SIZE + used
@@ -203,22 +212,30 @@ class MessageLog:
                 f" data size {data_size})", path, 0,
             )
 
-    def _scan(self, chunk, number):
-        """The bytes of whole records at the start of the last chunk and their count; cut off the rest."""
+    def _scan(self, chunk, number, start=0, records=0):
+        """
+        The bytes of whole records at the start of the last chunk and their
+        count; cut off the rest. The first C{start} bytes (C{records}
+        records) are known durable from the chunk's progress block: the
+        walk checks what follows them (a record damaged before is found when
+        it is read, as in any other chunk).
+        """
         descriptor, path = chunk.fileno(), self.path_of(number)
-        offset, count, buffer, buffer_start = 0, 0, b"", 0
-        problem = None
+        offset, count, wanted = start, records, 0
+        problem, buffer, local = None, b"", 0
         while offset < self.data_size:
-            local = offset - buffer_start
-            if local + 4 > len(buffer) or local + full_record_size(buffer, local) > len(buffer):
-                wanted = full_record_size(buffer, local) if local + 4 <= len(buffer) else 0
-                buffer_start, local = offset, 0
-                buffer = _pread(descriptor, min(max(SCAN_BLOCK, wanted), self.data_size - offset), HEADER_SIZE + offset)
+            requested = min(max(SCAN_BLOCK, wanted), self.data_size - offset)
+            buffer = _pread(descriptor, requested, HEADER_SIZE + offset)
+            local, found = sound_records(buffer, 0, len(buffer))
+            offset += local
+            count += found
+            wanted = full_record_size(buffer, local) if local + LENGTH.size <= len(buffer) else 0
+            # Stopped because the read ended inside a record (read on from there), or at a record that is not whole?
+            if local + max(wanted, LENGTH.size) > len(buffer) and offset + wanted <= self.data_size \
+                    and (local or requested < wanted):
+                continue
             problem = record_problem(buffer, local, len(buffer))
-            if problem is not None:
-                break
-            offset += full_record_size(buffer, local)
-            count += 1
+            break
         if problem is not None and any(buffer[local : local + TORN_CHECK_BYTES]):
             log.warn(
                 "chunk {path}: the record at data offset {offset} is torn ({problem}); the chunk is cut there"
@@ -307,6 +324,7 @@ class MessageLog:
         os.ftruncate(descriptor, self.file_size())
         write_block(descriptor, 0, encode_header(MESSAGE_CHUNK, number, number * self.data_size, self.data_size))
         self._current, self._descriptor, self._records_in_current = number, descriptor, 0
+        self._synced_progress = self._written_progress = None
         self._writer = AlignedWriter(descriptor, HEADER_SIZE)
         self.write_position = number * self.data_size
         self.chunks[number] = self._touched[number] = ChunkFigures()
@@ -316,16 +334,35 @@ class MessageLog:
     def sync(self, fsync):
         """Make what was written durable (if C{fsync}); close the descriptors of finished chunks."""
         if fsync:
+            self._write_progress()
             for descriptor in self._unsynced:
                 os.fdatasync(descriptor)  # the file's size never changes: its data is all there is to sync
             if self._directory_unsynced:
                 fsync_directory(self.directory)
                 self._directory_unsynced = False
             self.flushed_position = self.write_position
+            if self._current is not None:
+                self._synced_progress = (self.write_position - self._current * self.data_size,
+                                         self._records_in_current)
         self._unsynced = []
         finished, self._finished = self._finished, []
         for descriptor in finished:
             os.close(descriptor)
+
+    def _write_progress(self):
+        """
+        Before an fsync, record in the current chunk's footer block how far
+        the last fsync made it durable, so that opening walks only what
+        came after (its records unproven). The block goes with the chunk's
+        data in the same fsync; it is only ever behind the truth.
+        """
+        progress = self._synced_progress
+        if progress is None or progress == self._written_progress or self._descriptor is None:
+            return
+        write_block(self._descriptor, HEADER_SIZE + self.data_size, encode_progress(*progress))
+        self._written_progress = progress
+        if self._descriptor not in self._unsynced:
+            self._unsynced.append(self._descriptor)
 
     # -- cleanup
 

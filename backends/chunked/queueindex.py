@@ -283,9 +283,19 @@ class QueueIndex:
         position, from compaction) says its record is now.
         """
         counts = {}
-        for handle in self.unacked():
-            number = (moves.get(handle, handle) if moves else handle) // data_size
-            counts[number] = counts.get(number, 0) + 1
+        handles = self.unacked()
+        if moves or not handles:
+            for handle in handles:
+                number = (moves.get(handle, handle) if moves else handle) // data_size
+                counts[number] = counts.get(number, 0) + 1
+            return counts
+        # Entries are appended in log order, so the handles ascend: count each chunk's run by bisection.
+        low = 0
+        for number in range(handles[0] // data_size, handles[-1] // data_size + 1):
+            high = bisect.bisect_left(handles, (number + 1) * data_size, low)
+            if high > low:
+                counts[number] = high - low
+            low = high
         return counts
 
     def held_between(self, low, high):
