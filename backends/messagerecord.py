@@ -6,8 +6,12 @@ back from C{read}, C{recover}, C{load} or C{delayed_after} is a
 L{brokerd.interfaces.MessageRecord}, built here once per message.
 """
 
-from brokerd.interfaces import MessageRecord
+from twisted.logger import Logger
+
+from brokerd.interfaces import MessageRecord, UnreadableMessage
 from brokerd.proto import messages_pb2
+
+log = Logger()
 
 
 def record_of(message):
@@ -30,3 +34,25 @@ def record_of_stored(stored, body=None):
     published_at = stored.published_at if stored.HasField("published_at") else None
     return MessageRecord(stored.exchange, stored.routing_key, properties, stored.body if body is None else body,
                          published_at)
+
+
+def loaded_records(load, queue, handles, kept, skip_missing=False):
+    """
+    A paging store's C{recover(queue)}: C{(handle, record, True)} of each of
+    C{handles} that C{load} reads, one at a time as it is iterated. One
+    whose record does not parse is quarantined: logged, saying where it is
+    C{kept}, and left out; with C{skip_missing}, so is one C{load} no longer
+    finds (KeyError: acked since open, for a store whose handles open listed).
+    """
+    for handle in handles:
+        try:
+            message = load(handle)
+        except KeyError:
+            if not skip_missing:
+                raise
+            continue
+        except UnreadableMessage as problem:
+            log.error("queue {queue!r} in vhost {vhost!r}: quarantined stored message {handle}, not delivered:"
+                      " {problem}; {kept}", queue=queue[1], vhost=queue[0], handle=handle, problem=problem, kept=kept)
+            continue
+        yield handle, record_of(message), True

@@ -121,18 +121,12 @@ def decode_header(data, path):
 
 
 def encode_footer(used, records):
-    body = FOOTER.pack(FOOTER_MAGIC, used, records, 0)[:-4]
-    return (body + LENGTH.pack(zlib.crc32(body))).ljust(FOOTER_SIZE, b"\0")
+    return _encode_end_block(FOOTER_MAGIC, used, records)
 
 
 def decode_footer(data):
     """C{(bytes of records, number of records)} of a whole footer, or None if C{data} holds none."""
-    if len(data) < FOOTER.size:
-        return None
-    magic, used, records, crc = FOOTER.unpack_from(data)
-    if magic != FOOTER_MAGIC or zlib.crc32(data[: FOOTER.size - 4]) != crc:
-        return None
-    return used, records
+    return _decode_end_block(FOOTER_MAGIC, data)
 
 
 def encode_progress(used, records):
@@ -141,16 +135,24 @@ def encode_progress(used, records):
     bytes of records (and how many records) it held at the last fsync
     before this one, all of them durable. Opening scans the chunk from there.
     """
-    body = FOOTER.pack(PROGRESS_MAGIC, used, records, 0)[:-4]
-    return (body + LENGTH.pack(zlib.crc32(body))).ljust(FOOTER_SIZE, b"\0")
+    return _encode_end_block(PROGRESS_MAGIC, used, records)
 
 
 def decode_progress(data):
     """C{(bytes of records, number of records)} of a whole progress block, or None if C{data} holds none."""
+    return _decode_end_block(PROGRESS_MAGIC, data)
+
+
+def _encode_end_block(magic, used, records):
+    body = FOOTER.pack(magic, used, records, 0)[:-4]
+    return (body + LENGTH.pack(zlib.crc32(body))).ljust(FOOTER_SIZE, b"\0")
+
+
+def _decode_end_block(expected_magic, data):
     if len(data) < FOOTER.size:
         return None
     magic, used, records, crc = FOOTER.unpack_from(data)
-    if magic != PROGRESS_MAGIC or zlib.crc32(data[: FOOTER.size - 4]) != crc:
+    if magic != expected_magic or zlib.crc32(data[: FOOTER.size - 4]) != crc:
         return None
     return used, records
 

@@ -49,11 +49,11 @@ from backends.delayedshared.metafile import Meta
 from backends.delayedshared.reactorside import HandleLease, check_due, check_exchange, delayed_window, readable_messages
 from backends.filestore import FileStoreBase
 from backends.handlemap import HandleMap
-from backends.messagerecord import record_of, record_of_stored
+from backends.messagerecord import loaded_records, record_of, record_of_stored
 from backends.quarantine import QUARANTINE_DIRECTORY, RECORD_SUFFIX, unreadable_message
 from backends.topologyfile import Topology
 from brokerd.durability import SyncPolicy
-from brokerd.interfaces import DelayedMessage, IDelayedMessageStore, IPagingStore, StoreCorrupted, UnreadableMessage
+from brokerd.interfaces import DelayedMessage, IDelayedMessageStore, IPagingStore, StoreCorrupted
 
 log = Logger()
 
@@ -161,17 +161,7 @@ class ChunkedStore(CompactingStore, FileStoreBase):
         is iterated; one that cannot be read is quarantined (logged, kept
         aside) and left out.
         """
-        return self._readable(queue, self.recovered_handles(queue))
-
-    def _readable(self, queue, handles):
-        for handle in handles:
-            try:
-                message = self.load(handle)
-            except UnreadableMessage as problem:
-                log.error("queue {queue!r} in vhost {vhost!r}: stored message {handle} left out: {problem}",
-                          queue=queue[1], vhost=queue[0], handle=handle, problem=problem)
-                continue
-            yield handle, record_of(message), True
+        return loaded_records(self.load, queue, self.recovered_handles(queue), "its record is kept aside")
 
     # -- topology
 

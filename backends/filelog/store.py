@@ -29,7 +29,7 @@ from backends.filelog.reads import FileReads, Routes
 from backends.filelog.records import encode
 from backends.filestore import FileStoreBase
 from backends.handlemap import HandleMap
-from backends.messagerecord import record_of
+from backends.messagerecord import loaded_records, record_of
 from backends.topologyfile import Topology
 from brokerd.durability import SyncPolicy
 from brokerd.interfaces import (
@@ -162,18 +162,7 @@ class FilelogStore(FileStoreBase):
         is iterated; one that cannot be parsed is quarantined (logged, kept
         in the file as it is) and left out.
         """
-        return self._readable(queue, self.recovered_handles(queue))
-
-    def _readable(self, queue, handles):
-        for handle in handles:
-            try:
-                message = self.load(handle)
-            except UnreadableMessage as problem:
-                log.error("queue {queue!r} in vhost {vhost!r}: quarantined stored message {handle}, not delivered:"
-                          " {problem}; it is kept in the file as it is", queue=queue[1], vhost=queue[0],
-                          handle=handle, problem=problem)
-                continue
-            yield handle, record_of(message), True
+        return loaded_records(self.load, queue, self.recovered_handles(queue), "it is kept in the file as it is")
 
     def delivery_counts(self, queue):
         return dict(self._recovered_counts.get(queue, ()))

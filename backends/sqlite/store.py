@@ -34,7 +34,7 @@ from zope.interface import implementer
 
 from backends.delayedshared.reactorside import check_due, check_exchange, delayed_window, readable_messages
 from backends.handlemap import HandleMap
-from backends.messagerecord import record_of
+from backends.messagerecord import loaded_records, record_of
 from backends.sqlite.delayed import delayed_message
 from backends.sqlite.database import Batch, Database, checksum
 from backends.sqlite.reads import MessageReader
@@ -353,17 +353,8 @@ class SqliteStore(WriterThreadStore):
 
         @raise StoreCorrupted: if one is damaged or missing.
         """
-        recovered = []
-        for handle in self.recovered_handles(queue):
-            try:
-                recovered.append((handle, record_of(self.load(handle)), True))
-            except KeyError:
-                continue  # acked since open
-            except UnreadableMessage as problem:
-                log.error("queue {queue!r} in vhost {vhost!r}: quarantined stored message {handle}, not delivered:"
-                          " {problem}; its row is kept as it is", queue=queue[1], vhost=queue[0], handle=handle,
-                          problem=problem)
-        return recovered
+        return list(loaded_records(self.load, queue, self.recovered_handles(queue), "its row is kept as it is",
+                                   skip_missing=True))
 
     # -- delayed messages
 
