@@ -108,6 +108,16 @@ def test_append_paged_joins_the_last_run_when_its_sequences_follow_on():
     assert [taken.sequence for taken in (ready.popleft() for _ in range(5))] == [0, 1, 2, 3, 4]
 
 
+def test_append_paged_takes_handles_in_an_array_of_any_integer_kind():
+    # A store may give its handles as array("q") or array("L"): a run is extended with them all the same.
+    ready = ReadyList(QUEUE)
+    ready.append_paged(array("q", [1, 2]), 0, False)
+    ready.append_paged(array("L", [3]), 2, False)
+    ready.append_paged(array("Q", [4]), 3, False)
+    assert runs(ready) == [(0, 4, False)]
+    assert [ready.popleft().handle for _ in range(4)] == [1, 2, 3, 4]
+
+
 def test_append_paged_starts_a_run_after_a_gap_in_sequences():
     ready = ReadyList(QUEUE)
     ready.append_paged([1, 2], 0, False)

@@ -68,6 +68,8 @@ class ReadyList:
                 or last.redelivered != redelivered):
             last = PagedRun(first_sequence, redelivered)
             items.append(last)
+        if type(handles) is array and handles.typecode != "Q":
+            handles = array("Q", handles)  # array.extend takes only an array of its own kind
         last.handles.extend(handles)
         self.count += len(handles)
 
