@@ -11,7 +11,6 @@ import os
 import shutil
 import tempfile
 import threading
-import time
 
 from twisted.internet import defer, reactor
 from twisted.trial import unittest
@@ -21,6 +20,7 @@ from brokerd.durability import SyncPolicy
 from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
 from tests.store_contract import JOBS, queue_record
+from tests.support import wait_until
 
 MIB = 1 << 20
 BODY = 4096
@@ -93,14 +93,6 @@ class ReadAheadTests(unittest.TestCase):
             self.assertEqual(store.load(handle).body, persistent(number).body)
         return store
 
-    @staticmethod
-    def wait_until(condition, what, seconds=30):
-        deadline = time.monotonic() + seconds
-        while not condition():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"not within {seconds} s: {what}")
-            time.sleep(0.01)  # polling a thread of the store's own, with a deadline
-
     @defer.inlineCallbacks
     def test_deliveries_read_in_order_bring_the_window_ahead_into_the_page_cache(self):
         path = yield self.filled()
@@ -110,7 +102,7 @@ class ReadAheadTests(unittest.TestCase):
             raise unittest.SkipTest("the kernel's own read-ahead reaches 40 MiB ahead here")
         yield plain.close()
         store = yield self.read_first(path, 50, read_ahead="48M")
-        self.wait_until(lambda: store.stats()["read_ahead_bytes"] >= 45 * MIB, "the window is read")
+        yield wait_until(lambda: store.stats()["read_ahead_bytes"] >= 45 * MIB, timeout=30)
         self.assertTrue(cached(path, *FAR), "40 MiB ahead of the reads is cached")
         self.assertEqual(store.stats()["chunk_reads"], 50)
 
@@ -119,12 +111,12 @@ class ReadAheadTests(unittest.TestCase):
         path = yield self.filled()
         self.threads_before = {thread.ident for thread in threading.enumerate()}
         store = yield self.read_first(path, 1, read_ahead="1M")
-        self.wait_until(lambda: store.stats()["read_ahead_bytes"] >= MIB - 8192, "the first window is read")
+        yield wait_until(lambda: store.stats()["read_ahead_bytes"] >= MIB - 8192, timeout=30)
         first = store.stats()["read_ahead_bytes"]
         self.assertLessEqual(first, MIB, "one window, not the chunk")
         for handle in list(store.recovered_handles(JOBS))[1:400]:  # about 1.6 MiB on
             store.load(handle)
-        self.wait_until(lambda: store.stats()["read_ahead_bytes"] >= 2 * MIB, "the next windows are read")
+        yield wait_until(lambda: store.stats()["read_ahead_bytes"] >= 2 * MIB, timeout=30)
         [thread] = [thread for thread in threading.enumerate() if thread.name == "chunked read-ahead"
                     and thread.ident not in self.threads_before]
         yield store.close()
