@@ -43,17 +43,17 @@ def parse_or_none(record_type, data):
     return record
 
 
-def _varint(data, offset):
+def read_varint(data, offset, end):
+    """The protobuf varint at C{data[offset]} and where it ends; ValueError if it runs past C{end} or 10 bytes."""
     value = shift = 0
-    while True:
+    while offset < end and shift <= 63:
         byte = data[offset]
         offset += 1
         value |= (byte & 0x7F) << shift
         if byte < 0x80:
             return value, offset
         shift += 7
-        if shift > 63:
-            raise ValueError("a varint longer than 10 bytes")
+    raise ValueError("a varint that runs past its bytes or 10 bytes")
 
 
 def top_level_strings(data, numbers):
@@ -66,16 +66,16 @@ def top_level_strings(data, numbers):
     found, offset, data = {}, 0, memoryview(data)
     try:
         while offset < len(data):
-            key, offset = _varint(data, offset)
+            key, offset = read_varint(data, offset, len(data))
             number, wire_type = key >> 3, key & 7
             if wire_type == 0:
-                _, offset = _varint(data, offset)
+                _, offset = read_varint(data, offset, len(data))
             elif wire_type == 1:
                 offset += 8
             elif wire_type == 5:
                 offset += 4
             elif wire_type == 2:
-                length, offset = _varint(data, offset)
+                length, offset = read_varint(data, offset, len(data))
                 if number in numbers and offset + length <= len(data):
                     found[number] = bytes(data[offset : offset + length]).decode("utf-8", "replace")
                 offset += length

@@ -29,7 +29,7 @@ from google.protobuf.message import DecodeError
 from backends.filelog.queuefiles import ROUTE_BITS
 from backends.filelog.records import BODY_TAG, HEADER_SIZE, LENGTH, OVERHEAD, TRAILER_SIZE, VALID_TAG
 from backends.messagerecord import record_of_stored
-from backends.quarantine import unreadable_message
+from backends.quarantine import read_varint, unreadable_message
 from brokerd.interfaces import MessageRecord, StoreCorrupted
 from brokerd.proto import messages_pb2
 
@@ -236,7 +236,10 @@ class FileReads:
                     if size < 0x80:
                         at += 1
                     else:
-                        size, at = _varint(data, at, end)
+                        try:
+                            size, at = read_varint(data, at, end)
+                        except ValueError:
+                            size = -1
                     if at + size == end:
                         return _new_tuple(MessageRecord, (exchange, routing_key, properties, data[at:end], published_at))
                     break
@@ -314,16 +317,3 @@ class FileReads:
                                 path, offset)
         damage.queue = queue
         return damage
-
-
-def _varint(data, at, end):
-    """The varint at C{data[at]} (of more than one byte) and where it ends; (-1, end) if it runs past C{end}."""
-    value = shift = 0
-    while at < end:
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, at
-        shift += 7
-    return -1, end
