@@ -40,7 +40,6 @@ class ReadAhead:
         self.path_of = path_of
         self.requested = {}
         self.bytes_read = 0
-        self.requests = 0
         self._work = SimpleQueue()
         self._thread = None
 
@@ -51,14 +50,13 @@ class ReadAhead:
         read came within half a window of what was asked for.
         """
         requested = self.requested.get(number, 0)
-        if offset + self.half < requested or not self.window:
+        if offset + self.half < requested:
             return
         start = max(requested, offset)
         stop = min(start + self.window, end)
         if stop <= start:
             return
         self.requested[number] = stop
-        self.requests += 1
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="chunked read-ahead", daemon=True)
             self._thread.start()
