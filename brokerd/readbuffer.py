@@ -2,7 +2,9 @@
 
 A frame that arrives over many TCP reads is gathered as a list of chunks and
 joined once it is complete, instead of re-copying the whole buffer on every
-read, so a 100 MiB body costs one copy, not thousands. The chunks of such a
+read, so a 100 MiB body costs one copy, not thousands. Whole frames left for a
+later turn (L{brokerd.turns}) are kept as the read they came in and an offset
+into it, so that parsing a burst a slice at a time copies nothing. The chunks of such a
 frame count against the memory watermark (when one is given) until the frame
 is complete or dropped: a peer that sends the start of huge frames and never
 the rest holds memory like a queue does.
@@ -25,10 +27,11 @@ def read_in_large_pieces(transport):
 
 
 class ReadBuffer:
-    __slots__ = ("_rest", "_chunks", "_buffered", "_needed", "_watermark")
+    __slots__ = ("_rest", "_rest_at", "_chunks", "_buffered", "_needed", "_watermark")
 
     def __init__(self, watermark=None):
-        self._rest = b""  # the start of a frame whose size is not known yet
+        self._rest = b""  # from _rest_at on: whole frames not parsed yet, then the start of one not complete
+        self._rest_at = 0
         self._chunks = None  # the reads of a frame whose size is known
         self._buffered = 0  # bytes in _chunks, all counted in the watermark
         self._needed = 0
@@ -40,7 +43,10 @@ class ReadBuffer:
         return self._buffered
 
     def add(self, data):
-        """The bytes to parse now, kept bytes first; None while a known-size frame is incomplete."""
+        """
+        C{(buffer, start)}: the bytes to parse now are C{buffer[start:]}, kept
+        bytes first; None while a known-size frame is incomplete.
+        """
         if self._needed:
             self._chunks.append(data)
             buffered = self._buffered + len(data)
@@ -53,29 +59,35 @@ class ReadBuffer:
             self._chunks = None
             self._needed = 0
             self._release()
-            return data
-        if self._rest:
-            data = self._rest + data
-            self._rest = b""
-        return data
+            return data, 0
+        rest = self._rest
+        if rest:
+            start = self._rest_at
+            self._rest, self._rest_at = b"", 0
+            if not data:
+                return rest, start
+            return (rest[start:] if start else rest) + data, 0
+        return data, 0
 
     def keep(self, data, offset, needed=0):
-        """Keep C{data[offset:]} for later: a frame that needs C{needed} bytes in
-        all, or (0) one whose header is not complete yet."""
-        rest = data[offset:] if offset else data
+        """Keep C{data[offset:]} for later: the start of a frame that needs
+        C{needed} bytes in all (copied, and counted against the watermark), or
+        (0) whole frames left for a later turn and the start of one whose
+        header is not complete yet (C{data} itself is kept, not a copy)."""
         if needed:
+            rest = data[offset:] if offset else data
             self._chunks = [rest]
             self._buffered = len(rest)
             self._needed = needed
             if self._watermark is not None:
                 self._watermark.add(self._buffered)
         else:
-            self._rest = rest
+            self._rest, self._rest_at = data, offset
 
     def clear(self):
         """Drop everything kept (the connection is closing)."""
         self._release()
-        self._rest = b""
+        self._rest, self._rest_at = b"", 0
         self._chunks = None
         self._needed = 0
 

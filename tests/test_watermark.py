@@ -121,12 +121,12 @@ def test_partial_frames_count_until_complete_or_cleared():
 
     watermark = MemoryWatermark(high=1000, low=500)
     buffer = ReadBuffer(watermark)
-    assert buffer.add(b"12345") == b"12345"
+    assert buffer.add(b"12345") == (b"12345", 0)
     buffer.keep(b"12345", 1, needed=10)  # 4 of a 10-byte frame kept
     assert watermark.queued_bytes == 4
     assert buffer.add(b"abc") is None
     assert watermark.queued_bytes == 7
-    assert buffer.add(b"XYZ!") == b"2345abcXYZ!"
+    assert buffer.add(b"XYZ!") == (b"2345abcXYZ!", 0)
     assert watermark.queued_bytes == 0
     buffer.keep(b"0123456789", 2, needed=100)
     assert watermark.queued_bytes == 8

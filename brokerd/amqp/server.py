@@ -47,6 +47,8 @@ from brokerd.errors import (
 from brokerd.hangup import HangupWatch
 from brokerd.model.watermark import LARGE_PARTIAL_FRAME, SLOW_READER, ConnectionFlow, reading_pauses
 from brokerd.readbuffer import ReadBuffer, read_in_large_pieces
+from brokerd import turns
+from brokerd.turns import FRAMES_PER_CHECK, TurnTaking
 from brokerd.writebuffer import WriteBuffer
 
 log = Logger()
@@ -71,6 +73,7 @@ class AmqpServerProtocol(Protocol):
         self._channels = {}  # channel id -> AmqpChannel
         self._max_payload = frames.FRAME_MIN_SIZE - frames.FRAME_OVERHEAD  # until tune-ok, as in RabbitMQ
         self._read_buffer = ReadBuffer(broker.watermark)
+        self._turns = None  # a TurnTaking once connected
         self._watermark = broker.watermark
         self._method_in_progress = 0  # the index of the last method frame, for close's class and method ids
 
@@ -85,6 +88,7 @@ class AmqpServerProtocol(Protocol):
         pauses = self._flow.pauses = reading_pauses(self.transport)
         pauses.on_resume = self._parse_held_back
         pauses.hangup_watch = HangupWatch(self.transport, self.clock, self._probe_paused_peer)
+        self._turns = TurnTaking(self.clock, pauses, self._parse_now)
         self.transport.registerProducer(self, True)
         self._flow.received_at = self.writes.written_at = self.clock.seconds()
         self.handshake.connection_made(self.transport)
@@ -93,6 +97,8 @@ class AmqpServerProtocol(Protocol):
         self.handshake.connection_lost(reason)
         self.writes.connection_lost()
         self._read_buffer.clear()
+        if self._turns is not None:
+            self._turns.stop()
         self._flow.body_bytes.release()  # of channels the connection's close has already forgotten
         if self._flow.pauses is not None:
             self._flow.pauses.close()
@@ -105,8 +111,8 @@ class AmqpServerProtocol(Protocol):
         connection = self.handshake.connection
         if connection is not None:
             connection.bytes_received += len(data)
-        data = self._read_buffer.add(data)
-        if data is None:
+        kept = self._read_buffer.add(data)
+        if kept is None:
             if (
                 self._watermark.blocked
                 and self.handshake.gate is not None
@@ -114,24 +120,29 @@ class AmqpServerProtocol(Protocol):
             ):
                 self.handshake.gate.check()  # the start of a large frame holds memory like a publish
             return
+        data, start = kept
         if self._flow.pauses.reasons:
-            self._read_buffer.keep(data, 0)  # parsed when reading resumes
+            self._read_buffer.keep(data, start)  # parsed when reading resumes
             return
         if self.handshake.state == AWAITING_HEADER:
-            data = self._protocol_header(data)
+            data, start = self._protocol_header(data[start:]), 0
             if not data:
                 return
         try:
-            self._frames(data)
+            self._frames(data, start)
         except BrokerError as error:
             self.handshake.close(error, self._method_in_progress)
         except Exception:
             log.failure("AMQP connection from {peer} failed", peer=peer_address(self.transport))
             self.handshake.close(InternalError("the broker failed to handle a frame; see its log"))
 
-    def _frames(self, data):
-        """Dispatch every whole frame in C{data}: an open channel's straight to its L{AmqpChannel}."""
-        offset, size = 0, len(data)
+    def _frames(self, data, offset):
+        """
+        Dispatch the whole frames in C{data[offset:]}, an open channel's straight
+        to its L{AmqpChannel}: a turn's worth (L{brokerd.turns}); the rest waits.
+        """
+        size = len(data)
+        until_check, deadline, turn_over = FRAMES_PER_CHECK, self._turns.deadline(), False
         unpack_from = frames.FRAME_START.unpack_from
         channels = self._channels  # holds only open channels, so only while the connection is open
         not_reading = self._flow.pauses.reasons
@@ -176,8 +187,16 @@ class AmqpServerProtocol(Protocol):
             offset = end + 1
             if not_reading:
                 break  # the client does not read our replies, or the broker is blocked: the rest waits
+            until_check -= 1
+            if not until_check:
+                if turns.turn_clock() >= deadline:
+                    turn_over = True
+                    break
+                until_check = FRAMES_PER_CHECK
         if offset < size:
             self._read_buffer.keep(data, offset)
+            if turn_over and self.handshake.state != CLOSING:
+                self._turns.end_turn()
 
     def _protocol_header(self, data):
         """Checks the 8-byte protocol header; returns the bytes after it, or None."""

@@ -92,11 +92,12 @@ class ReadingPauses:
     the one instance of a transport, shared by everything that pauses it.
     """
 
-    __slots__ = ("_transport", "reasons", "on_resume", "hangup_watch", "__weakref__")
+    __slots__ = ("_transport", "reasons", "_held", "on_resume", "hangup_watch", "__weakref__")
 
     def __init__(self, transport):
         self._transport = weakref.ref(transport)  # the registry's key: a strong reference would keep it alive
         self.reasons = set()
+        self._held = False  # the socket is not read while what was read waits for the next turn
         self.on_resume = None
         # Started while reading is paused, so that a client that goes away then is still noticed
         # (a protocol sets one: brokerd.hangup.HangupWatch).
@@ -105,7 +106,7 @@ class ReadingPauses:
     def pause(self, reason):
         if not self.reasons:
             transport = self._transport()
-            if transport is not None:
+            if transport is not None and not self._held:
                 transport.pauseProducing()
             if self.hangup_watch is not None:
                 self.hangup_watch.start()
@@ -120,11 +121,31 @@ class ReadingPauses:
         if self.hangup_watch is not None:
             self.hangup_watch.stop()
         transport = self._transport()
-        if transport is not None:
+        if transport is not None and not self._held:
             transport.resumeProducing()
         if self.on_resume is not None:
             self.on_resume()
 
+    def hold_reading(self):
+        """
+        Stop reading the socket, without a reason that stops parsing: the
+        connection has whole frames left to parse on later turns
+        (L{brokerd.turns.TurnTaking}), and reading more meanwhile would only
+        pile them up.
+        """
+        if not self._held:
+            self._held = True
+            transport = self._transport()
+            if transport is not None and not self.reasons:
+                transport.pauseProducing()
+
+    def release_reading(self):
+        """What was held is parsed: read the socket again, unless a reason still pauses it."""
+        if self._held:
+            self._held = False
+            transport = self._transport()
+            if transport is not None and not self.reasons:
+                transport.resumeProducing()
 
     def close(self):
         """The connection is gone: stop watching it and let go of its protocol (whose callbacks

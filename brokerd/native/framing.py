@@ -14,7 +14,8 @@ for a server, the reactor the client connects with). A server also gives its
 C{watermark}, so that the chunks of an incomplete frame and the frames written
 while its client does not read (the transport has paused us) count against the
 memory watermark, and sets C{read_pauses}, so that no frame is parsed while
-reading from its client is paused.
+reading from its client is paused and a burst of frames is parsed a turn's
+worth at a time (L{brokerd.turns}).
 """
 
 from struct import Struct
@@ -23,6 +24,8 @@ from twisted.protocols.basic import Int32StringReceiver
 
 from brokerd.model.watermark import HeldBytes
 from brokerd.readbuffer import ReadBuffer
+from brokerd import turns
+from brokerd.turns import FRAMES_PER_CHECK, TurnTaking
 from brokerd.writebuffer import WriteBuffer
 
 _LENGTH = Struct(">I")
@@ -43,6 +46,7 @@ class FrameReceiver(Int32StringReceiver):
     _read_buffer = None
     stopped_reading = False  # set when the connection is being closed; later frames are ignored
     read_pauses = None  # a ReadingPauses: no frame is parsed while it holds a reason
+    _turns = None  # a server's TurnTaking, made on its first read
 
     def __init__(self, clock, watermark=None):
         """
@@ -63,12 +67,19 @@ class FrameReceiver(Int32StringReceiver):
         read_buffer = self._read_buffer
         if read_buffer is None:
             read_buffer = self._read_buffer = ReadBuffer(self.watermark)
-        data = read_buffer.add(data)
-        if data is None:
+        kept = read_buffer.add(data)
+        if kept is None:
             self.partialFrameReceived()
             return
-        offset, size = 0, len(data)
+        data, offset = kept
+        size = len(data)
         unpack_from, pauses = _LENGTH.unpack_from, self.read_pauses
+        until_check, deadline, turn_over = -1, 0.0, False  # a client parses all it reads
+        if pauses is not None:  # a server takes turns with its other connections
+            taking = self._turns
+            if taking is None:
+                taking = self._turns = TurnTaking(self.clock, pauses, self._parse_held)
+            until_check, deadline = FRAMES_PER_CHECK, taking.deadline()
         while size - offset >= _PREFIX:
             if self.stopped_reading:
                 return
@@ -86,8 +97,21 @@ class FrameReceiver(Int32StringReceiver):
                 return
             self.stringReceived(data[offset + _PREFIX : end])
             offset = end
+            until_check -= 1
+            if not until_check:
+                if turns.turn_clock() >= deadline:
+                    turn_over = True
+                    break
+                until_check = FRAMES_PER_CHECK
         if offset < size and not self.stopped_reading:
             read_buffer.keep(data, offset)
+            if turn_over and not pauses.reasons:
+                self._turns.end_turn()
+
+    def _parse_held(self):
+        """Parse the frames kept for this turn, unless reading stopped meanwhile (a pause, a close)."""
+        if not self.stopped_reading and not self.read_pauses.reasons:
+            self.dataReceived(b"")
 
     def partialFrameReceived(self):
         """Part of a frame was kept for later (and counted against C{watermark}); a hook for servers."""
@@ -98,5 +122,7 @@ class FrameReceiver(Int32StringReceiver):
 
     def connectionLost(self, reason):
         self.writes.connection_lost()
+        if self._turns is not None:
+            self._turns.stop()
         if self._read_buffer is not None:
             self._read_buffer.clear()
