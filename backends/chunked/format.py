@@ -29,6 +29,7 @@ import zlib
 from array import array
 from operator import itemgetter
 
+from backends.checksum import crc32
 from brokerd.interfaces import StoreCorrupted
 from brokerd.proto import messages_pb2
 
@@ -179,7 +180,7 @@ def frame_parts(head, body):
     """The parts of one record, in order; the body is one of them, never copied."""
     length = 5 + len(head) + len(body)
     prefix = RECORD_HEAD.pack(length, MESSAGE_RECORD, len(head))
-    crc = zlib.crc32(body, zlib.crc32(head, zlib.crc32(prefix[4:])))
+    crc = crc32(body, zlib.crc32(head, zlib.crc32(prefix[4:])))
     return (prefix + head, body, RECORD_TAIL.pack(crc, length))
 
 
@@ -263,7 +264,7 @@ def record_at(buffer, offset, limit):
         head_end = 5 + head_length
         return record[5:head_end], record[head_end:]
     with memoryview(buffer) as view:
-        if zlib.crc32(view[offset + 4 : end]) != crc:
+        if crc32(view[offset + 4 : end]) != crc:
             return None
         body_start = offset + RECORD_HEAD.size + head_length
         return bytes(view[offset + RECORD_HEAD.size : body_start]), bytes(view[body_start:end])

@@ -20,12 +20,12 @@ files that hold a copy without a per-message table.
 """
 
 import os
-import zlib
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 
 from google.protobuf.message import DecodeError
 
+from backends.checksum import crc32
 from backends.filelog.queuefiles import ROUTE_BITS
 from backends.filelog.records import BODY_TAG, HEADER_SIZE, LENGTH, OVERHEAD, TRAILER_SIZE, VALID_TAG
 from backends.messagerecord import record_of_stored
@@ -225,7 +225,7 @@ class FileReads:
             if length < 2 or end > len(data) or data[at + HEADER_SIZE] != VALID_TAG:
                 raise self._damaged(reader.queue, offset, "it is not a whole record where the index has one")
             end -= TRAILER_SIZE
-            if zlib.crc32(data[at + HEADER_SIZE + 2 : end]) != LENGTH.unpack_from(data, end)[0]:
+            if crc32(memoryview(data)[at + HEADER_SIZE + 2 : end]) != LENGTH.unpack_from(data, end)[0]:
                 raise self._damaged(reader.queue, offset, "its CRC does not match")
             self.records_read += 1
             start = at + HEADER_SIZE

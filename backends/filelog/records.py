@@ -29,6 +29,7 @@ import zlib
 from array import array
 from typing import NamedTuple
 
+from backends.checksum import crc32
 from backends.fileio import little_endian_bytes, read_little_endian
 from brokerd.proto import messages_pb2
 
@@ -119,7 +120,7 @@ def decode_returns(payload):
 
 def frame(head, body):
     """The header and trailer that make the encoded StoredMessage C{head + body} a record."""
-    crc = zlib.crc32(body, zlib.crc32(memoryview(head)[2:]))
+    crc = crc32(body, zlib.crc32(memoryview(head)[2:]))
     return LENGTH.pack(len(head) + len(body)), LENGTH.pack(crc)
 
 

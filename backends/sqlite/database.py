@@ -21,6 +21,7 @@ from array import array
 
 from twisted.logger import Logger
 
+from backends.checksum import crc32
 from backends.sqlite import delayed
 from backends.sqlite.checkpointer import LOCK_WAIT_SECONDS, Checkpointer
 from backends.sqlite.schema import (
@@ -58,7 +59,7 @@ QUEUE_IDS = ("SELECT group_concat(printf('%016x', message_id), '')"
 
 def checksum(record, body):
     """The C{crc} column of a message: CRC-32 of its record, then of its body."""
-    return zlib.crc32(body, zlib.crc32(record))
+    return crc32(body, zlib.crc32(record))
 
 
 class StoreOpenError(Exception):
