@@ -5,6 +5,8 @@ Whether a range of a file is in the page cache is asked the way a reader that mu
 C{preadv(..., RWF_NOWAIT)}, which reads only what is cached (and starts the kernel's read-ahead from where it
 missed, so each test asks about a range once). The files are written through the store,
 closed, reopened, and dropped from the page cache (C{POSIX_FADV_DONTNEED}) before they are read again.
+
+Of records with large bodies the thread also checks the CRCs, and the reactor's reads then check only the framing.
 """
 
 import os
@@ -17,6 +19,7 @@ from twisted.trial import unittest
 
 from backends.chunked import backend
 from brokerd.durability import SyncPolicy
+from brokerd.interfaces import StoreCorrupted
 from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
 from tests.store_contract import JOBS, queue_record
@@ -31,9 +34,9 @@ FAR = (40 * MIB, MIB)  # beyond the kernel's own read-ahead of the first 50 read
 EVICTION_PROBE = (56 * MIB, MIB)
 
 
-def persistent(number):
+def persistent(number, size=BODY):
     properties = messages_pb2.BasicProperties(delivery_mode=messages_pb2.PERSISTENT, message_id=str(number))
-    return Message("", "jobs", properties, (b"%06d" % number).ljust(BODY, b"."))
+    return Message("", "jobs", properties, (b"%06d" % number).ljust(size, b"."))
 
 
 def cached(path, start, length):
@@ -69,12 +72,12 @@ class ReadAheadTests(unittest.TestCase):
         return store
 
     @defer.inlineCallbacks
-    def filled(self):
+    def filled(self, messages=MESSAGES, size=BODY):
         """Write the messages and close the store; the path of its chunk."""
         store = yield self.open_store()
         store.save_queue(queue_record("jobs"))
-        for number in range(MESSAGES):
-            store.append(persistent(number), [JOBS])
+        for number in range(messages):
+            store.append(persistent(number, size), [JOBS])
         yield store.sync()
         yield store.close()
         return os.path.join(store.directory, "message-chunk-000000000")
@@ -121,3 +124,53 @@ class ReadAheadTests(unittest.TestCase):
                     and thread.ident not in self.threads_before]
         yield store.close()
         self.assertFalse(thread.is_alive())
+
+    @defer.inlineCallbacks
+    def test_the_thread_checks_the_crcs_of_large_records_it_reads_ahead(self):
+        path = yield self.filled(messages=2000)
+        store = yield self.open_store(read_ahead="1M")
+        handles = list(store.recovered_handles(JOBS))
+        store.load(handles[0])
+        yield wait_until(lambda: store.stats()["read_ahead_checked_bytes"] >= MIB - 2 * BODY, timeout=30)
+        self.assertLessEqual(store.stats()["read_ahead_checked_bytes"], MIB)
+        for number, handle in enumerate(handles[:200]):
+            self.assertEqual(store.load(handle).body, persistent(number).body)
+        self.assertTrue(os.path.exists(path))
+
+    @defer.inlineCallbacks
+    def test_a_damaged_record_ahead_ends_what_the_thread_checked_and_its_read_still_fails(self):
+        store = yield self.open_store()
+        store.save_queue(queue_record("jobs"))
+        for number in range(2000):
+            store.append(persistent(number), [JOBS])
+        yield store.sync()
+        store.append(persistent(2000), [JOBS])  # a second fsync: opening walks only what came after the first
+        yield store.sync()
+        yield store.close()
+        path = os.path.join(store.directory, "message-chunk-000000000")
+        with open(path, "r+b") as chunk:
+            data = chunk.read()
+            damaged = data.index(b"%06d." % 100) + 10  # a byte of message 100's body
+            chunk.seek(damaged)
+            chunk.write(b"!")
+        store = yield self.open_store(read_ahead="1M")
+        handles = list(store.recovered_handles(JOBS))
+        self.assertEqual(len(handles), 2001)
+        store.load(handles[0])
+        yield wait_until(lambda: store.stats()["read_ahead_bytes"] >= MIB - 2 * BODY, timeout=30)
+        self.assertGreater(store.stats()["read_ahead_checked_bytes"], 0)
+        self.assertLess(store.stats()["read_ahead_checked_bytes"], 100 * (BODY + 100))
+        for number, handle in enumerate(handles[1:100], start=1):
+            self.assertEqual(store.load(handle).body, persistent(number).body)
+        with self.assertRaises(StoreCorrupted):
+            store.load(handles[100])
+
+    @defer.inlineCallbacks
+    def test_small_records_are_left_to_the_reactor_to_check(self):
+        yield self.filled(messages=20_000, size=100)
+        store = yield self.open_store(read_ahead="1M")
+        handles = list(store.recovered_handles(JOBS))
+        for handle in handles[:100]:
+            store.load(handle)
+        yield wait_until(lambda: store.stats()["read_ahead_bytes"] >= MIB - 8192, timeout=30)
+        self.assertEqual(store.stats()["read_ahead_checked_bytes"], 0)

@@ -240,13 +240,15 @@ def full_record_size(buffer, offset):
 SMALL_RECORD = 4096  # a record up to this length is copied out whole, then split; a larger one through a view
 
 
-def record_at(buffer, offset, limit):
+def record_at(buffer, offset, limit, crc_checked=False):
     """
     The C{(head bytes, body bytes)} of the record at C{offset} of C{buffer}
     (C{limit} the end of valid data), checked, each copied out once; None if
     the bytes there hold no whole, undamaged record (L{record_problem} says
     why). The head is a body-less StoredMessage. This is every paged
-    delivery's read, so it takes the sound case in one pass.
+    delivery's read, so it takes the sound case in one pass. With
+    C{crc_checked} (the read-ahead thread has checked this record's CRC in
+    the same bytes) only its framing is checked.
     """
     if offset + RECORD_HEAD.size > limit:
         return None
@@ -259,12 +261,12 @@ def record_at(buffer, offset, limit):
         return None
     if length <= SMALL_RECORD:
         record = buffer[offset + 4 : end]
-        if zlib.crc32(record) != crc:
+        if not crc_checked and zlib.crc32(record) != crc:
             return None
         head_end = 5 + head_length
         return record[5:head_end], record[head_end:]
     with memoryview(buffer) as view:
-        if crc32(view[offset + 4 : end]) != crc:
+        if not crc_checked and crc32(view[offset + 4 : end]) != crc:
             return None
         body_start = offset + RECORD_HEAD.size + head_length
         return bytes(view[offset + RECORD_HEAD.size : body_start]), bytes(view[body_start:end])

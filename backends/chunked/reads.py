@@ -18,6 +18,7 @@ from collections import OrderedDict
 
 from backends.chunked.format import HEADER_SIZE, decode_head, position_of, record_at, record_damage
 from backends.chunked.messagelog import chunk_path
+from backends.chunked.readahead import CHECK_AHEAD_BODY
 from brokerd.interfaces import MessageRecord
 
 CACHE_ENTRY_OVERHEAD = 200  # bytes a cached record costs beyond its head and body (dict slot, tuple, bytes headers)
@@ -133,9 +134,15 @@ class ChunkReader:
             chunk = self._map(number, handle)
         offset += HEADER_SIZE
         read_ahead = self.read_ahead
-        if read_ahead is not None and offset + read_ahead.half >= read_ahead.requested.get(number, 0):
-            read_ahead.ahead(number, offset, HEADER_SIZE + min(data_size, self.written - number * data_size))
-        parts = record_at(chunk, offset, HEADER_SIZE + data_size)
+        if read_ahead is None:
+            parts = record_at(chunk, offset, HEADER_SIZE + data_size)
+        else:
+            checked = read_ahead.checked.get(number)
+            parts = record_at(chunk, offset, HEADER_SIZE + data_size,
+                              checked is not None and checked[0] <= offset < checked[1])
+            if parts is not None and offset + read_ahead.half >= read_ahead.requested.get(number, 0):
+                read_ahead.ahead(number, offset, HEADER_SIZE + min(data_size, self.written - number * data_size),
+                                 check=len(parts[1]) >= CHECK_AHEAD_BODY)
         if parts is None:
             raise record_damage(chunk, offset, HEADER_SIZE + data_size, chunk_path(self.directory, number), offset)
         reads = self.reads

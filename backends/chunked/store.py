@@ -451,6 +451,7 @@ class ChunkedStore(CompactingStore, FileStoreBase):
             "chunk_size": self._data_size,
             "chunk_reads": chunk_reads,
             "read_ahead_bytes": self._reader.read_ahead.bytes_read if self._reader.read_ahead else 0,
+            "read_ahead_checked_bytes": self._reader.read_ahead.bytes_checked if self._reader.read_ahead else 0,
             "chunk_writes": sum(writes for writes, _ in chunks.values()),
             "bytes_on_disk": bytes_on_disk(self.directory, chunks),
             "append_position": self._position,
