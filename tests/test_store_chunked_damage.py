@@ -43,12 +43,21 @@ class ChunkedTornTailTests(ChunkedStores, unittest.TestCase):
 
     @defer.inlineCallbacks
     def assert_last_record_cut(self, damage, problem):
-        """Damage m2's record with C{damage(path, offset)}: open cuts it off, and its index entry, and says so."""
-        store, handles = yield self.closed_with_three()
-        path, torn = chunk_path(store, 0), position_of(handles[2])
+        """
+        Damage m2's record with C{damage(path, offset)} in the files a crash
+        left (no fsync covers the records in the chunk's progress block, so
+        they are unproven: a clean stop records its last fsync there, and
+        damage found after one is found when the record is read): open cuts
+        it off, and its index entry, and says so.
+        """
+        store, handles = yield self.store_with(THREE)
+        crashed = self.fresh_data_dir()
+        shutil.copytree(store.directory, os.path.join(crashed, self.subdirectory))
+        path = os.path.join(crashed, self.subdirectory, os.path.basename(chunk_path(store, 0)))
+        torn = position_of(handles[2])
         damage(path, HEADER_SIZE + torn)
         logged = LogWatcher(self)
-        store = yield self.reopen(store)
+        store = yield self.open_store(crashed)
         self.assertEqual(self.bodies(store), [b"m0".ljust(100, b"."), b"m1".ljust(100, b".")])
         self.assertEqual(len(logged.matching(path, "data offset %d is torn (%s)" % (torn, problem))), 1)
         self.assertEqual(len(logged.matching("('/', 'jobs')", "1 index entries from entry 2", "dropped")), 1)

@@ -9,7 +9,7 @@ import zlib
 from twisted.internet import defer
 from twisted.trial import unittest
 
-from backends.chunked.format import FOOTER_SIZE, HEADER_SIZE, position_of
+from backends.chunked.format import FOOTER_SIZE, HEADER_SIZE, decode_footer, position_of
 from brokerd.proto import messages_pb2
 from tests.store_contract import AUDIT, JOBS, message, queue_record
 from tests.test_store_chunked import (
@@ -180,7 +180,7 @@ class ChunkedReopenTests(ChunkedStores, unittest.TestCase):
         store = yield self.reopen(store)
         self.assertEqual(self.bodies(store), [m.body for m in published] + [b"after0", b"after1"])
         self.assertEqual(os.path.getsize(chunk_path(store, 1)), FILE_SIZE)
-        self.assertFalse(any(contents(chunk_path(store, 1))[HEADER_SIZE + DATA :]), "still no footer")
+        self.assertIsNone(decode_footer(contents(chunk_path(store, 1))[HEADER_SIZE + DATA :]), "still no footer")
 
     @defer.inlineCallbacks
     def closed_with_a_finished_last_chunk(self):

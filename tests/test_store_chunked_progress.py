@@ -82,3 +82,20 @@ class ChunkProgressTests(ChunkedStores, unittest.TestCase):
         reopened = yield self.reopen_after_crash(store)
         self.assertEqual(reopened.append(numbered(999), [JOBS]), handles[10],
                          "walked from the start, as without a progress block: the damaged record ends the chunk")
+
+    @defer.inlineCallbacks
+    def test_a_clean_stop_records_the_last_fsync_so_a_damaged_record_cuts_off_nothing(self):
+        store = yield self.open_store()
+        store.save_queue(queue_record("jobs"))
+        handles = [store.append(numbered(number), [JOBS]) for number in range(300)]
+        yield store.sync()  # one fsync only: without the stop's block, all 300 are walked at the next open
+        reopened = yield self.reopen(store)
+        self.assertEqual(self.progress(reopened), (self.record_end(handles[-1]) - HEADER_SIZE - handles[0], 300))
+        yield reopened.close()
+        flip(chunk_path(store, 0), self.record_end(handles[10]) - RECORD_TAIL.size - 1)  # the last body byte
+        damaged = yield self.reopen(reopened)
+        self.assertEqual(len(list(damaged.recovered_handles(JOBS))), 300, "no record was cut off at open")
+        with self.assertRaises(StoreCorrupted):
+            damaged.load(handles[10])
+        self.assertEqual([damaged.load(handle).body for handle in handles[11:]],
+                         [numbered(number).body for number in range(11, 300)])

@@ -133,8 +133,9 @@ def decode_footer(data):
 def encode_progress(used, records):
     """
     The block written where an unfinished chunk's footer will go: how many
-    bytes of records (and how many records) it held at the last fsync
-    before this one, all of them durable. Opening scans the chunk from there.
+    bytes of records (and how many records) it held at an fsync made before
+    this block is written (the last one, or at a clean stop this one), all
+    of them durable. Opening scans the chunk from there.
     """
     return _encode_end_block(PROGRESS_MAGIC, used, records)
 
