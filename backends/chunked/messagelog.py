@@ -354,15 +354,17 @@ class MessageLog:
         Before an fsync, record in the current chunk's footer block how far
         the last fsync made it durable, so that opening walks only what
         came after (its records unproven). The block goes with the chunk's
-        data in the same fsync; it is only ever behind the truth.
+        data in the same fsync; it is only ever behind the truth. True if it
+        wrote the block.
         """
         progress = self._synced_progress
         if progress is None or progress == self._written_progress or self._descriptor is None:
-            return
+            return False
         write_block(self._descriptor, HEADER_SIZE + self.data_size, encode_progress(*progress))
         self._written_progress = progress
         if self._descriptor not in self._unsynced:
             self._unsynced.append(self._descriptor)
+        return True
 
     # -- cleanup
 
@@ -408,9 +410,7 @@ class MessageLog:
             self._writer.close()
             self._writer = None
         if self._descriptor is not None:
-            if self._synced_progress is not None and self._synced_progress != self._written_progress \
-                    and self.flushed_position == self.write_position:
-                write_block(self._descriptor, HEADER_SIZE + self.data_size, encode_progress(*self._synced_progress))
+            if self._write_progress():
                 os.fdatasync(self._descriptor)
             os.close(self._descriptor)
             self._descriptor = None
