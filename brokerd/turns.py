@@ -29,6 +29,12 @@ def turn_clock():
     return time.perf_counter()
 
 
+def frames_until_check(deadline):
+    """After L{FRAMES_PER_CHECK} frames of a turn ending at C{deadline}: how many
+    more before the next look at the clock, or 0 if the turn is over."""
+    return FRAMES_PER_CHECK if turn_clock() < deadline else 0
+
+
 class TurnTaking:
     """
     Parses what one connection has left on later turns, one turn's worth at a time.

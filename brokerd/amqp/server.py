@@ -142,7 +142,7 @@ class AmqpServerProtocol(Protocol):
         to its L{AmqpChannel}: a turn's worth (L{brokerd.turns}); the rest waits.
         """
         size = len(data)
-        until_check, deadline, turn_over = FRAMES_PER_CHECK, self._turns.deadline(), False
+        until_check, deadline = FRAMES_PER_CHECK, self._turns.deadline()
         unpack_from = frames.FRAME_START.unpack_from
         channels = self._channels  # holds only open channels, so only while the connection is open
         not_reading = self._flow.pauses.reasons
@@ -189,13 +189,12 @@ class AmqpServerProtocol(Protocol):
                 break  # the client does not read our replies, or the broker is blocked: the rest waits
             until_check -= 1
             if not until_check:
-                if turns.turn_clock() >= deadline:
-                    turn_over = True
-                    break
-                until_check = FRAMES_PER_CHECK
+                until_check = turns.frames_until_check(deadline)
+                if not until_check:
+                    break  # the turn is over
         if offset < size:
             self._read_buffer.keep(data, offset)
-            if turn_over and self.handshake.state != CLOSING:
+            if not until_check and self.handshake.state != CLOSING:
                 self._turns.end_turn()
 
     def _protocol_header(self, data):

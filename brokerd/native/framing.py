@@ -74,7 +74,7 @@ class FrameReceiver(Int32StringReceiver):
         data, offset = kept
         size = len(data)
         unpack_from, pauses = _LENGTH.unpack_from, self.read_pauses
-        until_check, deadline, turn_over = -1, 0.0, False  # a client parses all it reads
+        until_check, deadline = -1, 0.0  # a client parses all it reads
         if pauses is not None:  # a server takes turns with its other connections
             taking = self._turns
             if taking is None:
@@ -99,13 +99,12 @@ class FrameReceiver(Int32StringReceiver):
             offset = end
             until_check -= 1
             if not until_check:
-                if turns.turn_clock() >= deadline:
-                    turn_over = True
-                    break
-                until_check = FRAMES_PER_CHECK
+                until_check = turns.frames_until_check(deadline)
+                if not until_check:
+                    break  # the turn is over
         if offset < size and not self.stopped_reading:
             read_buffer.keep(data, offset)
-            if turn_over and not pauses.reasons:
+            if not until_check and not pauses.reasons:
                 self._turns.end_turn()
 
     def _parse_held(self):
