@@ -14,7 +14,7 @@ import os
 from google.protobuf.message import DecodeError
 
 from backends.fileio import TEMPORARY_SUFFIX, fsync_directory
-from brokerd.interfaces import QuarantinedRecord, UnreadableMessage
+from brokerd.interfaces import QuarantinedRecord, StoreCorrupted, UnreadableMessage
 from brokerd.proto import messages_pb2
 
 QUARANTINE_DIRECTORY = "quarantine"
@@ -110,6 +110,20 @@ def quarantined_topology(record_type, data, where, reason="it does not parse (ne
 def unreadable_message(where, problem):
     """The L{UnreadableMessage} for a stored message at C{where} whose intact record does not parse."""
     return UnreadableMessage(f"the stored message at {where} does not parse ({problem})")
+
+
+def parse_stored_message(record, where, what, path):
+    """
+    The StoredMessage of an intact C{record}: L{UnreadableMessage} naming
+    C{where} if protobuf refuses it (quarantined), L{StoreCorrupted} naming
+    C{what} and C{path} if parsing fails any other way.
+    """
+    try:
+        return messages_pb2.StoredMessage.FromString(record)
+    except DecodeError as error:
+        raise unreadable_message(where, error) from None
+    except Exception as error:
+        raise StoreCorrupted(f"{what} cannot be read as a StoredMessage ({error})", path=path) from None
 
 
 def keep_aside(directory, name, parts):

@@ -22,14 +22,11 @@ Schema version 3 added these tables; a version-2 file is upgraded in place
 when opened (the tables are created).
 """
 
-from google.protobuf.message import DecodeError
-
 from backends.delayedshared.reactorside import MAX_DUE
 from backends.handlemap import HandleMap
 from backends.messagerecord import record_of_stored
-from backends.quarantine import unreadable_message
+from backends.quarantine import parse_stored_message
 from brokerd.interfaces import DelayedMessage, StoreCorrupted
-from brokerd.proto import messages_pb2
 
 PURGE_ROWS = 1 << 16  # released rows that make a purge
 DELAYED_SCHEMA = """
@@ -146,12 +143,6 @@ def delayed_message(row, path, checksum):
         raise StoreCorrupted(
             f"sqlite store {path}: delayed message {handle} is damaged (its checksum does not match)", path=path
         )
-    try:
-        stored = messages_pb2.StoredMessage.FromString(record)
-    except DecodeError as error:
-        raise unreadable_message(f"sqlite store {path}, delayed row {handle}", error) from None
-    except Exception as error:
-        raise StoreCorrupted(
-            f"sqlite store {path}: delayed message {handle} cannot be read as a StoredMessage ({error})", path=path
-        ) from None
+    stored = parse_stored_message(record, f"sqlite store {path}, delayed row {handle}",
+                                  f"sqlite store {path}: delayed message {handle}", path)
     return DelayedMessage(due, handle, (vhost, exchange), record_of_stored(stored, body))

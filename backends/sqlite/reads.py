@@ -16,9 +16,7 @@ import sqlite3
 import urllib.parse
 from collections import OrderedDict
 
-from google.protobuf.message import DecodeError
-
-from backends.quarantine import unreadable_message
+from backends.quarantine import parse_stored_message
 from backends.sqlite.checkpointer import LOCK_WAIT_SECONDS
 from backends.sqlite.database import checksum
 from brokerd.interfaces import MessageRecord, StoreCorrupted
@@ -110,15 +108,8 @@ class MessageReader:
 
     def _kind(self, handle, record):
         """Parse a record not seen lately; its messages share the properties (read-only)."""
-        try:
-            stored = messages_pb2.StoredMessage.FromString(record)
-        except DecodeError as error:
-            raise unreadable_message(f"sqlite store {self.path}, messages row {handle}", error) from None
-        except Exception as error:
-            raise StoreCorrupted(
-                f"sqlite store {self.path}: message {handle} cannot be read as a StoredMessage ({error})",
-                path=self.path,
-            ) from None
+        stored = parse_stored_message(record, f"sqlite store {self.path}, messages row {handle}",
+                                      f"sqlite store {self.path}: message {handle}", self.path)
         properties = messages_pb2.BasicProperties()
         properties.CopyFrom(stored.properties)
         published_at = stored.published_at if stored.HasField("published_at") else None
