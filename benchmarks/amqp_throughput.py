@@ -40,15 +40,13 @@ from pamqp import commands
 
 from benchmarks.amqp_client import (
     BASIC_ACK,
-    FRAME_METHOD,
-    FRAME_START,
     LONG_LONG,
-    METHOD_INDEX,
     TRANSIENT_PROPERTIES,
     BenchmarkError,
     Connection,
     Loop,
     publish_block,
+    settle_frame,
 )
 from benchmarks.processcpu import CpuWindow
 from benchmarks.report import print_results
@@ -79,7 +77,7 @@ class Publisher:
         self.pack_number = LONG_LONG.pack_into
 
     def start(self):
-        self.connection.publisher = self
+        self.connection.on_confirm = self.on_confirm
         self._fill()
 
     @property
@@ -103,8 +101,10 @@ class Publisher:
         self.sent += room
         self.connection.write(batch)
 
-    def confirmed_up_to(self, delivery_tag, multiple):
+    def on_confirm(self, channel, delivery_tag, multiple, ack):
         """A basic.ack from the broker: every publish up to C{delivery_tag}, or just that one."""
+        if not ack:
+            raise BenchmarkError(f"{self.connection.name}: the broker nacked publish {delivery_tag}")
         confirmed = delivery_tag - self.first_tag + 1
         if not multiple and confirmed != self.confirmed + 1:
             raise BenchmarkError(f"publish confirmed out of order: tag {delivery_tag} after {self.confirmed} of ours")
@@ -116,7 +116,7 @@ class Publisher:
         self.confirmed = confirmed
         if confirmed == self.count:
             self.finished_at = time.perf_counter()
-            self.connection.publisher = None
+            self.connection.on_confirm = self.connection.unexpected_confirm
         else:
             self._fill()
 
@@ -135,25 +135,26 @@ class Consumer:
         self.last_tag = 0
         self.finished_at = None
         self.consumer_tag = None
-        channel = connection.CHANNEL
-        self.ack_start = FRAME_START.pack(FRAME_METHOD, channel, 13) + METHOD_INDEX.pack(BASIC_ACK)
-        self.ack_end = b"\x01\xce"  # multiple, frame end
 
     def start(self):
         connection = self.connection
-        connection.consumer = self
+        connection.on_delivery = self.on_delivery
         reply = connection.rpc(commands.Basic.Consume(queue=self.queue, no_ack=False), commands.Basic.ConsumeOk)
         self.consumer_tag = reply.consumer_tag
 
     def cancel(self):
         self.connection.rpc(commands.Basic.Cancel(consumer_tag=self.consumer_tag), commands.Basic.CancelOk)
-        self.connection.consumer = None
+        self.connection.on_delivery = self.connection.unexpected_delivery
 
     @property
     def done(self):
         return self.received == self.expected
 
-    def delivered(self, delivery_tag, number):
+    def on_delivery(self, delivery):
+        delivery_tag, body = delivery.delivery_tag, delivery.body
+        if len(body) != self.size:
+            raise BenchmarkError(f"delivery {delivery_tag} has {len(body)} bytes, not {self.size}")
+        number = int.from_bytes(body[:8], "big")
         if number != self.next_number:
             raise BenchmarkError(f"expected message {self.next_number}, got {number} (delivery tag {delivery_tag})")
         if delivery_tag <= self.last_tag:
@@ -164,7 +165,7 @@ class Consumer:
         self.last_tag = delivery_tag
         self.received += 1
         if self.received % self.ack_every == 0 or self.received == self.expected:
-            self.connection.write(self.ack_start + LONG_LONG.pack(delivery_tag) + self.ack_end)
+            self.connection.write(settle_frame(self.connection.CHANNEL, delivery_tag, BASIC_ACK, multiple=True))
             if self.received == self.expected:
                 self.finished_at = time.perf_counter()
 

@@ -6,7 +6,7 @@ and what comes back must be intact, unique and in each publisher's order.
 
 from pamqp import commands
 
-from benchmarks.amqp_client import BenchmarkError, Loop
+from benchmarks.amqp_client import BenchmarkError, Connection, Loop
 from benchmarks.crash_body import (
     MARKER_PUBLISHER,
     CorruptBody,
@@ -15,7 +15,6 @@ from benchmarks.crash_body import (
     make_body,
     parse_body,
 )
-from benchmarks.crash_connection import CrashConnection
 
 QUEUE = "crash-test"  # the durable queue the crash client publishes to and consumes from
 MARKERS = QUEUE + ".markers"  # where its consumer publishes the markers that prove its acks durable
@@ -29,7 +28,7 @@ def drain(host, port, queue=QUEUE, markers=MARKERS):
     @return: a list of C{(redelivered, properties, body)} in delivery order.
     """
     loop = Loop()
-    connection = CrashConnection(loop, host, port, "crash-drain")
+    connection = Connection(loop, host, port, "crash-drain")
     try:
         connection.open()
         declared = connection.rpc(commands.Queue.Declare(queue=queue, durable=True), commands.Queue.DeclareOk)
@@ -38,9 +37,9 @@ def drain(host, port, queue=QUEUE, markers=MARKERS):
         deliveries = []
         state = {"acked_through": 0, "last_tag": 0, "confirmed": False}
 
-        def delivered(channel, delivery_tag, redelivered, properties, body):
-            deliveries.append((redelivered, properties, body))
-            state["last_tag"] = delivery_tag
+        def delivered(delivery):
+            deliveries.append((delivery.redelivered, delivery.properties, delivery.body))
+            state["last_tag"] = delivery.delivery_tag
 
         def after_read():
             if state["last_tag"] - state["acked_through"] >= 500 or (

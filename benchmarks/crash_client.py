@@ -9,8 +9,7 @@ import pathlib
 import random
 import sys
 
-from benchmarks.amqp_client import BenchmarkError, Loop
-from benchmarks.crash_connection import BrokerGone, CrashConnection
+from benchmarks.amqp_client import BenchmarkError, BrokerGone, Connection, Loop
 from benchmarks.crash_logs import ClientLogs
 from benchmarks.crash_roles import Consumer, Publisher
 
@@ -41,7 +40,7 @@ def run(options):
     summary = {"run": options.run, "ended": None, "detail": None}
     try:
         for number in range(1, options.publishers + 1):
-            connection = CrashConnection(loop, options.host, options.port, f"crash-publisher-{number}")
+            connection = Connection(loop, options.host, options.port, f"crash-publisher-{number}")
             connections.append(connection)
             connection.open()
             rng = random.Random(f"{options.seed}/{options.run}/{number}")
@@ -49,7 +48,7 @@ def run(options):
                 Publisher(connection, options.run, number, options.queue, options.messages, options.window, rng,
                           logs.confirmed)
             )
-        connection = CrashConnection(loop, options.host, options.port, "crash-consumer")
+        connection = Connection(loop, options.host, options.port, "crash-consumer")
         connections.append(connection)
         connection.open()
         consumer = Consumer(connection, options.run, options.queue, options.queue + ".markers", options.prefetch,

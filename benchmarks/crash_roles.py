@@ -6,16 +6,7 @@ logs of L{benchmarks.crash_logs}.
 
 from pamqp import commands
 
-from benchmarks.amqp_client import (
-    BASIC_ACK,
-    FRAME_END,
-    FRAME_METHOD,
-    FRAME_START,
-    LONG_LONG,
-    METHOD_INDEX,
-    BenchmarkError,
-    Connection,
-)
+from benchmarks.amqp_client import BASIC_ACK, BenchmarkError, Connection, publish_frames, settle_frame
 from benchmarks.crash_body import (
     MARKER_PUBLISHER,
     PERSISTENT_PROPERTIES,
@@ -26,7 +17,6 @@ from benchmarks.crash_body import (
     parse_body,
     payload_size,
 )
-from benchmarks.crash_connection import publish_frames
 from benchmarks.crash_logs import log_acks, log_answered
 
 
@@ -133,7 +123,8 @@ class Consumer:
         connection.rpc(commands.Confirm.Select(), commands.Confirm.SelectOk)
         connection.rpc(commands.Basic.Consume(queue=self.queue), commands.Basic.ConsumeOk)
 
-    def on_delivery(self, channel, delivery_tag, redelivered, properties, body):
+    def on_delivery(self, delivery):
+        delivery_tag, properties, body = delivery.delivery_tag, delivery.properties, delivery.body
         self.delivered += 1
         try:
             message_id = parse_body(body)
@@ -184,10 +175,4 @@ class Consumer:
 
 
 def _ack_frame(delivery_tag):
-    return (
-        FRAME_START.pack(FRAME_METHOD, Connection.CHANNEL, 13)
-        + METHOD_INDEX.pack(BASIC_ACK)
-        + LONG_LONG.pack(delivery_tag)
-        + b"\x00"
-        + bytes((FRAME_END,))
-    )
+    return settle_frame(Connection.CHANNEL, delivery_tag, BASIC_ACK)
