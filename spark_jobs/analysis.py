@@ -31,6 +31,7 @@ from spark_jobs import events
 from spark_jobs.checks import ACKS_LOST_TO_CRASH, RUN_CHECKS, SCOPE, run_checks
 from spark_jobs.cross_checks import CROSS_CHECKS, cross_checks
 from spark_jobs.figures import latency, throughput
+from spark_jobs.limits import cpu_figures
 from spark_jobs.tables import (
     COMMON_REQUIRED_FIELDS, EXPORT_REQUIRED_FIELDS, LABEL, REQUIRED_FIELDS, RunInputError, read_run_facts,
     stage_runs,
@@ -297,6 +298,7 @@ def analyse_runs(spark, out_dir, labels, settings=None):
             "run": _run_figures(label, facts[label], inventory, lost_acks),
             "throughput": rates[label],
             "latency_ms": latencies[label],
+            "cpu": cpu_figures(facts[label]),
             "checks": {name: _check_result(tallies.get((label, name))) for name in RUN_CHECKS},
         }
     cross = {name: _check_result(tallies.get((None, name))) for name in CROSS_CHECKS}

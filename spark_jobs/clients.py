@@ -31,6 +31,7 @@ from spark_jobs.control import (
     PUBLISHED,
     REJECTED,
     SESSIONS,
+    CPU_MS,
     EventLog,
 )
 from spark_jobs.plan import build_topology, publisher_message_count, publisher_messages, settle_decision
@@ -104,6 +105,7 @@ class Client:
         self.connection = None
         self.channel = None
         self._closing = False
+        self.cpu_from = None
 
     def run(self):
         """Run sessions until the work is done; L{ClientFailed} if the broker stays away too long."""
@@ -127,6 +129,14 @@ class Client:
                 time.sleep(RECONNECT_BACKOFF)
         finally:
             self.log.close()
+            if self.cpu_from is not None:
+                self.control.count(self.row, CPU_MS, round((time.process_time() - self.cpu_from) * 1000))
+
+    def ready(self):
+        """The first session is set up: count CPU from here, and tell the runner."""
+        if self.session == 0:
+            self.cpu_from = time.process_time()
+            self.control.client_ready()
 
     def _connect(self, epoch, port):
         parameters = pika.ConnectionParameters(host=self.config.host, port=port, connection_attempts=1,
@@ -223,7 +233,7 @@ class Publisher(Client):
         self.unconfirmed = {}  # delivery tag -> (seq, message id), in tag order
         self.oldest_tag = 1
         self.next_tag = 1
-        self.ready = False
+        self.publishing = False
         self.waiting_at_gate = False
         self.confirm = self.settings.confirm
         self.priorities = self.settings.max_priority > 0
@@ -240,14 +250,13 @@ class Publisher(Client):
             self._start_publishing()
 
     def _start_publishing(self):
-        self.ready = True
-        if self.session == 0:
-            self.control.client_ready()
+        self.publishing = True
+        self.ready()
         self.fill()
 
     def lost(self):
         # What was unconfirmed stays unconfirmed: it may or may not have been stored.
-        self.ready = False
+        self.publishing = False
         self.unconfirmed.clear()
         if self.sent == self.total:
             self.finished = True
@@ -255,7 +264,7 @@ class Publisher(Client):
     def fill(self):
         """Publish while the window has room and the gate allows; close once everything is answered."""
         self.waiting_at_gate = False
-        if not self.ready or self.channel is None:
+        if not self.publishing or self.channel is None:
             return
         room = min(PUBLISH_WINDOW - len(self.unconfirmed), self.total - self.sent)
         while room > 0:
@@ -271,7 +280,7 @@ class Publisher(Client):
             room -= granted
         if not self.confirm and self.unconfirmed:
             # A round trip on the channel: once it is answered, the broker has read every publish before it.
-            self.ready = False
+            self.publishing = False
             self.channel.basic_qos(prefetch_count=0, callback=self._barrier_passed)
         elif self.sent == self.total and not self.unconfirmed:
             self.finished = True
@@ -304,7 +313,7 @@ class Publisher(Client):
 
     def _barrier_passed(self, _frame):
         self.unconfirmed.clear()
-        self.ready = True
+        self.publishing = True
         self.fill()
 
     def _confirmed(self, frame):
@@ -368,8 +377,7 @@ class Consumer(Client):
                                   callback=self._consuming if last else None)
 
     def _consuming(self, _frame):
-        if self.session == 0:
-            self.control.client_ready()
+        self.ready()
 
     def _check_stop(self):
         if self.control.stop.is_set():

@@ -10,8 +10,10 @@ import time
 from spark_jobs import events
 
 # Per-client counters, one row of these per client in L{RunControl.counts}.
-PUBLISHED, CONFIRMED, BROKER_NACKED, DELIVERED, ACKED, NACKED, REJECTED, SESSIONS = range(8)
-COUNTER_NAMES = ("published", "confirmed", "nacked_by_broker", "delivered", "acked", "nacked", "rejected", "sessions")
+# CPU_MS: the client process's CPU time, in milliseconds, from the moment it was ready to its end.
+PUBLISHED, CONFIRMED, BROKER_NACKED, DELIVERED, ACKED, NACKED, REJECTED, SESSIONS, CPU_MS = range(9)
+COUNTER_NAMES = ("published", "confirmed", "nacked_by_broker", "delivered", "acked", "nacked", "rejected", "sessions",
+                 "cpu_ms")
 
 
 class RunControl:

@@ -46,7 +46,11 @@ start), C{topology} (C{exchanges} name -> type, C{queues} (consumed), C{parked},
 C{queue_arguments}, C{bindings}), C{broker_command}, C{ports} (C{amqp}: the port
 of each epoch), C{broker_stop_status} and C{clients} (per client name its
 counters: C{published}, C{confirmed}, C{nacked_by_broker}, C{delivered},
-C{acked}, C{nacked}, C{rejected}, C{sessions}).
+C{acked}, C{nacked}, C{rejected}, C{sessions}, C{cpu_ms}: the client
+process's CPU milliseconds from the moment it was ready to its end) and
+C{cpu} (C{broker_seconds}: the broker's CPU seconds during the workload, every
+incarnation counted, null when one died unseen; C{client_seconds}: the sum of
+the clients' C{cpu_ms}; C{wall_seconds}: the workload's span).
 
 An export line (``python -m spark_jobs.export``) has C{backend}, C{vhost},
 C{queue}, C{exchange}, C{message_id} (empty when the message has none),

@@ -4,6 +4,7 @@ import argparse
 from dataclasses import asdict, dataclass, fields
 
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+CLIENTS = ("fast", "pika")
 
 
 def _size_list(text):
@@ -60,6 +61,9 @@ class WorkloadSettings:
         dead-lettered where configured).
     @ivar crash_every: SIGKILL and restart the broker after every this many
         publishes; 0 never.
+    @ivar client: which client library the publishers and consumers use:
+        C{"fast"}, the pipelining raw-socket client, so the run measures the
+        broker, or C{"pika"}, so a real client library's behaviour is covered.
     """
 
     seed: int = 1
@@ -76,6 +80,7 @@ class WorkloadSettings:
     max_priority: int = 0
     confirm: bool = True
     crash_every: int = 0
+    client: str = "fast"
 
     def to_json(self):
         """A dict for run.json."""
@@ -117,6 +122,9 @@ def add_workload_arguments(parser):
     group.add_argument("--max-priority", type=_count(0), default=default.max_priority,
                        help="x-max-priority of the queues and top message priority; 0 for none")
     group.add_argument("--no-confirm", dest="confirm", action="store_false", help="publish without confirm mode")
+    group.add_argument("--client", choices=CLIENTS, default=default.client,
+                       help="the publishers' and consumers' AMQP client: fast (pipelining, costs far less than the"
+                            " broker) or pika (default %(default)s)")
     group.add_argument("--crash-every", type=_count(0), default=default.crash_every,
                        help="SIGKILL and restart the broker after every N publishes; 0 never")
     return group

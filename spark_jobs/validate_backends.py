@@ -194,7 +194,7 @@ def failed_checks(checks):
 def summary_table(summary):
     """A few lines: per backend its counts, rates, p99 latencies and failed checks; then the cross-backend checks."""
     header = (f"{'backend':<10} {'published':>9} {'confirmed':>9} {'delivered':>9} {'stored':>7} {'crashes':>7}"
-              f" {'publish/s':>10} {'deliver/s':>10} {'confirm p99 ms':>14} {'e2e p99 ms':>10}  checks")
+              f" {'publish/s':>10} {'deliver/s':>10} {'confirm p99 ms':>14} {'e2e p99 ms':>10} {'limit':>7}  checks")
     lines = [header]
     for label, backend in summary["backends"].items():
         run, rates, latency = backend["run"], backend["throughput"], backend["latency_ms"]
@@ -203,6 +203,7 @@ def summary_table(summary):
             f"{label:<10} {run['published']:>9} {run['confirmed']:>9} {run['delivered']:>9} {run['stored']:>7}"
             f" {run['crashes']:>7} {rates['publish_msgs_per_s']:>10.1f} {rates['deliver_msgs_per_s']:>10.1f}"
             f" {latency['confirm']['p99']:>14.2f} {latency['end_to_end']['p99']:>10.2f}"
+            f" {backend.get('cpu', {}).get('limit', 'unknown'):>7}"
             f"  {'fail: ' + ', '.join(failed) if failed else 'pass'}")
     failed = failed_checks(summary["cross_backend"]["checks"])
     lines.append(f"cross-backend checks: {'fail: ' + ', '.join(failed) if failed else 'pass'}")

@@ -24,8 +24,10 @@ import pika
 
 from brokerd import storeregistry
 from brokerd.testing import BrokerProcess
-from spark_jobs import events
-from spark_jobs.clients import ClientConfig, run_consumer, run_publisher
+from benchmarks.processcpu import cpu_seconds
+from spark_jobs import events, fast_clients
+from spark_jobs import clients as pika_clients
+from spark_jobs.clients import ClientConfig
 from spark_jobs.control import BROKER_NACKED, CONFIRMED, DELIVERED, PUBLISHED, RunControl
 from spark_jobs.plan import build_topology, check_settings
 from spark_jobs.settings import WorkloadSettings, add_workload_arguments, settings_from_arguments
@@ -133,6 +135,8 @@ class _Run:
         self.workload_started = None  # the gate opened: every client was ready
         self.workload_ended = None  # the consumed queues were drained
         self.last_progress = None
+        self.broker_cpu_from = 0.0  # the current incarnation's CPU seconds when the workload began (0 after a restart)
+        self.broker_cpu_used = 0.0  # CPU seconds of the incarnations before the current one, during the workload
 
     # -- the run
 
@@ -147,6 +151,7 @@ class _Run:
             self._publish_phase()
             drain_seconds = self._drain_phase()
             self.workload_ended = time.time()
+            self._add_broker_cpu()
             self._stop_consumers()
             stop_status = self._stop_broker()
         except BaseException:
@@ -196,10 +201,11 @@ class _Run:
     def _start_clients(self):
         """Start every client process and open the gate once all of them are connected and ready."""
         config = ClientConfig(self.label, self.settings.to_json(), str(self.events_dir))
+        library = fast_clients if self.settings.client == "fast" else pika_clients
         for number in range(self.settings.consumers):
-            self.consumers.append(self._spawn(run_consumer, config, f"consumer-{number}", number))
+            self.consumers.append(self._spawn(library.run_consumer, config, f"consumer-{number}", number))
         for number in range(self.settings.publishers):
-            self.publishers.append(self._spawn(run_publisher, config, f"publisher-{number}", number))
+            self.publishers.append(self._spawn(library.run_publisher, config, f"publisher-{number}", number))
         deadline = time.monotonic() + CLIENT_START_TIMEOUT
         while not self.control.all_ready.wait(WATCH_INTERVAL):
             self._check_clients()
@@ -207,6 +213,7 @@ class _Run:
                 raise WorkloadFailed(f"{self.label}: only {self.control.ready_clients} of {self.control.clients}"
                                      f" clients were ready after {CLIENT_START_TIMEOUT:.0f} s")
         self.workload_started = time.time()
+        self.broker_cpu_from = self._broker_cpu()
         self.control.open_gate(self._next_limit())
 
     def _spawn(self, target, config, name, number):
@@ -242,12 +249,26 @@ class _Run:
 
     def _crash(self):
         published = self.control.published_total
+        self._add_broker_cpu()
         killed_at = time.time()
         self.broker.kill()
         self.control.set_broker(self.epoch, 0)  # no address until the next incarnation listens
         self.crashes.append({"epoch": self.epoch, "t": killed_at, "published_before": published})
         self._start_broker()
         self.control.open_gate(self._next_limit())
+
+    def _broker_cpu(self):
+        """CPU seconds the current broker process (and its children) used so far; None once it is gone."""
+        return cpu_seconds(self.broker.process.pid)
+
+    def _add_broker_cpu(self):
+        """Counts the current incarnation's CPU during the workload (before it is killed or stopped)."""
+        used = self._broker_cpu()
+        if used is None or self.broker_cpu_used is None:
+            self.broker_cpu_used = None  # it died unseen: the figure would be short
+        else:
+            self.broker_cpu_used += used - self.broker_cpu_from
+        self.broker_cpu_from = 0.0
 
     def _check_clients(self):
         failed = [process for process in self.publishers + self.consumers
@@ -359,6 +380,11 @@ class _Run:
             "ports": {"amqp": [epoch["port"] for epoch in self.epochs]},
             "broker_stop_status": stop_status,
             "clients": clients,
+            "cpu": {
+                "broker_seconds": None if self.broker_cpu_used is None else round(self.broker_cpu_used, 3),
+                "client_seconds": round(sum(client["cpu_ms"] for client in clients.values()) / 1000, 3),
+                "wall_seconds": round(self.workload_ended - self.workload_started, 3),
+            },
         }
 
 
