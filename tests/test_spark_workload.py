@@ -3,16 +3,18 @@
 The plan is checked alone (same seed, same messages; routes and settle
 decisions as specified) and against a real broker (each planned message lands
 in exactly the queues the plan names). Then small real runs, a real ``twistd
-brokerd`` driven by real pika clients in their own processes, are read back
-the way the Spark job reads them: the run directory and every event line as
-L{spark_jobs.events} says, one run with a SIGKILL in the middle (sqlite) and
-one without (chunked, through the command line).
+brokerd`` driven by real clients in their own processes (the pipelining ones,
+and pika), are read back the way the Spark job reads them: the run directory
+and every event line as L{spark_jobs.events} says, the CPU each side used, one
+run with a SIGKILL in the middle (sqlite, with either client) and one without
+(chunked, through the command line).
 """
 
 import collections
 import dataclasses
 import hashlib
 import json
+import os
 import subprocess
 import sys
 
@@ -211,6 +213,12 @@ def check_run(run_dir, result, backend, settings):
         assert (line["publisher"], line["seq"]) == (published[line["message_id"]]["publisher"],
                                                     published[line["message_id"]]["seq"])
     assert len(by_kind[events.DELIVER]) == sum(len(by_kind[kind]) for kind in events.SETTLE_KINDS)
+    # Both sides' CPU over the workload was measured, and no more than this machine's cores could give.
+    cpu = result["cpu"]
+    assert cpu["wall_seconds"] == pytest.approx(result["wall_seconds"], abs=0.01)
+    assert cpu["client_seconds"] == pytest.approx(sum(c["cpu_ms"] for c in result["clients"].values()) / 1000)
+    for side in ("broker_seconds", "client_seconds"):
+        assert 0 < cpu[side] <= (os.cpu_count() or 1) * cpu["wall_seconds"] + 1, (side, cpu)
     return by_kind
 
 
@@ -222,13 +230,14 @@ def final_settles(by_kind):
     return last
 
 
-def test_a_run_with_a_sigkill_in_the_middle_records_the_crash_and_the_clients_reconnect(tmp_path):
+@pytest.mark.parametrize("client", ["fast", "pika"])
+def test_a_run_with_a_sigkill_in_the_middle_records_the_crash_and_the_clients_reconnect(tmp_path, client):
     # Publishers keep at most PUBLISH_WINDOW unconfirmed each, so by the crash at 2500 publishes
     # at least 2500 - 2 * PUBLISH_WINDOW were confirmed by the broker that was killed.
     assert 2500 - 2 * PUBLISH_WINDOW >= 100
     settings = WorkloadSettings(seed=11, messages=4000, sizes=(50, 3000), queues=2, parked_queues=1,
                                 publishers=2, consumers=2, prefetch=20, nack_share=0.05, reject_share=0.05,
-                                crash_every=2500)
+                                crash_every=2500, client=client)
     lines = []
     result = run_workload("sqlite", settings, tmp_path, progress=lines.append)
     by_kind = check_run(tmp_path, result, "sqlite", settings)
