@@ -26,9 +26,9 @@ from benchmarks.amqp_client import (
     BrokerGone,
     Connection,
     Loop,
+    PublishFramer,
     encode_properties,
     message_properties,
-    publish_frames,
     settle_frame,
 )
 from spark_jobs import events
@@ -197,6 +197,7 @@ class FastPublisher(FastClient):
     def start(self):
         self.unconfirmed.clear()
         self.oldest_tag = self.next_tag = 1
+        self.framer = PublishFramer(Connection.CHANNEL, self.connection.frame_max)
         if self.confirm:
             self.connection.on_confirm = self._confirmed
             self.connection.rpc(commands.Confirm.Select(), commands.Confirm.SelectOk)
@@ -266,7 +267,7 @@ class FastPublisher(FastClient):
         self.unconfirmed[self.next_tag] = (message.seq, message.message_id)
         self.next_tag += 1
         self.sent += 1
-        return publish_frames(Connection.CHANNEL, message.routing_key, body, properties, self.connection.frame_max, message.exchange)
+        return self.framer.frames(message.exchange, message.routing_key, body, properties)
 
     def _confirmed(self, channel, last, multiple, ok):
         first = self.oldest_tag if multiple else last

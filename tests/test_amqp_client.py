@@ -20,6 +20,7 @@ from benchmarks.amqp_client import (
     BrokerGone,
     Connection,
     Loop,
+    PublishFramer,
     encode_properties,
     frame,
     message_properties,
@@ -97,6 +98,16 @@ def test_a_broker_that_hangs_up_is_reported_as_gone(fake_broker):
     server.close()
     with pytest.raises(BrokerGone, match="closed the connection"):
         loop.run_until(lambda: False, lambda: "reading")
+
+
+@pytest.mark.parametrize("size", [0, 1, 120, 121, 500])
+def test_the_framer_frames_a_publish_as_publish_frames_does(size):
+    framer = PublishFramer(3, FRAME_MAX)
+    properties = encode_properties(2, 1, "id", {"h": "v"})
+    body = bytes(range(256))[:size] if size <= 256 else b"z" * size
+    for exchange, key in [("ex", "a.b"), ("", "queue"), ("ex", "a.b")]:  # the last one from the method cache
+        assert framer.frames(exchange, key, body, properties) == publish_frames(3, key, body, properties, FRAME_MAX,
+                                                                                exchange)
 
 
 def test_properties_cut_short_are_refused():
