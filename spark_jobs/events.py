@@ -139,3 +139,22 @@ BACKEND_CHECKS = (
     "stored_matches_published",
 )
 CROSS_BACKEND_CHECKS = ("same_messages", "same_bodies", "same_queue_sequences")
+# What each check means, in a sentence the report shows beside its name; the
+# full definitions are in the docstrings of spark_jobs.checks and
+# spark_jobs.cross_checks.
+CHECK_DESCRIPTIONS = {
+    "confirmed_delivered_or_stored": "Every message confirmed with basic.ack was delivered from each queue it was"
+                                     " routed to, or is still stored in it.",
+    "no_unflagged_duplicates": "A message delivered again from a queue carried the redelivered flag.",
+    "order_per_publisher_and_priority": "Each consumer connection got a publisher's messages of one priority from a"
+                                        " queue in publish order (redeliveries aside).",
+    "acked_not_redelivered": "Nothing acked came back in the same broker run (an ack lost to a crash is counted,"
+                             " not failed).",
+    "delivered_bodies_match": "Every delivery has the body size and SHA-256 its message was published with.",
+    "stored_matches_published": "Every stored message was published to that queue, with that body, is stored once,"
+                                " and was not acked before the final clean stop.",
+    "same_messages": "Messages confirmed on every run were delivered or stored in the same queues on every run.",
+    "same_bodies": "A message id has one body everywhere: in the publishes, deliveries and stores of every run.",
+    "same_queue_sequences": "Each queue delivered a publisher's messages of one priority in the same order on every"
+                            " run.",
+}

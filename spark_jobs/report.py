@@ -3,10 +3,16 @@ and the PNG charts, from the summary the Spark analysis computed.
 
 The summary is a plain dict (its shape is agreed with L{spark_jobs.analysis}):
 a C{verdict}, the workload C{settings}, per backend its C{run} counts,
-C{throughput} (rates and a per-second C{series}), C{latency_ms} (C{confirm} and
-C{end_to_end}: count, percentiles and a CDF) and C{checks}, and the
-C{cross_backend} checks. Only C{backends} is required: a part the analysis could
-not compute is shown as C{n/a}, never guessed.
+C{throughput} (mean rates, their C{*_active_s} spans, C{bucket_seconds} and a
+C{series} of buckets: L{spark_jobs.figures}), C{latency_ms} (C{confirm} and
+C{end_to_end}: count, percentiles and a CDF) and C{checks}, optionally its
+C{kind} (C{backend} or C{reference}) and C{cpu} (C{broker_cores},
+C{client_cores}, C{limit} and any other figures), and the C{cross_backend}
+checks. A check marked C{"applicable": false}, with a C{reason}, is shown as
+n/a and left out of the verdict. Only C{backends} is required: a part the
+analysis could not compute is shown as C{n/a}, never guessed. Series points
+with a C{second} instead of a C{start_s}, from summaries written before buckets
+had widths, are read as per-second counts.
 
 Re-render a report from a summary (after editing the report code, say)::
 
@@ -19,7 +25,8 @@ import math
 import pathlib
 import sys
 
-from spark_jobs.charts import correctness_chart, latency_cdf_chart, throughput_chart
+from spark_jobs.charts import latency_cdf_chart, throughput_chart
+from spark_jobs.correctness_chart import FAIL, check_outcome, correctness_chart
 from spark_jobs.report_html import render_html
 
 SUMMARY_FILE = "summary.json"
@@ -34,6 +41,9 @@ CONFIRM_LATENCY_TITLE = "publisher confirm latency (publish to basic.ack)"
 END_TO_END_LATENCY_TITLE = "end-to-end latency (publish to first delivery)"
 VERDICTS = ("pass", "fail")
 LATENCY_KINDS = ("confirm", "end_to_end")
+BACKEND_KINDS = ("backend", "reference")
+CPU_LIMITS = ("broker", "clients", "unknown")
+ACTIVE_SPANS = ("publish_active_s", "deliver_active_s")
 
 
 class SummaryError(ValueError):
@@ -58,12 +68,10 @@ def _require_object(value, path, optional=True):
     return value
 
 
-def _require_numbers(section, path, integers=False):
-    """Every value of C{section} is a number (an integer if C{integers}) or null."""
+def _require_numbers(section, path, integers=False, skip=()):
+    """Every value of C{section} but those named in C{skip} is a number (an integer if C{integers}) or null."""
     for key, value in section.items():
-        if key == "series":
-            continue
-        if value is None:
+        if key in skip or value is None:
             continue
         if not _is_number(value) or (integers and not isinstance(value, int)):
             kind = "an integer" if integers else "a number"
@@ -72,17 +80,45 @@ def _require_numbers(section, path, integers=False):
 
 def _check_series(series, path):
     if not isinstance(series, list):
-        raise SummaryError(f"summary: {path} must be a list of per-second points, not {_describe(series)}")
+        raise SummaryError(f"summary: {path} must be a list of time buckets, not {_describe(series)}")
     for index, point in enumerate(series):
-        point = _require_object(point, f"{path}[{index}]", optional=False)
-        second = point.get("second")
-        if not isinstance(second, int) or isinstance(second, bool) or second < 0:
-            raise SummaryError(f"summary: {path}[{index}].second must be an integer >= 0, not {_describe(second)}")
-        _require_numbers(point, f"{path}[{index}]")
+        point_path = f"{path}[{index}]"
+        point = _require_object(point, point_path, optional=False)
+        if "second" in point and "start_s" not in point:
+            # A summary from before buckets had widths: counts per whole second.
+            second = point["second"]
+            if not isinstance(second, int) or isinstance(second, bool) or second < 0:
+                raise SummaryError(f"summary: {point_path}.second must be an integer >= 0, not {_describe(second)}")
+        else:
+            start = point.get("start_s")
+            if not _is_number(start) or start < 0:
+                raise SummaryError(f"summary: {point_path}.start_s must be a number >= 0, not {_describe(start)}")
+        _require_numbers(point, point_path)
+
+
+def _check_throughput(throughput, path):
+    _require_numbers(throughput, path, skip=("series",) + ACTIVE_SPANS)
+    width = throughput.get("bucket_seconds")
+    if width is not None and width <= 0:
+        raise SummaryError(f"summary: {path}.bucket_seconds must be above 0, not {_describe(width)}")
+    for name in ACTIVE_SPANS:
+        span = throughput.get(name)
+        if span is not None and not (isinstance(span, list) and len(span) == 2 and all(map(_is_number, span))
+                                     and span[0] <= span[1]):
+            raise SummaryError(f"summary: {path}.{name} must be a [from, to] pair of seconds or null,"
+                               f" not {_describe(span)}")
+    _check_series(throughput.get("series") or [], f"{path}.series")
+
+
+def _check_cpu(cpu, path):
+    _require_numbers(cpu, path, skip=("limit",))
+    if "limit" in cpu and cpu["limit"] not in CPU_LIMITS:
+        raise SummaryError(f"summary: {path}.limit must be one of {', '.join(CPU_LIMITS)},"
+                           f" not {_describe(cpu['limit'])}")
 
 
 def _check_latency(latency, path):
-    _require_numbers({key: value for key, value in latency.items() if key != "cdf"}, path)
+    _require_numbers(latency, path, skip=("cdf",))
     points = latency.get("cdf") or []
     if not isinstance(points, list):
         raise SummaryError(
@@ -100,7 +136,13 @@ def _check_latency(latency, path):
 def _check_checks(checks, path):
     for name, check in checks.items():
         check = _require_object(check, f"{path}.{name}", optional=False)
-        if not isinstance(check.get("pass"), bool):
+        if "applicable" in check and not isinstance(check["applicable"], bool):
+            raise SummaryError(f"summary: {path}.{name}.applicable must be true or false,"
+                               f" not {_describe(check['applicable'])}")
+        if check.get("applicable") is False:
+            if not isinstance(check.get("reason", ""), str):
+                raise SummaryError(f"summary: {path}.{name}.reason must be a string, not {_describe(check['reason'])}")
+        elif not isinstance(check.get("pass"), bool):
             raise SummaryError(f"summary: {path}.{name}.pass must be true or false, not {_describe(check.get('pass'))}")
         _require_numbers({key: check.get(key) for key in ("checked", "violations")}, f"{path}.{name}", integers=True)
         if not isinstance(check.get("examples") or [], list):
@@ -123,10 +165,12 @@ def check_summary(summary):
     for name, figures in backends.items():
         path = f"backends.{name}"
         figures = _require_object(figures, path, optional=False)
+        if "kind" in figures and figures["kind"] not in BACKEND_KINDS:
+            raise SummaryError(f"summary: {path}.kind must be 'backend' or 'reference',"
+                               f" not {_describe(figures['kind'])}")
         _require_numbers(_require_object(figures.get("run"), f"{path}.run"), f"{path}.run")
-        throughput = _require_object(figures.get("throughput"), f"{path}.throughput")
-        _require_numbers(throughput, f"{path}.throughput")
-        _check_series(throughput.get("series") or [], f"{path}.throughput.series")
+        _check_throughput(_require_object(figures.get("throughput"), f"{path}.throughput"), f"{path}.throughput")
+        _check_cpu(_require_object(figures.get("cpu"), f"{path}.cpu"), f"{path}.cpu")
         latencies = _require_object(figures.get("latency_ms"), f"{path}.latency_ms")
         for kind in LATENCY_KINDS:
             latency_path = f"{path}.latency_ms.{kind}"
@@ -160,7 +204,7 @@ def write_report(summary, out_dir):
 
     The caller's dict is not changed. NaN and infinite figures become null (the
     page shows them as n/a); a summary without a verdict gets one from its
-    checks (C{fail} if any failed).
+    checks (C{fail} if any failed; one not applicable counts for neither).
 
     @param summary: the analysis summary (see the module docstring).
     @param out_dir: a directory path.
@@ -171,7 +215,8 @@ def write_report(summary, out_dir):
     summary = _without_non_finite(summary)
     check_summary(summary)
     if "verdict" not in summary:
-        summary["verdict"] = "fail" if any(not check["pass"] for check in _all_checks(summary)) else "pass"
+        outcomes = {check_outcome(check) for check in _all_checks(summary)}
+        summary["verdict"] = "fail" if FAIL in outcomes else "pass"
     out_dir = pathlib.Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"report directory {out_dir} exists and is not a directory")

@@ -10,7 +10,8 @@ import base64
 import html
 import math
 
-from spark_jobs.charts import CROSS_BACKEND_COLUMN, correctness_matrix
+from spark_jobs.correctness_chart import CROSS_BACKEND_COLUMN, FAIL, NOT_APPLICABLE, check_outcome, correctness_matrix
+from spark_jobs.events import CHECK_DESCRIPTIONS
 
 STYLE = """
 body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto;
@@ -29,6 +30,8 @@ tr.group th { background: #e6eef7; }
 td.pass { background: #dff3e3; }
 td.fail { background: #f9d9d6; }
 td.absent { background: #f1f1f1; color: #999; }
+td.na { background: #dcdcdc; color: #555; }
+.reason { display: block; font-size: 0.85em; }
 .result { font-weight: bold; }
 ul.examples { margin: 0.3em 0 0 0; padding-left: 1.2em; font-family: monospace; font-size: 0.85em; }
 figure { margin: 1em 0; }
@@ -51,6 +54,12 @@ RUN_ROWS = [
     ("crashes", "crashes", "count"),
     ("wall time (s)", "wall_seconds", "seconds"),
 ]
+# The optional C{cpu} section of a backend (how busy the broker and the clients were), known fields first.
+CPU_ROWS = [
+    ("broker cores busy", "broker_cores", "cores"),
+    ("client cores busy", "client_cores", "cores"),
+    ("limited by", "limit", "text"),
+]
 THROUGHPUT_ROWS = [
     ("publish msgs/s", "publish_msgs_per_s", "rate"),
     ("delivery msgs/s", "deliver_msgs_per_s", "rate"),
@@ -61,10 +70,11 @@ LATENCY_GROUPS = [("confirm", "confirm latency (ms)"), ("end_to_end", "end-to-en
 LATENCY_FIELDS = ["count", "p50", "p90", "p99", "max"]
 
 CHART_CAPTIONS = {
-    "throughput": "Published and delivered messages per second over each run.",
+    "throughput": "Published and delivered messages and megabytes per second over each run, per time bucket;"
+                  " the dotted lines are the mean rates of the table above, over each run's active span.",
     "confirm_latency": "Publisher confirm latency: publish to basic.ack, per backend (log scale).",
     "end_to_end_latency": "End-to-end latency: publish to first delivery, per backend (log scale).",
-    "correctness": "Correctness checks: green passed, red failed, with the violation count.",
+    "correctness": "Correctness checks: green passed, red failed, with the violation count; n/a did not apply.",
 }
 
 NOT_AVAILABLE = "n/a"
@@ -93,6 +103,10 @@ def format_value(value, style="count"):
         return f"{value:,.1f}"
     if style == "megabytes":
         return f"{value:,.3f}"
+    if style == "cores":
+        return f"{value:,.2f}"
+    if style == "text":
+        return escape(value)
     if style == "milliseconds":
         return f"{value:,.3g}" if value < 100 else f"{value:,.0f}"
     raise ValueError(f"unknown number style {style!r}")
@@ -110,7 +124,7 @@ def _verdict_section(summary):
         f"{column}: {name}"
         for name, cells in rows
         for column, cell in zip(columns, cells)
-        if cell is not None and not cell["pass"]
+        if cell is not None and check_outcome(cell) == FAIL
     ]
     text = verdict.upper()
     if failing:
@@ -147,12 +161,22 @@ def _figures_section(summary):
         return f'<tr class="group"><th colspan="{width}">{escape(title)}</th></tr>'
 
     def row(label, values, style):
-        cells = "".join(f'<td class="number">{format_value(value, style)}</td>' for value in values)
+        cell = "<td>{}</td>" if style == "text" else '<td class="number">{}</td>'
+        cells = "".join(cell.format(format_value(value, style)) for value in values)
         return f"<tr><th>{escape(label)}</th>{cells}</tr>"
 
     rows = [group("run")]
+    if any("kind" in figures for figures in backends.values()):
+        rows.append(row("kind", [figures.get("kind", "backend") for figures in backends.values()], "text"))
     for label, field, style in RUN_ROWS:
         rows.append(row(label, [(figures.get("run") or {}).get(field) for figures in backends.values()], style))
+    cpus = [figures.get("cpu") or {} for figures in backends.values()]
+    if any(cpus):
+        rows.append(group("cpu"))
+        known = {field for _, field, _ in CPU_ROWS}
+        others = sorted({field for cpu in cpus for field in cpu} - known)
+        for label, field, style in CPU_ROWS + [(field.replace("_", " "), field, "count") for field in others]:
+            rows.append(row(label, [cpu.get(field) for cpu in cpus], style))
     rows.append(group("throughput"))
     for label, field, style in THROUGHPUT_ROWS:
         rows.append(row(label, [(figures.get("throughput") or {}).get(field) for figures in backends.values()], style))
@@ -193,11 +217,20 @@ def _charts_section(charts, images):
     return f"<h2>Charts</h2>{body}" if body else ""
 
 
+def _not_applicable(check, attributes):
+    """A check that did not apply to its run: n/a and why."""
+    reason = check.get("reason") or "not applicable to this run"
+    return (f'<td class="na" {attributes} title="{escape(reason)}"><span class="result">{NOT_APPLICABLE}</span>'
+            f'<span class="reason">{escape(reason)}</span></td>')
+
+
 def _result_cell(cell, column, name):
     attributes = f'data-check="{escape(name)}" data-column="{escape(column)}"'
     if cell is None:
         return f'<td class="absent" {attributes}>&ndash;</td>'
-    outcome = "pass" if cell["pass"] else "fail"
+    outcome = check_outcome(cell)
+    if outcome == NOT_APPLICABLE:
+        return _not_applicable(cell, attributes)
     counts = f"{format_value(cell.get('violations'))} violations of {format_value(cell.get('checked'))} checked"
     return (
         f'<td class="{outcome}" {attributes}><span class="result">{outcome.upper()}</span> '
@@ -222,8 +255,11 @@ def _correctness_section(summary, charts, images):
         + "</tr>"
         for name, cells in rows
     )
+    meanings = "".join(f"<tr><th>{escape(name)}</th><td>{escape(CHECK_DESCRIPTIONS.get(name, ''))}</td></tr>"
+                       for name, _ in rows)
     return (
         f"<h2>Correctness</h2>{_image(charts, images, 'correctness', 'correctness matrix')}"
+        f'<table id="check-meanings"><tr><th>check</th><th>what it checks</th></tr>{meanings}</table>'
         f'<table id="correctness">{header}{body}</table>'
     )
 
@@ -238,10 +274,12 @@ def _cross_backend_section(summary):
     body = []
     for name in names:
         check = checks[name]
-        outcome = "pass" if check["pass"] else "fail"
+        outcome = check_outcome(check)
         examples = _examples(check)
+        result = (_not_applicable(check, f'data-check="{escape(name)}"') if outcome == NOT_APPLICABLE
+                  else f'<td class="{outcome}"><span class="result">{outcome.upper()}</span></td>')
         body.append(
-            f'<tr><th>{escape(name)}</th><td class="{outcome}"><span class="result">{outcome.upper()}</span></td>'
+            f'<tr><th>{escape(name)}</th>{result}'
             f'<td class="number">{format_value(check.get("checked"))}</td>'
             f'<td class="number">{format_value(check.get("violations"))}</td>'
             f"<td>{examples}</td></tr>"

@@ -14,7 +14,8 @@ and redelivered; one rejected; one acked before the crash whose ack the
 crash lost (delivered again, flagged, and left unacked, so it is stored);
 one delivered unacked before the crash and redelivered after it; the last
 delivery unacked at the end (stored). A correct analysis finds nothing wrong
-in it.
+in it. The run spans about 4.5 s; a C{time_scale} squeezes or stretches every
+time since C{T0} (0.1: the same run in under half a second).
 
 Faults (each changes one message, named in L{FAULT_MESSAGES}):
 L{SyntheticRun.plant_duplicate}, L{SyntheticRun.plant_reorder},
@@ -130,8 +131,9 @@ class SyntheticRun:
     @ivar stored: C{(message id, queue)} pairs in the export, in order.
     """
 
-    def __init__(self, label):
+    def __init__(self, label, time_scale=1.0):
         self.label = label
+        self.time_scale = time_scale
         self.messages = {}
         for k in range(PUBLISHERS * PER_PUBLISHER):
             message = _make_message(k)
@@ -269,7 +271,7 @@ class SyntheticRun:
         files.update({f"consumer-{consumer}.jsonl": self.consumer_events(consumer) for consumer in self.sessions})
         for lines in files.values():
             for n, line in enumerate(lines):
-                line.update(backend=self.label, n=n)
+                line.update(backend=self.label, n=n, t=T0 + (line["t"] - T0) * self.time_scale)
         return files
 
     def write(self, run_dir):

@@ -4,9 +4,11 @@ seconds to start), then checked against what the synthetic events imply.
 
 Each planted fault must be found by its check alone, with the message named;
 the clean run must pass everything, including the crash it went through
-(a lost unconfirmed message, an ack lost to the crash); the cross-backend
-checks must see the runs that differ; the figures must equal what the
-timestamps give. The command line's usage errors are checked without Spark.
+(a lost unconfirmed message, an ack lost to the crash), and so must the same
+run squeezed into under half a second; the cross-backend checks must see the
+runs that differ; the figures must equal what the timestamps give, and the
+throughput series must average to the mean rates. The command line's usage
+errors are checked without Spark.
 """
 
 import json
@@ -18,6 +20,7 @@ import pytest
 
 from spark_jobs import events
 from spark_jobs.analysis import analyse_runs
+from spark_jobs.figures import BUCKET_WIDTHS, EVENTS_PER_BUCKET, MAX_POINTS, bucket_count, bucket_seconds
 from spark_jobs.settings import WorkloadSettings
 from spark_jobs.tables import RunInputError, stage_runs
 from tests.spark_driver import spark_session
@@ -36,7 +39,10 @@ PLANTED = {
     "damaged": [("delivered_bodies_match", FAULT_MESSAGES["body_mismatch"]),
                 ("acked_not_redelivered", FAULT_MESSAGES["redelivery_after_ack"]),
                 ("stored_matches_published", FAULT_MESSAGES["stored_after_last_ack"])],
+    "short": [],
 }
+# The clean scenario played ten times faster: a run of under half a second.
+TIME_SCALES = {"short": 0.1}
 PLANTERS = {
     "duplicate": ["plant_duplicate"],
     "reorder": ["plant_reorder"],
@@ -59,7 +65,7 @@ def validation(spark, tmp_path_factory):
     out = tmp_path_factory.mktemp("validation")
     written, runs = {}, {}
     for label in PLANTED:
-        run = SyntheticRun(label)
+        run = SyntheticRun(label, time_scale=TIME_SCALES.get(label, 1.0))
         for planter in PLANTERS.get(label, []):
             getattr(run, planter)()
         written[label] = run.write(out / "runs" / label)
@@ -154,31 +160,101 @@ def test_run_figures_count_the_events_and_the_lost_ack(validation):
         assert run["acks_lost_to_crash"] == 1
 
 
-def test_throughput_is_counted_per_second_from_the_first_event(validation):
+@pytest.mark.parametrize("span, counted", [(0.0, 1), (0.05, 80), (0.45, 80), (0.9, 1_300), (3.0, 80), (3.0, None),
+                                           (3.0, 10_000), (600.0, 2_500_000), (36_000.0, 10), (7 * 86_400.0, None)])
+def test_the_bucket_width_fits_the_runs_length(span, counted):
+    """Spans from nothing to a week, with few events or many (None: no limit from the count)."""
+    width = bucket_seconds(span, counted)
+    points = bucket_count(span, width)
+    assert width in BUCKET_WIDTHS or width % BUCKET_WIDTHS[-1] == 0
+    assert points <= MAX_POINTS
+    if span > 1:
+        assert points >= 20, (span, counted, width)
+    elif span >= 0.05:
+        assert points >= 5, (span, counted, width)  # a short run still gets a series, of 10 or 20 ms buckets
+    # Plenty of events get the finest buckets that keep within MAX_POINTS.
+    if counted is None or counted >= EVENTS_PER_BUCKET * MAX_POINTS:
+        finer = [candidate for candidate in BUCKET_WIDTHS if candidate < width]
+        assert not finer or bucket_count(span, finer[-1]) > MAX_POINTS
+
+
+def test_the_bucket_width_keeps_every_length_within_its_bounds():
+    """From 0.2 s to a month, 7% apart: never over MAX_POINTS, never under 20 points past a second."""
+    span = 0.2
+    while span < 30 * 86_400:
+        for counted in (10, 2_000, 50_000, 10_000_000):
+            points = bucket_count(span, bucket_seconds(span, counted))
+            assert points <= MAX_POINTS and (span <= 1 or points >= 20), (span, counted, points)
+        span *= 1.07
+
+
+def test_throughput_is_counted_per_bucket_from_the_first_event(validation):
     summary, written, _, _ = validation
     for label, lines in written.items():
         figures = summary["backends"][label]["throughput"]
-        first = min(line["t"] for line in lines)
+        first, last = min(line["t"] for line in lines), max(line["t"] for line in lines)
+        publishes, deliveries = of_kind(lines, events.PUBLISH), of_kind(lines, events.DELIVER)
+        width = figures["bucket_seconds"]
+        assert width == bucket_seconds(last - first, len(publishes) + len(deliveries))
         expected = {}
-        for line in of_kind(lines, events.PUBLISH) + of_kind(lines, events.DELIVER):
-            row = expected.setdefault(math.floor(line["t"] - first), [0, 0, 0, 0])
+        for line in publishes + deliveries:
+            row = expected.setdefault(math.floor((line["t"] - first) / width), [0, 0, 0, 0])
             offset = 0 if line["kind"] == events.PUBLISH else 1
             row[offset] += 1
             row[offset + 2] += line["size"]
         series = figures["series"]
-        assert [row["second"] for row in series] == list(range(max(expected) + 1))
-        for row in series:
-            assert [row["published"], row["delivered"], row["published_bytes"], row["delivered_bytes"]] == \
-                expected.get(row["second"], [0, 0, 0, 0])
-        publishes = of_kind(lines, events.PUBLISH)
+        assert len(series) == bucket_count(last - first, width)
+        assert [point["start_s"] for point in series] == pytest.approx([index * width for index in range(len(series))])
+        for index, point in enumerate(series):
+            counts = expected.get(index, [0, 0, 0, 0])
+            assert [point[field] for field in ("published", "delivered", "published_bytes", "delivered_bytes")] \
+                == counts
+            assert point["publish_msgs_per_s"] == pytest.approx(counts[0] / width)
+            assert point["deliver_msgs_per_s"] == pytest.approx(counts[1] / width)
+            assert point["publish_mb_per_s"] == pytest.approx(counts[2] / 1e6 / width)
+            assert point["deliver_mb_per_s"] == pytest.approx(counts[3] / 1e6 / width)
         done = max(line["t"] for line in publishes + of_kind(lines, events.CONFIRM))
         span = done - min(line["t"] for line in publishes)
         assert figures["publish_msgs_per_s"] == pytest.approx(len(publishes) / span)
         assert figures["publish_mb_per_s"] == pytest.approx(sum(line["size"] for line in publishes) / span / 1e6)
-        deliveries = of_kind(lines, events.DELIVER)
+        assert figures["publish_active_s"] == pytest.approx(
+            [min(line["t"] for line in publishes) - first, done - first])
         span = max(line["t"] for line in deliveries) - min(line["t"] for line in deliveries)
         assert figures["deliver_msgs_per_s"] == pytest.approx(len(deliveries) / span)
         assert figures["deliver_mb_per_s"] == pytest.approx(sum(line["size"] for line in deliveries) / span / 1e6)
+
+
+def test_a_run_over_a_second_and_one_under_get_series_of_many_points(validation):
+    summary, written, _, _ = validation
+    clean, short = summary["backends"]["clean"]["throughput"], summary["backends"]["short"]["throughput"]
+    spans = {label: max(line["t"] for line in written[label]) - min(line["t"] for line in written[label])
+             for label in ("clean", "short")}
+    assert spans["clean"] > 4 and spans["short"] < 0.5
+    assert len(clean["series"]) >= 20
+    assert len(short["series"]) >= 20 and short["bucket_seconds"] < clean["bucket_seconds"]
+    # The same run, ten times faster, publishes ten times as many messages a second.
+    assert short["publish_msgs_per_s"] == pytest.approx(10 * clean["publish_msgs_per_s"])
+
+
+@pytest.mark.parametrize("kind", ["publish", "deliver"])
+def test_the_series_averages_to_the_mean_rate_over_the_active_span(validation, kind):
+    """
+    The buckets a kind's active span touches hold all its events and cover the
+    span, sticking out by less than one bucket at either end; so their
+    average rate is at most the mean rate and short of it by less than
+    2 * width / span of it (figures.py's docstring). Here that is under 10%.
+    """
+    summary, _, _, _ = validation
+    for label, backend in summary["backends"].items():
+        figures = backend["throughput"]
+        width, (start, end) = figures["bucket_seconds"], figures[f"{kind}_active_s"]
+        touched = figures["series"][math.floor(start / width):math.floor(end / width) + 1]
+        tolerance = 2 * width / (end - start)
+        assert tolerance < 0.1, (label, width, end - start)
+        for unit in ("msgs", "mb"):
+            mean = figures[f"{kind}_{unit}_per_s"]
+            average = sum(point[f"{kind}_{unit}_per_s"] for point in touched) / len(touched)
+            assert mean * (1 - tolerance) < average <= mean * (1 + 1e-9), (label, unit, average, mean)
 
 
 def expected_latencies(lines):

@@ -1,7 +1,10 @@
 """The validation report: files, charts, the HTML page and its command line,
-from synthetic summaries (no Spark, no broker)."""
+from synthetic summaries (no Spark, no broker). The charts are checked on the
+matplotlib Figures they are drawn from (which lines, styles, ticks and
+texts), the page on its HTML."""
 
 import base64
+import html
 import json
 import pathlib
 import re
@@ -10,11 +13,13 @@ import subprocess
 import sys
 
 import pytest
+from matplotlib.colors import to_rgba
 from matplotlib.image import imread
 
-from spark_jobs.charts import FAIL_COLOUR, PASS_COLOUR, per_second_counts
+from spark_jobs.charts import latency_cdf_figure, log_ticks, series_rates, throughput_figure
+from spark_jobs.correctness_chart import FAIL_COLOUR, NOT_APPLICABLE_COLOUR, PASS_COLOUR, correctness_figure
 from spark_jobs.report import CHART_FILES, SummaryError, write_report
-from spark_jobs.events import BACKEND_CHECKS, CROSS_BACKEND_CHECKS as CROSS_CHECKS
+from spark_jobs.events import BACKEND_CHECKS, CHECK_DESCRIPTIONS, CROSS_BACKEND_CHECKS as CROSS_CHECKS
 from spark_jobs.settings import WorkloadSettings
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -32,19 +37,27 @@ def passing_check(checked):
     return {"pass": True, "checked": checked, "violations": 0, "examples": []}
 
 
+BUCKET = 0.5
+
+
+def series_point(bucket, published, delivered):
+    """One throughput bucket of L{BUCKET} seconds, 10 kB messages."""
+    return {"start_s": bucket * BUCKET, "published": published, "delivered": delivered,
+            "published_bytes": published * 10_000, "delivered_bytes": delivered * 10_000,
+            "publish_msgs_per_s": published / BUCKET, "deliver_msgs_per_s": delivered / BUCKET,
+            "publish_mb_per_s": published * 0.01 / BUCKET, "deliver_mb_per_s": delivered * 0.01 / BUCKET}
+
+
 def backend_figures(index):
-    series = [
-        {"second": second, "published": 400 + 10 * index, "delivered": 380, "published_bytes": 4_000_000,
-         "delivered_bytes": 3_800_000}
-        for second in range(6)
-        if second != 3  # the broker was down in second 3: no point at all
-    ]
+    # The broker was down in buckets 6 and 7: no points at all. Every backend delivers alike.
+    series = [series_point(bucket, 200 + 5 * index, 190) for bucket in range(12) if bucket not in (6, 7)]
     return {
         "run": {"wall_seconds": 5.5 + index, "crashes": 1, "published": 2000, "confirmed": 1990,
                 "nacked_by_broker": 0, "delivered": 1912, "redelivered": 40, "acked": 1850, "nacked": 38,
                 "rejected": 19, "stored": 150, "acks_lost_to_crash": 3},
-        "throughput": {"publish_msgs_per_s": 363.6, "deliver_msgs_per_s": 347.6, "publish_mb_per_s": 3.64,
-                       "deliver_mb_per_s": 3.48, "series": series},
+        "throughput": {"publish_msgs_per_s": 363.6 + 9 * index, "deliver_msgs_per_s": 347.6, "publish_mb_per_s": 3.64,
+                       "deliver_mb_per_s": 3.48, "publish_active_s": [0.0, 5.5 + 0.1 * index],
+                       "deliver_active_s": [0.2, 5.9], "bucket_seconds": BUCKET, "series": series},
         "latency_ms": {"confirm": latency(0.5 * (index + 1)), "end_to_end": latency(2.0 * (index + 1))},
         "checks": {name: passing_check(1990) for name in BACKEND_CHECKS},
     }
@@ -89,7 +102,7 @@ def png_size(data):
 
 
 def correctness_cell(page, check, column):
-    match = re.search(rf'<td class="(\w+)" data-check="{check}" data-column="{column}">(.*?)</td>', page, re.S)
+    match = re.search(rf'<td class="(\w+)" data-check="{check}" data-column="{column}"[^>]*>(.*?)</td>', page, re.S)
     assert match, f"no correctness cell for {check} / {column}"
     return match.group(1), match.group(2)
 
@@ -121,18 +134,122 @@ def pixels_of_colour(png_path, colour):
     return int((abs(image - wanted) < 1 / 255).all(axis=2).sum())
 
 
-def test_correctness_chart_paints_the_failure_red_and_the_passes_green(report, tmp_path):
+def test_correctness_chart_paints_the_failure_red_and_the_passes_green(report):
     out_dir, _, _ = report
     assert pixels_of_colour(out_dir / "correctness.png", FAIL_COLOUR) > 1000
     assert pixels_of_colour(out_dir / "correctness.png", PASS_COLOUR) > 1000 * 8
-    write_report(idle_backend_summary(), tmp_path)
-    assert pixels_of_colour(tmp_path / "correctness.png", FAIL_COLOUR) == 0
+    # The idle backend failed nothing: no red cell (red is only in the colour key under the matrix).
+    matrix = correctness_figure(idle_backend_summary()).subfigs[0].axes[0]
+    assert to_rgba(PASS_COLOUR) in [patch.get_facecolor() for patch in matrix.patches]
+    assert to_rgba(FAIL_COLOUR) not in [patch.get_facecolor() for patch in matrix.patches]
 
 
-def test_throughput_counts_a_second_missing_from_the_series_as_zero():
-    series = three_backend_summary()["backends"]["sqlite"]["throughput"]["series"]
-    assert per_second_counts(series, "published") == ([0, 1, 2, 3, 4, 5], [400, 400, 400, 0, 400, 400])
-    assert per_second_counts([], "delivered") == ([], [])
+def test_throughput_series_count_a_missing_bucket_as_zero():
+    throughput = three_backend_summary()["backends"]["sqlite"]["throughput"]
+    starts, rates, width = series_rates(throughput, "publish_msgs_per_s")
+    assert width == BUCKET
+    assert starts == [bucket * BUCKET for bucket in range(12)]
+    assert rates == [400.0] * 6 + [0, 0] + [400.0] * 4
+    assert series_rates({"series": []}, "deliver_msgs_per_s") == ([], [], 1.0)
+
+
+def per_second_summary():
+    """The three-backend summary as written before series had bucket widths: counts per whole second."""
+    summary = three_backend_summary()
+    for figures in summary["backends"].values():
+        throughput = figures["throughput"]
+        for key in ("bucket_seconds", "publish_active_s", "deliver_active_s"):
+            del throughput[key]
+        throughput["series"] = [{"second": second, "published": 400, "delivered": 380, "published_bytes": 4_000_000,
+                                 "delivered_bytes": 3_800_000} for second in range(6) if second != 3]
+    return summary
+
+
+def test_a_summary_of_per_second_counts_still_renders(tmp_path):
+    summary = per_second_summary()
+    assert series_rates(summary["backends"]["sqlite"]["throughput"], "publish_mb_per_s") == (
+        [0, 1, 2, 3, 4, 5], [4.0, 4.0, 4.0, 0, 4.0, 4.0], 1.0)
+    write_report(summary, tmp_path)
+    assert png_size((tmp_path / CHART_FILES["throughput"]).read_bytes()) == (1200, 750)
+    [published] = [line for line in throughput_figure(summary).axes[0].lines if line.get_gid() == "series sqlite"]
+    assert list(published.get_ydata()) == [400, 400, 400, 0, 400, 400]
+
+
+def lines_by_backend(axes, role):
+    """The lines a throughput panel drew for C{role} (C{series} or C{mean}), by backend name."""
+    return {line.get_gid().split(" ", 1)[1]: line for line in axes.lines
+            if (line.get_gid() or "").startswith(role + " ")}
+
+
+THROUGHPUT_FIELDS = ("publish_msgs_per_s", "publish_mb_per_s", "deliver_msgs_per_s", "deliver_mb_per_s")
+
+
+def test_every_backend_appears_in_every_throughput_panel_in_its_own_style():
+    summary = three_backend_summary()
+    panels = throughput_figure(summary).axes
+    assert [axes.get_title() for axes in panels] == [
+        "published messages per second", "published megabytes per second",
+        "delivered messages per second", "delivered megabytes per second"]
+    assert [axes.get_ylabel() for axes in panels] == ["msgs/s", "MB/s", "msgs/s", "MB/s"]
+    for axes, field in zip(panels, THROUGHPUT_FIELDS):
+        lines = lines_by_backend(axes, "series")
+        assert list(lines) == ["sqlite", "filelog", "chunked"]
+        for looks in (lambda line: line.get_color(), lambda line: line.get_linestyle(),
+                      lambda line: line.get_marker()):
+            assert len({looks(line) for line in lines.values()}) == 3, field
+        for name, line in lines.items():
+            assert list(line.get_ydata()) == series_rates(summary["backends"][name]["throughput"], field)[1]
+        legend = [text.get_text() for text in axes.get_legend().get_texts()]
+        assert [text.split(":")[0] for text in legend] == ["sqlite", "filelog", "chunked"]
+    # Every backend delivered alike: the three lines coincide, yet each is
+    # drawn narrower than the one under it and marks points of its own.
+    delivered = list(lines_by_backend(panels[2], "series").values())
+    assert delivered[0].get_ydata().tolist() == delivered[1].get_ydata().tolist() == delivered[2].get_ydata().tolist()
+    widths = [line.get_linewidth() for line in delivered]
+    assert widths == sorted(widths, reverse=True) and len(set(widths)) == 3
+    assert [line.get_zorder() for line in delivered] == sorted(line.get_zorder() for line in delivered)
+    assert len({line.get_markevery()[0] for line in delivered}) == 3
+    assert all(line.get_markerfacecolor() == "none" for line in delivered)
+
+
+def test_the_throughput_chart_draws_the_tables_mean_rates_over_each_active_span():
+    summary = three_backend_summary()
+    for axes, field in zip(throughput_figure(summary).axes, THROUGHPUT_FIELDS):
+        means = lines_by_backend(axes, "mean")
+        legend = [text.get_text() for text in axes.get_legend().get_texts()]
+        for name, figures in summary["backends"].items():
+            throughput = figures["throughput"]
+            assert means[name].get_ydata().tolist() == [throughput[field]] * 2
+            assert means[name].get_xdata().tolist() == throughput[field.split("_")[0] + "_active_s"]
+            unit = "msgs/s" if "msgs" in field else "MB/s"
+            shown = f"{throughput[field]:,.1f}" if unit == "msgs/s" else f"{throughput[field]:,.3f}"
+            assert f"{name}: mean {shown} {unit}" in legend
+        # Rates, not counts: a 0.5 s bucket of 200 published messages is 400 msgs/s.
+        top = max(max(line.get_ydata()) for line in axes.lines)
+        assert axes.get_ylim()[1] > top
+    assert lines_by_backend(throughput_figure(summary).axes[0], "series")["sqlite"].get_ydata()[0] == 400.0
+
+
+def test_latency_axes_are_ticked_in_plain_milliseconds():
+    summary = three_backend_summary()
+    summary["backends"]["sqlite"]["latency_ms"]["confirm"]["cdf"] = [[0.6, 0.0], [12.0, 0.5], [20_000.0, 1.0]]
+    [axes] = latency_cdf_figure(summary, "confirm", "confirm latency").axes
+    assert axes.get_xscale() == "log"
+    assert [label.get_text() for label in axes.get_xticklabels()] == ["1", "10", "100", "1,000", "10,000"]
+    assert not any(label.get_text() for label in axes.get_xticklabels(minor=True))
+    assert axes.get_legend().get_texts()[0].get_text() == "sqlite (p50 25 ms, p99 49.5 ms)"
+    # Too narrow a range for three powers of ten: 1-2-5 steps, still plain.
+    assert log_ticks(3.0, 80.0) == [5, 10, 20, 50]
+    assert log_ticks(0.004, 0.03) == pytest.approx([0.005, 0.01, 0.02])
+
+
+def test_backends_keep_one_style_across_the_charts():
+    summary = three_backend_summary()
+    throughput = lines_by_backend(throughput_figure(summary).axes[0], "series")
+    [latency] = latency_cdf_figure(summary, "end_to_end", "end-to-end").axes
+    for line, name in zip(latency.lines, summary["backends"]):
+        assert (line.get_color(), line.get_linestyle(), line.get_marker()) == (
+            throughput[name].get_color(), throughput[name].get_linestyle(), throughput[name].get_marker())
 
 
 def test_summary_json_round_trips_with_the_verdict_first_and_the_charts(report):
@@ -225,6 +342,78 @@ def test_a_single_backend_with_no_deliveries_renders_with_n_a(tmp_path):
         assert png_size((tmp_path / name).read_bytes())[0] >= 600
 
 
+NOT_APPLICABLE_REASON = "RabbitMQ's store cannot be exported"
+
+
+def summary_with_checks_not_applicable():
+    """filelog's failing check and two more marked not applicable, one still saying it failed."""
+    summary = three_backend_summary()
+    del summary["verdict"]
+    summary["backends"]["filelog"]["checks"]["stored_matches_published"] = {
+        "applicable": False, "reason": NOT_APPLICABLE_REASON, "checked": 0, "violations": 0, "examples": []}
+    summary["backends"]["chunked"]["checks"]["acked_not_redelivered"] = {
+        "applicable": False, "pass": False, "reason": "acks <unseen> & unknown"}
+    summary["cross_backend"]["checks"]["same_bodies"] = {"applicable": False, "reason": "one run only"}
+    return summary
+
+
+def test_a_check_not_applicable_shows_as_n_a_with_its_reason_and_leaves_the_verdict_alone(tmp_path):
+    written = write_report(summary_with_checks_not_applicable(), tmp_path)
+    page = (tmp_path / "report.html").read_text()
+    assert written["verdict"] == "pass"
+    assert re.search(r'<div class="verdict pass"[^>]*>PASS: every check passed</div>', page)
+    outcome, text = correctness_cell(page, "stored_matches_published", "filelog")
+    assert outcome == "na"
+    assert text == f'<span class="result">n/a</span><span class="reason">{html.escape(NOT_APPLICABLE_REASON)}</span>'
+    outcome, text = correctness_cell(page, "acked_not_redelivered", "chunked")
+    assert outcome == "na" and "acks &lt;unseen&gt; &amp; unknown" in text and "FAIL" not in text
+    cross = page.split('<table id="cross-backend">', 1)[1].split("</table>", 1)[0]
+    assert re.search(r'<tr><th>same_bodies</th><td class="na"[^>]*><span class="result">n/a</span>'
+                     r'<span class="reason">one run only</span></td>', cross)
+
+
+def test_the_correctness_chart_marks_checks_not_applicable_n_a_and_explains_every_check():
+    figure = correctness_figure(summary_with_checks_not_applicable())
+    matrix, key = figure.subfigs[0].axes[0], figure.subfigs[1].axes[0]
+    cells = [patch for patch in matrix.patches if patch.get_facecolor() == to_rgba(NOT_APPLICABLE_COLOUR)]
+    assert len(cells) == 3
+    texts = [text.get_text() for text in matrix.texts]
+    assert texts.count("n/a") == 3 and not any(text.startswith("FAIL") for text in texts)
+    explained = [text.get_text() for text in key.texts]
+    for name in BACKEND_CHECKS + CROSS_CHECKS:
+        assert explained[explained.index(name) + 1] == CHECK_DESCRIPTIONS[name]
+    assert "n/a: not applicable to this run" in [text.get_text() for text in key.get_legend().get_texts()]
+
+
+def test_page_explains_every_check(report):
+    _, _, page = report
+    meanings = page.split('<table id="check-meanings">', 1)[1].split("</table>", 1)[0]
+    for name in BACKEND_CHECKS + CROSS_CHECKS:
+        assert f"<tr><th>{name}</th><td>{html.escape(CHECK_DESCRIPTIONS[name])}</td></tr>" in meanings
+
+
+def test_cpu_figures_and_the_backend_kind_are_shown_when_the_summary_has_them(tmp_path, report):
+    summary = three_backend_summary()
+    summary["backends"]["sqlite"]["cpu"] = {"broker_cores": 0.93, "client_cores": 1.41, "limit": "broker",
+                                            "samples": 12}
+    summary["backends"]["filelog"]["cpu"] = {"broker_cores": None, "client_cores": 1.9, "limit": "clients"}
+    summary["backends"]["chunked"]["kind"] = "reference"
+    write_report(summary, tmp_path)
+    figures = (tmp_path / "report.html").read_text().split('<table id="figures">', 1)[1].split("</table>", 1)[0]
+    assert "<tr><th>kind</th><td>backend</td><td>backend</td><td>reference</td></tr>" in figures
+    assert ('<tr><th>broker cores busy</th><td class="number">0.93</td><td class="number">n/a</td>'
+            '<td class="number">n/a</td></tr>') in figures
+    assert '<tr><th>client cores busy</th><td class="number">1.41</td><td class="number">1.90</td>' in figures
+    assert "<tr><th>limited by</th><td>broker</td><td>clients</td><td>n/a</td></tr>" in figures
+    assert '<tr><th>samples</th><td class="number">12</td>' in figures
+    legend = [text.get_text() for text in throughput_figure(summary).axes[0].get_legend().get_texts()]
+    assert legend[2].startswith("chunked (reference): mean")
+    # A summary without them has neither.
+    _, _, page = report
+    plain = page.split('<table id="figures">', 1)[1].split("</table>", 1)[0]
+    assert "<th>kind</th>" not in plain and "cores busy" not in plain and ">cpu<" not in plain
+
+
 def test_a_summary_without_a_verdict_takes_it_from_its_checks(tmp_path):
     summary = three_backend_summary()
     del summary["verdict"]
@@ -250,7 +439,23 @@ def test_non_finite_figures_are_written_as_null_and_shown_as_n_a(tmp_path):
         (lambda summary: summary["backends"]["chunked"]["checks"]["same"].pop("pass"),
          "backends.chunked.checks.same.pass must be true or false"),
         (lambda summary: summary["backends"]["chunked"]["throughput"]["series"].append({"published": 3}),
-         "backends.chunked.throughput.series[5].second must be an integer"),
+         "backends.chunked.throughput.series[10].start_s must be a number >= 0"),
+        (lambda summary: summary["backends"]["chunked"]["throughput"]["series"].append({"second": -1}),
+         "backends.chunked.throughput.series[10].second must be an integer >= 0"),
+        (lambda summary: summary["backends"]["sqlite"]["throughput"].update(bucket_seconds=0),
+         "backends.sqlite.throughput.bucket_seconds must be above 0"),
+        (lambda summary: summary["backends"]["sqlite"]["throughput"].update(deliver_active_s=[3.0, 1.0]),
+         "backends.sqlite.throughput.deliver_active_s must be a [from, to] pair"),
+        (lambda summary: summary["backends"]["chunked"]["checks"]["same"].update(applicable="no"),
+         "backends.chunked.checks.same.applicable must be true or false"),
+        (lambda summary: summary["backends"]["chunked"]["checks"]["same"].update(applicable=False, reason=3),
+         "backends.chunked.checks.same.reason must be a string"),
+        (lambda summary: summary["backends"]["sqlite"].update(cpu={"client_cores": 1.0, "limit": "disk"}),
+         "backends.sqlite.cpu.limit must be one of broker, clients, unknown"),
+        (lambda summary: summary["backends"]["sqlite"].update(cpu={"broker_cores": "most"}),
+         "backends.sqlite.cpu.broker_cores must be a number"),
+        (lambda summary: summary["backends"]["sqlite"].update(kind="mirror"),
+         "backends.sqlite.kind must be 'backend' or 'reference'"),
         (lambda summary: summary["backends"]["sqlite"]["latency_ms"]["confirm"]["cdf"].append([1.0]),
          "backends.sqlite.latency_ms.confirm.cdf[100] must be a [latency_ms, fraction] pair"),
         (lambda summary: summary["backends"]["sqlite"]["run"].update(published="many"),
