@@ -1,6 +1,7 @@
 """What the cross-backend validation shows while it runs: the current rate and
-the ETA of publishing from snapshots of a run's counts, and a status line
-rewritten in place on a terminal but plain lines anywhere else."""
+the ETA of publishing from snapshots of a run's counts, a status line rewritten
+in place on a terminal and plain lines anywhere else, and on the command line:
+progress by default, nothing but the results with --quiet."""
 
 import fcntl
 import io
@@ -28,6 +29,9 @@ from spark_jobs.progress import (
     eta_text,
     output_for,
 )
+from tests.spark_driver import spark_environment
+
+pytestmark = pytest.mark.long_module(seconds=90)  # two small validations side by side (tests/conftest.py)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PTY_READ_TIMEOUT = 60.0  # seconds to wait for what a terminal is expected to show
@@ -221,3 +225,68 @@ def test_the_workload_command_rewrites_its_line_in_place_when_stderr_is_a_termin
     assert "\rsqlite: published " in statuses and "\n" not in statuses
     assert re.fullmatch(r"sqlite: done, published 300/300, confirmed 300/300, delivered [\d,]+ in \d+ s"
                         r" \([\d,]+ published/s\), crashes 0" + re.escape(ERASE_TO_END_OF_LINE), final), final
+
+
+@pytest.fixture(scope="module")
+def small_validations(tmp_path_factory):
+    """A small validation on sqlite run twice side by side, with --quiet and by default (stderr not a terminal):
+    per run its output directory and finished process."""
+    started = {}
+    for name, flags in (("quiet", ["--quiet"]), ("default", [])):
+        out = tmp_path_factory.mktemp(name)
+        command = [sys.executable, "-m", "spark_jobs.validate_backends", "--backends", "sqlite", "--messages", "200",
+                   "--driver-memory", "1g", "--out", str(out), *flags]
+        started[name] = out, command, subprocess.Popen(command, cwd=ROOT, env=spark_environment(),
+                                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finished = {}
+    for name, (out, command, process) in started.items():
+        stdout, stderr = process.communicate(timeout=600)
+        finished[name] = out, subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    return finished
+
+
+def test_quiet_prints_the_results_and_nothing_on_stderr(small_validations):
+    out, finished = small_validations["quiet"]
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert finished.stderr == ""
+    assert finished.stdout.splitlines()[0].startswith("backend    published")
+    assert finished.stdout.splitlines()[-1] == "verdict: pass"
+    assert f"report: {out / 'report.html'}" in finished.stdout
+    assert (out / "spark.log").is_file()  # what the Spark JVM said instead
+
+
+def test_by_default_without_a_terminal_the_steps_and_the_runs_are_plain_lines(small_validations):
+    out, finished = small_validations["default"]
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert finished.stdout.splitlines()[-1] == "verdict: pass"
+    assert "\r" not in finished.stderr and "\x1b" not in finished.stderr
+    ours = [line for line in finished.stderr.splitlines()
+            if line.startswith(("[1/1] sqlite:", "Spark job", "report "))]
+    expected = [
+        r"\[1/1\] sqlite: workload started",
+        r"\[1/1\] sqlite: done, published 200/200, confirmed 200/200, delivered [\d,]+ in \d+ s"
+        r" \([\d,]+ published/s\), crashes 0",
+        r"\[1/1\] sqlite: export started",
+        r"\[1/1\] sqlite: exported \d+ stored messages in \d+\.\d s",
+        r"Spark job over sqlite",
+        r"Spark job done in \d+\.\d s",
+        r"report started",
+        r"report written in \d+\.\d s",
+    ]
+    # A run of 200 messages may be short of the first periodic line: any there are are plain status lines.
+    periodic = [line for line in ours if " | " in line]
+    assert all(re.fullmatch(r"\[1/1\] sqlite: published [\d,]+/200, .* msgs/s.*", line) for line in periodic)
+    ours = [line for line in ours if line not in periodic]
+    assert len(ours) == len(expected), ours
+    for line, pattern in zip(ours, expected):
+        assert re.fullmatch(pattern, line), (line, pattern)
+
+
+def test_quiet_and_progress_together_are_a_usage_error(tmp_path):
+    command = [sys.executable, "-m", "spark_jobs.validate_backends", "--backends", "sqlite", "--quiet", "--progress",
+               "--out", str(tmp_path / "report")]
+    finished = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert finished.returncode == 2
+    assert "not allowed with argument" in finished.stderr
+    assert finished.stdout == ""
+    assert not (tmp_path / "report").exists()
