@@ -28,9 +28,11 @@ from twisted.internet.task import Clock
 
 from brokerd.storeregistry import BackendError, make_store, split_backend_string
 from spark_jobs import events
+from spark_jobs.progress import ProgressPrinter
 from spark_jobs.settings import WorkloadSettings, add_workload_arguments, settings_from_arguments
 
 DEFAULT_BACKENDS = "sqlite,filelog,chunked"
+SPARK_LOG = "spark.log"  # in --out: with --quiet, what the Spark JVM says on stderr goes here instead
 PASSED, FAILED, USAGE_ERROR, NOT_CARRIED_OUT = 0, 1, 2, 3
 
 
@@ -86,7 +88,13 @@ def build_parser():
     parser.add_argument("--reuse-runs", action="store_true",
                         help="do not run the workload: take OUT/runs/LABEL/ as they are (their stores are"
                              " exported again)")
-    parser.add_argument("--progress", action="store_true", help="report each step on stderr")
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument("--progress", action="store_true",
+                       help="show progress on stderr, the default (in place on a terminal, else a line every few"
+                            " seconds)")
+    shown.add_argument("--quiet", action="store_true",
+                       help="show no progress: print only the results on stdout (summary table, wall times,"
+                            " report path, verdict)")
     add_workload_arguments(parser)
     return parser
 
@@ -107,12 +115,9 @@ def parse_arguments(argv=None):
     return arguments
 
 
-def _progress_printer(enabled):
-    """A callable taking one progress line: printed on stderr when C{enabled}, else dropped."""
-    def progress(line):
-        if enabled:
-            print(line, file=sys.stderr, flush=True)
-    return progress
+def _progress_printer(quiet):
+    """What the validation shows on stderr while it runs (L{spark_jobs.progress}): nothing when C{quiet}."""
+    return ProgressPrinter() if quiet else ProgressPrinter.to_stream(sys.stderr)
 
 
 def _fresh_run_dir(run_dir):
@@ -154,22 +159,22 @@ def produce_runs(arguments, progress, timings):
             from spark_jobs.workload import WorkloadFailed, run_workload
 
             _fresh_run_dir(run_dir)
-            progress(f"{step} workload")
+            progress(f"{step} workload started")
             started = time.monotonic()
             try:
-                run_workload(backend, settings, run_dir, progress=progress if arguments.progress else None,
+                run_workload(backend, settings, run_dir, progress=progress.for_backend(number, len(arguments.backends)),
                              label=label)
             except (WorkloadFailed, ValueError) as problem:
                 raise ValidationError(f"the workload on {backend} failed: {problem}") from None
             timings.setdefault("workload_seconds", {})[label] = round(time.monotonic() - started, 3)
-        progress(f"{step} export")
+        progress(f"{step} export started")
         started = time.monotonic()
         try:
             lines = export_store(backend, run_dir / events.DATA_DIRECTORY, run_dir / events.EXPORT_FILE, label=label)
         except ExportError as problem:
             raise ValidationError(f"exporting the {backend} store of {run_dir} failed: {problem}") from None
         timings.setdefault("export_seconds", {})[label] = round(time.monotonic() - started, 3)
-        progress(f"{step} exported {lines} stored messages")
+        progress(f"{step} exported {lines} stored messages in {timings['export_seconds'][label]:.1f} s")
 
 
 def analyse(arguments, settings, progress):
@@ -220,23 +225,27 @@ def timings_line(timings):
 
 def main(argv=None):
     arguments = parse_arguments(argv)
-    progress = _progress_printer(arguments.progress)
+    progress = _progress_printer(arguments.quiet)
     timings = {}
     try:
         arguments.out.mkdir(parents=True, exist_ok=True)
         produce_runs(arguments, progress, timings)
         settings = _run_settings(arguments)
         started = time.monotonic()
-        summary = analyse(arguments, settings, progress)
+        with progress.quieted(arguments.out / SPARK_LOG):
+            summary = analyse(arguments, settings, progress)
         timings["spark_seconds"] = round(time.monotonic() - started, 3)
+        progress(f"Spark job done in {timings['spark_seconds']:.1f} s")
         summary["timings"] = timings
         from spark_jobs.report import SummaryError, write_report
 
-        progress("report")
+        progress("report started")
+        started = time.monotonic()
         try:
             summary = write_report(summary, arguments.out)
         except SummaryError as problem:
             raise ValidationError(f"the report could not be written: {problem}") from None
+        progress(f"report written in {time.monotonic() - started:.1f} s")
     except (ValidationError, OSError) as problem:
         print(f"validation not carried out: {problem}", file=sys.stderr)
         return NOT_CARRIED_OUT

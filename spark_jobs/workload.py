@@ -30,9 +30,9 @@ from spark_jobs import clients as pika_clients
 from spark_jobs.clients import ClientConfig
 from spark_jobs.control import BROKER_NACKED, CONFIRMED, DELIVERED, PUBLISHED, RunControl
 from spark_jobs.plan import build_topology, check_settings
+from spark_jobs.progress import WorkloadCounts, summary_line, workload_meter
 from spark_jobs.settings import WorkloadSettings, add_workload_arguments, settings_from_arguments
 
-PROGRESS_INTERVAL = 5.0  # seconds between progress lines
 WATCH_INTERVAL = 0.1  # seconds between the runner's looks at its clients while they publish
 DRAIN_POLL = 0.2  # seconds between looks at the consumed queues once publishing is over
 DRAIN_STABLE_LOOKS = 3  # consecutive looks that must find the queues drained and nothing moving
@@ -58,8 +58,10 @@ def run_workload(backend, settings, run_dir, progress=None, label=None):
     string, e.g. C{sqlite} or C{chunked:chunk_size=64M}) and write the run
     directory C{run_dir}; returns the contents of its run.json.
 
-    @param progress: C{True} for a progress line on stderr every few seconds, a
-        callable to receive those lines instead, or C{None} for none.
+    @param progress: C{True} for progress on stderr (a line rewritten in place
+        on a terminal, else a line every few seconds), a
+        L{spark_jobs.progress.ProgressPrinter} to show it, a callable to
+        receive plain lines instead, or C{None} for none.
     @param label: the C{backend} field of every event; the backend's name by default.
     @raise WorkloadFailed: the run could not complete; the broker and every
         client process are stopped by then.
@@ -68,8 +70,14 @@ def run_workload(backend, settings, run_dir, progress=None, label=None):
         raise TypeError(f"settings must be a WorkloadSettings, not {type(settings).__name__}")
     check_settings(settings)
     _check_backend(backend)
-    run = _Run(backend, settings, pathlib.Path(run_dir), label or default_label(backend), _progress_sink(progress))
-    return run.play()
+    label = label or default_label(backend)
+    meter = workload_meter(progress, label, settings.messages)
+    run = _Run(backend, settings, pathlib.Path(run_dir), label, meter)
+    try:
+        return run.play()
+    finally:
+        if meter:
+            meter.close()
 
 
 def declare_topology(channel, topology):
@@ -100,16 +108,6 @@ def _check_backend(backend):
         raise ValueError(f"unknown backend {name!r}; known backends: {', '.join(known) or 'none'}")
 
 
-def _progress_sink(progress):
-    if progress is None or progress is False:
-        return None
-    if progress is True:
-        return lambda line: print(line, file=sys.stderr, flush=True)
-    if callable(progress):
-        return progress
-    raise TypeError(f"progress must be None, True or a callable taking a line, not {progress!r}")
-
-
 class _Run:
     """One run of the workload: the broker's incarnations, the client processes and what they did."""
 
@@ -134,7 +132,6 @@ class _Run:
         self.started = None
         self.workload_started = None  # the gate opened: every client was ready
         self.workload_ended = None  # the consumed queues were drained
-        self.last_progress = None
         self.broker_cpu_from = 0.0  # the current incarnation's CPU seconds when the workload began (0 after a restart)
         self.broker_cpu_used = 0.0  # CPU seconds of the incarnations before the current one, during the workload
 
@@ -230,7 +227,6 @@ class _Run:
 
     def _publish_phase(self):
         """Watch the publishers to their end, crashing the broker at each boundary of the gate."""
-        self.last_progress = time.monotonic()
         moved, last_counts = time.monotonic(), None
         while any(process.is_alive() for process in self.publishers):
             if self.control.gate_reached.wait(WATCH_INTERVAL) and \
@@ -348,16 +344,19 @@ class _Run:
     # -- what it says
 
     def _maybe_progress(self):
-        if self.say and time.monotonic() - self.last_progress >= PROGRESS_INTERVAL:
-            self.last_progress = time.monotonic()
-            self.say(self._progress_line())
+        """Hands the meter the current counts; it decides whether a line is due."""
+        if self.say:
+            self.say.update(self._progress_counts())
+
+    def _progress_counts(self):
+        """The run's counters now, summed over its clients."""
+        return WorkloadCounts(self.control.total(PUBLISHED), self.control.total(CONFIRMED),
+                              self.control.total(DELIVERED), len(self.crashes))
 
     def _progress_line(self, final=False):
-        elapsed = max((self.workload_ended or time.time()) - (self.workload_started or self.started), 1e-9)
-        published = self.control.total(PUBLISHED)
-        return (f"{self.label}: {'done, ' if final else ''}published {published:,}/{self.settings.messages:,},"
-                f" confirmed {self.control.total(CONFIRMED):,}, delivered {self.control.total(DELIVERED):,}"
-                f" in {elapsed:.0f} s ({published / elapsed:,.0f} published/s), crashes {len(self.crashes)}")
+        """The run's counts and mean publish rate so far (C{final}: the line a finished run leaves)."""
+        elapsed = (self.workload_ended or time.time()) - (self.workload_started or self.started)
+        return summary_line(self.label, self._progress_counts(), self.settings.messages, elapsed, done=final)
 
     def _describe(self, ended, drain_seconds, stop_status):
         clients = {process.name: self.control.counters(row)
