@@ -38,13 +38,12 @@ import time
 
 from pamqp import commands
 
-from benchmarks.amqp_client import (
+from benchmarks.amqp_client import Connection, Loop
+from benchmarks.amqp_codec import (
     BASIC_ACK,
     LONG_LONG,
     TRANSIENT_PROPERTIES,
     BenchmarkError,
-    Connection,
-    Loop,
     publish_block,
     settle_frame,
 )

@@ -7,7 +7,7 @@ a restart, with the properties every such message is published with.
 import struct
 import zlib
 
-from benchmarks.amqp_client import short_string
+from benchmarks.amqp_codec import short_string
 
 MAGIC = b"CRSH"
 BODY_HEAD = struct.Struct(">4sIHQI")  # magic, run, publisher, sequence, payload length

@@ -6,7 +6,8 @@ and what comes back must be intact, unique and in each publisher's order.
 
 from pamqp import commands
 
-from benchmarks.amqp_client import BenchmarkError, Connection, Loop
+from benchmarks.amqp_client import Connection, Loop
+from benchmarks.amqp_codec import BenchmarkError
 from benchmarks.crash_body import (
     MARKER_PUBLISHER,
     CorruptBody,

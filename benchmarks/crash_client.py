@@ -9,7 +9,8 @@ import pathlib
 import random
 import sys
 
-from benchmarks.amqp_client import BenchmarkError, BrokerGone, Connection, Loop
+from benchmarks.amqp_client import BrokerGone, Connection, Loop
+from benchmarks.amqp_codec import BenchmarkError
 from benchmarks.crash_logs import ClientLogs
 from benchmarks.crash_roles import Consumer, Publisher
 

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks.amqp_client import BenchmarkError
+from benchmarks.amqp_codec import BenchmarkError
 from benchmarks.crash_check import QUEUE, check_recovery, drain
 from benchmarks.crash_logs import ACKED_LOG, ACKS_SENT_LOG, CONFIRMED_LOG, read_confirmed, read_ids
 from brokerd.storeregistry import available_backends

@@ -6,7 +6,8 @@ logs of L{benchmarks.crash_logs}.
 
 from pamqp import commands
 
-from benchmarks.amqp_client import BASIC_ACK, BenchmarkError, Connection, publish_frames, settle_frame
+from benchmarks.amqp_client import Connection
+from benchmarks.amqp_codec import BASIC_ACK, BenchmarkError, publish_frames, settle_frame
 from benchmarks.crash_body import (
     MARKER_PUBLISHER,
     PERSISTENT_PROPERTIES,

@@ -43,7 +43,8 @@ import time
 
 from pamqp import commands
 
-from benchmarks.amqp_client import PERSISTENT_PROPERTIES, BenchmarkError, Connection, Loop
+from benchmarks.amqp_client import Connection, Loop
+from benchmarks.amqp_codec import PERSISTENT_PROPERTIES, BenchmarkError
 from benchmarks.amqp_throughput import Consumer, Publisher, parse_address
 from benchmarks.processcpu import CpuWindow, cpu_seconds, format_cores
 from brokerd.testing import BrokerProcess

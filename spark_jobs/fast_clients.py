@@ -19,13 +19,11 @@ import traceback
 
 from pamqp import commands
 
-from benchmarks.amqp_client import (
+from benchmarks.amqp_client import BrokerGone, Connection, Loop
+from benchmarks.amqp_codec import (
     BASIC_NACK,
     BASIC_REJECT,
     BenchmarkError,
-    BrokerGone,
-    Connection,
-    Loop,
     PublishFramer,
     encode_properties,
     message_properties,

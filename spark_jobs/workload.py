@@ -15,6 +15,7 @@ broker cleanly so the export can open its store.
 import argparse
 import json
 import multiprocessing
+import multiprocessing.connection
 import pathlib
 import signal
 import sys
@@ -229,9 +230,13 @@ class _Run:
         """Watch the publishers to their end, crashing the broker at each boundary of the gate."""
         moved, last_counts = time.monotonic(), None
         while any(process.is_alive() for process in self.publishers):
-            if self.control.gate_reached.wait(WATCH_INTERVAL) and \
-                    self.control.published_total < self.settings.messages:
-                self._crash()
+            if self.control.published_total < self.settings.messages:
+                if self.control.gate_reached.wait(WATCH_INTERVAL) and \
+                        self.control.published_total < self.settings.messages:
+                    self._crash()
+            else:  # every publish made (the gate stays reached): wait for a publisher to end, not spin
+                multiprocessing.connection.wait([process.sentinel for process in self.publishers
+                                                 if process.is_alive()], WATCH_INTERVAL)
             self._check_clients()
             self._maybe_progress()
             counts = tuple(self.control.total(counter) for counter in (PUBLISHED, CONFIRMED, BROKER_NACKED, DELIVERED))

@@ -8,7 +8,8 @@ import socket
 import pytest
 from pamqp import commands
 
-from benchmarks.amqp_client import (
+from benchmarks.amqp_client import BrokerGone, Connection, Loop
+from benchmarks.amqp_codec import (
     BASIC_DELIVER,
     CONTENT_HEAD,
     FRAME_BODY,
@@ -17,9 +18,6 @@ from benchmarks.amqp_client import (
     LONG_LONG,
     METHOD_INDEX,
     BenchmarkError,
-    BrokerGone,
-    Connection,
-    Loop,
     PublishFramer,
     encode_properties,
     frame,
