@@ -143,3 +143,11 @@ BACKEND_CHECKS = (
     "stored_matches_published",
 )
 CROSS_BACKEND_CHECKS = ("same_messages", "same_bodies", "same_queue_sequences")
+# The per-run checks that read the broker's stored state (the export): not
+# applicable to a run without one (a reference broker's).
+EXPORT_CHECKS = ("stored_matches_published",)
+
+
+def check_applies(check):
+    """Whether a summary's check entry counts toward the verdict: all but those marked C{"applicable": false}."""
+    return check.get("applicable", True) is not False

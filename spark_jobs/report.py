@@ -5,8 +5,11 @@ The summary is a plain dict (its shape is agreed with L{spark_jobs.analysis}):
 a C{verdict}, the workload C{settings}, per backend its C{run} counts,
 C{throughput} (rates and a per-second C{series}), C{latency_ms} (C{confirm} and
 C{end_to_end}: count, percentiles and a CDF) and C{checks}, and the
-C{cross_backend} checks. Only C{backends} is required: a part the analysis could
-not compute is shown as C{n/a}, never guessed.
+C{cross_backend} checks; each backend may say its C{kind} (C{backend}, or
+C{reference} for a broker reached by URL) and carry C{notes}. A check marked
+C{"applicable": false} (with a C{"reason"}) does not apply to that run and
+does not count toward the verdict. Only C{backends} is required: a part the
+analysis could not compute is shown as C{n/a}, never guessed.
 
 Re-render a report from a summary (after editing the report code, say)::
 
@@ -20,6 +23,7 @@ import pathlib
 import sys
 
 from spark_jobs.charts import correctness_chart, latency_cdf_chart, throughput_chart
+from spark_jobs.events import RUN_KINDS, check_applies
 from spark_jobs.report_html import render_html
 
 SUMMARY_FILE = "summary.json"
@@ -105,6 +109,12 @@ def _check_checks(checks, path):
         _require_numbers({key: check.get(key) for key in ("checked", "violations")}, f"{path}.{name}", integers=True)
         if not isinstance(check.get("examples") or [], list):
             raise SummaryError(f"summary: {path}.{name}.examples must be a list, not {_describe(check['examples'])}")
+        if not isinstance(check.get("applicable", True), bool):
+            raise SummaryError(f"summary: {path}.{name}.applicable must be true or false, not"
+                               f" {_describe(check['applicable'])}")
+        if not check_applies(check) and not isinstance(check.get("reason"), str):
+            raise SummaryError(f"summary: {path}.{name} does not apply, and its reason must say why, not"
+                               f" {_describe(check.get('reason'))}")
 
 
 def check_summary(summary):
@@ -123,6 +133,12 @@ def check_summary(summary):
     for name, figures in backends.items():
         path = f"backends.{name}"
         figures = _require_object(figures, path, optional=False)
+        if figures.get("kind", RUN_KINDS[0]) not in RUN_KINDS:
+            raise SummaryError(f"summary: {path}.kind must be one of {', '.join(RUN_KINDS)}, not"
+                               f" {_describe(figures['kind'])}")
+        notes = figures.get("notes") or []
+        if not isinstance(notes, list) or not all(isinstance(note, str) for note in notes):
+            raise SummaryError(f"summary: {path}.notes must be a list of sentences, not {_describe(notes)}")
         _require_numbers(_require_object(figures.get("run"), f"{path}.run"), f"{path}.run")
         throughput = _require_object(figures.get("throughput"), f"{path}.throughput")
         _require_numbers(throughput, f"{path}.throughput")
@@ -148,9 +164,10 @@ def _without_non_finite(value):
 
 
 def _all_checks(summary):
+    """Every check of the summary that applies (and so counts toward the verdict)."""
     for figures in summary["backends"].values():
-        yield from (figures.get("checks") or {}).values()
-    yield from ((summary.get("cross_backend") or {}).get("checks") or {}).values()
+        yield from filter(check_applies, (figures.get("checks") or {}).values())
+    yield from filter(check_applies, ((summary.get("cross_backend") or {}).get("checks") or {}).values())
 
 
 def write_report(summary, out_dir):
