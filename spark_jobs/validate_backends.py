@@ -308,7 +308,8 @@ def failed_checks(checks):
 def summary_table(summary):
     """A few lines: per backend or reference its counts, rates, p99 latencies and failed checks (and those that
     do not apply, n/a); the notes on runs; then the cross-backend checks."""
-    header = (f"{'backend':<10} {'published':>9} {'confirmed':>9} {'delivered':>9} {'stored':>7} {'crashes':>7}"
+    width = max([10, *map(len, summary["backends"])])
+    header = (f"{'backend':<{width}} {'published':>9} {'confirmed':>9} {'delivered':>9} {'stored':>7} {'crashes':>7}"
               f" {'publish/s':>10} {'deliver/s':>10} {'confirm p99 ms':>14} {'e2e p99 ms':>10}  checks")
     lines, notes = [header], []
     for label, backend in summary["backends"].items():
@@ -321,7 +322,7 @@ def summary_table(summary):
         if not_applicable:
             outcome += f" ({NOT_APPLICABLE}: {', '.join(not_applicable)})"
         lines.append(
-            f"{label:<10} {run['published']:>9} {run['confirmed']:>9} {run['delivered']:>9} {stored:>7}"
+            f"{label:<{width}} {run['published']:>9} {run['confirmed']:>9} {run['delivered']:>9} {stored:>7}"
             f" {run['crashes']:>7} {rates['publish_msgs_per_s']:>10.1f} {rates['deliver_msgs_per_s']:>10.1f}"
             f" {latency['confirm']['p99']:>14.2f} {latency['end_to_end']['p99']:>10.2f}  {outcome}")
         notes += [f"{label} ({backend.get('kind', events.BACKEND_RUN)}): {note}" for note in backend.get("notes", [])]
