@@ -11,6 +11,12 @@ the driver: only per-kind counts, per-second series, percentiles and at most
 five example violations per check come back. No Python UDFs: the order and
 pair checks are window functions, so the work stays in the JVM.
 
+A run is a backend's (a brokerd the runner started and exported) or a
+reference broker's (reached by URL, not exported), as its run.json's C{kind}
+says. The summary names each run's kind; the checks that read the export
+(L{events.EXPORT_CHECKS}) are marked not applicable to a reference
+(C{"applicable": false} and a C{"reason"}), and the verdict leaves them out.
+
 L{create_session} starts Spark in local mode by default (C{local[*]}, web UI
 off, a few shuffle partitions per core, driver memory half of this machine's
 RAM, fixed when the JVM starts); a C{master} URL runs the same job on a
@@ -28,8 +34,10 @@ from pyspark.sql import SparkSession, Window
 from pyspark.sql import functions as F
 
 from spark_jobs import events
-from spark_jobs.checks import ACKS_LOST_TO_CRASH, RUN_CHECKS, SCOPE, run_checks
-from spark_jobs.cross_checks import CROSS_CHECKS, cross_checks
+from spark_jobs.checks import (
+    ACKS_LOST_TO_CRASH, CONFIRMED_DELIVERED_OR_STORED, PARKED_PAIRS_UNCHECKED, RUN_CHECKS, SCOPE, run_checks,
+)
+from spark_jobs.cross_checks import CROSS_CHECKS, SAME_MESSAGES, cross_checks
 from spark_jobs.figures import latency, throughput
 from spark_jobs.limits import cpu_figures
 from spark_jobs.tables import (
@@ -233,6 +241,52 @@ def _check_result(tally):
             "violations": int(tally["violations"]), "examples": tally["examples"]}
 
 
+NO_EXPORT_REASON = ("a reference broker's store is not exported, and this check reads what the store holds"
+                    " after the run")
+
+
+def not_applicable(reason):
+    """The summary's dict for a check that does not apply to a run: nothing checked, C{"applicable": false}
+    and why; it passes vacuously, and the verdict leaves it out."""
+    return {"applicable": False, "reason": reason, "pass": True, "checked": 0, "violations": 0, "examples": []}
+
+
+def _parked_note(unchecked, parked_queues):
+    pairs = "pair routed to a parked queue" if unchecked == 1 else "pairs routed to parked queues"
+    return (f"{unchecked} confirmed (message, queue) {pairs} ({', '.join(parked_queues)}) left out: nobody"
+            " consumes those queues and this run has no export to show what they hold")
+
+
+def _run_checks(label, tallies, unexported, parked_queues):
+    """The summary's checks of one run: tallied, and for a run without an export the export checks n/a and
+    the parked pairs left out of C{confirmed_delivered_or_stored} said so."""
+    checks = {name: _check_result(tallies.get((label, name))) for name in RUN_CHECKS}
+    if label in unexported:
+        for name in events.EXPORT_CHECKS:
+            checks[name] = not_applicable(NO_EXPORT_REASON)
+        if parked_queues:
+            unchecked = tallies.get((label, PARKED_PAIRS_UNCHECKED), {}).get("checked", 0)
+            checks[CONFIRMED_DELIVERED_OR_STORED]["note"] = _parked_note(unchecked, parked_queues)
+    return checks
+
+
+def _run_kind(label, facts):
+    kind = facts.get("kind", events.BACKEND_RUN)
+    if kind not in events.RUN_KINDS:
+        raise RunInputError(f"run {label}: run.json's kind is {kind!r}, not one of {', '.join(events.RUN_KINDS)}")
+    return kind
+
+
+def _parked_queues(facts):
+    """The parked queues the runs' run.json topologies name."""
+    names = set()
+    for run in facts.values():
+        topology = run.get("topology")
+        parked = topology.get("parked") if isinstance(topology, dict) else None
+        names.update(name for name in parked or () if isinstance(name, str))
+    return sorted(names)
+
+
 def _union(frames):
     result = frames[0]
     for frame in frames[1:]:
@@ -240,7 +294,8 @@ def _union(frames):
     return result
 
 
-def _run_figures(label, facts, inventory, lost_acks):
+def _run_figures(label, facts, inventory, lost_acks, exported=True):
+    """The summary's C{run} counts of one run; C{stored} is None (unknown) for a run without an export."""
     figures = inventory.kind
     return {
         "wall_seconds": _wall_seconds(facts, inventory, label),
@@ -253,7 +308,7 @@ def _run_figures(label, facts, inventory, lost_acks):
         "acked": figures(label, events.ACK).count,
         "nacked": figures(label, events.NACK).count,
         "rejected": figures(label, events.REJECT).count,
-        "stored": inventory.stored.get(label, 0),
+        "stored": inventory.stored.get(label, 0) if exported else None,
         "acks_lost_to_crash": int(lost_acks),
     }
 
@@ -277,9 +332,12 @@ def analyse_runs(spark, out_dir, labels, settings=None):
     runs_dir = out_dir / RUNS_DIRECTORY
     labels = list(labels)
     facts = {label: read_run_facts(runs_dir / label) for label in labels}
+    kinds = {label: _run_kind(label, facts[label]) for label in labels}
+    unexported = [label for label in labels if kinds[label] == events.REFERENCE_RUN]
+    parked_queues = _parked_queues(facts)
     work_dir = out_dir / WORK_DIRECTORY
     try:
-        tables = stage_runs(spark, runs_dir, labels, work_dir)
+        tables = stage_runs(spark, runs_dir, labels, work_dir, unexported, parked_queues)
         inventory = take_inventory(tables)
         tables.derive()
         last_epochs = spark.createDataFrame(
@@ -294,18 +352,24 @@ def analyse_runs(spark, out_dir, labels, settings=None):
     backends = {}
     for label in labels:
         lost_acks = tallies.get((label, ACKS_LOST_TO_CRASH), {}).get("checked", 0)
+        notes = facts[label].get("notes")
         backends[label] = {
-            "run": _run_figures(label, facts[label], inventory, lost_acks),
+            "kind": kinds[label],
+            "notes": [note for note in notes if isinstance(note, str)] if isinstance(notes, list) else [],
+            "run": _run_figures(label, facts[label], inventory, lost_acks, exported=label not in unexported),
             "throughput": rates[label],
             "latency_ms": latencies[label],
             "cpu": cpu_figures(facts[label]),
-            "checks": {name: _check_result(tallies.get((label, name))) for name in RUN_CHECKS},
+            "checks": _run_checks(label, tallies, unexported, parked_queues),
         }
     cross = {name: _check_result(tallies.get((None, name))) for name in CROSS_CHECKS}
+    if unexported and parked_queues and len(labels) > 1:
+        cross[SAME_MESSAGES]["note"] = (f"pairs of parked queues ({', '.join(parked_queues)}) count as agreeing on"
+                                        f" {', '.join(unexported)}, which have no export to show them")
     every_check = [check for backend in backends.values() for check in backend["checks"].values()]
     every_check += list(cross.values())
     return {
-        "verdict": "pass" if all(check["pass"] for check in every_check) else "fail",
+        "verdict": "pass" if all(check["pass"] for check in every_check if events.check_applies(check)) else "fail",
         "settings": _settings_json(settings),
         "backends": backends,
         "cross_backend": {"checks": cross},

@@ -14,7 +14,10 @@ What each check means:
 - C{confirmed_delivered_or_stored}: each (message confirmed with basic.ack,
   queue it was routed to) pair was delivered from that queue at least once or
   is still in that queue in the export. An unconfirmed message may be lost in
-  a crash; that is not a violation.
+  a crash; that is not a violation. A run without an export (a reference
+  broker's) cannot account for pairs routed to parked queues, which nobody
+  consumes: they are left out of its check and counted
+  (C{parked_pairs_unchecked}).
 - C{no_unflagged_duplicates}: a pair delivered again (its second or later
   delivery in epoch, time order) without the redelivered flag; a nack with
   requeue or a crash recovery flags the redelivery. One violation per pair.
@@ -34,6 +37,8 @@ What each check means:
   delayed exchange, only needs the publish), with the published hash and size,
   once; and it was not acked in the run's last broker epoch, which ended in a
   clean stop: only an ack lost to a crash may leave an acked message stored.
+  It needs the export (L{events.EXPORT_CHECKS}): a run without one has
+  nothing here, and the summary marks the check not applicable to it.
 """
 
 from pyspark.sql import Window
@@ -47,7 +52,8 @@ RUN_CHECKS = events.BACKEND_CHECKS
  ACKED_NOT_REDELIVERED, DELIVERED_BODIES_MATCH, STORED_MATCHES_PUBLISHED) = RUN_CHECKS
 
 ACKS_LOST_TO_CRASH = "acks_lost_to_crash"
-RUN_METRICS = (ACKS_LOST_TO_CRASH,)
+PARKED_PAIRS_UNCHECKED = "parked_pairs_unchecked"
+RUN_METRICS = (ACKS_LOST_TO_CRASH, PARKED_PAIRS_UNCHECKED)
 
 SCOPE = "scope"  # the run label, or null for a cross-backend check
 OUTCOME_COLUMNS = (SCOPE, "check", "sort_key", "example")
@@ -76,13 +82,18 @@ def _hash_prefix(column):
 
 
 def confirmed_delivered_or_stored(tables):
+    """Also tallies C{parked_pairs_unchecked}: confirmed pairs routed to parked queues on runs without an export."""
     expected = tables.messages.where(F.col("confirmed_ok")).select(
         LABEL, "message_id", F.explode("queues").alias("queue"))
+    unknowable = F.col(LABEL).isin(*tables.unexported) & F.col("queue").isin(*tables.parked_queues)
     accounted = tables.accounted_pairs().distinct().withColumn("accounted", F.lit(True))
-    joined = expected.join(accounted, list(PAIR), "left")
-    return outcome_rows(joined, CONFIRMED_DELIVERED_OR_STORED, F.col("accounted").isNull(), _pair_key(),
-                        F.format_string("%s was confirmed and routed to queue %s, but was neither delivered from"
-                                        " it nor stored in it", "message_id", "queue"))
+    joined = expected.where(~unknowable).join(accounted, list(PAIR), "left")
+    return [
+        outcome_rows(joined, CONFIRMED_DELIVERED_OR_STORED, F.col("accounted").isNull(), _pair_key(),
+                     F.format_string("%s was confirmed and routed to queue %s, but was neither delivered from"
+                                     " it nor stored in it", "message_id", "queue")),
+        outcome_rows(expected.where(unknowable), PARKED_PAIRS_UNCHECKED, F.lit(False), F.lit(None), F.lit(None)),
+    ]
 
 
 def no_unflagged_duplicates(tables):
@@ -190,7 +201,7 @@ def stored_matches_published(tables, last_epochs):
 def run_checks(tables, last_epochs):
     """The outcome DataFrames of every per-run check (L{RUN_CHECKS}) and metric (L{RUN_METRICS})."""
     return [
-        confirmed_delivered_or_stored(tables),
+        *confirmed_delivered_or_stored(tables),
         no_unflagged_duplicates(tables),
         order_per_publisher_and_priority(tables),
         *acked_not_redelivered(tables),

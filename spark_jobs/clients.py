@@ -45,18 +45,37 @@ RECONNECT_DEADLINE = 600.0  # seconds a client keeps trying to reach the broker 
 RECONNECT_BACKOFF = 0.05  # seconds between attempts to connect
 
 
+def returns_before(headers, own_returns):
+    """
+    How often a delivery came back to its queue before, for L{settle_decision}:
+    the x-delivery-count header when the broker sent one, else C{own_returns},
+    the returns the consumer itself caused (its nacks with requeue of that
+    message from that queue). Without the header, a message returned by
+    another consumer counts from 0 again here, so it may be nacked up to
+    consumers x L{spark_jobs.plan.MAX_NACKS} times in all rather than
+    C{MAX_NACKS}.
+    """
+    count = headers.get("x-delivery-count") if headers else None
+    return own_returns if count is None else int(count)
+
+
 class ClientFailed(RuntimeError):
     """A client could not go on: the broker stayed away, or closed a channel on it."""
 
 
 @dataclass(frozen=True)
 class ClientConfig:
-    """What every client process of a run needs to know, small enough to hand to a new process."""
+    """What every client process of a run needs to know, small enough to hand to a new process: the run's
+    label, settings and events directory, and where and as whom to log in (the port comes from the run's
+    L{RunControl}, one per broker incarnation)."""
 
     backend: str
     settings: dict
     events_dir: str
     host: str = "127.0.0.1"
+    username: str = "guest"
+    password: str = "guest"
+    virtual_host: str = "/"
 
 
 def run_publisher(config, control, number):
@@ -140,6 +159,9 @@ class Client:
 
     def _connect(self, epoch, port):
         parameters = pika.ConnectionParameters(host=self.config.host, port=port, connection_attempts=1,
+                                               virtual_host=self.config.virtual_host,
+                                               credentials=pika.PlainCredentials(self.config.username,
+                                                                                 self.config.password),
                                                socket_timeout=10, client_properties={"connection_name": self.name})
         self._closing = False
         self.connection = pika.SelectConnection(
@@ -347,6 +369,15 @@ class Consumer(Client):
     L{settle_decision} says, until the runner says stop. Acks wait for the end
     of the current read and go out as one multiple ack; a nack or reject first
     sends the acks decided before it, so the broker sees the decisions in order.
+
+    How often a delivery came back before is the broker's x-delivery-count
+    header when it sends one (brokerd does on every redelivery); a broker that
+    does not (RabbitMQ's classic queues) gets the count of this consumer's own
+    nacks of that message from that queue instead (L{returns_before}), so a
+    message is nacked at most L{spark_jobs.plan.MAX_NACKS} times per consumer
+    there.
+
+    @ivar own_returns: C{(message id, queue)} -> how often this consumer nacked it with requeue.
     """
 
     role = "consumer"
@@ -355,6 +386,7 @@ class Consumer(Client):
         super().__init__(config, control, number)
         self.queue_of_tag = {}
         self.ack_upto = 0  # the last delivery tag decided "ack" whose ack is not sent yet; 0 when none
+        self.own_returns = {}
 
     def counter_row(self):
         return self.settings.publishers + self.number
@@ -412,7 +444,8 @@ class Consumer(Client):
             "body_sha256": hashlib.sha256(body).hexdigest(),
         })
         self.control.count(self.row, DELIVERED)
-        decision = settle_decision(self.settings, identifier, queue, delivery_count)
+        decision = settle_decision(self.settings, identifier, queue,
+                                   returns_before(headers, self.own_returns.get((identifier, queue), 0)))
         if decision == events.ACK:
             if not self.ack_upto:
                 self.connection.ioloop.call_later(0, self._send_acks)
@@ -422,6 +455,7 @@ class Consumer(Client):
             self._send_acks()
             if decision == events.NACK:
                 channel.basic_nack(tag, requeue=True)
+                self.own_returns[identifier, queue] = self.own_returns.get((identifier, queue), 0) + 1
                 counter, requeue = NACKED, True
             else:
                 channel.basic_reject(tag, requeue=False)

@@ -9,6 +9,8 @@ Which runs hold a row is kept as a bit mask (bit i for the i-th label), so
 - C{same_messages}: among messages confirmed (basic.ack) on every run, each
   (message, queue) pair delivered or stored on one run is delivered or stored
   on every run. A message one run lost, or routed elsewhere, shows up here.
+  A run without an export (a reference broker's) cannot show what its parked
+  queues hold, so for pairs of a parked queue it counts as agreeing.
 - C{same_bodies}: a message id has one body hash everywhere: in its publishes,
   the deliveries and the exports of all runs.
 - C{same_queue_sequences}: per queue, publisher and priority, the first
@@ -59,6 +61,11 @@ def same_messages(tables):
                             .where(F.col("mask") == everywhere).select("message_id"))
     accounted = tables.accounted_pairs().join(confirmed_everywhere, ["message_id"], "left_semi")
     pairs = accounted.groupBy("message_id", "queue").agg(F.bit_or(_label_bit(labels)).alias("mask"))
+    unexported = sum(1 << index for index, label in enumerate(labels) if label in tables.unexported)
+    if unexported and tables.parked_queues:
+        pairs = pairs.withColumn("mask", F.when(F.col("queue").isin(*tables.parked_queues),
+                                                F.col("mask").bitwiseOR(F.lit(unexported).cast("long")))
+                                 .otherwise(F.col("mask")))
     return outcome_rows(
         pairs, SAME_MESSAGES, F.col("mask") != everywhere, F.concat_ws(" ", "message_id", "queue"),
         F.format_string("%s, confirmed on every run, is delivered or stored in queue %s on %s but not on %s",

@@ -1,14 +1,14 @@
 """What a workload run leaves on disk: the layout and fields the runner writes,
 the store export writes and the Spark job reads.
 
-One run directory per backend (``<out>/runs/<backend>/``)::
+One run directory per backend or reference broker (``<out>/runs/<label>/``)::
 
     run.json          the run: backend, seed, settings, times, crashes, topology
     events/*.jsonl    one JSON object per line, one file per client connection role
                       (``publisher-0.jsonl``, ``consumer-3.jsonl``)
-    export.jsonl      what the stopped broker's store still holds
-    data/             the broker's data directory
-    broker.log        twistd's log
+    export.jsonl      what the stopped broker's store still holds (not for a reference)
+    data/             the broker's data directory (empty for a reference)
+    broker.log        twistd's log (for a reference: its restart commands' output)
 
 Every event has C{kind}, C{backend}, C{client} (``publisher-0``), C{session} (the
 client's connection number, from 0, one more after each reconnect), C{epoch} (the
@@ -32,19 +32,25 @@ client saw or did it). Then, by kind:
 A message id travels as the AMQP ``message-id`` property, so deliveries and the
 export name the message without decoding its body.
 
-run.json (written by L{spark_jobs.workload}) has C{backend} (the C{--backend}
-string), C{label} (the C{backend} field of the events), C{seed}, C{settings}
+run.json (written by L{spark_jobs.workload}) has C{kind} (L{BACKEND_RUN}: a
+brokerd the runner started, with C{backend}, the C{--backend} string; or
+L{REFERENCE_RUN}: an AMQP 0-9-1 broker already running elsewhere, with C{url},
+its password masked, and C{restart_command}, null when there is none; a
+run.json without C{kind} is a backend run), C{label} (the C{backend} field of
+the events), C{notes} (sentences about how the run differs from what the
+settings asked, e.g. crashes skipped), C{seed}, C{settings}
 (C{WorkloadSettings.to_json()}), C{started} and C{ended} (C{time.time()} of
 the whole run, broker start and stop included), C{workload_started} (every
 client ready, publishing allowed) and C{workload_ended} (the consumed queues
 drained), C{wall_seconds} (the workload's span between those two),
 C{drain_seconds} (waiting for the consumed queues to empty after the last
 publish), C{crashes} (one C{{epoch, t, published_before}} per
-SIGKILL: the epoch killed, when, and how many publishes all publishers had made
-by then), C{epochs} (one C{{epoch, port, started, listening_seconds}} per broker
-start), C{topology} (C{exchanges} name -> type, C{queues} (consumed), C{parked},
-C{queue_arguments}, C{bindings}), C{broker_command}, C{ports} (C{amqp}: the port
-of each epoch), C{broker_stop_status} and C{clients} (per client name its
+SIGKILL, or per restart command of a reference: the epoch killed, when, and
+how many publishes all publishers had made by then), C{epochs} (one C{{epoch,
+port, started, listening_seconds}} per broker start), C{topology} (C{exchanges}
+name -> type, C{queues} (consumed), C{parked}, C{queue_arguments},
+C{bindings}), C{broker_command} and C{broker_stop_status} (backend runs),
+C{ports} (C{amqp}: the port of each epoch) and C{clients} (per client name its
 counters: C{published}, C{confirmed}, C{nacked_by_broker}, C{delivered},
 C{acked}, C{nacked}, C{rejected}, C{sessions}, C{cpu_ms}: the client
 process's CPU milliseconds from the moment it was ready to its end) and
@@ -64,6 +70,8 @@ ones in due order.
 """
 
 RUN_FILE = "run.json"
+BACKEND_RUN, REFERENCE_RUN = "backend", "reference"
+RUN_KINDS = (BACKEND_RUN, REFERENCE_RUN)
 EVENTS_DIRECTORY = "events"
 EXPORT_FILE = "export.jsonl"
 DATA_DIRECTORY = "data"
@@ -158,3 +166,13 @@ CHECK_DESCRIPTIONS = {
     "same_queue_sequences": "Each queue delivered a publisher's messages of one priority in the same order on every"
                             " run.",
 }
+
+
+# The per-run checks that read the broker's stored state (the export): not
+# applicable to a run without one (a reference broker's).
+EXPORT_CHECKS = ("stored_matches_published",)
+
+
+def check_applies(check):
+    """Whether a summary's check entry counts toward the verdict: all but those marked C{"applicable": false}."""
+    return check.get("applicable", True) is not False

@@ -125,9 +125,9 @@ class FastClient:
     def _session(self, epoch, port):
         loop = Loop()
         config = self.config
-        connection = Connection(loop, config.host, port, self.name, username=getattr(config, "username", "guest"),
-                                password=getattr(config, "password", "guest"),
-                                virtual_host=getattr(config, "virtual_host", "/"), product=PRODUCT)
+        connection = Connection(loop, config.host, port, self.name, username=config.username,
+                                password=config.password,
+                                virtual_host=config.virtual_host, product=PRODUCT)
         try:
             connection.open()
             self.session += 1

@@ -24,7 +24,9 @@ PARKED_QUEUE_PREFIX = "wl.parked"
 # that do not page bodies out.
 PARKED_SHARE = 0.02
 # A message is nacked with requeue at most this many times per queue, so that
-# every run ends however high the nack share is.
+# every run ends however high the nack share is: counted by the broker's
+# x-delivery-count, or on a broker without it (RabbitMQ's classic queues) by
+# each consumer for itself, so at most consumers x MAX_NACKS times there.
 MAX_NACKS = 3
 # Bodies are a per-message prefix followed by a slice of one seeded block, taken
 # at a random offset below this: cheap to make, and different from each other.
@@ -259,9 +261,11 @@ def settle_decision(settings, message_id, queue, delivery_count):
     """
     How a consumer settles a delivery: C{"nack"} (requeue), C{"reject"} (no
     requeue) or C{"ack"}, drawn from the seed, the message, the queue and how
-    often the message came back to that queue before (x-delivery-count), so
-    every backend sees the same decisions for the same deliveries. After
-    L{MAX_NACKS} returns a message is no longer nacked.
+    often the message came back to that queue before (x-delivery-count, or
+    the consumer's own count where the broker sends none:
+    L{spark_jobs.clients.returns_before}), so every backend sees the same
+    decisions for the same deliveries. After L{MAX_NACKS} returns a message is
+    no longer nacked.
     """
     digest = hashlib.blake2b(f"{settings.seed}/{message_id}/{queue}/{delivery_count}".encode(), digest_size=8)
     draw = int.from_bytes(digest.digest(), "big") / 2**64

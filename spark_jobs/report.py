@@ -27,6 +27,7 @@ import sys
 
 from spark_jobs.charts import latency_cdf_chart, throughput_chart
 from spark_jobs.correctness_chart import FAIL, check_outcome, correctness_chart
+from spark_jobs.events import RUN_KINDS, check_applies
 from spark_jobs.report_html import render_html
 
 SUMMARY_FILE = "summary.json"
@@ -41,7 +42,6 @@ CONFIRM_LATENCY_TITLE = "publisher confirm latency (publish to basic.ack)"
 END_TO_END_LATENCY_TITLE = "end-to-end latency (publish to first delivery)"
 VERDICTS = ("pass", "fail")
 LATENCY_KINDS = ("confirm", "end_to_end")
-BACKEND_KINDS = ("backend", "reference")
 CPU_LIMITS = ("broker", "clients", "unknown")
 ACTIVE_SPANS = ("publish_active_s", "deliver_active_s")
 
@@ -147,6 +147,12 @@ def _check_checks(checks, path):
         _require_numbers({key: check.get(key) for key in ("checked", "violations")}, f"{path}.{name}", integers=True)
         if not isinstance(check.get("examples") or [], list):
             raise SummaryError(f"summary: {path}.{name}.examples must be a list, not {_describe(check['examples'])}")
+        if not isinstance(check.get("applicable", True), bool):
+            raise SummaryError(f"summary: {path}.{name}.applicable must be true or false, not"
+                               f" {_describe(check['applicable'])}")
+        if not check_applies(check) and not isinstance(check.get("reason"), str):
+            raise SummaryError(f"summary: {path}.{name} does not apply, and its reason must say why, not"
+                               f" {_describe(check.get('reason'))}")
 
 
 def check_summary(summary):
@@ -165,9 +171,12 @@ def check_summary(summary):
     for name, figures in backends.items():
         path = f"backends.{name}"
         figures = _require_object(figures, path, optional=False)
-        if "kind" in figures and figures["kind"] not in BACKEND_KINDS:
-            raise SummaryError(f"summary: {path}.kind must be 'backend' or 'reference',"
-                               f" not {_describe(figures['kind'])}")
+        if figures.get("kind", RUN_KINDS[0]) not in RUN_KINDS:
+            raise SummaryError(f"summary: {path}.kind must be one of {', '.join(RUN_KINDS)}, not"
+                               f" {_describe(figures['kind'])}")
+        notes = figures.get("notes") or []
+        if not isinstance(notes, list) or not all(isinstance(note, str) for note in notes):
+            raise SummaryError(f"summary: {path}.notes must be a list of sentences, not {_describe(notes)}")
         _require_numbers(_require_object(figures.get("run"), f"{path}.run"), f"{path}.run")
         _check_throughput(_require_object(figures.get("throughput"), f"{path}.throughput"), f"{path}.throughput")
         _check_cpu(_require_object(figures.get("cpu"), f"{path}.cpu"), f"{path}.cpu")
@@ -192,9 +201,10 @@ def _without_non_finite(value):
 
 
 def _all_checks(summary):
+    """Every check of the summary that applies (and so counts toward the verdict)."""
     for figures in summary["backends"].values():
-        yield from (figures.get("checks") or {}).values()
-    yield from ((summary.get("cross_backend") or {}).get("checks") or {}).values()
+        yield from filter(check_applies, (figures.get("checks") or {}).values())
+    yield from filter(check_applies, ((summary.get("cross_backend") or {}).get("checks") or {}).values())
 
 
 def write_report(summary, out_dir):

@@ -11,7 +11,9 @@ query reads only the kinds and columns it needs from there.
 
 Runs are told apart by their directory (C{<out>/runs/<label>/}), not by the
 C{backend} field of their lines, so two runs of one backend with different
-options can be compared.
+options can be compared. A reference broker's run has no export: it adds no
+export lines, and the checks are told which runs those are
+(L{RunTables.unexported}).
 
 Two derived tables are written as Parquet too, because several queries read
 each of them:
@@ -93,14 +95,17 @@ STAGED_EVENT_SCHEMA = StructType(
 STAGED_EXPORT_SCHEMA = StructType(list(EXPORT_SCHEMA.fields) + [StructField(LABEL, StringType())])
 
 
-def run_files(run_dir):
-    """The event files and export file of one run directory, refusing an incomplete one."""
+def run_files(run_dir, exported=True):
+    """The event files and export file of one run directory (None for a run without an export, when not
+    C{exported}), refusing an incomplete one."""
     run_dir = pathlib.Path(run_dir)
     if not run_dir.is_dir():
         raise RunInputError(f"no run directory {run_dir}")
     event_files = sorted((run_dir / events.EVENTS_DIRECTORY).glob("*.jsonl"))
     if not event_files:
         raise RunInputError(f"run directory {run_dir} has no {events.EVENTS_DIRECTORY}/*.jsonl event files")
+    if not exported:
+        return event_files, None
     export_file = run_dir / events.EXPORT_FILE
     if not export_file.is_file():
         raise RunInputError(f"run directory {run_dir} has no {events.EXPORT_FILE} (export the store first)")
@@ -138,15 +143,20 @@ class RunTables:
     The staged and derived tables of a set of runs, under one work directory.
 
     @ivar labels: the run labels, in the order given.
+    @ivar unexported: the labels of the runs without an export (reference brokers'): what their brokers
+        still hold is unknown, not empty.
+    @ivar parked_queues: the queues nobody consumes, whose messages only an export shows.
     @ivar events: every event (L{STAGED_EVENT_SCHEMA}), partitioned by label and kind.
     @ivar export: every export line (L{STAGED_EXPORT_SCHEMA}).
     @ivar messages: see the module docstring; None until L{derive} ran.
     @ivar pair_events: see the module docstring; None until L{derive} ran.
     """
 
-    def __init__(self, spark, labels, work_dir):
+    def __init__(self, spark, labels, work_dir, unexported=(), parked_queues=()):
         self.spark = spark
         self.labels = list(labels)
+        self.unexported = [label for label in self.labels if label in set(unexported)]
+        self.parked_queues = sorted(set(parked_queues))
         self.work_dir = pathlib.Path(work_dir)
         self.events = spark.read.schema(STAGED_EVENT_SCHEMA).parquet(str(self.work_dir / "events"))
         self.export = spark.read.schema(STAGED_EXPORT_SCHEMA).parquet(str(self.work_dir / "export"))
@@ -253,11 +263,13 @@ def describe_read_failure(text, runs_dir):
             f" ({'; '.join(details) or fallback})")
 
 
-def stage_runs(spark, runs_dir, labels, work_dir):
+def stage_runs(spark, runs_dir, labels, work_dir, unexported=(), parked_queues=()):
     """
     Parses the runs C{<runs_dir>/<label>/} and writes them as Parquet under
     C{work_dir}.
 
+    @param unexported: labels of runs without an export (their export.jsonl is not read).
+    @param parked_queues: the workload's queues nobody consumes, for the checks (L{RunTables.parked_queues}).
     @return: a L{RunTables} (not yet derived).
     @raise RunInputError: a run directory is missing or incomplete, or a line
         is not JSON of the types in L{spark_jobs.events}.
@@ -269,12 +281,15 @@ def stage_runs(spark, runs_dir, labels, work_dir):
         raise RunInputError(f"run labels repeat: {labels}")
     event_frames, export_frames = [], []
     for label in labels:
-        event_files, export_file = run_files(runs_dir / label)
+        event_files, export_file = run_files(runs_dir / label, exported=label not in unexported)
         event_frames.append(_read_json_lines(spark, EVENT_SCHEMA, event_files, label))
-        export_frames.append(_read_json_lines(spark, EXPORT_SCHEMA, [export_file], label))
+        if export_file is not None:
+            export_frames.append(_read_json_lines(spark, EXPORT_SCHEMA, [export_file], label))
+    if not export_frames:  # only runs without an export: an empty table
+        export_frames.append(spark.createDataFrame([], EXPORT_SCHEMA).withColumn(LABEL, F.lit(None).cast("string")))
     try:
         _union(event_frames).write.mode("overwrite").partitionBy(LABEL, "kind").parquet(str(work_dir / "events"))
         _union(export_frames).write.mode("overwrite").partitionBy(LABEL).parquet(str(work_dir / "export"))
     except (PySparkException, Py4JJavaError) as problem:
         raise RunInputError(describe_read_failure(str(problem), runs_dir)) from None
-    return RunTables(spark, labels, work_dir)
+    return RunTables(spark, labels, work_dir, unexported, parked_queues)

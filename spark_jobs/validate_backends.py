@@ -5,12 +5,19 @@ them (L{spark_jobs.analysis}) and write the report (L{spark_jobs.report})::
 
     python -m spark_jobs.validate_backends --backends sqlite,filelog,chunked --messages 2000 --out report/
     spark-submit spark_jobs/validate_backends.py --backends sqlite,chunked --out report/
+    python -m spark_jobs.validate_backends --backends sqlite --out report/ \
+        --reference rabbitmq=amqp://guest:guest@127.0.0.1:5672/ \
+        --reference-restart "rabbitmq=docker restart -t 0 rabbit" --crash-every 1000
 
 Each C{--backends} item is a backend string (C{chunked:chunk_size=1M}); its
 run lives in C{<out>/runs/<label>/}, the label being the name before any
-colon, so labels must differ. A fresh run replaces an earlier run directory of
-the same label; C{--reuse-runs} keeps the runs there and only exports their
-stores again (for stores changed after their run) before the Spark job.
+colon, so labels must differ. Each C{--reference NAME=URL} adds a run of the
+same workload against an AMQP 0-9-1 broker already running at URL, in
+C{<out>/runs/NAME/}, reported beside the backends (L{parse_references}); its
+store is not exported, so the checks that read an export do not apply to it.
+A fresh run replaces an earlier run directory of the same label;
+C{--reuse-runs} keeps the runs there and only exports the backends' stores
+again (for stores changed after their run) before the Spark job.
 
 Exit status: 0 when every check passes, 1 when any fails (the summary's
 verdict is "fail"), 2 for a bad command line, 3 when the validation could not
@@ -18,7 +25,9 @@ be carried out (a run, export or input failed; the message names it).
 """
 
 import argparse
+import json
 import pathlib
+import re
 import shutil
 import sys
 import time
@@ -28,12 +37,15 @@ from twisted.internet.task import Clock
 
 from brokerd.storeregistry import BackendError, make_store, split_backend_string
 from spark_jobs import events
+from spark_jobs.brokers import parse_amqp_url
 from spark_jobs.progress import ProgressPrinter
 from spark_jobs.settings import WorkloadSettings, add_workload_arguments, settings_from_arguments
 
 DEFAULT_BACKENDS = "sqlite,filelog,chunked"
 SPARK_LOG = "spark.log"  # in --out: with --quiet, what the Spark JVM says on stderr goes here instead
 PASSED, FAILED, USAGE_ERROR, NOT_CARRIED_OUT = 0, 1, 2, 3
+REFERENCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+NOT_APPLICABLE = "n/a"
 
 
 class ValidationError(Exception):
@@ -68,6 +80,63 @@ def parse_backends(text):
     return pairs
 
 
+class Reference:
+    """A C{--reference NAME=URL}: its label, the URL, and its C{--reference-restart} command (None without)."""
+
+    def __init__(self, label, url, restart_command=None):
+        self.label = label
+        self.url = url
+        self.restart_command = restart_command
+
+
+def _name_and_value(item, option, value_name):
+    name, equals, value = item.partition("=")
+    name, value = name.strip(), value.strip()
+    if not equals or not name or not value:
+        raise ValueError(f"{option} takes NAME={value_name}, not {item!r}")
+    return name, value
+
+
+def parse_references(references, restarts, backend_labels):
+    """
+    The C{--reference NAME=URL} items as L{Reference}s, each given its
+    C{--reference-restart NAME=COMMAND} (the text after the first C{=} is the
+    shell command, spaces and all).
+
+    @raise ValueError: naming the item at fault: not NAME=URL, a name that is
+        not a plain label or clashes with a backend's or another reference's,
+        a URL that is not C{amqp://...}, a restart command for no reference or
+        two for one.
+    """
+    found = {}
+    for item in references:
+        name, url = _name_and_value(item, "--reference", "URL")
+        if not REFERENCE_NAME.fullmatch(name):
+            raise ValueError(f"--reference name {name!r} must be letters, digits, '.', '_' or '-' (it names the"
+                             " run directory)")
+        if name in backend_labels:
+            raise ValueError(f"--reference name {name!r} is also a backend in --backends; each run needs its own"
+                             " label")
+        if name in found:
+            raise ValueError(f"--reference {name!r} is given twice; each run needs its own label")
+        parse_amqp_url(url)
+        found[name] = Reference(name, url)
+    for item in restarts:
+        name, command = _name_and_value(item, "--reference-restart", "COMMAND")
+        if name not in found:
+            raise ValueError(f"--reference-restart {name!r} names no --reference"
+                             f" (references: {', '.join(found) or 'none'})")
+        if found[name].restart_command is not None:
+            raise ValueError(f"--reference-restart {name!r} is given twice")
+        found[name].restart_command = command
+    return list(found.values())
+
+
+def run_labels(arguments):
+    """Every run's label in report order: the backends, then the references."""
+    return [label for label, _ in arguments.backends] + [reference.label for reference in arguments.references]
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="python -m spark_jobs.validate_backends",
@@ -79,6 +148,15 @@ def build_parser():
     )
     parser.add_argument("--backends", default=DEFAULT_BACKENDS,
                         help="backend strings, comma-separated (NAME[:key=value...]; default %(default)s)")
+    parser.add_argument("--reference", action="append", default=[], metavar="NAME=URL",
+                        help="also play the workload against the AMQP 0-9-1 broker running at URL"
+                             " (amqp://USER:PASSWORD@HOST:PORT/VHOST, vhost / as %%2F or an empty path) and report"
+                             " it as NAME beside the backends; its queues and exchanges named wl.* are deleted"
+                             " before and after its run; repeatable")
+    parser.add_argument("--reference-restart", action="append", default=[], metavar="NAME=COMMAND",
+                        help="shell command that crashes and restarts reference NAME at each --crash-every point"
+                             " (e.g. 'rabbitmq=docker restart -t 0 rabbit'); the run goes on once its URL takes"
+                             " connections again. Without one, that reference runs without crashes; repeatable")
     parser.add_argument("--out", required=True, type=pathlib.Path,
                         help="directory for the runs (OUT/runs/LABEL/) and the report")
     parser.add_argument("--master", default=None,
@@ -100,24 +178,42 @@ def build_parser():
 
 
 def parse_arguments(argv=None):
-    """The parsed command line plus C{backends} as (label, string) pairs; exits with status 2 on a bad one."""
+    """The parsed command line plus C{backends} as (label, string) pairs and C{references} as L{Reference}s;
+    exits with status 2 on a bad one."""
     parser = build_parser()
     arguments = parser.parse_args(argv)
     try:
         arguments.backends = parse_backends(arguments.backends)
-    except BackendError as problem:
+        arguments.references = parse_references(arguments.reference, arguments.reference_restart,
+                                                 [label for label, _ in arguments.backends])
+    except (BackendError, ValueError) as problem:
         parser.error(str(problem))
     if arguments.reuse_runs:
-        for label, _ in arguments.backends:
+        references = {reference.label for reference in arguments.references}
+        for label in run_labels(arguments):
             run_dir = arguments.out / "runs" / label
             if not (run_dir / events.EVENTS_DIRECTORY).is_dir():
                 parser.error(f"--reuse-runs: there is no run of {label} in {run_dir}; run without --reuse-runs first")
+            wanted = events.REFERENCE_RUN if label in references else events.BACKEND_RUN
+            recorded = _recorded_kind(run_dir)
+            if recorded != wanted:
+                parser.error(f"--reuse-runs: the run in {run_dir} is a {recorded} run, and the command line makes"
+                             f" {label} a {wanted}")
     return arguments
 
 
 def _progress_printer(quiet):
     """What the validation shows on stderr while it runs (L{spark_jobs.progress}): nothing when C{quiet}."""
     return ProgressPrinter() if quiet else ProgressPrinter.to_stream(sys.stderr)
+
+
+def _recorded_kind(run_dir):
+    """The C{kind} a run's run.json records (a backend run when it records none or cannot be read)."""
+    try:
+        facts = json.loads((run_dir / events.RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return events.BACKEND_RUN
+    return facts.get("kind", events.BACKEND_RUN) if isinstance(facts, dict) else events.BACKEND_RUN
 
 
 def _fresh_run_dir(run_dir):
@@ -136,7 +232,7 @@ def _run_settings(arguments):
     if arguments.reuse_runs:
         from spark_jobs.tables import RunInputError, read_run_facts
 
-        for label, _ in arguments.backends:
+        for label in run_labels(arguments):
             try:
                 recorded = read_run_facts(arguments.out / "runs" / label).get("settings")
                 if isinstance(recorded, dict):
@@ -147,34 +243,52 @@ def _run_settings(arguments):
 
 
 def produce_runs(arguments, progress, timings):
-    """Runs the workload (unless reusing runs) and the export for every backend, noting each one's
-    wall time in C{timings} (C{workload_seconds} and C{export_seconds}, per label)."""
+    """Runs the workload (unless reusing runs) for every backend and reference and the export for every
+    backend, noting each one's wall time in C{timings} (C{workload_seconds} and C{export_seconds}, per label)."""
+    settings = settings_from_arguments(arguments)
+    runs = [(label, backend, None) for label, backend in arguments.backends]
+    runs += [(reference.label, None, reference) for reference in arguments.references]
+    for number, (label, backend, reference) in enumerate(runs, start=1):
+        run_dir = arguments.out / "runs" / label
+        step = f"[{number}/{len(runs)}] {label}:"
+        if not arguments.reuse_runs:
+            _fresh_run_dir(run_dir)
+            against = f" against {parse_amqp_url(reference.url).masked_url}" if reference else ""
+            progress(f"{step} workload started{against}")
+            started = time.monotonic()
+            _play(label, backend, reference, settings, run_dir, progress.for_backend(number, len(runs)))
+            timings.setdefault("workload_seconds", {})[label] = round(time.monotonic() - started, 3)
+        if backend is not None:
+            _export(label, backend, run_dir, step, progress, timings)
+
+
+def _play(label, backend, reference, settings, run_dir, progress):
+    """One run of the workload, against C{backend} (a backend string) or C{reference}."""
+    from spark_jobs.workload import WorkloadFailed, run_reference, run_workload
+
+    try:
+        if reference is None:
+            run_workload(backend, settings, run_dir, progress=progress, label=label)
+        else:
+            run_reference(reference.url, settings, run_dir, label, restart_command=reference.restart_command,
+                          progress=progress)
+    except (WorkloadFailed, ValueError) as problem:
+        target = backend if reference is None else f"reference {label}"
+        raise ValidationError(f"the workload on {target} failed: {problem}") from None
+
+
+def _export(label, backend, run_dir, step, progress, timings):
+    """Exports the store of the backend run in C{run_dir}, noting the time it took."""
     from spark_jobs.export import ExportError, export_store
 
-    settings = settings_from_arguments(arguments)
-    for number, (label, backend) in enumerate(arguments.backends, start=1):
-        run_dir = arguments.out / "runs" / label
-        step = f"[{number}/{len(arguments.backends)}] {label}:"
-        if not arguments.reuse_runs:
-            from spark_jobs.workload import WorkloadFailed, run_workload
-
-            _fresh_run_dir(run_dir)
-            progress(f"{step} workload started")
-            started = time.monotonic()
-            try:
-                run_workload(backend, settings, run_dir, progress=progress.for_backend(number, len(arguments.backends)),
-                             label=label)
-            except (WorkloadFailed, ValueError) as problem:
-                raise ValidationError(f"the workload on {backend} failed: {problem}") from None
-            timings.setdefault("workload_seconds", {})[label] = round(time.monotonic() - started, 3)
-        progress(f"{step} export started")
-        started = time.monotonic()
-        try:
-            lines = export_store(backend, run_dir / events.DATA_DIRECTORY, run_dir / events.EXPORT_FILE, label=label)
-        except ExportError as problem:
-            raise ValidationError(f"exporting the {backend} store of {run_dir} failed: {problem}") from None
-        timings.setdefault("export_seconds", {})[label] = round(time.monotonic() - started, 3)
-        progress(f"{step} exported {lines} stored messages in {timings['export_seconds'][label]:.1f} s")
+    progress(f"{step} export started")
+    started = time.monotonic()
+    try:
+        lines = export_store(backend, run_dir / events.DATA_DIRECTORY, run_dir / events.EXPORT_FILE, label=label)
+    except ExportError as problem:
+        raise ValidationError(f"exporting the {backend} store of {run_dir} failed: {problem}") from None
+    timings.setdefault("export_seconds", {})[label] = round(time.monotonic() - started, 3)
+    progress(f"{step} exported {lines} stored messages in {timings['export_seconds'][label]:.1f} s")
 
 
 def analyse(arguments, settings, progress):
@@ -182,10 +296,10 @@ def analyse(arguments, settings, progress):
     from spark_jobs.analysis import create_session, analyse_runs
     from spark_jobs.tables import RunInputError
 
-    progress(f"Spark job over {', '.join(label for label, _ in arguments.backends)}")
+    progress(f"Spark job over {', '.join(run_labels(arguments))}")
     spark = create_session(arguments.master, arguments.driver_memory)
     try:
-        return analyse_runs(spark, arguments.out, [label for label, _ in arguments.backends], settings)
+        return analyse_runs(spark, arguments.out, run_labels(arguments), settings)
     except RunInputError as problem:
         raise ValidationError(str(problem)) from None
     finally:
@@ -193,23 +307,33 @@ def analyse(arguments, settings, progress):
 
 
 def failed_checks(checks):
-    return [name for name, check in checks.items() if not check["pass"]]
+    """The names of the checks that apply and failed."""
+    return [name for name, check in checks.items() if events.check_applies(check) and not check["pass"]]
 
 
 def summary_table(summary):
-    """A few lines: per backend its counts, rates, p99 latencies and failed checks; then the cross-backend checks."""
-    header = (f"{'backend':<10} {'published':>9} {'confirmed':>9} {'delivered':>9} {'stored':>7} {'crashes':>7}"
+    """A few lines: per backend or reference its counts, rates, p99 latencies, which side used more CPU (the
+    limit) and failed checks (and those that do not apply, n/a); the notes on runs; then the cross-backend checks."""
+    width = max([10, *map(len, summary["backends"])])
+    header = (f"{'backend':<{width}} {'published':>9} {'confirmed':>9} {'delivered':>9} {'stored':>7} {'crashes':>7}"
               f" {'publish/s':>10} {'deliver/s':>10} {'confirm p99 ms':>14} {'e2e p99 ms':>10} {'limit':>7}  checks")
-    lines = [header]
+    lines, notes = [header], []
     for label, backend in summary["backends"].items():
         run, rates, latency = backend["run"], backend["throughput"], backend["latency_ms"]
-        failed = failed_checks(backend["checks"])
+        checks = backend["checks"]
+        failed = failed_checks(checks)
+        not_applicable = [name for name, check in checks.items() if not events.check_applies(check)]
+        stored = NOT_APPLICABLE if run["stored"] is None else run["stored"]
+        outcome = "fail: " + ", ".join(failed) if failed else "pass"
+        if not_applicable:
+            outcome += f" ({NOT_APPLICABLE}: {', '.join(not_applicable)})"
         lines.append(
-            f"{label:<10} {run['published']:>9} {run['confirmed']:>9} {run['delivered']:>9} {run['stored']:>7}"
+            f"{label:<{width}} {run['published']:>9} {run['confirmed']:>9} {run['delivered']:>9} {stored:>7}"
             f" {run['crashes']:>7} {rates['publish_msgs_per_s']:>10.1f} {rates['deliver_msgs_per_s']:>10.1f}"
             f" {latency['confirm']['p99']:>14.2f} {latency['end_to_end']['p99']:>10.2f}"
-            f" {backend.get('cpu', {}).get('limit', 'unknown'):>7}"
-            f"  {'fail: ' + ', '.join(failed) if failed else 'pass'}")
+            f" {(backend.get('cpu') or {}).get('limit', 'unknown'):>7}  {outcome}")
+        notes += [f"{label} ({backend.get('kind', events.BACKEND_RUN)}): {note}" for note in backend.get("notes", [])]
+    lines += notes
     failed = failed_checks(summary["cross_backend"]["checks"])
     lines.append(f"cross-backend checks: {'fail: ' + ', '.join(failed) if failed else 'pass'}")
     return "\n".join(lines)

@@ -1,15 +1,20 @@
 """The workload runner: plays one seeded workload against one backend through a
-real ``twistd -n brokerd`` and real AMQP clients, and leaves the run directory
+real ``twistd -n brokerd``, or against a reference broker already running
+elsewhere (RabbitMQ, say), with real AMQP clients, and leaves the run directory
 L{spark_jobs.events} describes (run.json, events/*.jsonl, data/, broker.log).
 
     python -m spark_jobs.workload --backend sqlite --out runs/sqlite --messages 100000 --crash-every 30000
+    python -m spark_jobs.workload --reference amqp://guest:guest@127.0.0.1:5672/ --label rabbitmq --out runs/rabbitmq
 
-The broker gets its own data directory and a free port. Publishers and
-consumers run in their own processes (L{spark_jobs.clients}); with
-C{crash_every} the runner SIGKILLs the broker after every that many publishes
-and starts it again on the same data directory, as a crash would. Once the
-publishers are done it waits for the consumed queues to drain, then stops the
-broker cleanly so the export can open its store.
+The broker under test is one role (L{spark_jobs.brokers}): a brokerd gets its
+own data directory and a free port; a reference is reached by its URL.
+Publishers and consumers run in their own processes (L{spark_jobs.clients});
+with C{crash_every} the runner crashes the broker after every that many
+publishes (SIGKILL for a brokerd, the reference's restart command for a
+reference; a reference without one has no crashes) and goes on with its next
+incarnation. Once the publishers are done it waits for the consumed queues to
+drain, then stops a brokerd cleanly so the export can open its store, or
+deletes the workload's queues and exchanges from a reference.
 """
 
 import argparse
@@ -17,17 +22,15 @@ import json
 import multiprocessing
 import multiprocessing.connection
 import pathlib
-import signal
 import sys
 import time
 
 import pika
 
 from brokerd import storeregistry
-from brokerd.testing import BrokerProcess
-from benchmarks.processcpu import cpu_seconds
-from spark_jobs import events, fast_clients
 from spark_jobs import clients as pika_clients
+from spark_jobs import events, fast_clients
+from spark_jobs.brokers import BrokerdProcess, ExternalBroker, WorkloadFailed, connection_parameters, parse_amqp_url
 from spark_jobs.clients import ClientConfig
 from spark_jobs.control import BROKER_NACKED, CONFIRMED, DELIVERED, PUBLISHED, RunControl
 from spark_jobs.plan import build_topology, check_settings
@@ -40,12 +43,7 @@ DRAIN_STABLE_LOOKS = 3  # consecutive looks that must find the queues drained an
 CLIENT_START_TIMEOUT = 120.0  # seconds for every client process to start, connect and get ready
 CLIENT_EXIT_TIMEOUT = 60.0  # seconds for a client process to end once its work is done
 STALL_TIMEOUT = 300.0  # seconds without any publish, confirm or delivery before a run is declared stuck
-BROKER_START_TIMEOUT = 300.0  # seconds for a broker to recover its store and listen
-BROKER_STOP_TIMEOUT = 120.0  # seconds for a clean stop (the store flushes and closes)
-
-
-class WorkloadFailed(RuntimeError):
-    """The run could not complete: a client failed, the broker died, or the queues did not drain in time."""
+NO_RESTART_NOTE = "crash runs skipped: no --reference-restart command to crash and restart this broker"
 
 
 def default_label(backend):
@@ -71,11 +69,38 @@ def run_workload(backend, settings, run_dir, progress=None, label=None):
         raise TypeError(f"settings must be a WorkloadSettings, not {type(settings).__name__}")
     check_settings(settings)
     _check_backend(backend)
-    label = label or default_label(backend)
+    run_dir, label = pathlib.Path(run_dir), label or default_label(backend)
+    broker = BrokerdProcess(backend, (run_dir / events.DATA_DIRECTORY).resolve(), run_dir, label)
+    return _play(broker, settings, run_dir, label, progress)
+
+
+def run_reference(url, settings, run_dir, label, restart_command=None, progress=None):
+    """
+    Play the workload C{settings} against the AMQP 0-9-1 broker at C{url}
+    (C{amqp://USER:PASSWORD@HOST:PORT/VHOST}, already running) and write the
+    run directory C{run_dir} (no data, no export); returns its run.json.
+
+    The workload's queues and exchanges (C{wl.*}) are deleted from the broker
+    before the run and after it. With C{settings.crash_every}, the shell
+    command C{restart_command} crashes and restarts the broker at each crash
+    point; without one the run has no crashes and run.json's C{notes} say so.
+
+    @raise ValueError: C{url} is not an C{amqp://} URL.
+    @raise WorkloadFailed: as L{run_workload}; also when the broker takes no
+        connection, or the restart command fails.
+    """
+    if not isinstance(settings, WorkloadSettings):
+        raise TypeError(f"settings must be a WorkloadSettings, not {type(settings).__name__}")
+    check_settings(settings)
+    broker = ExternalBroker(parse_amqp_url(url), restart_command, label)
+    return _play(broker, settings, pathlib.Path(run_dir), label, progress)
+
+
+def _play(broker, settings, run_dir, label, progress):
+    """One run against C{broker}, showing its progress as L{run_workload} says."""
     meter = workload_meter(progress, label, settings.messages)
-    run = _Run(backend, settings, pathlib.Path(run_dir), label, meter)
     try:
-        return run.play()
+        return _Run(broker, settings, run_dir, label, meter).play()
     finally:
         if meter:
             meter.close()
@@ -91,12 +116,6 @@ def declare_topology(channel, topology):
         channel.queue_bind(binding.queue, binding.exchange, binding.routing_key, arguments=binding.arguments or None)
 
 
-def broker_arguments(backend, data_dir):
-    """The brokerd options of a workload's broker on C{data_dir}: AMQP on a free loopback port, no native listener."""
-    return [f"--backend={backend}", "--data-dir", str(data_dir), "--amqp", "tcp:0:interface=127.0.0.1",
-            "--native", "none"]
-
-
 def _check_backend(backend):
     if not isinstance(backend, str) or not backend:
         raise ValueError(f"backend must be a backend string such as 'sqlite', not {backend!r}")
@@ -110,10 +129,10 @@ def _check_backend(backend):
 
 
 class _Run:
-    """One run of the workload: the broker's incarnations, the client processes and what they did."""
+    """One run of the workload: the broker's incarnations (an L{IBrokerUnderTest}), the client processes and what
+    they did."""
 
-    def __init__(self, backend, settings, run_dir, label, say):
-        self.backend = backend
+    def __init__(self, broker, settings, run_dir, label, say):
         self.settings = settings
         self.run_dir = run_dir
         self.label = label
@@ -123,7 +142,7 @@ class _Run:
         self.events_dir = run_dir / events.EVENTS_DIRECTORY
         self.context = multiprocessing.get_context("spawn")
         self.control = RunControl(self.context, settings.publishers + settings.consumers)
-        self.broker = None
+        self.broker = broker
         self.broker_log = None
         self.epoch = -1
         self.epochs = []
@@ -144,6 +163,7 @@ class _Run:
         self.broker_log = open(self.run_dir / events.BROKER_LOG, "a", encoding="utf-8")
         try:
             self._start_broker()
+            self.broker.prepare(self.topology)
             self._declare_topology()
             self._start_clients()
             self._publish_phase()
@@ -151,14 +171,14 @@ class _Run:
             self.workload_ended = time.time()
             self._add_broker_cpu()
             self._stop_consumers()
-            stop_status = self._stop_broker()
+            self.broker.finish(self.topology)
         except BaseException:
             self._abandon()
             raise
         finally:
             self.broker_log.close()
         ended = time.time()
-        result = self._describe(ended, drain_seconds, stop_status)
+        result = self._describe(ended, drain_seconds)
         (self.run_dir / events.RUN_FILE).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
         if self.say:
             self.say(self._progress_line(final=True))
@@ -174,11 +194,9 @@ class _Run:
     def _start_broker(self):
         self.epoch += 1
         began = time.time()
-        self.broker_log.write(f"--- brokerd epoch {self.epoch} starting at {began:.6f}\n")
+        self.broker_log.write(f"--- {self.label} epoch {self.epoch} starting at {began:.6f}\n")
         self.broker_log.flush()
-        self.broker = BrokerProcess(broker_arguments(self.backend, self.data_dir.resolve()), self.run_dir,
-                                    log=self.broker_log)
-        _, port = self.broker.wait_address("AMQP", BROKER_START_TIMEOUT)
+        port = self.broker.start(self.broker_log)
         self.epochs.append({"epoch": self.epoch, "port": port, "started": began,
                             "listening_seconds": time.time() - began})
         self.control.set_broker(self.epoch, port)
@@ -192,13 +210,12 @@ class _Run:
                                  f" {problem!r}") from None
 
     def _admin_connection(self):
-        return pika.BlockingConnection(pika.ConnectionParameters(
-            "127.0.0.1", self.epochs[-1]["port"], connection_attempts=3, retry_delay=0.2,
-            client_properties={"connection_name": "workload-runner"}))
+        return pika.BlockingConnection(connection_parameters(
+            self.broker.login, self.epochs[-1]["port"], "workload-runner", connection_attempts=3, retry_delay=0.2))
 
     def _start_clients(self):
         """Start every client process and open the gate once all of them are connected and ready."""
-        config = ClientConfig(self.label, self.settings.to_json(), str(self.events_dir))
+        config = ClientConfig(self.label, self.settings.to_json(), str(self.events_dir), **self.broker.login)
         library = fast_clients if self.settings.client == "fast" else pika_clients
         for number in range(self.settings.consumers):
             self.consumers.append(self._spawn(library.run_consumer, config, f"consumer-{number}", number))
@@ -220,8 +237,8 @@ class _Run:
         return process
 
     def _next_limit(self):
-        """The publish count of the next crash, or every message when no crash is left."""
-        every = self.settings.crash_every
+        """The publish count of the next crash, or every message when no crash is left (or the broker cannot crash)."""
+        every = self.settings.crash_every if self.broker.can_crash else 0
         if not every:
             return self.settings.messages
         return min((self.control.published_total // every + 1) * every, self.settings.messages)
@@ -252,21 +269,22 @@ class _Run:
         published = self.control.published_total
         self._add_broker_cpu()
         killed_at = time.time()
-        self.broker.kill()
-        self.control.set_broker(self.epoch, 0)  # no address until the next incarnation listens
+        self.control.set_broker(self.epoch, 0)  # no address until the next incarnation takes connections
+        self.broker.crash()
         self.crashes.append({"epoch": self.epoch, "t": killed_at, "published_before": published})
         self._start_broker()
         self.control.open_gate(self._next_limit())
 
     def _broker_cpu(self):
-        """CPU seconds the current broker process (and its children) used so far; None once it is gone."""
-        return cpu_seconds(self.broker.process.pid)
+        """CPU seconds the current broker incarnation used so far; None when it cannot be read (see
+        L{spark_jobs.brokers.IBrokerUnderTest.cpu_seconds})."""
+        return self.broker.cpu_seconds()
 
     def _add_broker_cpu(self):
         """Counts the current incarnation's CPU during the workload (before it is killed or stopped)."""
         used = self._broker_cpu()
-        if used is None or self.broker_cpu_used is None:
-            self.broker_cpu_used = None  # it died unseen: the figure would be short
+        if used is None or self.broker_cpu_from is None or self.broker_cpu_used is None:
+            self.broker_cpu_used = None  # not measurable, or it died unseen: a figure would be short
         else:
             self.broker_cpu_used += used - self.broker_cpu_from
         self.broker_cpu_from = 0.0
@@ -279,9 +297,7 @@ class _Run:
             details = [f"{process.name} exited with status {process.exitcode}:"
                        f"\n{reasons.get(process.name, '(no reason reported)')}" for process in failed]
             raise WorkloadFailed(f"{self.label}: client processes failed:\n" + "\n".join(details))
-        if self.broker.process.poll() is not None:
-            raise WorkloadFailed(f"{self.label}: the broker (epoch {self.epoch}) exited with status"
-                                 f" {self.broker.process.returncode}; its last lines:\n{self.broker.tail()}")
+        self.broker.check()
 
     def _drain_phase(self):
         """Wait until every message in the consumed queues was settled for good; returns the seconds it took."""
@@ -328,13 +344,6 @@ class _Run:
                 raise WorkloadFailed(f"{self.label}: {process.name} did not end within {CLIENT_EXIT_TIMEOUT:.0f} s")
         self._check_clients()
 
-    def _stop_broker(self):
-        status = self.broker.stop(BROKER_STOP_TIMEOUT)
-        if status not in (0, -signal.SIGTERM):
-            raise WorkloadFailed(f"{self.label}: the broker stopped with status {status}; its last lines:\n"
-                                 f"{self.broker.tail()}")
-        return status
-
     def _abandon(self):
         """After a failure: end every client process and the broker, so nothing outlives the run."""
         self.control.stop.set()
@@ -343,8 +352,7 @@ class _Run:
                 process.terminate()
         for process in self.publishers + self.consumers:
             process.join(CLIENT_EXIT_TIMEOUT)
-        if self.broker is not None:
-            self.broker.kill()
+        self.broker.abandon()
 
     # -- what it says
 
@@ -363,12 +371,14 @@ class _Run:
         elapsed = (self.workload_ended or time.time()) - (self.workload_started or self.started)
         return summary_line(self.label, self._progress_counts(), self.settings.messages, elapsed, done=final)
 
-    def _describe(self, ended, drain_seconds, stop_status):
+    def _describe(self, ended, drain_seconds):
         clients = {process.name: self.control.counters(row)
                    for row, process in enumerate(self.publishers + self.consumers)}
+        notes = [NO_RESTART_NOTE] if self.settings.crash_every and not self.broker.can_crash else []
         return {
-            "backend": self.backend,
+            **self.broker.describe(),
             "label": self.label,
+            "notes": notes,
             "seed": self.settings.seed,
             "settings": self.settings.to_json(),
             "started": self.started,
@@ -380,9 +390,7 @@ class _Run:
             "crashes": self.crashes,
             "epochs": self.epochs,
             "topology": self.topology.to_json(),
-            "broker_command": self.broker.command,
             "ports": {"amqp": [epoch["port"] for epoch in self.epochs]},
-            "broker_stop_status": stop_status,
             "clients": clients,
             "cpu": {
                 "broker_seconds": None if self.broker_cpu_used is None else round(self.broker_cpu_used, 3),
@@ -395,10 +403,18 @@ class _Run:
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="python -m spark_jobs.workload",
-        description="Play one seeded workload against one brokerd backend and write its run directory.")
-    parser.add_argument("--backend", required=True, help="backend string as twistd brokerd --backend takes it")
+        description="Play one seeded workload against one brokerd backend, or a reference AMQP broker already"
+                    " running, and write its run directory.")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--backend", help="backend string as twistd brokerd --backend takes it")
+    target.add_argument("--reference", metavar="URL",
+                        help="amqp://USER:PASSWORD@HOST:PORT/VHOST of a running broker to play against instead")
+    parser.add_argument("--reference-restart", metavar="COMMAND",
+                        help="shell command that crashes and restarts the --reference broker at each crash point"
+                             " (without one, --crash-every does not apply to it)")
     parser.add_argument("--out", required=True, help="the run directory to write (empty or new)")
-    parser.add_argument("--label", help="the backend label events carry (default: the backend's name)")
+    parser.add_argument("--label", help="the backend label events carry (default: the backend's name, or"
+                                        " 'reference')")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="a progress line on stderr every few seconds (default: when stderr is a terminal)")
     add_workload_arguments(parser)
@@ -406,11 +422,19 @@ def build_parser():
 
 
 def main(argv=None):
-    arguments = build_parser().parse_args(argv)
+    parser = build_parser()
+    arguments = parser.parse_args(argv)
+    if arguments.reference_restart is not None and arguments.reference is None:
+        parser.error("--reference-restart restarts a --reference broker; there is none")
     progress = sys.stderr.isatty() if arguments.progress is None else arguments.progress
+    settings = settings_from_arguments(arguments)
     try:
-        result = run_workload(arguments.backend, settings_from_arguments(arguments), arguments.out,
-                              progress=progress or None, label=arguments.label)
+        if arguments.reference is not None:
+            result = run_reference(arguments.reference, settings, arguments.out, arguments.label or "reference",
+                                   restart_command=arguments.reference_restart, progress=progress or None)
+        else:
+            result = run_workload(arguments.backend, settings, arguments.out, progress=progress or None,
+                                  label=arguments.label)
     except (WorkloadFailed, ValueError) as problem:
         print(f"workload: {problem}", file=sys.stderr)
         return 1

@@ -24,7 +24,7 @@ from spark_jobs.figures import BUCKET_WIDTHS, EVENTS_PER_BUCKET, MAX_POINTS, buc
 from spark_jobs.settings import WorkloadSettings
 from spark_jobs.tables import RunInputError, stage_runs
 from tests.spark_driver import spark_session
-from tests.spark_events import FAULT_MESSAGES, SyntheticRun, write_lines
+from tests.spark_events import FAULT_MESSAGES, PARKED, SyntheticRun, write_lines
 
 pytestmark = pytest.mark.long_module(seconds=65)  # started early (tests/conftest.py)
 
@@ -292,6 +292,34 @@ def test_a_single_run_passes_the_cross_backend_checks_with_nothing_checked(spark
     assert summary["verdict"] == "pass"
     assert summary["cross_backend"]["checks"] == {
         name: {"pass": True, "checked": 0, "violations": 0, "examples": []} for name in CROSS_CHECKS}
+
+
+def test_a_reference_run_without_an_export_is_checked_on_what_its_events_show(spark, tmp_path):
+    SyntheticRun("sqlite").write(tmp_path / "runs" / "sqlite")
+    reference = SyntheticRun("rabbitmq")
+    reference.plant_lost_message()
+    run_dir = tmp_path / "runs" / "rabbitmq"
+    reference.write(run_dir)
+    (run_dir / events.EXPORT_FILE).unlink()
+    facts = json.loads((run_dir / events.RUN_FILE).read_text())
+    (run_dir / events.RUN_FILE).write_text(json.dumps({**facts, "kind": "reference", "topology": {"parked": [PARKED]},
+                                                       "notes": ["crash runs skipped"]}))
+    summary = analyse_runs(spark, tmp_path, ["sqlite", "rabbitmq"], SETTINGS)
+    entry = summary["backends"]["rabbitmq"]
+    assert (summary["backends"]["sqlite"]["kind"], entry["kind"]) == ("backend", "reference")
+    assert entry["notes"] == ["crash runs skipped"] and entry["run"]["stored"] is None
+    assert entry["checks"]["stored_matches_published"]["applicable"] is False
+    # Pairs routed to the parked queue are left out: only an export would show them.
+    confirmed = [message for message in reference.messages.values() if message.confirm]
+    parked = [message for message in confirmed if PARKED in message.queues]
+    lost = entry["checks"]["confirmed_delivered_or_stored"]
+    assert lost["checked"] == sum(len(message.queues) for message in confirmed) - len(parked)
+    assert lost["note"].startswith(f"{len(parked)} confirmed (message, queue) pairs routed to parked queues (parked)")
+    assert (lost["pass"], lost["violations"]) == (False, 1) and FAULT_MESSAGES["lost"] in lost["examples"][0]
+    # The parked pairs in sqlite's export count as agreeing with the reference; the lost one does not.
+    same = summary["cross_backend"]["checks"]["same_messages"]
+    assert (same["pass"], same["violations"]) == (False, 1) and FAULT_MESSAGES["lost"] in same["examples"][0]
+    assert "rabbitmq" in same["note"] and summary["verdict"] == "fail"
 
 
 def test_a_line_that_is_not_an_event_is_refused_naming_the_runs(spark, tmp_path):

@@ -23,6 +23,7 @@ import pytest
 
 from brokerd.testing import BrokerProcess
 from spark_jobs import events
+from spark_jobs.brokers import broker_arguments
 from spark_jobs.clients import PUBLISH_WINDOW
 from spark_jobs.plan import (
     MAX_NACKS,
@@ -34,7 +35,7 @@ from spark_jobs.plan import (
     topic_matches,
 )
 from spark_jobs.settings import WorkloadSettings
-from spark_jobs.workload import WorkloadFailed, broker_arguments, declare_topology, main, run_workload
+from spark_jobs.workload import WorkloadFailed, declare_topology, main, run_workload
 
 PLAN = WorkloadSettings(seed=7, messages=3000, sizes=(1, 40, 700, 5000), queues=3, parked_queues=2, publishers=3,
                         max_priority=5)
