@@ -38,6 +38,7 @@ from spark_jobs.clients import (
     RECONNECT_DEADLINE,
     STOP_POLL,
     ClientFailed,
+    returns_before,
 )
 from spark_jobs.control import ACKED, BROKER_NACKED, CONFIRMED, CPU_MS, DELIVERED, NACKED, PUBLISHED, REJECTED, \
     SESSIONS, EventLog
@@ -344,11 +345,7 @@ class FastConsumer(FastClient):
         if identifier is None:
             raise BenchmarkError(f"delivery {delivery.delivery_tag} from {queue} has no message-id: the broker"
                                  f" lost it")
-        counted = headers.get("x-delivery-count")
-        if isinstance(counted, int) and not isinstance(counted, bool):
-            delivery_count = counted
-        else:
-            delivery_count = self.nacks_sent.get((identifier, queue), 0)
+        delivery_count = returns_before(headers, self.nacks_sent.get((identifier, queue), 0))
         tag, body = delivery.delivery_tag, delivery.body
         self.record(events.DELIVER, {
             "message_id": identifier,

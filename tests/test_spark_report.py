@@ -455,7 +455,7 @@ def test_non_finite_figures_are_written_as_null_and_shown_as_n_a(tmp_path):
         (lambda summary: summary["backends"]["sqlite"].update(cpu={"broker_cores": "most"}),
          "backends.sqlite.cpu.broker_cores must be a number"),
         (lambda summary: summary["backends"]["sqlite"].update(kind="mirror"),
-         "backends.sqlite.kind must be 'backend' or 'reference'"),
+         "backends.sqlite.kind must be one of backend, reference"),
         (lambda summary: summary["backends"]["sqlite"]["latency_ms"]["confirm"]["cdf"].append([1.0]),
          "backends.sqlite.latency_ms.confirm.cdf[100] must be a [latency_ms, fraction] pair"),
         (lambda summary: summary["backends"]["sqlite"]["run"].update(published="many"),
