@@ -12,30 +12,15 @@ later. A publisher does not send again what was unconfirmed at the crash: those
 messages may be lost, and the run's checks only expect confirmed ones to stay.
 """
 
-import hashlib
-import pathlib
 import time
-import traceback
 from dataclasses import dataclass
 
 import pika
 from pika import spec
 
 from spark_jobs import events
-from spark_jobs.control import (
-    ACKED,
-    BROKER_NACKED,
-    CONFIRMED,
-    DELIVERED,
-    NACKED,
-    PUBLISHED,
-    REJECTED,
-    SESSIONS,
-    CPU_MS,
-    EventLog,
-)
-from spark_jobs.plan import build_topology, publisher_message_count, publisher_messages, settle_decision
-from spark_jobs.settings import WorkloadSettings
+from spark_jobs.client_books import ClientBook, ConfirmOutOfOrder, ConsumerBook, PublisherBook, run_client
+from spark_jobs.control import PUBLISHED, SESSIONS
 
 PUBLISH_WINDOW = 1000  # most unconfirmed publishes per publisher (without confirms: publishes between barriers)
 CLAIM_BATCH = 100  # publishes taken from the gate at once; small, so a crash lands close to its boundary
@@ -43,20 +28,6 @@ GATE_POLL = 0.005  # seconds between looks at a shut gate
 STOP_POLL = 0.05  # seconds between a consumer's looks at the stop signal
 RECONNECT_DEADLINE = 600.0  # seconds a client keeps trying to reach the broker (a big store recovers slowly)
 RECONNECT_BACKOFF = 0.05  # seconds between attempts to connect
-
-
-def returns_before(headers, own_returns):
-    """
-    How often a delivery came back to its queue before, for L{settle_decision}:
-    the x-delivery-count header when the broker sent one, else C{own_returns},
-    the returns the consumer itself caused (its nacks with requeue of that
-    message from that queue). Without the header, a message returned by
-    another consumer counts from 0 again here, so it may be nacked up to
-    consumers x L{spark_jobs.plan.MAX_NACKS} times in all rather than
-    C{MAX_NACKS}.
-    """
-    count = headers.get("x-delivery-count") if headers else None
-    return own_returns if count is None else int(count)
 
 
 class ClientFailed(RuntimeError):
@@ -80,51 +51,27 @@ class ClientConfig:
 
 def run_publisher(config, control, number):
     """Process entry point of publisher C{number}."""
-    _run_client(Publisher(config, control, number), control)
+    run_client(Publisher(config, control, number))
 
 
 def run_consumer(config, control, number):
     """Process entry point of consumer C{number}."""
-    _run_client(Consumer(config, control, number), control)
+    run_client(Consumer(config, control, number))
 
 
-def _run_client(client, control):
-    try:
-        client.run()
-    except BaseException as failure:
-        control.report_failure(client.name, "".join(traceback.format_exception(failure)).rstrip())
-        raise
-
-
-class Client:
+class Client(ClientBook):
     """
-    The connection life of one client: connect to the broker's current
+    The connection life of one pika client: connect to the broker's current
     incarnation, run until the connection ends, and connect again (one
     session more) until the client's work is done.
-
-    @ivar session: the current connection's number, from 0; -1 before the first.
-    @ivar epoch: the broker incarnation the current connection talks to.
     """
 
-    role = None
-
     def __init__(self, config, control, number):
-        self.config = config
-        self.control = control
-        self.number = number
-        self.name = f"{self.role}-{number}"
-        self.settings = WorkloadSettings.from_json(config.settings)
-        self.row = self.counter_row()
-        self.topology = build_topology(self.settings)
-        self.log = EventLog(pathlib.Path(config.events_dir) / f"{self.name}.jsonl", config.backend, self.name)
-        self.session = -1
-        self.epoch = -1
-        self.finished = False
+        super().__init__(config, control, number)
         self.failure = None
         self.connection = None
         self.channel = None
         self._closing = False
-        self.cpu_from = None
 
     def run(self):
         """Run sessions until the work is done; L{ClientFailed} if the broker stays away too long."""
@@ -147,15 +94,7 @@ class Client:
                                        f" (last tried epoch {epoch}, port {port})")
                 time.sleep(RECONNECT_BACKOFF)
         finally:
-            self.log.close()
-            if self.cpu_from is not None:
-                self.control.count(self.row, CPU_MS, round((time.process_time() - self.cpu_from) * 1000))
-
-    def ready(self):
-        """The first session is set up: count CPU from here, and tell the runner."""
-        if self.session == 0:
-            self.cpu_from = time.process_time()
-            self.control.client_ready()
+            self.close_book()
 
     def _connect(self, epoch, port):
         parameters = pika.ConnectionParameters(host=self.config.host, port=port, connection_attempts=1,
@@ -223,10 +162,6 @@ class Client:
         elif not self.connection.is_closing:
             self.connection.ioloop.stop()
 
-    def counter_row(self):
-        """This client's row of the run's counters."""
-        raise NotImplementedError
-
     def start(self, channel):
         """The session's channel is open: begin the client's work on it."""
         raise NotImplementedError
@@ -234,38 +169,21 @@ class Client:
     def lost(self):
         """The connection ended, on purpose or because the broker went away."""
 
-    def record(self, kind, fields):
-        self.log.write(kind, self.session, self.epoch, fields)
 
-
-class Publisher(Client):
+class Publisher(Client, PublisherBook):
     """
     Publishes its planned messages in order, taking permission from the
     run's gate, with at most L{PUBLISH_WINDOW} unconfirmed (or, without
     confirm mode, between two round-trip barriers).
     """
 
-    role = "publisher"
-
     def __init__(self, config, control, number):
         super().__init__(config, control, number)
-        self.messages = publisher_messages(self.settings, self.topology, number)
-        self.total = publisher_message_count(self.settings, number)
-        self.sent = 0
-        self.unconfirmed = {}  # delivery tag -> (seq, message id), in tag order
-        self.oldest_tag = 1
-        self.next_tag = 1
         self.publishing = False
         self.waiting_at_gate = False
-        self.confirm = self.settings.confirm
-        self.priorities = self.settings.max_priority > 0
-
-    def counter_row(self):
-        return self.number
 
     def start(self, channel):
-        self.unconfirmed.clear()
-        self.oldest_tag = self.next_tag = 1
+        self.new_channel()
         if self.confirm:
             channel.confirm_delivery(self._confirmed, callback=lambda _: self._start_publishing())
         else:
@@ -277,11 +195,8 @@ class Publisher(Client):
         self.fill()
 
     def lost(self):
-        # What was unconfirmed stays unconfirmed: it may or may not have been stored.
         self.publishing = False
-        self.unconfirmed.clear()
-        if self.sent == self.total:
-            self.finished = True
+        self.channel_lost()
 
     def fill(self):
         """Publish while the window has room and the gate allows; close once everything is answered."""
@@ -315,23 +230,8 @@ class Publisher(Client):
             headers=message.headers,
             priority=message.priority if self.priorities else None,
         )
-        body = message.body
-        self.channel.basic_publish(message.exchange, message.routing_key, body, properties)
-        self.record(events.PUBLISH, {
-            "message_id": message.message_id,
-            "publisher": self.number,
-            "seq": message.seq,
-            "exchange": message.exchange,
-            "routing_key": message.routing_key,
-            "queues": message.queues,
-            "size": len(body),
-            "body_sha256": hashlib.sha256(body).hexdigest(),
-            "priority": message.priority,
-            "confirm": self.confirm,
-        })
-        self.unconfirmed[self.next_tag] = (message.seq, message.message_id)
-        self.next_tag += 1
-        self.sent += 1
+        self.channel.basic_publish(message.exchange, message.routing_key, message.body, properties)
+        self.published(message)
 
     def _barrier_passed(self, _frame):
         self.unconfirmed.clear()
@@ -340,56 +240,29 @@ class Publisher(Client):
 
     def _confirmed(self, frame):
         method = frame.method
-        ok = isinstance(method, spec.Basic.Ack)
-        last = method.delivery_tag
-        first = self.oldest_tag if method.multiple else last
-        if not self.oldest_tag <= first <= last < self.next_tag:
-            self.fail(f"confirm of tag {last} (multiple={method.multiple}) while tags {self.oldest_tag}.."
-                      f"{self.next_tag - 1} are unconfirmed")
+        try:
+            self.confirmed(method.delivery_tag, method.multiple, isinstance(method, spec.Basic.Ack))
+        except ConfirmOutOfOrder as problem:
+            self.fail(str(problem))
             return
-        answered = 0
-        for tag in range(first, last + 1):
-            entry = self.unconfirmed.pop(tag, None)
-            if entry is not None:
-                seq, identifier = entry
-                self.record(events.CONFIRM, {"message_id": identifier, "publisher": self.number, "seq": seq,
-                                             "ok": ok})
-                answered += 1
-        while self.oldest_tag < self.next_tag and self.oldest_tag not in self.unconfirmed:
-            self.oldest_tag += 1
-        self.control.count(self.row, CONFIRMED if ok else BROKER_NACKED, answered)
         if not self.waiting_at_gate:
             self.fill()
 
 
-class Consumer(Client):
+class Consumer(Client, ConsumerBook):
     """
     Consumes every consumed queue of the workload on one channel (prefetch
-    per consumer from the settings) and settles each delivery as
-    L{settle_decision} says, until the runner says stop. Acks wait for the end
-    of the current read and go out as one multiple ack; a nack or reject first
-    sends the acks decided before it, so the broker sees the decisions in order.
-
-    How often a delivery came back before is the broker's x-delivery-count
-    header when it sends one (brokerd does on every redelivery); a broker that
-    does not (RabbitMQ's classic queues) gets the count of this consumer's own
-    nacks of that message from that queue instead (L{returns_before}), so a
-    message is nacked at most L{spark_jobs.plan.MAX_NACKS} times per consumer
-    there.
-
-    @ivar own_returns: C{(message id, queue)} -> how often this consumer nacked it with requeue.
+    per consumer from the settings) and settles each delivery as its book
+    decides (L{ConsumerBook}), until the runner says stop. Acks wait for the
+    end of the current read and go out as one multiple ack; a nack or reject
+    first sends the acks decided before it, so the broker sees the decisions
+    in order.
     """
-
-    role = "consumer"
 
     def __init__(self, config, control, number):
         super().__init__(config, control, number)
-        self.queue_of_tag = {}
+        self.queue_of_tag = dict(self.consumer_tags())
         self.ack_upto = 0  # the last delivery tag decided "ack" whose ack is not sent yet; 0 when none
-        self.own_returns = {}
-
-    def counter_row(self):
-        return self.settings.publishers + self.number
 
     def start(self, channel):
         self.ack_upto = 0
@@ -400,11 +273,9 @@ class Consumer(Client):
         self.ack_upto = 0  # acks not sent are lost with the connection; those messages come back
 
     def _consume(self, channel):
-        self.queue_of_tag = {}
-        for queue in self.topology.queues:
-            tag = f"{self.name}/{queue}"
-            self.queue_of_tag[tag] = queue
-            last = queue == self.topology.queues[-1]
+        tags = self.consumer_tags()
+        for tag, queue in tags:
+            last = tag == tags[-1][0]
             channel.basic_consume(queue, self._delivered, consumer_tag=tag,
                                   callback=self._consuming if last else None)
 
@@ -430,36 +301,15 @@ class Consumer(Client):
         if not isinstance(identifier, str):
             self.fail(f"delivery {method.delivery_tag} from {queue} has no message-id: the broker lost it")
             return
-        headers = properties.headers
-        delivery_count = int(headers.get("x-delivery-count", 0)) if headers else 0
         tag = method.delivery_tag
-        self.record(events.DELIVER, {
-            "message_id": identifier,
-            "queue": queue,
-            "consumer": self.number,
-            "delivery_tag": tag,
-            "redelivered": bool(method.redelivered),
-            "delivery_count": delivery_count,
-            "size": len(body),
-            "body_sha256": hashlib.sha256(body).hexdigest(),
-        })
-        self.control.count(self.row, DELIVERED)
-        decision = settle_decision(self.settings, identifier, queue,
-                                   returns_before(headers, self.own_returns.get((identifier, queue), 0)))
+        decision = self.delivered(queue, identifier, tag, method.redelivered, properties.headers, body)
         if decision == events.ACK:
             if not self.ack_upto:
                 self.connection.ioloop.call_later(0, self._send_acks)
             self.ack_upto = tag
-            counter, requeue = ACKED, False
         else:
             self._send_acks()
             if decision == events.NACK:
                 channel.basic_nack(tag, requeue=True)
-                self.own_returns[identifier, queue] = self.own_returns.get((identifier, queue), 0) + 1
-                counter, requeue = NACKED, True
             else:
                 channel.basic_reject(tag, requeue=False)
-                counter, requeue = REJECTED, False
-        self.record(decision, {"message_id": identifier, "queue": queue, "consumer": self.number,
-                               "requeue": requeue})
-        self.control.count(self.row, counter)

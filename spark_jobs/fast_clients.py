@@ -12,10 +12,7 @@ ack at the end of that read; a nack or reject first sends the acks decided
 before it, so the broker sees the decisions in order.
 """
 
-import hashlib
-import pathlib
 import time
-import traceback
 
 from pamqp import commands
 
@@ -30,6 +27,7 @@ from benchmarks.amqp_codec import (
     settle_frame,
 )
 from spark_jobs import events
+from spark_jobs.client_books import ClientBook, ConfirmOutOfOrder, ConsumerBook, PublisherBook, run_client
 from spark_jobs.clients import (
     CLAIM_BATCH,
     GATE_POLL,
@@ -38,12 +36,8 @@ from spark_jobs.clients import (
     RECONNECT_DEADLINE,
     STOP_POLL,
     ClientFailed,
-    returns_before,
 )
-from spark_jobs.control import ACKED, BROKER_NACKED, CONFIRMED, CPU_MS, DELIVERED, NACKED, PUBLISHED, REJECTED, \
-    SESSIONS, EventLog
-from spark_jobs.plan import build_topology, publisher_message_count, publisher_messages, settle_decision
-from spark_jobs.settings import WorkloadSettings
+from spark_jobs.control import PUBLISHED, SESSIONS
 
 PRODUCT = "brokerd validation workload"
 PERSISTENT = 2
@@ -51,50 +45,24 @@ PERSISTENT = 2
 
 def run_publisher(config, control, number):
     """Process entry point of fast publisher C{number}."""
-    _run_client(FastPublisher(config, control, number), control)
+    run_client(FastPublisher(config, control, number))
 
 
 def run_consumer(config, control, number):
     """Process entry point of fast consumer C{number}."""
-    _run_client(FastConsumer(config, control, number), control)
+    run_client(FastConsumer(config, control, number))
 
 
-def _run_client(client, control):
-    try:
-        client.run()
-    except BaseException as failure:
-        control.report_failure(client.name, "".join(traceback.format_exception(failure)).rstrip())
-        raise
-
-
-class FastClient:
+class FastClient(ClientBook):
     """
     The connection life of one fast client: connect to the broker's current
     incarnation, work until the connection ends, and connect again (one
-    session more) until the work is done. Counts its own CPU time from the
-    moment it is ready to its end (L{CPU_MS}), so the run can tell whether
-    the broker or its clients were the limit.
-
-    @ivar session: the current connection's number, from 0; -1 before the first.
-    @ivar epoch: the broker incarnation the current connection talks to.
+    session more) until the work is done.
     """
 
-    role = None
-
     def __init__(self, config, control, number):
-        self.config = config
-        self.control = control
-        self.number = number
-        self.name = f"{self.role}-{number}"
-        self.settings = WorkloadSettings.from_json(config.settings)
-        self.row = self.counter_row()
-        self.topology = build_topology(self.settings)
-        self.log = EventLog(pathlib.Path(config.events_dir) / f"{self.name}.jsonl", config.backend, self.name)
-        self.session = -1
-        self.epoch = -1
-        self.finished = False
+        super().__init__(config, control, number)
         self.connection = None
-        self.cpu_from = None
 
     def run(self):
         """Run sessions until the work is done; L{ClientFailed} if the broker stays away too long."""
@@ -108,7 +76,7 @@ class FastClient:
                         self._session(epoch, port)
                     except BrokerGone:
                         self.lost()
-                    except BenchmarkError as problem:
+                    except (BenchmarkError, ConfirmOutOfOrder) as problem:
                         raise ClientFailed(f"{self.name}: {problem}") from None
                     if self.session != opened_before:
                         gone_since = time.monotonic()
@@ -119,16 +87,13 @@ class FastClient:
                                        f" (last tried epoch {epoch}, port {port})")
                 time.sleep(RECONNECT_BACKOFF)
         finally:
-            self.log.close()
-            if self.cpu_from is not None:
-                self.control.count(self.row, CPU_MS, round((time.process_time() - self.cpu_from) * 1000))
+            self.close_book()
 
     def _session(self, epoch, port):
         loop = Loop()
         config = self.config
         connection = Connection(loop, config.host, port, self.name, username=config.username,
-                                password=config.password,
-                                virtual_host=config.virtual_host, product=PRODUCT)
+                                password=config.password, virtual_host=config.virtual_host, product=PRODUCT)
         try:
             connection.open()
             self.session += 1
@@ -142,18 +107,6 @@ class FastClient:
             connection.close()
         finally:
             connection.shut()
-
-    def ready(self):
-        """The first session is set up: count CPU from here, and tell the runner."""
-        if self.session == 0:
-            self.cpu_from = time.process_time()
-            self.control.client_ready()
-
-    def record(self, kind, fields):
-        self.log.write(kind, self.session, self.epoch, fields)
-
-    def counter_row(self):
-        raise NotImplementedError
 
     def start(self):
         """The session's channel is open: set up the client's work on it."""
@@ -169,33 +122,21 @@ class FastClient:
         """The connection ended because the broker went away."""
 
 
-class FastPublisher(FastClient):
+class FastPublisher(FastClient, PublisherBook):
     """
     Publishes its planned messages in order, taking permission from the run's
     gate, with at most L{PUBLISH_WINDOW} unconfirmed (or, without confirm mode,
-    between two round-trip barriers).
+    between two round-trip barriers); each batch the gate and the window allow
+    goes out in one write.
     """
-
-    role = "publisher"
 
     def __init__(self, config, control, number):
         super().__init__(config, control, number)
-        self.messages = publisher_messages(self.settings, self.topology, number)
-        self.total = publisher_message_count(self.settings, number)
-        self.sent = 0
-        self.unconfirmed = {}  # delivery tag -> (seq, message id), in tag order
-        self.oldest_tag = 1
-        self.next_tag = 1
         self.at_gate = False
-        self.confirm = self.settings.confirm
-        self.priorities = self.settings.max_priority > 0
-
-    def counter_row(self):
-        return self.number
+        self.framer = None
 
     def start(self):
-        self.unconfirmed.clear()
-        self.oldest_tag = self.next_tag = 1
+        self.new_channel()
         self.framer = PublishFramer(Connection.CHANNEL, self.connection.frame_max)
         if self.confirm:
             self.connection.on_confirm = self._confirmed
@@ -204,10 +145,7 @@ class FastPublisher(FastClient):
         self.fill()
 
     def lost(self):
-        # What was unconfirmed stays unconfirmed: it may or may not have been stored.
-        self.unconfirmed.clear()
-        if self.sent == self.total:
-            self.finished = True
+        self.channel_lost()
 
     def poll_seconds(self):
         if self.at_gate:
@@ -222,7 +160,7 @@ class FastPublisher(FastClient):
             self.fill()
 
     def fill(self):
-        """Publish while the window has room and the gate allows; close once everything is answered."""
+        """Publish while the window has room and the gate allows; finish once everything is answered."""
         self.at_gate = False
         room = min(PUBLISH_WINDOW - len(self.unconfirmed), self.total - self.sent)
         frames = []
@@ -247,68 +185,32 @@ class FastPublisher(FastClient):
 
     def _publish(self, message):
         """The frames of one planned message, logged as published."""
-        body = message.body
         properties = encode_properties(delivery_mode=PERSISTENT, message_id=message.message_id,
                                        priority=message.priority if self.priorities else None,
                                        headers=message.headers)
-        self.record(events.PUBLISH, {
-            "message_id": message.message_id,
-            "publisher": self.number,
-            "seq": message.seq,
-            "exchange": message.exchange,
-            "routing_key": message.routing_key,
-            "queues": message.queues,
-            "size": len(body),
-            "body_sha256": hashlib.sha256(body).hexdigest(),
-            "priority": message.priority,
-            "confirm": self.confirm,
-        })
-        self.unconfirmed[self.next_tag] = (message.seq, message.message_id)
-        self.next_tag += 1
-        self.sent += 1
-        return self.framer.frames(message.exchange, message.routing_key, body, properties)
+        self.published(message)
+        return self.framer.frames(message.exchange, message.routing_key, message.body, properties)
 
     def _confirmed(self, channel, last, multiple, ok):
-        first = self.oldest_tag if multiple else last
-        if not self.oldest_tag <= first <= last < self.next_tag:
-            raise BenchmarkError(f"confirm of tag {last} (multiple={multiple}) while tags {self.oldest_tag}.."
-                                 f"{self.next_tag - 1} are unconfirmed")
-        answered = 0
-        for tag in range(first, last + 1):
-            entry = self.unconfirmed.pop(tag, None)
-            if entry is not None:
-                seq, identifier = entry
-                self.record(events.CONFIRM, {"message_id": identifier, "publisher": self.number, "seq": seq,
-                                             "ok": ok})
-                answered += 1
-        while self.oldest_tag < self.next_tag and self.oldest_tag not in self.unconfirmed:
-            self.oldest_tag += 1
-        self.control.count(self.row, CONFIRMED if ok else BROKER_NACKED, answered)
+        self.confirmed(last, multiple, ok)
         if not self.at_gate:
             self.fill()
 
 
-class FastConsumer(FastClient):
+class FastConsumer(FastClient, ConsumerBook):
     """
     Consumes every consumed queue of the workload on one channel (prefetch per
-    consumer from the settings) and settles each delivery as
-    L{settle_decision} says, until the runner says stop.
-
-    A broker that does not count returns in an C{x-delivery-count} header
-    (RabbitMQ's classic queues) gets the count of nacks this consumer sent for
-    that message and queue instead, so nacking still stops after a few rounds.
+    consumer from the settings) and settles each delivery as its book decides,
+    until the runner says stop. The acks decided during one socket read go to
+    the broker as one multiple ack at the end of that read; a nack or reject
+    first sends the acks decided before it, so the broker sees the decisions
+    in order.
     """
-
-    role = "consumer"
 
     def __init__(self, config, control, number):
         super().__init__(config, control, number)
-        self.queue_of_tag = {}
+        self.queue_of_tag = dict(self.consumer_tags())
         self.ack_upto = 0  # the last delivery tag decided "ack" whose ack is not sent yet; 0 when none
-        self.nacks_sent = {}  # (message id, queue) -> nacks this consumer sent, for brokers without x-delivery-count
-
-    def counter_row(self):
-        return self.settings.publishers + self.number
 
     def start(self):
         self.ack_upto = 0
@@ -316,10 +218,7 @@ class FastConsumer(FastClient):
         connection.on_delivery = self._delivered
         connection.after_read = self._send_acks
         connection.rpc(commands.Basic.Qos(prefetch_count=self.settings.prefetch), commands.Basic.QosOk)
-        self.queue_of_tag = {}
-        for queue in self.topology.queues:
-            tag = f"{self.name}/{queue}"
-            self.queue_of_tag[tag] = queue
+        for tag, queue in self.consumer_tags():
             connection.rpc(commands.Basic.Consume(queue=queue, consumer_tag=tag), commands.Basic.ConsumeOk)
         self.ready()
 
@@ -345,33 +244,11 @@ class FastConsumer(FastClient):
         if identifier is None:
             raise BenchmarkError(f"delivery {delivery.delivery_tag} from {queue} has no message-id: the broker"
                                  f" lost it")
-        delivery_count = returns_before(headers, self.nacks_sent.get((identifier, queue), 0))
-        tag, body = delivery.delivery_tag, delivery.body
-        self.record(events.DELIVER, {
-            "message_id": identifier,
-            "queue": queue,
-            "consumer": self.number,
-            "delivery_tag": tag,
-            "redelivered": delivery.redelivered,
-            "delivery_count": delivery_count,
-            "size": len(body),
-            "body_sha256": hashlib.sha256(body).hexdigest(),
-        })
-        self.control.count(self.row, DELIVERED)
-        decision = settle_decision(self.settings, identifier, queue, delivery_count)
+        tag = delivery.delivery_tag
+        decision = self.delivered(queue, identifier, tag, delivery.redelivered, headers, delivery.body)
         if decision == events.ACK:
             self.ack_upto = tag
-            counter, requeue = ACKED, False
-        else:
-            self._send_acks()
-            if decision == events.NACK:
-                self.connection.write(settle_frame(delivery.channel, tag, BASIC_NACK, requeue=True))
-                key = (identifier, queue)
-                self.nacks_sent[key] = self.nacks_sent.get(key, 0) + 1
-                counter, requeue = NACKED, True
-            else:
-                self.connection.write(settle_frame(delivery.channel, tag, BASIC_REJECT, requeue=False))
-                counter, requeue = REJECTED, False
-        self.record(decision, {"message_id": identifier, "queue": queue, "consumer": self.number,
-                               "requeue": requeue})
-        self.control.count(self.row, counter)
+            return
+        self._send_acks()
+        kind, requeue = (BASIC_NACK, True) if decision == events.NACK else (BASIC_REJECT, False)
+        self.connection.write(settle_frame(delivery.channel, tag, kind, requeue=requeue))
