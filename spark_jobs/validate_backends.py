@@ -10,7 +10,10 @@ Each C{--backends} item is a backend string (C{chunked:chunk_size=1M}); its
 run lives in C{<out>/runs/<label>/}, the label being the name before any
 colon, so labels must differ. A fresh run replaces an earlier run directory of
 the same label; C{--reuse-runs} keeps the runs there and only exports their
-stores again (for stores changed after their run) before the Spark job.
+stores again (for stores changed after their run) before the Spark job, and
+C{--reuse-runs --keep-exports} runs the Spark job alone, over the runs'
+C{export.jsonl} as they are (runs whose broker data is gone, or generated ones
+such as L{benchmarks.synthetic_runs} writes).
 
 Exit status: 0 when every check passes, 1 when any fails (the summary's
 verdict is "fail"), 2 for a bad command line, 3 when the validation could not
@@ -86,6 +89,9 @@ def build_parser():
     parser.add_argument("--reuse-runs", action="store_true",
                         help="do not run the workload: take OUT/runs/LABEL/ as they are (their stores are"
                              " exported again)")
+    parser.add_argument("--keep-exports", action="store_true",
+                        help="with --reuse-runs: take each run's export.jsonl as it is instead of exporting its"
+                             " store again, so only the Spark job runs")
     parser.add_argument("--progress", action="store_true", help="report each step on stderr")
     add_workload_arguments(parser)
     return parser
@@ -99,11 +105,16 @@ def parse_arguments(argv=None):
         arguments.backends = parse_backends(arguments.backends)
     except BackendError as problem:
         parser.error(str(problem))
+    if arguments.keep_exports and not arguments.reuse_runs:
+        parser.error("--keep-exports only goes with --reuse-runs: a fresh run has no export to keep")
     if arguments.reuse_runs:
         for label, _ in arguments.backends:
             run_dir = arguments.out / "runs" / label
             if not (run_dir / events.EVENTS_DIRECTORY).is_dir():
                 parser.error(f"--reuse-runs: there is no run of {label} in {run_dir}; run without --reuse-runs first")
+            if arguments.keep_exports and not (run_dir / events.EXPORT_FILE).is_file():
+                parser.error(f"--keep-exports: the run of {label} in {run_dir} has no {events.EXPORT_FILE};"
+                             " leave --keep-exports out to export its store")
     return arguments
 
 
@@ -142,8 +153,8 @@ def _run_settings(arguments):
 
 
 def produce_runs(arguments, progress, timings):
-    """Runs the workload (unless reusing runs) and the export for every backend, noting each one's
-    wall time in C{timings} (C{workload_seconds} and C{export_seconds}, per label)."""
+    """Runs the workload (unless reusing runs) and the export (unless keeping the exports) for every
+    backend, noting each one's wall time in C{timings} (C{workload_seconds} and C{export_seconds}, per label)."""
     from spark_jobs.export import ExportError, export_store
 
     settings = settings_from_arguments(arguments)
@@ -162,6 +173,9 @@ def produce_runs(arguments, progress, timings):
             except (WorkloadFailed, ValueError) as problem:
                 raise ValidationError(f"the workload on {backend} failed: {problem}") from None
             timings.setdefault("workload_seconds", {})[label] = round(time.monotonic() - started, 3)
+        if arguments.keep_exports:
+            progress(f"{step} keeping its {events.EXPORT_FILE}")
+            continue
         progress(f"{step} export")
         started = time.monotonic()
         try:
