@@ -20,14 +20,18 @@ says. The summary names each run's kind; the checks that read the export
 L{create_session} starts Spark in local mode by default (C{local[*]}, web UI
 off, a few shuffle partitions per core, driver memory half of this machine's
 RAM, fixed when the JVM starts); a C{master} URL runs the same job on a
-cluster, where every path must be readable by the executors (a shared file
-system). Under C{spark-submit} the JVM is already running: its own
+cluster. There the executors read the run directories and write the staged
+tables under C{<out>/spark-work/} themselves, by the driver's paths: on
+more than one machine C{<out>} must be on a file system every node mounts at
+the same path. Under C{spark-submit} the JVM is already running: its own
 C{--master} and C{--driver-memory} flags apply.
 """
 
+import ipaddress
 import os
 import pathlib
 import shutil
+import sys
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession, Window
@@ -89,9 +93,35 @@ def create_session(master=None, driver_memory=None, app_name=APP_NAME):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         if not launched_by_submit:
             builder = builder.config("spark.driver.memory", driver_memory or default_driver_memory())
-    elif driver_memory is not None and not launched_by_submit:
-        builder = builder.config("spark.driver.memory", driver_memory)
+    elif master is not None:
+        # The executors run a few Python tasks (the small tables made on the driver, like the
+        # runs' last epochs); unless told otherwise they start this interpreter, which has
+        # pyspark and the driver's Python version: the same path on every node, as here.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        if master_on_loopback(master):
+            # Its workers are on this machine: the driver listens on loopback too, for them alone.
+            builder = (builder.config("spark.driver.host", "127.0.0.1")
+                       .config("spark.driver.bindAddress", "127.0.0.1"))
+        if driver_memory is not None and not launched_by_submit:
+            builder = builder.config("spark.driver.memory", driver_memory)
     return builder.getOrCreate()
+
+
+def master_on_loopback(master):
+    """Whether every host of a standalone master URL (C{spark://h1:7077,h2:7077}) is a loopback address."""
+    if not master.startswith("spark://"):
+        return False
+    hosts = [address.rpartition(":")[0] or address for address in master[len("spark://"):].split(",")]
+    return all(_is_loopback(host) for host in hosts)
+
+
+def _is_loopback(host):
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass

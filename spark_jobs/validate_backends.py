@@ -17,7 +17,10 @@ C{<out>/runs/NAME/}, reported beside the backends (L{parse_references}); its
 store is not exported, so the checks that read an export do not apply to it.
 A fresh run replaces an earlier run directory of the same label;
 C{--reuse-runs} keeps the runs there and only exports the backends' stores
-again (for stores changed after their run) before the Spark job.
+again (for stores changed after their run) before the Spark job, and
+C{--reuse-runs --keep-exports} runs the Spark job alone, over the runs'
+C{export.jsonl} as they are (runs whose broker data is gone, or generated ones
+such as L{benchmarks.synthetic_runs} writes).
 
 Exit status: 0 when every check passes, 1 when any fails (the summary's
 verdict is "fail"), 2 for a bad command line, 3 when the validation could not
@@ -166,6 +169,9 @@ def build_parser():
     parser.add_argument("--reuse-runs", action="store_true",
                         help="do not run the workload: take OUT/runs/LABEL/ as they are (their stores are"
                              " exported again)")
+    parser.add_argument("--keep-exports", action="store_true",
+                        help="with --reuse-runs: take each run's export.jsonl as it is instead of exporting its"
+                             " store again, so only the Spark job runs")
     shown = parser.add_mutually_exclusive_group()
     shown.add_argument("--progress", action="store_true",
                        help="show progress on stderr, the default (in place on a terminal, else a line every few"
@@ -188,6 +194,8 @@ def parse_arguments(argv=None):
                                                  [label for label, _ in arguments.backends])
     except (BackendError, ValueError) as problem:
         parser.error(str(problem))
+    if arguments.keep_exports and not arguments.reuse_runs:
+        parser.error("--keep-exports only goes with --reuse-runs: a fresh run has no export to keep")
     if arguments.reuse_runs:
         references = {reference.label for reference in arguments.references}
         for label in run_labels(arguments):
@@ -199,6 +207,9 @@ def parse_arguments(argv=None):
             if recorded != wanted:
                 parser.error(f"--reuse-runs: the run in {run_dir} is a {recorded} run, and the command line makes"
                              f" {label} a {wanted}")
+            if arguments.keep_exports and wanted == events.BACKEND_RUN and not (run_dir / events.EXPORT_FILE).is_file():
+                parser.error(f"--keep-exports: the run of {label} in {run_dir} has no {events.EXPORT_FILE};"
+                             " leave --keep-exports out to export its store")
     return arguments
 
 
@@ -243,8 +254,8 @@ def _run_settings(arguments):
 
 
 def produce_runs(arguments, progress, timings):
-    """Runs the workload (unless reusing runs) for every backend and reference and the export for every
-    backend, noting each one's wall time in C{timings} (C{workload_seconds} and C{export_seconds}, per label)."""
+    """Runs the workload (unless reusing runs) for every backend and reference and the export (unless keeping the
+    exports) for every backend, noting each one's wall time in C{timings} (C{workload_seconds} and C{export_seconds}, per label)."""
     settings = settings_from_arguments(arguments)
     runs = [(label, backend, None) for label, backend in arguments.backends]
     runs += [(reference.label, None, reference) for reference in arguments.references]
@@ -258,8 +269,12 @@ def produce_runs(arguments, progress, timings):
             started = time.monotonic()
             _play(label, backend, reference, settings, run_dir, progress.for_backend(number, len(runs)))
             timings.setdefault("workload_seconds", {})[label] = round(time.monotonic() - started, 3)
-        if backend is not None:
-            _export(label, backend, run_dir, step, progress, timings)
+        if backend is None:
+            continue
+        if arguments.keep_exports:
+            progress(f"{step} keeping its {events.EXPORT_FILE}")
+            continue
+        _export(label, backend, run_dir, step, progress, timings)
 
 
 def _play(label, backend, reference, settings, run_dir, progress):

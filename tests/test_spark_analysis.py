@@ -13,6 +13,7 @@ errors are checked without Spark.
 
 import json
 import math
+import pathlib
 import subprocess
 import sys
 
@@ -369,6 +370,19 @@ def test_reusing_runs_that_do_not_exist_is_a_usage_error(tmp_path):
     result = validate("--backends", "sqlite", "--reuse-runs", "--out", str(tmp_path), cwd=tmp_path)
     assert result.returncode == 2
     assert "--reuse-runs: there is no run of sqlite in" in result.stderr
+
+
+def test_keeping_exports_needs_reused_runs_that_have_one(tmp_path):
+    root = pathlib.Path(__file__).resolve().parent.parent
+    result = validate("--backends", "sqlite", "--keep-exports", "--out", str(tmp_path), cwd=root)
+    assert result.returncode == 2
+    assert "--keep-exports only goes with --reuse-runs" in result.stderr
+    SyntheticRun("sqlite").write(tmp_path / "runs" / "sqlite")
+    (tmp_path / "runs" / "sqlite" / events.EXPORT_FILE).unlink()
+    result = validate("--backends", "sqlite", "--reuse-runs", "--keep-exports", "--out", str(tmp_path), cwd=root)
+    assert result.returncode == 2
+    assert "--keep-exports: the run of sqlite in" in result.stderr and "has no export.jsonl" in result.stderr
+    assert not (tmp_path / "summary.json").exists()
 
 
 def test_a_run_whose_store_cannot_be_exported_stops_before_spark(tmp_path):
