@@ -207,7 +207,8 @@ def parse_arguments(argv=None):
             if recorded != wanted:
                 parser.error(f"--reuse-runs: the run in {run_dir} is a {recorded} run, and the command line makes"
                              f" {label} a {wanted}")
-            if arguments.keep_exports and wanted == events.BACKEND_RUN and not (run_dir / events.EXPORT_FILE).is_file():
+            exported = (run_dir / events.EXPORT_FILE).is_file()
+            if arguments.keep_exports and wanted == events.BACKEND_RUN and not exported:
                 parser.error(f"--keep-exports: the run of {label} in {run_dir} has no {events.EXPORT_FILE};"
                              " leave --keep-exports out to export its store")
     return arguments
