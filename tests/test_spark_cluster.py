@@ -6,8 +6,10 @@ the one local mode gives for the same runs: verdict, counts, checks with
 their examples, throughput and latency.
 
 The runs are checked with C{--reuse-runs --keep-exports}, so only the Spark
-job runs. The cluster starts while the local-mode run goes on; both daemons
-are stopped (their process groups killed) whatever the test's outcome.
+job runs. The local-mode run starts first and goes on while the cluster
+starts and runs the job (one after the other, the module takes half as long
+again); both daemons are stopped (their process groups killed) whatever the
+test's outcome.
 """
 
 import json
@@ -28,7 +30,7 @@ import pytest
 from tests.spark_driver import spark_environment
 from tests.spark_events import SyntheticRun
 
-pytestmark = pytest.mark.long_module(seconds=70)  # started early (tests/conftest.py)
+pytestmark = pytest.mark.long_module(seconds=80)  # started early (tests/conftest.py)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SPARK_HOME = pathlib.Path(pyspark.__file__).resolve().parent
@@ -154,32 +156,65 @@ def runs(tmp_path_factory):
     return out
 
 
-def validate(runs, out, *arguments, environment=None):
-    """The one command over a copy of C{runs} in C{out}, with only its Spark job; the finished process and summary."""
-    shutil.copytree(runs / "runs", out / "runs")
-    finished = subprocess.run(
-        [sys.executable, "-m", "spark_jobs.validate_backends", "--backends", ",".join(LABELS), "--out", str(out),
-         "--reuse-runs", "--keep-exports", *arguments],
-        cwd=ROOT, capture_output=True, text=True, timeout=JOB_SECONDS, env=environment or spark_environment())
-    assert finished.returncode in (0, 1), finished.stdout + finished.stderr
-    with open(out / "summary.json", encoding="utf-8") as summary:
-        return finished, json.load(summary)
+@dataclass
+class Validation:
+    """The one command running as a child process over a copy of some runs, with only its Spark job."""
+
+    process: subprocess.Popen
+    out: pathlib.Path
+
+    @classmethod
+    def start(cls, runs, out, *arguments, environment):
+        shutil.copytree(runs / "runs", out / "runs")
+        with open(out / "stdout", "wb") as stdout, open(out / "stderr", "wb") as stderr:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "spark_jobs.validate_backends", "--backends", ",".join(LABELS),
+                 "--out", str(out), "--reuse-runs", "--keep-exports", *arguments],
+                cwd=ROOT, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=environment)
+        return cls(process, out)
+
+    def output(self, name):
+        return (self.out / name).read_text(errors="replace")
+
+    def finish(self):
+        """Waits for the command: its exit status, standard output and summary."""
+        status = self.process.wait(timeout=JOB_SECONDS)
+        assert status in (0, 1), self.output("stdout") + self.output("stderr")
+        with open(self.out / "summary.json", encoding="utf-8") as summary:
+            return status, self.output("stdout"), json.load(summary)
+
+    def kill(self):
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
 
 
 @pytest.fixture(scope="module")
-def local_summary(cluster_started, runs, tmp_path_factory):
-    """The job in local mode, run while the cluster starts."""
-    return validate(runs, tmp_path_factory.mktemp("local"), "--driver-memory", "1g")
+def local_job(runs, tmp_path_factory):
+    """The job in local mode, started before the cluster and left running beside it (2 cores, both busy)."""
+    job = Validation.start(runs, tmp_path_factory.mktemp("local"), "--driver-memory", "1g",
+                           environment=spark_environment())
+    yield job
+    job.kill()
 
 
 @pytest.fixture(scope="module")
-def cluster_summary(local_summary, cluster, runs, tmp_path_factory):
+def cluster_summary(local_job, cluster, runs, tmp_path_factory):
     """The job on the cluster, its executor JVM started with L{QUICK_JVM} as the driver's is."""
     environment = spark_environment()
     environment["PYSPARK_SUBMIT_ARGS"] = (f"--conf spark.executor.extraJavaOptions={QUICK_JVM} "
                                           + environment["PYSPARK_SUBMIT_ARGS"])
-    return validate(runs, tmp_path_factory.mktemp("cluster"), "--master", cluster.url, "--driver-memory", "1g",
-                    environment=environment)
+    job = Validation.start(runs, tmp_path_factory.mktemp("cluster"), "--master", cluster.url, "--driver-memory",
+                           "1g", environment=environment)
+    try:
+        return job.finish()
+    finally:
+        job.kill()
+
+
+@pytest.fixture(scope="module")
+def local_summary(local_job, cluster_summary):
+    return local_job.finish()
 
 
 def comparable(summary):
@@ -187,9 +222,9 @@ def comparable(summary):
     return {key: value for key, value in summary.items() if key != "timings"}
 
 
-def test_the_job_on_a_standalone_cluster_finds_what_local_mode_finds(local_summary, cluster_summary):
-    (local_finished, local), (cluster_finished, on_cluster) = local_summary, cluster_summary
-    assert cluster_finished.returncode == local_finished.returncode == 1, cluster_finished.stderr
+def test_the_job_on_a_standalone_cluster_finds_what_local_mode_finds(cluster_summary, local_summary):
+    (cluster_status, cluster_output, on_cluster), (local_status, _, local) = cluster_summary, local_summary
+    assert cluster_status == local_status == 1, "a check failed"
     assert on_cluster["verdict"] == local["verdict"] == "fail"
     lost = on_cluster["backends"][LOST_IN]["checks"]["confirmed_delivered_or_stored"]
     assert (lost["pass"], lost["violations"]) == (False, 1), lost
@@ -198,7 +233,7 @@ def test_the_job_on_a_standalone_cluster_finds_what_local_mode_finds(local_summa
         assert on_cluster["backends"][label]["checks"] == local["backends"][label]["checks"], label
     assert on_cluster["cross_backend"] == local["cross_backend"]
     assert comparable(on_cluster) == comparable(local)
-    assert "verdict: fail" in cluster_finished.stdout
+    assert "verdict: fail" in cluster_output
 
 
 def test_the_work_ran_on_the_clusters_executor_which_reached_the_driver_on_loopback(cluster, cluster_summary):
