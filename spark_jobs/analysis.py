@@ -32,6 +32,7 @@ import os
 import pathlib
 import shutil
 import sys
+import time
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession, Window
@@ -349,12 +350,31 @@ def _settings_json(settings):
     return settings.to_json() if hasattr(settings, "to_json") else dict(settings)
 
 
-def analyse_runs(spark, out_dir, labels, settings=None):
+STEPS = ("staging", "inventory", "derived tables", "checks", "throughput", "latency")
+
+
+class _Steps:
+    """Runs the job's steps, telling C{step_done} (if any) each one's name and wall seconds."""
+
+    def __init__(self, step_done):
+        self.step_done = step_done
+
+    def __call__(self, name, function, *arguments):
+        started = time.monotonic()
+        result = function(*arguments)
+        if self.step_done is not None:
+            self.step_done(name, time.monotonic() - started)
+        return result
+
+
+def analyse_runs(spark, out_dir, labels, settings=None, step_done=None):
     """
     Analyses the runs C{<out_dir>/runs/<label>/} for every label together.
 
     @param settings: the L{spark_jobs.settings.WorkloadSettings} the runs
         played (or its JSON dict), copied into the summary.
+    @param step_done: called with each step's name and wall seconds as it
+        ends (L{STEPS}, in that order), to show where a long job is.
     @return: the summary dict (see L{spark_jobs.report}), without C{"charts"}.
     @raise RunInputError: a run is missing, incomplete or unreadable.
     """
@@ -366,17 +386,18 @@ def analyse_runs(spark, out_dir, labels, settings=None):
     unexported = [label for label in labels if kinds[label] == events.REFERENCE_RUN]
     parked_queues = _parked_queues(facts)
     work_dir = out_dir / WORK_DIRECTORY
+    step = _Steps(step_done)
     try:
-        tables = stage_runs(spark, runs_dir, labels, work_dir, unexported, parked_queues)
-        inventory = take_inventory(tables)
-        tables.derive()
+        tables = step("staging", stage_runs, spark, runs_dir, labels, work_dir, unexported, parked_queues)
+        inventory = step("inventory", take_inventory, tables)
+        step("derived tables", tables.derive)
         last_epochs = spark.createDataFrame(
             [(label, max(inventory.max_epoch(label), _run_crashes(facts[label], inventory, label)))
              for label in labels],
             f"{LABEL} string, last_epoch long")
-        tallies = tally_checks(tables, run_checks(tables, last_epochs) + cross_checks(tables))
-        rates = throughput(tables, inventory)
-        latencies = latency(tables)
+        tallies = step("checks", lambda: tally_checks(tables, run_checks(tables, last_epochs) + cross_checks(tables)))
+        rates = step("throughput", throughput, tables, inventory)
+        latencies = step("latency", latency, tables)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
     backends = {}

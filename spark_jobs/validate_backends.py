@@ -307,15 +307,24 @@ def _export(label, backend, run_dir, step, progress, timings):
     progress(f"{step} exported {lines} stored messages in {timings['export_seconds'][label]:.1f} s")
 
 
-def analyse(arguments, settings, progress):
-    """Runs the Spark job over every run; the summary."""
+def analyse(arguments, settings, progress, timings):
+    """Runs the Spark job over every run, noting each step's wall time in C{timings}
+    (C{spark_step_seconds}, the session's start included); the summary."""
     from spark_jobs.analysis import create_session, analyse_runs
     from spark_jobs.tables import RunInputError
 
     progress(f"Spark job over {', '.join(run_labels(arguments))}")
+    steps = timings.setdefault("spark_step_seconds", {})
+
+    def step_done(name, seconds):
+        steps[name] = round(seconds, 3)
+        progress(f"Spark job: {name} done in {seconds:.1f} s")
+
+    started = time.monotonic()
     spark = create_session(arguments.master, arguments.driver_memory)
+    step_done("session", time.monotonic() - started)
     try:
-        return analyse_runs(spark, arguments.out, run_labels(arguments), settings)
+        return analyse_runs(spark, arguments.out, run_labels(arguments), settings, step_done)
     except RunInputError as problem:
         raise ValidationError(str(problem)) from None
     finally:
@@ -356,10 +365,12 @@ def summary_table(summary):
 
 
 def timings_line(timings):
-    """Where the wall time went: the workload and export per backend, then the Spark job."""
+    """Where the wall time went: the workload and export per backend, the Spark job (and its steps), the report."""
     parts = [f"{step.removesuffix('_seconds')} {label} {seconds:.1f} s"
              for step in ("workload_seconds", "export_seconds") for label, seconds in timings.get(step, {}).items()]
-    parts.append(f"Spark job {timings.get('spark_seconds', 0):.1f} s")
+    steps = ", ".join(f"{name} {seconds:.1f}" for name, seconds in timings.get("spark_step_seconds", {}).items())
+    parts.append(f"Spark job {timings.get('spark_seconds', 0):.1f} s" + (f" ({steps})" if steps else ""))
+    parts.append(f"report {timings.get('report_seconds', 0):.1f} s")
     return "wall time: " + ", ".join(parts)
 
 
@@ -373,7 +384,7 @@ def main(argv=None):
         settings = _run_settings(arguments)
         started = time.monotonic()
         with progress.quieted(arguments.out / SPARK_LOG):
-            summary = analyse(arguments, settings, progress)
+            summary = analyse(arguments, settings, progress, timings)
         timings["spark_seconds"] = round(time.monotonic() - started, 3)
         progress(f"Spark job done in {timings['spark_seconds']:.1f} s")
         summary["timings"] = timings
@@ -385,7 +396,8 @@ def main(argv=None):
             summary = write_report(summary, arguments.out)
         except SummaryError as problem:
             raise ValidationError(f"the report could not be written: {problem}") from None
-        progress(f"report written in {time.monotonic() - started:.1f} s")
+        timings["report_seconds"] = round(time.monotonic() - started, 3)  # printed; summary.json is written by then
+        progress(f"report written in {timings['report_seconds']:.1f} s")
     except (ValidationError, OSError) as problem:
         print(f"validation not carried out: {problem}", file=sys.stderr)
         return NOT_CARRIED_OUT

@@ -10,11 +10,15 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import pytest
 
 from benchmarks.processcpu import CLOCK_TICKS_PER_SECOND, CpuWindow, cpu_seconds
+from benchmarks.processmemory import PeakResidentMemory, resident_bytes, tree_resident_bytes
 from brokerd.testing import BrokerProcess
+from spark_jobs.analysis import STEPS
+from tests.spark_driver import spark_environment
 
 pytestmark = pytest.mark.long_module(seconds=85)  # started early (tests/conftest.py)
 
@@ -169,6 +173,53 @@ def test_process_cpu_of_a_finished_process_or_of_none_is_unknown():
     assert cpu_seconds(finished.pid) is None
     window = CpuWindow(None).start()
     assert window.cpu_seconds() is None and window.cores_busy() is None
+
+
+HOLDER = """
+import subprocess, sys
+held = bytearray(int(sys.argv[1]) << 20)  # zero-filled: every page touched
+print("holding", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_resident_memory_counts_what_the_processes_a_process_started_hold():
+    parent = subprocess.Popen(
+        [sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {HOLDER!r}, '64'])"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert parent.stdout.readline() == "holding\n"  # said by its child, which shares its pipes
+        own = resident_bytes(parent.pid)
+        assert own is not None and 0 < own < 64 << 20, own
+        assert tree_resident_bytes(parent.pid) >= own + (64 << 20)
+        peak = PeakResidentMemory(parent.pid, interval=0.01).start()
+        deadline = time.monotonic() + 30
+        while peak.samples < 1 and time.monotonic() < deadline:  # a sample taken while the child holds it
+            time.sleep(0.01)
+        parent.stdin.write("done\n")
+        parent.stdin.flush()
+        parent.wait(timeout=30)
+        assert peak.stop() >= own + (64 << 20)
+    finally:
+        parent.stdin.close()
+        parent.wait(timeout=30)
+    assert resident_bytes(parent.pid) is None and tree_resident_bytes(parent.pid) is None
+
+
+def test_validation_spark_benchmark_checks_generated_runs_and_reports_the_driver_memory():
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.validation_spark", "--messages", "2000", "--backends", "sqlite,chunked",
+         "--driver-memory", "1g"], cwd=ROOT, env=spark_environment(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    results = json.loads(result.stdout)
+    assert results["verdict"] == "pass", "the generated runs are ones a correct broker could have made"
+    # Per message: publish, confirm, 1.5 consumed queues of deliver and settle, and 1 in 50 nacked and redelivered.
+    assert results["events_per_backend"] == {"sqlite": 10_080, "chunked": 10_080}
+    assert results["out"] is None, "the temporary runs are deleted"
+    assert 0 < results["spark_seconds"] <= results["job_wall_seconds"]
+    assert set(results["spark_step_seconds"]) == {"session", *STEPS}
+    assert results["peak_driver_rss_mib"] > 100, "a Python driver and a Spark JVM"
 
 
 def installed_durable_backends():
