@@ -148,7 +148,9 @@ def write_run(run_dir, label, messages):
         file.close()
     first, last = T0, max(max(last_confirm), max(consumer_clock), T0)
     (run_dir / events.RUN_FILE).write_text(json.dumps({
-        "backend": label, "label": label, "seed": 1, "settings": settings(messages).to_json(),
+        "kind": events.BACKEND_RUN, "backend": label, "label": label, "seed": 1,
+        "settings": settings(messages).to_json(),
+        "topology": {"exchanges": {EXCHANGE: "direct"}, "queues": list(QUEUES), "parked": [PARKED]},
         "started": first - 1.0, "ended": last + 1.0, "workload_started": first, "workload_ended": last,
         "wall_seconds": last - first, "crashes": [], "synthetic": True, "events": written,
     }, indent=1) + "\n")
