@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from spark_jobs.analysis import STEPS
 from spark_jobs.progress import (
     ERASE_TO_END_OF_LINE,
     PlainOutput,
@@ -277,6 +278,11 @@ def test_by_default_without_a_terminal_the_steps_and_the_runs_are_plain_lines(sm
     periodic = [line for line in ours if " | " in line]
     assert all(re.fullmatch(r"\[1/1\] sqlite: published [\d,]+/200, .* msgs/s.*", line) for line in periodic)
     ours = [line for line in ours if line not in periodic]
+    # The Spark job names each of its steps as it ends: the session, then the analysis' steps in order.
+    steps = [line for line in ours if line.startswith("Spark job: ")]
+    assert [re.fullmatch(r"Spark job: (.+) done in \d+\.\d s", line).group(1) for line in steps] == [
+        "session", *STEPS], steps
+    ours = [line for line in ours if line not in steps]
     assert len(ours) == len(expected), ours
     for line, pattern in zip(ours, expected):
         assert re.fullmatch(pattern, line), (line, pattern)
