@@ -45,6 +45,7 @@ class PeakResidentMemory:
         self.interval = interval
         self.peak_bytes = 0
         self.samples = 0
+        self.sampled = threading.Event()  # set once the first sample is taken
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._sample, name=f"rss-of-{pid}", daemon=True)
 
@@ -58,6 +59,7 @@ class PeakResidentMemory:
             if size is not None:
                 self.peak_bytes = max(self.peak_bytes, size)
                 self.samples += 1
+                self.sampled.set()
             if self._stopped.wait(self.interval):
                 return
 

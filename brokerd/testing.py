@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 WAIT_SECONDS = 30.0  # default time for a broker to listen, print a line, or stop on SIGTERM
 TAIL_LINES = 40  # lines of output L{BrokerProcess.tail} gives by default
@@ -30,6 +31,24 @@ class BrokerFailed(AssertionError):
     The broker exited, did not listen, print or stop in time; the message ends
     with its last lines. An AssertionError, so that a test reports it as a failure.
     """
+
+
+def poll_until(found, timeout, what, interval=0.05):
+    """
+    Blocks until C{found()} gives something other than None and returns it,
+    looking every C{interval} seconds: the one poll-with-a-deadline for
+    waits on things that cannot signal (a port that starts listening, a line
+    in another process's log). Raises AssertionError naming C{what} after
+    C{timeout} seconds; C{found} may raise to end the wait early.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = found()
+        if result is not None:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout:.0f} s")
+        time.sleep(interval)
 
 
 def twistd_command():

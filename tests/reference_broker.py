@@ -14,13 +14,13 @@ incarnation's process id).
 import json
 import os
 import pathlib
+import select
 import signal
 import socket
 import subprocess
 import sys
-import time
 
-from brokerd.testing import twistd_command
+from brokerd.testing import poll_until, twistd_command
 
 SETTINGS_FILE, PID_FILE, LOG_FILE = "broker.json", "broker.pid", "broker.log"
 WAIT_SECONDS = 30.0  # for an incarnation to end after SIGKILL, or to listen
@@ -79,11 +79,8 @@ class DetachedBroker:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        deadline = time.monotonic() + WAIT_SECONDS
-        while _running(pid):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the reference broker {pid} did not end within {WAIT_SECONDS:.0f} s of SIGKILL")
-            time.sleep(POLL_SECONDS)
+        if not _ended_within(pid, WAIT_SECONDS):
+            raise RuntimeError(f"the reference broker {pid} did not end within {WAIT_SECONDS:.0f} s of SIGKILL")
         pid_file.unlink()
 
     def restart(self):
@@ -92,25 +89,32 @@ class DetachedBroker:
 
     def wait_listening(self):
         """Returns once the port takes TCP connections; RuntimeError after L{WAIT_SECONDS}."""
-        deadline = time.monotonic() + WAIT_SECONDS
-        while True:
+        def listening():
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
+                return True
             except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the reference broker did not listen on {self.port} within"
-                                       f" {WAIT_SECONDS:.0f} s; its log:\n{self.log.read_text()[-3000:]}") from None
-            time.sleep(POLL_SECONDS)
+                return None
+
+        try:
+            poll_until(listening, WAIT_SECONDS, f"listener on port {self.port}", interval=POLL_SECONDS)
+        except AssertionError as problem:
+            raise RuntimeError(f"the reference broker: {problem}; its log:\n{self.log.read_text()[-3000:]}") from None
 
 
-def _running(pid):
-    """Whether process C{pid} still runs (a zombie, dead but not yet reaped by its parent, does not)."""
+def _ended_within(pid, seconds):
+    """Waits for process C{pid} (not necessarily our child) to end, on a pidfd that becomes readable when
+    it does (a zombie has ended); whether it ended within C{seconds}."""
     try:
-        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        watcher = select.poll()
+        watcher.register(pidfd, select.POLLIN)
+        return bool(watcher.poll(seconds * 1000))
+    finally:
+        os.close(pidfd)
 
 
 def main(argv=None):

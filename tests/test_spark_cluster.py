@@ -20,13 +20,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from dataclasses import dataclass
 
 import pyspark
 import pytest
 
+from brokerd.testing import poll_until
 from tests.spark_driver import spark_environment
 from tests.spark_events import SyntheticRun
 
@@ -73,17 +73,18 @@ class SparkDaemon:
     def wait_for(self, what, found, timeout=START_SECONDS):
         """Polls C{found()} until it gives something other than None; fails naming C{what} if the daemon
         exits or C{timeout} seconds pass first."""
-        deadline = time.monotonic() + timeout
-        while True:
-            result = found()
-            if result is not None:
-                return result
+        def found_while_running():
             if self.process.poll() is not None:
                 raise AssertionError(f"the {self.name} exited ({self.process.returncode}) before {what}:\n"
                                      + self.log()[-3000:])
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {what} within {timeout} s; the {self.name} log ends:\n" + self.log()[-3000:])
-            time.sleep(0.2)
+            return found()
+
+        try:
+            return poll_until(found_while_running, timeout, what, interval=0.2)
+        except AssertionError as problem:
+            if self.process.poll() is not None:
+                raise
+            raise AssertionError(f"{problem}; the {self.name} log ends:\n" + self.log()[-3000:]) from None
 
     def wait_for_line(self, pattern):
         """The first match of C{pattern} in the log, once there."""
