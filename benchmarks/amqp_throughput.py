@@ -14,6 +14,13 @@ with one AMQP connection per role:
   together  a consumer running while N more are published; the rate counts
             until the last one is consumed (and every publish confirmed)
 
+``--queue-type`` says what is measured: ``transient`` (the default) a
+non-durable queue and transient messages; ``classic`` a durable queue and
+persistent messages; ``quorum`` a durable queue declared with
+``x-queue-type: quorum`` and persistent messages, as RabbitMQ's quorum queues
+are compared (``--connect`` to a RabbitMQ node runs the same load there). A
+broker the benchmark starts keeps durable queues with the chunked backend.
+
 With ``--scrape-every 1`` the broker also serves Prometheus metrics and a
 thread scrapes them and the management API every second while it runs (what
 monitoring costs); ``--no-management`` starts it without those listeners
@@ -42,6 +49,7 @@ from benchmarks.amqp_client import Connection, Loop
 from benchmarks.amqp_codec import (
     BASIC_ACK,
     LONG_LONG,
+    PERSISTENT_PROPERTIES,
     TRANSIENT_PROPERTIES,
     BenchmarkError,
     publish_block,
@@ -52,6 +60,27 @@ from benchmarks.report import print_results
 from benchmarks.scraper import Scraper
 
 QUEUE = "benchmark-amqp"
+
+
+class QueueType:
+    """What one --queue-type measures: the queue's name, durability and arguments, and the messages' properties."""
+
+    def __init__(self, queue, durable, arguments, properties):
+        self.queue = queue
+        self.durable = durable
+        self.arguments = arguments
+        self.properties = properties
+
+    def declare(self):
+        return commands.Queue.Declare(queue=self.queue, durable=self.durable, arguments=self.arguments)
+
+
+# Each type has its own queue, so one broker can be measured with each in turn.
+QUEUE_TYPES = {
+    "transient": QueueType(QUEUE, False, None, TRANSIENT_PROPERTIES),
+    "classic": QueueType(f"{QUEUE}-classic", True, None, PERSISTENT_PROPERTIES),
+    "quorum": QueueType(f"{QUEUE}-quorum", True, {"x-queue-type": "quorum"}, PERSISTENT_PROPERTIES),
+}
 
 
 class Publisher:
@@ -169,25 +198,28 @@ class Consumer:
                 self.finished_at = time.perf_counter()
 
 
-def measure(host, port, messages, size, window, prefetch, ack_every, broker_pid=None):
+def measure(host, port, messages, size, window, prefetch, ack_every, broker_pid=None, queue_type="transient"):
     """
-    Runs the three phases; returns a dict of rates in messages per second and,
-    for each, the cores process C{broker_pid} kept busy meanwhile (None without it).
+    Runs the three phases on the queue of C{queue_type} (a L{QUEUE_TYPES}
+    key); returns a dict of rates in messages per second and, for each, the
+    cores process C{broker_pid} kept busy meanwhile (None without it).
     """
+    kind = QUEUE_TYPES[queue_type]
     loop = Loop()
     publishing = Connection(loop, host, port, "benchmark-publisher")
     consuming = Connection(loop, host, port, "benchmark-consumer")
     try:
         publishing.open()
         consuming.open()
-        publishing.rpc(commands.Queue.Declare(queue=QUEUE), commands.Queue.DeclareOk)
-        publishing.rpc(commands.Queue.Purge(queue=QUEUE), commands.Queue.PurgeOk)
+        publishing.rpc(kind.declare(), commands.Queue.DeclareOk)
+        publishing.rpc(commands.Queue.Purge(queue=kind.queue), commands.Queue.PurgeOk)
         publishing.rpc(commands.Confirm.Select(), commands.Confirm.SelectOk)
         consuming.rpc(commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.QosOk)
-        results = {"messages": messages, "size": size}
+        results = {"messages": messages, "size": size, "queue_type": queue_type}
 
         def publish(first_number, first_tag):
-            publisher = Publisher(publishing, messages, size, window, first_number, first_tag)
+            publisher = Publisher(publishing, messages, size, window, first_number, first_tag, kind.queue,
+                                  kind.properties)
             publisher.start()
             return publisher
 
@@ -205,7 +237,7 @@ def measure(host, port, messages, size, window, prefetch, ack_every, broker_pid=
         results["publish_broker_cpu"] = broker_cores
 
         # consume: the N queued, until the last delivery
-        consumer = Consumer(consuming, messages, size, ack_every, 0)
+        consumer = Consumer(consuming, messages, size, ack_every, 0, kind.queue)
         broker_cpu = CpuWindow(broker_pid).start()
         started = time.perf_counter()
         consumer.start()
@@ -218,7 +250,7 @@ def measure(host, port, messages, size, window, prefetch, ack_every, broker_pid=
         consumer.cancel()
 
         # together: a consumer running while N more are published, until the last consumed
-        consumer = Consumer(consuming, messages, size, ack_every, messages)
+        consumer = Consumer(consuming, messages, size, ack_every, messages, kind.queue)
         consumer.start()
         broker_cpu = CpuWindow(broker_pid).start()
         started = time.perf_counter()
@@ -259,6 +291,9 @@ def build_parser():
     parser.add_argument("--window", type=int, default=2000, help="most unconfirmed publishes")
     parser.add_argument("--prefetch", type=int, default=1000)
     parser.add_argument("--ack-every", type=int, default=100)
+    parser.add_argument("--queue-type", choices=sorted(QUEUE_TYPES), default="transient",
+                        help="transient: a non-durable queue, transient messages; classic: a durable queue, persistent"
+                             " messages; quorum: the same declared with x-queue-type quorum")
     parser.add_argument("--connect", type=parse_address, metavar="HOST:PORT",
                         help="AMQP address of a running broker (default: start one)")
     parser.add_argument("--broker-pid", type=int, metavar="PID",
@@ -275,7 +310,8 @@ def build_parser():
 
 def broker_arguments(options):
     """The broker's command line for these options: with metrics when scraped, without listeners if asked."""
-    arguments = ["--backend=memory", "--amqp", "tcp:0:interface=127.0.0.1", "--native", "none"]
+    backend = "memory" if options.queue_type == "transient" else "chunked"
+    arguments = [f"--backend={backend}", "--amqp", "tcp:0:interface=127.0.0.1", "--native", "none"]
     if options.no_management:
         return [*arguments, "--http", "none", "--prometheus", "none"]
     if options.scrape_every:
@@ -316,7 +352,7 @@ def main(argv=None):
         if scraper is not None:
             scraper.start()
         results = measure(*address, options.messages, options.size, options.window, options.prefetch,
-                          options.ack_every, broker_pid)
+                          options.ack_every, broker_pid, options.queue_type)
         if scraper is not None:
             scraper.stop()
             results["scrapes"] = scraper.rounds
@@ -329,7 +365,7 @@ def main(argv=None):
     finally:
         if broker is not None:
             broker.stop()
-    print_results(results, "AMQP 0-9-1", options.json)
+    print_results(results, f"AMQP 0-9-1 to a {options.queue_type} queue", options.json)
     return results
 
 

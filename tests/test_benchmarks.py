@@ -5,11 +5,13 @@ The broker's CPU figures they print are checked to be there and possible, and
 the helper that reads them (L{benchmarks.processcpu}) against real busy processes.
 """
 
+import base64
 import json
 import os
 import pathlib
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
@@ -105,6 +107,28 @@ def test_amqp_throughput_benchmark_reads_the_cpu_of_a_connected_broker_only_when
     assert [(line[0], line[-4:]) for line in phase_lines] == [
         (phase, ["broker", "n/a", "cores", "busy"]) for phase in PHASES
     ], table
+
+
+def test_amqp_throughput_benchmark_measures_durable_and_quorum_queues_with_persistent_messages(tmp_path):
+    broker = BrokerProcess(["--backend=chunked", "--data-dir", str(tmp_path / "data")], tmp_path)
+    try:
+        address = broker.wait_listening("AMQP")
+        host, port = broker.wait_address("HTTP API")
+        for queue_type in ("classic", "quorum"):
+            results = json.loads(run_benchmark(
+                "benchmarks.amqp_throughput", "--messages", "2000", "--window", "500", "--prefetch", "200",
+                "--queue-type", queue_type, "--connect", address, "--json"))
+            assert results["queue_type"] == queue_type
+            assert all(results[f"{phase}_per_s"] > 0 for phase in PHASES), results
+            request = urllib.request.Request(f"http://{host}:{port}/api/queues/%2F/benchmark-amqp-{queue_type}")
+            request.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+            with urllib.request.urlopen(request, timeout=30) as response:
+                queue = json.load(response)
+            assert (queue["type"], queue["durable"], queue["messages"]) == (queue_type, True, 0), queue
+    finally:
+        broker.stop()
+    stats = json.loads(broker.wait_for_output("store stats at stop: ").split("store stats at stop: ", 1)[1])
+    assert stats["appends"] == 2 * 2 * 2000, stats  # persistent: every message of both phases of both queues stored
 
 
 def test_native_throughput_benchmark_reports_no_cpu_for_a_connected_broker_without_its_pid(running_broker):
