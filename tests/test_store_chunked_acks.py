@@ -10,8 +10,15 @@ from twisted.internet import defer
 from twisted.trial import unittest
 
 from backends.chunked.ackformat import ACK_LOG_MAGIC, decode_checkpoint
-from tests.store_contract import JOBS, message
-from tests.test_store_chunked import ChunkedStores, contents, index_chunk_numbers, index_dir
+from tests.store_contract import AUDIT, JOBS, message
+from tests.test_store_chunked import (
+    ChunkedStores,
+    big,
+    chunk_numbers,
+    contents,
+    index_chunk_numbers,
+    index_dir,
+)
 
 
 class ChunkedAckLogTests(ChunkedStores, unittest.TestCase):
@@ -136,3 +143,68 @@ class ChunkedDeliveryCountTests(ChunkedStores, unittest.TestCase):
         crashed = yield self.open_store(crashed_dir)
         self.assertEqual(crashed.delivery_counts(JOBS), {handles[1]: 1})
         self.assertEqual(self.bodies(crashed), [b"m0", b"m1", b"m2"])
+
+
+class ChunkedAckRunTests(ChunkedStores, unittest.TestCase):
+    """
+    A commit's acks that are a queue's oldest entries in order (a multiple
+    ack) are taken as one run; they must leave the store as acking them one
+    commit at a time does.
+    """
+
+    @defer.inlineCallbacks
+    def acked_each_way(self, published, acked, queues=(JOBS,)):
+        """Two stores of C{published}: one acks C{acked} (indexes) in one commit, one a commit per ack."""
+        together, handles = yield self.store_with(published, queues)
+        for number in acked:
+            together.ack(JOBS, handles[number])
+        yield together.sync()
+        one_by_one, handles = yield self.store_with(published, queues)
+        for number in acked:
+            one_by_one.ack(JOBS, handles[number])
+            yield one_by_one.sync()
+        return together, one_by_one
+
+    @defer.inlineCallbacks
+    def assertSameStores(self, together, one_by_one, queue=JOBS):
+        """The same held counts and chunks, and after a crash the same messages; the crashed C{together}."""
+        held = ("messages", "bytes", "chunks")
+        self.assertEqual({key: together.stats()[key] for key in held}, {key: one_by_one.stats()[key] for key in held})
+        self.assertEqual(chunk_numbers(together), chunk_numbers(one_by_one))
+        together = yield self.reopen_after_crash(together)
+        one_by_one = yield self.reopen_after_crash(one_by_one)
+        self.assertEqual(self.bodies(together, queue), self.bodies(one_by_one, queue))
+        return together
+
+    @defer.inlineCallbacks
+    def test_a_run_across_chunks_deletes_the_chunks_it_empties_and_survives_a_crash(self):
+        published = [big(number) for number in range(10)]  # three to a 4 KiB chunk
+        together, one_by_one = yield self.acked_each_way(published, range(7))
+        self.assertEqual(chunk_numbers(together), [2, 3], "chunks 0 and 1 held only acked messages")
+        self.assertEqual(together.stats()["messages"], 3)
+        crashed = yield self.assertSameStores(together, one_by_one)
+        self.assertEqual(self.bodies(crashed), [big(number).body for number in range(7, 10)])
+
+    @defer.inlineCallbacks
+    def test_acks_after_an_out_of_order_one_and_acks_of_shared_messages_count_as_one_at_a_time(self):
+        published = [big(number) for number in range(10)]
+        together, one_by_one = yield self.acked_each_way(published, [5, 0, 1, 2, 3, 4, 6])
+        crashed = yield self.assertSameStores(together, one_by_one)
+        self.assertEqual(self.bodies(crashed), [big(number).body for number in range(7, 10)])
+        together, one_by_one = yield self.acked_each_way(published, range(9), queues=(JOBS, AUDIT))
+        self.assertEqual(chunk_numbers(together), [0, 1, 2, 3], "the audit queue still holds every message")
+        crashed = yield self.assertSameStores(together, one_by_one, AUDIT)
+        self.assertEqual(self.bodies(crashed, AUDIT), [message.body for message in published])
+        self.assertEqual(self.bodies(crashed), [big(9).body])
+
+    @defer.inlineCallbacks
+    def test_delivery_counts_of_a_run_go_with_it(self):
+        store, handles = yield self.store_with([message(b"m%d" % number) for number in range(6)])
+        store.returned(JOBS, handles[1], 2)
+        store.returned(JOBS, handles[4], 1)
+        yield store.sync()
+        for handle in handles[:3]:
+            store.ack(JOBS, handle)
+        yield store.sync()
+        crashed = yield self.reopen_after_crash(store)
+        self.assertEqual((self.bodies(crashed), crashed.delivery_counts(JOBS)), ([b"m3", b"m4", b"m5"], {handles[4]: 1}))

@@ -26,6 +26,7 @@ sync policy); then it picks the next slice of a compaction.
 import os
 import shutil
 import time
+from collections import Counter
 from typing import NamedTuple
 
 from twisted.logger import Logger
@@ -371,11 +372,15 @@ class ChunkedFiles:
         index = self._indexes.get(queue)
         if index is None:
             return
-        ack, release = index.ack, self._release
-        for handle in handles:
-            size = ack(handle)
-            if size is not None:
-                release(handle, size)
+        sizes = index.ack_run(handles) if len(handles) > 1 else None
+        if sizes is not None:
+            self._release_run(handles, sizes)
+        else:
+            ack, release = index.ack, self._release
+            for handle in handles:
+                size = ack(handle)
+                if size is not None:
+                    release(handle, size)
         index.write_acks()
 
     def delayed_window(self, cursor, until, limit):
@@ -408,6 +413,28 @@ class ChunkedFiles:
             self._forget_moved(handle)
         if remaining == 0:
             self.note_if_consumed(number)
+
+    def _release_run(self, handles, sizes):
+        """
+        L{_release} for a run of handles in log order that one queue let go.
+        When none is held by another queue or moved by compaction, the counts
+        change once per chunk instead of once per message.
+        """
+        held = self.held
+        if self.moves or self.compactor.moving or held.shared:
+            for handle, size in zip(handles, sizes):
+                self._release(handle, size)
+            return
+        held.messages -= len(handles)
+        held.bytes -= sum(sizes)
+        data_size, references = self.log.data_size, self._references
+        first, last = handles[0] // data_size, handles[-1] // data_size
+        counts = {first: len(handles)} if first == last else Counter(handle // data_size for handle in handles)
+        for number, count in counts.items():
+            remaining = references[number] - count
+            references[number] = remaining
+            if remaining == 0:
+                self.note_if_consumed(number)
 
     def _forget_moved(self, handle):
         """No queue holds C{handle} any more: drop its pair, and it from a compaction under way."""

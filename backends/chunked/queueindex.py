@@ -364,6 +364,27 @@ class QueueIndex:
         self._advance_mark()
         return size
 
+    def ack_run(self, handles):
+        """
+        Mark acked C{handles} that are the queue's oldest un-acked entries, in
+        order (what a consumer's multiple ack settles): their body lengths, in
+        one pass. None, with nothing marked, if they are not exactly those
+        entries or other entries were acked out of order; then L{ack} takes
+        them one at a time.
+        """
+        window, mark = self._window, self.mark
+        start, count = mark - self._window_base, len(handles)
+        if self._acked or window[start : start + count] != array("Q", handles):
+            return None
+        if self._delivery_counts:
+            for entry in range(mark, mark + count):
+                self._delivery_counts.pop(entry, None)
+        self._new_acks.extend(range(mark, mark + count))
+        sizes = self._sizes[start : start + count]
+        self.mark = mark + count
+        self._trim_window()
+        return sizes
+
     def returned(self, handle, count):
         """Note the delivery count of C{handle}'s entry; ignored if the queue holds no un-acked entry for it."""
         window, base = self._window, self._window_base
@@ -379,6 +400,11 @@ class QueueIndex:
             acked.remove(mark)
             mark += 1
         self.mark = mark
+        self._trim_window()
+
+    def _trim_window(self):
+        """Drop the window's acked head once it is most of the window (and over 4096 entries)."""
+        mark = self.mark
         dropped = mark - self._window_base
         if dropped > 4096 and dropped * 2 > len(self._window):
             del self._window[:dropped]
