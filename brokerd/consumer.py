@@ -80,5 +80,5 @@ def delivered_message(entry):
     """The message as its consumer gets it: a redelivery says how often it was returned (x-delivery-count),
     and so does every delivery from a quorum queue, its first with 0, as RabbitMQ's quorum queues do."""
     if entry.delivery_count or entry.queue.policy.quorum:
-        return entry.message.with_header("x-delivery-count", entry.delivery_count)
+        return entry.message.with_delivery_count(entry.delivery_count)
     return entry.message

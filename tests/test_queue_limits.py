@@ -250,6 +250,32 @@ def test_the_delivery_count_header_joins_the_users_headers(broker):
     assert message.headers == {"app": "kept", "x-delivery-count": 1}
 
 
+def test_quorum_deliveries_count_from_zero_with_each_message_keeping_its_own_headers(broker):
+    channel, _ = open_channel(broker)
+    channel.queue_declare("q", durable=True, arguments={"x-queue-type": "quorum"})
+    shared = properties()
+    shared.headers.fields.add(name="app").value.string_value = "shared"
+    own = properties()
+    own.headers.fields.add(name="app").value.string_value = "own"
+    own.headers.fields.add(name="x-delivery-count").value.integer_value = 7  # the broker's count replaces it
+    for props, body in ((shared, b"s1"), (own, b"o1"), (shared, b"s2"), (properties(), b"plain")):
+        channel.basic_publish("", "q", props, body)
+    first = [channel.basic_get("q") for _ in range(4)]
+    assert [(message.body, message.headers) for _, _, message, _ in first] == [
+        (b"s1", {"app": "shared", "x-delivery-count": 0}),
+        (b"o1", {"app": "own", "x-delivery-count": 0}),
+        (b"s2", {"app": "shared", "x-delivery-count": 0}),
+        (b"plain", {"x-delivery-count": 0}),
+    ]
+    for tag, *_ in first[:2]:
+        channel.basic_nack(tag, requeue=True)
+    again = [channel.basic_get("q")[2] for _ in range(2)]
+    assert [(message.body, message.headers) for message in again] == [
+        (b"s1", {"app": "shared", "x-delivery-count": 1}),
+        (b"o1", {"app": "own", "x-delivery-count": 1}),
+    ]
+
+
 # -- x-delivery-limit
 
 

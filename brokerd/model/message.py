@@ -8,6 +8,22 @@ from brokerd.proto import messages_pb2
 from brokerd.proto.tables import dict_to_table, table_to_dict
 
 PERSISTENT = messages_pb2.PERSISTENT
+DELIVERY_COUNT = "x-delivery-count"
+COUNTED_CACHE_ENTRIES = 256
+# (id(properties), count) -> (properties, their copy with that x-delivery-count): holding the
+# original keeps its id from being reused while the entry lives.
+_counted_properties = {}
+
+
+def _with_header(properties, name, value):
+    """A copy of C{properties} whose headers say C{name}: C{value}, replacing any of that name."""
+    copy = messages_pb2.BasicProperties()
+    copy.CopyFrom(properties)
+    kept = [field for field in copy.headers.fields if field.name != name]
+    del copy.headers.fields[:]
+    copy.headers.fields.extend(kept)
+    dict_to_table({name: value}, copy.headers)
+    return copy
 
 
 class Message:
@@ -48,15 +64,20 @@ class Message:
             self._headers = table_to_dict(self.properties.headers)
         return self._headers
 
-    def with_header(self, name, value):
-        """A copy whose headers say C{name}: C{value} (replacing any of that name); the body is shared."""
-        properties = messages_pb2.BasicProperties()
-        properties.CopyFrom(self.properties)
-        kept = [field for field in properties.headers.fields if field.name != name]
-        del properties.headers.fields[:]
-        properties.headers.fields.extend(kept)
-        dict_to_table({name: value}, properties.headers)
-        return Message(self.exchange, self.routing_key, properties, self.body)
+    def with_delivery_count(self, count):
+        """
+        A copy whose headers say x-delivery-count: C{count} (replacing any),
+        for a quorum queue's deliveries and redeliveries; the body is shared. Messages that share properties share the copy's
+        properties too (the last L{COUNTED_CACHE_ENTRIES} kinds), so a
+        protocol adapter encodes them once, not once per delivery.
+        """
+        key = (id(self.properties), count)
+        cached = _counted_properties.get(key)
+        if cached is None:
+            if len(_counted_properties) >= COUNTED_CACHE_ENTRIES:
+                _counted_properties.clear()
+            cached = _counted_properties[key] = (self.properties, _with_header(self.properties, DELIVERY_COUNT, count))
+        return Message(self.exchange, self.routing_key, cached[1], self.body)
 
     @classmethod
     def from_record(cls, record):
