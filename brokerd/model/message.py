@@ -67,9 +67,11 @@ class Message:
     def with_delivery_count(self, count):
         """
         A copy whose headers say x-delivery-count: C{count} (replacing any),
-        for a quorum queue's deliveries and redeliveries; the body is shared. Messages that share properties share the copy's
-        properties too (the last L{COUNTED_CACHE_ENTRIES} kinds), so a
-        protocol adapter encodes them once, not once per delivery.
+        for a delivery that counts returns (every one from a quorum queue, a
+        redelivery from any); the body is shared. Messages that share
+        properties share the copy's properties too (the last
+        L{COUNTED_CACHE_ENTRIES} kinds), so a protocol adapter encodes them
+        once, not once per delivery.
         """
         key = (id(self.properties), count)
         cached = _counted_properties.get(key)
