@@ -415,11 +415,8 @@ class ChunkedFiles:
             self.note_if_consumed(number)
 
     def _release_run(self, handles, sizes):
-        """
-        L{_release} for a run of handles in log order that one queue let go.
-        When none is held by another queue or moved by compaction, the counts
-        change once per chunk instead of once per message.
-        """
+        """L{_release} for a run of handles in log order that one queue let go: when no other queue holds them
+        and compaction moves none, the counts change once per chunk, not once per message."""
         held = self.held
         if self.moves or self.compactor.moving or held.shared:
             for handle, size in zip(handles, sizes):
