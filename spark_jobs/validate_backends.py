@@ -255,8 +255,9 @@ def _run_settings(arguments):
 
 
 def produce_runs(arguments, progress, timings):
-    """Runs the workload (unless reusing runs) for every backend and reference and the export (unless keeping the
-    exports) for every backend, noting each one's wall time in C{timings} (C{workload_seconds} and C{export_seconds}, per label)."""
+    """Runs the workload (unless reusing runs) for every backend and reference and the export (unless keeping
+    the exports) for every backend, noting each one's wall time in C{timings} (C{workload_seconds} and
+    C{export_seconds}, per label)."""
     settings = settings_from_arguments(arguments)
     runs = [(label, backend, None) for label, backend in arguments.backends]
     runs += [(reference.label, None, reference) for reference in arguments.references]

@@ -199,7 +199,7 @@ def test_process_cpu_of_a_finished_process_or_of_none_is_unknown():
 
 
 HOLDER = """
-import subprocess, sys
+import sys
 held = bytearray(int(sys.argv[1]) << 20)  # zero-filled: every page touched
 print("holding", flush=True)
 sys.stdin.readline()

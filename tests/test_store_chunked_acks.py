@@ -207,4 +207,5 @@ class ChunkedAckRunTests(ChunkedStores, unittest.TestCase):
             store.ack(JOBS, handle)
         yield store.sync()
         crashed = yield self.reopen_after_crash(store)
-        self.assertEqual((self.bodies(crashed), crashed.delivery_counts(JOBS)), ([b"m3", b"m4", b"m5"], {handles[4]: 1}))
+        self.assertEqual((self.bodies(crashed), crashed.delivery_counts(JOBS)),
+                         ([b"m3", b"m4", b"m5"], {handles[4]: 1}))

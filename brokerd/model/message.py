@@ -8,21 +8,20 @@ from brokerd.proto import messages_pb2
 from brokerd.proto.tables import dict_to_table, table_to_dict
 
 PERSISTENT = messages_pb2.PERSISTENT
-DELIVERY_COUNT = "x-delivery-count"
 COUNTED_CACHE_ENTRIES = 256
 # (id(properties), count) -> (properties, their copy with that x-delivery-count): holding the
 # original keeps its id from being reused while the entry lives.
 _counted_properties = {}
 
 
-def _with_header(properties, name, value):
-    """A copy of C{properties} whose headers say C{name}: C{value}, replacing any of that name."""
+def _with_delivery_count(properties, count):
+    """A copy of C{properties} whose headers say x-delivery-count: C{count}, replacing any such header."""
     copy = messages_pb2.BasicProperties()
     copy.CopyFrom(properties)
-    kept = [field for field in copy.headers.fields if field.name != name]
+    kept = [field for field in copy.headers.fields if field.name != "x-delivery-count"]
     del copy.headers.fields[:]
     copy.headers.fields.extend(kept)
-    dict_to_table({name: value}, copy.headers)
+    dict_to_table({"x-delivery-count": count}, copy.headers)
     return copy
 
 
@@ -78,7 +77,7 @@ class Message:
         if cached is None:
             if len(_counted_properties) >= COUNTED_CACHE_ENTRIES:
                 _counted_properties.clear()
-            cached = _counted_properties[key] = (self.properties, _with_header(self.properties, DELIVERY_COUNT, count))
+            cached = _counted_properties[key] = (self.properties, _with_delivery_count(self.properties, count))
         return Message(self.exchange, self.routing_key, cached[1], self.body)
 
     @classmethod
