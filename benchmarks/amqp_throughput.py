@@ -34,7 +34,7 @@ that phase (its CPU seconds over the phase's wall seconds, from /proc: 1.0 is
 one core busy throughout); with ``--connect`` only when ``--broker-pid`` names
 the broker's process on this machine, otherwise "n/a" (null in ``--json``).
 
-The client (L{benchmarks.amqp_client}) pipelines on raw sockets and costs far
+The client (L{brokerd.loadgen.amqp_client}) pipelines on raw sockets and costs far
 less than the broker, so the figures are the broker's, not the client's.
 """
 
@@ -45,8 +45,10 @@ import time
 
 from pamqp import commands
 
-from benchmarks.amqp_client import Connection, Loop
-from benchmarks.amqp_codec import (
+from benchmarks.report import print_results
+from benchmarks.scraper import Scraper
+from brokerd.loadgen.amqp_client import Connection, Loop
+from brokerd.loadgen.amqp_codec import (
     BASIC_ACK,
     LONG_LONG,
     PERSISTENT_PROPERTIES,
@@ -55,9 +57,7 @@ from benchmarks.amqp_codec import (
     publish_block,
     settle_frame,
 )
-from benchmarks.processcpu import CpuWindow
-from benchmarks.report import print_results
-from benchmarks.scraper import Scraper
+from brokerd.loadgen.process_cpu import CpuWindow
 
 QUEUE = "benchmark-amqp"
 

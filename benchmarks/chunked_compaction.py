@@ -26,9 +26,9 @@ import time
 from twisted.internet import defer, task
 
 from backends.chunked import backend
-from brokerd.durability import SyncPolicy
 from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
+from brokerd.storage.durability import SyncPolicy
 
 SETTLE_SECONDS = 60  # at most, after the queues are drained
 

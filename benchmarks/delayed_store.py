@@ -27,10 +27,10 @@ import time
 
 from twisted.internet import defer, task
 
-from brokerd import storeregistry
-from brokerd.durability import SyncPolicy
 from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
+from brokerd.storage import registry
+from brokerd.storage.durability import SyncPolicy
 
 EXCHANGE = ("/", "delayed-benchmark")
 FOREVER = (1 << 63) - 1
@@ -74,7 +74,7 @@ def measure(arguments, reactor):
     now = int(time.time() * 1000)
     results = {"backend": arguments.backend, "sync": arguments.sync, "messages": arguments.messages,
                "max_delay_ms": arguments.max_delay, "size": arguments.size}
-    store = storeregistry.make_store(arguments.backend, data_dir, policy, reactor=reactor)
+    store = registry.make_store(arguments.backend, data_dir, policy, reactor=reactor)
     try:
         yield store.open()
         started = time.perf_counter()
@@ -91,7 +91,7 @@ def measure(arguments, reactor):
         started = time.perf_counter()
         if store.durable:  # a store that is not durable stands for itself after a "reopen"
             yield store.close()
-            store = storeregistry.make_store(arguments.backend, data_dir, policy, reactor=reactor)
+            store = registry.make_store(arguments.backend, data_dir, policy, reactor=reactor)
             yield store.open()
         results["reopen_s"] = time.perf_counter() - started
         results["reopen_rss_mib"] = resident_kib() / 1024

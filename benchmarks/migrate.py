@@ -33,11 +33,11 @@ import time
 
 from twisted.internet import defer, task
 
-from brokerd import storeregistry
-from brokerd.durability import SyncPolicy
 from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
 from brokerd.proto.tables import dict_to_table
+from brokerd.storage import registry
+from brokerd.storage.durability import SyncPolicy
 
 FILL_SYNC_EVERY = 10_000
 TIMES = re.compile(r"copied in (?P<copy>[\d.]+) s, checked in (?P<check>[\d.]+) s")
@@ -61,7 +61,7 @@ def parse_arguments(argv=None):
 @defer.inlineCallbacks
 def fill(arguments, data_dir, reactor):
     """Write the source store; returns the number of queue entries (messages counted per queue holding them)."""
-    store = storeregistry.make_store(arguments.source, data_dir, SyncPolicy("none"), reactor=reactor)
+    store = registry.make_store(arguments.source, data_dir, SyncPolicy("none"), reactor=reactor)
     yield store.open()
     queues = [("/", f"migrate-bench-{number}") for number in range(arguments.queues)]
     for vhost, name in queues:

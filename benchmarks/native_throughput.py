@@ -26,8 +26,8 @@ import time
 
 from twisted.internet import defer, task
 
-from benchmarks.processcpu import CpuWindow
 from benchmarks.report import print_results
+from brokerd.loadgen.process_cpu import CpuWindow
 from brokerd.native.client import connect
 
 QUEUE = "benchmark"

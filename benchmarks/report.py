@@ -2,7 +2,7 @@
 
 import json
 
-from benchmarks.processcpu import format_cores
+from brokerd.loadgen.process_cpu import format_cores
 
 PHASES = ("publish", "consume", "together")
 

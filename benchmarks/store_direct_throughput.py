@@ -13,10 +13,10 @@ import time
 
 from twisted.internet import defer, task
 
-from brokerd import storeregistry
-from brokerd.durability import SyncPolicy
 from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
+from brokerd.storage import registry
+from brokerd.storage.durability import SyncPolicy
 
 QUEUE = ("/", "bench")
 
@@ -47,7 +47,7 @@ def timed(store, batches, operation):
 @defer.inlineCallbacks
 def measure(arguments, reactor):
     data_dir = arguments.data_dir or tempfile.mkdtemp(prefix="brokerd-store-bench-")
-    store = storeregistry.make_store(arguments.backend, data_dir, SyncPolicy.parse(arguments.sync), reactor=reactor)
+    store = registry.make_store(arguments.backend, data_dir, SyncPolicy.parse(arguments.sync), reactor=reactor)
     yield store.open()
     store.save_queue(messages_pb2.QueueRecord(vhost=QUEUE[0], name=QUEUE[1], durable=True))
     properties = messages_pb2.BasicProperties(delivery_mode=messages_pb2.PERSISTENT, content_type="application/octet-stream")

@@ -6,7 +6,7 @@
 For each backend, sync mode and message size (N bodies of 100 bytes, then N/10
 of 64 KiB) it starts ``twistd -n brokerd --backend=B --sync=S`` on a fresh data
 directory and measures, over AMQP with the pipelining raw-socket client of
-L{benchmarks.amqp_client}:
+L{brokerd.loadgen.amqp_client}:
 
   publish   N persistent messages (delivery mode 2) to a durable queue with
             publisher confirms, at most --window unconfirmed; the rate counts
@@ -43,10 +43,10 @@ import time
 
 from pamqp import commands
 
-from benchmarks.amqp_client import Connection, Loop
-from benchmarks.amqp_codec import PERSISTENT_PROPERTIES, BenchmarkError
 from benchmarks.amqp_throughput import Consumer, Publisher, parse_address
-from benchmarks.processcpu import CpuWindow, cpu_seconds, format_cores
+from brokerd.loadgen.amqp_client import Connection, Loop
+from brokerd.loadgen.amqp_codec import PERSISTENT_PROPERTIES, BenchmarkError
+from brokerd.loadgen.process_cpu import CpuWindow, cpu_seconds, format_cores
 from brokerd.testing import BrokerProcess
 
 QUEUE = "benchmark-store"

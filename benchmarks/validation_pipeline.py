@@ -8,7 +8,7 @@ Runs C{spark_jobs.validate_backends} with those flags (the report goes to
 --out, a fresh temporary directory by default, kept), then prints one JSON
 object: the verdict, the wall time of each backend's workload and export and
 of the Spark job, and per backend the throughput and latency figures of the
-report. Its small version is C{tests/test_spark_pipeline.py}.
+report. Its small version is C{tests/spark/test_pipeline.py}.
 """
 
 import argparse

@@ -27,8 +27,8 @@ import sys
 import tempfile
 import time
 
-from benchmarks.processmemory import PeakResidentMemory
 from benchmarks.synthetic_runs import DEFAULT_BACKENDS, write_runs
+from brokerd.loadgen.process_memory import PeakResidentMemory
 from spark_jobs import events
 
 MIB = 1 << 20

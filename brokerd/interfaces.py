@@ -1,6 +1,6 @@
 """The contracts between brokerd's layers.
 
-Protocol adapters sit on top of L{brokerd.model} and L{brokerd.channel}; the model
+Protocol adapters sit on top of L{brokerd.model} and L{brokerd.session.channel}; the model
 reaches storage only through L{IMessageStore}, and every store hands messages
 back as one neutral L{MessageRecord}; a storage backend is found by name
 through L{IStoreBackend}, and a vhost with a store of its own has it built
@@ -346,9 +346,9 @@ class IStoreBackend(Interface):
         @param data_dir: the directory the broker keeps its data in
             (C{--data-dir}); a backend keeps its files under it unless an
             option says otherwise.
-        @param sync_policy: a L{brokerd.durability.SyncPolicy} (C{--sync}):
+        @param sync_policy: a L{brokerd.storage.durability.SyncPolicy} (C{--sync}):
             when C{sync()} may fire. Durable backends commit through a
-            L{brokerd.durability.GroupCommit} built with it.
+            L{brokerd.storage.durability.GroupCommit} built with it.
         @param reactor: the reactor whose clock and threads a durable
             store's commits run on; no store falls back to the global one.
         @param options: the backend string's C{key=value} options, as strings,
@@ -361,19 +361,19 @@ class IStoreBackend(Interface):
 
 class ITimedCommits(Interface):
     """
-    A store whose commits go through a L{brokerd.durability.GroupCommit}
+    A store whose commits go through a L{brokerd.storage.durability.GroupCommit}
     (every durable backend's): how long they took, for the metrics.
     """
 
     def commit_times():
-        """The store's L{brokerd.durability.CommitTimes}, or None before it has opened."""
+        """The store's L{brokerd.storage.durability.CommitTimes}, or None before it has opened."""
 
 
 class IVhostStores(Interface):
     """
     The stores of the vhosts that have one of their own (created with a
     backend string): where their files live, building, opening and removing
-    them (L{brokerd.vhoststores.VhostStores}).
+    them (L{brokerd.storage.vhost_stores.VhostStores}).
     """
 
     def make(vhost, backend):

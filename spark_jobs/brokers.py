@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import pika
 from zope.interface import Attribute, Interface, implementer
 
-from benchmarks.processcpu import cpu_seconds
+from brokerd.loadgen.process_cpu import cpu_seconds
 from brokerd.testing import BrokerProcess
 from spark_jobs.events import BACKEND_RUN, REFERENCE_RUN
 from spark_jobs.plan import CONSUMED_QUEUE_PREFIX, EXCHANGE_PREFIX, PARKED_QUEUE_PREFIX

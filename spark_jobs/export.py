@@ -2,7 +2,7 @@
 message and queue holding it, in the same format for every durable backend.
 
 The store is read through its backend's own store class (built from the
-backend string by L{brokerd.storeregistry.make_store}, opened and recovered as
+backend string by L{brokerd.storage.registry.make_store}, opened and recovered as
 a restarting broker would), never by parsing its files here: the export sees
 exactly what a broker would recover, and repairs what a restart repairs (a
 torn tail is cut off, and the store's warning shown). Lines are written as
@@ -30,9 +30,9 @@ from twisted.logger import (
     globalLogBeginner,
 )
 
-from brokerd import storeregistry
 from brokerd.interfaces import IDelayedMessageStore, IPagingStore, StoreCorrupted
 from brokerd.proto import messages_pb2
+from brokerd.storage import registry
 from spark_jobs import events
 
 PROGRAM = "python -m spark_jobs.export"
@@ -56,8 +56,8 @@ def build_store(backend, data_dir, reactor):
         store of that backend (opening would create an empty one).
     """
     try:
-        store = storeregistry.make_store(backend, data_dir, reactor=reactor)
-    except storeregistry.BackendError as problem:
+        store = registry.make_store(backend, data_dir, reactor=reactor)
+    except registry.BackendError as problem:
         raise ExportError(str(problem)) from None
     if not store.durable:
         raise ExportError(f"the {store.name} backend keeps nothing on disk: there is no store to export")

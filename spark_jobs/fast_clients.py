@@ -1,6 +1,6 @@
 """The workload's fast clients: the same publishers and consumers as
 L{spark_jobs.clients}, logging the same events, but on the pipelining
-raw-socket client of the benchmarks (L{benchmarks.amqp_client}) instead of
+raw-socket client of the benchmarks (L{brokerd.loadgen.amqp_client}) instead of
 pika, so that they cost a fraction of what the broker does and the run
 measures the broker. Each is one OS process with one connection; it
 reconnects to the broker's next incarnation after a crash, one session later.
@@ -16,8 +16,8 @@ import time
 
 from pamqp import commands
 
-from benchmarks.amqp_client import BrokerGone, Connection, Loop
-from benchmarks.amqp_codec import (
+from brokerd.loadgen.amqp_client import BrokerGone, Connection, Loop
+from brokerd.loadgen.amqp_codec import (
     BASIC_NACK,
     BASIC_REJECT,
     BenchmarkError,

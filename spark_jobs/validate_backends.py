@@ -33,12 +33,12 @@ import pathlib
 import re
 import shutil
 import sys
-import time
 import tempfile
+import time
 
 from twisted.internet.task import Clock
 
-from brokerd.storeregistry import BackendError, make_store, split_backend_string
+from brokerd.storage.registry import BackendError, make_store, split_backend_string
 from spark_jobs import events
 from spark_jobs.brokers import parse_amqp_url
 from spark_jobs.progress import ProgressPrinter
@@ -311,7 +311,7 @@ def _export(label, backend, run_dir, step, progress, timings):
 def analyse(arguments, settings, progress, timings):
     """Runs the Spark job over every run, noting each step's wall time in C{timings}
     (C{spark_step_seconds}, the session's start included); the summary."""
-    from spark_jobs.analysis import create_session, analyse_runs
+    from spark_jobs.analysis import analyse_runs, create_session
     from spark_jobs.tables import RunInputError
 
     progress(f"Spark job over {', '.join(run_labels(arguments))}")

@@ -27,7 +27,7 @@ import time
 
 import pika
 
-from brokerd import storeregistry
+from brokerd.storage import registry
 from spark_jobs import clients as pika_clients
 from spark_jobs import events, fast_clients
 from spark_jobs.brokers import BrokerdProcess, ExternalBroker, WorkloadFailed, connection_parameters, parse_amqp_url
@@ -120,10 +120,10 @@ def _check_backend(backend):
     if not isinstance(backend, str) or not backend:
         raise ValueError(f"backend must be a backend string such as 'sqlite', not {backend!r}")
     try:
-        name, _ = storeregistry.split_backend_string(backend)
-    except storeregistry.BackendError as problem:
+        name, _ = registry.split_backend_string(backend)
+    except registry.BackendError as problem:
         raise ValueError(str(problem)) from None
-    known = storeregistry.available_backends()
+    known = registry.available_backends()
     if name not in known:
         raise ValueError(f"unknown backend {name!r}; known backends: {', '.join(known) or 'none'}")
 

@@ -3,7 +3,7 @@ order the suite's modules are handed to the xdist workers in."""
 
 import pytest
 
-from tests.support import make_broker
+from tests.support.broker import make_broker
 
 
 def pytest_collection_modifyitems(items):

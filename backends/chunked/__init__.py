@@ -14,7 +14,7 @@ from zope.interface import implementer
 
 from backends.chunked.format import BLOCK_SIZE
 from backends.chunked.store import ChunkedStore, MessageTooLarge
-from backends.options import byte_size, given_options, whole_number
+from backends.common.options import byte_size, given_options, whole_number
 from brokerd.interfaces import IStoreBackend
 
 SUBDIRECTORY = "chunked"

@@ -20,7 +20,7 @@ import struct
 import zlib
 from array import array
 
-from backends.fileio import little_endian_bytes, read_little_endian
+from backends.common.fileio import little_endian_bytes, read_little_endian
 from brokerd.interfaces import StoreCorrupted
 
 ACK_LOG_MAGIC = b"brokerd chunked acks 2\n"

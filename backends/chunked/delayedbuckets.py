@@ -6,7 +6,7 @@ A bucket's file (L{backends.chunked.delayedformat}) holds sorted runs of
 entries and lists of handles released since; L{ChunkedDelayedBucket} keeps
 only figures about it, plus, while the bucket is in use, its runs loaded as
 arrays (the I{view}). Entries newer than the last flush live in the bucket's
-I{memtable}, a L{backends.delayedshared.sortedruns.MemoryBucket}; handles
+I{memtable}, a L{backends.common.sorted_runs.MemoryBucket}; handles
 released since the last flush are in C{pending}. A flush appends one run and
 one release block (L{ChunkedDelayedBucket.flush}), or rewrites the file as
 one run when it has too many blocks or too much released.
@@ -33,8 +33,8 @@ from backends.chunked.delayedformat import (
     run_of,
     sound_block_after,
 )
-from backends.delayedshared.sortedruns import MAX_RUNS, MemoryBucket, merge_runs
-from backends.fileio import replace_file, write_all
+from backends.common.fileio import replace_file, write_all
+from backends.common.sorted_runs import MAX_RUNS, MemoryBucket, merge_runs
 from brokerd.interfaces import StoreCorrupted
 
 log = Logger()

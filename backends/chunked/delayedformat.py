@@ -5,7 +5,7 @@ opened here.
 Under ``delayed/``:
 
   - ``meta``: the handle limit, the bucket width and the exchange keys by
-    number (L{backends.delayedshared.metafile}), replaced whole when they change;
+    number (L{backends.common.delayed_meta}), replaced whole when they change;
   - ``journal``: a header ``[16s magic][u32 version][u64 generation][u32 CRC]``
     then fixed 32-byte entries ``[u64 due][u64 handle][u64 log position]
     [u32 exchange number][u32 CRC of the 28 bytes before]`` (little-endian),
@@ -30,8 +30,8 @@ import struct
 import zlib
 from array import array
 
-from backends.fileio import little_endian_bytes, read_little_endian
-from backends.delayedshared.sortedruns import SortedRun
+from backends.common.fileio import little_endian_bytes, read_little_endian
+from backends.common.sorted_runs import SortedRun
 
 VERSION = 1
 JOURNAL_MAGIC = b"brokerd djournal"

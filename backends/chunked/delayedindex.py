@@ -25,7 +25,7 @@ deleted). Nothing per message outlives the open as an object.
 One bucket's file and memtable are a L{ChunkedDelayedBucket}
 (L{backends.chunked.delayedbuckets}); the bytes of the journal and bucket
 files are in L{backends.chunked.delayedformat}, those of the meta file in
-L{backends.delayedshared.metafile}. L{backends.chunked.files} drives the
+L{backends.common.delayed_meta}. L{backends.chunked.files} drives the
 index at each commit; the reactor side is L{backends.chunked.store}. (The
 filelog store's index, L{backends.filelog.delayedlog.FilelogDelayedMemoryIndex},
 is a different thing: in memory only, rebuilt from its log.)
@@ -52,10 +52,10 @@ from backends.chunked.delayedformat import (
     encode_journal_header,
     sound_entry_after,
 )
-from backends.delayedshared.metafile import encode_meta, read_meta
-from backends.delayedshared.sortedruns import window
-from backends.fileio import TEMPORARY_SUFFIX, fsync_directory, replace_file, write_all
-from backends.handlemap import HandleMap
+from backends.common.delayed_meta import encode_meta, read_meta
+from backends.common.fileio import TEMPORARY_SUFFIX, fsync_directory, replace_file, write_all
+from backends.common.handle_map import HandleMap
+from backends.common.sorted_runs import window
 from brokerd.interfaces import StoreCorrupted
 
 log = Logger()

@@ -1,6 +1,6 @@
 """Everything a chunked store keeps on disk, as its writer thread works on it.
 
-Only the store's writer thread (L{brokerd.durability.GroupCommit}'s) calls a
+Only the store's writer thread (L{brokerd.storage.durability.GroupCommit}'s) calls a
 L{ChunkedFiles} or reads its state: recovery at open, each commit's batch.
 What the reactor thread needs to know comes back as values: a L{Recovery}
 from C{open}, a L{BatchWritten} from each C{write_batch}. Under its directory:
@@ -36,9 +36,9 @@ from backends.chunked.delayedindex import ChunkedDelayedIndex
 from backends.chunked.messagelog import MessageLog
 from backends.chunked.moves import MovesFile
 from backends.chunked.queueindex import QueueIndex, creation_cut_short
-from backends.fileio import TEMPORARY_SUFFIX, fsync_directory, lock_directory, queue_key_name, replace_file
-from backends.quarantine import keep_aside
-from backends.topologyfile import TOPOLOGY_FILE, kept_queue_names, read_topology
+from backends.common.fileio import TEMPORARY_SUFFIX, fsync_directory, lock_directory, queue_key_name, replace_file
+from backends.common.quarantine import keep_aside
+from backends.common.topology_file import TOPOLOGY_FILE, kept_queue_names, read_topology
 from brokerd.interfaces import StoreCorrupted
 from brokerd.proto import messages_pb2
 

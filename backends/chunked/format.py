@@ -29,7 +29,7 @@ import zlib
 from array import array
 from operator import itemgetter
 
-from backends.checksum import crc32
+from backends.common.checksum import crc32
 from brokerd.interfaces import StoreCorrupted
 from brokerd.proto import messages_pb2
 

@@ -21,6 +21,7 @@ import time
 
 from twisted.logger import Logger
 
+from backends.chunked.directio import BLOCK, AlignedWriter, open_for_writing, write_block
 from backends.chunked.format import (
     FOOTER_SIZE,
     HEADER_SIZE,
@@ -31,19 +32,18 @@ from backends.chunked.format import (
     chunk_file_name,
     chunk_numbers,
     decode_footer,
-    decode_progress,
     decode_header,
+    decode_progress,
     encode_footer,
-    encode_progress,
     encode_header,
+    encode_progress,
     frame_parts,
     full_record_size,
     record_problem,
-    sound_records,
     record_size,
+    sound_records,
 )
-from backends.chunked.directio import BLOCK, AlignedWriter, open_for_writing, write_block
-from backends.fileio import fsync_directory
+from backends.common.fileio import fsync_directory
 from brokerd.interfaces import StoreCorrupted
 
 log = Logger()

@@ -25,7 +25,7 @@ from array import array
 
 from twisted.logger import Logger
 
-from backends.fileio import little_endian_bytes, read_little_endian, replace_file, write_all
+from backends.common.fileio import little_endian_bytes, read_little_endian, replace_file, write_all
 from brokerd.interfaces import StoreCorrupted
 
 log = Logger()

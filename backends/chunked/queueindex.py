@@ -46,7 +46,7 @@ from backends.chunked.format import (
     encode_index_entry,
 )
 from backends.chunked.messagelog import header_never_written
-from backends.fileio import TEMPORARY_SUFFIX, fsync_directory, replace_file, write_all
+from backends.common.fileio import TEMPORARY_SUFFIX, fsync_directory, replace_file, write_all
 from brokerd.interfaces import StoreCorrupted
 
 log = Logger()

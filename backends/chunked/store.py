@@ -33,8 +33,8 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from backends.chunked.compactingstore import CompactingStore
-from backends.chunked.files import TOPOLOGY_MAGIC, Batch, BatchWritten, ChunkedFiles
 from backends.chunked.delayedindex import KEPT_TYPECODES
+from backends.chunked.files import TOPOLOGY_MAGIC, Batch, BatchWritten, ChunkedFiles
 from backends.chunked.format import (
     decode_head,
     encode_head,
@@ -45,15 +45,15 @@ from backends.chunked.format import (
 from backends.chunked.messagelog import bytes_on_disk, chunk_path
 from backends.chunked.readahead import ReadAhead
 from backends.chunked.reads import ChunkReader, RingCache
-from backends.delayedshared.metafile import Meta
-from backends.delayedshared.reactorside import HandleLease, check_due, check_exchange, delayed_window, readable_messages
-from backends.filestore import FileStoreBase
-from backends.handlemap import HandleMap
-from backends.messagerecord import loaded_records, record_of, record_of_stored
-from backends.quarantine import QUARANTINE_DIRECTORY, RECORD_SUFFIX, unreadable_message
-from backends.topologyfile import Topology
-from brokerd.durability import SyncPolicy
+from backends.common.delayed_meta import Meta
+from backends.common.delayed_requests import HandleLease, check_due, check_exchange, delayed_window, readable_messages
+from backends.common.file_store import FileStoreBase
+from backends.common.handle_map import HandleMap
+from backends.common.message_record import loaded_records, record_of, record_of_stored
+from backends.common.quarantine import QUARANTINE_DIRECTORY, RECORD_SUFFIX, unreadable_message
+from backends.common.topology_file import Topology
 from brokerd.interfaces import DelayedMessage, IDelayedMessageStore, IPagingStore, StoreCorrupted
+from brokerd.storage.durability import SyncPolicy
 
 log = Logger()
 

@@ -12,8 +12,8 @@ import os
 
 from zope.interface import implementer
 
+from backends.common.options import byte_size, given_options, whole_number
 from backends.filelog.store import FilelogStore
-from backends.options import byte_size, given_options, whole_number
 from brokerd.interfaces import IStoreBackend
 
 SUBDIRECTORY = "filelog"

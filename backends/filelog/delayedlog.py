@@ -14,12 +14,12 @@ new log that replaces it.
 The order by due time is kept in memory only (L{FilelogDelayedMemoryIndex},
 at the end of this module), rebuilt by reading the log at open: the valid
 records' entries grouped in buckets of due time (C{width} milliseconds each),
-each a L{backends.delayedshared.sortedruns.MemoryBucket} of sorted runs, and
+each a L{backends.common.sorted_runs.MemoryBucket} of sorted runs, and
 a L{HandleMap} that says where each kept handle's record is and when it is
 due. That is about 33 bytes per kept message and no object per message; a
 window reads only the buckets it spans.
 
-``delayed.meta`` (L{backends.delayedshared.metafile}) holds the handle
+``delayed.meta`` (L{backends.common.delayed_meta}) holds the handle
 limit, so that handles keep increasing across restarts whatever was released.
 
 Damage confined to these files leaves the queues working: the delayed calls
@@ -35,9 +35,12 @@ from typing import NamedTuple
 from google.protobuf.message import DecodeError
 from twisted.logger import Logger
 
-from backends.delayedshared.metafile import Meta, encode_meta, read_meta
-from backends.delayedshared.sortedruns import MemoryBucket, window
-from backends.fileio import fsync_directory, replace_file, write_all, write_gathered
+from backends.common.delayed_meta import Meta, encode_meta, read_meta
+from backends.common.fileio import fsync_directory, replace_file, write_all, write_gathered
+from backends.common.handle_map import HandleMap
+from backends.common.message_record import record_of_stored
+from backends.common.quarantine import unreadable_message
+from backends.common.sorted_runs import MemoryBucket, window
 from backends.filelog.queuefile import COMPACT_SUFFIX
 from backends.filelog.records import (
     ACKED_FLAG,
@@ -51,9 +54,6 @@ from backends.filelog.records import (
     record_problem,
     record_size,
 )
-from backends.handlemap import HandleMap
-from backends.messagerecord import record_of_stored
-from backends.quarantine import unreadable_message
 from brokerd.interfaces import StoreCorrupted
 from brokerd.proto import messages_pb2
 

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from twisted.logger import Logger
 
-from backends.fileio import fsync_directory, queue_key_name, write_all, write_gathered
+from backends.common.fileio import fsync_directory, queue_key_name, write_all, write_gathered
 from backends.filelog.records import (
     ACKED_FLAG,
     FLAG_OFFSET,

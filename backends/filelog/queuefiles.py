@@ -22,11 +22,11 @@ from typing import NamedTuple
 
 from twisted.logger import Logger
 
-from backends.fileio import TEMPORARY_SUFFIX, fsync_directory, lock_directory, replace_file
+from backends.common.fileio import TEMPORARY_SUFFIX, fsync_directory, lock_directory, replace_file
+from backends.common.topology_file import TOPOLOGY_FILE, kept_queue_names, read_topology
 from backends.filelog.delayedlog import FilelogDelayedLog
 from backends.filelog.queuefile import COMPACT_SUFFIX, DATA_SUFFIX, Figures, QueueFile, queue_file_name
 from backends.filelog.records import queue_of_header
-from backends.topologyfile import TOPOLOGY_FILE, kept_queue_names, read_topology
 from brokerd.interfaces import StoreCorrupted
 from brokerd.proto import messages_pb2
 

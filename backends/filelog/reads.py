@@ -25,11 +25,11 @@ from collections import OrderedDict
 
 from google.protobuf.message import DecodeError
 
-from backends.checksum import crc32
+from backends.common.checksum import crc32
+from backends.common.message_record import record_of_stored
+from backends.common.quarantine import read_varint, unreadable_message
 from backends.filelog.queuefiles import ROUTE_BITS
 from backends.filelog.records import BODY_TAG, HEADER_SIZE, LENGTH, OVERHEAD, TRAILER_SIZE, VALID_TAG
-from backends.messagerecord import record_of_stored
-from backends.quarantine import read_varint, unreadable_message
 from brokerd.interfaces import MessageRecord, StoreCorrupted
 from brokerd.proto import messages_pb2
 

@@ -29,8 +29,8 @@ import zlib
 from array import array
 from typing import NamedTuple
 
-from backends.checksum import crc32
-from backends.fileio import little_endian_bytes, read_little_endian
+from backends.common.checksum import crc32
+from backends.common.fileio import little_endian_bytes, read_little_endian
 from brokerd.proto import messages_pb2
 
 LENGTH = struct.Struct(">I")

@@ -21,17 +21,16 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from backends.delayedshared.reactorside import HandleLease, check_due, check_exchange, delayed_window, readable_messages
+from backends.common.delayed_requests import HandleLease, check_due, check_exchange, delayed_window, readable_messages
+from backends.common.file_store import FileStoreBase
+from backends.common.handle_map import HandleMap
+from backends.common.message_record import loaded_records, record_of
+from backends.common.topology_file import Topology
 from backends.filelog.delayedlog import decode_delayed, encode_delayed
 from backends.filelog.queuefile import FiguresNow
 from backends.filelog.queuefiles import ROUTE_BITS, QueueFiles
 from backends.filelog.reads import FileReads, Routes
 from backends.filelog.records import encode
-from backends.filestore import FileStoreBase
-from backends.handlemap import HandleMap
-from backends.messagerecord import loaded_records, record_of
-from backends.topologyfile import Topology
-from brokerd.durability import SyncPolicy
 from brokerd.interfaces import (
     DelayedMessage,
     IDelayedMessageStore,
@@ -39,6 +38,7 @@ from brokerd.interfaces import (
     StoreCorrupted,
     UnreadableMessage,
 )
+from brokerd.storage.durability import SyncPolicy
 
 log = Logger()
 

@@ -5,9 +5,9 @@ from itertools import islice
 from twisted.internet import defer
 from zope.interface import implementer
 
-from backends.delayedshared.reactorside import check_cursor, check_due, check_exchange
+from backends.common.delayed_requests import check_cursor, check_due, check_exchange
+from backends.common.message_record import record_of
 from backends.memory.sortedkeys import SortedKeys
-from backends.messagerecord import record_of
 from brokerd.interfaces import DelayedMessage, IDelayedMessageStore, IMessageStore
 from brokerd.proto.tables import freeze, table_to_dict
 

@@ -7,9 +7,9 @@ import os
 
 from zope.interface import implementer
 
+from backends.common.options import byte_size, given_options
 from backends.sqlite.database import StoreOpenError
 from backends.sqlite.schema import SCHEMA_VERSION
-from backends.options import byte_size, given_options
 from backends.sqlite.store import SqliteStore
 from brokerd.interfaces import IStoreBackend
 

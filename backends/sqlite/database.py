@@ -4,7 +4,7 @@ finding at open what the broker needs at once (topology, each queue's message
 ids in order, delivery counts, the held-message books; no message is read) and
 applying each batch of buffered writes in one transaction.
 
-Only L{brokerd.durability.GroupCommit}'s writer thread calls into a
+Only L{brokerd.storage.durability.GroupCommit}'s writer thread calls into a
 L{Database}; the reactor thread never touches its connection (it reads
 messages back on a read-only connection of its own, L{backends.sqlite.reads}).
 Checkpoints (copying the write-ahead log into the database file) are kept off
@@ -21,7 +21,8 @@ from array import array
 
 from twisted.logger import Logger
 
-from backends.checksum import crc32
+from backends.common.checksum import crc32
+from backends.common.quarantine import parse_or_none
 from backends.sqlite import delayed
 from backends.sqlite.checkpointer import LOCK_WAIT_SECONDS, Checkpointer
 from backends.sqlite.schema import (
@@ -36,7 +37,6 @@ from backends.sqlite.schema import (
     create,
     upgrade,
 )
-from backends.quarantine import parse_or_none
 from brokerd.interfaces import QuarantinedRecord, StoreCorrupted, StoreInUse
 from brokerd.proto import messages_pb2
 

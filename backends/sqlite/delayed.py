@@ -22,10 +22,10 @@ Schema version 3 added these tables; a version-2 file is upgraded in place
 when opened (the tables are created).
 """
 
-from backends.delayedshared.reactorside import MAX_DUE
-from backends.handlemap import HandleMap
-from backends.messagerecord import record_of_stored
-from backends.quarantine import parse_stored_message
+from backends.common.delayed_requests import MAX_DUE
+from backends.common.handle_map import HandleMap
+from backends.common.message_record import record_of_stored
+from backends.common.quarantine import parse_stored_message
 from brokerd.interfaces import DelayedMessage, StoreCorrupted
 
 PURGE_ROWS = 1 << 16  # released rows that make a purge

@@ -16,7 +16,7 @@ import sqlite3
 import urllib.parse
 from collections import OrderedDict
 
-from backends.quarantine import parse_stored_message
+from backends.common.quarantine import parse_stored_message
 from backends.sqlite.checkpointer import LOCK_WAIT_SECONDS
 from backends.sqlite.database import checksum
 from brokerd.interfaces import MessageRecord, StoreCorrupted

@@ -1,5 +1,5 @@
 """L{SqliteStore}: the store contract in one SQLite file (WAL), written in
-batches by a L{brokerd.durability.GroupCommit} whose life (open, close, a
+batches by a L{brokerd.storage.durability.GroupCommit} whose life (open, close, a
 failed open) it shares with the file stores (L{WriterThreadStore}).
 
 The reactor thread keeps what the broker needs at once (topology, queue ids,
@@ -32,11 +32,12 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from backends.delayedshared.reactorside import check_due, check_exchange, delayed_window, readable_messages
-from backends.handlemap import HandleMap
-from backends.messagerecord import loaded_records, record_of
-from backends.sqlite.delayed import delayed_message
+from backends.common.delayed_requests import check_due, check_exchange, delayed_window, readable_messages
+from backends.common.handle_map import HandleMap
+from backends.common.message_record import loaded_records, record_of
+from backends.common.writer_store import WriterThreadStore
 from backends.sqlite.database import Batch, Database, checksum
+from backends.sqlite.delayed import delayed_message
 from backends.sqlite.reads import MessageReader
 from backends.sqlite.schema import (
     ADD_QUEUE,
@@ -56,10 +57,9 @@ from backends.sqlite.schema import (
     binding_statement,
     canonical_arguments,
 )
-from backends.writerstore import WriterThreadStore
-from brokerd.durability import SyncPolicy
 from brokerd.interfaces import IDelayedMessageStore, IPagingStore, StoreCorrupted, UnreadableMessage
 from brokerd.proto import messages_pb2
+from brokerd.storage.durability import SyncPolicy
 
 DEFAULT_CACHE_SIZE = 16 << 20
 

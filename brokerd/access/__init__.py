@@ -6,7 +6,7 @@ hashes passwords as RabbitMQ does; L{brokerd.access.login} checks logins and
 vhost access for both protocols; L{brokerd.access.permissions} checks an
 operation against a user's configure / write / read expressions in one place
 for every protocol; L{brokerd.access.vhosts} creates and deletes vhosts in the
-database and the running broker together; L{brokerd.access.management} carries
+database and the running broker together; L{brokerd.access.commands} carries
 out rabbitmqctl's user, vhost and permission commands for an administrator;
 L{brokerd.access.interfaces} names their roles.
 """

@@ -25,10 +25,10 @@ import re
 
 from zope.interface import implementer
 
-from brokerd.access.passwords import HASHING_ALGORITHM, hash_password, password_matches
 from brokerd.access.interfaces import IAccessDatabase
+from brokerd.access.passwords import HASHING_ALGORITHM, hash_password, password_matches
 from brokerd.access.policies import PolicyRefused, check_policy
-from brokerd.model.policies import Policy
+from brokerd.model.policy_effects import Policy
 
 ACCESS_FILE = "access.json"
 FORMAT = "brokerd access database"

@@ -1,7 +1,7 @@
 """The roles of access control: the login check every protocol server asks
 (L{IAccessControl}), the users, vhosts and permissions it consults
 (L{IAccessDatabase}), and rabbitmqctl's commands that change them
-(L{IManagement}), so that AMQP, the native protocol and the management API
+(L{IAccessCommands}), so that AMQP, the native protocol and the management API
 share one implementation of each."""
 
 from zope.interface import Attribute, Interface
@@ -53,12 +53,12 @@ class IAccessDatabase(Interface):
         """C{user}'s permissions on C{vhost} (C{configure}, C{write}, C{read} expressions), or None: none."""
 
     def policies(vhost=None):
-        """The L{brokerd.model.policies.Policy} records of C{vhost} (None: of every vhost), highest priority first."""
+        """The L{brokerd.model.policy_effects.Policy} records of C{vhost} (None: of every vhost), highest priority first."""
 
 
-class IManagement(Interface):
+class IAccessCommands(Interface):
     """rabbitmqctl's user, vhost, permission and policy commands, and definitions export and import, for every
-    protocol (L{brokerd.access.management})."""
+    protocol (L{brokerd.access.commands})."""
 
     def check_administrator(user):
         """Raise L{brokerd.errors.AccessRefused} (403) unless user C{user} (None: nobody) is an administrator."""

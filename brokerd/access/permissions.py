@@ -2,7 +2,7 @@
 
 A L{ResourceAccess} is one user's permissions on one vhost with the three
 expressions compiled once, made when a connection opens and consulted by
-its channels (L{brokerd.channel.Channel}). The meaning is RabbitMQ's
+its channels (L{brokerd.session.channel.Channel}). The meaning is RabbitMQ's
 (C{rabbit_auth_backend_internal}): an expression is searched for anywhere in
 the resource's name (anchor it with C{^} and C{$}), an empty one allows
 nothing, and the default exchange is matched as C{amq.default}. A refusal is

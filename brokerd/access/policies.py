@@ -4,7 +4,7 @@ L{check_policy} refuses what RabbitMQ's C{rabbit_policy} validation refuses
 (a pattern that does not compile, an unknown apply-to, a definition that is
 not a non-empty JSON object, a priority that is not an integer) with its
 texts; L{publish_policies} gives a vhost's policies, as
-L{brokerd.model.policies.Policy} records, to the broker's L{VirtualHost}
+L{brokerd.model.policy_effects.Policy} records, to the broker's L{VirtualHost}
 after every change and at start, which applies them to its queues and
 exchanges.
 """
@@ -12,7 +12,7 @@ exchanges.
 import json
 import re
 
-from brokerd.model.policies import APPLY_TO, Policy
+from brokerd.model.policy_effects import APPLY_TO, Policy
 
 VALIDATION_FAILED = "Validation failed"  # how RabbitMQ's rabbit_runtime_parameters begins a refusal
 

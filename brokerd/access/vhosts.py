@@ -12,10 +12,10 @@ its own is closed and its files removed.
 
 from twisted.internet import defer
 
-from brokerd import storeregistry
 from brokerd.access.database import AccessChangeRefused
 from brokerd.errors import ConnectionForced
-from brokerd.vhoststores import VhostStoreFailed
+from brokerd.storage import registry
+from brokerd.storage.vhost_stores import VhostStoreFailed
 
 
 def add_vhost(broker, access, name, backend=None):
@@ -35,7 +35,7 @@ def add_vhost(broker, access, name, backend=None):
         raise AccessChangeRefused("this broker has no data directory for vhosts' own stores")
     try:
         broker.vhost_stores.make(name, backend)
-    except storeregistry.BackendError as problem:  # built only to check it: nothing is opened
+    except registry.BackendError as problem:  # built only to check it: nothing is opened
         raise AccessChangeRefused(f"--backend {backend!r}: {problem}") from None
     return _add_vhost_with_store(broker, access, name, backend)
 

@@ -25,7 +25,7 @@ from brokerd.access.login import (  # noqa: F401 - tap and tests import UsersFil
     peer_certificate,
     utf8,
 )
-from brokerd.amqp.arguments import Malformed, Unacceptable, decode_table_fields
+from brokerd.amqp.table_arguments import Malformed, Unacceptable, decode_table_fields
 
 
 def parse_response(mechanism, response):

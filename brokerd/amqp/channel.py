@@ -2,12 +2,12 @@
 
 The frame receiver (L{brokerd.amqp.server}) makes an L{AmqpChannel} on
 channel.open and hands it every later frame of that channel. The channel holds
-its own state: the model's L{brokerd.channel.Channel} it calls, whether the
+its own state: the model's L{brokerd.session.channel.Channel} it calls, whether the
 broker closed it and waits for the client's close-ok (its frames are dropped
 meanwhile), and the content being assembled: a basic.publish method frame, its
 content header and its body frames become one L{Message}. basic.publish and
 basic.ack take a struct-based path (L{brokerd.amqp.frames}); every other method
-is decoded by L{brokerd.amqp.arguments} and handed to L{brokerd.amqp.methods}.
+is decoded by L{brokerd.amqp.table_arguments} and handed to L{brokerd.amqp.methods}.
 A L{ChannelError} closes only this channel.
 
 It is also the L{IChannelPeer} the model's channel pushes deliveries, returns,
@@ -24,8 +24,8 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from brokerd.amqp import frames, methods
-from brokerd.amqp.arguments import decode_method
 from brokerd.amqp.properties import decode_properties, encode_properties
+from brokerd.amqp.table_arguments import decode_method
 from brokerd.errors import (
     ChannelError,
     CommandInvalid,
@@ -92,7 +92,7 @@ class AmqpChannel:
 
     @ivar id: the channel number.
     @ivar model: the model's channel every method is translated into.
-    @ivar writes: the connection's L{brokerd.writebuffer.WriteBuffer}.
+    @ivar writes: the connection's L{brokerd.wire.write_buffer.WriteBuffer}.
     @ivar frame_max: the negotiated frame size, for the content sent.
     @ivar closing: True once the broker closed it, until the client's close-ok.
     """
@@ -110,7 +110,7 @@ class AmqpChannel:
         @param receiver: the connection's frame receiver: its C{writes}, its
             C{content} (a L{PublishedContent}), and C{forget_channel(id)},
             called when a close handshake ends and the number is free again.
-        @param gate: the connection's L{brokerd.model.watermark.PublisherGate}.
+        @param gate: the connection's L{brokerd.wire.backpressure.PublisherGate}.
         @param cancel_notify: whether the client takes basic.cancel from the broker.
         """
         content = receiver.content

@@ -18,7 +18,7 @@ decoded, and any error (a refused login, a malformed or misplaced frame) is
 answered only after L{LOGIN_REFUSAL_DELAY}, as RabbitMQ delays a failed
 handshake, so that guessing passwords is slow. Nothing more is read from such
 a connection, other clients are served meanwhile, and the refusals are logged
-at a bounded rate (L{brokerd.refusallog.RefusalLog}).
+at a bounded rate (L{brokerd.wire.refusal_log.RefusalLog}).
 """
 
 from pamqp import commands
@@ -29,17 +29,8 @@ from zope.interface import Interface
 import brokerd
 from brokerd.access.login import LOGIN_REFUSAL_DELAY
 from brokerd.amqp import frames
-from brokerd.amqp.arguments import decode_method
 from brokerd.amqp.auth import Authenticator, LoginRefused
-from brokerd.connection import AMQP_0_9_1, HANDSHAKE_TIMEOUT, Connection
-from brokerd.connectionlog import (
-    ConnectionRecord,
-    client_text,
-    describe_amqp_client,
-    lost_reason,
-    peer_address,
-    peer_host,
-)
+from brokerd.amqp.table_arguments import decode_method
 from brokerd.errors import (
     AccessRefused,
     CommandInvalid,
@@ -49,8 +40,17 @@ from brokerd.errors import (
     MethodNotImplemented,
     NotAllowed,
 )
-from brokerd.model.watermark import PublisherGate
-from brokerd.refusallog import RefusalLog
+from brokerd.session.connection import AMQP_0_9_1, HANDSHAKE_TIMEOUT, Connection
+from brokerd.wire.backpressure import PublisherGate
+from brokerd.wire.connection_log import (
+    ConnectionRecord,
+    client_text,
+    describe_amqp_client,
+    lost_reason,
+    peer_address,
+    peer_host,
+)
+from brokerd.wire.refusal_log import RefusalLog
 
 log = Logger()
 
@@ -150,7 +150,7 @@ class AmqpHandshake:
     def __init__(self, reader, broker, settings, writes):
         """
         @param reader: the L{IFrameReader} holding this handshake.
-        @param writes: the connection's L{brokerd.writebuffer.WriteBuffer}.
+        @param writes: the connection's L{brokerd.wire.write_buffer.WriteBuffer}.
         """
         self._reader = reader
         self.broker = broker
@@ -169,7 +169,7 @@ class AmqpHandshake:
         self.client_capabilities = {}
         self._timeout_call = None
         self._heartbeat_loop = None
-        self._record = None  # the connection as logged once accepted (brokerd.connectionlog)
+        self._record = None  # the connection as logged once accepted (brokerd.wire.connection_log)
         self._close_reason = None  # why it ends, for its closing log line
 
     # -- transport events, from the reader

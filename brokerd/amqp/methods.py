@@ -1,4 +1,4 @@
-"""AMQP channel-level methods, each translated into one L{brokerd.channel.Channel} call.
+"""AMQP channel-level methods, each translated into one L{brokerd.session.channel.Channel} call.
 
 Every handler takes the L{brokerd.amqp.channel.AmqpChannel} the method came
 on and the method as pamqp decoded it, calls the model's channel, and answers

@@ -6,14 +6,14 @@ holds the connection's L{brokerd.amqp.handshake.AmqpHandshake}, which owns
 everything connection-level (the handshake, channel-0 methods, heartbeats,
 timeouts, closing), and one L{brokerd.amqp.channel.AmqpChannel} per open
 channel, which assembles the client's content and answers its methods through
-the same L{brokerd.channel.Channel} the native protocol uses. Frames of an open
+the same L{brokerd.session.channel.Channel} the native protocol uses. Frames of an open
 channel go straight to that channel; until tune-ok, frames are limited to 4096
 bytes, as in RabbitMQ.
 
 A L{ChannelError} closes only its channel (and the channel's frames are then
 dropped until the client's close-ok); any other L{BrokerError} closes the
 connection with its reply code. Frames written during one reactor turn go out
-in one write (L{brokerd.writebuffer.WriteBuffer}); the protocol is also the
+in one write (L{brokerd.wire.write_buffer.WriteBuffer}); the protocol is also the
 transport's producer, so a client that reads slowly pauses deliveries to it
 instead of filling memory, and its requests are not read either until it
 catches up (no basic.get reply is made for a client that does not take them).
@@ -33,7 +33,6 @@ from zope.interface import implementer
 from brokerd.amqp import frames
 from brokerd.amqp.channel import CHANNEL_OPEN, AmqpChannel, PublishedContent
 from brokerd.amqp.handshake import AWAITING_HEADER, CLOSING, OPEN, AmqpHandshake, AmqpSettings, IFrameReader
-from brokerd.connectionlog import peer_address
 from brokerd.errors import (
     BrokerError,
     CommandInvalid,
@@ -44,12 +43,13 @@ from brokerd.errors import (
     NotAllowed,
     UnexpectedFrame,
 )
-from brokerd.hangup import HangupWatch
-from brokerd.model.watermark import LARGE_PARTIAL_FRAME, SLOW_READER, ConnectionFlow, reading_pauses
-from brokerd.readbuffer import ReadBuffer, read_in_large_pieces
-from brokerd import turns
-from brokerd.turns import FRAMES_PER_CHECK, TurnTaking
-from brokerd.writebuffer import WriteBuffer
+from brokerd.wire import fairness
+from brokerd.wire.backpressure import LARGE_PARTIAL_FRAME, SLOW_READER, ConnectionFlow, reading_pauses
+from brokerd.wire.connection_log import peer_address
+from brokerd.wire.fairness import FRAMES_PER_CHECK, TurnTaking
+from brokerd.wire.hangup_watch import HangupWatch
+from brokerd.wire.read_buffer import ReadBuffer, read_in_large_pieces
+from brokerd.wire.write_buffer import WriteBuffer
 
 log = Logger()
 
@@ -139,7 +139,7 @@ class AmqpServerProtocol(Protocol):
     def _frames(self, data, offset):
         """
         Dispatch the whole frames in C{data[offset:]}, an open channel's straight
-        to its L{AmqpChannel}: a turn's worth (L{brokerd.turns}); the rest waits.
+        to its L{AmqpChannel}: a turn's worth (L{brokerd.wire.fairness}); the rest waits.
         """
         size = len(data)
         until_check, deadline = FRAMES_PER_CHECK, self._turns.deadline()
@@ -189,7 +189,7 @@ class AmqpServerProtocol(Protocol):
                 break  # the client does not read our replies, or the broker is blocked: the rest waits
             until_check -= 1
             if not until_check:
-                until_check = turns.frames_until_check(deadline)
+                until_check = fairness.frames_until_check(deadline)
                 if not until_check:
                     break  # the turn is over
         if offset < size:
@@ -258,7 +258,7 @@ class AmqpServerProtocol(Protocol):
 
     @property
     def connection(self):
-        """The protocol-free L{brokerd.connection.Connection} once connection.open is done, else None."""
+        """The protocol-free L{brokerd.session.connection.Connection} once connection.open is done, else None."""
         return self.handshake.connection
 
     # -- IFrameReader: what the handshake asks of us
@@ -314,7 +314,7 @@ class AmqpServerProtocol(Protocol):
 
     def _probe_paused_peer(self):
         """A heartbeat frame (clients take one whatever was negotiated) to a client we are not
-        reading and that holds memory, so that one that went away is noticed (L{brokerd.hangup}).
+        reading and that holds memory, so that one that went away is noticed (L{brokerd.wire.hangup_watch}).
         Only with heartbeats off (negotiated ones go on while we do not read), and not to a
         client that does not read what we write, whose buffer would only grow."""
         handshake = self.handshake

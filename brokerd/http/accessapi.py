@@ -1,6 +1,6 @@
 """C{/api/vhosts}, C{/api/users} and C{/api/permissions}: rabbitmqctl's commands over HTTP.
 
-Changes go through L{brokerd.access.management.Management} (the same checks,
+Changes go through L{brokerd.access.commands.AccessCommands} (the same checks,
 durability and log lines as the native protocol's commands), except a user
 given by C{password_hash}, which the access database takes as it is.
 A PUT answers 201 when it created the object and 204 when it changed one.
@@ -9,13 +9,11 @@ A PUT answers 201 when it created the object and 204 when it changed one.
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from brokerd.access.commands import format_tags
 from brokerd.access.database import AccessChangeRefused
-from brokerd.access.management import format_tags
 from brokerd.access.passwords import HASHING_ALGORITHM, hash_password
 from brokerd.http.overview import unacked_by_queue
-from brokerd.http.routes import bad_request, json_body, not_found
-from brokerd.http.server import Created
-
+from brokerd.http.routes import Created, bad_request, json_body, not_found
 
 log = Logger()
 

@@ -1,17 +1,15 @@
 """C{/api/definitions} and C{/api/policies}: RabbitMQ's definitions and policies over HTTP.
 
-Export and import are L{brokerd.definitions}' (an administrator's, as in
-RabbitMQ); policies go through L{brokerd.access.management.Management}, so
+Export and import are L{brokerd.access.definitions}' (an administrator's, as in
+RabbitMQ); policies go through L{brokerd.access.commands.AccessCommands}, so
 the same checks, durability and log lines apply as to the command line's
 C{set-policy}, and the vhost applies them at once.
 """
 
 import json
 
-from brokerd.definitions import DefinitionsRefused, export_definitions, import_definitions, parse_definitions
-from brokerd.http.routes import ApiError, bad_request, json_body, not_found
-from brokerd.http.server import Created
-
+from brokerd.access.definitions import DefinitionsRefused, export_definitions, import_definitions, parse_definitions
+from brokerd.http.routes import ApiError, Created, bad_request, json_body, not_found
 
 # -- definitions
 

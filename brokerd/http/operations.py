@@ -1,6 +1,6 @@
 """A management request's changes made as a client's would be: on a channel, with the user's permissions.
 
-L{management_channel} opens an in-process L{brokerd.connection.Connection}
+L{management_channel} opens an in-process L{brokerd.session.connection.Connection}
 for the logged-in user on a vhost, with that user's
 L{brokerd.access.permissions.ResourceAccess}, so the API's declares,
 deletes, binds, publishes and gets are checked exactly as over AMQP (as
@@ -12,10 +12,10 @@ import contextlib
 
 from zope.interface import implementer
 
-from brokerd.connection import Connection
 from brokerd.errors import BrokerError
 from brokerd.http.routes import broker_error
 from brokerd.interfaces import IChannelPeer
+from brokerd.session.connection import Connection
 
 
 @implementer(IChannelPeer)

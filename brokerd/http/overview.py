@@ -1,7 +1,7 @@
 """C{/api/overview}, C{/api/whoami} and C{/api/nodes}: the broker at a glance, in RabbitMQ's shapes.
 
 Message figures add up the counters every connection keeps
-(L{brokerd.connection.Connection.message_counts}, closed connections and
+(L{brokerd.session.connection.Connection.message_counts}, closed connections and
 the management API's own publishes and gets included through
 L{MessageTotals}); rates are per second over the last 5 to 10 seconds
 (L{brokerd.http.rates.CounterRates}), as RabbitMQ's C{*_details.rate}.
@@ -12,10 +12,9 @@ import resource as os_resource
 import socket
 
 import twisted
-
-from brokerd.channel import MESSAGE_COUNTERS
 from brokerd.http.rates import CounterRates
 from brokerd.http.routes import not_found
+from brokerd.session.channel import MESSAGE_COUNTERS
 
 MANAGEMENT_VERSION = "3.10.8"  # the RabbitMQ management API whose shapes this follows
 PRODUCT_NAME = "brokerd"

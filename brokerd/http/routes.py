@@ -25,6 +25,13 @@ class ApiError(Exception):
         self.headers = dict(headers)
 
 
+class Created:
+    """A handler's answer for a new object: 201, with a C{Location} header if given (RabbitMQ's binding POST)."""
+
+    def __init__(self, location=None):
+        self.location = location
+
+
 def not_found():
     error = ApiError(404, "", "")
     error.body = dict(NOT_FOUND_BODY)

@@ -8,7 +8,7 @@ address, and only users tagged management, policymaker, monitoring or
 administrator may use the API at all (401 C{not_authorised} otherwise).
 Monitoring and administrator users see every vhost, the others the vhosts
 they have permissions on; changes to users, vhosts and permissions are for
-administrators (L{brokerd.access.management.Management} checks that).
+administrators (L{brokerd.access.commands.AccessCommands} checks that).
 L{make_site} serves it under C{/api/}, beside the dashboard's page and files
 (L{brokerd.http.dashboard}), which need no login.
 """
@@ -23,7 +23,8 @@ from brokerd.errors import BrokerError
 from brokerd.http.dashboard import add_dashboard
 from brokerd.http.listing import ListingQuery
 from brokerd.http.overview import MessageTotals
-from brokerd.http.routes import ApiError, Router, broker_error, encode, not_authorised, not_found
+from brokerd.http.routes import ApiError, Created, Router, broker_error, encode, not_authorised, not_found
+from brokerd.http.urls import ROUTES
 
 log = Logger()
 
@@ -186,13 +187,6 @@ class ManagementApi(resource.Resource):
         self._send(request, gone, problem.status, problem.body, problem.headers)
 
 
-class Created:
-    """A handler's answer for a new object: 201, with a C{Location} header if given (RabbitMQ's binding POST)."""
-
-    def __init__(self, location=None):
-        self.location = location
-
-
 def _status_of(body):
     """C{(status, body, headers)} of a handler's answer: 200 with JSON, 204 for None, 201 for L{Created}."""
     if isinstance(body, Created):
@@ -202,8 +196,6 @@ def _status_of(body):
 
 def make_site(context):
     """The twisted.web site of the management API over L{ApiContext} C{context}, and of the dashboard."""
-    from brokerd.http.urls import ROUTES
-
     root = resource.Resource()
     add_dashboard(root)
     root.putChild(b"api", ManagementApi(context, ROUTES))

@@ -9,11 +9,19 @@ import weakref
 import zlib
 from urllib.parse import quote, quote_plus, unquote
 
+from brokerd.http.operations import management_channel
 from brokerd.http.overview import unacked_by_queue
 from brokerd.http.rates import CounterRates
-from brokerd.http.operations import management_channel
-from brokerd.http.routes import RawJson, bad_request, encode_text, json_body, not_found, parse_bool, query_value
-from brokerd.http.server import Created
+from brokerd.http.routes import (
+    Created,
+    RawJson,
+    bad_request,
+    encode_text,
+    json_body,
+    not_found,
+    parse_bool,
+    query_value,
+)
 
 DEFAULT_EXCHANGE = ""
 

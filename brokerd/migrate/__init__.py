@@ -11,19 +11,19 @@ the source (per-queue counts and checksums). The source is only read.
 
 from twisted.internet import defer
 
-from brokerd import storeregistry
-from brokerd.durability import SyncPolicy
 from brokerd.interfaces import IDelayedMessageStore, StoreCorrupted, StoreInUse
 from brokerd.migrate.copy import FOREVER, MigrationError, Progress, SourceReader, copy_store, tally_store
 from brokerd.migrate.digest import Tallies, changed_files, remove_new, snapshot
+from brokerd.storage import registry
+from brokerd.storage.durability import SyncPolicy
 
 __all__ = ["MigrationError", "migrate"]
 
 
 def _make(text, data_dir, role, reactor):
     try:
-        store = storeregistry.make_store(text, data_dir, SyncPolicy("always"), reactor=reactor)
-    except storeregistry.BackendError as problem:
+        store = registry.make_store(text, data_dir, SyncPolicy("always"), reactor=reactor)
+    except registry.BackendError as problem:
         raise MigrationError(f"--{role}: {problem}") from None
     if not store.durable:
         raise MigrationError(f"--{role}: the {store.name} backend keeps nothing on disk")

@@ -41,7 +41,7 @@ class Broker:
 
     @ivar clock: an L{IReactorTime} provider used for every timer (a
         L{twisted.internet.task.Clock} in tests).
-    @ivar connections: the open client connections (L{brokerd.connection.Connection}),
+    @ivar connections: the open client connections (L{brokerd.session.connection.Connection}),
         each with its client's facts, channels, consumers and counters.
     @ivar counters: the L{MessageCounters}: connections opened and closed, and
         the message counts of closed connections, for totals since start.

@@ -3,7 +3,7 @@ arguments a consumer may carry.
 
 A queue knows its consumers only as L{brokerd.interfaces.IConsumer}s: it asks
 one for room, hands it entries and tells it when it is cancelled. The
-provider is the channel's (L{brokerd.consumer.Consumer}).
+provider is the channel's (L{brokerd.session.consumer.Consumer}).
 
 As RabbitMQ 3.10 serves a classic queue: consumers of a higher priority
 (``x-priority`` on basic.consume, 0 if not given) get messages first,
@@ -20,7 +20,7 @@ RabbitMQ's replies.
 from collections import deque
 
 from brokerd.errors import PreconditionFailed
-from brokerd.model.arguments import amqp_type_name
+from brokerd.model.queue_arguments import amqp_type_name
 
 CONSUMER_PRIORITY = "x-priority"
 CANCEL_ON_HA_FAILOVER = "x-cancel-on-ha-failover"  # accepted: a single node never fails over

@@ -1,7 +1,7 @@
 """Broker-wide message and connection counters, for metrics that outlive connections.
 
 The channels count what they publish, deliver and have acked, one integer
-increment per message (L{brokerd.channel.MESSAGE_COUNTERS}); a connection adds
+increment per message (L{brokerd.session.channel.MESSAGE_COUNTERS}); a connection adds
 its channels' counts up. When a connection closes its counts would be lost, so
 L{MessageCounters.connection_closed} folds them into the totals here, once per
 connection: nothing is added to the per-message paths. A total since start is
@@ -12,7 +12,7 @@ metrics scrape), never per message.
 Totals are kept per protocol (C{"amqp091"}, C{"native"}, C{"internal"}), the
 label RabbitMQ's global counters carry. Besides those four counters the channels
 count unroutable publishes (on the unroutable path only) and read confirms from
-their publisher confirms (L{brokerd.channel.ROUTING_COUNTERS}).
+their publisher confirms (L{brokerd.session.channel.ROUTING_COUNTERS}).
 """
 
 

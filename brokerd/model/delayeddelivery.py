@@ -20,12 +20,12 @@ Where the feature lives, layer by layer:
     and out of it when due;
   - L{brokerd.interfaces.IDelayedMessageStore} and
     L{brokerd.interfaces.DelayedMessage} are what every store promises;
-  - L{backends.delayedshared} is what the stores share:
-    L{backends.delayedshared.reactorside} (argument checks, the
+  - L{backends.common} holds what the stores share:
+    L{backends.common.delayed_requests} (argument checks, the
     L{HandleLease} that keeps handles increasing across restarts, and the
     window that merges the writer thread's rows with the delays not yet
-    handed to it), L{backends.delayedshared.metafile} (the small meta file
-    of the file-based stores) and L{backends.delayedshared.sortedruns} (the
+    handed to it), L{backends.common.delayed_meta} (the small meta file
+    of the file-based stores) and L{backends.common.sorted_runs} (the
     sorted runs and L{MemoryBucket}s in which the file-based stores hold
     due-time entries as arrays);
   - memory: L{backends.memory.store} keeps them in memory, in due order by

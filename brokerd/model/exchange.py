@@ -7,8 +7,8 @@ costs the same however many bindings unrelated keys have.
 """
 
 from brokerd.errors import CommandInvalid, PreconditionFailed
-from brokerd.model.arguments import amqp_type_name, erlang_term
 from brokerd.model.delayeddelivery import delay_of
+from brokerd.model.queue_arguments import amqp_type_name, erlang_term
 from brokerd.model.topic import TopicTrie
 from brokerd.proto.tables import freeze
 
@@ -56,7 +56,7 @@ class Exchange:
     @ivar alternate_exchange: the name of the exchange a message this one
         routes nowhere goes on to: its own C{alternate-exchange} argument, else
         its policy's (see L{brokerd.model.policy_effects}), else None.
-    @ivar applied_policy: the vhost's L{brokerd.model.policies.Policy} that
+    @ivar applied_policy: the vhost's L{brokerd.model.policy_effects.Policy} that
         applies to it, or None.
     """
 

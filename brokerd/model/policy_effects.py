@@ -1,4 +1,9 @@
-"""What a vhost's policies do to its queues and exchanges, as RabbitMQ 3.10 applies them.
+"""Policies, RabbitMQ's way of setting queue and exchange options by name pattern, and what a
+vhost's policies do to its queues and exchanges, as RabbitMQ 3.10 applies them.
+
+A policy (L{Policy}) belongs to a vhost and matches queues and/or exchanges whose
+names its pattern matches; its definition holds the options (``message-ttl``,
+``max-length``, ``dead-letter-exchange``, ...).
 
 Of the policies whose pattern matches an object's name (a regular
 expression searched for anywhere in it, as ``re:run``), whose apply-to fits
@@ -24,12 +29,27 @@ is kept in the definition but not applied.
 
 import copy
 import re
+from typing import Any, NamedTuple
 
 from twisted.logger import Logger
 
-from brokerd.model.arguments import OVERFLOW_MODES, erlang_term
+from brokerd.model.queue_arguments import OVERFLOW_MODES, erlang_term
 
 log = Logger()
+
+APPLY_TO = ("all", "queues", "exchanges")  # RabbitMQ's apply-to values
+
+
+class Policy(NamedTuple):
+    """One policy as RabbitMQ's definitions and its API write it."""
+
+    vhost: str
+    name: str
+    pattern: str
+    definition: dict[str, Any]
+    priority: int = 0
+    apply_to: str = "all"
+
 
 _LOWER = "lower"  # the lower of the policy's value and the object's own argument
 _OWN = "own"  # the object's own argument, else the policy's value
@@ -177,7 +197,7 @@ def unapplied_keys(policy):
 def queue_settings(own, arguments, definition):
     """
     The effective settings of a queue whose own settings are C{own} (a
-    L{brokerd.model.arguments.QueueArguments} made from its declare
+    L{brokerd.model.queue_arguments.QueueArguments} made from its declare
     C{arguments}) under a policy C{definition} (or None): C{own} itself if the
     policy changes nothing, else a copy with the policy's values merged in.
     """

@@ -24,11 +24,11 @@ from zope.interface import implementer
 
 from brokerd.errors import AccessRefused, NotFound, PreconditionFailed, ResourceLocked
 from brokerd.interfaces import IExpiringQueue, IPagingStore, StoreCorrupted, UnreadableMessage
-from brokerd.model.arguments import QueueArguments, message_ttl_of
 from brokerd.model.consumers import QueueConsumers
 from brokerd.model.deadletter import DELIVERY_LIMIT, EXPIRED, MAXLEN, REJECTED, dead_letter
 from brokerd.model.expiry import MessageExpiry, UnusedExpiry
 from brokerd.model.message import Message, QueuedMessage
+from brokerd.model.queue_arguments import QueueArguments, message_ttl_of
 from brokerd.model.queue_paging import QueuePaging
 from brokerd.model.queue_settings import QueueSettings
 from brokerd.model.ready import PriorityReady, ReadyList
@@ -54,7 +54,7 @@ class Queue(QueuePaging, QueueSettings):
     @ivar own_settings: what its declare arguments ask (L{QueueArguments}).
     @ivar policy: its effective settings: C{own_settings} merged with the
         applied policy's keys (see L{brokerd.model.policy_effects}).
-    @ivar applied_policy: the vhost's L{brokerd.model.policies.Policy} that
+    @ivar applied_policy: the vhost's L{brokerd.model.policy_effects.Policy} that
         applies to it, or None.
     @ivar backlog_alarmed: True while more messages are ready than its
         backlog alarm (C{policy.backlog_alarm}) allows.

@@ -14,7 +14,7 @@ when it was declared.
 """
 
 from brokerd.errors import PreconditionFailed
-from brokerd.model.arguments import amqp_type_name
+from brokerd.model.queue_arguments import amqp_type_name
 
 QUEUE_TYPE = "x-queue-type"
 CLASSIC = "classic"

@@ -6,7 +6,7 @@ attributes or compared arguments differ, with RabbitMQ's 406 text.
 """
 
 from brokerd.errors import PreconditionFailed
-from brokerd.model.arguments import argument_difference
+from brokerd.model.queue_arguments import argument_difference
 from brokerd.proto import messages_pb2
 from brokerd.proto.exchange_types import EXCHANGE_TYPE_BY_NAME
 from brokerd.proto.tables import dict_to_table, freeze

@@ -10,9 +10,8 @@ exchange to exchange (see L{VirtualHost.route_now}). The vhost's policies
 declared and whenever the policies change (see L{brokerd.model.policy_effects}).
 """
 
-from brokerd.interfaces import IDelayedMessageStore
 from brokerd.errors import AccessRefused, CommandInvalid, NotFound, PreconditionFailed, ResourceLocked
-from brokerd.model.arguments import message_ttl_of
+from brokerd.interfaces import IDelayedMessageStore
 from brokerd.model.delayeddelivery import delay_of
 from brokerd.model.exchange import (
     DELAYED_TYPE,
@@ -24,12 +23,13 @@ from brokerd.model.exchange import (
     make_exchange,
     route_onwards,
 )
-from brokerd.model.policy_effects import VhostPolicies, unapplied_keys
 from brokerd.model.names import check_not_reserved, check_short_string, generate_queue_name
+from brokerd.model.policy_effects import VhostPolicies, unapplied_keys
 from brokerd.model.queue import Queue
+from brokerd.model.queue_arguments import message_ttl_of
 from brokerd.model.queue_types import check_declaration, comparable_arguments
-from brokerd.model.watermark import MemoryWatermark
 from brokerd.model.topology_records import binding_record, check_equivalent, exchange_record, flags, queue_record
+from brokerd.model.watermark import MemoryWatermark
 from brokerd.proto.tables import freeze
 
 PREDECLARED_EXCHANGES = {
@@ -50,7 +50,7 @@ class VirtualHost:
         vhost's queues runs on and which stamps publish times.
     @ivar exchanges: name -> exchange, the default exchange under C{""}.
     @ivar queues: name -> queue.
-    @ivar policies: its L{brokerd.model.policies.Policy} records, highest priority first.
+    @ivar policies: its L{brokerd.model.policy_effects.Policy} records, highest priority first.
     """
 
     def __init__(self, name, store, clock, watermark=None):
@@ -78,7 +78,7 @@ class VirtualHost:
 
     def set_policies(self, policies):
         """
-        Make C{policies} (L{brokerd.model.policies.Policy} records; those of
+        Make C{policies} (L{brokerd.model.policy_effects.Policy} records; those of
         other vhosts are ignored) the vhost's, replacing the ones it had, and
         apply them to every queue and exchange now; the ones declared later
         get theirs when declared.

@@ -10,12 +10,9 @@ broker is "blocked": protocol adapters stop reading from connections that
 publish (and tell AMQP clients with connection.blocked) until the total is back
 under the low watermark. RabbitMQ's memory alarm works the same way.
 
-Reading from one client can stop for more than one reason at a time (the
-broker is blocked; the client does not read what we write to it):
-L{ReadingPauses} keeps the reasons, so that lifting one does not lift another.
+How a connection's transport is paused for it is the wire's affair
+(L{brokerd.wire.backpressure}).
 """
-
-import weakref
 
 from twisted.logger import Logger
 
@@ -23,14 +20,6 @@ log = Logger()
 
 DEFAULT_HIGH_WATERMARK = 1024 * 1024 * 1024
 LOW_WATERMARK_RATIO = 0.8
-# A connection part-way through a frame at least this large holds memory as a
-# publisher does and is blocked like one; a smaller frame split across two reads
-# (a consumer's ack) never blocks its connection, whose acks may be what frees memory.
-LARGE_PARTIAL_FRAME = 64 * 1024
-
-# Why reading from a client is paused (see ReadingPauses).
-BROKER_BLOCKED = "broker blocked"  # memory above the watermark and this connection publishes
-SLOW_READER = "slow reader"  # the transport's write buffer is full: the client is not reading
 
 
 class MemoryWatermark:
@@ -80,174 +69,3 @@ class MemoryWatermark:
     def forget(self, resume):
         """A connection closed: do not call its C{resume}."""
         self._waiting.pop(resume, None)
-
-
-class ReadingPauses:
-    """
-    Why the broker is not reading one client's transport: a set of reasons.
-
-    The transport stops reading with the first reason and starts again when
-    the last one is lifted; C{on_resume} is then called (a protocol parses the
-    bytes it had read but held back meanwhile). Use L{reading_pauses} to get
-    the one instance of a transport, shared by everything that pauses it.
-    """
-
-    __slots__ = ("_transport", "reasons", "_held", "on_resume", "hangup_watch", "__weakref__")
-
-    def __init__(self, transport):
-        self._transport = weakref.ref(transport)  # the registry's key: a strong reference would keep it alive
-        self.reasons = set()
-        self._held = False  # the socket is not read while what was read waits for the next turn
-        self.on_resume = None
-        # Started while reading is paused, so that a client that goes away then is still noticed
-        # (a protocol sets one: brokerd.hangup.HangupWatch).
-        self.hangup_watch = None
-
-    def pause(self, reason):
-        if not self.reasons:
-            transport = self._transport()
-            if transport is not None and not self._held:
-                transport.pauseProducing()
-            if self.hangup_watch is not None:
-                self.hangup_watch.start()
-        self.reasons.add(reason)
-
-    def resume(self, reason):
-        if reason not in self.reasons:
-            return
-        self.reasons.discard(reason)
-        if self.reasons:
-            return
-        if self.hangup_watch is not None:
-            self.hangup_watch.stop()
-        transport = self._transport()
-        if transport is not None and not self._held:
-            transport.resumeProducing()
-        if self.on_resume is not None:
-            self.on_resume()
-
-    def hold_reading(self):
-        """
-        Stop reading the socket, without a reason that stops parsing: the
-        connection has whole frames left to parse on later turns
-        (L{brokerd.turns.TurnTaking}), and reading more meanwhile would only
-        pile them up.
-        """
-        if not self._held:
-            self._held = True
-            transport = self._transport()
-            if transport is not None and not self.reasons:
-                transport.pauseProducing()
-
-    def release_reading(self):
-        """What was held is parsed: read the socket again, unless a reason still pauses it."""
-        if self._held:
-            self._held = False
-            transport = self._transport()
-            if transport is not None and not self.reasons:
-                transport.resumeProducing()
-
-    def close(self):
-        """The connection is gone: stop watching it and let go of its protocol (whose callbacks
-        would otherwise keep the transport, the registry's key, and all it holds alive)."""
-        if self.hangup_watch is not None:
-            self.hangup_watch.stop()
-        self.hangup_watch = self.on_resume = None
-        transport = self._transport()
-        if transport is not None:
-            _pauses_by_transport.pop(transport, None)
-
-
-_pauses_by_transport = weakref.WeakKeyDictionary()
-
-
-def reading_pauses(transport):
-    """The L{ReadingPauses} of C{transport}, made on first use."""
-    pauses = _pauses_by_transport.get(transport)
-    if pauses is None:
-        pauses = _pauses_by_transport[transport] = ReadingPauses(transport)
-    return pauses
-
-
-class PublisherGate:
-    """
-    Pauses reading from one publishing connection while the broker is blocked.
-
-    C{notify(blocked)} is called on each change so a protocol can tell its
-    client (AMQP's connection.blocked / unblocked). The pause is one reason
-    among others (L{ReadingPauses}): unblocking does not resume reading from a
-    client that is paused for another reason.
-    """
-
-    def __init__(self, watermark, transport, notify=None):
-        self._watermark = watermark
-        self._reading = reading_pauses(transport)
-        self._notify = notify
-        self.paused = False
-
-    def check(self):
-        """After a publish, or bytes of one: stop reading from this connection if the broker is blocked."""
-        if self._watermark.blocked and not self.paused:
-            self.paused = True
-            self._reading.pause(BROKER_BLOCKED)
-            if self._notify is not None:
-                self._notify(True)
-            self._watermark.when_unblocked(self._resume)
-
-    def _resume(self):
-        if not self.paused:
-            return
-        self.paused = False
-        if self._notify is not None:
-            self._notify(False)
-        self._reading.resume(BROKER_BLOCKED)
-
-    def close(self):
-        self._watermark.forget(self._resume)
-        self.paused = False
-
-
-class HeldBytes:
-    """
-    Bytes one connection holds for the watermark (replies its client has not
-    read yet, bodies being assembled): added as they are taken, released as
-    they go, and all at once when the connection goes.
-    """
-
-    __slots__ = ("_watermark", "size")
-
-    def __init__(self, watermark):
-        self._watermark = watermark
-        self.size = 0
-
-    def add(self, size):
-        self.size += size
-        self._watermark.add(size)
-
-    def release(self, size=None):
-        """Release C{size} of the bytes held, or all of them."""
-        if size is None:
-            size = self.size
-        self.size -= size
-        if size:
-            self._watermark.release(size)
-
-
-class ConnectionFlow:
-    """
-    How bytes flow through one connection besides its frames: why we are not
-    reading from it (L{ReadingPauses}), what it holds against the memory
-    watermark (replies waiting for a client that does not read; bodies being
-    assembled) and when it last sent anything. One slotted object keeps a
-    protocol's own attributes few: past 30 of them, CPython's attribute lookups,
-    which every frame makes, get slower.
-    """
-
-    __slots__ = ("pauses", "unsent", "body_bytes", "received_at", "refusing")
-
-    def __init__(self, watermark):
-        self.pauses = None  # the transport's ReadingPauses, once connected
-        self.unsent = HeldBytes(watermark)  # written while the transport had paused us, until it drains
-        self.body_bytes = HeldBytes(watermark)  # in the channels' unfinished contents
-        self.received_at = 0.0
-        self.refusing = False  # a refusal before login is on its way: nothing more is read

@@ -11,7 +11,7 @@ argument order, and definitions export and import.
     python -m brokerd.native export-definitions backup.json
     python -m brokerd.native import-definitions backup.json
 
-Each is one ManagementRequest (L{brokerd.native.management}) for the user the
+Each is one ManagementRequest (L{brokerd.native.access_requests}) for the user the
 command line logged in as, who must be an administrator (for the policy commands, an administrator or
 a policymaker with permissions on the vhost). A change prints
 nothing and exits 0 once it is durable; a listing prints what
@@ -29,7 +29,6 @@ import json
 import sys
 
 from twisted.internet import defer
-
 
 DEFAULT_VHOST = "/"
 

@@ -35,7 +35,6 @@ from twisted.internet import defer, task
 from twisted.internet.endpoints import clientFromString
 from twisted.internet.error import ConnectError
 
-from brokerd.endpoints import endpoint_problem
 from brokerd.native.admincli import MANAGEMENT_COMMANDS, add_management_commands
 from brokerd.native.client import (
     DEFAULT_ENDPOINT,
@@ -45,8 +44,8 @@ from brokerd.native.client import (
     PublishNacked,
     connect,
 )
-from brokerd.shutdown import ignore_further_stop_signals, stop_once_on_signals
-
+from brokerd.wire.endpoints import endpoint_problem
+from brokerd.wire.stop_signals import ignore_further_stop_signals, stop_once_on_signals
 
 STOP_GRACE_SECONDS = 5  # how long a stop signal lets ``consume`` cancel and close before the connection is dropped
 

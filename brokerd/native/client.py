@@ -34,8 +34,7 @@ from brokerd.native.clientchannel import (
     PublishNacked,
     make_properties,
 )
-from brokerd.native.framing import FrameReceiver
-from brokerd.native.server import PROTOCOL_VERSION
+from brokerd.native.framing import PROTOCOL_VERSION, FrameReceiver
 from brokerd.proto.native_pb2 import Envelope
 
 __all__ = [

@@ -15,19 +15,20 @@ C{watermark}, so that the chunks of an incomplete frame and the frames written
 while its client does not read (the transport has paused us) count against the
 memory watermark, and sets C{read_pauses}, so that no frame is parsed while
 reading from its client is paused and a burst of frames is parsed a turn's
-worth at a time (L{brokerd.turns}).
+worth at a time (L{brokerd.wire.fairness}).
 """
 
 from struct import Struct
 
 from twisted.protocols.basic import Int32StringReceiver
 
-from brokerd.model.watermark import HeldBytes
-from brokerd.readbuffer import ReadBuffer
-from brokerd import turns
-from brokerd.turns import FRAMES_PER_CHECK, TurnTaking
-from brokerd.writebuffer import WriteBuffer
+from brokerd.wire import fairness
+from brokerd.wire.backpressure import HeldBytes
+from brokerd.wire.fairness import FRAMES_PER_CHECK, TurnTaking
+from brokerd.wire.read_buffer import ReadBuffer
+from brokerd.wire.write_buffer import WriteBuffer
 
+PROTOCOL_VERSION = 1  # what hello and hello-ok carry; a client of another version is refused
 _LENGTH = Struct(">I")
 _PREFIX = _LENGTH.size
 
@@ -99,7 +100,7 @@ class FrameReceiver(Int32StringReceiver):
             offset = end
             until_check -= 1
             if not until_check:
-                until_check = turns.frames_until_check(deadline)
+                until_check = fairness.frames_until_check(deadline)
                 if not until_check:
                     break  # the turn is over
         if offset < size and not self.stopped_reading:

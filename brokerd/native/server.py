@@ -17,12 +17,12 @@ channel-level requests are translated by L{brokerd.native.requests}.
 Until hello, frames are capped at L{PRE_HELLO_MAX_FRAME_SIZE} bytes and a client
 has L{HANDSHAKE_TIMEOUT} seconds to send it (as AMQP caps frames until tune-ok
 and times out its handshake); clients refused before hello are logged at a
-bounded rate (L{brokerd.refusallog}), as AMQP's refusals before login, and one
-that said hello gets an accepted and a closed line (L{brokerd.connectionlog}).
+bounded rate (L{brokerd.wire.refusal_log}), as AMQP's refusals before login, and one
+that said hello gets an accepted and a closed line (L{brokerd.wire.connection_log}).
 A connection has at most C{channel_max} channels open, whatever their numbers.
-Management requests (users, vhosts, permissions) go to L{brokerd.native.management}.
+Management requests (users, vhosts, permissions) go to L{brokerd.native.access_requests}.
 Replies and deliveries go out once per reactor turn of the broker's clock
-through the write buffer the AMQP server uses too (L{brokerd.writebuffer}).
+through the write buffer the AMQP server uses too (L{brokerd.wire.write_buffer}).
 The protocol is its transport's producer: while the client does not read what
 we write, it gets no deliveries and its requests are not read either, so it
 cannot make the broker queue replies it will not take.
@@ -38,8 +38,6 @@ from zope.interface import implementer
 
 import brokerd
 from brokerd.access.login import EXTERNAL, LOGIN_REFUSAL_DELAY, PASSWORD_MECHANISMS, PLAIN, AccessControl, LoginRefused
-from brokerd.connection import HANDSHAKE_TIMEOUT, NATIVE, Connection
-from brokerd.connectionlog import ConnectionRecord, client_text, lost_reason, peer_address, peer_host
 from brokerd.errors import (
     AccessRefused,
     BrokerError,
@@ -52,17 +50,18 @@ from brokerd.errors import (
     NotAllowed,
     UnexpectedFrame,
 )
-from brokerd.hangup import HangupWatch
-from brokerd.model.watermark import LARGE_PARTIAL_FRAME, SLOW_READER, PublisherGate, reading_pauses
-from brokerd.native.framing import FrameReceiver
-from brokerd.native.management import answer_management_request, management_serving
+from brokerd.native.access_requests import answer_management_request, management_serving
+from brokerd.native.framing import PROTOCOL_VERSION, FrameReceiver
 from brokerd.native.peer import NativeChannelPeer
-from brokerd.readbuffer import read_in_large_pieces
 from brokerd.native.requests import ChannelRequests
 from brokerd.proto.native_pb2 import Envelope
-from brokerd.refusallog import RefusalLog
+from brokerd.session.connection import HANDSHAKE_TIMEOUT, NATIVE, Connection
+from brokerd.wire.backpressure import LARGE_PARTIAL_FRAME, SLOW_READER, PublisherGate, reading_pauses
+from brokerd.wire.connection_log import ConnectionRecord, client_text, lost_reason, peer_address, peer_host
+from brokerd.wire.hangup_watch import HangupWatch
+from brokerd.wire.read_buffer import read_in_large_pieces
+from brokerd.wire.refusal_log import RefusalLog
 
-PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME_SIZE = 128 * 1024 * 1024 + 64 * 1024  # a 128 MiB body plus room for its properties
 EMPTY_FRAME = b"\x00\x00\x00\x00"  # a frame holding an empty envelope: a no-op for clients
 PRE_HELLO_MAX_FRAME_SIZE = 4096  # the largest frame before hello (AMQP's limit before tune-ok)
@@ -75,7 +74,7 @@ log = Logger()
 class NativeServerProtocol(ChannelRequests, FrameReceiver):
     """One client connection speaking the native protocol."""
 
-    management = None  # the listener's IManagement (None: management requests are refused)
+    management = None  # the listener's IAccessCommands (None: management requests are refused)
 
     def __init__(
         self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE, channel_max=DEFAULT_CHANNEL_MAX, refusal_log=None,
@@ -100,7 +99,7 @@ class NativeServerProtocol(ChannelRequests, FrameReceiver):
         self._hello_timeout = None
         self._refusal_call = None  # a refused login's answer, waiting out the refusal delay
         self._resume_call = None
-        self._record = None  # the connection as logged once hello is answered (brokerd.connectionlog)
+        self._record = None  # the connection as logged once hello is answered (brokerd.wire.connection_log)
         self._close_reason = None  # why it ends, for its closing log line
 
     # -- transport events
@@ -135,7 +134,7 @@ class NativeServerProtocol(ChannelRequests, FrameReceiver):
     def _probe_paused_peer(self):
         """An empty frame (an envelope with nothing in it, which clients ignore) to a client we are
         not reading and that holds memory, so that one that went away is noticed
-        (L{brokerd.hangup}); not to one that does not read what we write."""
+        (L{brokerd.wire.hangup_watch}); not to one that does not read what we write."""
         if self.writes.idle and SLOW_READER not in self.read_pauses.reasons and self.transport is not None:
             held = self._read_buffer.partial_frame_bytes if self._read_buffer is not None else 0
             if self.connection is not None:

@@ -5,7 +5,7 @@ returns. Message content, queue purge and delete, channel errors and
 transactions are in L{tests.interop.test_aio_pika_messages}.
 
 Each test runs one coroutine against the module's broker and uses its own
-queue and exchange names (L{tests.interop.aio_pika_support}).
+queue and exchange names (L{tests.support.aio_pika_clients}).
 """
 
 import asyncio
@@ -15,7 +15,7 @@ import pytest
 from aio_pika import ExchangeType, Message
 from aio_pika import exceptions as aio_exceptions
 
-from tests.interop.aio_pika_support import (  # noqa: F401 (broker_logs_no_errors is an autouse fixture)
+from tests.support.aio_pika_clients import (  # noqa: F401 (broker_logs_no_errors is an autouse fixture)
     STEP_TIMEOUT,
     broker_logs_no_errors,
     connect,

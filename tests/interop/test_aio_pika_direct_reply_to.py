@@ -6,7 +6,7 @@ import asyncio
 
 from aio_pika import Message
 
-from tests.interop.aio_pika_support import connect, run, step, unique
+from tests.support.aio_pika_clients import connect, run, step, unique
 
 REPLY_TO = "amq.rabbitmq.reply-to"
 

@@ -5,7 +5,7 @@ queue.delete report their counts, and transactions commit and roll back
 publishes and acks.
 
 Each test runs one coroutine against the module's broker and uses its own
-queue and exchange names (L{tests.interop.aio_pika_support}).
+queue and exchange names (L{tests.support.aio_pika_clients}).
 """
 
 import datetime
@@ -17,7 +17,7 @@ import pytest
 from aio_pika import DeliveryMode, ExchangeType, Message
 from aio_pika import exceptions as aio_exceptions
 
-from tests.interop.aio_pika_support import (  # noqa: F401 (broker_logs_no_errors is an autouse fixture)
+from tests.support.aio_pika_clients import (  # noqa: F401 (broker_logs_no_errors is an autouse fixture)
     STEP_TIMEOUT,
     broker_logs_no_errors,
     connect,
@@ -26,7 +26,7 @@ from tests.interop.aio_pika_support import (  # noqa: F401 (broker_logs_no_error
     step,
     unique,
 )
-from tests.interop.conftest import first_difference
+from tests.support.client_broker import first_difference
 
 TEN_MIB = 10 * 1024 * 1024
 UTC = datetime.timezone.utc

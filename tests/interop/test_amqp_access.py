@@ -12,7 +12,7 @@ import pika.exceptions
 import pytest
 
 from brokerd.access.database import AccessDatabase
-from tests.interop.conftest import checked_for_tracebacks, pika_parameters, start_broker
+from tests.support.client_broker import checked_for_tracebacks, pika_parameters, start_broker
 
 UTF8_USER, UTF8_PASSWORD = "zoë", "pässwörd€"
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
@@ -150,12 +150,12 @@ def test_users_permissions_and_vhosts_survive_a_sigkill(broker):
 LEGACY_STORE = """
 import sys
 from twisted.internet import defer, task
-from brokerd import storeregistry
+from brokerd.storage import registry
 from brokerd.interfaces import MessageRecord
 from brokerd.proto import messages_pb2
 
 async def write(reactor):
-    store = storeregistry.make_store("chunked", sys.argv[1], reactor=reactor)
+    store = registry.make_store("chunked", sys.argv[1], reactor=reactor)
     await store.open()
     store.save_queue(messages_pb2.QueueRecord(vhost="legacy", name="kept", durable=True))
     properties = messages_pb2.BasicProperties(delivery_mode=messages_pb2.PERSISTENT)

@@ -9,7 +9,7 @@ import pika.exceptions
 import pytest
 from pamqp import commands
 
-from tests.interop.conftest import (
+from tests.support.client_broker import (
     bystander,
     checked_for_tracebacks,
     pika_connection,
@@ -18,7 +18,7 @@ from tests.interop.conftest import (
     start_broker,
     unique_names,
 )
-from tests.interop.rawamqp import FRAME_BODY, FRAME_HEADER, raw_frame
+from tests.support.rawamqp import FRAME_BODY, FRAME_HEADER, raw_frame
 
 pytestmark = pytest.mark.usefixtures("no_broker_tracebacks")
 

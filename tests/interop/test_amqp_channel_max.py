@@ -13,8 +13,8 @@ import pytest
 from pamqp import commands
 
 from brokerd.proto.native_pb2 import Envelope
-from tests.interop.conftest import bystander, raw_client
-from tests.rawnative import RawNative
+from tests.support.client_broker import bystander, raw_client
+from tests.support.rawnative import RawNative
 
 pytestmark = pytest.mark.usefixtures("watchdog", "no_broker_tracebacks")
 

@@ -13,7 +13,7 @@ from pamqp import encode as pamqp_encode
 from pamqp import frame as pamqp_frame
 from pamqp import heartbeat as pamqp_heartbeat
 
-from tests.interop.conftest import (
+from tests.support.client_broker import (
     bystander,
     checked_for_tracebacks,
     pika_connection,
@@ -23,7 +23,7 @@ from tests.interop.conftest import (
     start_broker,
     unique_names,
 )
-from tests.interop.rawamqp import FRAME_BODY, FRAME_METHOD, PROTOCOL_HEADER, TIMEOUT, raw_frame
+from tests.support.rawamqp import FRAME_BODY, FRAME_METHOD, PROTOCOL_HEADER, TIMEOUT, raw_frame
 
 pytestmark = pytest.mark.usefixtures("no_broker_tracebacks")
 

@@ -11,7 +11,7 @@ import pytest
 from pamqp import commands
 from pamqp import encode as pamqp_encode
 
-from tests.interop.conftest import (
+from tests.support.client_broker import (
     bystander,
     checked_for_tracebacks,
     pika_connection,
@@ -20,7 +20,7 @@ from tests.interop.conftest import (
     start_broker,
     unique_names,
 )
-from tests.interop.rawamqp import FRAME_METHOD, PROTOCOL_HEADER, RawAmqp, raw_frame
+from tests.support.rawamqp import FRAME_METHOD, PROTOCOL_HEADER, RawAmqp, raw_frame
 
 pytestmark = pytest.mark.usefixtures("no_broker_tracebacks")
 

@@ -19,8 +19,8 @@ from aio_pika.patterns import RPC
 from pamqp import commands
 from pika import spec
 
-from tests.interop.conftest import logged_errors, raw_client
-from tests.interop.pika_support import closed_by_broker
+from tests.support.client_broker import logged_errors, raw_client
+from tests.support.pika_clients import closed_by_broker
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 

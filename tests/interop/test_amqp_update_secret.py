@@ -15,7 +15,7 @@ import pika
 import pytest
 from pika.exceptions import ConnectionClosedByBroker
 
-from tests.interop.conftest import bystander, checked_for_tracebacks, pika_round_trip, start_broker
+from tests.support.client_broker import bystander, checked_for_tracebacks, pika_round_trip, start_broker
 
 pytestmark = pytest.mark.usefixtures("no_broker_tracebacks")
 

@@ -9,8 +9,8 @@ import time
 import pytest
 from pamqp import commands
 
-from tests.interop.conftest import start_broker
-from tests.interop.rawamqp import RawAmqp, publish_frames
+from tests.support.client_broker import start_broker
+from tests.support.rawamqp import RawAmqp, publish_frames
 
 MESSAGES = 20000
 BODY = b"b" * 1024

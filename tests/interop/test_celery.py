@@ -24,7 +24,7 @@ pytest.importorskip("celery")
 from celery import chain, group  # noqa: E402
 from kombu import Connection  # noqa: E402
 
-from tests.interop.conftest import TRACEBACK_MARKS, logged_errors  # noqa: E402
+from tests.support.client_broker import TRACEBACK_MARKS, logged_errors  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 READY_TIMEOUT = 30.0

@@ -15,8 +15,8 @@ pytest.importorskip("celery")
 
 from kombu import Connection  # noqa: E402
 
-from tests.interop.conftest import TRACEBACK_MARKS, logged_errors  # noqa: E402
 from tests.interop.test_celery import RESULT_TIMEOUT, celery_worker  # noqa: E402
+from tests.support.client_broker import TRACEBACK_MARKS, logged_errors  # noqa: E402
 
 
 @pytest.fixture(scope="module")

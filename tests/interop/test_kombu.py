@@ -18,7 +18,7 @@ kombu = pytest.importorskip("kombu")
 
 from kombu import Consumer, Exchange, Producer, Queue  # noqa: E402
 
-from tests.interop.kombu_support import (  # noqa: E402, F401 (broker_log_stays_clean is an autouse fixture)
+from tests.support.kombu_clients import (  # noqa: E402, F401 (broker_log_stays_clean is an autouse fixture)
     QUIET,
     RETRY_POLICY,
     WAIT,

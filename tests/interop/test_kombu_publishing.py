@@ -19,8 +19,8 @@ kombu = pytest.importorskip("kombu")
 
 from kombu import Connection, Consumer, Exchange, Producer, Queue  # noqa: E402
 
-from tests.interop.conftest import TRACEBACK_MARKS, logged_errors, start_broker  # noqa: E402
-from tests.interop.kombu_support import (  # noqa: E402, F401 (broker_log_stays_clean is an autouse fixture)
+from tests.support.client_broker import TRACEBACK_MARKS, logged_errors, start_broker  # noqa: E402
+from tests.support.kombu_clients import (  # noqa: E402, F401 (broker_log_stays_clean is an autouse fixture)
     assert_nothing_more,
     broker_log_stays_clean,
     connection,

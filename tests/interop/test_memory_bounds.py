@@ -23,9 +23,9 @@ from pamqp import commands, frame
 from pamqp import header as pamqp_header
 
 from brokerd.proto.native_pb2 import Envelope
-from tests.interop.conftest import TRACEBACK_MARKS, logged_errors, start_broker
-from tests.interop.rawamqp import RawAmqp, content_frames
-from tests.support import encode_frame
+from tests.support.broker import encode_frame
+from tests.support.client_broker import TRACEBACK_MARKS, logged_errors, start_broker
+from tests.support.rawamqp import RawAmqp, content_frames
 
 pytestmark = pytest.mark.long_module(seconds=27)  # started early (tests/conftest.py)
 

@@ -6,7 +6,7 @@ import pytest
 from pika import spec
 from pika.exceptions import ChannelClosedByBroker
 
-from tests.interop.pika_support import (
+from tests.support.pika_clients import (
     close_reasons,
     closed_by_broker,
     collector,

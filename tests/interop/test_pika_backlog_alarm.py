@@ -6,7 +6,7 @@ import re
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 
-from tests.interop.pika_support import message_count
+from tests.support.pika_clients import message_count
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 

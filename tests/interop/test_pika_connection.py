@@ -1,5 +1,5 @@
 """pika's BlockingConnection against a real broker: heartbeats negotiated and
-taken (their timing is driven on a clock in tests/test_amqp_heartbeats.py),
+taken (their timing is driven on a clock in tests/amqp/test_heartbeats.py),
 refused logins and virtual hosts, and errors that stay on their own channel."""
 
 import time
@@ -7,13 +7,13 @@ import time
 import pika
 import pytest
 
-from tests.interop.pika_support import closed_by_broker, get_bodies, message_count
-from tests.interop.rawamqp import TIMEOUT
+from tests.support.pika_clients import closed_by_broker, get_bodies, message_count
+from tests.support.rawamqp import TIMEOUT
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 
 
-# -- heartbeats (the timing rules are driven on a clock in tests/test_amqp_heartbeats.py)
+# -- heartbeats (the timing rules are driven on a clock in tests/amqp/test_heartbeats.py)
 
 
 def test_pika_negotiates_heartbeats_and_takes_the_brokers(connect, own_broker, name):

@@ -9,7 +9,7 @@ import pytest
 from pika import spec
 from pika.exceptions import ConnectionClosedByBroker
 
-from tests.interop.pika_support import (
+from tests.support.pika_clients import (
     closed_by_broker,
     collector,
     consumer_count,

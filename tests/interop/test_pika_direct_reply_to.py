@@ -8,7 +8,7 @@ import pika
 import pytest
 from pika.exceptions import UnroutableError
 
-from tests.interop.pika_support import closed_by_broker, collector, pump, settle
+from tests.support.pika_clients import closed_by_broker, collector, pump, settle
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 

@@ -9,10 +9,10 @@ import pytest
 from pamqp import commands
 from pika import spec
 
-from benchmarks.crash_loop import DURABLE_BACKENDS, backend_installed
 from brokerd.testing import native_cli
-from tests.interop.conftest import raw_client, start_broker
-from tests.interop.pika_support import closed_by_broker, get_bodies, pump
+from crashloop.loop import DURABLE_BACKENDS, backend_installed
+from tests.support.client_broker import raw_client, start_broker
+from tests.support.pika_clients import closed_by_broker, get_bodies, pump
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 

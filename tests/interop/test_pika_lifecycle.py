@@ -14,7 +14,7 @@ import pika
 import pytest
 from pika.exceptions import NackError, UnroutableError
 
-from tests.interop.pika_support import closed_by_broker, collector, get_bodies, message_count, pump, settle
+from tests.support.pika_clients import closed_by_broker, collector, get_bodies, message_count, pump, settle
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 

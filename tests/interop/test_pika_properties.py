@@ -7,7 +7,7 @@ import pytest
 from pika.exceptions import UnsupportedAMQPFieldException
 
 from brokerd.testing import native_cli
-from tests.interop.pika_support import HEADERS, collector, message_count, pump, type_differences
+from tests.support.pika_clients import HEADERS, collector, message_count, pump, type_differences
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 

@@ -10,7 +10,7 @@ import pytest
 from pika import spec
 from pika.exceptions import ConnectionClosedByBroker, UnroutableError
 
-from tests.interop.pika_support import (
+from tests.support.pika_clients import (
     HEADERS,
     MiB,
     closed_by_broker,

@@ -7,8 +7,8 @@ import pika
 import pytest
 from pika.exceptions import ConnectionClosedByBroker
 
-from tests.interop.conftest import pika_connection, start_broker
-from tests.interop.pika_support import closed_by_broker, collector, consumer_count, message_count, pump, settle
+from tests.support.client_broker import pika_connection, start_broker
+from tests.support.pika_clients import closed_by_broker, collector, consumer_count, message_count, pump, settle
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 

@@ -10,7 +10,7 @@ from decimal import Decimal
 import pika
 import pytest
 
-from tests.interop.pika_support import closed_by_broker, get_bodies, message_count
+from tests.support.pika_clients import closed_by_broker, get_bodies, message_count
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 

@@ -5,7 +5,7 @@ import pika
 import pytest
 from pika import spec
 
-from tests.interop.pika_support import (
+from tests.support.pika_clients import (
     closed_by_broker,
     collector,
     consumer_count,

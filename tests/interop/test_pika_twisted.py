@@ -6,7 +6,7 @@ heartbeats and closing are in L{tests.interop.test_pika_twisted_connection}.
 TwistedProtocolConnection is connected with ClientCreator on 127.0.0.1; every
 channel method returns a Deferred and consumers hand deliveries over through a
 ClosableDeferredQueue. Each test case class has its own broker, each test its
-own queue names (L{tests.interop.pika_twisted_support}).
+own queue names (L{tests.support.pika_twisted_clients}).
 """
 
 import os
@@ -15,8 +15,8 @@ import pika
 from pika import exceptions as pika_exceptions
 from twisted.internet import defer
 
-from tests.interop.conftest import first_difference
-from tests.interop.pika_twisted_support import PikaTwistedTestCase, unique, within
+from tests.support.client_broker import first_difference
+from tests.support.pika_twisted_clients import PikaTwistedTestCase, unique, within
 
 TEN_MIB = 10 * 1024 * 1024
 

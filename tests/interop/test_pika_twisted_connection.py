@@ -4,7 +4,7 @@ connection kept alive by heartbeats, and channel errors, channel closes and
 connection closes (an unacked delivery goes back to its queue).
 
 Each test case class has its own broker, each test its own queue names
-(L{tests.interop.pika_twisted_support}).
+(L{tests.support.pika_twisted_clients}).
 """
 
 import os
@@ -12,8 +12,8 @@ import os
 from pika import exceptions as pika_exceptions
 from twisted.internet import defer, error
 
-from tests.interop.conftest import first_difference
-from tests.interop.pika_twisted_support import PikaTwistedTestCase, unique, within
+from tests.support.client_broker import first_difference
+from tests.support.pika_twisted_clients import PikaTwistedTestCase, unique, within
 
 
 class SmallFrameTests(PikaTwistedTestCase):

@@ -22,11 +22,11 @@ import pika.exceptions
 import pytest
 from pamqp import commands
 
-from benchmarks.crash_loop import DURABLE_BACKENDS, backend_installed
 from brokerd.proto import messages_pb2
 from brokerd.proto.native_pb2 import Envelope
 from brokerd.proto.tables import MAX_TABLE_DEPTH, dict_to_table
-from tests.interop.conftest import (
+from crashloop.loop import DURABLE_BACKENDS, backend_installed
+from tests.support.client_broker import (
     TRACEBACK_MARKS,
     logged_errors,
     pika_connection,
@@ -34,8 +34,8 @@ from tests.interop.conftest import (
     start_broker,
     unique_names,
 )
-from tests.interop.rawamqp import FRAME_BODY, FRAME_HEADER, raw_frame
-from tests.rawnative import RawNative
+from tests.support.rawamqp import FRAME_BODY, FRAME_HEADER, raw_frame
+from tests.support.rawnative import RawNative
 
 pytestmark = pytest.mark.usefixtures("no_broker_tracebacks")
 

@@ -1,10 +1,10 @@
-"""twistd plugin: ``twistd -n brokerd --backend=...`` (options in brokerd.tap)."""
+"""twistd plugin: ``twistd -n brokerd --backend=...`` (options in brokerd.process.tap)."""
 
 from twisted.application.service import ServiceMaker
 
 brokerd = ServiceMaker(
     "brokerd",
-    "brokerd.tap",
+    "brokerd.process.tap",
     "A message broker following the AMQP 0-9-1 model, with pluggable storage backends",
     "brokerd",
 )

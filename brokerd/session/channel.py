@@ -1,0 +1,470 @@
+"""Channel semantics, free of any wire protocol.
+
+A L{Channel} is what one AMQP channel (or native-protocol channel) can do:
+declare and delete topology, publish (optionally with publisher confirms),
+consume with prefetch limits, get, and settle deliveries with ack, nack, reject
+and recover. Protocol adapters translate frames into these calls and give the
+channel an L{IChannelPeer} to push deliveries, returns and confirms through.
+Errors are raised as L{brokerd.errors.BrokerError}s for the adapter to report.
+Its consumers (L{brokerd.session.consumer.Consumer}) are what its queues deliver to;
+transactions (tx.select, commit, rollback) are L{brokerd.session.transactions}'.
+Each channel counts the messages it publishes, delivers and has acked
+(L{MESSAGE_COUNTERS}), one integer increment each, for its connection's totals,
+and the unroutable publishes it drops or returns (counted on that path only).
+Every operation is checked against the user's permissions (L{brokerd.access.permissions}).
+"""
+
+from collections import OrderedDict
+
+from twisted.logger import Logger
+
+from brokerd.access.permissions import UNCHECKED
+from brokerd.errors import MethodNotImplemented, NotAllowed, NotFound, PreconditionFailed
+from brokerd.model.consumers import consumer_priority
+from brokerd.model.message import Message
+from brokerd.model.names import check_short_string, generate_consumer_tag
+from brokerd.model.property_rules import check_arguments, check_properties
+from brokerd.model.replyto import REPLY_PREFIX, REPLY_QUEUE
+from brokerd.session.confirms import PublisherConfirms
+from brokerd.session.consumer import Consumer, delivered_message
+from brokerd.session.transactions import ChannelTransactions
+
+log = Logger()
+
+# The message counters every channel keeps (and its connection adds up), as RabbitMQ's
+# message_stats: publish, deliver_get (consumer deliveries and basic.get), redeliver and ack.
+MESSAGE_COUNTERS = ("messages_published", "messages_delivered", "messages_redelivered", "messages_acked")
+# What else a channel counts for the broker-wide metrics (RabbitMQ's global counters): unroutable
+# publishes dropped or returned (counted on that path only), and the publishes made and confirmed in
+# confirm mode (read from its publisher confirms, not counted per message).
+ROUTING_COUNTERS = ("messages_unroutable_dropped", "messages_unroutable_returned", "messages_received_confirm",
+                    "messages_confirmed")
+
+
+class Channel(ChannelTransactions):
+    """
+    One open channel of a connection.
+
+    @ivar prefetch_count: the channel-wide limit of un-acked deliveries to
+        consumers (basic.qos with global set; 0: no limit). As in RabbitMQ,
+        messages taken with basic.get do not count.
+    @ivar consumer_unacked: un-acked deliveries to consumers of this channel.
+    @ivar consumer_prefetch: the per-consumer limit given to consumers created
+        from now on (basic.qos without global).
+    @ivar flow_active: False while the client has paused deliveries (channel.flow).
+    @ivar messages_published: messages the vhost took (routed or not), transactional ones once committed.
+    @ivar messages_redelivered: deliveries and gets of messages flagged redelivered.
+    @ivar messages_acked: deliveries the client acked.
+    @ivar messages_unroutable_dropped: publishes no queue took, not mandatory (dropped).
+    @ivar messages_unroutable_returned: mandatory publishes no queue took (returned to the publisher).
+    @ivar unacked_deliveries: delivery tag -> un-acked entry, in tag order.
+    @ivar next_delivery_tag: the tag the next delivery or basic.get gets.
+        These two and the counters are shared with the channel's consumers
+        (L{brokerd.session.consumer.Consumer}), which deliver on the channel's behalf.
+    """
+
+    def __init__(self, connection, channel_id, peer):
+        self.connection = connection
+        self.id = channel_id
+        self.peer = peer
+        self.vhost = connection.vhost
+        self.access = connection.access or UNCHECKED  # UNCHECKED: made in-process, without a login
+        self._writable_exchanges = None if connection.access is None else set()  # exchanges published to
+        self.clock = connection.broker.clock
+        self.consumers = {}
+        self.prefetch_count = 0
+        self.consumer_prefetch = 0
+        self.consumer_unacked = 0
+        self.flow_active = True
+        self.closed = False
+        self.messages_published = self.messages_redelivered = self.messages_acked = 0
+        self.messages_unroutable_dropped = self.messages_unroutable_returned = 0
+        self.unacked_deliveries = OrderedDict()  # delivery tag -> QueuedMessage, in tag order
+        self.next_delivery_tag = 1
+        self._last_queue_name = None
+        self._confirms = None
+        self._transaction = None  # pending (operation, arguments) while in tx mode
+        self._transaction_bytes = 0  # body bytes of the pending publishes, counted against the watermark
+
+    def __repr__(self):
+        return f"<Channel {self.id} of {self.connection!r}>"
+
+    @property
+    def name(self):
+        """RabbitMQ's name for it, its connection's and its number: C{"127.0.0.1:54321 -> 127.0.0.1:5672 (1)"}."""
+        return f"{self.connection.name} ({self.id})"
+
+    @property
+    def messages_delivered(self):
+        """Messages handed to consumers or taken by basic.get: as many as the delivery tags given out."""
+        return self.next_delivery_tag - 1
+
+    @property
+    def messages_received_confirm(self):
+        """Publishes made in confirm mode (each got a sequence number)."""
+        return self._confirms.published if self._confirms is not None else 0
+
+    @property
+    def messages_confirmed(self):
+        """Publishes in confirm mode whose confirm (ack or nack) was sent."""
+        return self._confirms.confirmed if self._confirms is not None else 0
+
+    @property
+    def unacked_count(self):
+        return len(self.unacked_deliveries)
+
+    # -- topology
+
+    def exchange_declare(
+        self, exchange, type_name="direct", passive=False, durable=False, auto_delete=False, internal=False,
+        arguments=None,
+    ):
+        check_arguments(arguments)
+        if not passive and exchange:
+            self.access.check_configure("exchange", exchange)
+        self.vhost.declare_exchange(exchange, type_name, passive, durable, auto_delete, internal, arguments)
+
+    def exchange_delete(self, exchange, if_unused=False):
+        if exchange:
+            self.access.check_configure("exchange", exchange)
+        self.vhost.delete_exchange(exchange, if_unused)
+
+    def exchange_bind(self, destination, source, routing_key="", arguments=None):
+        """exchange.bind: what C{source} routes under this binding goes on to C{destination}."""
+        check_arguments(arguments)
+        self.access.check_binding("exchange", destination, source)
+        self.vhost.bind_exchange(destination, source, routing_key, arguments)
+
+    def exchange_unbind(self, destination, source, routing_key="", arguments=None):
+        check_arguments(arguments)
+        self.access.check_binding("exchange", destination, source)
+        self.vhost.unbind_exchange(destination, source, routing_key, arguments)
+
+    def queue_declare(self, queue="", passive=False, durable=False, exclusive=False, auto_delete=False, arguments=None):
+        """Declare a queue; returns C{(name, message_count, consumer_count)}."""
+        if queue.startswith(REPLY_QUEUE):  # direct reply-to's names (brokerd.model.replyto)
+            declared = self.connection.broker.replies.declare(self, queue)
+            self._last_queue_name = queue
+            return declared
+        check_arguments(arguments)
+        queue, server_named = self.access.queue_to_declare(queue, passive, arguments)
+        declared = self.vhost.declare_queue(
+            self._queue_name(queue) if passive else queue,
+            self.connection,
+            passive,
+            durable,
+            exclusive,
+            auto_delete,
+            arguments,
+            server_named,
+        )
+        self._last_queue_name = declared.name
+        return declared.name, declared.message_count, declared.consumer_count
+
+    def queue_bind(self, queue, exchange, routing_key="", arguments=None):
+        check_arguments(arguments)
+        queue = self._queue_name(queue)
+        self.access.check_binding("queue", queue, exchange)
+        self.vhost.bind(queue, exchange, routing_key, arguments, self.connection)
+
+    def queue_unbind(self, queue, exchange, routing_key="", arguments=None):
+        check_arguments(arguments)
+        queue = self._queue_name(queue)
+        self.access.check_binding("queue", queue, exchange)
+        self.vhost.unbind(queue, exchange, routing_key, arguments, self.connection)
+
+    def queue_purge(self, queue):
+        """Drop a queue's ready messages; returns how many."""
+        queue = self._queue_name(queue)
+        self.access.check_read("queue", queue)
+        return self.vhost.purge_queue(queue, self.connection)
+
+    def queue_delete(self, queue, if_unused=False, if_empty=False):
+        """Delete a queue; returns how many ready messages went with it."""
+        queue = self._queue_name(queue)
+        self.access.check_configure("queue", queue)
+        return self.vhost.delete_queue(queue, self.connection, if_unused, if_empty)
+
+    def _queue_name(self, name):
+        # AMQP: an empty queue name means the last queue declared on this channel.
+        if name:
+            return name
+        if self._last_queue_name is None:
+            raise NotFound("no previously declared queue on this channel")
+        return self._last_queue_name
+
+    # -- publishing
+
+    def confirm_select(self):
+        """Put the channel in confirm mode: publishes are numbered from 1 and confirmed."""
+        if self._transaction is not None:
+            raise PreconditionFailed("cannot switch from tx to confirm mode")
+        if self._confirms is None:
+            self._confirms = PublisherConfirms(self.peer, self.vhost.store, self.clock)
+
+    def basic_publish(self, exchange, routing_key, properties, body, mandatory=False):
+        """Route and enqueue a message; returns it to the publisher if mandatory and unroutable."""
+        check_short_string("routing key", routing_key)
+        self.publish(Message(exchange, routing_key, properties, body), mandatory)
+
+    def publish(self, message, mandatory=False):
+        """
+        L{basic_publish} for a message the adapter has built (routing key already checked).
+
+        Properties that did not come as AMQP bytes are checked first, so that nothing is
+        kept (not even by a transaction) that either protocol could not deliver.
+        """
+        if message.encoded_properties is None:
+            check_properties(message.properties)
+        writable = self._writable_exchanges  # None: unchecked; else exchanges checked already
+        if writable is not None and (message.exchange not in writable or message.properties.user_id):
+            self.access.check_publish(message, writable)
+        if message.properties.reply_to == REPLY_QUEUE:
+            message = self.connection.broker.replies.with_reply_address(self, message)
+        if self._transaction is not None:
+            self._transaction.append((self.publish, (message, mandatory)))
+            self._hold_for_transaction(len(message.body))
+            return
+        confirms = self._confirms
+        if confirms is not None:
+            sequence = confirms.next_sequence()
+        routed, stored, refused = self.vhost.publish(message.exchange, message)
+        self.messages_published += 1
+        if not routed:  # one test on the routed path, as before; the counting is on the unroutable one only
+            if reply := message.routing_key.startswith(REPLY_PREFIX) and not message.exchange:
+                self.connection.broker.replies.deliver(self.vhost, message)  # and RabbitMQ returns it if mandatory
+            if mandatory and not refused:
+                self.messages_unroutable_returned += 1
+                self.peer.returned(312, "NO_ROUTE", message)
+            elif not refused and not reply:
+                self.messages_unroutable_dropped += 1
+        if confirms is not None:
+            if refused:
+                confirms.confirm(sequence, ack=False)  # a full queue with x-overflow reject-publish said no
+            elif stored:
+                confirms.confirm_after_sync(sequence)
+            else:
+                confirms.confirm(sequence)
+
+    # -- consuming
+
+    def basic_qos(self, prefetch_count, global_=False):
+        if global_:
+            self.prefetch_count = prefetch_count
+            self.dispatch_all()
+        else:
+            self.consumer_prefetch = prefetch_count
+
+    def basic_consume(self, queue, consumer_tag="", no_ack=False, exclusive=False, arguments=None):
+        """
+        Start a consumer; returns its tag.
+
+        Deliveries start on the next reactor turn, after the adapter has had
+        the chance to confirm the consumer to its client.
+        """
+        check_arguments(arguments)
+        queue = self._queue_name(queue)
+        if queue == REPLY_QUEUE:
+            target, arguments = self.connection.broker.replies.reply_queue(self, no_ack), None  # ignored
+        else:
+            self.access.check_read("queue", queue)
+            target = self.vhost.queue(queue, self.connection)
+            target.check_available()
+        priority = consumer_priority(arguments, target)
+        if target.policy.quorum and self.prefetch_count:
+            raise MethodNotImplemented(
+                f"queue {target.name!r} in vhost {self.vhost.name!r} does not support global qos"
+            )
+        if consumer_tag:
+            check_short_string("consumer tag", consumer_tag)
+            if consumer_tag in self.consumers:
+                raise NotAllowed(f"attempt to reuse consumer tag {consumer_tag!r}")
+        else:
+            consumer_tag = generate_consumer_tag()
+        consumer = Consumer(
+            consumer_tag, target, self, no_ack, exclusive, self.consumer_prefetch, dict(arguments or {}), priority
+        )
+        target.add_consumer(consumer)
+        self.consumers[consumer_tag] = consumer
+        self.clock.callLater(0, target.dispatch)
+        return consumer_tag
+
+    def basic_cancel(self, consumer_tag):
+        """Stop a consumer; its un-acked deliveries stay un-acked. Unknown tags are ignored."""
+        consumer = self.consumers.pop(consumer_tag, None)
+        if consumer is not None:
+            consumer.queue.remove_consumer(consumer)
+
+    def consumer_cancelled_by_broker(self, consumer):
+        """The consumer's queue went away: forget it, and tell the client on the next turn, after the
+        reply to what deleted the queue (RabbitMQ sends queue.delete-ok before the basic.cancel)."""
+        if self.consumers.pop(consumer.tag, None) is not None:
+            self.clock.callLater(0, self._tell_cancelled, consumer.tag)
+
+    def _tell_cancelled(self, tag):
+        if not self.closed:
+            self.peer.consumer_cancelled(tag)
+
+    def basic_get(self, queue, no_ack=False):
+        """
+        Take one message without a consumer.
+
+        @return: None if the queue is empty, else C{(delivery_tag, redelivered,
+            message, message_count)} where the count is what is left ready.
+        """
+        queue = self._queue_name(queue)
+        self.access.check_read("queue", queue)
+        source = self.vhost.queue(queue, self.connection)
+        source.check_available()
+        entry = source.get()
+        if entry is None:
+            source.check_available()  # the head could not be read from the store: not empty, unavailable
+            return None
+        tag = self.next_delivery_tag
+        self.next_delivery_tag = tag + 1
+        if no_ack:
+            source.forget(entry)
+        else:
+            self.unacked_deliveries[tag] = entry
+        if entry.redelivered:
+            self.messages_redelivered += 1
+        return tag, entry.redelivered, delivered_message(entry), source.message_count
+
+    def flow(self, active):
+        """Pause (False) or resume (True) deliveries to this channel's consumers."""
+        self.flow_active = active
+        if active:
+            self.dispatch_all()
+        return active
+
+    # -- settling deliveries
+
+    def basic_ack(self, delivery_tag, multiple=False):
+        if self._deferred_by_transaction(self.basic_ack, (delivery_tag, multiple), delivery_tag, multiple):
+            return
+        entries = self._take(delivery_tag, multiple)
+        self.messages_acked += len(entries)
+        for entry in entries:
+            entry.queue.acked(entry)
+        self._released(entries)
+
+    def basic_nack(self, delivery_tag, multiple=False, requeue=True):
+        if self._deferred_by_transaction(
+            self.basic_nack, (delivery_tag, multiple, requeue), delivery_tag, multiple
+        ):
+            return
+        self._settle_refused(self._take(delivery_tag, multiple), requeue)
+
+    def basic_reject(self, delivery_tag, requeue=True):
+        if self._deferred_by_transaction(self.basic_reject, (delivery_tag, requeue), delivery_tag, False):
+            return
+        self._settle_refused(self._take(delivery_tag, False), requeue)
+
+    def basic_recover(self, requeue=True):
+        """
+        Send every un-acked delivery again: requeued for any consumer, or (with
+        C{requeue} false) redelivered to the consumer that had it, where it
+        still exists.
+        """
+        entries = list(self.unacked_deliveries.values())
+        self.unacked_deliveries.clear()
+        if requeue:
+            self._settle_refused(entries, True)
+            return
+        back_to_queue = []
+        for entry in entries:
+            consumer = entry.consumer
+            if consumer is not None and self.consumers.get(consumer.tag) is consumer:
+                consumer.unacked -= 1
+                self.consumer_unacked -= 1
+                entry.consumer = None
+                if entry.queue.returned(entry):  # False: past its delivery limit, it died
+                    consumer.deliver(entry)
+            else:
+                back_to_queue.append(entry)
+        self._settle_refused(back_to_queue, True)
+
+    def _take(self, delivery_tag, multiple):
+        """Remove and return the un-acked entries an ack/nack/reject names."""
+        unacked = self.unacked_deliveries
+        if multiple and delivery_tag == 0:
+            entries = list(unacked.values())
+            unacked.clear()
+            return entries
+        if delivery_tag not in unacked:
+            raise PreconditionFailed(f"unknown delivery tag {delivery_tag}")
+        if not multiple:
+            return [unacked.pop(delivery_tag)]
+        entries = []
+        while True:
+            tag, entry = unacked.popitem(last=False)
+            entries.append(entry)
+            if tag == delivery_tag:
+                return entries
+
+    def _settle_refused(self, entries, requeue):
+        if requeue:
+            by_queue = {}
+            for entry in entries:
+                by_queue.setdefault(entry.queue, []).append(entry)
+            self._released(entries, dispatch=False)
+            for queue, returned in by_queue.items():
+                queue.requeue(returned)
+            self.dispatch_all()
+        else:
+            queues = self._released(entries, dispatch=False)
+            for entry in entries:
+                entry.queue.reject(entry)
+            self._refill(queues)
+
+    def _released(self, entries, dispatch=True):
+        """Give consumers the room the settled entries held, then fill it; returns the queues they came from."""
+        queues = set()
+        for entry in entries:
+            consumer = entry.consumer
+            if consumer is not None:
+                consumer.unacked -= 1
+                self.consumer_unacked -= 1
+                entry.consumer = None
+                queues.add(consumer.queue)
+        if dispatch:
+            self._refill(queues)
+        return queues
+
+    def _refill(self, queues):
+        """
+        Let C{queues} deliver again, and with a channel-wide limit every queue
+        this channel consumes from. A queue this channel no longer consumes from
+        is among them: a single active consumer that was cancelled holding
+        deliveries holds up its successor until they are settled.
+        """
+        if self.prefetch_count:
+            queues |= {consumer.queue for consumer in self.consumers.values()}
+        for queue in queues:
+            queue.dispatch()
+
+    def dispatch_all(self):
+        """Let every queue this channel consumes from deliver what it can."""
+        for queue in {consumer.queue for consumer in self.consumers.values()}:
+            queue.dispatch()
+
+    # -- closing
+
+    def close(self):
+        """Cancel every consumer and requeue every un-acked delivery."""
+        if self.closed:
+            return
+        self.closed = True
+        self.flow_active = False
+        consumers, self.consumers = list(self.consumers.values()), {}
+        for consumer in consumers:
+            consumer.queue.remove_consumer(consumer)
+        entries = list(self.unacked_deliveries.values())
+        self.unacked_deliveries.clear()
+        self._settle_refused(entries, True)
+        if self._transaction:
+            self._transaction = []  # an uncommitted transaction is rolled back
+        self._release_transaction_bytes()
+        if self._confirms is not None:
+            self._confirms.discard()
+

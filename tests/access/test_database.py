@@ -1,0 +1,154 @@
+"""The access database in-process: RabbitMQ's password hashes, the first
+start's defaults, durable changes, and the role the protocol servers see."""
+
+import json
+import os
+
+import pytest
+from zope.interface.verify import verifyObject
+
+from brokerd.access.database import (
+    ACCESS_FILE,
+    AccessChangeRefused,
+    AccessDatabase,
+    AccessDatabaseDamaged,
+    Permissions,
+)
+from brokerd.access.interfaces import IAccessDatabase
+from brokerd.access.passwords import hash_password, password_matches
+
+# Made by RabbitMQ 3.10.8 itself: rabbit_password:hash(rabbit_password_hashing_sha256, Password),
+# base64-encoded, in an erl shell with the rabbit and rabbit_common ebin directories on its path.
+RABBITMQ_GUEST_HASH = "8txHRarwsi3hEPY9yatYhW6Ay1E4IeoBkkT4AO6byh5TQXOX"
+RABBITMQ_UTF8_HASH = "kAd5Lvcr9lione4ixslkQwFfonvOMzHxWaQ8fpb3G7q4v4Yb"  # of "pässwörd€"
+
+
+def test_hashes_made_by_rabbitmq_verify_against_their_passwords():
+    assert password_matches(RABBITMQ_GUEST_HASH, "guest")
+    assert password_matches(RABBITMQ_GUEST_HASH, b"guest")
+    assert not password_matches(RABBITMQ_GUEST_HASH, "Guest")
+    assert password_matches(RABBITMQ_UTF8_HASH, "pässwörd€")
+    assert not password_matches(RABBITMQ_UTF8_HASH, "pässwörd€".encode("latin-1", "replace"))
+
+
+def test_our_hashes_are_rabbitmqs_format_salted_afresh_each_time():
+    salt = bytes.fromhex("f2dc4745")  # the salt of RABBITMQ_GUEST_HASH
+    assert hash_password("guest", salt) == RABBITMQ_GUEST_HASH
+    assert hash_password("guest") != hash_password("guest")
+    assert not password_matches("not base64!", "guest")
+    assert not password_matches("Z3Vlc3Q=", "guest")  # too short to hold a salt and a digest
+
+
+def test_first_start_makes_guest_an_administrator_with_every_permission_on_slash(tmp_path):
+    database = AccessDatabase.in_directory(str(tmp_path))
+    assert database.open() is True
+    assert database.vhosts == ["/"]
+    assert database.user("guest").tags == ("administrator",)
+    assert database.check_password("guest", "guest")
+    assert database.permissions_of("guest", "/") == Permissions(".*", ".*", ".*")
+    assert verifyObject(IAccessDatabase, database)
+    document = json.loads((tmp_path / ACCESS_FILE).read_text())
+    assert document["users"][0]["hashing_algorithm"] == "rabbit_password_hashing_sha256"
+
+
+def test_a_default_user_replaces_guest_on_the_first_start_only(tmp_path):
+    database = AccessDatabase.in_directory(str(tmp_path))
+    database.open("admin", "s€cret")
+    assert set(database.users) == {"admin"} and database.check_password("admin", "s€cret")
+    again = AccessDatabase.in_directory(str(tmp_path))
+    assert again.open("other", "x") is False
+    assert set(again.users) == {"admin"}
+
+
+def test_every_change_is_on_disk_when_it_returns(tmp_path):
+    database = AccessDatabase.in_directory(str(tmp_path))
+    database.open()
+    database.add_user("alice", "päss", ["monitoring"])
+    database.add_vhost("team")
+    database.set_permissions("alice", "team", "^alice\\.", "^alice\\.", "")
+    database.set_user_tags("alice", ["management", "policymaker"])
+    database.delete_user("guest")
+    reopened = AccessDatabase.in_directory(str(tmp_path))
+    reopened.open()
+    assert set(reopened.users) == {"alice"} and reopened.check_password("alice", "päss")
+    assert reopened.user("alice").tags == ("management", "policymaker")
+    assert reopened.vhosts == ["/", "team"]
+    assert reopened.permissions_of("alice", "team") == Permissions("^alice\\.", "^alice\\.", "")
+    assert reopened.permissions_of("guest", "/") is None  # deleted with its user
+    reopened.delete_vhost("team")
+    assert AccessDatabase.in_directory(str(tmp_path)).open() is False
+    assert reopened.permissions == {}
+    assert not os.path.exists(tmp_path / (ACCESS_FILE + ".tmp"))
+
+
+@pytest.mark.parametrize(
+    "change, complaint",
+    [
+        (lambda db: db.add_user("guest", "x"), "user 'guest' already exists"),
+        (lambda db: db.add_vhost("/"), "vhost '/' already exists"),
+        (lambda db: db.set_permissions("nobody", "/", ".*", ".*", ".*"), "no user 'nobody'"),
+        (lambda db: db.set_permissions("guest", "nowhere", ".*", ".*", ".*"), "no vhost 'nowhere'"),
+        (lambda db: db.set_permissions("guest", "/", "(", ".*", ".*"), "configure expression '(' is not valid"),
+        (lambda db: db.delete_vhost("nowhere"), "no vhost 'nowhere'"),
+        (lambda db: db.add_user("", "x"), "a user name must be 1 to 255 bytes"),
+    ],
+)
+def test_a_change_that_names_nothing_or_is_malformed_is_refused_and_changes_nothing(change, complaint):
+    database = AccessDatabase.in_memory()
+    before = database.document()
+    with pytest.raises(AccessChangeRefused, match=complaint.replace("(", r"\(")):
+        change(database)
+    assert database.document() == before
+
+
+def test_a_change_that_cannot_be_written_is_undone(tmp_path):
+    database = AccessDatabase.in_directory(str(tmp_path))
+    database.open()
+    (tmp_path / (ACCESS_FILE + ".tmp")).mkdir()  # where the new version would be written
+    with pytest.raises(OSError):
+        database.add_vhost("team")
+    assert database.vhosts == ["/"]
+    assert AccessDatabase.in_directory(str(tmp_path)).open() is False
+
+
+def test_a_damaged_file_is_named_and_not_overwritten(tmp_path):
+    (tmp_path / ACCESS_FILE).write_text("{not json")
+    with pytest.raises(AccessDatabaseDamaged, match=f"access database {tmp_path / ACCESS_FILE} cannot be read"):
+        AccessDatabase.in_directory(str(tmp_path)).open()
+    assert (tmp_path / ACCESS_FILE).read_text() == "{not json"
+
+
+def test_failed_logins_are_counted_per_user_name():
+    database = AccessDatabase.in_memory()
+    database.count_failed_login("guest")
+    database.count_failed_login("guest")
+    database.count_failed_login("mallory")
+    assert database.failed_logins == {"guest": 2, "mallory": 1}
+
+
+@pytest.mark.parametrize(
+    "arguments, environment, defaults",
+    [
+        ([], {}, ("guest", "guest")),
+        (["--default-user", "admin", "--default-pass", "pw"], {}, ("admin", "pw")),
+        ([], {"RABBITMQ_DEFAULT_USER": "ops", "RABBITMQ_DEFAULT_PASS": "€"}, ("ops", "€")),
+        (["--users", "USERS"], {}, (None, "guest")),  # a users file given on the first start replaces guest
+    ],
+    ids=["guest", "options", "environment", "users-file"],
+)
+def test_the_first_starts_administrator_comes_from_the_options_or_the_environment(
+    tmp_path, monkeypatch, arguments, environment, defaults
+):
+    from brokerd.process.tap import Options
+
+    for name in ("RABBITMQ_DEFAULT_USER", "RABBITMQ_DEFAULT_PASS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    (tmp_path / "users").write_text("alice:x\n")
+    arguments = [str(tmp_path / "users") if argument == "USERS" else argument for argument in arguments]
+    options = Options()
+    options.parseOptions(["--backend", "memory", "--data-dir", str(tmp_path), "--amqp", "none", "--native", "none",
+                          *arguments])
+    assert options["access-defaults"] == defaults
+    assert options["amqp-settings"].authenticator.access.path == str(tmp_path / ACCESS_FILE)
