@@ -4,53 +4,15 @@ them; each change is on disk (a second database opened from the same file
 sees it) when its Deferred fires; refusals are RabbitMQ's codes and words."""
 
 import pytest
-from twisted.internet import defer
 from twisted.logger import formatEvent, globalLogPublisher
 from zope.interface.verify import verifyObject
 
-from brokerd.access.commands import COMMANDS, NOT_ADMINISTRATOR, AccessCommands, Table
-from brokerd.access.database import AccessDatabase, Permissions
+from brokerd.access.commands import COMMANDS, NOT_ADMINISTRATOR, Table
+from brokerd.access.database import Permissions
 from brokerd.access.interfaces import IAccessCommands
 from brokerd.errors import AccessRefused, InternalError, MethodNotImplemented, NotFound, PreconditionFailed
 from brokerd.session.connection import Connection
-from tests.support.broker import make_broker
-
-
-@pytest.fixture
-def access(tmp_path):
-    database = AccessDatabase.in_directory(str(tmp_path))
-    database.open()
-    return database
-
-
-@pytest.fixture
-def management(access):
-    broker, _ = make_broker()
-    broker.store.open()
-    for name in access.vhosts:
-        broker.add_vhost(name)
-    return AccessCommands(broker, access)
-
-
-def on_disk(access):
-    """The database as a fresh start would read it from its file."""
-    again = AccessDatabase(access.path)
-    assert again.open() is False
-    return again
-
-
-def result(d):
-    """What an already-fired Deferred fired with (raising its failure)."""
-    assert isinstance(d, defer.Deferred) and d.called, d
-    outcome = []
-    d.addBoth(outcome.append)
-    if hasattr(outcome[0], "raiseException"):
-        outcome[0].raiseException()
-    return outcome[0]
-
-
-def run(management, *command, user="guest", vhost="/", backend=None):
-    return result(management.run(user, command[0], command[1:], vhost, backend))
+from tests.support.access import access, management, on_disk, run  # noqa: F401 (fixtures: access, management)
 
 
 def test_management_provides_its_interface(management):

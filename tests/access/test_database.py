@@ -16,11 +16,7 @@ from brokerd.access.database import (
 )
 from brokerd.access.interfaces import IAccessDatabase
 from brokerd.access.passwords import hash_password, password_matches
-
-# Made by RabbitMQ 3.10.8 itself: rabbit_password:hash(rabbit_password_hashing_sha256, Password),
-# base64-encoded, in an erl shell with the rabbit and rabbit_common ebin directories on its path.
-RABBITMQ_GUEST_HASH = "8txHRarwsi3hEPY9yatYhW6Ay1E4IeoBkkT4AO6byh5TQXOX"
-RABBITMQ_UTF8_HASH = "kAd5Lvcr9lione4ixslkQwFfonvOMzHxWaQ8fpb3G7q4v4Yb"  # of "pässwörd€"
+from tests.support.access import RABBITMQ_GUEST_HASH, RABBITMQ_UTF8_HASH
 
 
 def test_hashes_made_by_rabbitmq_verify_against_their_passwords():

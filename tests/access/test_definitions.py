@@ -13,63 +13,13 @@ from brokerd.access.definitions import DefinitionsRefused, export_definitions, i
 from brokerd.model.message import Message
 from brokerd.model.policy_effects import Policy
 from brokerd.session.connection import Connection
-from tests.access.test_commands import on_disk, result
-from tests.access.test_database import RABBITMQ_GUEST_HASH, RABBITMQ_UTF8_HASH
+from tests.support.access import (
+    comparable,
+    on_disk,
+    rabbitmq_definitions,
+    result,
+)
 from tests.support.broker import make_broker, properties
-
-
-def rabbitmq_definitions():
-    """Definitions as RabbitMQ 3.10.8 exports them (GET /api/definitions), field for field, with the
-    fields its rabbitmqctl export_definitions adds (a vhost's limits and metadata, a queue's type)."""
-    return {
-        "rabbit_version": "3.10.8",
-        "rabbitmq_version": "3.10.8",
-        "product_name": "RabbitMQ",
-        "product_version": "3.10.8",
-        "users": [
-            {"name": "alice", "password_hash": RABBITMQ_UTF8_HASH,
-             "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": ["management", "policymaker"], "limits": {"max-connections": 5}},
-            {"name": "guest", "password_hash": RABBITMQ_GUEST_HASH,
-             "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": ["administrator"], "limits": {}},
-        ],
-        "vhosts": [{"name": "team", "limits": [], "metadata": {"description": "", "tags": []}}, {"name": "/"}],
-        "permissions": [
-            {"user": "alice", "vhost": "team", "configure": "^alice", "write": ".*", "read": ".*"},
-            {"user": "guest", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"},
-        ],
-        "topic_permissions": [{"user": "alice", "vhost": "team", "exchange": "amq.topic", "write": ".*",
-                               "read": ".*"}],
-        "parameters": [{"value": {"max-connections": 10}, "vhost": "team", "component": "vhost-limits",
-                        "name": "limits"}],
-        "global_parameters": [{"name": "cluster_name", "value": "rabbit@localhost"}],
-        "policies": [{"vhost": "team", "name": "ttl", "pattern": "^ttl\\.", "apply-to": "queues",
-                      "definition": {"max-length": 10, "message-ttl": 60000}, "priority": 3}],
-        "queues": [
-            {"name": "orders.q", "vhost": "team", "durable": True, "auto_delete": False, "type": "classic",
-             "arguments": {"x-message-ttl": 5000, "x-max-priority": 5, "x-queue-mode": "lazy"}},
-            {"name": "ttl.q", "vhost": "team", "durable": True, "auto_delete": True, "arguments": {}},
-        ],
-        "exchanges": [
-            {"name": "ingress", "vhost": "team", "type": "topic", "durable": True, "auto_delete": False,
-             "internal": False, "arguments": {"alternate-exchange": "ae"}},
-            {"name": "ae", "vhost": "team", "type": "fanout", "durable": True, "auto_delete": False,
-             "internal": True, "arguments": {}},
-            {"name": "orders", "vhost": "team", "type": "direct", "durable": True, "auto_delete": False,
-             "internal": False, "arguments": {}},
-            {"name": "hdr", "vhost": "team", "type": "headers", "durable": True, "auto_delete": False,
-             "internal": False, "arguments": {}},
-        ],
-        "bindings": [
-            {"source": "amq.direct", "vhost": "team", "destination": "orders.q", "destination_type": "queue",
-             "routing_key": "from-amq", "arguments": {}},
-            {"source": "hdr", "vhost": "team", "destination": "orders.q", "destination_type": "queue",
-             "routing_key": "", "arguments": {"by": "xyz", "dt": 1577836800, "x-match": "any"}},
-            {"source": "ingress", "vhost": "team", "destination": "orders", "destination_type": "exchange",
-             "routing_key": "order.*", "arguments": {"k": 1}},
-            {"source": "orders", "vhost": "team", "destination": "orders.q", "destination_type": "queue",
-             "routing_key": "order.new", "arguments": {}},
-        ],
-    }
 
 
 def fresh(tmp_path, name):
@@ -82,13 +32,6 @@ def fresh(tmp_path, name):
 
 def imported(broker, access, document, vhost=None):
     return result(import_definitions(broker, access, copy.deepcopy(document), vhost))
-
-
-def comparable(document):
-    """The definitions with lists in a fixed order and brokerd's own fields left out."""
-    document = {key: value for key, value in document.items() if key not in ("product_name", "product_version")}
-    return {key: sorted(value, key=lambda entry: json.dumps(entry, sort_keys=True)) if isinstance(value, list)
-            else value for key, value in document.items()}
 
 
 def test_a_rabbitmq_export_imports_with_its_passwords_routing_and_policies(tmp_path):

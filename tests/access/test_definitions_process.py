@@ -9,8 +9,7 @@ import pika
 import pytest
 
 from brokerd.testing import BrokerProcess, native_cli
-from tests.access.test_database import RABBITMQ_GUEST_HASH
-from tests.access.test_definitions import rabbitmq_definitions
+from tests.support.access import RABBITMQ_GUEST_HASH, rabbitmq_definitions
 
 # Made by RabbitMQ 3.10.8 (rabbitmqctl add_user bob pw, then export_definitions).
 RABBITMQ_BOB_HASH = "ckma6IgknTErb6p2qaZibVPFDc1BVeitYVRboDXWedJ6EbA3"

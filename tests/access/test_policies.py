@@ -11,7 +11,7 @@ from brokerd.access.database import AccessChangeRefused, AccessDatabase
 from brokerd.access.policies import publish_all_policies
 from brokerd.errors import AccessRefused, NotFound, PreconditionFailed
 from brokerd.model.policy_effects import Policy
-from tests.access.test_commands import management, on_disk, run  # noqa: F401 (management: a fixture)
+from tests.support.access import management, on_disk, run  # noqa: F401 (management: a fixture)
 
 
 @pytest.fixture

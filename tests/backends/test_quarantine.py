@@ -16,9 +16,9 @@ from backends.common.quarantine import QUARANTINE_DIRECTORY, quarantined_topolog
 from brokerd.errors import NotFound
 from brokerd.proto import messages_pb2
 from brokerd.storage import registry
-from tests.backends.filelog.test_store import LogWatcher
 from tests.support import poisoned_state as state
 from tests.support.broker import make_broker, open_channel
+from tests.support.logs import LogWatcher
 
 DEADLINE_SECONDS = 10
 

@@ -4,7 +4,7 @@ follows its exchange-to-exchange binding), export -> import into a fresh broker 
 definitions, and a policy set over HTTP caps a queue."""
 
 from brokerd.testing import BrokerProcess
-from tests.access.test_definitions import comparable, rabbitmq_definitions
+from tests.support.access import comparable, rabbitmq_definitions
 from tests.support.httpapi import Api, amqp, api, broker  # noqa: F401 (api, broker: the module's fixtures)
 
 

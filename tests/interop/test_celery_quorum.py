@@ -15,7 +15,7 @@ pytest.importorskip("celery")
 
 from kombu import Connection  # noqa: E402
 
-from tests.interop.test_celery import RESULT_TIMEOUT, celery_worker  # noqa: E402
+from tests.support.celery_worker import RESULT_TIMEOUT, celery_worker  # noqa: E402
 from tests.support.client_broker import TRACEBACK_MARKS, logged_errors  # noqa: E402
 
 

@@ -2,8 +2,8 @@
 arguments, priority, apply-to, and policies that change while the objects exist."""
 
 from brokerd.model.policy_effects import Policy, definition_problem
-from tests.model.test_queue_limits import dead, drain, outcomes, with_dead_letters
 from tests.support.broker import make_broker, open_channel, properties, publish, ready
+from tests.support.dead_letters import dead, drain, outcomes, with_dead_letters
 
 
 def policy(definition, name="p", pattern="^q", priority=0, apply_to="all", vhost="/"):

@@ -8,8 +8,8 @@ import datetime
 from twisted.internet import defer, reactor, task
 
 from brokerd.native.client import ChannelClosed, PublishNacked
-from tests.native.test_protocol import NativeProtocolTestCase
 from tests.support.broker import DeliveryCollector
+from tests.support.native_protocol import NativeProtocolTestCase
 
 WAIT = 5.0
 

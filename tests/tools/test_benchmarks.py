@@ -8,7 +8,6 @@ the helper that reads them (L{brokerd.loadgen.process_cpu}) against real busy pr
 import base64
 import json
 import os
-import pathlib
 import subprocess
 import sys
 import urllib.request
@@ -19,6 +18,7 @@ from brokerd.loadgen.process_cpu import CLOCK_TICKS_PER_SECOND, CpuWindow, cpu_s
 from brokerd.loadgen.process_memory import PeakResidentMemory, resident_bytes, tree_resident_bytes
 from brokerd.testing import BrokerProcess
 from spark_jobs.analysis import STEPS
+from tests.support.paths import ROOT
 from tests.support.spark_driver import spark_environment
 
 pytestmark = pytest.mark.long_module(seconds=85)  # started early (tests/conftest.py)
@@ -199,7 +199,6 @@ def test_process_cpu_of_a_finished_process_or_of_none_is_unknown():
 
 HOLDER = """
 import sys
-from tests.support.paths import ROOT
 held = bytearray(int(sys.argv[1]) << 20)  # zero-filled: every page touched
 print("holding", flush=True)
 sys.stdin.readline()

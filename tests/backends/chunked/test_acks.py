@@ -10,14 +10,7 @@ from twisted.internet import defer
 from twisted.trial import unittest
 
 from backends.chunked.ackformat import ACK_LOG_MAGIC, decode_checkpoint
-from tests.backends.chunked.test_store import (
-    ChunkedStores,
-    big,
-    chunk_numbers,
-    contents,
-    index_chunk_numbers,
-    index_dir,
-)
+from tests.support.chunked_files import ChunkedStores, big, chunk_numbers, contents, index_chunk_numbers, index_dir
 from tests.support.store_contract import AUDIT, JOBS, message
 
 

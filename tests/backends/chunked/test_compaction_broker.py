@@ -12,9 +12,9 @@ import sys
 from twisted.internet import defer
 from twisted.trial import unittest
 
-from tests.backends.chunked.test_compaction import COUNT, PARKED, Compacting, parked_numbers, published, settle
-from tests.backends.chunked.test_store import DATA, chunk_numbers, record_bytes, sized
 from tests.support.broker import make_broker, open_channel, properties
+from tests.support.chunked_compaction import COUNT, PARKED, Compacting, parked_numbers, published, settle
+from tests.support.chunked_files import DATA, chunk_numbers, record_bytes, sized
 from tests.support.paths import ROOT
 from tests.support.store_contract import JOBS, queue_record
 

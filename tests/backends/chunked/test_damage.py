@@ -10,7 +10,7 @@ from twisted.trial import unittest
 
 from backends.chunked.format import HEADER_SIZE, position_of
 from brokerd.interfaces import StoreCorrupted
-from tests.backends.chunked.test_store import (
+from tests.support.chunked_files import (
     ENTRIES,
     FILE_SIZE,
     ChunkedStores,
@@ -25,7 +25,7 @@ from tests.backends.chunked.test_store import (
     record_bytes,
     sized,
 )
-from tests.backends.filelog.test_store import LogWatcher
+from tests.support.logs import LogWatcher
 from tests.support.store_contract import AUDIT, JOBS, message, queue_record
 
 THREE = [sized("m%d" % n, 100) for n in range(3)]

@@ -29,12 +29,22 @@ from backends.chunked.delayedformat import (
 from backends.chunked.delayedindex import LOADED_VIEWS
 from backends.chunked.format import HEADER_SIZE
 from brokerd.interfaces import StoreCorrupted
-from tests.backends.chunked.test_store import ChunkedStores, big, chunk_numbers, chunk_path, contents, flip, sized
+from tests.support.chunked_files import (
+    SECOND,
+    ChunkedStores,
+    big,
+    bucket_numbers,
+    bucket_path,
+    chunk_numbers,
+    chunk_path,
+    contents,
+    delayed_dir,
+    flip,
+    sized,
+)
 from tests.support.delayed_store_contract import DELAYS, FOREVER, NOW, DelayedStoreContract, bodies, delayed, keys
 from tests.support.paths import ROOT
 from tests.support.store_contract import JOBS, queue_record
-
-SECOND = 1000  # ms: the bucket width of the tests below
 
 
 class ChunkedDelayedStoreTests(ChunkedStores, DelayedStoreContract, unittest.TestCase):
@@ -45,18 +55,6 @@ class ChunkedSmallBucketsDelayedStoreTests(ChunkedStores, DelayedStoreContract, 
     """The contract again with one-second buckets and a flush every five journal entries."""
 
     options = {**ChunkedStores.options, "delayed_bucket_ms": "1000", "delayed_flush_entries": "5"}
-
-
-def delayed_dir(store):
-    return os.path.join(store.directory, "delayed")
-
-
-def bucket_path(store, number):
-    return os.path.join(delayed_dir(store), "bucket-%020d" % number)
-
-
-def bucket_numbers(store):
-    return sorted(int(name[len("bucket-"):]) for name in os.listdir(delayed_dir(store)) if name.startswith("bucket-"))
 
 
 def journal(store):

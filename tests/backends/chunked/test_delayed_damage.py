@@ -17,9 +17,18 @@ from backends.chunked.delayedformat import (
 )
 from backends.chunked.format import HEADER_SIZE
 from brokerd.interfaces import StoreCorrupted
-from tests.backends.chunked.test_delayed import SECOND, bucket_numbers, bucket_path, delayed_dir
-from tests.backends.chunked.test_store import ChunkedStores, chunk_numbers, chunk_path, contents, flip, overwrite
-from tests.backends.filelog.test_store import LogWatcher
+from tests.support.chunked_files import (
+    SECOND,
+    ChunkedStores,
+    bucket_numbers,
+    bucket_path,
+    chunk_numbers,
+    chunk_path,
+    contents,
+    delayed_dir,
+    flip,
+    overwrite,
+)
 from tests.support.delayed_store_contract import (
     DELAYS,
     FOREVER,
@@ -28,6 +37,7 @@ from tests.support.delayed_store_contract import (
     bodies,
     delayed,
 )
+from tests.support.logs import LogWatcher
 from tests.support.store_contract import JOBS, message, queue_record
 
 TEN = [b"m%d" % n for n in range(10)]

@@ -11,7 +11,7 @@ from twisted.trial import unittest
 
 from backends.chunked.format import FOOTER_SIZE, HEADER_SIZE, decode_footer, position_of
 from brokerd.proto import messages_pb2
-from tests.backends.chunked.test_store import (
+from tests.support.chunked_files import (
     DATA,
     ENTRIES,
     FILE_SIZE,
@@ -25,7 +25,7 @@ from tests.backends.chunked.test_store import (
     record_bytes,
     sized,
 )
-from tests.backends.filelog.test_store import LogWatcher
+from tests.support.logs import LogWatcher
 from tests.support.store_contract import AUDIT, JOBS, message, queue_record
 
 # Written out here rather than taken from backends.chunked.format, so that the tests say what the format is.

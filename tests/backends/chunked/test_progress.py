@@ -8,7 +8,7 @@ from twisted.trial import unittest
 
 from backends.chunked.format import FOOTER_SIZE, HEADER_SIZE, RECORD_TAIL, decode_progress, encode_head, record_size
 from brokerd.interfaces import StoreCorrupted
-from tests.backends.chunked.test_store import ChunkedStores, chunk_path, contents, flip, overwrite
+from tests.support.chunked_files import ChunkedStores, chunk_path, contents, flip, overwrite
 from tests.support.store_contract import JOBS, message, queue_record
 
 DATA = 1 << 20  # bytes of records per chunk here: every message of a test goes to chunk 0

@@ -13,55 +13,32 @@ import time
 from twisted.internet import defer
 from twisted.trial import unittest
 
-from backends.chunked import MessageTooLarge, backend
+from backends.chunked import MessageTooLarge
 from backends.chunked.format import (
-    FOOTER_SIZE,
     HEADER_SIZE,
-    RECORD_OVERHEAD,
-    encode_head,
     position_of,
-    record_size,
 )
 from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
-from tests.backends.filelog.test_store import LogWatcher
-from tests.support.store_contract import AUDIT, JOBS, DirectoryStores, StoreContract, message, queue_record
+from tests.support.chunked_files import (
+    DATA,
+    ENTRIES,
+    FILE_SIZE,
+    ChunkedStores,
+    big,
+    chunk_numbers,
+    chunk_path,
+    contents,
+    filling,
+    index_chunk_numbers,
+    index_chunk_path,
+    index_dir,
+    record_bytes,
+    sized,
+)
+from tests.support.logs import LogWatcher
+from tests.support.store_contract import AUDIT, JOBS, StoreContract, message
 from tests.support.store_contract_durable import DurableStoreContract
-
-DATA = 4096  # bytes of records per message chunk, as the tests' chunk_size option says
-FILE_SIZE = HEADER_SIZE + DATA + FOOTER_SIZE  # of every message chunk file
-ENTRIES = 64  # per index chunk, as the tests' index_chunk_entries option says
-
-
-def sized(name, size):
-    """A persistent message named C{name} with a body of C{size} bytes and a small head of known size."""
-    properties = messages_pb2.BasicProperties(delivery_mode=messages_pb2.PERSISTENT, message_id=name)
-    return Message("amq.direct", "jobs", properties, name.encode().ljust(size, b"."))
-
-
-def big(number):
-    """A message of which three fit in a chunk and a fourth does not."""
-    return sized("m%02d" % number, 1000)
-
-
-def filling(name, room):
-    """A message named C{name} whose record takes exactly C{room} bytes."""
-    return sized(name, room - RECORD_OVERHEAD - len(encode_head(sized(name, 0))))
-
-
-def record_bytes(published):
-    """The bytes a message's record takes in a chunk."""
-    return record_size(encode_head(published), len(published.body))
-
-
-def chunk_path(store, number):
-    return os.path.join(store.directory, "message-chunk-%09d" % number)
-
-
-def chunk_numbers(store):
-    """The numbers of the message chunk files there are, from the directory listing."""
-    return sorted(int(name[len("message-chunk-") :]) for name in os.listdir(store.directory)
-                  if name.startswith("message-chunk-"))
 
 
 def mapped_chunks(store):
@@ -70,60 +47,6 @@ def mapped_chunks(store):
         paths = {line.split(None, 5)[5].strip() for line in maps if len(line.split(None, 5)) == 6}
     return sorted(number for number in range(64) if chunk_path(store, number) in paths
                   or chunk_path(store, number) + " (deleted)" in paths)
-
-
-def index_dir(store, queue):
-    return os.path.join(store.directory, "queues", "\0".join(queue).encode("utf-8").hex())
-
-
-def index_chunk_path(store, queue, number):
-    return os.path.join(index_dir(store, queue), "index-chunk-%09d" % number)
-
-
-def index_chunk_numbers(store, queue):
-    return sorted(int(name[len("index-chunk-") :]) for name in os.listdir(index_dir(store, queue))
-                  if name.startswith("index-chunk-"))
-
-
-def contents(path):
-    with open(path, "rb") as opened:
-        return opened.read()
-
-
-def overwrite(path, offset, data):
-    with open(path, "r+b") as opened:
-        opened.seek(offset)
-        opened.write(data)
-
-
-def flip(path, offset):
-    """Damage one byte of a file (invert its bits)."""
-    overwrite(path, offset, bytes([contents(path)[offset] ^ 0xFF]))
-
-
-class ChunkedStores(DirectoryStores):
-    """Makes chunked stores on fresh or existing data directories, closed at test cleanup.
-
-    Chunks are small (4 KiB of records, 64 index entries) so that the tests
-    cross chunk boundaries with a few messages."""
-
-    backend = backend
-    subdirectory = "chunked"
-    options = {"chunk_size": "4096", "index_chunk_entries": "64"}
-
-    @defer.inlineCallbacks
-    def store_with(self, messages, queues=(JOBS,), **options):
-        """An open store whose C{queues} each hold C{messages}, synced; and their handles."""
-        store = yield self.open_store(**options)
-        for vhost, name in queues:
-            store.save_queue(queue_record(name, vhost=vhost))
-        handles = [store.append(published, list(queues)) for published in messages]
-        yield store.sync()
-        return store, handles
-
-    @staticmethod
-    def bodies(store, queue=JOBS):
-        return [record.body for _, record, _ in store.recover(queue)]
 
 
 class ChunkedStoreContractTests(ChunkedStores, StoreContract, unittest.TestCase):

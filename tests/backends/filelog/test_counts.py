@@ -6,7 +6,8 @@ import os
 from twisted.internet import defer
 from twisted.trial import unittest
 
-from tests.backends.filelog.test_store import FilelogStores, LogWatcher, record_spans
+from tests.support.filelog_files import FilelogStores, record_spans
+from tests.support.logs import LogWatcher
 from tests.support.store_contract import JOBS
 
 

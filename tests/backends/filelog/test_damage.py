@@ -10,8 +10,9 @@ from twisted.trial import unittest
 from brokerd.errors import NotFound
 from brokerd.interfaces import StoreCorrupted
 from brokerd.proto import messages_pb2
-from tests.backends.filelog.test_store import RECORD_LENGTH, FilelogStores, LogWatcher, record_spans
 from tests.support.broker import make_broker, open_channel
+from tests.support.filelog_files import RECORD_LENGTH, FilelogStores, record_spans
+from tests.support.logs import LogWatcher
 from tests.support.store_contract import AUDIT, JOBS, binding_record, exchange_record, message, queue_record
 
 

@@ -10,8 +10,7 @@ from twisted.trial import unittest
 
 from backends.filelog.delayedlog import DELAYED_MAGIC, decode_delayed
 from backends.filelog.records import FLAG_OFFSET, record_problem
-from tests.backends.chunked.test_store import contents, flip
-from tests.backends.filelog.test_store import FilelogStores, LogWatcher
+from tests.support.chunked_files import contents, flip
 from tests.support.delayed_store_contract import (
     DELAYS,
     FOREVER,
@@ -22,6 +21,8 @@ from tests.support.delayed_store_contract import (
     bodies,
     delayed,
 )
+from tests.support.filelog_files import FilelogStores
+from tests.support.logs import LogWatcher
 from tests.support.store_contract import JOBS, message, queue_record
 
 LENGTH = struct.Struct(">I")

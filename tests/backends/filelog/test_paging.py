@@ -16,7 +16,7 @@ from backends.filelog.queuefile import queue_file_name
 from backends.filelog.reads import READ_AHEAD_BYTES
 from brokerd.interfaces import IDelayedMessageStore, IPagingStore, MessageRecord, StoreCorrupted
 from brokerd.testing import BrokerProcess
-from tests.backends.filelog.test_store import record_spans
+from tests.support.filelog_files import record_spans
 from tests.support.paging_contract import PagingContract
 from tests.support.store_contract import AUDIT, JOBS, message, queue_record
 

@@ -4,10 +4,8 @@ are in L{tests.backends.filelog.test_damage})."""
 
 import math
 import os
-import struct
 
 from twisted.internet import defer, reactor, task
-from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial import unittest
 
 from backends.common.fileio import DirectoryInUse
@@ -16,50 +14,9 @@ from backends.filelog.queuefile import queue_file_name
 from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
 from brokerd.storage.durability import SyncPolicy
-from tests.support.store_contract import AUDIT, JOBS, DirectoryStores, StoreContract, message, queue_record
+from tests.support.filelog_files import QUEUE_FILE_MAGIC, RECORD_LENGTH, FilelogStores, header_size, record_spans
+from tests.support.store_contract import AUDIT, JOBS, StoreContract, message, queue_record
 from tests.support.store_contract_durable import DurableStoreContract
-
-RECORD_LENGTH = struct.Struct(">I")
-QUEUE_FILE_MAGIC = b"brokerd filelog queue 1\n"
-
-
-def header_size(data):
-    """The size of a queue file's header: the magic line, the length-prefixed queue key and a CRC."""
-    assert data.startswith(QUEUE_FILE_MAGIC), data[:40]
-    (key_length,) = RECORD_LENGTH.unpack_from(data, len(QUEUE_FILE_MAGIC))
-    return len(QUEUE_FILE_MAGIC) + 4 + key_length + 4
-
-
-def record_spans(path):
-    """The (offset, size) of every record of a queue file, read by its length prefixes alone."""
-    with open(path, "rb") as queue_file:
-        data = queue_file.read()
-    spans, offset = [], header_size(data)
-    while offset + 4 <= len(data):
-        (length,) = RECORD_LENGTH.unpack_from(data, offset)
-        spans.append((offset, length + 8))
-        offset += length + 8
-    return spans
-
-
-class FilelogStores(DirectoryStores):
-    """Makes filelog stores on fresh or existing data directories, closed at test cleanup."""
-
-    backend = backend
-    subdirectory = "filelog"
-    options = {}
-
-    def queue_path(self, store, queue):
-        return os.path.join(store.directory, queue_file_name(queue))
-
-    @defer.inlineCallbacks
-    def filled(self, count):
-        """An open store whose queue C{jobs} holds C{count} committed messages, and their handles."""
-        store = yield self.open_store()
-        store.save_queue(queue_record("jobs"))
-        handles = [store.append(message(b"m%02d" % n), [JOBS]) for n in range(count)]
-        yield store.sync()
-        return store, handles
 
 
 class FilelogStoreContractTests(FilelogStores, StoreContract, unittest.TestCase):
@@ -68,21 +25,6 @@ class FilelogStoreContractTests(FilelogStores, StoreContract, unittest.TestCase)
 
 class FilelogDurableStoreContractTests(FilelogStores, DurableStoreContract, unittest.TestCase):
     pass
-
-
-class LogWatcher:
-    """Keeps the text of every log event while a test runs."""
-
-    def __init__(self, testcase):
-        self.texts = []
-        globalLogPublisher.addObserver(self._observe)
-        testcase.addCleanup(globalLogPublisher.removeObserver, self._observe)
-
-    def _observe(self, event):
-        self.texts.append(formatEvent(event))
-
-    def matching(self, *words):
-        return [text for text in self.texts if all(word in text for word in words)]
 
 
 class FilelogFormatTests(FilelogStores, unittest.TestCase):

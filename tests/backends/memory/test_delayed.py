@@ -2,10 +2,9 @@
 
 from twisted.trial import unittest
 
-import tests.backends.memory.test_store as memory_tests
 from tests.support.delayed_store_contract import DelayedStoreContract
+from tests.support.memory_stores import MemoryStores
 
 
-class MemoryDelayedStoreTests(DelayedStoreContract, unittest.TestCase):
-    make_store = memory_tests.MemoryStoreContractTests.make_store
-    reopen = memory_tests.MemoryStoreContractTests.reopen
+class MemoryDelayedStoreTests(MemoryStores, DelayedStoreContract, unittest.TestCase):
+    pass

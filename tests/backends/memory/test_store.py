@@ -6,24 +6,17 @@ from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
 from backends.memory import MemoryStore, backend
+from tests.support.memory_stores import MemoryStores
 from tests.support.store_contract import JOBS, StoreContract, message, queue_record
 from tests.support.store_contract_durable import DurableStoreContract
 
 
-class MemoryStoreContractTests(StoreContract, unittest.TestCase):
-    def make_store(self):
-        return backend.make_store(tempfile.gettempdir(), reactor=reactor)
-
-    def reopen(self, store):
-        # Nothing outlives the process: the store itself is what a reopen sees.
-        return defer.succeed(store)
+class MemoryStoreContractTests(MemoryStores, StoreContract, unittest.TestCase):
+    pass
 
 
-class MemoryDurableStoreContractTests(DurableStoreContract, unittest.TestCase):
+class MemoryDurableStoreContractTests(MemoryStores, DurableStoreContract, unittest.TestCase):
     """Every test skips: nothing of a memory store outlives a restart."""
-
-    make_store = MemoryStoreContractTests.make_store
-    reopen = MemoryStoreContractTests.reopen
 
 
 class MemoryStoreTests(unittest.TestCase):

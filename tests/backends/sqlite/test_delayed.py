@@ -8,21 +8,17 @@ from twisted.internet import defer, reactor
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial import unittest
 
-import tests.backends.sqlite.test_store as sqlite_tests
 from backends.sqlite import SCHEMA_VERSION, SqliteStore
 from backends.sqlite import delayed as sqlite_delayed
 from brokerd.interfaces import StoreCorrupted
 from brokerd.storage.durability import SyncPolicy
 from tests.support.delayed_store_contract import DELAYS, FOREVER, NOW, DelayedStoreContract, bodies, delayed
+from tests.support.sqlite_stores import SqliteStores, query, temporary_directory
 from tests.support.store_contract import JOBS, message, queue_record
 
-query = sqlite_tests.query
 
-
-class SqliteDelayedStoreTests(DelayedStoreContract, unittest.TestCase):
-    make_store = sqlite_tests.SqliteStoreContractTests.make_store
-    reopen = sqlite_tests.SqliteStoreContractTests.reopen
-    reopen_after_crash = sqlite_tests.SqliteStoreContractTests.reopen_after_crash
+class SqliteDelayedStoreTests(SqliteStores, DelayedStoreContract, unittest.TestCase):
+    pass
 
 
 class SqliteDelayedTableTests(unittest.TestCase):
@@ -31,7 +27,7 @@ class SqliteDelayedTableTests(unittest.TestCase):
     timeout = 60
 
     def setUp(self):
-        self.path = os.path.join(sqlite_tests.temporary_directory(self), "store", "brokerd.sqlite")
+        self.path = os.path.join(temporary_directory(self), "store", "brokerd.sqlite")
 
     @defer.inlineCallbacks
     def opened(self):

@@ -3,9 +3,7 @@ one row per message, WAL and the synchronous setting, the schema version, and
 damaged files."""
 
 import os
-import shutil
 import sqlite3
-import tempfile
 import zlib
 
 from twisted.internet import defer, reactor
@@ -18,6 +16,7 @@ from brokerd.interfaces import StoreCorrupted
 from brokerd.storage import registry
 from brokerd.storage.durability import SyncPolicy
 from tests.support.broker import make_broker, open_channel
+from tests.support.sqlite_stores import SqliteStores, crash_copy, query, temporary_directory
 from tests.support.store_contract import (
     AUDIT,
     JOBS,
@@ -32,68 +31,16 @@ from tests.support.store_contract import (
 from tests.support.store_contract_durable import DurableStoreContract
 
 
-class SqliteStoreContractTests(StoreContract, unittest.TestCase):
-    def make_store(self):
-        return backend.make_store(temporary_directory(self), SyncPolicy("always"), reactor=reactor)
-
-    @defer.inlineCallbacks
-    def reopen(self, store):
-        yield store.close()
-        reopened = SqliteStore(store.path, store.policy, reactor=reactor)
-        yield reopened.open()
-        return reopened
-
-    @defer.inlineCallbacks
-    def reopen_after_crash(self, store):
-        # The file is locked while its store is open, so the second store opens a
-        # copy of the database and its write-ahead log as they are at this moment.
-        copy = yield crash_copy(store, temporary_directory(self))
-        reopened = SqliteStore(copy, store.policy, reactor=reactor)
-        yield reopened.open()
-        return reopened
+class SqliteStoreContractTests(SqliteStores, StoreContract, unittest.TestCase):
+    pass
 
 
-class SqliteDurableStoreContractTests(DurableStoreContract, unittest.TestCase):
-    make_store = SqliteStoreContractTests.make_store
-    reopen = SqliteStoreContractTests.reopen
-    reopen_after_crash = SqliteStoreContractTests.reopen_after_crash
-
-
-def crash_copy(store, directory):
-    """
-    Copy C{store}'s database and write-ahead log into C{directory} as a crash
-    would leave them (no checkpoint, no close), between two of its commits;
-    returns a Deferred firing with the copy's path.
-    """
-
-    def copy():
-        target = os.path.join(directory, os.path.basename(store.path))
-        for suffix in ("", "-wal"):
-            if os.path.exists(store.path + suffix):
-                shutil.copyfile(store.path + suffix, target + suffix)
-        return target
-
-    return store._commit.call(copy)  # on the writer thread: no commit runs meanwhile
-
-
-def temporary_directory(testcase):
-    """A new directory, removed when C{testcase} ends."""
-    directory = tempfile.mkdtemp(prefix="brokerd-sqlite-test-")
-    testcase.addCleanup(shutil.rmtree, directory, True)
-    return directory
+class SqliteDurableStoreContractTests(SqliteStores, DurableStoreContract, unittest.TestCase):
+    pass
 
 
 def bodies(store, queue):
     return [record.body for _, record, _ in store.recover(queue)]
-
-
-def query(path, sql, *parameters):
-    """Rows of C{sql} run on the file through a connection of its own (the store must be closed)."""
-    connection = sqlite3.connect(path, isolation_level=None)
-    try:
-        return connection.execute(sql, parameters).fetchall()
-    finally:
-        connection.close()
 
 
 class SqliteBackendTests(unittest.TestCase):
