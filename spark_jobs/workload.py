@@ -28,8 +28,7 @@ import time
 import pika
 
 from brokerd.storage import registry
-from spark_jobs import clients as pika_clients
-from spark_jobs import events, fast_clients
+from spark_jobs import events, fast_clients, pika_clients
 from spark_jobs.brokers import BrokerdProcess, ExternalBroker, WorkloadFailed, connection_parameters, parse_amqp_url
 from spark_jobs.clients import ClientConfig
 from spark_jobs.control import BROKER_NACKED, CONFIRMED, DELIVERED, PUBLISHED, RunControl
