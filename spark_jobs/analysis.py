@@ -36,7 +36,7 @@ from spark_jobs.checks import (
 )
 from spark_jobs.cross_checks import CROSS_CHECKS, SAME_MESSAGES, cross_checks
 from spark_jobs.figures import latency, throughput
-from spark_jobs.limits import cpu_figures
+from spark_jobs.cpu_figures import cpu_figures
 from spark_jobs.tables import (
     COMMON_REQUIRED_FIELDS, EXPORT_REQUIRED_FIELDS, LABEL, REQUIRED_FIELDS, RunInputError, read_run_facts,
     stage_runs,
