@@ -1,15 +1,10 @@
 """What the workload runner and its client processes share while a run goes on:
 where the broker listens now, the publish gate that times the crashes, the
-stop signal for consumers, per-client counters for progress, and the event log
-each client writes.
+stop signal for consumers, and per-client counters for progress. What each
+client writes down of its own is in L{spark_jobs.client_logs}.
 """
 
-import json
-import time
-
-from spark_jobs import events
-
-# Per-client counters, one row of these per client in L{RunControl.counts}.
+# Per-client counters, one row of these per client in L{RunControl.counters}.
 # CPU_MS: the client process's CPU time, in milliseconds, from the moment it was ready to its end.
 PUBLISHED, CONFIRMED, BROKER_NACKED, DELIVERED, ACKED, NACKED, REJECTED, SESSIONS, CPU_MS = range(9)
 COUNTER_NAMES = ("published", "confirmed", "nacked_by_broker", "delivered", "acked", "nacked", "rejected", "sessions",
@@ -125,73 +120,3 @@ class RunControl:
         """One counter summed over all clients."""
         width = len(COUNTER_NAMES)
         return sum(self._counts[counter::width])
-
-
-class EventLog:
-    """
-    One client's event file (JSON lines, as L{spark_jobs.events} says), written
-    through a large buffer so logging does not slow the client down. Every
-    line gets the common fields, C{n} counting up from 0 and C{t} now, then the
-    kind's fields (L{events.KIND_FIELDS}) in order.
-
-    Lines are put together from one %-template per kind rather than by
-    C{json}: a client writes two or three lines per message, and this is
-    several times faster. Strings are escaped as JSON requires, so a message id
-    from the wire cannot break a line.
-    """
-
-    def __init__(self, path, backend, client):
-        self._file = open(path, "w", encoding="utf-8", buffering=1 << 20)
-        self._identity = f'"backend":{_escape(backend)},"client":{_escape(client)},'
-        self._formats = {kind: _formatter(kind) for kind in events.EVENT_KINDS}
-        self._session = None
-        self._prefix = None
-        self.n = 0
-
-    def write(self, kind, session, epoch, fields):
-        """One event of C{kind}; C{fields} holds (at least) the kind's fields."""
-        if self._session != (session, epoch):
-            self._session = (session, epoch)
-            self._prefix = f'{self._identity}"session":{int(session)},"epoch":{int(epoch)},'
-        head, encode = self._formats[kind]
-        self._file.write(f'{head}{self._prefix}"n":{self.n},"t":{time.time()!r}{encode(fields)}')
-        self.n += 1
-
-    def close(self):
-        self._file.close()
-
-
-_escape = json.encoder.encode_basestring_ascii
-_JSON_BOOLEANS = {False: "false", True: "true"}
-
-
-def _names(values):
-    """A JSON list of names (the queues of a publish)."""
-    return "[" + ",".join(map(_escape, values)) + "]"
-
-
-# Per field type: the %-conversion of its value, and the expression (of the value's
-# expression) that makes the value that conversion takes.
-_CONVERSIONS = {
-    str: ("%s", "escape({})"),
-    int: ("%d", "{}"),
-    float: ("%r", "float({})"),
-    bool: ("%s", "booleans[bool({})]"),
-    list: ("%s", "names({})"),
-}
-
-
-def _formatter(kind):
-    """
-    The opening of C{kind}'s lines, and a function of an event's fields to the
-    rest of its line: one %-formatting of a tuple built in one expression, made
-    once per kind from L{events.KIND_FIELDS} (names from there only, never from
-    the wire), so a line costs one Python call rather than one per field.
-    """
-    names = events.KIND_FIELDS[kind]
-    conversions = [_CONVERSIONS[events.EVENT_FIELDS[name]] for name in names]
-    template = "".join(f',"{name}":{conversion}' for name, (conversion, _) in zip(names, conversions)) + "}\n"
-    values = ", ".join(make.format(f"fields[{name!r}]") for name, (_, make) in zip(names, conversions))
-    encode = eval(f"lambda fields: template % ({values},)",  # noqa: S307 - a fixed expression of known names
-                  {"template": template, "escape": _escape, "booleans": _JSON_BOOLEANS, "names": _names})
-    return f'{{"kind":{_escape(kind)},', encode

@@ -1,9 +1,11 @@
 """The workload's fast clients: the same publishers and consumers as
-L{spark_jobs.clients}, logging the same events, but on the pipelining
-raw-socket client of the benchmarks (L{brokerd.loadgen.amqp_client}) instead of
-pika, so that they cost a fraction of what the broker does and the run
-measures the broker. Each is one OS process with one connection; it
-reconnects to the broker's next incarnation after a crash, one session later.
+L{spark_jobs.pika_clients}, logging the same events (L{spark_jobs.clients}
+says what every client does), but on the pipelining raw-socket client
+(L{brokerd.loadgen.amqp_client}) instead of pika, so that they cost a
+fraction of what the broker does and the run measures the broker. Each is one
+OS process with one connection: its work, a L{FastPublisher} or a
+L{FastConsumer}, run by L{FastSessions}, which reconnects to the broker's
+next incarnation after a crash, one session later.
 
 A publisher writes each batch of publishes the gate and its window allow in
 one write and logs them; confirms come back as multiple acks. A consumer
@@ -27,7 +29,7 @@ from brokerd.loadgen.amqp_codec import (
     settle_frame,
 )
 from spark_jobs import events
-from spark_jobs.client_books import ClientBook, ConfirmOutOfOrder, ConsumerBook, PublisherBook, run_client
+from spark_jobs.client_logs import ClientLog, ConfirmOutOfOrder, ConsumerLog, PublisherLog
 from spark_jobs.clients import (
     CLAIM_BATCH,
     GATE_POLL,
@@ -36,8 +38,12 @@ from spark_jobs.clients import (
     RECONNECT_DEADLINE,
     STOP_POLL,
     ClientFailed,
+    consumer_tags,
+    run_client,
 )
-from spark_jobs.control import PUBLISHED, SESSIONS
+from spark_jobs.control import PUBLISHED
+from spark_jobs.plan import build_topology
+from spark_jobs.settings import WorkloadSettings
 
 PRODUCT = "brokerd validation workload"
 PERSISTENT = 2
@@ -45,198 +51,245 @@ PERSISTENT = 2
 
 def run_publisher(config, control, number):
     """Process entry point of fast publisher C{number}."""
-    run_client(FastPublisher(config, control, number))
+    settings = WorkloadSettings.from_json(config.settings)
+    log = ClientLog.of_publisher(config, control, number)
+    publisher = FastPublisher(PublisherLog(log, settings, build_topology(settings), number), log, control, settings)
+    run_client(FastSessions(config, control, log, publisher), log, control)
 
 
 def run_consumer(config, control, number):
     """Process entry point of fast consumer C{number}."""
-    run_client(FastConsumer(config, control, number))
+    settings = WorkloadSettings.from_json(config.settings)
+    log = ClientLog.of_consumer(config, control, settings, number)
+    tags = consumer_tags(log.name, build_topology(settings))
+    consumer = FastConsumer(ConsumerLog(log, settings, number), log, control, settings, tags)
+    run_client(FastSessions(config, control, log, consumer), log, control)
 
 
-class FastClient(ClientBook):
+class FastSessions:
     """
     The connection life of one fast client: connect to the broker's current
     incarnation, work until the connection ends, and connect again (one
-    session more) until the work is done.
+    session more) until the work is finished.
+
+    The work (a L{FastPublisher} or a L{FastConsumer}) is handed each
+    session's open connection (C{start(connection)}), asked how long the
+    loop may wait for the socket (C{poll_seconds()}) and told after each
+    turn of the loop (C{tick()}) and when the broker went away (C{lost()});
+    it says it is done by setting its C{finished}.
     """
 
-    def __init__(self, config, control, number):
-        super().__init__(config, control, number)
-        self.connection = None
+    def __init__(self, config, control, log, work):
+        """
+        @param config: the run's L{spark_jobs.clients.ClientConfig}.
+        @param control: the run's L{spark_jobs.control.RunControl}.
+        @param log: the client's L{ClientLog}, told of each new session.
+        """
+        self._config = config
+        self._control = control
+        self._log = log
+        self._work = work
 
     def run(self):
         """Run sessions until the work is done; L{ClientFailed} if the broker stays away too long."""
         gone_since = time.monotonic()
-        try:
-            while not self.finished:
-                epoch, port = self.control.broker()
-                if port:  # 0 while the broker is being restarted
-                    opened_before = self.session
-                    try:
-                        self._session(epoch, port)
-                    except BrokerGone:
-                        self.lost()
-                    except (BenchmarkError, ConfirmOutOfOrder) as problem:
-                        raise ClientFailed(f"{self.name}: {problem}") from None
-                    if self.session != opened_before:
-                        gone_since = time.monotonic()
-                if self.finished:
-                    break
-                if time.monotonic() - gone_since > RECONNECT_DEADLINE:
-                    raise ClientFailed(f"{self.name}: no broker to connect to for {RECONNECT_DEADLINE:.0f} s"
-                                       f" (last tried epoch {epoch}, port {port})")
-                time.sleep(RECONNECT_BACKOFF)
-        finally:
-            self.close_book()
+        log, work = self._log, self._work
+        while not work.finished:
+            epoch, port = self._control.broker()
+            if port:  # 0 while the broker is being restarted
+                opened_before = log.session
+                try:
+                    self._session(epoch, port)
+                except BrokerGone:
+                    work.lost()
+                except (BenchmarkError, ConfirmOutOfOrder) as problem:
+                    raise ClientFailed(f"{log.name}: {problem}") from None
+                if log.session != opened_before:
+                    gone_since = time.monotonic()
+            if work.finished:
+                break
+            if time.monotonic() - gone_since > RECONNECT_DEADLINE:
+                raise ClientFailed(f"{log.name}: no broker to connect to for {RECONNECT_DEADLINE:.0f} s"
+                                   f" (last tried epoch {epoch}, port {port})")
+            time.sleep(RECONNECT_BACKOFF)
 
     def _session(self, epoch, port):
         loop = Loop()
-        config = self.config
-        connection = Connection(loop, config.host, port, self.name, username=config.username,
+        config = self._config
+        connection = Connection(loop, config.host, port, self._log.name, username=config.username,
                                 password=config.password, virtual_host=config.virtual_host, product=PRODUCT)
         try:
             connection.open()
-            self.session += 1
-            self.epoch = epoch
-            self.connection = connection
-            self.control.count(self.row, SESSIONS)
-            self.start()
-            while not self.finished:
-                loop.turn(self.poll_seconds())
-                self.tick()
+            self._log.new_session(epoch)
+            work = self._work
+            work.start(connection)
+            while not work.finished:
+                loop.turn(work.poll_seconds())
+                work.tick()
             connection.close()
         finally:
             connection.shut()
 
-    def start(self):
-        """The session's channel is open: set up the client's work on it."""
-        raise NotImplementedError
 
-    def tick(self):
-        """After each turn of the loop: go on with the work."""
-
-    def poll_seconds(self):
-        return STOP_POLL
-
-    def lost(self):
-        """The connection ended because the broker went away."""
-
-
-class FastPublisher(FastClient, PublisherBook):
+class FastPublisher:
     """
     Publishes its planned messages in order, taking permission from the run's
     gate, with at most L{PUBLISH_WINDOW} unconfirmed (or, without confirm mode,
     between two round-trip barriers); each batch the gate and the window allow
     goes out in one write.
+
+    @ivar finished: every planned message was published and answered, or lost with a connection.
     """
 
-    def __init__(self, config, control, number):
-        super().__init__(config, control, number)
-        self.at_gate = False
-        self.framer = None
+    def __init__(self, book, log, control, settings):
+        """
+        @param book: the publisher's L{PublisherLog}: its planned messages, and the publishes waiting for an answer.
+        @param log: the publisher's L{ClientLog}.
+        @param control: the run's L{spark_jobs.control.RunControl}, whose gate it takes permission from.
+        @param settings: the run's L{spark_jobs.settings.WorkloadSettings}.
+        """
+        self.finished = False
+        self._book = book
+        self._log = log
+        self._control = control
+        self._confirm = settings.confirm
+        self._priorities = settings.max_priority > 0
+        self._connection = None
+        self._framer = None
+        self._at_gate = False
 
-    def start(self):
-        self.new_channel()
-        self.framer = PublishFramer(Connection.CHANNEL, self.connection.frame_max)
-        if self.confirm:
-            self.connection.on_confirm = self._confirmed
-            self.connection.rpc(commands.Confirm.Select(), commands.Confirm.SelectOk)
-        self.ready()
+    def start(self, connection):
+        """A session's C{connection} is open: turn confirm mode on and publish."""
+        self._connection = connection
+        self._book.new_channel()
+        self._framer = PublishFramer(Connection.CHANNEL, connection.frame_max)
+        if self._confirm:
+            connection.on_confirm = self._confirmed
+            connection.rpc(commands.Confirm.Select(), commands.Confirm.SelectOk)
+        self._log.ready()
         self.fill()
 
     def lost(self):
-        self.channel_lost()
+        """The broker went away: what it left unconfirmed stays so."""
+        self._book.channel_lost()
+        if self._book.all_sent:
+            self.finished = True
 
     def poll_seconds(self):
-        if self.at_gate:
+        """How long the loop may wait for the socket: not at all while publishes without confirms are left."""
+        if self._at_gate:
             return GATE_POLL
         return 0 if self._more_without_confirms() else STOP_POLL
 
     def _more_without_confirms(self):
-        return not self.confirm and self.sent < self.total
+        return not self._confirm and not self._book.all_sent
 
     def tick(self):
-        if self.at_gate or self._more_without_confirms():
+        """After a turn of the loop: publish more if the gate was shut or nothing waits for confirms."""
+        if self._at_gate or self._more_without_confirms():
             self.fill()
 
     def fill(self):
         """Publish while the window has room and the gate allows; finish once everything is answered."""
-        self.at_gate = False
-        room = min(PUBLISH_WINDOW - len(self.unconfirmed), self.total - self.sent)
+        self._at_gate = False
+        book = self._book
+        room = book.room(PUBLISH_WINDOW)
         frames = []
         while room > 0:
-            granted = self.control.claim(min(room, CLAIM_BATCH))
+            granted = self._control.claim(min(room, CLAIM_BATCH))
             if not granted:
-                self.at_gate = True
+                self._at_gate = True
                 break
-            for _ in range(granted):
-                frames.append(self._publish(next(self.messages)))
+            for message in book.next_messages(granted):
+                frames.append(self._publish(message))
             room -= granted
-            self.control.count(self.row, PUBLISHED, granted)
-            self.control.published(granted)
+            self._log.count(PUBLISHED, granted)
+            self._control.published(granted)
         if frames:
-            self.connection.write(b"".join(frames))
-        if not self.confirm and self.unconfirmed:
+            self._connection.write(b"".join(frames))
+        if not self._confirm and book.unanswered:
             # A round trip on the channel: once it is answered, the broker has read every publish before it.
-            self.connection.rpc(commands.Basic.Qos(prefetch_count=0), commands.Basic.QosOk)
-            self.unconfirmed.clear()
-        if self.sent == self.total and not self.unconfirmed:
+            self._connection.rpc(commands.Basic.Qos(prefetch_count=0), commands.Basic.QosOk)
+            book.barrier_passed()
+        if book.all_answered:
             self.finished = True
 
     def _publish(self, message):
         """The frames of one planned message, logged as published."""
         properties = encode_properties(delivery_mode=PERSISTENT, message_id=message.message_id,
-                                       priority=message.priority if self.priorities else None,
+                                       priority=message.priority if self._priorities else None,
                                        headers=message.headers)
-        self.published(message)
-        return self.framer.frames(message.exchange, message.routing_key, message.body, properties)
+        self._book.published(message)
+        return self._framer.frames(message.exchange, message.routing_key, message.body, properties)
 
     def _confirmed(self, channel, last, multiple, ok):
-        self.confirmed(last, multiple, ok)
-        if not self.at_gate:
+        self._book.confirmed(last, multiple, ok)
+        if not self._at_gate:
             self.fill()
 
 
-class FastConsumer(FastClient, ConsumerBook):
+class FastConsumer:
     """
     Consumes every consumed queue of the workload on one channel (prefetch per
-    consumer from the settings) and settles each delivery as its book decides,
-    until the runner says stop. The acks decided during one socket read go to
-    the broker as one multiple ack at the end of that read; a nack or reject
-    first sends the acks decided before it, so the broker sees the decisions
-    in order.
+    consumer from the settings) and settles each delivery as its
+    L{ConsumerLog} decides, until the runner says stop. The acks decided
+    during one socket read go to the broker as one multiple ack at the end of
+    that read; a nack or reject first sends the acks decided before it, so the
+    broker sees the decisions in order.
+
+    @ivar finished: the runner said stop, and the acks decided were sent.
     """
 
-    def __init__(self, config, control, number):
-        super().__init__(config, control, number)
-        self.queue_of_tag = dict(self.consumer_tags())
-        self.ack_upto = 0  # the last delivery tag decided "ack" whose ack is not sent yet; 0 when none
+    def __init__(self, book, log, control, settings, tags):
+        """
+        @param book: the consumer's L{ConsumerLog}, which logs each delivery and decides its settle.
+        @param log: the consumer's L{ClientLog}.
+        @param control: the run's L{spark_jobs.control.RunControl}, whose stop signal it watches.
+        @param settings: the run's L{spark_jobs.settings.WorkloadSettings}.
+        @param tags: C{(consumer tag, queue)} of each queue to consume (L{spark_jobs.clients.consumer_tags}).
+        """
+        self.finished = False
+        self._book = book
+        self._log = log
+        self._control = control
+        self._prefetch = settings.prefetch
+        self._tags = tags
+        self._queue_of_tag = dict(tags)
+        self._connection = None
+        self._ack_upto = 0  # the last delivery tag decided "ack" whose ack is not sent yet; 0 when none
 
-    def start(self):
-        self.ack_upto = 0
-        connection = self.connection
+    def start(self, connection):
+        """A session's C{connection} is open: consume every queue on it."""
+        self._connection = connection
+        self._ack_upto = 0
         connection.on_delivery = self._delivered
         connection.after_read = self._send_acks
-        connection.rpc(commands.Basic.Qos(prefetch_count=self.settings.prefetch), commands.Basic.QosOk)
-        for tag, queue in self.consumer_tags():
+        connection.rpc(commands.Basic.Qos(prefetch_count=self._prefetch), commands.Basic.QosOk)
+        for tag, queue in self._tags:
             connection.rpc(commands.Basic.Consume(queue=queue, consumer_tag=tag), commands.Basic.ConsumeOk)
-        self.ready()
+        self._log.ready()
 
     def lost(self):
-        self.ack_upto = 0  # acks not sent are lost with the connection; those messages come back
+        """The broker went away: acks not sent are lost with the connection, and those messages come back."""
+        self._ack_upto = 0
+
+    def poll_seconds(self):
+        """How long the loop may wait for the socket before the next look at the stop signal."""
+        return STOP_POLL
 
     def tick(self):
-        if self.control.stop.is_set():
+        """After a turn of the loop: once the runner says stop, send the acks decided and finish."""
+        if self._control.stop.is_set():
             self._send_acks()
             self.finished = True
 
     def _send_acks(self):
-        if self.ack_upto:
-            self.connection.ack(self.ack_upto, multiple=True)
-            self.ack_upto = 0
+        if self._ack_upto:
+            self._connection.ack(self._ack_upto, multiple=True)
+            self._ack_upto = 0
 
     def _delivered(self, delivery):
-        queue = self.queue_of_tag.get(delivery.consumer_tag)
+        queue = self._queue_of_tag.get(delivery.consumer_tag)
         if queue is None:
             raise BenchmarkError(f"delivery {delivery.delivery_tag} for consumer tag {delivery.consumer_tag!r},"
                                  f" which this consumer never used")
@@ -245,10 +298,10 @@ class FastConsumer(FastClient, ConsumerBook):
             raise BenchmarkError(f"delivery {delivery.delivery_tag} from {queue} has no message-id: the broker"
                                  f" lost it")
         tag = delivery.delivery_tag
-        decision = self.delivered(queue, identifier, tag, delivery.redelivered, headers, delivery.body)
+        decision = self._book.delivered(queue, identifier, tag, delivery.redelivered, headers, delivery.body)
         if decision == events.ACK:
-            self.ack_upto = tag
+            self._ack_upto = tag
             return
         self._send_acks()
         kind, requeue = (BASIC_NACK, True) if decision == events.NACK else (BASIC_REJECT, False)
-        self.connection.write(settle_frame(delivery.channel, tag, kind, requeue=requeue))
+        self._connection.write(settle_frame(delivery.channel, tag, kind, requeue=requeue))

@@ -263,7 +263,7 @@ def settle_decision(settings, message_id, queue, delivery_count):
     requeue) or C{"ack"}, drawn from the seed, the message, the queue and how
     often the message came back to that queue before (x-delivery-count, or
     the consumer's own count where the broker sends none:
-    L{spark_jobs.client_books.returns_before}), so every backend sees the same
+    L{spark_jobs.client_logs.returns_before}), so every backend sees the same
     decisions for the same deliveries. After L{MAX_NACKS} returns a message is
     no longer nacked.
     """

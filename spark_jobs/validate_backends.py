@@ -311,7 +311,8 @@ def _export(label, backend, run_dir, step, progress, timings):
 def analyse(arguments, settings, progress, timings):
     """Runs the Spark job over every run, noting each step's wall time in C{timings}
     (C{spark_step_seconds}, the session's start included); the summary."""
-    from spark_jobs.analysis import analyse_runs, create_session
+    from spark_jobs.analysis import analyse_runs
+    from spark_jobs.spark_session import create_session
     from spark_jobs.tables import RunInputError
 
     progress(f"Spark job over {', '.join(run_labels(arguments))}")

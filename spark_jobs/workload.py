@@ -8,7 +8,8 @@ L{spark_jobs.events} describes (run.json, events/*.jsonl, data/, broker.log).
 
 The broker under test is one role (L{spark_jobs.brokers}): a brokerd gets its
 own data directory and a free port; a reference is reached by its URL.
-Publishers and consumers run in their own processes (L{spark_jobs.clients});
+Publishers and consumers run in their own processes (L{spark_jobs.clients},
+L{spark_jobs.client_processes});
 with C{crash_every} the runner crashes the broker after every that many
 publishes (SIGKILL for a brokerd, the reference's restart command for a
 reference; a reference without one has no crashes) and goes on with its next
@@ -20,7 +21,6 @@ deletes the workload's queues and exchanges from a reference.
 import argparse
 import json
 import multiprocessing
-import multiprocessing.connection
 import pathlib
 import sys
 import time
@@ -28,9 +28,9 @@ import time
 import pika
 
 from brokerd.storage import registry
-from spark_jobs import clients as pika_clients
-from spark_jobs import events, fast_clients
+from spark_jobs import events
 from spark_jobs.brokers import BrokerdProcess, ExternalBroker, WorkloadFailed, connection_parameters, parse_amqp_url
+from spark_jobs.client_processes import ClientProcesses
 from spark_jobs.clients import ClientConfig
 from spark_jobs.control import BROKER_NACKED, CONFIRMED, DELIVERED, PUBLISHED, RunControl
 from spark_jobs.plan import build_topology, check_settings
@@ -41,7 +41,6 @@ WATCH_INTERVAL = 0.1  # seconds between the runner's looks at its clients while 
 DRAIN_POLL = 0.2  # seconds between looks at the consumed queues once publishing is over
 DRAIN_STABLE_LOOKS = 3  # consecutive looks that must find the queues drained and nothing moving
 CLIENT_START_TIMEOUT = 120.0  # seconds for every client process to start, connect and get ready
-CLIENT_EXIT_TIMEOUT = 60.0  # seconds for a client process to end once its work is done
 STALL_TIMEOUT = 300.0  # seconds without any publish, confirm or delivery before a run is declared stuck
 NO_RESTART_NOTE = "crash runs skipped: no --reference-restart command to crash and restart this broker"
 
@@ -129,8 +128,8 @@ def _check_backend(backend):
 
 
 class _Run:
-    """One run of the workload: the broker's incarnations (an L{IBrokerUnderTest}), the client processes and what
-    they did."""
+    """One run of the workload: the broker's incarnations (an L{IBrokerUnderTest<spark_jobs.brokers.IBrokerUnderTest>}),
+    the client processes (L{ClientProcesses}) and what they did."""
 
     def __init__(self, broker, settings, run_dir, label, say):
         self.settings = settings
@@ -140,15 +139,14 @@ class _Run:
         self.topology = build_topology(settings)
         self.data_dir = run_dir / events.DATA_DIRECTORY
         self.events_dir = run_dir / events.EVENTS_DIRECTORY
-        self.context = multiprocessing.get_context("spawn")
-        self.control = RunControl(self.context, settings.publishers + settings.consumers)
+        context = multiprocessing.get_context("spawn")
+        self.control = RunControl(context, settings.publishers + settings.consumers)
+        self.clients = ClientProcesses(context, self.control, label)
         self.broker = broker
         self.broker_log = None
         self.epoch = -1
         self.epochs = []
         self.crashes = []
-        self.publishers = []
-        self.consumers = []
         self.started = None
         self.workload_started = None  # the gate opened: every client was ready
         self.workload_ended = None  # the consumed queues were drained
@@ -170,7 +168,8 @@ class _Run:
             drain_seconds = self._drain_phase()
             self.workload_ended = time.time()
             self._add_broker_cpu()
-            self._stop_consumers()
+            self.clients.stop_consumers()
+            self._check_clients()
             self.broker.finish(self.topology)
         except BaseException:
             self._abandon()
@@ -216,11 +215,7 @@ class _Run:
     def _start_clients(self):
         """Start every client process and open the gate once all of them are connected and ready."""
         config = ClientConfig(self.label, self.settings.to_json(), str(self.events_dir), **self.broker.login)
-        library = fast_clients if self.settings.client == "fast" else pika_clients
-        for number in range(self.settings.consumers):
-            self.consumers.append(self._spawn(library.run_consumer, config, f"consumer-{number}", number))
-        for number in range(self.settings.publishers):
-            self.publishers.append(self._spawn(library.run_publisher, config, f"publisher-{number}", number))
+        self.clients.start(config, self.settings)
         deadline = time.monotonic() + CLIENT_START_TIMEOUT
         while not self.control.all_ready.wait(WATCH_INTERVAL):
             self._check_clients()
@@ -230,11 +225,6 @@ class _Run:
         self.workload_started = time.time()
         self.broker_cpu_from = self._broker_cpu()
         self.control.open_gate(self._next_limit())
-
-    def _spawn(self, target, config, name, number):
-        process = self.context.Process(target=target, args=(config, self.control, number), name=name, daemon=True)
-        process.start()
-        return process
 
     def _next_limit(self):
         """The publish count of the next crash, or every message when no crash is left (or the broker cannot crash)."""
@@ -246,14 +236,13 @@ class _Run:
     def _publish_phase(self):
         """Watch the publishers to their end, crashing the broker at each boundary of the gate."""
         moved, last_counts = time.monotonic(), None
-        while any(process.is_alive() for process in self.publishers):
+        while self.clients.publishing():
             if self.control.published_total < self.settings.messages:
                 if self.control.gate_reached.wait(WATCH_INTERVAL) and \
                         self.control.published_total < self.settings.messages:
                     self._crash()
             else:  # every publish made (the gate stays reached): wait for a publisher to end, not spin
-                multiprocessing.connection.wait([process.sentinel for process in self.publishers
-                                                 if process.is_alive()], WATCH_INTERVAL)
+                self.clients.wait_for_a_publisher(WATCH_INTERVAL)
             self._check_clients()
             self._maybe_progress()
             counts = tuple(self.control.total(counter) for counter in (PUBLISHED, CONFIRMED, BROKER_NACKED, DELIVERED))
@@ -290,13 +279,8 @@ class _Run:
         self.broker_cpu_from = 0.0
 
     def _check_clients(self):
-        failed = [process for process in self.publishers + self.consumers
-                  if process.exitcode not in (None, 0)]
-        if failed:
-            reasons = dict(self.control.failures())
-            details = [f"{process.name} exited with status {process.exitcode}:"
-                       f"\n{reasons.get(process.name, '(no reason reported)')}" for process in failed]
-            raise WorkloadFailed(f"{self.label}: client processes failed:\n" + "\n".join(details))
+        """@raise WorkloadFailed: a client process or the broker failed."""
+        self.clients.check()
         self.broker.check()
 
     def _drain_phase(self):
@@ -333,25 +317,9 @@ class _Run:
                         f" {ready} messages ready, {delivered} delivered, {settled} settled")
                 connection.sleep(DRAIN_POLL)
 
-    def _stop_consumers(self):
-        self.control.stop.set()
-        self._join(self.consumers)
-
-    def _join(self, processes):
-        for process in processes:
-            process.join(CLIENT_EXIT_TIMEOUT)
-            if process.is_alive():
-                raise WorkloadFailed(f"{self.label}: {process.name} did not end within {CLIENT_EXIT_TIMEOUT:.0f} s")
-        self._check_clients()
-
     def _abandon(self):
         """After a failure: end every client process and the broker, so nothing outlives the run."""
-        self.control.stop.set()
-        for process in self.publishers + self.consumers:
-            if process.is_alive():
-                process.terminate()
-        for process in self.publishers + self.consumers:
-            process.join(CLIENT_EXIT_TIMEOUT)
+        self.clients.abandon()
         self.broker.abandon()
 
     # -- what it says
@@ -372,8 +340,7 @@ class _Run:
         return summary_line(self.label, self._progress_counts(), self.settings.messages, elapsed, done=final)
 
     def _describe(self, ended, drain_seconds):
-        clients = {process.name: self.control.counters(row)
-                   for row, process in enumerate(self.publishers + self.consumers)}
+        clients = self.clients.counters()
         notes = [NO_RESTART_NOTE] if self.settings.crash_every and not self.broker.can_crash else []
         return {
             **self.broker.describe(),

@@ -32,7 +32,7 @@ from spark_jobs.brokers import (
     WorkloadFailed,
     parse_amqp_url,
 )
-from spark_jobs.client_books import returns_before
+from spark_jobs.client_logs import returns_before
 from spark_jobs.plan import MAX_NACKS, settle_decision
 from spark_jobs.settings import EXCHANGE_TYPES, WorkloadSettings
 from spark_jobs.validate_backends import main, parse_arguments

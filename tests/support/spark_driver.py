@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from spark_jobs.analysis import create_session
+from spark_jobs.spark_session import create_session
 
 SUBMIT_ARGS = "--driver-java-options -XX:TieredStopAtLevel=1 pyspark-shell"
 

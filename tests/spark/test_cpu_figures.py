@@ -1,6 +1,6 @@
-"""Which side limited a validation run (spark_jobs.limits): the broker or its clients, by the CPU each used."""
+"""Which side limited a validation run (spark_jobs.cpu_figures): the broker or its clients, by the CPU each used."""
 
-from spark_jobs.limits import BROKER, CLIENTS, UNKNOWN, cpu_figures
+from spark_jobs.cpu_figures import BROKER, CLIENTS, UNKNOWN, cpu_figures
 
 
 def facts(broker, clients, wall=10.0):

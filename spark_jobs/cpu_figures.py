@@ -1,4 +1,5 @@
-"""Which side limited a run: the broker or the workload's clients, judged from the CPU each used.
+"""The CPU figures of a run, and which side limited it: the broker or the workload's clients, judged
+from the CPU each used.
 
 The runner records in run.json (C{cpu}) the broker's CPU seconds during the
 workload (every incarnation, its threads and children, from /proc), the
