@@ -174,7 +174,7 @@ def test_start_up_log_names_the_settings_and_warns_of_another_backends_data(tmp_
     finally:
         sqlite.stop()
     assert f"the data directory holds the chunked backend's files ({data}/chunked)" in warning
-    assert warning.endswith(f"stop the broker and run: python -m brokerd.migrate --data-dir {data} --from chunked"
+    assert warning.endswith(f"stop the broker and run: brokerd-admin migrate --data-dir {data} --from chunked"
                             " --to sqlite")
 
 
