@@ -1,7 +1,7 @@
 """The workload runner: plays one seeded workload against one backend through a
 real ``twistd -n brokerd``, or against a reference broker already running
 elsewhere (RabbitMQ, say), with real AMQP clients, and leaves the run directory
-L{spark_jobs.events} describes (run.json, events/*.jsonl, data/, broker.log).
+L{spark_jobs.events} describes (run.json, events/*.jsonl, data/, broker.log)::
 
     brokerd-workload --backend sqlite --out runs/sqlite --messages 100000 --crash-every 30000
     python -m spark_jobs.workload --reference amqp://guest:guest@127.0.0.1:5672/ --label rabbitmq --out runs/rabbitmq

@@ -1,5 +1,5 @@
 """C{brokerd-admin}'s users, vhosts, permissions and policies: rabbitmqctl's commands, in its argument
-order, as requests to RabbitMQ's management API.
+order, as requests to RabbitMQ's management API::
 
     add-user NAME PASSWORD [--tags TAG,...]   PUT /api/users/NAME (refused if NAME exists, as rabbitmqctl does)
     delete-user NAME                          DELETE /api/users/NAME

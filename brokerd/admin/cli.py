@@ -1,4 +1,4 @@
-"""C{brokerd-admin} (also C{python -m brokerd.admin}): everything an operator does, over the HTTP management API.
+"""C{brokerd-admin} (also C{python -m brokerd.admin}): everything an operator does, over the HTTP management API::
 
     brokerd-admin list queues --vhost team
     brokerd-admin --format json list connections

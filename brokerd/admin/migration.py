@@ -1,4 +1,4 @@
-"""C{brokerd-admin migrate}: move a stopped broker's durable state to another backend, in this process.
+"""C{brokerd-admin migrate}: move a stopped broker's durable state to another backend, in this process::
 
     brokerd-admin migrate --data-dir /var/lib/brokerd --from chunked --to sqlite
 

@@ -1,4 +1,4 @@
-"""C{brokerd-admin}'s definitions, queues and connections commands:
+"""C{brokerd-admin}'s definitions, queues and connections commands::
 
     export FILE                          GET /api/definitions ('-': standard output)
     import FILE                          POST /api/definitions ('-': standard input)

@@ -1,6 +1,6 @@
-"""The command line of L{brokerd.migrate}: with the broker stopped,
+"""The command line of L{brokerd.migrate}::
 
-    brokerd-admin migrate --data-dir D --from chunked --to sqlite
+    brokerd-admin migrate --data-dir D --from chunked --to sqlite      # the broker stopped
 
 copies what the chunked store in D holds into a new sqlite store in D, checks
 it, and says what it did. Exit status 0 on success; 1 with one line on

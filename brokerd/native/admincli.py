@@ -1,5 +1,5 @@
 """The command line's management commands, deprecated: C{brokerd-admin} (over the HTTP management
-API) replaces them, and they go in the next release.
+API) replaces them, and they go in the next release::
 
     python -m brokerd.native add-user alice 's3cret'
     python -m brokerd.native set-user-tags alice monitoring

@@ -1,5 +1,5 @@
 """``brokerd-native`` (also ``python -m brokerd.native``): a small command line over the native client,
-the native protocol's demonstration.
+the native protocol's demonstration::
 
     brokerd-native declare queue jobs --durable
     brokerd-native bind jobs amq.topic --routing-key 'jobs.#'
