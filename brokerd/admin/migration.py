@@ -12,7 +12,7 @@ C{error: ...} and exit status 1, with anything the run wrote removed.
 
 from brokerd.admin.command import Command
 
-REPORT_PREFIX = "migrate: "
+PROGRESS_PREFIX = "migrate: "
 
 
 def add_arguments(parser):
@@ -31,9 +31,9 @@ def add_arguments(parser):
 
 def migrate_store(client, arguments, out):
     """Run L{brokerd.migrate} on the arguments (the management API's C{client} is not used); its exit status."""
-    from brokerd.migrate.cli import Voice, run_command
+    from brokerd.migrate.cli import LinePrefixes, run_command
 
-    return run_command(arguments, Voice(lines=REPORT_PREFIX, error=""), out=out)
+    return run_command(arguments, LinePrefixes(progress=PROGRESS_PREFIX, error=""), out=out)
 
 
 COMMANDS = [

@@ -27,15 +27,15 @@ REPLACEMENT = "brokerd-admin migrate --data-dir DIR --from BACKEND --to BACKEND"
 DEPRECATION = f"{PROGRAM} is deprecated; use: {REPLACEMENT}"
 
 
-class Voice(NamedTuple):
-    """How the command's lines on stderr begin: C{lines} before progress and the stores' log lines, C{error}
-    before the one C{error: ...} line of a failure."""
+class LinePrefixes(NamedTuple):
+    """How the command's lines on stderr begin: C{progress} before progress and the stores' log lines,
+    C{error} before the one C{error: ...} line of a failure."""
 
-    lines: str
+    progress: str
     error: str
 
 
-DEPRECATED_VOICE = Voice(f"{PROGRAM}: ", f"{PROGRAM}: ")
+DEPRECATED_PREFIXES = LinePrefixes(f"{PROGRAM}: ", f"{PROGRAM}: ")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -116,16 +116,16 @@ def report(arguments, figures):
     return lines
 
 
-def run(reactor, arguments, out=None, err=None, voice=DEPRECATED_VOICE):
-    """Migrate as C{arguments} say, writing to C{out} and C{err} (default: standard output and error) in
-    C{voice}; a Deferred firing with the exit status."""
+def run(reactor, arguments, out=None, err=None, prefixes=DEPRECATED_PREFIXES):
+    """Migrate as C{arguments} say, the report to C{out} and progress and errors to C{err} (defaults: standard
+    output and error), each line on C{err} beginning as C{prefixes} say; a Deferred firing with the exit status."""
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
-    say, say_error = _say(err, voice.lines), _say(err, voice.error)
+    say, say_error = _say(err, prefixes.progress), _say(err, prefixes.error)
     if not os.path.isdir(arguments.data_dir):
         say_error(f"error: data directory {arguments.data_dir} does not exist")
         return defer.succeed(1)
-    store_log = StoreLog(err, voice.lines)
+    store_log = StoreLog(err, prefixes.progress)
     globalLogBeginner.beginLoggingTo([store_log], redirectStandardIO=False)
     progress = None if arguments.quiet else say
     running = migrate(arguments.data_dir, arguments.source, arguments.target, arguments.leave_quarantined,
@@ -147,10 +147,10 @@ def run(reactor, arguments, out=None, err=None, voice=DEPRECATED_VOICE):
     return running.addCallbacks(succeeded, failed)
 
 
-def run_command(arguments, voice, out=None, err=None):
+def run_command(arguments, prefixes, out=None, err=None):
     """Run the reactor for one migration as C{arguments} (as L{add_arguments} makes them) say; its exit status."""
     try:
-        task.react(lambda reactor: run(reactor, arguments, out, err, voice).addCallback(_exit_status))
+        task.react(lambda reactor: run(reactor, arguments, out, err, prefixes).addCallback(_exit_status))
     except SystemExit as exit:
         return exit.code or 0
     return 0
@@ -159,7 +159,7 @@ def run_command(arguments, voice, out=None, err=None):
 def main(argv=None):
     """C{python -m brokerd.migrate}: the deprecation line, then the migration; exits with its status."""
     print(DEPRECATION, file=sys.stderr, flush=True)
-    sys.exit(run_command(parse_arguments(argv), DEPRECATED_VOICE))
+    sys.exit(run_command(parse_arguments(argv), DEPRECATED_PREFIXES))
 
 
 def _exit_status(status):
