@@ -65,7 +65,19 @@ setup(
             "filelog = backends.filelog:backend",
             "chunked = backends.chunked:backend",
         ],
-        # brokerd-admin: list, export, import, purge and close over the HTTP management API.
-        "console_scripts": ["brokerd-admin = brokerd.admin.cli:main"],
+        # Every command a user runs, each with --help (twistd brokerd runs the broker itself).
+        # brokerd-admin: the operator's commands over the HTTP management API, and offline migration.
+        # brokerd-native: the native client's command line (also python -m brokerd.native).
+        # The cross-backend validation (the spark extra): brokerd-validate runs all of it; its steps,
+        # run by hand, are programs of their own, each with its own options and exit statuses
+        # (python -m spark_jobs.workload, .export and .report run the same).
+        "console_scripts": [
+            "brokerd-admin = brokerd.admin.cli:main",
+            "brokerd-native = brokerd.native.cli:main",
+            "brokerd-validate = spark_jobs.validate_backends:main",
+            "brokerd-workload = spark_jobs.workload:main",
+            "brokerd-store-export = spark_jobs.export:main",
+            "brokerd-report = spark_jobs.report:main",
+        ],
     },
 )

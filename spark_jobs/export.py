@@ -9,7 +9,8 @@ torn tail is cut off, and the store's warning shown). Lines are written as
 they are read, so a paging store's backlog never has to fit in memory; the
 file appears only once it is complete.
 
-Run as ``python -m spark_jobs.export --backend sqlite --data-dir D --out F``.
+Run as ``brokerd-store-export --backend sqlite --data-dir D --out F`` (or
+``python -m spark_jobs.export``, as L{export_store} does).
 The export line fields are described in L{spark_jobs.events}.
 """
 
@@ -35,7 +36,8 @@ from brokerd.proto import messages_pb2
 from brokerd.storage import registry
 from spark_jobs import events
 
-PROGRAM = "python -m spark_jobs.export"
+PROGRAM = "python -m spark_jobs.export"  # as export_store runs it
+SCRIPT = "brokerd-store-export"  # the console script running the same
 ERROR_MARK = ": error: "
 DELAYED_WINDOW = 1000  # delayed messages asked for at a time
 LAST_DUE = (1 << 63) - 1  # the latest due time a store keeps: a window up to it holds every delayed message
@@ -262,18 +264,18 @@ def _error_of(stderr):
     return stderr.strip()
 
 
-def _log_warnings_to_stderr():
+def _log_warnings_to_stderr(prog):
     """Show what the store logs at warning level and above (a torn tail cut off, say) on stderr."""
     observer = FileLogObserver(
-        sys.stderr, lambda event: f"{PROGRAM}: {eventAsText(event, includeTimestamp=False, includeSystem=False)}\n"
+        sys.stderr, lambda event: f"{prog}: {eventAsText(event, includeTimestamp=False, includeSystem=False)}\n"
     )
     only_warnings = LogLevelFilterPredicate(defaultLogLevel=LogLevel.warn)
     globalLogBeginner.beginLoggingTo([FilteringLogObserver(observer, [only_warnings])], redirectStandardIO=False)
 
 
-def argument_parser():
+def argument_parser(prog=SCRIPT):
     parser = argparse.ArgumentParser(
-        prog=PROGRAM,
+        prog=prog,
         description="Write what a stopped broker's store holds as JSON lines, one per message and queue"
         " holding it (and one per delayed message), read through the backend's own store.",
     )
@@ -286,21 +288,22 @@ def argument_parser():
 
 
 @defer.inlineCallbacks
-def _run(reactor, arguments):
+def _run(reactor, arguments, prog):
     try:
         written = yield export_store_deferred(arguments.backend, arguments.data_dir, arguments.out, arguments.label,
                                               reactor=reactor)
     except ExportError as problem:
-        print(f"{PROGRAM}{ERROR_MARK}{problem}", file=sys.stderr)
+        print(f"{prog}{ERROR_MARK}{problem}", file=sys.stderr)
         raise SystemExit(1) from None
     print(f"exported {written} lines from the {arguments.backend} store in {arguments.data_dir} to {arguments.out}")
 
 
-def main(argv=None):
-    arguments = argument_parser().parse_args(argv)
-    _log_warnings_to_stderr()
-    task.react(_run, (arguments,))
+def main(argv=None, prog=SCRIPT):
+    """Export one store as C{prog} (the name its usage, warning and error lines give); exits with the status."""
+    arguments = argument_parser(prog).parse_args(argv)
+    _log_warnings_to_stderr(prog)
+    task.react(_run, (arguments, prog))
 
 
 if __name__ == "__main__":
-    main()
+    main(prog=PROGRAM)

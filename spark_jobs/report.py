@@ -16,7 +16,7 @@ had widths, are read as per-second counts.
 
 Re-render a report from a summary (after editing the report code, say)::
 
-    python -m spark_jobs.report out/summary.json out/
+    brokerd-report out/summary.json out/        # or: python -m spark_jobs.report out/summary.json out/
 """
 
 import argparse
@@ -257,9 +257,12 @@ def read_summary(path):
         raise SummaryError(f"summary {path} is not JSON: {problem}") from None
 
 
-def build_parser():
+PROGRAM = "brokerd-report"  # the console script; python -m spark_jobs.report runs the same
+
+
+def build_parser(prog=PROGRAM):
     parser = argparse.ArgumentParser(
-        prog="python -m spark_jobs.report",
+        prog=prog,
         description="Re-render the validation report (report.html, PNG charts, summary.json) from a summary.json.",
     )
     parser.add_argument("summary", metavar="SUMMARY_JSON", help="a summary.json written by the validation")
@@ -267,9 +270,9 @@ def build_parser():
     return parser
 
 
-def main(argv=None):
-    """Renders the report; status 0 once written (whatever the verdict), 2 for unusable input."""
-    options = build_parser().parse_args(argv)
+def main(argv=None, prog=PROGRAM):
+    """Renders the report as C{prog}; status 0 once written (whatever the verdict), 2 for unusable input."""
+    options = build_parser(prog).parse_args(argv)
     try:
         written = write_report(read_summary(options.summary), options.out_dir)
     except (SummaryError, OSError) as problem:
@@ -280,4 +283,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m spark_jobs.report"))

@@ -3,7 +3,8 @@ seeded workload against a real broker (L{spark_jobs.workload}), export what its
 store still holds (L{spark_jobs.export}); then run the Spark job over all of
 them (L{spark_jobs.analysis}) and write the report (L{spark_jobs.report})::
 
-    python -m spark_jobs.validate_backends --backends sqlite,filelog,chunked --messages 2000 --out report/
+    brokerd-validate --backends sqlite,filelog,chunked --messages 2000 --out report/
+    python -m spark_jobs.validate_backends --backends sqlite --messages 200 --out report/
     spark-submit spark_jobs/validate_backends.py --backends sqlite,chunked --out report/
     python -m spark_jobs.validate_backends --backends sqlite --out report/ \
         --reference rabbitmq=amqp://guest:guest@127.0.0.1:5672/ \
@@ -140,9 +141,12 @@ def run_labels(arguments):
     return [label for label, _ in arguments.backends] + [reference.label for reference in arguments.references]
 
 
-def build_parser():
+PROGRAM = "brokerd-validate"  # the console script; python -m spark_jobs.validate_backends runs the same
+
+
+def build_parser(prog=PROGRAM):
     parser = argparse.ArgumentParser(
-        prog="python -m spark_jobs.validate_backends",
+        prog=prog,
         description="Play one seeded workload against each storage backend, then check with Spark that"
                     " every backend kept its promises and that they all agree; writes summary.json,"
                     " report.html and charts.",
@@ -183,10 +187,10 @@ def build_parser():
     return parser
 
 
-def parse_arguments(argv=None):
+def parse_arguments(argv=None, prog=PROGRAM):
     """The parsed command line plus C{backends} as (label, string) pairs and C{references} as L{Reference}s;
     exits with status 2 on a bad one."""
-    parser = build_parser()
+    parser = build_parser(prog)
     arguments = parser.parse_args(argv)
     try:
         arguments.backends = parse_backends(arguments.backends)
@@ -376,8 +380,9 @@ def timings_line(timings):
     return "wall time: " + ", ".join(parts)
 
 
-def main(argv=None):
-    arguments = parse_arguments(argv)
+def main(argv=None, prog=PROGRAM):
+    """Run the validation as C{prog} (the name its usage lines give); the exit status."""
+    arguments = parse_arguments(argv, prog)
     progress = _progress_printer(arguments.quiet)
     timings = {}
     try:
@@ -411,4 +416,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m spark_jobs.validate_backends"))

@@ -1,9 +1,9 @@
 """The workload runner: plays one seeded workload against one backend through a
 real ``twistd -n brokerd``, or against a reference broker already running
 elsewhere (RabbitMQ, say), with real AMQP clients, and leaves the run directory
-L{spark_jobs.events} describes (run.json, events/*.jsonl, data/, broker.log).
+L{spark_jobs.events} describes (run.json, events/*.jsonl, data/, broker.log)::
 
-    python -m spark_jobs.workload --backend sqlite --out runs/sqlite --messages 100000 --crash-every 30000
+    brokerd-workload --backend sqlite --out runs/sqlite --messages 100000 --crash-every 30000
     python -m spark_jobs.workload --reference amqp://guest:guest@127.0.0.1:5672/ --label rabbitmq --out runs/rabbitmq
 
 The broker under test is one role (L{spark_jobs.brokers}): a brokerd gets its
@@ -367,9 +367,12 @@ class _Run:
         }
 
 
-def build_parser():
+PROGRAM = "brokerd-workload"  # the console script; python -m spark_jobs.workload runs the same
+
+
+def build_parser(prog=PROGRAM):
     parser = argparse.ArgumentParser(
-        prog="python -m spark_jobs.workload",
+        prog=prog,
         description="Play one seeded workload against one brokerd backend, or a reference AMQP broker already"
                     " running, and write its run directory.")
     target = parser.add_mutually_exclusive_group(required=True)
@@ -388,8 +391,9 @@ def build_parser():
     return parser
 
 
-def main(argv=None):
-    parser = build_parser()
+def main(argv=None, prog=PROGRAM):
+    """Play one workload as C{prog} (the name its usage lines give); the exit status."""
+    parser = build_parser(prog)
     arguments = parser.parse_args(argv)
     if arguments.reference_restart is not None and arguments.reference is None:
         parser.error("--reference-restart restarts a --reference broker; there is none")
@@ -413,4 +417,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m spark_jobs.workload"))

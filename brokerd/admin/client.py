@@ -12,10 +12,18 @@ import urllib.request
 from urllib.parse import quote
 
 TIMEOUT_SECONDS = 30
+NOT_FOUND = 404
 
 
 class AdminError(Exception):
-    """A request that did not do what it asked; C{str()} is the line to print."""
+    """A request that did not do what it asked; C{str()} is the line to print.
+
+    @ivar status: the HTTP status the API answered with, None when it did not answer.
+    """
+
+    def __init__(self, line, status=None):
+        super().__init__(line)
+        self.status = status
 
 
 def segment(name):
@@ -54,7 +62,7 @@ class ManagementClient:
             with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:
                 return response.read()
         except urllib.error.HTTPError as error:
-            raise AdminError(_http_error_line(error)) from None
+            raise AdminError(_http_error_line(error), error.code) from None
         except urllib.error.URLError as error:
             raise AdminError(f"could not reach the broker's management API at {self.url}: {error.reason}") from None
         except (OSError, ValueError) as error:  # a reset or timeout mid-answer; a malformed --url
@@ -67,3 +75,16 @@ class ManagementClient:
             return json.loads(raw), raw.decode("utf-8")
         except ValueError:
             raise AdminError(f"{self.url}{path} did not answer JSON") from None
+
+    def get_json_if_any(self, path):
+        """The decoded JSON answer of C{GET path}, or None when the API answers 404 (no such object)."""
+        try:
+            return self.get_json(path)[0]
+        except AdminError as error:
+            if error.status == NOT_FOUND:
+                return None
+            raise
+
+    def send_json(self, method, path, document):
+        """C{method} (PUT, POST) with C{document} as the JSON body; the answer's body as bytes."""
+        return self.request(method, path, body=json.dumps(document).encode("utf-8"))

@@ -48,9 +48,18 @@ def get_vhost(api, vhost):
 
 
 def put_vhost(api, vhost):
+    """
+    Create vhost C{vhost} (201; one that exists is left as it is, 204). Besides RabbitMQ's fields, which
+    brokerd does not keep, the JSON body may carry brokerd's own C{"backend"}: a backend string (C{"sqlite"},
+    C{"chunked:chunk_size=64M"}) giving the new vhost a store of its own, as C{add-vhost --backend} does;
+    without it the vhost is on the broker's store. A backend string the broker cannot use is 400, in its words.
+    """
     body = json_body(api.request)
+    backend = body.get("backend")
+    if backend is not None and not isinstance(backend, str):
+        raise bad_request("backend must be a backend string, such as sqlite")
     created = not api.context.access.vhost_exists(vhost)
-    d = api.context.management.run(api.user, "add_vhost", (vhost,), backend=body.get("backend") or None)
+    d = api.context.management.run(api.user, "add_vhost", (vhost,), backend=backend or None)
     return d.addCallback(lambda _: _answer(created))
 
 

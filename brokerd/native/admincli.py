@@ -1,5 +1,5 @@
-"""The command line's management commands: users, vhosts, permissions and policies, in rabbitmqctl's
-argument order, and definitions export and import.
+"""The command line's management commands, deprecated: C{brokerd-admin} (over the HTTP management
+API) replaces them, and they go in the next release::
 
     python -m brokerd.native add-user alice 's3cret'
     python -m brokerd.native set-user-tags alice monitoring
@@ -11,18 +11,21 @@ argument order, and definitions export and import.
     python -m brokerd.native export-definitions backup.json
     python -m brokerd.native import-definitions backup.json
 
-Each is one ManagementRequest (L{brokerd.native.access_requests}) for the user the
-command line logged in as, who must be an administrator (for the policy commands, an administrator or
-a policymaker with permissions on the vhost). A change prints
-nothing and exits 0 once it is durable; a listing prints what
-C{rabbitmqctl --quiet} prints: a header line of column names, then one line
-per row, columns separated by tabs. C{export-definitions} writes RabbitMQ's
-definitions JSON to its file (C{-}: standard output); C{import-definitions}
-sends a file's (C{-}: standard input) in one frame, so it must be smaller
-than the broker's C{--native-max-frame}. A refusal is one line on standard error
-with the broker's reply code and text (403 for a user who is not an
-administrator, 404 for an unknown user or vhost, 406 for a change that cannot
-be made) and exit status 1.
+Each first prints one line on standard error naming the C{brokerd-admin}
+command that replaces it (L{REPLACEMENTS}), then does what it did: it is one
+ManagementRequest (L{brokerd.native.access_requests}) for the user the
+command line logged in as, who must be an administrator (for the policy
+commands, an administrator or a policymaker with permissions on the vhost). A
+change prints nothing and exits 0 once it is durable; a listing prints what
+C{rabbitmqctl --quiet} prints, for scripts that read it: a header line of
+column names, then one line per row, columns separated by tabs (for people,
+C{brokerd-admin list} prints aligned tables). C{export-definitions} writes
+RabbitMQ's definitions JSON to its file (C{-}: standard output);
+C{import-definitions} sends a file's (C{-}: standard input) in one frame, so
+it must be smaller than the broker's C{--native-max-frame}. A refusal is one
+line on standard error with the broker's reply code and text (403 for a user
+who is not an administrator, 404 for an unknown user or vhost, 406 for a
+change that cannot be made) and exit status 1.
 """
 
 import json
@@ -32,12 +35,38 @@ from twisted.internet import defer
 
 DEFAULT_VHOST = "/"
 
+# Each deprecated command -> the brokerd-admin command line that replaces it.
+REPLACEMENTS = {
+    "add-vhost": "add-vhost NAME [--backend SPEC]",
+    "delete-vhost": "delete-vhost NAME",
+    "list-vhosts": "list vhosts",
+    "add-user": "add-user NAME PASSWORD",
+    "delete-user": "delete-user NAME",
+    "change-password": "change-password NAME PASSWORD",
+    "list-users": "list users",
+    "set-user-tags": "set-user-tags NAME [TAG...]",
+    "set-permissions": "set-permissions [--vhost V] USER CONFIGURE WRITE READ",
+    "clear-permissions": "clear-permissions [--vhost V] USER",
+    "list-permissions": "list permissions --vhost V",
+    "set-policy": "set-policy [--vhost V] [--priority N] [--apply-to all|queues|exchanges] NAME PATTERN DEFINITION",
+    "clear-policy": "clear-policy [--vhost V] NAME",
+    "list-policies": "list policies --vhost V",
+    "export-definitions": "export FILE",
+    "import-definitions": "import FILE",
+}
+
+
+def deprecation(program, command):
+    """The line a deprecated management C{command} of C{program} prints first on standard error."""
+    return f"{program} {command} is deprecated; use: brokerd-admin {REPLACEMENTS[command]}"
+
 
 def add_management_commands(commands):
     """Add the management commands to the C{commands} sub-parsers of L{brokerd.native.cli}."""
 
     def command(name, help, *positionals, per_vhost=False):
-        parser = commands.add_parser(name, help=help)
+        words = " ".join(word for word in REPLACEMENTS[name].split() if word.islower() and word[0].isalpha())
+        parser = commands.add_parser(name, help=f"{help} (deprecated: brokerd-admin {words})")
         if per_vhost:
             parser.add_argument("-p", "--vhost", dest="permissions_vhost", default=DEFAULT_VHOST, metavar="VHOST",
                                 help=f"the vhost (default: {DEFAULT_VHOST})")

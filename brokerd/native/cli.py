@@ -1,16 +1,17 @@
-"""``python -m brokerd.native``: a small command line over the native client.
+"""``brokerd-native`` (also ``python -m brokerd.native``): a small command line over the native client,
+the native protocol's demonstration::
 
-    python -m brokerd.native declare queue jobs --durable
-    python -m brokerd.native bind jobs amq.topic --routing-key 'jobs.#'
-    python -m brokerd.native bind-exchange audit amq.topic --routing-key 'jobs.#'
-    python -m brokerd.native publish --routing-key jobs --persistent --confirm 'hello'
-    python -m brokerd.native consume jobs --count 1
-    python -m brokerd.native get jobs
-    python -m brokerd.native add-user alice 's3cret'
-    python -m brokerd.native list-users
+    brokerd-native declare queue jobs --durable
+    brokerd-native bind jobs amq.topic --routing-key 'jobs.#'
+    brokerd-native bind-exchange audit amq.topic --routing-key 'jobs.#'
+    brokerd-native publish --routing-key jobs --persistent --confirm 'hello'
+    brokerd-native consume jobs --count 1
+    brokerd-native get jobs
 
-The management commands (users, vhosts, permissions, policies, definitions; L{brokerd.native.admincli})
-take rabbitmqctl's arguments and print its tab-separated tables.
+The management commands (users, vhosts, permissions, policies, definitions;
+L{brokerd.native.admincli}) are deprecated: each first prints one line on
+standard error naming the ``brokerd-admin`` command that replaces it, then
+does what it did, for one more release.
 
 It logs in as ``--user`` with ``--password`` (defaults: the ``BROKERD_USER`` and
 ``BROKERD_PASSWORD`` environment variables, else guest/guest, which the broker
@@ -35,7 +36,7 @@ from twisted.internet import defer, task
 from twisted.internet.endpoints import clientFromString
 from twisted.internet.error import ConnectError
 
-from brokerd.native.admincli import MANAGEMENT_COMMANDS, add_management_commands
+from brokerd.native.admincli import MANAGEMENT_COMMANDS, add_management_commands, deprecation
 from brokerd.native.client import (
     DEFAULT_ENDPOINT,
     DEFAULT_PASSWORD,
@@ -61,8 +62,11 @@ def _parse_header(text):
     return name, value
 
 
-def build_parser():
-    parser = argparse.ArgumentParser(prog="python -m brokerd.native", description=__doc__.splitlines()[0])
+PROGRAM = "brokerd-native"
+
+
+def build_parser(prog=PROGRAM):
+    parser = argparse.ArgumentParser(prog=prog, description="A small command line over the native client.")
     parser.add_argument("--connect", default=DEFAULT_ENDPOINT, help=f"broker endpoint (default: {DEFAULT_ENDPOINT})")
     parser.add_argument("--vhost", default="/", help="virtual host (default: /)")
     parser.add_argument("--user", default=os.environ.get("BROKERD_USER", DEFAULT_USER),
@@ -72,7 +76,7 @@ def build_parser():
     parser.add_argument("--external", action="store_true",
                         help="log in as the user the TLS client certificate names (SASL EXTERNAL, if the broker"
                              " enabled it); give certKey= and privateKey= in --connect")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     declare = commands.add_parser("declare", help="declare an exchange or a queue")
     declare.add_argument("kind", choices=["exchange", "queue"])
@@ -303,8 +307,11 @@ _COMMANDS = {
 }
 
 
-def main(argv=None):
-    options = build_parser().parse_args(argv)
+def main(argv=None, prog=PROGRAM):
+    """Run one command as C{prog} (the name usage lines and deprecation lines give); exits with its status."""
+    options = build_parser(prog).parse_args(argv)
+    if options.command in MANAGEMENT_COMMANDS:
+        print(deprecation(prog, options.command), file=sys.stderr, flush=True)
     from twisted.internet import reactor
 
     problem = endpoint_problem(clientFromString, reactor, options.connect)

@@ -5,7 +5,7 @@ option it runs with (defaults included) and the sync mode, before the store
 opens; each listener logs the address it bound once it is up. After recovery it
 warns when the chosen backend found nothing while another backend's data sits
 in the same data directory: the broker would otherwise start empty without a
-word (the data is left untouched, and C{python -m brokerd.migrate} carries it over).
+word (the data is left untouched, and C{brokerd-admin migrate} carries it over).
 """
 
 import os
@@ -107,4 +107,4 @@ class StartupReport:
 
 def migrate_command(data_dir, source, target):
     """The command line that carries a data directory's C{source} backend's data over to C{target}."""
-    return f"python -m brokerd.migrate --data-dir {shlex.quote(data_dir)} --from {source} --to {target}"
+    return f"brokerd-admin migrate --data-dir {shlex.quote(data_dir)} --from {source} --to {target}"

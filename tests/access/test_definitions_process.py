@@ -59,20 +59,29 @@ def test_policies_are_set_listed_and_cleared_from_the_command_line(broker):
     set_policy = native_cli(broker.native, "set-policy", "--vhost", "team", "--priority", "7", "--apply-to", "queues",
                             "cap", "^orders", '{"max-length": 100}')
     assert set_policy.returncode == 0, set_policy.stderr
+    assert set_policy.stderr.decode() == ("python -m brokerd.native set-policy is deprecated; use: brokerd-admin"
+                                          " set-policy [--vhost V] [--priority N] [--apply-to all|queues|exchanges]"
+                                          " NAME PATTERN DEFINITION\n")
     listed = native_cli(broker.native, "list-policies", "--vhost", "team")
+    assert listed.stderr.decode() == ("python -m brokerd.native list-policies is deprecated; use: brokerd-admin"
+                                      " list policies --vhost V\n")
     assert listed.stdout.decode().splitlines() == [
         "vhost\tname\tpattern\tapply-to\tdefinition\tpriority",
         "team\tcap\t^orders\tqueues\t{\"max-length\":100}\t7",
         "team\tttl\t^ttl\\.\tqueues\t{\"max-length\":10,\"message-ttl\":60000}\t3",
     ]
     missing = native_cli(broker.native, "clear-policy", "--vhost", "team", "nonesuch")
-    assert (missing.returncode, missing.stderr.strip()) == (1, b"error: 404 NOT_FOUND - Parameter does not exist")
+    assert (missing.returncode, missing.stderr.decode().splitlines()) == (1, [
+        "python -m brokerd.native clear-policy is deprecated; use: brokerd-admin clear-policy [--vhost V] NAME",
+        "error: 404 NOT_FOUND - Parameter does not exist"])
 
 
 def test_definitions_export_and_import_from_the_command_line(broker):
     exported_path = broker.tmp_path / "exported.json"
     exported = native_cli(broker.native, "export-definitions", str(exported_path))
     assert exported.returncode == 0, exported.stderr
+    assert exported.stderr == (b"python -m brokerd.native export-definitions is deprecated;"
+                               b" use: brokerd-admin export FILE\n")
     document = json.loads(exported_path.read_text(encoding="utf-8"))
     assert {"name": "bob", "password_hash": RABBITMQ_BOB_HASH, "hashing_algorithm": "rabbit_password_hashing_sha256",
             "tags": [], "limits": {}} in document["users"]
@@ -84,6 +93,8 @@ def test_definitions_export_and_import_from_the_command_line(broker):
     exported_path.write_text(json.dumps(document), encoding="utf-8")
     imported = native_cli(broker.native, "import-definitions", str(exported_path))
     assert imported.returncode == 0, imported.stderr
+    assert imported.stderr == (b"python -m brokerd.native import-definitions is deprecated;"
+                               b" use: brokerd-admin import FILE\n")
     again = json.loads(native_cli(broker.native, "export-definitions", "-").stdout)
     assert again["queues"] == sorted(document["queues"], key=lambda entry: (entry["vhost"], entry["name"]))
     document["queues"][0]["arguments"] = {"x-max-length": "many"}

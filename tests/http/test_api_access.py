@@ -7,6 +7,7 @@ import socket
 import pika
 import pytest
 
+from brokerd.access.database import AccessDatabase
 from brokerd.testing import BrokerProcess
 from tests.support.httpapi import Api, amqp, api, broker, segment  # noqa: F401 (api, broker: the module's fixtures)
 
@@ -135,6 +136,38 @@ def test_a_monitoring_user_sees_every_vhost(api):
     assert {"/", "monitored"} <= {vhost["name"] for vhost in carol.get("/api/vhosts")}
     assert carol.get("/api/nodes")[0]["running"] is True
     api.delete("/api/vhosts/monitored")
+
+
+def test_a_vhost_put_with_a_backend_gets_a_store_of_its_own(tmp_path):
+    """brokerd's own field of PUT /api/vhosts/NAME's body, as brokerd-admin add-vhost --backend sends it."""
+    data = tmp_path / "data"
+    process = BrokerProcess(["--backend=memory", "--native", "none", "--data-dir", str(data)], cwd=tmp_path)
+    try:
+        api = Api(process.wait_listening("HTTP API"))
+        assert api.put("/api/vhosts/own", {"backend": "sqlite"}) == (201, None)
+        assert {"name": "own", "backend": "sqlite"} in stored_vhosts(data)
+        assert any((data / "vhosts" / "own").iterdir())  # the sqlite store's files
+        assert api.put("/api/permissions/own/guest", {"configure": ".*", "write": ".*", "read": ".*"})[0] == 201
+        connection = amqp(process, vhost="own")
+        connection.channel().queue_declare("kept", durable=True)
+        connection.close()
+        assert api.get("/api/queues/own/kept")["durable"] is True
+        status, answer, _ = api.request("PUT", "/api/vhosts/bad", {"backend": "nosuch"})
+        assert (status, answer["error"]) == (400, "bad_request") and "nosuch" in answer["reason"], answer
+        assert api.request("PUT", "/api/vhosts/bad", {"backend": 7})[:2] == (
+            400, {"error": "bad_request", "reason": "backend must be a backend string, such as sqlite"})
+        assert api.request("GET", "/api/vhosts/bad")[0] == 404
+        assert api.delete("/api/vhosts/own") == (204, None)
+        assert not (data / "vhosts" / "own").exists()
+    finally:
+        assert process.stop() == 0
+
+
+def stored_vhosts(data_dir):
+    """The vhosts the access database in C{data_dir} holds on disk now."""
+    access = AccessDatabase.in_directory(str(data_dir))
+    access.open()
+    return access.document()["vhosts"]
 
 
 def test_http_none_turns_the_api_off(tmp_path):

@@ -5,7 +5,8 @@ command exits and in effect for pika, a vhost with a store of its own,
 one-line refusals in RabbitMQ's words, 403 for a user who is not an
 administrator, and changes kept across a SIGKILL. The command line logs in as
 guest, the first start's administrator, unless BROKERD_USER and
-BROKERD_PASSWORD name another user."""
+BROKERD_PASSWORD name another user. These commands are deprecated: each first
+says on stderr which brokerd-admin command replaces it."""
 
 import os
 import subprocess
@@ -36,13 +37,31 @@ def broker(tmp_path_factory):
 
 
 def cli(broker, *args, user=None, password=None):
-    """The command line run against C{broker} (as C{user}); returns (exit status, stdout, stderr) as text."""
+    """
+    The command line run against C{broker} (as C{user}); returns (exit status, stdout, stderr) as text,
+    stderr without its first line, checked to be the deprecation line naming the command's replacement.
+    """
     env = dict(os.environ)
     if user is not None:
         env.update(BROKERD_USER=user, BROKERD_PASSWORD=password)
     result = subprocess.run([sys.executable, "-m", "brokerd.native", "--connect", broker.native_endpoint, *args],
                             env=env, capture_output=True, timeout=60)
-    return result.returncode, result.stdout.decode("utf-8"), result.stderr.decode("utf-8")
+    deprecation, _, errors = result.stderr.decode("utf-8").partition("\n")
+    assert deprecation.startswith(f"python -m brokerd.native {args[0]} is deprecated; use: brokerd-admin "), deprecation
+    return result.returncode, result.stdout.decode("utf-8"), errors
+
+
+def test_each_management_command_first_names_the_brokerd_admin_command_replacing_it(broker):
+    done = subprocess.run([sys.executable, "-m", "brokerd.native", "--connect", broker.native_endpoint, "list-users"],
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (
+        0, "python -m brokerd.native list-users is deprecated; use: brokerd-admin list users\n")
+    assert done.stdout.startswith("user\ttags\n")
+    done = subprocess.run([sys.executable, "-m", "brokerd.native", "--connect", broker.native_endpoint, "add-user",
+                           "guest", "pw"], capture_output=True, text=True, timeout=60)
+    assert done.stderr.splitlines() == [
+        "python -m brokerd.native add-user is deprecated; use: brokerd-admin add-user NAME PASSWORD",
+        'error: 406 PRECONDITION_FAILED - User "guest" already exists']
 
 
 DONE = (0, "", "")  # a change's outcome: exit status 0, nothing printed

@@ -1,18 +1,15 @@
 """`twistd brokerd` as users run it: a real subprocess, its options, its plugin."""
 
-import os
 import pathlib
-import shutil
 import subprocess
 import sys
-import sysconfig
 
 import pytest
 
 import brokerd
 from brokerd.testing import BrokerProcess, native_cli, twistd_command
 from brokerd.wire.endpoints import tls_installed
-from tests.support.paths import ROOT
+from tests.support.fresh_install import install_copy, isolated_environment
 
 pytestmark = pytest.mark.long_module(seconds=40)  # started early (tests/conftest.py)
 
@@ -174,7 +171,7 @@ def test_start_up_log_names_the_settings_and_warns_of_another_backends_data(tmp_
     finally:
         sqlite.stop()
     assert f"the data directory holds the chunked backend's files ({data}/chunked)" in warning
-    assert warning.endswith(f"stop the broker and run: python -m brokerd.migrate --data-dir {data} --from chunked"
+    assert warning.endswith(f"stop the broker and run: brokerd-admin migrate --data-dir {data} --from chunked"
                             " --to sqlite")
 
 
@@ -183,29 +180,15 @@ def test_plugin_is_found_in_this_installation(tmp_path):
     assert "brokerd" in result.stdout
 
 
-def _copy_source(destination):
-    ignored = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "dropin.cache")
-    shutil.copytree(ROOT, destination, ignore=ignored)
-    return destination
-
-
 def test_plugin_is_found_after_a_regular_install(tmp_path):
-    source = _copy_source(tmp_path / "source")
-    target = tmp_path / "installed"
-    install = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), str(source)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert install.returncode == 0, install.stdout + install.stderr
+    target = install_copy(tmp_path)
     assert (target / "twisted" / "plugins" / "brokerd_plugin.py").exists()
     assert not (target / "twisted" / "plugins" / "__init__.py").exists(), "would overwrite Twisted's own package"
     assert not (target / "twisted" / "__init__.py").exists()
     run_twistd = [sys.executable, "-S", "-c", "import sys; from twisted.scripts.twistd import run; run()"]
     # -S keeps this checkout (installed editable here) off sys.path: only the
     # fresh install and the dependencies are importable.
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(target), sysconfig.get_paths()["purelib"]]))
+    env = isolated_environment(target)
     where = subprocess.run(
         [sys.executable, "-S", "-c", "import brokerd; print(brokerd.__file__)"],
         cwd=tmp_path, env=env, capture_output=True, text=True,
