@@ -28,10 +28,13 @@ extensions = ["option_reference", "api_reference"]
 exclude_patterns = ["_build", "_ext"]
 templates_path = []
 html_theme = "alabaster"
-html_static_path = []
+html_static_path = ["_static"]
+html_css_files = ["brokerd.css"]
 html_title = f"brokerd {__version__}"
-html_theme_options = {"description": "An AMQP 0-9-1 message broker on Twisted", "fixed_sidebar": True}
+html_theme_options = {"description": "An AMQP 0-9-1 message broker on Twisted", "fixed_sidebar": True,
+                      "page_width": "1240px", "body_max_width": "none"}
 highlight_language = "none"
+smartquotes = False  # option names keep their two hyphens, quotes stay straight
 
 # The API reference: pydoctor over the shipped packages, into <output>/api/.
 api_reference_packages = ["brokerd", "backends", "spark_jobs"]

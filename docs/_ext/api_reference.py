@@ -3,17 +3,19 @@ The API reference: pydoctor run over brokerd's packages as part of the Sphinx
 build, its HTML written to C{api/} of the HTML output.
 
 Twisted builds its API reference the same way (pydoctor's own
-C{pydoctor.sphinx_ext.build_apidocs}); this one also tells pydoctor's
-warnings apart. Every warning pydoctor prints (a docstring that is not valid
+C{pydoctor.sphinx_ext.build_apidocs}); this one runs pydoctor in a process of
+its own, while Sphinx reads the pages (in Sphinx's process, pydoctor's
+reStructuredText directives would replace Sphinx's), and tells its warnings
+apart. Every warning pydoctor prints (a docstring that is not valid
 epytext, an C{L{}} link that does not resolve) becomes a Sphinx warning naming
 the file and line, so C{sphinx -W} fails on it, except those in the files
 listed in C{api_reference_tolerated_files}, which are logged as notes.
 """
 
-import contextlib
-import io
 import pathlib
 import re
+import subprocess
+import sys
 
 from sphinx.util import logging
 
@@ -57,30 +59,40 @@ def split_warnings(text, root, tolerated):
     return failing, allowed
 
 
-def build_api_reference(app):
-    """Run pydoctor into C{<outdir>/api} and report its warnings (C{builder-inited})."""
+def start_api_reference(app):
+    """Start pydoctor writing into C{<outdir>/api} (C{builder-inited})."""
     if app.builder.name != "html":
         return
-    from pydoctor.driver import main
-
     root = pathlib.Path(app.config.api_reference_root)
-    tolerated = {name.strip() for name in app.config.api_reference_tolerated_files.split(",") if name.strip()}
     output = pathlib.Path(app.outdir) / "api"
     arguments = pydoctor_arguments(app.config.api_reference_packages, root, output)
     logger.info("building the API reference: pydoctor " + " ".join(arguments))
-    with io.StringIO() as stream:
-        with contextlib.redirect_stdout(stream):
-            main(args=arguments)
-        failing, allowed = split_warnings(stream.getvalue(), root, tolerated)
+    app.api_reference_run = subprocess.Popen([sys.executable, "-m", "pydoctor", *arguments], cwd=root,
+                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def report_api_reference(app, env):
+    """Wait for pydoctor and report its warnings (C{env-updated}: the pages are read, none written yet)."""
+    run = getattr(app, "api_reference_run", None)
+    if run is None:
+        return
+    app.api_reference_run = None
+    printed, _ = run.communicate()
+    root = pathlib.Path(app.config.api_reference_root)
+    tolerated = {name.strip() for name in app.config.api_reference_tolerated_files.split(",") if name.strip()}
+    failing, allowed = split_warnings(printed, root, tolerated)
     for path, line, message in allowed:
         logger.info(f"pydoctor (tolerated): {path}:{line}: {message}")
     for path, line, message in failing:
         logger.warning(f"pydoctor: {message}", location=f"{path}:{line}" if path else None)
+    if run.returncode != 0:
+        logger.warning(f"pydoctor exited with status {run.returncode}")
 
 
 def setup(app):
     app.add_config_value("api_reference_packages", [], "env")
     app.add_config_value("api_reference_root", ".", "env")
     app.add_config_value("api_reference_tolerated_files", "", "env")
-    app.connect("builder-inited", build_api_reference)
+    app.connect("builder-inited", start_api_reference)
+    app.connect("env-updated", report_api_reference)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -71,7 +71,7 @@ def _table(headings, rows, widths):
         body += nodes.row("", *row)
     group += head
     group += body
-    return nodes.table("", group, classes=["option-reference"])
+    return nodes.table("", group, classes=["option-reference", "colwidths-auto"])
 
 
 class TwistdOptions(Directive):
