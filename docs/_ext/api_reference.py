@@ -85,7 +85,7 @@ def report_api_reference(app, env):
         logger.info(f"pydoctor (tolerated): {path}:{line}: {message}")
     for path, line, message in failing:
         logger.warning(f"pydoctor: {message}", location=f"{path}:{line}" if path else None)
-    if run.returncode != 0:
+    if run.returncode not in (0, 2):  # 2: docstrings with syntax errors, each reported above with its file
         logger.warning(f"pydoctor exited with status {run.returncode}")
 
 
