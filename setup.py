@@ -23,11 +23,14 @@ AMQP_CLIENTS = ["pika>=1.3", "kombu>=5.3", "celery>=5.3", "aio-pika>=9"]
 # The cross-backend validation job: Spark for the analysis, matplotlib for the
 # report's PNG charts.
 SPARK_REQUIREMENTS = ["pyspark>=3.5", "matplotlib>=3.8"]
+# The manual (Sphinx) and the API reference (pydoctor), built by
+# python -m sphinx -W --keep-going -b html docs docs/_build/html; the tests build them too.
+DOCS_REQUIREMENTS = ["sphinx>=9.0", "pydoctor>=25.10"]
 # pytest-xdist runs the suite on every core: most tests wait on real broker
 # processes, so two workers take the suite well under its ten-minute budget.
 # Selenium drives a real headless Chromium (Debian's chromium and chromium-driver) through the dashboard.
 TEST_REQUIREMENTS = ["pytest>=8", "pytest-xdist>=3.5", "trustme>=1.1", "grpcio-tools==1.85.1", "selenium>=4.10",
-                     *AMQP_CLIENTS, *SPARK_REQUIREMENTS]
+                     *AMQP_CLIENTS, *SPARK_REQUIREMENTS, *DOCS_REQUIREMENTS]
 
 setup(
     name="brokerd",
@@ -54,6 +57,7 @@ setup(
     extras_require={
         "test": TEST_REQUIREMENTS,
         "spark": ["pika>=1.3", *SPARK_REQUIREMENTS],
+        "docs": DOCS_REQUIREMENTS,
         "all": TEST_REQUIREMENTS,
     },
     entry_points={

@@ -54,8 +54,8 @@ class IMessageStore(Interface):
         """
         The durable topology found by C{open}.
 
-        @return: an iterable of L{ExchangeRecord}, L{QueueRecord} and
-            L{BindingRecord} protobuf messages, exchanges and queues before the
+        @return: an iterable of C{ExchangeRecord}, C{QueueRecord} and
+            C{BindingRecord} protobuf messages (of C{brokerd.proto.messages_pb2}), exchanges and queues before the
             bindings that refer to them (every exchange before any binding,
             as a binding's destination may be an exchange).
         """
@@ -73,21 +73,24 @@ class IMessageStore(Interface):
         """
 
     def save_exchange(record):
-        """Persist a durable exchange (an L{ExchangeRecord}), replacing one of the same name."""
+        """
+        Persist a durable exchange (a C{brokerd.proto.messages_pb2.ExchangeRecord}),
+        replacing one of the same name.
+        """
 
     def delete_exchange(vhost, name):
         """Forget a durable exchange and every binding whose source or destination exchange it is."""
 
     def save_queue(record):
-        """Persist a durable queue (a L{QueueRecord}), replacing one of the same name."""
+        """Persist a durable queue (a C{brokerd.proto.messages_pb2.QueueRecord}), replacing one of the same name."""
 
     def delete_queue(queue):
         """Forget a durable queue, its bindings and every message held for it."""
 
     def save_binding(record):
         """
-        Persist a binding (a L{BindingRecord}) between durable ends: to the
-        queue C{queue} names, or, when C{destination_exchange} names one, to
+        Persist a binding (a C{brokerd.proto.messages_pb2.BindingRecord})
+        between durable ends: to the queue C{queue} names, or, when C{destination_exchange} names one, to
         that exchange (C{queue} then empty). Two bindings are the same when
         vhost, source, destination, routing key and arguments (as a set of
         fields) are; saving one again is not an error.
@@ -191,7 +194,7 @@ class MessageRecord(NamedTuple):
     A stored message as every store method hands it back (C{read},
     C{recover}, C{load}, and L{DelayedMessage.record}).
 
-    Its properties (a L{brokerd.proto.messages_pb2.BasicProperties}) are
+    Its properties (a C{brokerd.proto.messages_pb2.BasicProperties}) are
     read-only: a store may share one object between the messages stored with
     the same properties. They hold no copy of the body, so that keeping them
     does not keep the body alive twice.

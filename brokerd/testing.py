@@ -1,5 +1,5 @@
 """Real ``twistd -n brokerd`` subprocesses, for the tests, the benchmarks and the
-cross-backend validation runs (as Twisted ships L{twisted.internet.testing}).
+cross-backend validation runs (as Twisted ships C{twisted.internet.testing}).
 
 L{BrokerProcess} starts the broker with the ``twistd`` script installed beside
 this Python, as users start it, with AMQP on a free port and no Prometheus
@@ -70,7 +70,7 @@ class BrokerProcess:
     A broker subprocess, running from construction until L{stop} or L{kill}.
 
     @ivar command: the full command line.
-    @ivar process: the L{subprocess.Popen} of the current incarnation.
+    @ivar process: the C{subprocess.Popen} of the current incarnation.
     @ivar output: every line the current incarnation printed so far (stdout
         and stderr together, without line ends).
     @ivar listening: listener label (C{"AMQP"}, C{"native protocol"}, C{"HTTP API"}) -> the

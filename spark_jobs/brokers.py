@@ -1,15 +1,15 @@
 """The broker a workload run plays against, one role (L{IBrokerUnderTest}) with
 two implementations:
 
-- L{BrokerdProcess}: a ``twistd -n brokerd`` the runner starts on the run's
-  data directory and a free port, SIGKILLs at each crash point and starts
-  again on the same data directory, and stops cleanly at the end so that the
-  export can open its store;
-- L{ExternalBroker}: an AMQP 0-9-1 broker that is already running (RabbitMQ,
-  say), reached by an C{amqp://} URL (L{parse_amqp_url}). Each run starts and
-  ends with the workload's queues and exchanges deleted from it; a crash point
-  runs the restart command the user gave, then waits until the URL takes AMQP
-  connections again; nothing of its store is exported.
+  - L{BrokerdProcess}: a ``twistd -n brokerd`` the runner starts on the run's
+    data directory and a free port, SIGKILLs at each crash point and starts
+    again on the same data directory, and stops cleanly at the end so that the
+    export can open its store;
+  - L{ExternalBroker}: an AMQP 0-9-1 broker that is already running (RabbitMQ,
+    say), reached by an C{amqp://} URL (L{parse_amqp_url}). Each run starts and
+    ends with the workload's queues and exchanges deleted from it; a crash point
+    runs the restart command the user gave, then waits until the URL takes AMQP
+    connections again; nothing of its store is exported.
 """
 
 import os

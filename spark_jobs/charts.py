@@ -2,7 +2,7 @@
 summary with matplotlib (the correctness matrix is in
 L{spark_jobs.correctness_chart}).
 
-Figures are built as L{matplotlib.figure.Figure} objects rendered by the Agg
+Figures are built as C{matplotlib.figure.Figure} objects rendered by the Agg
 canvas, without pyplot: no global figure registry to leak into, nothing that
 needs a display, and every chart has a fixed size in pixels whatever the data.
 Each chart has a C{*_figure} function returning its Figure, for a caller that

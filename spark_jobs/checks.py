@@ -11,34 +11,34 @@ tallied the same way, as outcomes that never violate. Cross-backend checks
 
 What each check means:
 
-- C{confirmed_delivered_or_stored}: each (message confirmed with basic.ack,
-  queue it was routed to) pair was delivered from that queue at least once or
-  is still in that queue in the export. An unconfirmed message may be lost in
-  a crash; that is not a violation. A run without an export (a reference
-  broker's) cannot account for pairs routed to parked queues, which nobody
-  consumes: they are left out of its check and counted
-  (C{parked_pairs_unchecked}).
-- C{no_unflagged_duplicates}: a pair delivered again (its second or later
-  delivery in epoch, time order) without the redelivered flag; a nack with
-  requeue or a crash recovery flags the redelivery. One violation per pair.
-- C{order_per_publisher_and_priority}: within one queue, consumer connection
-  (client, session), publisher and priority, first deliveries that are not
-  flagged redelivered come in the consumer's event order (C{n}) with
-  increasing C{seq}. Redeliveries are left out (a requeued message goes back
-  near the head), as are repeated deliveries (the duplicate check's business).
-- C{acked_not_redelivered}: a pair delivered again after an ack in the same
-  broker epoch. Delivered again in a later epoch, the ack was lost to the
-  crash: AMQP 0-9-1 does not confirm acks to the client (RabbitMQ does the
-  same), so that is counted (the C{acks_lost_to_crash} metric), not failed.
-- C{delivered_bodies_match}: each delivery's body hash and size equal its
-  message's publish (a delivery of a message never published fails too).
-- C{stored_matches_published}: each (message, queue) of the export was
-  published and routed to that queue (a C{delayed} line, still held by a
-  delayed exchange, only needs the publish), with the published hash and size,
-  once; and it was not acked in the run's last broker epoch, which ended in a
-  clean stop: only an ack lost to a crash may leave an acked message stored.
-  It needs the export (L{events.EXPORT_CHECKS}): a run without one has
-  nothing here, and the summary marks the check not applicable to it.
+  - C{confirmed_delivered_or_stored}: each (message confirmed with basic.ack,
+    queue it was routed to) pair was delivered from that queue at least once or
+    is still in that queue in the export. An unconfirmed message may be lost in
+    a crash; that is not a violation. A run without an export (a reference
+    broker's) cannot account for pairs routed to parked queues, which nobody
+    consumes: they are left out of its check and counted
+    (C{parked_pairs_unchecked}).
+  - C{no_unflagged_duplicates}: a pair delivered again (its second or later
+    delivery in epoch, time order) without the redelivered flag; a nack with
+    requeue or a crash recovery flags the redelivery. One violation per pair.
+  - C{order_per_publisher_and_priority}: within one queue, consumer connection
+    (client, session), publisher and priority, first deliveries that are not
+    flagged redelivered come in the consumer's event order (C{n}) with
+    increasing C{seq}. Redeliveries are left out (a requeued message goes back
+    near the head), as are repeated deliveries (the duplicate check's business).
+  - C{acked_not_redelivered}: a pair delivered again after an ack in the same
+    broker epoch. Delivered again in a later epoch, the ack was lost to the
+    crash: AMQP 0-9-1 does not confirm acks to the client (RabbitMQ does the
+    same), so that is counted (the C{acks_lost_to_crash} metric), not failed.
+  - C{delivered_bodies_match}: each delivery's body hash and size equal its
+    message's publish (a delivery of a message never published fails too).
+  - C{stored_matches_published}: each (message, queue) of the export was
+    published and routed to that queue (a C{delayed} line, still held by a
+    delayed exchange, only needs the publish), with the published hash and size,
+    once; and it was not acked in the run's last broker epoch, which ended in a
+    clean stop: only an ack lost to a crash may leave an acked message stored.
+    It needs the export (L{events.EXPORT_CHECKS}): a run without one has
+    nothing here, and the summary marks the check not applicable to it.
 """
 
 from pyspark.sql import Window

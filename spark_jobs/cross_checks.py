@@ -6,21 +6,21 @@ passes with nothing checked.
 Which runs hold a row is kept as a bit mask (bit i for the i-th label), so
 "present on every run" is one integer aggregate, not a collected set.
 
-- C{same_messages}: among messages confirmed (basic.ack) on every run, each
-  (message, queue) pair delivered or stored on one run is delivered or stored
-  on every run. A message one run lost, or routed elsewhere, shows up here.
-  A run without an export (a reference broker's) cannot show what its parked
-  queues hold, so for pairs of a parked queue it counts as agreeing.
-- C{same_bodies}: a message id has one body hash everywhere: in its publishes,
-  the deliveries and the exports of all runs.
-- C{same_queue_sequences}: per queue, publisher and priority, the first
-  deliveries (not flagged redelivered) of the messages first-delivered on
-  every run come in one order on every run. Which consumer gets which message,
-  and how a priority queue interleaves priorities, depend on timing and
-  legitimately differ, so orders are compared where they are defined: along
-  each consumer connection (client, session), whose order must agree with the
-  one order all runs share, the publisher's (C{seq}). A violation names the run
-  and the two messages it swapped.
+  - C{same_messages}: among messages confirmed (basic.ack) on every run, each
+    (message, queue) pair delivered or stored on one run is delivered or stored
+    on every run. A message one run lost, or routed elsewhere, shows up here.
+    A run without an export (a reference broker's) cannot show what its parked
+    queues hold, so for pairs of a parked queue it counts as agreeing.
+  - C{same_bodies}: a message id has one body hash everywhere: in its publishes,
+    the deliveries and the exports of all runs.
+  - C{same_queue_sequences}: per queue, publisher and priority, the first
+    deliveries (not flagged redelivered) of the messages first-delivered on
+    every run come in one order on every run. Which consumer gets which message,
+    and how a priority queue interleaves priorities, depend on timing and
+    legitimately differ, so orders are compared where they are defined: along
+    each consumer connection (client, session), whose order must agree with the
+    one order all runs share, the publisher's (C{seq}). A violation names the run
+    and the two messages it swapped.
 """
 
 from pyspark.sql import functions as F

@@ -17,17 +17,17 @@ C{n} (the event's number in its file, from 0: the order the client saw things in
 which equal timestamps cannot give) and C{t} (``time.time()`` seconds when the
 client saw or did it). Then, by kind:
 
-- ``publish``: C{message_id} (``p<publisher>-<seq>``, unique in a run and the same
-  on every backend for one seed), C{publisher}, C{seq} (from 0 per publisher),
-  C{exchange}, C{routing_key}, C{queues} (sorted names the topology routes it to),
-  C{size}, C{body_sha256}, C{priority} (0 when none), C{confirm} (published on a
-  confirm-mode channel).
-- ``confirm``: C{message_id}, C{publisher}, C{seq}, C{ok} (basic.ack true,
-  basic.nack false).
-- ``deliver``: C{message_id}, C{queue}, C{consumer}, C{delivery_tag},
-  C{redelivered}, C{delivery_count} (the x-delivery-count header, 0 when absent),
-  C{size}, C{body_sha256}.
-- ``ack``, ``nack``, ``reject``: C{message_id}, C{queue}, C{consumer}, C{requeue}.
+  - ``publish``: C{message_id} (``p<publisher>-<seq>``, unique in a run and the same
+    on every backend for one seed), C{publisher}, C{seq} (from 0 per publisher),
+    C{exchange}, C{routing_key}, C{queues} (sorted names the topology routes it to),
+    C{size}, C{body_sha256}, C{priority} (0 when none), C{confirm} (published on a
+    confirm-mode channel).
+  - ``confirm``: C{message_id}, C{publisher}, C{seq}, C{ok} (basic.ack true,
+    basic.nack false).
+  - ``deliver``: C{message_id}, C{queue}, C{consumer}, C{delivery_tag},
+    C{redelivered}, C{delivery_count} (the x-delivery-count header, 0 when absent),
+    C{size}, C{body_sha256}.
+  - ``ack``, ``nack``, ``reject``: C{message_id}, C{queue}, C{consumer}, C{requeue}.
 
 A message id travels as the AMQP ``message-id`` property, so deliveries and the
 export name the message without decoding its body.

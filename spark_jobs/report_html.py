@@ -3,7 +3,7 @@
 Everything the page needs is inside it: the CSS inline and the charts as
 base64 C{data:image/png} URIs, so the file can be mailed, attached to a CI run
 or opened from disk with no network. Every string taken from the summary is
-escaped with L{html.escape}, since check examples quote message data.
+escaped with C{html.escape}, since check examples quote message data.
 """
 
 import base64

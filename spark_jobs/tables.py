@@ -18,20 +18,20 @@ export lines, and the checks are told which runs those are
 Two derived tables are written as Parquet too, because several queries read
 each of them:
 
-- C{messages}: one row per published message, with its routed C{queues}, body,
-  publish time, and its publisher confirm if one came (C{confirmed_ok},
-  C{confirmed_at}).
-- C{pair_events}: every deliver, ack, nack and reject, joined to its message's
-  publish and annotated, within its (message, queue) pair, in the pair's order
-  (broker epoch, time, the client's event number): C{delivery_number} (1 for
-  the pair's first delivery), C{ack_number}, C{prior_ack_epoch} (the epoch of
-  the latest ack before this event, null when none) and C{body_matches}; and,
-  on every row, facts about the whole pair: C{deliveries}, C{unflagged_repeat}
-  (the first later delivery not flagged redelivered), C{delivered_after_ack}
-  (the first delivery after an ack of the same epoch), C{ack_lost_to_crash}
-  (delivered after an ack of an earlier epoch) and C{last_ack_epoch}. The
-  windows behind these are partitioned by pair: small groups, no skew, and
-  the checks then need no further shuffle by pair.
+  - C{messages}: one row per published message, with its routed C{queues}, body,
+    publish time, and its publisher confirm if one came (C{confirmed_ok},
+    C{confirmed_at}).
+  - C{pair_events}: every deliver, ack, nack and reject, joined to its message's
+    publish and annotated, within its (message, queue) pair, in the pair's order
+    (broker epoch, time, the client's event number): C{delivery_number} (1 for
+    the pair's first delivery), C{ack_number}, C{prior_ack_epoch} (the epoch of
+    the latest ack before this event, null when none) and C{body_matches}; and,
+    on every row, facts about the whole pair: C{deliveries}, C{unflagged_repeat}
+    (the first later delivery not flagged redelivered), C{delivered_after_ack}
+    (the first delivery after an ack of the same epoch), C{ack_lost_to_crash}
+    (delivered after an ack of an earlier epoch) and C{last_ack_epoch}. The
+    windows behind these are partitioned by pair: small groups, no skew, and
+    the checks then need no further shuffle by pair.
 """
 
 import json

@@ -21,7 +21,7 @@ C{--reuse-runs} keeps the runs there and only exports the backends' stores
 again (for stores changed after their run) before the Spark job, and
 C{--reuse-runs --keep-exports} runs the Spark job alone, over the runs'
 C{export.jsonl} as they are (runs whose broker data is gone, or generated ones
-such as L{benchmarks.synthetic_runs} writes).
+such as C{benchmarks.synthetic_runs} writes).
 
 Exit status: 0 when every check passes, 1 when any fails (the summary's
 verdict is "fail"), 2 for a bad command line, 3 when the validation could not

@@ -1,5 +1,7 @@
 """What several backends share.
 
+Its modules hold:
+
   - the life every durable store shares (L{backends.common.writer_store}) and
     the topology the file-based stores keep in memory and in one small file
     (L{backends.common.file_store}, L{backends.common.topology_file});

@@ -245,7 +245,7 @@ class MetricsPage(Resource):
 
 
 def registry_for(broker, access=None, per_object=False):
-    """A private L{CollectorRegistry} holding a L{BrokerCollector} of C{broker}."""
+    """A private C{prometheus_client.CollectorRegistry} holding a L{BrokerCollector} of C{broker}."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BrokerCollector(broker, access, per_object))
     return registry

@@ -1,5 +1,7 @@
 """Moving a data directory's durable state from one backend to another.
 
+Its command line (L{brokerd.migrate.__main__})::
+
     python -m brokerd.migrate --data-dir D --from chunked --to sqlite
 
 With the broker stopped, the source store is opened through its own backend

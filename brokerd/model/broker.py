@@ -6,7 +6,7 @@ Routing never crosses vhosts, so a publish commits in its vhost's store alone.
 A vhost whose store cannot be opened is unavailable: L{Broker.vhost} refuses
 it with 530, naming the damage, while the other vhosts serve.
 
-Protocol adapters open L{Connection}s on a broker; everything they do goes
+Protocol adapters open L{connections<brokerd.session.connection.Connection>} on a broker; everything they do goes
 through the connection's channels to the virtual host they opened.
 """
 
@@ -39,8 +39,8 @@ class Broker:
     @ivar unavailable_vhosts: vhost name -> why it cannot be served (its store
         did not open); connections to it are refused.
 
-    @ivar clock: an L{IReactorTime} provider used for every timer (a
-        L{twisted.internet.task.Clock} in tests).
+    @ivar clock: a C{twisted.internet.interfaces.IReactorTime} provider used for
+        every timer (a C{twisted.internet.task.Clock} in tests).
     @ivar connections: the open client connections (L{brokerd.session.connection.Connection}),
         each with its client's facts, channels, consumers and counters.
     @ivar counters: the L{MessageCounters}: connections opened and closed, and

@@ -3,7 +3,7 @@
 Expired messages are never delivered: the queue checks the head before every
 delivery. Those behind the head are taken out too, at their expiry time, so
 the message count and dead-lettering do not wait for them to reach the head.
-Every timer runs on the broker's clock (a L{twisted.internet.task.Clock} in
+Every timer runs on the broker's clock (a C{twisted.internet.task.Clock} in
 tests).
 """
 

@@ -46,7 +46,7 @@ class VirtualHost:
     """
     One virtual host.
 
-    @ivar clock: the broker's L{IReactorTime}, which every timer of the
+    @ivar clock: the broker's C{IReactorTime}, which every timer of the
         vhost's queues runs on and which stamps publish times.
     @ivar exchanges: name -> exchange, the default exchange under C{""}.
     @ivar queues: name -> queue.

@@ -1,4 +1,4 @@
-"""A Twisted client for brokerd's native protocol, with a Deferred API.
+"""A Twisted client for brokerd's native protocol, with a Deferred API::
 
     client = yield connect(reactor, "tcp:127.0.0.1:5673", username="alice", password="s3cret", vhost="/")
     channel = yield client.channel()

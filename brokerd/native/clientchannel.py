@@ -53,7 +53,7 @@ class PublishNacked(Exception):
 
 
 def make_properties(properties=None):
-    """A L{BasicProperties} from a BasicProperties, a dict of its fields, or None.
+    """A C{BasicProperties} (of C{brokerd.proto.messages_pb2}) from a BasicProperties, a dict of its fields, or None.
 
     In a dict, C{headers} is a dict of Python values and C{delivery_mode} may be
     1, 2, or the enum value.

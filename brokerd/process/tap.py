@@ -53,9 +53,15 @@ class Options(usage.Options):
             None,
             "1G",
             "Message bytes in memory (queued bodies, bodies and transactions on their way in, replies clients"
-            " have not read) above which publishers are blocked (K, M, G suffixes); they resume below 80% of it.",
+            " have not read) above which publishing connections are not read (AMQP clients get connection.blocked;"
+            " K, M, G suffixes); they resume below 80% of it.",
         ],
-        ["data-dir", None, DEFAULT_DATA_DIR, "Directory where durable backends keep their files."],
+        [
+            "data-dir",
+            None,
+            DEFAULT_DATA_DIR,
+            "Directory where durable backends keep their files, and the access database (access.json).",
+        ],
         [
             "sync",
             None,
@@ -130,13 +136,26 @@ class Options(usage.Options):
             None,
             "That administrator's password (default: $RABBITMQ_DEFAULT_PASS, else guest).",
         ],
-        ["heartbeat", None, str(DEFAULT_HEARTBEAT), "AMQP heartbeat interval offered to clients, in seconds (0: off)."],
-        ["frame-max", None, str(DEFAULT_FRAME_MAX), "Largest AMQP frame offered to clients, in bytes (K, M suffixes)."],
+        [
+            "heartbeat",
+            None,
+            str(DEFAULT_HEARTBEAT),
+            "AMQP heartbeat interval offered to clients in connection.tune, in seconds (0: off); a client silent"
+            " for two intervals is dropped.",
+        ],
+        [
+            "frame-max",
+            None,
+            str(DEFAULT_FRAME_MAX),
+            "Largest AMQP frame offered to clients in connection.tune, in bytes (K, M suffixes); a larger frame"
+            " closes the connection with 501.",
+        ],
         [
             "max-message-size",
             None,
             str(DEFAULT_MAX_MESSAGE_SIZE),
-            "Largest AMQP message body accepted, in bytes (K, M, G suffixes); a larger one closes its channel.",
+            "Largest AMQP message body accepted, in bytes (K, M, G suffixes); a larger one closes its channel"
+            " with 406.",
         ],
         [
             "native-max-frame",

@@ -120,7 +120,7 @@ class GroupCommit:
         failure fails the waiting syncs.
     @param policy: the L{SyncPolicy}.
     @param reactor: runs the timer, the scheduled commits and the callbacks
-        from the writer thread (an L{IReactorThreads} and L{IReactorTime}).
+        from the writer thread (an C{IReactorThreads} and C{IReactorTime}).
     @param on_written: if given, called on the reactor thread with what
         C{write_batch} returned, once per successful commit, in commit order,
         before the syncs that commit covers fire. If it raises, those syncs

@@ -39,7 +39,7 @@ class TurnTaking:
     """
     Parses what one connection has left on later turns, one turn's worth at a time.
 
-    @param clock: the L{IReactorTime} whose turns are taken.
+    @param clock: the C{IReactorTime} whose turns are taken.
     @param pauses: the connection's L{brokerd.wire.backpressure.ReadingPauses};
         its socket is held unread while whole frames wait.
     @param parse_held: parses the frames the connection kept, a turn's worth

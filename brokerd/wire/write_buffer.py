@@ -36,7 +36,7 @@ class WriteBuffer:
 
     def __init__(self, clock, unsent):
         """
-        @param clock: the L{IReactorTime} whose next turn flushes.
+        @param clock: the C{IReactorTime} whose next turn flushes.
         @param unsent: a L{brokerd.wire.backpressure.HeldBytes} counting what is
             written while the transport has paused us, until it drains; or
             None where nothing is counted (a client).
