@@ -1,4 +1,4 @@
-"""How fast ``python -m brokerd.migrate`` moves a store to another backend, and
+"""How fast ``brokerd-admin migrate`` moves a store to another backend, and
 in how much memory.
 
     python -m benchmarks.migrate --messages 1000000 --from chunked --to sqlite
@@ -9,7 +9,7 @@ Phases:
            the --from backend through its own API (no broker), spread over
            --queues durable queues, every --shared-every-th one for two queues
            at once, every 100th with a delivery count; one sync per 10000;
-  migrate  ``python -m brokerd.migrate`` run on that directory as a process
+  migrate  ``brokerd-admin migrate`` run on that directory as a process
            of its own, as users run it: its copy and check times (from its
            report), its wall time, and its peak resident memory (ru_maxrss of
            that process alone).
@@ -91,7 +91,7 @@ def fill(arguments, data_dir, reactor):
 
 def run_migration(arguments, data_dir):
     """Run the command as a process of its own: its report and wall seconds."""
-    command = [sys.executable, "-m", "brokerd.migrate", "--data-dir", data_dir, "--from", arguments.source,
+    command = [sys.executable, "-m", "brokerd.admin", "migrate", "--data-dir", data_dir, "--from", arguments.source,
                "--to", arguments.target, "--quiet"]
     started = time.perf_counter()
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -57,33 +57,10 @@ EXPECTED_STATUS = {
     "brokerd-native --user bob --password nope get jobs": 1,  # the manual's example of a refused login
 }
 
-# Console scripts that come with brokerd-admin's command set, and the modules they
-# run today; until they are installed the test runs the module. Temporary.
-SCRIPT_MODULES = {"brokerd-native": "brokerd.native", "brokerd-validate": "spark_jobs.validate_backends"}
-
-
 def reduced_form(command):
     for prefix, (form, reason) in REDUCED.items():
         if command.text.startswith(prefix):
             return form, reason
-    return None
-
-
-def installed_admin_commands():
-    """The subcommands the installed brokerd-admin knows (from its --help's choices)."""
-    result = subprocess.run([os.path.join(BIN, "brokerd-admin"), "--help"], capture_output=True, text=True)
-    return {name for choices in re.findall(r"\{([\w,-]+)\}", result.stdout) for name in choices.split(",")}
-
-
-def admin_subcommand(words):
-    """The subcommand of a brokerd-admin command line (the first word not an option or an option's value)."""
-    takes_value = {"--url", "--user", "--password", "--format"}
-    rest = iter(words[1:])
-    for word in rest:
-        if word in takes_value:
-            next(rest, None)
-        elif not word.startswith("-"):
-            return word
     return None
 
 
@@ -155,7 +132,7 @@ class Page:
             text = text.replace("127.0.0.1:15692", "{}:{}".format(*broker.wait_address("Prometheus metrics")))
             if words[0] == "brokerd-native":
                 text = f"brokerd-native --connect {broker.wait_listening('native protocol')}" + text[len(words[0]):]
-        result = subprocess.run(["bash", "-c", self.script(text, words[0])], cwd=self.directory, env=self.env,
+        result = subprocess.run(["bash", "-c", text], cwd=self.directory, env=self.env,
                                 capture_output=True, text=True, timeout=COMMAND_SECONDS)
         printed = result.stdout + result.stderr
         expected = EXPECTED_STATUS.get(command.text, 0)
@@ -163,16 +140,9 @@ class Page:
         for line in command.output:
             assert line in printed, f"{command.text}: the manual shows {line!r}; it printed:\n{printed}"
 
-    def script(self, text, name):
-        """C{text} with a console script not installed yet replaced by the module it runs (L{SCRIPT_MODULES})."""
-        module = SCRIPT_MODULES.get(name)
-        if module is None or shutil.which(name, path=self.env["PATH"]) is not None or not text.startswith(name):
-            return text
-        return f"python -m {module}" + text[len(name):]
-
     def check_help(self, command):
         words = command.words
-        program = shlex.split(self.script(command.text, words[0]))
+        program = shlex.split(command.text)
         program = program[:3] if program[0] == "python" else program[:1]
         result = subprocess.run([*program, "--help"], cwd=self.directory, env=self.env, capture_output=True,
                                 text=True, timeout=COMMAND_SECONDS)
@@ -208,18 +178,9 @@ def tls_directory(tmp_path_factory):
     return directory
 
 
-@pytest.fixture(scope="module")
-def admin_commands():
-    return installed_admin_commands()
-
-
 @pytest.mark.parametrize("page", pages(), ids=lambda path: path.name)
-def test_every_command_of_the_page_runs(page, tmp_path, tls_directory, admin_commands):
+def test_every_command_of_the_page_runs(page, tmp_path, tls_directory):
     commands = console_commands(page)
-    missing = sorted({admin_subcommand(command.words) for command in commands if command.words[0] == "brokerd-admin"}
-                     - admin_commands)
-    if missing:  # temporary: brokerd-admin's full command set is being built beside this manual
-        pytest.skip(f"the installed brokerd-admin has no {', '.join(missing)} yet")
     runner = Page(tmp_path, tls_directory)
     try:
         for command in commands:
