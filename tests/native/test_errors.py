@@ -6,7 +6,7 @@ from twisted.internet import defer
 from twisted.trial import unittest
 
 from brokerd.native.client import ChannelClosed, ConnectionClosed, connect
-from brokerd.native.server import PROTOCOL_VERSION
+from brokerd.native.framing import PROTOCOL_VERSION
 from brokerd.proto.native_pb2 import Envelope
 from tests.support.broker import connect_client, connect_raw, encode_frame, listen_native
 

@@ -7,7 +7,10 @@ import struct
 from twisted.internet.address import IPv4Address
 from twisted.internet.testing import StringTransport
 from twisted.logger import formatEvent, globalLogPublisher
+from zope.interface.verify import verifyObject
 
+from brokerd.interfaces import IChannelPeer
+from brokerd.native.handshake import IEnvelopeReader
 from brokerd.native.server import PRE_HELLO_MAX_FRAME_SIZE, NativeServerFactory
 from brokerd.proto.native_pb2 import Envelope
 from brokerd.session.connection import HANDSHAKE_TIMEOUT
@@ -25,6 +28,15 @@ def connected(max_frame_size=1 << 20):
 
 def hello():
     return native_hello()
+
+
+def test_the_protocol_provides_what_its_handshake_and_the_model_rely_on():
+    protocol, transport, clock = connected()
+    channel_open = Envelope(channel=1)
+    channel_open.channel_open.SetInParent()
+    protocol.dataReceived(hello() + encode_frame(channel_open))
+    assert verifyObject(IEnvelopeReader, protocol)
+    assert verifyObject(IChannelPeer, protocol.connection.channels[1].peer)
 
 
 def test_a_connection_without_hello_is_dropped_after_the_handshake_timeout():
