@@ -67,9 +67,9 @@ def _refuse(failure, protocol, envelope, command):
     if not _still_open(protocol, envelope):
         return
     if isinstance(error, ChannelError):
-        protocol._close_channel(envelope.channel, error, envelope.correlation_id)
+        protocol.close_channel(envelope.channel, error, envelope.correlation_id)
     else:
-        protocol._close_connection(error)
+        protocol.close_connection(error)
 
 
 def reply_parts(columns, rows, part_bytes=REPLY_PART_BYTES):

@@ -51,7 +51,7 @@ class FrameReceiver(Int32StringReceiver):
 
     def __init__(self, clock, watermark=None):
         """
-        @param clock: the L{IReactorTime} whose turns the writes wait for.
+        @param clock: the C{IReactorTime} whose turns the writes wait for.
         @param watermark: a L{MemoryWatermark} counting partial frames and the
             frames written while the client does not read, if given.
         """

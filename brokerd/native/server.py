@@ -292,10 +292,6 @@ class NativeServerProtocol(FrameReceiver):
         """The broker closes the connection for C{error} (L{NativeHandshake.close})."""
         self.handshake.close(error)
 
-    # The names brokerd.native.access_requests closes a refused request's channel or connection by.
-    _close_channel = close_channel
-    _close_connection = close_connection
-
     def _answer_management_request(self, envelope, request):
         answer_management_request(self, envelope, request)
 
