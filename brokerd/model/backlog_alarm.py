@@ -24,7 +24,8 @@ class BacklogAlarm:
 
     @ivar threshold: ready messages above which it goes off, or None (no alarm).
     @ivar alarmed: True while more messages are ready than the threshold allows.
-    @ivar above: a ready count above this turns the alarm on (L{NEVER} while it is on, or without threshold).
+    @ivar above: a ready count above this turns the alarm on (C{NEVER}, one no queue reaches, while it is on or
+        without threshold).
     @ivar below: a ready count at or below this turns it off (-1 while it is off).
     """
 
