@@ -2,8 +2,9 @@
 
 An exchange keeps its bindings and answers C{route(message)} with the queues a
 message goes to (and, through C{forwards}, the exchanges it goes on to: see
-L{brokerd.model.routing.route_onwards}). Each type keeps an index shaped for its own lookups, so routing
-costs the same however many bindings unrelated keys have.
+L{brokerd.model.routing.route_onwards}). Each type keeps an index shaped for
+its own lookups, so routing costs the same however many bindings unrelated
+keys have.
 """
 
 from brokerd.errors import CommandInvalid, PreconditionFailed
