@@ -63,6 +63,8 @@ class Queue:
     """
 
     def __init__(self, vhost, name, durable=False, owner=None, auto_delete=False, arguments=None):
+        # 29 attributes: CPython 3.11 keeps up to 30 in an instance's compact shared-key table, where the message
+        # paths read them faster; with 34 a message published, delivered and acked cost ~1,900 more instructions.
         self.vhost = vhost
         self.name = name
         self.key = (vhost.name, name)
