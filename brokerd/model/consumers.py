@@ -34,13 +34,17 @@ class QueueConsumers:
 
     A queue without priorities keeps one group, so picking a consumer costs
     what a single round-robin list costs.
+
+    @ivar exclusive: the consumer that registered exclusive (basic.consume's
+        exclusive flag), while it is there; else None.
     """
 
-    __slots__ = ("single_active", "registered", "_groups", "_ordered")
+    __slots__ = ("single_active", "registered", "exclusive", "_groups", "_ordered")
 
     def __init__(self, single_active=False):
         self.single_active = single_active
         self.registered = {}  # consumer -> None, in registration order (read it, do not change it)
+        self.exclusive = None
         self._groups = {}  # priority -> deque of consumers, rotated as they are served
         self._ordered = []  # the groups, highest priority first: what a delivery walks
 
@@ -57,8 +61,19 @@ class QueueConsumers:
             return next(iter(self.registered))
         return None
 
+    def admits(self, consumer):
+        """
+        False if an exclusive consumer is in the way, or if C{consumer} would
+        be exclusive where others consume or a single active consumer is the
+        rule (RabbitMQ refuses both alike).
+        """
+        return self.exclusive is None and not (consumer.exclusive and (self.registered or self.single_active))
+
     def add(self, consumer):
+        """Register C{consumer} (that L{admits} it is the caller's to check)."""
         self.registered[consumer] = None
+        if consumer.exclusive:
+            self.exclusive = consumer
         priority = consumer.priority
         group = self._groups.get(priority)
         if group is None:
@@ -71,6 +86,8 @@ class QueueConsumers:
         if consumer not in self.registered:
             return False
         del self.registered[consumer]
+        if self.exclusive is consumer:
+            self.exclusive = None
         group = self._groups[consumer.priority]
         group.remove(consumer)
         if not group:
@@ -85,6 +102,7 @@ class QueueConsumers:
         """Forget every consumer; returns them in registration order."""
         consumers = list(self.registered)
         self.registered.clear()
+        self.exclusive = None
         self._groups.clear()
         self._ordered = []
         return consumers

@@ -14,6 +14,8 @@ so it does not die again of the same TTL). ``x-first-death-*`` and
 A dead letter is not put into a queue it already died in with no rejection
 since (a cycle of expiries or overflows), as RabbitMQ: it would otherwise go
 round for ever; the other queues its route reaches still get it.
+
+A queue hands its dying entries to its L{QueueDeadLetters}.
 """
 
 import datetime
@@ -22,6 +24,7 @@ from twisted.logger import Logger
 
 from brokerd.model.delayeddelivery import delay_of
 from brokerd.model.message import Message
+from brokerd.model.paging import STORE_FAILURES
 from brokerd.proto import messages_pb2
 from brokerd.proto.tables import dict_to_table, value_to_python
 
@@ -33,6 +36,48 @@ MAXLEN = "maxlen"
 DELIVERY_LIMIT = "delivery_limit"
 DEATH_HEADERS = ("x-death", "x-first-death-queue", "x-first-death-reason", "x-first-death-exchange",
                  "x-last-death-queue", "x-last-death-reason", "x-last-death-exchange")
+
+
+class QueueDeadLetters:
+    """
+    The messages one queue gives up on: each goes to the queue's dead-letter
+    exchange if it has one (read back from the store first if the queue kept
+    only its handle), and the queue forgets it.
+    """
+
+    def __init__(self, queue, pager, clock):
+        self._queue = queue
+        self._pager = pager
+        self._clock = clock
+
+    def died(self, entry, reason):
+        """C{entry} died in the queue for C{reason}: dead-lettered if the queue says where, then forgotten."""
+        queue = self._queue
+        if queue.policy.dead_letter_exchange is not None:
+            if entry.message is None and not self._load(entry):
+                return
+            try:
+                dead_letter(queue, entry.message, reason, self._clock.seconds())
+            except Exception:  # the message is gone from the queue whatever happened there
+                log.failure("queue {queue!r} in vhost {vhost!r}: dead-lettering a message failed",
+                            queue=queue.name, vhost=queue.vhost.name)
+        queue.forget(entry)
+
+    def refused(self, message):
+        """A message the full queue refused: with x-overflow reject-publish-dlx it is dead-lettered."""
+        queue = self._queue
+        if queue.policy.overflow == "reject-publish-dlx":
+            dead_letter(queue, message, MAXLEN, self._clock.seconds())
+
+    def _load(self, entry):
+        """Load the message of a paged-out entry; False if it cannot be read (it is then forgotten)."""
+        try:
+            return self._pager.page_in(entry)
+        except STORE_FAILURES as problem:
+            log.error("queue {queue!r}: a message to dead-letter cannot be read: {problem}; dropped",
+                      queue=self._queue.name, problem=problem)
+            self._queue.forget(entry)
+            return False
 
 
 def dead_letter(queue, message, reason, now):

@@ -2,12 +2,12 @@
 
 An exchange keeps its bindings and answers C{route(message)} with the queues a
 message goes to (and, through C{forwards}, the exchanges it goes on to: see
-L{route_onwards}). Each type keeps an index shaped for its own lookups, so routing
-costs the same however many bindings unrelated keys have.
+L{brokerd.model.routing.route_onwards}). Each type keeps an index shaped for
+its own lookups, so routing costs the same however many bindings unrelated
+keys have.
 """
 
 from brokerd.errors import CommandInvalid, PreconditionFailed
-from brokerd.model.delayeddelivery import delay_of
 from brokerd.model.queue_arguments import amqp_type_name, erlang_term
 from brokerd.model.topic import TopicTrie
 from brokerd.proto.tables import freeze
@@ -353,47 +353,3 @@ def make_exchange(vhost, name, type_name, durable=False, auto_delete=False, inte
     if cls is None:
         raise CommandInvalid(f"unknown exchange type '{type_name}'")  # RabbitMQ's text
     return cls(vhost, name, durable, auto_delete, internal, arguments)
-
-
-def route_onwards(exchange, message, queues, exchanges):
-    """
-    The queues C{message} reaches from C{exchange} (whose own queues are
-    C{queues}) through bindings to other exchanges and alternate exchanges
-    (looked up by name in C{exchanges}), as RabbitMQ's rabbit_exchange:route:
-    every exchange reached routes it by its own type; one that routes it
-    nowhere (to no queue and no exchange) passes it to its alternate exchange;
-    no exchange is visited twice, so chains and cycles end and each queue gets
-    it once. A loop, not recursion: a chain may be long.
-
-    An x-delayed-message exchange reached through a binding takes a message
-    with a valid x-delay header for itself, to be routed when due, and routes
-    it nowhere now (as the delayed-message plugin's exchange type does).
-
-    @return: C{(queues, delaying)}: the queues reached now, and the delayed
-        exchanges that hold the message back.
-    """
-    reached = dict.fromkeys(queues)
-    delaying = []
-    seen = {exchange}
-    pending = [exchange]
-    while pending:
-        current = pending.pop()
-        if current is exchange:
-            matched = queues
-        elif current.delayed and delay_of(message) is not None:
-            delaying.append(current)
-            continue
-        else:
-            matched = current.route(message)
-        onward = () if current.forwards is None else current.forwards.route(message)
-        if matched:
-            reached.update(dict.fromkeys(matched))
-        elif not onward:
-            name = current.alternate_exchange
-            alternate = exchanges.get(name) if name is not None else None
-            onward = () if alternate is None else (alternate,)
-        for destination in onward:
-            if destination not in seen:
-                seen.add(destination)
-                pending.append(destination)
-    return list(reached), delaying

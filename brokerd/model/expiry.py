@@ -9,30 +9,96 @@ tests).
 
 import heapq
 
+from brokerd.errors import PreconditionFailed
+from brokerd.model.queue_arguments import message_ttl_of
+
 
 class MessageExpiry:
     """
-    Knows when the queue's ready messages expire and calls the queue back
+    The time to live of one queue's messages: what it is for each message,
+    when each ready one expires, and a timer that calls the queue back
     (L{brokerd.interfaces.IExpiringQueue.expire_due}) at the earliest such time.
+
+    @ivar queue_ttl: the queue's message TTL in milliseconds (x-message-ttl
+        or its policy's message-ttl, as its effective settings say), or None.
     """
 
-    def __init__(self, queue, clock):
+    def __init__(self, queue, clock, queue_ttl):
         self._queue = queue
         self._clock = clock
+        self.queue_ttl = queue_ttl
         self._deadlines = []  # heap of (expires_at in ms, sequence); entries gone since are skipped lazily
         self._call = None
+        self._restored_at = None  # when recovered messages came back (see restored)
+
+    def follow(self, settings):
+        """The queue's effective settings changed: messages enqueued from now on get their TTL."""
+        self.queue_ttl = settings.message_ttl
 
     def now(self):
         """The clock's time in milliseconds."""
         return self._clock.seconds() * 1000.0
+
+    def ttl_of(self, message):
+        """The message's time to live in this queue: the smaller of its own and the queue's, or None."""
+        try:
+            own = message_ttl_of(message.properties)
+        except PreconditionFailed:  # refused at publish; one kept by an older broker has no TTL of its own
+            own = None
+        queue_ttl = self.queue_ttl
+        if own is None:
+            return queue_ttl
+        return own if queue_ttl is None else min(own, queue_ttl)
+
+    def start(self, entry, ttl):
+        """An entry just made lives C{ttl} ms from its message's publish time (from now if it has none)."""
+        published = entry.message.published_at
+        entry.expires_at = (self.now() if published is None else published) + ttl
+        self.track(entry)
+
+    def restored(self):
+        """Messages recovered at start come back now: the TTLs of those that kept no publish time count from now."""
+        self._restored_at = self.now()
+
+    def start_loaded(self, entry):
+        """
+        An entry whose message was just loaded from the store (recovered, or
+        paged out) lives until its own expiration says, counted from its
+        publish time, or from when it was recovered if it kept none.
+        """
+        message = entry.message
+        if message.properties.HasField("expiration"):
+            ttl = self.ttl_of(message)
+            if ttl is not None:
+                published = message.published_at
+                entry.expires_at = (published if published is not None else self._restored_at or self.now()) + ttl
 
     def track(self, entry):
         heapq.heappush(self._deadlines, (entry.expires_at, entry.sequence))
         if self._deadlines[0][1] == entry.sequence:
             self._schedule()
 
-    def due(self, now):
-        """True if some tracked deadline has passed (the queue then looks for expired entries)."""
+    def take_expired(self, ready):
+        """
+        Take out of C{ready} (the queue's L{brokerd.model.ready.ReadyList})
+        every entry whose time has come: those at the head, and those behind
+        it once a tracked deadline has passed. Returns them, in order.
+        """
+        now = self.now()
+        expired = []
+        while ready:
+            entry = ready.popleft()
+            if entry.expires_at is not None and entry.expires_at <= now:
+                expired.append(entry)
+                continue
+            ready.appendleft(entry)
+            break
+        if self._deadline_passed(now):
+            expired += ready.remove_where(lambda entry: entry.expires_at is not None and entry.expires_at <= now)
+        return expired
+
+    def _deadline_passed(self, now):
+        """True if some tracked deadline has passed (entries behind the head may have expired)."""
         deadlines = self._deadlines
         passed = False
         while deadlines and deadlines[0][0] <= now:

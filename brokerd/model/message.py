@@ -102,7 +102,7 @@ class QueuedMessage:
     A message's entry in one queue.
 
     @ivar message: the L{Message}, or None while it is paged out: kept by the
-        store alone (see L{brokerd.model.queue}) until it is delivered.
+        store alone (see L{brokerd.model.paging}) until it is delivered.
     @ivar sequence: the entry's position in arrival order, which requeueing
         keeps so a returned message goes back where it was.
     @ivar handle: the store's handle if the message is persisted for this

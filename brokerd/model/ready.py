@@ -3,7 +3,9 @@
 A backlog of a million recovered messages as a million entry objects would
 cost some 160 MB; kept as runs of handles in arrays it costs 8 bytes a
 message. An entry comes out of its run as a L{QueuedMessage} without a
-message when it reaches the head, and the queue loads the message then.
+message when it reaches the head, and the queue's pager loads the message
+then (see L{brokerd.model.paging}). The lists count the body bytes of the
+entries they keep as objects, for byte limits.
 """
 
 from array import array
@@ -41,12 +43,15 @@ class ReadyList:
     The ready entries of one queue, in order: L{QueuedMessage}s and L{PagedRun}s.
 
     @ivar count: how many entries (an attribute, so a queue's hot paths compare it without a call).
+    @ivar bytes: the body bytes of the entries kept as objects (paged-out ones count none), for
+        x-max-length-bytes and the management API's C{memory}.
     """
 
     def __init__(self, queue):
         self._queue = queue
         self._items = deque()
         self.count = 0
+        self.bytes = 0
 
     def __len__(self):
         return self.count
@@ -57,6 +62,7 @@ class ReadyList:
     def append(self, entry):
         self._items.append(entry)
         self.count += 1
+        self.bytes += len(entry.message.body)
 
     def append_paged(self, handles, first_sequence, redelivered):
         """Add entries by handle only, numbered from C{first_sequence}; they join the last run if they follow it."""
@@ -81,6 +87,9 @@ class ReadyList:
         item = self._items[0]
         self.count -= 1
         if type(item) is not PagedRun:
+            message = item.message
+            if message is not None:  # None: put back at the head when it could not be loaded
+                self.bytes -= len(message.body)
             return self._items.popleft()
         handle = item.handles[item.head]
         entry = QueuedMessage(None, self._queue, item.first_sequence + item.head, handle, item.redelivered)
@@ -96,11 +105,13 @@ class ReadyList:
     def appendleft(self, entry):
         self._items.appendleft(entry)
         self.count += 1
+        self.bytes += _body_size(entry)
 
     def extendleft(self, entries):
         entries = list(entries)
         self._items.extendleft(entries)
         self.count += len(entries)
+        self.bytes += sum(map(_body_size, entries))
 
     def put_back(self, returned):
         """
@@ -126,6 +137,7 @@ class ReadyList:
         if removed:
             self._items = kept
             self.count -= len(removed)
+            self.bytes -= sum(map(_body_size, removed))
         return removed
 
     def in_memory(self):
@@ -142,7 +154,7 @@ class ReadyList:
 
     def clear(self):
         self._items.clear()
-        self.count = 0
+        self.count = self.bytes = 0
 
 
 class PriorityReady:
@@ -152,6 +164,7 @@ class PriorityReady:
     always objects (a priority queue does not page its backlog out).
 
     @ivar count: how many entries, over every level.
+    @ivar bytes: their body bytes, over every level.
     """
 
     def __init__(self, queue, max_priority):
@@ -159,6 +172,7 @@ class PriorityReady:
         self._max_priority = max_priority
         self._levels = [ReadyList(queue) for _ in range(max_priority + 1)]
         self.count = 0
+        self.bytes = 0
 
     def level_of(self, entry):
         properties = entry.message.properties
@@ -173,6 +187,7 @@ class PriorityReady:
     def append(self, entry):
         self._levels[self.level_of(entry)].append(entry)
         self.count += 1
+        self.bytes += len(entry.message.body)
 
     def append_paged(self, handles, first_sequence, redelivered):
         raise TypeError("a priority queue keeps its entries as objects")
@@ -189,11 +204,13 @@ class PriorityReady:
     def popleft(self):
         entry = self._highest().popleft()
         self.count -= 1
+        self.bytes -= len(entry.message.body)
         return entry
 
     def appendleft(self, entry):
         self._levels[self.level_of(entry)].appendleft(entry)
         self.count += 1
+        self.bytes += len(entry.message.body)
 
     def put_back(self, returned):
         by_level = {}
@@ -202,12 +219,14 @@ class PriorityReady:
         for level, entries in by_level.items():
             self._levels[level].put_back(entries)
         self.count += len(returned)
+        self.bytes += sum(map(_body_size, returned))
 
     def remove_where(self, condition):
         removed = []
         for level in self._levels:
             removed += level.remove_where(condition)
         self.count -= len(removed)
+        self.bytes -= sum(map(_body_size, removed))
         return removed
 
     def in_memory(self):
@@ -220,8 +239,14 @@ class PriorityReady:
     def clear(self):
         for level in self._levels:
             level.clear()
-        self.count = 0
+        self.count = self.bytes = 0
 
 
 def _by_sequence(entry):
     return entry.sequence
+
+
+def _body_size(entry):
+    """The body bytes an entry holds in memory: none while its message is paged out."""
+    message = entry.message
+    return 0 if message is None else len(message.body)

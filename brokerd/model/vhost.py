@@ -5,7 +5,7 @@ other attributes, passive checks, reserved ``amq.`` names, if-unused / if-empty
 deletes, exclusive ownership and auto-delete. Durable topology is written
 through to the store. A binding's destination is a queue or, for
 exchange-to-exchange bindings, another exchange; routing follows those from
-exchange to exchange (see L{VirtualHost.route_now}). The vhost's policies
+exchange to exchange (see L{brokerd.model.routing}). The vhost's policies
 (L{VirtualHost.set_policies}) apply to its queues and exchanges as they are
 declared and whenever the policies change (see L{brokerd.model.policy_effects}).
 """
@@ -21,13 +21,13 @@ from brokerd.model.exchange import (
     DefaultExchange,
     comparable_exchange_arguments,
     make_exchange,
-    route_onwards,
 )
 from brokerd.model.names import check_not_reserved, check_short_string, generate_queue_name
 from brokerd.model.policy_effects import VhostPolicies, unapplied_keys
 from brokerd.model.queue import Queue
 from brokerd.model.queue_arguments import message_ttl_of
 from brokerd.model.queue_types import check_declaration, comparable_arguments
+from brokerd.model.routing import route_now
 from brokerd.model.topology_records import binding_record, check_equivalent, exchange_record, flags, queue_record
 from brokerd.model.watermark import MemoryWatermark
 from brokerd.proto.tables import freeze
@@ -362,9 +362,9 @@ class VirtualHost:
         first if it is persistent and the store keeps some of those queues. It
         goes on through exchange-to-exchange bindings, and an exchange that
         routes it nowhere hands it to its alternate exchange, if it has one
-        (see L{route_onwards}; no exchange is visited twice). A message with
-        an x-delay header is kept until due by the delayed exchange it is
-        published to, or reaches through a binding.
+        (see L{brokerd.model.routing}; no exchange is visited twice). A
+        message with an x-delay header is kept until due by the delayed
+        exchange it is published to, or reaches through a binding.
 
         @return: C{(queues it went to, whether the store holds it, whether a
             full queue refused it)}; a refusal means a nack for a confirming
@@ -381,65 +381,15 @@ class VirtualHost:
             if milliseconds is not None:
                 self.delays.delay(self, exchange, message, milliseconds)
                 return 1, True, False  # kept by the store: confirmed once synced; routed when due
-        return self.route_now(exchange, message)
+        return route_now(self, exchange, message)
 
     def route_now(self, exchange, message, accepts=None):
         """
         L{publish} without the delay at C{exchange}: route, store if
-        persistent, enqueue (in the queues C{accepts} allows, if given). A
-        delayed exchange reached through a binding keeps the message until due
-        (see L{route_onwards}); that counts as routed and kept by the store.
+        persistent, enqueue (in the queues C{accepts} allows, if given); see
+        L{brokerd.model.routing.route_now}.
         """
-        queues = exchange.route(message)
-        delaying = ()
-        if exchange.forwards is not None or (not queues and exchange.alternate_exchange is not None):
-            queues, delaying = route_onwards(exchange, message, queues, self.exchanges)
-            if delaying:
-                milliseconds = delay_of(message)
-                for delayed in delaying:
-                    self.delays.delay(self, delayed, message, milliseconds)
-        if accepts is not None:
-            queues = [queue for queue in queues if accepts(queue)]
-        if self.unavailable_queues:
-            queues = [queue for queue in queues if queue.unavailable is None]
-        refused = False
-        if queues:
-            full = [queue for queue in queues if queue.refuses(message)]
-            if full:
-                refused = True
-                queues = [queue for queue in queues if queue not in full]
-                for queue in full:
-                    queue.refused(message)
-        if not queues:
-            if delaying:
-                return len(delaying), True, refused
-            return 0, False, refused
-        if message.published_at is None and (
-            message.properties.HasField("expiration") or any(queue.policy.message_ttl is not None for queue in queues)
-        ):
-            message.published_at = int(self.clock.seconds() * 1000)  # kept with it: its TTL counts from now
-        handle = None
-        persistent = message.persistent
-        # A quorum queue keeps every message, transient ones too, as RabbitMQ's do.
-        if persistent:
-            keeping = [queue for queue in queues if queue.persisted]
-        elif self.quorum_queues:
-            keeping = [queue for queue in queues if queue.policy.quorum]
-        else:
-            keeping = ()
-        if keeping:
-            try:
-                handle = self.store.append(message, [queue.key for queue in keeping])
-            except ValueError as problem:  # e.g. a message bigger than the store can keep in one piece
-                raise PreconditionFailed(f"the {self.store.name} store cannot keep this message: {problem}") from None
-            for queue in queues:
-                queue.enqueue(message, handle if queue.persisted and (persistent or queue.policy.quorum) else None)
-        else:
-            for queue in queues:
-                queue.enqueue(message, None)
-        if delaying:
-            return len(queues) + len(delaying), True, refused
-        return len(queues), handle is not None, refused
+        return route_now(self, exchange, message, accepts)
 
     # -- recovery: rebuild durable topology without writing it back
 

@@ -15,7 +15,7 @@ def alarms():
     lines = []
 
     def observe(event):
-        if event.get("log_namespace") == "brokerd.model.queue_settings":
+        if event.get("log_namespace") == "brokerd.model.backlog_alarm":
             lines.append((event["log_level"].name, formatEvent(event)))
 
     globalLogPublisher.addObserver(observe)

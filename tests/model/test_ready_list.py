@@ -5,7 +5,7 @@ from array import array
 import pytest
 
 from brokerd.model.message import Message, QueuedMessage
-from brokerd.model.ready import PagedRun, ReadyList
+from brokerd.model.ready import PagedRun, PriorityReady, ReadyList
 from tests.support.broker import properties
 
 QUEUE = object()  # what the list hands to the entries it materializes; it never looks inside
@@ -94,6 +94,55 @@ def test_length_follows_every_change():
     ready.clear()
     lengths.append(len(ready))
     assert lengths == [3, 4, 3, 4, 6, 0]
+
+
+def test_bytes_count_the_bodies_of_the_entries_kept_as_objects_through_every_change():
+    ready = ReadyList(QUEUE)
+    sizes = []
+    ready.append_paged([1, 2], 0, False)
+    sizes.append(ready.bytes)
+    ready.append(entry(2, 3, body=b"abc"))
+    ready.append(entry(3, body=b"defgh"))
+    sizes.append(ready.bytes)
+    paged = ready.popleft()  # out of the run: no message, no bytes
+    sizes.append(ready.bytes)
+    ready.appendleft(paged)  # put back unloaded, as when the store failed
+    sizes.append(ready.bytes)
+    ready.popleft()
+    ready.popleft()
+    ready.popleft()  # b"abc"
+    sizes.append(ready.bytes)
+    ready.extendleft([entry(0, body=b"xy"), entry(1, body=b"z")])
+    sizes.append(ready.bytes)
+    ready.put_back([entry(-1, body=b"1234")])
+    sizes.append(ready.bytes)
+    removed = ready.remove_where(lambda item: item.sequence < 1)
+    sizes.append(ready.bytes)
+    ready.clear()
+    sizes.append(ready.bytes)
+    assert [item.sequence for item in removed] == [-1, 0]
+    assert sizes == [0, 8, 8, 8, 5, 8, 12, 6, 0]
+
+
+def test_a_priority_list_counts_the_bytes_of_every_level():
+    ready = PriorityReady(QUEUE, 2)
+
+    def prioritised(sequence, priority, body):
+        message = Message("", "q", properties(priority=priority), body)
+        return QueuedMessage(message, QUEUE, sequence)
+
+    ready.append(prioritised(0, 0, b"low"))
+    ready.append(prioritised(1, 2, b"high!"))
+    assert ready.bytes == 8
+    taken = ready.popleft()
+    assert (taken.message.body, ready.bytes) == (b"high!", 3)
+    ready.appendleft(taken)
+    ready.put_back([prioritised(2, 1, b"mid")])
+    assert ready.bytes == 11
+    assert sorted(item.message.body for item in ready.remove_where(lambda item: item.sequence != 1)) == [b"low", b"mid"]
+    assert ready.bytes == 5
+    ready.clear()
+    assert ready.bytes == 0
 
 
 # -- append_paged joins a run only where it follows it

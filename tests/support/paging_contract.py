@@ -13,7 +13,7 @@ from twisted.internet import defer, reactor
 
 from brokerd.errors import NotFound
 from brokerd.model.policy_effects import Policy
-from brokerd.model.queue import PAGE_OUT_DEPTH
+from brokerd.model.paging import PAGE_OUT_DEPTH
 from brokerd.storage.durability import SyncPolicy
 from tests.support.broker import make_broker, open_channel, properties
 
