@@ -11,8 +11,9 @@ It is made of parts that each own their state: its consumers
 L{brokerd.session.deliveries.Deliveries}, where they and basic.get take delivery
 tags and leave what the client must settle, and which hold every consumer back
 while the channel may not deliver; in confirm mode its
-L{brokerd.session.confirms.PublisherConfirms}.
-Transactions (tx.select, commit, rollback) are L{brokerd.session.transactions}'.
+L{brokerd.session.confirms.PublisherConfirms}; in tx mode its
+L{brokerd.session.transactions.Transaction}, which keeps publishes and
+settlements for tx.commit.
 Each channel counts the messages it publishes, delivers and has acked
 (L{MESSAGE_COUNTERS}), one integer increment each, for its connection's totals,
 and the unroutable publishes it drops or returns (counted on that path only).
@@ -31,7 +32,7 @@ from brokerd.model.replyto import REPLY_PREFIX, REPLY_QUEUE
 from brokerd.session.confirms import PublisherConfirms
 from brokerd.session.consumer import Consumer, delivered_message
 from brokerd.session.deliveries import Deliveries
-from brokerd.session.transactions import ChannelTransactions
+from brokerd.session.transactions import Transaction
 
 log = Logger()
 
@@ -45,7 +46,7 @@ ROUTING_COUNTERS = ("messages_unroutable_dropped", "messages_unroutable_returned
                     "messages_confirmed")
 
 
-class Channel(ChannelTransactions):
+class Channel:
     """
     One open channel of a connection.
 
@@ -76,8 +77,7 @@ class Channel(ChannelTransactions):
         self.messages_unroutable_dropped = self.messages_unroutable_returned = 0
         self._last_queue_name = None
         self._confirms = None  # PublisherConfirms in confirm mode
-        self._transaction = None  # pending (operation, arguments) while in tx mode
-        self._transaction_bytes = 0  # body bytes of the pending publishes, counted against the watermark
+        self._transaction = None  # Transaction in tx mode
 
     def __repr__(self):
         return f"<Channel {self.id} of {self.connection!r}>"
@@ -125,6 +125,12 @@ class Channel(ChannelTransactions):
     @property
     def unacked_count(self):
         return len(self.deliveries.unacked)
+
+    @property
+    def transaction_bytes(self):
+        """Body bytes of the publishes waiting for tx.commit (counted against the watermark)."""
+        transaction = self._transaction
+        return 0 if transaction is None else transaction.held_bytes
 
     # -- topology
 
@@ -235,8 +241,7 @@ class Channel(ChannelTransactions):
         if message.properties.reply_to == REPLY_QUEUE:
             message = self.connection.broker.replies.with_reply_address(self, message)
         if self._transaction is not None:
-            self._transaction.append((self.publish, (message, mandatory)))
-            self._hold_for_transaction(len(message.body))
+            self._transaction.hold_publish(self.publish, (message, mandatory), len(message.body))
             return
         confirms = self._confirms
         if confirms is not None:
@@ -350,7 +355,8 @@ class Channel(ChannelTransactions):
     # -- settling deliveries
 
     def basic_ack(self, delivery_tag, multiple=False):
-        if self._deferred_by_transaction(self.basic_ack, (delivery_tag, multiple), delivery_tag, multiple):
+        if self._transaction is not None:
+            self._transaction.hold_settlement(self.basic_ack, (delivery_tag, multiple), delivery_tag, multiple)
             return
         deliveries = self.deliveries
         entries = deliveries.take(delivery_tag, multiple)
@@ -360,14 +366,16 @@ class Channel(ChannelTransactions):
         self._refill(deliveries.release(entries))
 
     def basic_nack(self, delivery_tag, multiple=False, requeue=True):
-        if self._deferred_by_transaction(
-            self.basic_nack, (delivery_tag, multiple, requeue), delivery_tag, multiple
-        ):
+        if self._transaction is not None:
+            self._transaction.hold_settlement(
+                self.basic_nack, (delivery_tag, multiple, requeue), delivery_tag, multiple
+            )
             return
         self._settle_refused(self.deliveries.take(delivery_tag, multiple), requeue)
 
     def basic_reject(self, delivery_tag, requeue=True):
-        if self._deferred_by_transaction(self.basic_reject, (delivery_tag, requeue), delivery_tag, False):
+        if self._transaction is not None:
+            self._transaction.hold_settlement(self.basic_reject, (delivery_tag, requeue), delivery_tag, False)
             return
         self._settle_refused(self.deliveries.take(delivery_tag, False), requeue)
 
@@ -429,10 +437,37 @@ class Channel(ChannelTransactions):
         for queue in {consumer.queue for consumer in self.consumers.values()}:
             queue.dispatch()
 
+    # -- transactions
+
+    def tx_select(self):
+        """Put the channel in transaction mode: publishes and settlements wait for tx.commit."""
+        if self._confirms is not None:
+            raise PreconditionFailed("cannot switch from confirm to tx mode")
+        if self._transaction is None:
+            self._transaction = Transaction(self.vhost.watermark, self.deliveries)
+
+    def tx_commit(self):
+        """Apply the transaction's publishes and settlements, in the order they came; a new one begins."""
+        transaction = self._open_transaction()
+        self._transaction = None  # what it kept runs now as it would have outside tx mode
+        try:
+            transaction.commit()
+        finally:
+            self._transaction = transaction
+
+    def tx_rollback(self):
+        """Drop the transaction's publishes and settlements (the deliveries stay un-acked); a new one begins."""
+        self._open_transaction().rollback()
+
+    def _open_transaction(self):
+        if self._transaction is None:
+            raise PreconditionFailed("channel is not transactional")
+        return self._transaction
+
     # -- closing
 
     def close(self):
-        """Cancel every consumer and requeue every un-acked delivery."""
+        """Cancel every consumer, requeue every un-acked delivery, roll back a transaction, stop confirming."""
         if self.closed:
             return
         self.closed = True
@@ -441,8 +476,7 @@ class Channel(ChannelTransactions):
         for consumer in consumers:
             consumer.queue.remove_consumer(consumer)
         self._settle_refused(self.deliveries.take_all(), True)
-        if self._transaction:
-            self._transaction = []  # an uncommitted transaction is rolled back
-        self._release_transaction_bytes()
+        if self._transaction is not None:
+            self._transaction.rollback()
         if self._confirms is not None:
             self._confirms.discard()
