@@ -14,7 +14,6 @@ class Transaction:
     What one channel in tx mode has kept for tx.commit: operations, each a
     callable and its arguments, in the order they came, and the body bytes of
     the publishes among them.
-
     """
 
     def __init__(self, watermark, deliveries):

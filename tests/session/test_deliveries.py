@@ -54,7 +54,7 @@ def test_a_multiple_ack_over_interleaved_consumers_gives_each_its_own_room_back(
 
 
 def test_a_multiple_ack_gives_the_channel_wide_limit_back_for_every_consumer(broker, clock):
-    channel, peer = consuming(broker, clock, "a", "b", global_prefetch=4)
+    channel, _ = consuming(broker, clock, "a", "b", global_prefetch=4)
     publish(channel, "a", b"1", b"2", b"3")
     publish(channel, "b", b"4", b"5", b"6")
     assert channel.unacked_count == 4 and ready(broker, "a") + ready(broker, "b") == 2

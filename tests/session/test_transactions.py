@@ -60,7 +60,7 @@ def test_rollback_drops_publishes_and_settlements_and_the_deliveries_stay_unacke
 
 
 def test_an_unknown_tag_is_refused_when_settled_not_at_commit(broker, clock):
-    channel, peer = transactional(broker, clock)
+    channel, _ = transactional(broker, clock)
     publish(channel, "q", b"m")
     channel.tx_commit()
     for settle in (lambda: channel.basic_ack(2), lambda: channel.basic_nack(2), lambda: channel.basic_reject(2)):
@@ -86,7 +86,7 @@ def test_a_settlement_failing_at_commit_drops_what_came_after_it(broker, clock):
 
 
 def test_closing_the_channel_rolls_back_and_gives_its_bytes_back(broker, clock):
-    channel, peer = transactional(broker, clock)
+    channel, _ = transactional(broker, clock)
     publish(channel, "q", b"uncommitted")
     channel.connection.close_channel(channel.id)
     assert broker.vhost("/").watermark.queued_bytes == 0 and ready(broker, "q") == 0
