@@ -6,15 +6,19 @@ consume with prefetch limits, get, and settle deliveries with ack, nack, reject
 and recover. Protocol adapters translate frames into these calls and give the
 channel an L{IChannelPeer} to push deliveries, returns and confirms through.
 Errors are raised as L{brokerd.errors.BrokerError}s for the adapter to report.
-Its consumers (L{brokerd.session.consumer.Consumer}) are what its queues deliver to;
-transactions (tx.select, commit, rollback) are L{brokerd.session.transactions}'.
+It is made of parts that each own their state: its consumers
+(L{brokerd.session.consumer.Consumer}), which its queues deliver to; its
+L{brokerd.session.deliveries.Deliveries}, where they and basic.get take delivery
+tags and leave what the client must settle, and which hold every consumer back
+while the channel may not deliver; in confirm mode its
+L{brokerd.session.confirms.PublisherConfirms}; in tx mode its
+L{brokerd.session.transactions.Transaction}, which keeps publishes and
+settlements for tx.commit.
 Each channel counts the messages it publishes, delivers and has acked
 (L{MESSAGE_COUNTERS}), one integer increment each, for its connection's totals,
 and the unroutable publishes it drops or returns (counted on that path only).
 Every operation is checked against the user's permissions (L{brokerd.access.permissions}).
 """
-
-from collections import OrderedDict
 
 from twisted.logger import Logger
 
@@ -27,7 +31,8 @@ from brokerd.model.property_rules import check_arguments, check_properties
 from brokerd.model.replyto import REPLY_PREFIX, REPLY_QUEUE
 from brokerd.session.confirms import PublisherConfirms
 from brokerd.session.consumer import Consumer, delivered_message
-from brokerd.session.transactions import ChannelTransactions
+from brokerd.session.deliveries import Deliveries
+from brokerd.session.transactions import Transaction
 
 log = Logger()
 
@@ -41,26 +46,19 @@ ROUTING_COUNTERS = ("messages_unroutable_dropped", "messages_unroutable_returned
                     "messages_confirmed")
 
 
-class Channel(ChannelTransactions):
+class Channel:
     """
     One open channel of a connection.
 
-    @ivar prefetch_count: the channel-wide limit of un-acked deliveries to
-        consumers (basic.qos with global set; 0: no limit). As in RabbitMQ,
-        messages taken with basic.get do not count.
-    @ivar consumer_unacked: un-acked deliveries to consumers of this channel.
+    @ivar consumers: consumer tag -> its L{Consumer}, in the order they started.
+    @ivar deliveries: the channel's L{Deliveries}: delivery tags, un-acked
+        deliveries, and what holds its consumers back.
     @ivar consumer_prefetch: the per-consumer limit given to consumers created
         from now on (basic.qos without global).
-    @ivar flow_active: False while the client has paused deliveries (channel.flow).
     @ivar messages_published: messages the vhost took (routed or not), transactional ones once committed.
-    @ivar messages_redelivered: deliveries and gets of messages flagged redelivered.
     @ivar messages_acked: deliveries the client acked.
     @ivar messages_unroutable_dropped: publishes no queue took, not mandatory (dropped).
     @ivar messages_unroutable_returned: mandatory publishes no queue took (returned to the publisher).
-    @ivar unacked_deliveries: delivery tag -> un-acked entry, in tag order.
-    @ivar next_delivery_tag: the tag the next delivery or basic.get gets.
-        These two and the counters are shared with the channel's consumers
-        (L{brokerd.session.consumer.Consumer}), which deliver on the channel's behalf.
     """
 
     def __init__(self, connection, channel_id, peer):
@@ -72,19 +70,14 @@ class Channel(ChannelTransactions):
         self._writable_exchanges = None if connection.access is None else set()  # exchanges published to
         self.clock = connection.broker.clock
         self.consumers = {}
-        self.prefetch_count = 0
+        self.deliveries = Deliveries(connection)
         self.consumer_prefetch = 0
-        self.consumer_unacked = 0
-        self.flow_active = True
         self.closed = False
-        self.messages_published = self.messages_redelivered = self.messages_acked = 0
+        self.messages_published = self.messages_acked = 0
         self.messages_unroutable_dropped = self.messages_unroutable_returned = 0
-        self.unacked_deliveries = OrderedDict()  # delivery tag -> QueuedMessage, in tag order
-        self.next_delivery_tag = 1
         self._last_queue_name = None
-        self._confirms = None
-        self._transaction = None  # pending (operation, arguments) while in tx mode
-        self._transaction_bytes = 0  # body bytes of the pending publishes, counted against the watermark
+        self._confirms = None  # PublisherConfirms in confirm mode
+        self._transaction = None  # Transaction in tx mode
 
     def __repr__(self):
         return f"<Channel {self.id} of {self.connection!r}>"
@@ -95,9 +88,24 @@ class Channel(ChannelTransactions):
         return f"{self.connection.name} ({self.id})"
 
     @property
+    def prefetch_count(self):
+        """The channel-wide limit of un-acked deliveries to consumers (basic.qos with global; 0: no limit)."""
+        return self.deliveries.prefetch_count
+
+    @property
+    def flow_active(self):
+        """False while the client has paused deliveries (channel.flow), and once the channel closed."""
+        return self.deliveries.flowing
+
+    @property
     def messages_delivered(self):
         """Messages handed to consumers or taken by basic.get: as many as the delivery tags given out."""
-        return self.next_delivery_tag - 1
+        return self.deliveries.given
+
+    @property
+    def messages_redelivered(self):
+        """Deliveries and gets of messages flagged redelivered."""
+        return self.deliveries.redelivered
 
     @property
     def messages_received_confirm(self):
@@ -110,8 +118,19 @@ class Channel(ChannelTransactions):
         return self._confirms.confirmed if self._confirms is not None else 0
 
     @property
+    def unacked_deliveries(self):
+        """Delivery tag -> un-acked entry, in tag order (read it; settle through the basic methods)."""
+        return self.deliveries.unacked
+
+    @property
     def unacked_count(self):
-        return len(self.unacked_deliveries)
+        return len(self.deliveries.unacked)
+
+    @property
+    def transaction_bytes(self):
+        """Body bytes of the publishes waiting for tx.commit (counted against the watermark)."""
+        transaction = self._transaction
+        return 0 if transaction is None else transaction.held_bytes
 
     # -- topology
 
@@ -222,8 +241,7 @@ class Channel(ChannelTransactions):
         if message.properties.reply_to == REPLY_QUEUE:
             message = self.connection.broker.replies.with_reply_address(self, message)
         if self._transaction is not None:
-            self._transaction.append((self.publish, (message, mandatory)))
-            self._hold_for_transaction(len(message.body))
+            self._transaction.hold_publish(self.publish, (message, mandatory), len(message.body))
             return
         confirms = self._confirms
         if confirms is not None:
@@ -250,7 +268,7 @@ class Channel(ChannelTransactions):
 
     def basic_qos(self, prefetch_count, global_=False):
         if global_:
-            self.prefetch_count = prefetch_count
+            self.deliveries.prefetch_count = prefetch_count
             self.dispatch_all()
         else:
             self.consumer_prefetch = prefetch_count
@@ -320,19 +338,16 @@ class Channel(ChannelTransactions):
         if entry is None:
             source.check_available()  # the head could not be read from the store: not empty, unavailable
             return None
-        tag = self.next_delivery_tag
-        self.next_delivery_tag = tag + 1
         if no_ack:
+            tag = self.deliveries.give_tag(entry)
             source.forget(entry)
         else:
-            self.unacked_deliveries[tag] = entry
-        if entry.redelivered:
-            self.messages_redelivered += 1
+            tag = self.deliveries.hold(entry)
         return tag, entry.redelivered, delivered_message(entry), source.message_count
 
     def flow(self, active):
         """Pause (False) or resume (True) deliveries to this channel's consumers."""
-        self.flow_active = active
+        self.deliveries.flowing = active
         if active:
             self.dispatch_all()
         return active
@@ -340,25 +355,29 @@ class Channel(ChannelTransactions):
     # -- settling deliveries
 
     def basic_ack(self, delivery_tag, multiple=False):
-        if self._deferred_by_transaction(self.basic_ack, (delivery_tag, multiple), delivery_tag, multiple):
+        if self._transaction is not None:
+            self._transaction.hold_settlement(self.basic_ack, (delivery_tag, multiple), delivery_tag, multiple)
             return
-        entries = self._take(delivery_tag, multiple)
+        deliveries = self.deliveries
+        entries = deliveries.take(delivery_tag, multiple)
         self.messages_acked += len(entries)
         for entry in entries:
             entry.queue.acked(entry)
-        self._released(entries)
+        self._refill(deliveries.release(entries))
 
     def basic_nack(self, delivery_tag, multiple=False, requeue=True):
-        if self._deferred_by_transaction(
-            self.basic_nack, (delivery_tag, multiple, requeue), delivery_tag, multiple
-        ):
+        if self._transaction is not None:
+            self._transaction.hold_settlement(
+                self.basic_nack, (delivery_tag, multiple, requeue), delivery_tag, multiple
+            )
             return
-        self._settle_refused(self._take(delivery_tag, multiple), requeue)
+        self._settle_refused(self.deliveries.take(delivery_tag, multiple), requeue)
 
     def basic_reject(self, delivery_tag, requeue=True):
-        if self._deferred_by_transaction(self.basic_reject, (delivery_tag, requeue), delivery_tag, False):
+        if self._transaction is not None:
+            self._transaction.hold_settlement(self.basic_reject, (delivery_tag, requeue), delivery_tag, False)
             return
-        self._settle_refused(self._take(delivery_tag, False), requeue)
+        self._settle_refused(self.deliveries.take(delivery_tag, False), requeue)
 
     def basic_recover(self, requeue=True):
         """
@@ -366,8 +385,8 @@ class Channel(ChannelTransactions):
         C{requeue} false) redelivered to the consumer that had it, where it
         still exists.
         """
-        entries = list(self.unacked_deliveries.values())
-        self.unacked_deliveries.clear()
+        deliveries = self.deliveries
+        entries = deliveries.take_all()
         if requeue:
             self._settle_refused(entries, True)
             return
@@ -375,70 +394,40 @@ class Channel(ChannelTransactions):
         for entry in entries:
             consumer = entry.consumer
             if consumer is not None and self.consumers.get(consumer.tag) is consumer:
-                consumer.unacked -= 1
-                self.consumer_unacked -= 1
-                entry.consumer = None
+                deliveries.release((entry,))
                 if entry.queue.returned(entry):  # False: past its delivery limit, it died
                     consumer.deliver(entry)
             else:
                 back_to_queue.append(entry)
         self._settle_refused(back_to_queue, True)
 
-    def _take(self, delivery_tag, multiple):
-        """Remove and return the un-acked entries an ack/nack/reject names."""
-        unacked = self.unacked_deliveries
-        if multiple and delivery_tag == 0:
-            entries = list(unacked.values())
-            unacked.clear()
-            return entries
-        if delivery_tag not in unacked:
-            raise PreconditionFailed(f"unknown delivery tag {delivery_tag}")
-        if not multiple:
-            return [unacked.pop(delivery_tag)]
-        entries = []
-        while True:
-            tag, entry = unacked.popitem(last=False)
-            entries.append(entry)
-            if tag == delivery_tag:
-                return entries
-
     def _settle_refused(self, entries, requeue):
+        """
+        Give C{entries}, taken from the deliveries, back to their queues with
+        C{requeue}, else reject them there (dead-lettered or dropped).
+        """
+        queues = self.deliveries.release(entries)
         if requeue:
             by_queue = {}
             for entry in entries:
                 by_queue.setdefault(entry.queue, []).append(entry)
-            self._released(entries, dispatch=False)
             for queue, returned in by_queue.items():
                 queue.requeue(returned)
             self.dispatch_all()
         else:
-            queues = self._released(entries, dispatch=False)
             for entry in entries:
                 entry.queue.reject(entry)
             self._refill(queues)
 
-    def _released(self, entries, dispatch=True):
-        """Give consumers the room the settled entries held, then fill it; returns the queues they came from."""
-        queues = set()
-        for entry in entries:
-            consumer = entry.consumer
-            if consumer is not None:
-                consumer.unacked -= 1
-                self.consumer_unacked -= 1
-                entry.consumer = None
-                queues.add(consumer.queue)
-        if dispatch:
-            self._refill(queues)
-        return queues
-
     def _refill(self, queues):
         """
-        Let C{queues} deliver again, and with a channel-wide limit every queue
-        this channel consumes from. A queue this channel no longer consumes from
-        is among them: a single active consumer that was cancelled holding
-        deliveries holds up its successor until they are settled.
+        Let C{queues}, whose consumers got room, deliver again, and with a
+        channel-wide limit every queue this channel consumes from. A queue this
+        channel no longer consumes from may be among them: a single active
+        consumer that was cancelled holding deliveries holds up its successor
+        until they are settled.
         """
-        if self.prefetch_count:
+        if self.deliveries.prefetch_count:
             queues |= {consumer.queue for consumer in self.consumers.values()}
         for queue in queues:
             queue.dispatch()
@@ -448,23 +437,46 @@ class Channel(ChannelTransactions):
         for queue in {consumer.queue for consumer in self.consumers.values()}:
             queue.dispatch()
 
+    # -- transactions
+
+    def tx_select(self):
+        """Put the channel in transaction mode: publishes and settlements wait for tx.commit."""
+        if self._confirms is not None:
+            raise PreconditionFailed("cannot switch from confirm to tx mode")
+        if self._transaction is None:
+            self._transaction = Transaction(self.vhost.watermark, self.deliveries)
+
+    def tx_commit(self):
+        """Apply the transaction's publishes and settlements, in the order they came; a new one begins."""
+        transaction = self._open_transaction()
+        self._transaction = None  # what it kept runs now as it would have outside tx mode
+        try:
+            transaction.commit()
+        finally:
+            self._transaction = transaction
+
+    def tx_rollback(self):
+        """Drop the transaction's publishes and settlements (the deliveries stay un-acked); a new one begins."""
+        self._open_transaction().rollback()
+
+    def _open_transaction(self):
+        if self._transaction is None:
+            raise PreconditionFailed("channel is not transactional")
+        return self._transaction
+
     # -- closing
 
     def close(self):
-        """Cancel every consumer and requeue every un-acked delivery."""
+        """Cancel every consumer, requeue every un-acked delivery, roll back a transaction, stop confirming."""
         if self.closed:
             return
         self.closed = True
-        self.flow_active = False
+        self.deliveries.flowing = False
         consumers, self.consumers = list(self.consumers.values()), {}
         for consumer in consumers:
             consumer.queue.remove_consumer(consumer)
-        entries = list(self.unacked_deliveries.values())
-        self.unacked_deliveries.clear()
-        self._settle_refused(entries, True)
-        if self._transaction:
-            self._transaction = []  # an uncommitted transaction is rolled back
-        self._release_transaction_bytes()
+        self._settle_refused(self.deliveries.take_all(), True)
+        if self._transaction is not None:
+            self._transaction.rollback()
         if self._confirms is not None:
             self._confirms.discard()
-

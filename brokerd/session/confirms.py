@@ -13,7 +13,14 @@ log = Logger()
 
 
 class PublisherConfirms:
+    """The publisher confirms of one channel in confirm mode: its publishes' numbers and their outcomes."""
+
     def __init__(self, peer, store, clock):
+        """
+        @param peer: the channel's L{brokerd.interfaces.IChannelPeer}, which the outcomes go to.
+        @param store: the vhost's store, whose C{sync()} makes the publishes it holds safe.
+        @param clock: what the end of a reactor turn is scheduled on.
+        """
         self._peer = peer
         self._store = store
         self._clock = clock

@@ -106,8 +106,7 @@ class Connection:
         self.closed = False
         self.closer = None  # set by the protocol server: tells the client why the broker closes (close_by_broker)
         self.deliveries_paused = False
-        self._closed_channel_counts = dict.fromkeys(MESSAGE_COUNTERS, 0)
-        self._closed_channel_routing = dict.fromkeys(ROUTING_COUNTERS, 0)
+        self._closed_channel_counts = dict.fromkeys(MESSAGE_COUNTERS + ROUTING_COUNTERS, 0)  # closed channels' totals
         broker.connections.add(self)
         broker.counters.connections_opened += 1
 
@@ -136,11 +135,8 @@ class Connection:
         if channel is not None:
             channel.close()
             counts = self._closed_channel_counts
-            for counter in MESSAGE_COUNTERS:
+            for counter in counts:
                 counts[counter] += getattr(channel, counter)
-            routing = self._closed_channel_routing
-            for counter in ROUTING_COUNTERS:
-                routing[counter] += getattr(channel, counter)
 
     def consumers(self):
         """Every consumer of this connection's open channels, channel by channel in the order they started."""
@@ -155,11 +151,7 @@ class Connection:
         consumers and basic.get), C{messages_redelivered} (of those, the ones
         flagged redelivered) and C{messages_acked}.
         """
-        counts = dict(self._closed_channel_counts)
-        for channel in self.channels.values():
-            for counter in MESSAGE_COUNTERS:
-                counts[counter] += getattr(channel, counter)
-        return counts
+        return self._counts(MESSAGE_COUNTERS)
 
     def routing_counts(self):
         """
@@ -167,9 +159,14 @@ class Connection:
         open and closed channels added up: unroutable publishes dropped and
         returned, publishes made and confirmed in confirm mode.
         """
-        counts = dict(self._closed_channel_routing)
+        return self._counts(ROUTING_COUNTERS)
+
+    def _counts(self, counters):
+        """C{counters} (names of channel counters) -> the closed channels' totals and the open ones' added up."""
+        closed = self._closed_channel_counts
+        counts = {counter: closed[counter] for counter in counters}
         for channel in self.channels.values():
-            for counter in ROUTING_COUNTERS:
+            for counter in counters:
                 counts[counter] += getattr(channel, counter)
         return counts
 

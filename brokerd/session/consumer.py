@@ -1,10 +1,10 @@
 """A channel's consumer: what basic.consume makes, and the L{IConsumer} its queue serves.
 
 The queue (L{brokerd.model.queue}) asks it for room and hands it entries; it
-hands each to its channel's client under the channel's next delivery tag and
-keeps it among the channel's un-acked deliveries (unless it acks nothing).
-It is part of its channel: it reads the channel's limits and writes its
-delivery state directly, so that a delivery costs the queue one call.
+hands each to its channel's client under a delivery tag from the channel's
+L{brokerd.session.deliveries.Deliveries}, where an entry the client must ack
+stays until the channel settles it. It counts what it holds itself, for its own
+prefetch limit; the channel-wide limits are the L{Deliveries}' to check.
 """
 
 from zope.interface import implementer
@@ -17,6 +17,7 @@ class Consumer:
     """
     A subscription of one channel to one queue.
 
+    @ivar channel: the L{brokerd.session.channel.Channel} that made it.
     @ivar prefetch: the most un-acked deliveries it may hold (0: no limit).
     @ivar unacked: how many it holds now.
     @ivar priority: its x-priority: higher ones are served first.
@@ -25,7 +26,7 @@ class Consumer:
     """
 
     __slots__ = ("tag", "queue", "channel", "no_ack", "exclusive", "prefetch", "unacked", "arguments", "priority",
-                 "channel_limited")
+                 "channel_limited", "_deliveries", "_peer", "_channel_limit_applies", "_from_quorum_queue")
 
     def __init__(self, tag, queue, channel, no_ack, exclusive, prefetch, arguments, priority=0):
         self.tag = tag
@@ -37,36 +38,40 @@ class Consumer:
         self.unacked = 0
         self.arguments = arguments
         self.priority = priority
-        self.channel_limited = not queue.policy.quorum
+        self._from_quorum_queue = queue.policy.quorum
+        self.channel_limited = not self._from_quorum_queue
+        self._deliveries = channel.deliveries
+        self._peer = channel.peer
+        self._channel_limit_applies = self.channel_limited and not no_ack
 
     def has_room(self):
         """True if a delivery now stays within this consumer's and its channel's limits."""
-        channel = self.channel
-        if not channel.flow_active or channel.connection.deliveries_paused:
+        prefetch = self.prefetch
+        if prefetch and self.unacked >= prefetch:  # a no-ack consumer holds none
             return False
-        if self.no_ack:
-            return True
-        if self.prefetch and self.unacked >= self.prefetch:
-            return False
-        limit = channel.prefetch_count
-        return not (limit and self.channel_limited) or channel.consumer_unacked < limit
+        return self._deliveries.has_room(self._channel_limit_applies)
 
     def deliver(self, entry):
         """Hand C{entry} to the client under the channel's next delivery tag; it stays un-acked unless no-ack."""
-        channel = self.channel
-        tag = channel.next_delivery_tag
-        channel.next_delivery_tag = tag + 1
         if self.no_ack:
+            tag = self._deliveries.give_tag(entry)
             entry.queue.forget(entry)
         else:
-            entry.consumer = self
             self.unacked += 1
-            channel.consumer_unacked += 1
-            channel.unacked_deliveries[tag] = entry
-        redelivered = entry.redelivered
-        if redelivered:
-            channel.messages_redelivered += 1
-        channel.peer.deliver(self.tag, tag, redelivered, delivered_message(entry))
+            tag = self._deliveries.hold_for_consumer(entry, self)
+        message = entry.message
+        if entry.delivery_count or self._from_quorum_queue:  # what delivered_message does, the queue's type known
+            message = message.with_delivery_count(entry.delivery_count)
+        self._peer.deliver(self.tag, tag, entry.redelivered, message)
+
+    def released(self, count):
+        """
+        C{count} of its deliveries were settled or taken back: it holds that many fewer.
+
+        @return: its queue, which may deliver to it again.
+        """
+        self.unacked -= count
+        return self.queue
 
     def cancelled_by_broker(self):
         """Its queue went away: the channel forgets it and tells the client."""

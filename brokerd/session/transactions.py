@@ -1,69 +1,73 @@
-"""Transactions of a channel (tx.select, tx.commit, tx.rollback), free of any wire protocol.
+"""A channel's transaction (tx.select, tx.commit, tx.rollback), free of any wire protocol.
 
-L{ChannelTransactions} is a part of L{brokerd.session.channel.Channel}: in tx mode its
-publishes, acks, nacks and rejects wait, in order, for tx.commit; the bodies of
-the publishes waiting count against the memory watermark meanwhile.
+In tx mode a channel's publishes, acks, nacks and rejects wait, in order, for
+tx.commit; the bodies of the publishes waiting count against the memory
+watermark meanwhile. A L{Transaction} keeps them; the channel
+(L{brokerd.session.channel.Channel}) decides what waits and runs what commits.
 """
 
 from brokerd.errors import PreconditionFailed
 
 
-class ChannelTransactions:
+class Transaction:
     """
-    The tx methods of a L{brokerd.session.channel.Channel}, which holds their state:
-    C{_transaction} (the pending C{(operation, arguments)}, or None outside tx
-    mode) and C{_transaction_bytes}.
+    What one channel in tx mode has kept for tx.commit: operations, each a
+    callable and its arguments, in the order they came, and the body bytes of
+    the publishes among them.
     """
 
-    def tx_select(self):
-        """Put the channel in transaction mode: publishes and acks wait for commit."""
-        if self._confirms is not None:
-            raise PreconditionFailed("cannot switch from confirm to tx mode")
-        if self._transaction is None:
-            self._transaction = []
-
-    def tx_commit(self):
-        """Apply the transaction's publishes and acks, in the order they came; a new one begins."""
-        pending = self._pending_transaction()
-        self._transaction = None
-        self._release_transaction_bytes()  # the queues count the bodies they take from here on
-        try:
-            for operation, arguments in pending:
-                operation(*arguments)
-        finally:
-            self._transaction = []
-
-    def tx_rollback(self):
-        """Drop the transaction's publishes and acks (the deliveries stay un-acked); a new one begins."""
-        self._pending_transaction()
-        self._transaction = []
-        self._release_transaction_bytes()
+    def __init__(self, watermark, deliveries):
+        """
+        @param watermark: the vhost's L{brokerd.model.watermark.MemoryWatermark},
+            which the bodies waiting count against.
+        @param deliveries: the channel's L{brokerd.session.deliveries.Deliveries},
+            whose un-acked deliveries a settlement must name when it is kept.
+        """
+        self._watermark = watermark
+        self._deliveries = deliveries
+        self._pending = []  # (operation, arguments), in the order they came
+        self._held_bytes = 0
 
     @property
-    def transaction_bytes(self):
-        """Body bytes of the publishes waiting for tx.commit (counted against the watermark)."""
-        return self._transaction_bytes
+    def held_bytes(self):
+        """Body bytes of the publishes waiting, counted against the memory watermark until commit or rollback."""
+        return self._held_bytes
 
-    def _hold_for_transaction(self, size):
-        """A publish waits for commit: its body counts against the memory watermark meanwhile."""
-        self._transaction_bytes += size
-        self.vhost.watermark.add(size)
+    def hold_publish(self, publish, arguments, size):
+        """Keep a publish of C{size} body bytes for commit: C{publish(*arguments)} then."""
+        self._pending.append((publish, arguments))
+        self._held_bytes += size
+        self._watermark.add(size)
 
-    def _release_transaction_bytes(self):
-        size, self._transaction_bytes = self._transaction_bytes, 0
-        if size:
-            self.vhost.watermark.release(size)
+    def hold_settlement(self, settle, arguments, delivery_tag, multiple):
+        """
+        Keep an ack, nack or reject of C{delivery_tag} (with C{multiple}, of
+        every delivery up to it; 0: all of them) for commit: C{settle(*arguments)}
+        then. The tag is checked now, as RabbitMQ does.
 
-    def _deferred_by_transaction(self, operation, arguments, delivery_tag, multiple):
-        """In tx mode, check C{delivery_tag} now and keep the settlement for commit."""
-        if self._transaction is None:
-            return False
-        if delivery_tag not in self.unacked_deliveries and not (multiple and delivery_tag == 0):
+        @raise PreconditionFailed: if C{delivery_tag} names no un-acked delivery.
+        """
+        if delivery_tag not in self._deliveries.unacked and not (multiple and delivery_tag == 0):
             raise PreconditionFailed(f"unknown delivery tag {delivery_tag}")
-        self._transaction.append((operation, arguments))
-        return True
+        self._pending.append((settle, arguments))
 
-    def _pending_transaction(self):
-        if self._transaction is None:
-            raise PreconditionFailed("channel is not transactional")
-        return self._transaction
+    def commit(self):
+        """
+        Run what was kept, in the order it came; the next transaction begins
+        empty. The bodies are the queues' to count from here on. If one
+        operation raises, those after it are dropped.
+        """
+        pending, self._pending = self._pending, []
+        self._release_held_bytes()
+        for operation, arguments in pending:
+            operation(*arguments)
+
+    def rollback(self):
+        """Drop what was kept (the deliveries it would have settled stay un-acked); the next one begins empty."""
+        self._pending = []
+        self._release_held_bytes()
+
+    def _release_held_bytes(self):
+        size, self._held_bytes = self._held_bytes, 0
+        if size:
+            self._watermark.release(size)
