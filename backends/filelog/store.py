@@ -22,10 +22,10 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from backends.common.delayed_requests import HandleLease, check_due, check_exchange, delayed_window, readable_messages
-from backends.common.file_store import FileStoreBase
 from backends.common.handle_map import HandleMap
 from backends.common.message_record import loaded_records, record_of
-from backends.common.topology_file import Topology
+from backends.common.topology_file import DurableTopology
+from backends.common.writer_thread import WriterThread
 from backends.filelog.delayedlog import decode_delayed, encode_delayed
 from backends.filelog.queuefile import FiguresNow
 from backends.filelog.queuefiles import ROUTE_BITS, QueueFiles
@@ -35,6 +35,7 @@ from brokerd.interfaces import (
     DelayedMessage,
     IDelayedMessageStore,
     IPagingStore,
+    ITimedCommits,
     StoreCorrupted,
     UnreadableMessage,
 )
@@ -71,8 +72,8 @@ class Batch:
                     or self.delay_releases or self.delay_lease is not None)
 
 
-@implementer(IPagingStore, IDelayedMessageStore)
-class FilelogStore(FileStoreBase):
+@implementer(IPagingStore, IDelayedMessageStore, ITimedCommits)
+class FilelogStore:
     """
     Keeps each durable queue's persistent messages in its own file, an ack
     being a one-byte flip of the record's valid flag, and the topology in a
@@ -94,12 +95,12 @@ class FilelogStore(FileStoreBase):
         self.sync_policy = sync_policy or SyncPolicy()
         self.compact_min_records = compact_min_records
         self.compact_valid_ratio = compact_valid_ratio
-        self._reactor = reactor
+        self._writer = WriterThread(self.name, self.sync_policy, reactor, self._take_batch, self._close_files,
+                                    self._batch_written)
         self._files = QueueFiles(directory, compact_min_records, compact_valid_ratio, delayed_bucket_ms)
         self._reads = FileReads(self._files.path_of, cache_size)
         self._routes = self._reads.routes
-        self._topology = Topology()
-        self._topology_changed = False
+        self._topology = DurableTopology()
         self._batch = Batch()
         self._in_flight = []  # batches handed to the writer whose records the reads do not know of yet
         self._recovered = {}  # queue key -> range of the handles open found
@@ -125,11 +126,11 @@ class FilelogStore(FileStoreBase):
         DirectoryInUse if another open store has the directory; a damaged
         queue file only makes that queue unavailable.
         """
-        return self._open(self._files.open, self._files.write_batch, self._take_in)
+        return self._writer.open(self._files.open, self._files.write_batch, self._take_in)
 
     def _take_in(self, recovery):
         """Keep what the writer thread's open found (its L{Recovery})."""
-        self._topology = Topology(recovery.topology)
+        self._topology.recovered(recovery.topology)
         self._damaged = dict(recovery.damaged)
         self._routes = self._reads.routes = Routes(recovery.queues)
         step = 1 << ROUTE_BITS
@@ -167,16 +168,39 @@ class FilelogStore(FileStoreBase):
     def delivery_counts(self, queue):
         return dict(self._recovered_counts.get(queue, ()))
 
+    def sync(self):
+        return self._writer.sync()
+
+    def close(self):
+        """Commit what is buffered (fsynced unless the policy is none), stop the writer thread and close the files."""
+        return self._writer.close()
+
+    def commit_times(self):
+        return self._writer.commit_times()
+
     # -- topology
+
+    def topology(self):
+        return self._topology.records()
+
+    def save_exchange(self, record):
+        self._topology.save_exchange(record)
+
+    def delete_exchange(self, vhost, name):
+        self._topology.delete_exchange(vhost, name)
+
+    def save_binding(self, record):
+        self._topology.save_binding(record)
+
+    def delete_binding(self, record):
+        self._topology.delete_binding(record)
 
     def save_queue(self, record):
         self._topology.save_queue(record)
-        self._topology_changed = True
 
     def delete_queue(self, queue):
         """Forget a queue, its bindings and messages; its file (damaged or not) is removed."""
         self._topology.delete_queue(queue)
-        self._topology_changed = True
         batch = self._batch
         unwritten = batch.appends.pop(queue, ())
         batch.acks.pop(queue, None)
@@ -278,7 +302,7 @@ class FilelogStore(FileStoreBase):
                 record = batch.records.get(handle)
                 if record is not None:
                     return record[2]
-            if self._state != "open":
+            if self._writer.state != "open":
                 raise KeyError(f"the filelog store is not open; cannot read {handle!r}")
             try:
                 return self._reads.load(handle)
@@ -304,7 +328,7 @@ class FilelogStore(FileStoreBase):
         self._reads.forget(queue)
 
     def read(self, handle):
-        if self._state != "open":
+        if self._writer.state != "open":
             return defer.fail(RuntimeError("the filelog store is not open"))
         try:
             return defer.succeed(record_of(self.load(handle)))
@@ -337,14 +361,14 @@ class FilelogStore(FileStoreBase):
             self._batch.delay_releases.append(handle)
 
     def delayed_after(self, cursor, until, limit):
-        if self._state != "open":
+        if self._writer.state != "open":
             return defer.fail(RuntimeError("the filelog store is not open"))
         if self._delayed_damage is not None:
             return defer.fail(StoreCorrupted(f"delayed messages are unavailable: {self._delayed_damage}",
                                              self._delayed_damage.path, self._delayed_damage.offset))
 
         def fetch(position, bound, count):
-            return self._commit.call(self._files.delayed.window, position, bound, count)
+            return self._writer.call(self._files.delayed.window, position, bound, count)
 
         pending = [(due, handle, exchange, (head, body)) for handle, (due, exchange, head, body)
                    in self._batch.delays.items()]
@@ -384,9 +408,9 @@ class FilelogStore(FileStoreBase):
         """Called by GroupCommit on the reactor thread: hand over what is buffered."""
         batch = self._batch
         batch.delay_lease = self._lease.persist()
-        if self._topology_changed:
-            batch.topology = self._topology.encode()
-            self._topology_changed = False
+        topology = self._topology.take_changes()
+        if topology is not None:
+            batch.topology = topology
         elif batch.is_empty():
             return None
         self._batch = Batch()
@@ -419,7 +443,8 @@ class FilelogStore(FileStoreBase):
     def stats(self):
         figures, reads = self._figures, self._reads
         return {
-            **self._common_stats(),
+            **self._topology.figures(),
+            **self._writer.figures(),
             "messages": figures.held,
             "bytes": figures.held_bytes,
             "appends": self._appends,
