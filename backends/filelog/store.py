@@ -1,7 +1,7 @@
 """L{FilelogStore}: the store contract over one append-only file per durable queue.
 
 The reactor thread buffers every change in a L{Batch}; L{GroupCommit} hands
-each batch to L{QueueFiles} on its writer thread and decides when it is
+each batch to L{FilelogWriter} on its writer thread and decides when it is
 fsynced. The store pages (L{IPagingStore}): the broker keeps only handles for
 recovered messages and deep queues' backlogs, and L{load} gives each message
 at once, from the batches not yet written or from the files
@@ -28,7 +28,7 @@ from backends.common.topology_file import DurableTopology
 from backends.common.writer_thread import WriterThread
 from backends.filelog.delayedlog import decode_delayed, encode_delayed
 from backends.filelog.queuefile import FiguresNow
-from backends.filelog.queuefiles import ROUTE_BITS, QueueFiles
+from backends.filelog.writer import ROUTE_BITS, FilelogWriter
 from backends.filelog.reads import FileReads, Routes
 from backends.filelog.records import encode
 from brokerd.interfaces import (
@@ -95,11 +95,11 @@ class FilelogStore:
         self.sync_policy = sync_policy or SyncPolicy()
         self.compact_min_records = compact_min_records
         self.compact_valid_ratio = compact_valid_ratio
-        self._writer = WriterThread(self.name, self.sync_policy, reactor, self._take_batch, self._close_files,
-                                    self._batch_written)
-        self._files = QueueFiles(directory, compact_min_records, compact_valid_ratio, delayed_bucket_ms)
-        self._reads = FileReads(self._files.path_of, cache_size)
-        self._routes = self._reads.routes
+        self._writer_thread = WriterThread(self.name, self.sync_policy, reactor, self._take_batch,
+                                           self._close_files, self._batch_written)
+        self._writer = FilelogWriter(directory, compact_min_records, compact_valid_ratio, delayed_bucket_ms)
+        self._routes = Routes()  # the sets of queues messages are appended to, numbered for their handles
+        self._reads = FileReads(self._writer.path_of, cache_size, self._routes)
         self._topology = DurableTopology()
         self._batch = Batch()
         self._in_flight = []  # batches handed to the writer whose records the reads do not know of yet
@@ -126,13 +126,13 @@ class FilelogStore:
         DirectoryInUse if another open store has the directory; a damaged
         queue file only makes that queue unavailable.
         """
-        return self._writer.open(self._files.open, self._files.write_batch, self._take_in)
+        return self._writer_thread.open(self._writer.open, self._writer.write_batch, self._take_in)
 
     def _take_in(self, recovery):
         """Keep what the writer thread's open found (its L{Recovery})."""
         self._topology.recovered(recovery.topology)
         self._damaged = dict(recovery.damaged)
-        self._routes = self._reads.routes = Routes(recovery.queues)
+        self._routes.number_recovered(recovery.queues)
         step = 1 << ROUTE_BITS
         self._recovered = {queue: range(first, first + count * step, step)
                            for queue, (first, count) in recovery.recovered.items()}
@@ -169,14 +169,14 @@ class FilelogStore:
         return dict(self._recovered_counts.get(queue, ()))
 
     def sync(self):
-        return self._writer.sync()
+        return self._writer_thread.sync()
 
     def close(self):
         """Commit what is buffered (fsynced unless the policy is none), stop the writer thread and close the files."""
-        return self._writer.close()
+        return self._writer_thread.close()
 
     def commit_times(self):
-        return self._writer.commit_times()
+        return self._writer_thread.commit_times()
 
     # -- topology
 
@@ -302,7 +302,7 @@ class FilelogStore:
                 record = batch.records.get(handle)
                 if record is not None:
                     return record[2]
-            if self._writer.state != "open":
+            if self._writer_thread.state != "open":
                 raise KeyError(f"the filelog store is not open; cannot read {handle!r}")
             try:
                 return self._reads.load(handle)
@@ -328,7 +328,7 @@ class FilelogStore:
         self._reads.forget(queue)
 
     def read(self, handle):
-        if self._writer.state != "open":
+        if self._writer_thread.state != "open":
             return defer.fail(RuntimeError("the filelog store is not open"))
         try:
             return defer.succeed(record_of(self.load(handle)))
@@ -361,14 +361,14 @@ class FilelogStore:
             self._batch.delay_releases.append(handle)
 
     def delayed_after(self, cursor, until, limit):
-        if self._writer.state != "open":
+        if self._writer_thread.state != "open":
             return defer.fail(RuntimeError("the filelog store is not open"))
         if self._delayed_damage is not None:
             return defer.fail(StoreCorrupted(f"delayed messages are unavailable: {self._delayed_damage}",
                                              self._delayed_damage.path, self._delayed_damage.offset))
 
         def fetch(position, bound, count):
-            return self._writer.call(self._files.delayed.window, position, bound, count)
+            return self._writer_thread.call(self._writer.delayed_window, position, bound, count)
 
         pending = [(due, handle, exchange, (head, body)) for handle, (due, exchange, head, body)
                    in self._batch.delays.items()]
@@ -438,13 +438,13 @@ class FilelogStore:
     def _close_files(self):
         self._reads.close()
         self._in_flight = []
-        self._files.close()
+        self._writer.close()
 
     def stats(self):
         figures, reads = self._figures, self._reads
         return {
             **self._topology.figures(),
-            **self._writer.figures(),
+            **self._writer_thread.figures(),
             "messages": figures.held,
             "bytes": figures.held_bytes,
             "appends": self._appends,

@@ -86,8 +86,8 @@ class SqliteStore:
     def __init__(self, path, sync_policy=None, *, reactor, cache_size=DEFAULT_CACHE_SIZE):
         self.path = path
         self.sync_policy = sync_policy or SyncPolicy()
-        self._writer = WriterThread(self.name, self.sync_policy, reactor, self._take_batch, self._close_files,
-                                    self._batch_written)
+        self._writer_thread = WriterThread(self.name, self.sync_policy, reactor, self._take_batch,
+                                           self._close_files, self._batch_written)
         self._db = Database(path, self.sync_policy.mode)
         self._reader = MessageReader(path, cache_size)
         self._batch = Batch()
@@ -114,17 +114,17 @@ class SqliteStore:
 
     def open(self):
         """Start the writer thread, open (creating if need be) and load the database on it."""
-        return self._writer.open(self._db.open, self._db.write, self._loaded)
+        return self._writer_thread.open(self._db.open, self._db.write, self._loaded)
 
     def sync(self):
-        return self._writer.sync()
+        return self._writer_thread.sync()
 
     def close(self):
-        """Commit what is buffered (the final batch closes the database), stop the writer thread and close the reader."""
-        return self._writer.close()
+        """Commit what is buffered (the final batch closes the database) and stop the writer thread."""
+        return self._writer_thread.close()
 
     def commit_times(self):
-        return self._writer.commit_times()
+        return self._writer_thread.commit_times()
 
     def _loaded(self, loaded):
         """Keep what the writer thread's open found (its L{Loaded}), and open the reader's connection."""
@@ -149,7 +149,7 @@ class SqliteStore:
     def _take_batch(self):
         """Called by GroupCommit on the reactor thread: hand over what is buffered; the one taken at close is final."""
         batch = self._batch
-        final = self._writer.state == "closing"
+        final = self._writer_thread.state == "closing"
         if not batch and not final:
             return None
         if self._quarantined_handles and batch.acks:
@@ -179,7 +179,7 @@ class SqliteStore:
 
     def pragmas(self):
         """A Deferred firing with the connection's journal mode, synchronous setting and the like."""
-        return self._writer.call(self._db.pragmas)
+        return self._writer_thread.call(self._db.pragmas)
 
     # -- topology
 
@@ -396,11 +396,11 @@ class SqliteStore:
             batch.delay_releases.append(handle)
 
     def delayed_after(self, cursor, until, limit):
-        if self._writer.state != "open":
+        if self._writer_thread.state != "open":
             return defer.fail(RuntimeError(f"sqlite store {self.path} is not open"))
 
         def fetch(position, bound, count):
-            return self._writer.call(self._db.delayed_after, position, bound, count)
+            return self._writer_thread.call(self._db.delayed_after, position, bound, count)
 
         kept = self._delayed.__contains__
         rows = delayed_window(fetch, list(self._batch.delays.values()), kept, cursor, until, limit)
@@ -436,7 +436,7 @@ class SqliteStore:
             "bindings": len(self._bindings),
             "appends": self._appends,
             "acks": self._acks,
-            **self._writer.figures(),
+            **self._writer_thread.figures(),
             "delayed": len(self._delayed),
             "message_reads": reader.rows_read,
             "read_queries": reader.queries,
@@ -448,7 +448,7 @@ class SqliteStore:
     # -- inside
 
     def _writable(self):
-        if self._writer.state != "open":
+        if self._writer_thread.state != "open":
             raise RuntimeError(f"sqlite store {self.path} is not open")
 
     def _new_queue_id(self, key):
