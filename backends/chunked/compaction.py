@@ -52,19 +52,6 @@ log = Logger()
 SPAN_PER_SLICE = 8  # a slice's records are read in one pread of a span up to this many times its bytes
 
 
-def read_slice(reactor, directory, data_size, pairs):
-    """
-    On the reactor thread: a Deferred firing with C{(handles, records)} of a
-    slice's C{(handle, position)} pairs, the records read on the reactor's
-    thread pool, so that neither the reactor thread nor the writer (and so no
-    publisher's confirm) waits for the disk.
-    """
-    handles = [handle for handle, _ in pairs]
-    positions = [position for _, position in pairs]
-    reading = threads.deferToThreadPool(reactor, reactor.getThreadPool(), read_run, directory, data_size, positions)
-    return reading.addCallback(lambda records: (handles, records))
-
-
 class Compactor:
     """
     Chooses sparse chunks and hands out their held records a slice at a
@@ -78,7 +65,8 @@ class Compactor:
 
     @ivar moving: handle -> body length, of the held records of the chunk
         being compacted not yet moved (those handed out included); a
-        handle leaves it when moved or when no queue holds it any more.
+        handle leaves it when moved or when no queue holds it any more
+        (L{let_go}). Read it, never change it from outside.
     """
 
     def __init__(self, log, references, moves, indexes, held, below, slice_bytes, quiet):
@@ -94,12 +82,20 @@ class Compactor:
         self.moving = {}
         self.compacted_chunks = 0
         self.compacted_bytes = 0
-        self.changed = True  # something was released or a chunk finished since the last look for a sparse chunk
+        self._changed = True  # something was released or a chunk finished since the last look for a sparse chunk
         self._pending = deque()  # handles of the chunk not yet handed out, in position order
         self._handed = []  # handles of the last slice handed out
         self._left_alone = set()  # chunks with a damaged record: never compacted
         self._seen = {}  # chunk number -> (entries into it, since when, held bytes or None), of sparse ones
         self.due_in = 0.0  # seconds until a sparse chunk waiting to be quiet is, if one is (else 0)
+
+    def look_again(self):
+        """Something was released or a chunk finished: look for a sparse chunk at the next slice."""
+        self._changed = True
+
+    def let_go(self, handle):
+        """No queue holds C{handle} any more: it is not to be moved."""
+        self.moving.pop(handle, None)
 
     # -- choosing
 
@@ -113,7 +109,7 @@ class Compactor:
         counted here, from the queue indexes, and only again once the number
         of entries pointing into it has changed.
         """
-        self.changed = False
+        self._changed = False
         message_log, references = self._log, self._references
         log_chunks, data_size = message_log.chunks, message_log.data_size
         limit = self.below * data_size
@@ -131,7 +127,7 @@ class Compactor:
                 since, held = now, None
             if now - since < self.quiet:
                 watched[number] = (entries, since, None)
-                self.changed = True  # look again with the next commit
+                self._changed = True  # look again with the next commit
                 wait = since + self.quiet - now
                 due_in = min(due_in, wait) if due_in else wait
                 continue
@@ -199,7 +195,7 @@ class Compactor:
         if not self.below or self._handed:
             return ()
         if self.number is None:
-            if not self.changed:
+            if not self._changed:
                 return ()
             self._choose()
             if self.number is None:
@@ -279,7 +275,7 @@ class Compactor:
 
     def _drop(self):
         self.number, self.moving, self._pending, self._handed = None, {}, deque(), []
-        self.changed = True
+        self._changed = True
 
 
 class CompactionFollower:
@@ -329,10 +325,24 @@ class CompactionFollower:
         for handle in written.unmoved:
             self.moves.pop(handle, None)
         if written.compaction:
-            self.reading = read_slice(self._reactor, self._directory, self._data_size, written.compaction)
+            self.reading = self._read_slice(written.compaction)
             self.reading.addCallbacks(self._slice_read, self._slice_unreadable)
         elif written.compaction_due_in and self._nudge is None:
             self._nudge = self._reactor.callLater(written.compaction_due_in, self._commit_for_compaction)
+
+    def _read_slice(self, pairs):
+        """
+        A Deferred firing with C{(handles, records)} of a slice's C{(handle,
+        position)} pairs, the records read on the reactor's thread pool, so
+        that neither the reactor thread nor the writer (and so no publisher's
+        confirm) waits for the disk.
+        """
+        handles = [handle for handle, _ in pairs]
+        positions = [position for _, position in pairs]
+        reactor = self._reactor
+        reading = threads.deferToThreadPool(reactor, reactor.getThreadPool(), read_run, self._directory,
+                                            self._data_size, positions)
+        return reading.addCallback(lambda records: (handles, records))
 
     def _slice_read(self, read):
         self.reading = None

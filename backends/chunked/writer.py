@@ -173,7 +173,7 @@ class ChunkedWriter:
             for queue, handles in batch.acks.items():
                 self._ack(queue, handles)
             if batch.acks or batch.deleted or batch.delay_releases:
-                self.compactor.changed = True  # a chunk may have turned sparse
+                self.compactor.look_again()  # a chunk may have turned sparse
             if batch.delays or batch.delay_releases or batch.delayed_meta is not None:
                 self._delayed(batch, fsync)
         moves, dropped = (batch.moves, batch.slice_dropped) if batch is not None else (None, False)
@@ -265,7 +265,7 @@ class ChunkedWriter:
     def _forget_moved(self, handle):
         """No queue holds C{handle} any more: drop its pair, and it from a compaction under way."""
         self.moves_file.forget(handle)
-        self.compactor.moving.pop(handle, None)
+        self.compactor.let_go(handle)
 
     def _delete_queue(self, queue):
         index = self._indexes.remove(queue)
@@ -278,7 +278,7 @@ class ChunkedWriter:
         """Delete the consumed chunks the retention options do not keep."""
         for number in self.log.take_finished():
             self._references.note_if_consumed(number)
-            self.compactor.changed = True
+            self.compactor.look_again()
         if not self._knows_every_reference():
             # A damaged queue index or delayed index, or the index of a quarantined queue whose name
             # cannot be read, may still point into any chunk: keep them all until the damaged data is
