@@ -16,4 +16,6 @@
     of the file-based stores (L{backends.common.delayed_meta}); sorted runs of
     due-time entries as arrays (L{backends.common.sorted_runs}) and the numbers kept
     per handle (L{backends.common.handle_map}).
+
+Nothing here imports a backend: each backend takes from here what it uses.
 """
