@@ -1,12 +1,13 @@
 """L{FilelogStore}: the store contract over one append-only file per durable queue.
 
-The reactor thread buffers every change in a L{Batch}; L{GroupCommit} hands
-each batch to L{FilelogWriter} on its writer thread and decides when it is
-fsynced. The store pages (L{IPagingStore}): the broker keeps only handles for
-recovered messages and deep queues' backlogs, and L{load} gives each message
-at once, from the batches not yet written or from the files
-(L{backends.filelog.reads}: the reactor thread reads them through descriptors
-of its own, by an index of each file that every commit's result extends).
+The reactor thread buffers every change in a L{Batch}; the store's
+L{WriterThread} hands each batch to the L{FilelogWriter} on the writer
+thread, its group commit deciding when it is fsynced. The store pages
+(L{IPagingStore}): the broker keeps only handles for recovered messages and
+deep queues' backlogs, and L{load} gives each message at once, from the
+batches not yet written or from the files (L{backends.filelog.reads}: the
+reactor thread reads them through descriptors of its own, by an index of each
+file that every commit's result extends).
 The reactor thread keeps nothing per message but those indexes: an ack is
 buffered, and the writer thread, which indexes its files too, flips the flag.
 
@@ -28,9 +29,9 @@ from backends.common.topology_file import DurableTopology
 from backends.common.writer_thread import WriterThread
 from backends.filelog.delayedlog import decode_delayed, encode_delayed
 from backends.filelog.queuefile import FiguresNow
-from backends.filelog.writer import ROUTE_BITS, FilelogWriter
 from backends.filelog.reads import FileReads, Routes
 from backends.filelog.records import encode
+from backends.filelog.writer import ROUTE_BITS, FilelogWriter
 from brokerd.interfaces import (
     DelayedMessage,
     IDelayedMessageStore,
