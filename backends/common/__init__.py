@@ -1,5 +1,7 @@
 """What several backends share.
 
+Its modules hold:
+
   - the life of the writer thread every durable store owns
     (L{backends.common.writer_thread}) and the topology the file-based stores
     keep in memory and in one small file (L{backends.common.topology_file});
@@ -16,6 +18,4 @@
     of the file-based stores (L{backends.common.delayed_meta}); sorted runs of
     due-time entries as arrays (L{backends.common.sorted_runs}) and the numbers kept
     per handle (L{backends.common.handle_map}).
-
-Nothing here imports a backend: each backend takes from here what it uses.
 """

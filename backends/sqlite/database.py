@@ -444,7 +444,10 @@ class Database:
         return size + 64 * (len(batch.topology) + len(batch.entries) + len(batch.acks))
 
     def delayed_after(self, cursor, until, limit):
-        """Up to C{limit} rows of the delayed table after C{cursor} and due by C{until} (see L{DelayedTable.window<backends.sqlite.delayed.DelayedTable.window>})."""
+        """
+        Up to C{limit} rows of the delayed table after C{cursor} and due by
+        C{until} (see L{backends.sqlite.delayed.DelayedTable.window}).
+        """
         if self._db is None:
             raise StoreOpenError(f"sqlite store {self.path} is closed")
         return self._delayed.window(self._db, self._failed, cursor, until, limit)
