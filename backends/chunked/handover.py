@@ -13,7 +13,7 @@ from typing import NamedTuple
 class Batch:
     """
     What the reactor thread buffered since the last commit, shaped for the
-    writer: the reactor's until its L{WriteBuffer<backends.chunked.writebuffer.WriteBuffer>}
+    writer: the reactor's until its L{PendingWrites<backends.chunked.pendingwrites.PendingWrites>}
     hands it over, the writer thread's from then on (the reactor only reads
     its C{messages} until the records are in the files).
     """

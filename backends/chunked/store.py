@@ -40,7 +40,7 @@ from backends.chunked.handover import BatchWritten
 from backends.chunked.messagelog import bytes_on_disk, chunk_path
 from backends.chunked.readahead import ReadAhead
 from backends.chunked.reads import ChunkReader, RingCache
-from backends.chunked.writebuffer import MessageTooLarge, WriteBuffer
+from backends.chunked.pendingwrites import MessageTooLarge, PendingWrites
 from backends.chunked.writer import TOPOLOGY_MAGIC, ChunkedWriter
 from backends.common.delayed_requests import check_due, check_exchange, delayed_window, readable_messages
 from backends.common.message_record import loaded_records, record_of, record_of_stored
@@ -74,9 +74,9 @@ class ChunkedStore:
         self._writer = ChunkedWriter(directory, chunk_size, index_chunk_entries, retain_chunks, retain_seconds,
                                      delayed_bucket_ms, delayed_flush_entries, compact_below, compact_bytes,
                                      compact_quiet)
-        self._buffer = WriteBuffer(chunk_size)
-        self._compaction = CompactionFollower(reactor, directory, self._writer_thread, self._buffer.place_copies,
-                                              self._buffer.drop_slice)
+        self._pending = PendingWrites(chunk_size)
+        self._compaction = CompactionFollower(reactor, directory, self._writer_thread, self._pending.place_copies,
+                                              self._pending.drop_slice)
         self._delays = DelayedHandles(delayed_bucket_ms)
         self._reader = ChunkReader(directory, chunk_size,
                                    ReadAhead(read_ahead, partial(chunk_path, directory))
@@ -94,7 +94,7 @@ class ChunkedStore:
     @property
     def chunk_capacity(self):
         """The largest record a chunk holds: a message must fit in it with its head."""
-        return self._buffer.data_size
+        return self._pending.data_size
 
     def open(self):
         """
@@ -111,7 +111,7 @@ class ChunkedStore:
         self._damaged = dict(recovery.damaged)
         self._recovered = dict(recovery.unacked)
         self._recovered_counts = dict(recovery.delivery_counts)
-        self._buffer.recovered(recovery.write_position, recovery.data_size)
+        self._pending.recovered(recovery.write_position, recovery.data_size)
         self._reader.opened(recovery.data_size, recovery.write_position)
         self._written = recovery.written
         self._chunk_figures = dict(recovery.written.chunk_figures)
@@ -172,7 +172,7 @@ class ChunkedStore:
     def delete_queue(self, queue):
         """Forget a queue, its bindings and its index (damaged or not); its share of the log is released."""
         self._topology.delete_queue(queue)
-        batch = self._buffer.batch
+        batch = self._pending.batch
         for handle in batch.appends.pop(queue, ()):
             if handle in batch.shared:
                 batch.shared[handle] -= 1
@@ -188,9 +188,9 @@ class ChunkedStore:
         for queue in queues:
             if queue in self._damaged:
                 self._check_available(queue)
-        buffer = self._buffer
-        handle, head, body = buffer.place(message)
-        batch = buffer.batch
+        pending = self._pending
+        handle, head, body = pending.place(message)
+        batch = pending.batch
         batch.records.append((handle, head, body))
         batch.messages[handle] = message
         appends = batch.appends
@@ -207,7 +207,7 @@ class ChunkedStore:
         return handle
 
     def ack(self, queue, handle):
-        batch = self._buffer.batch
+        batch = self._pending.batch
         acks = batch.acks.get(queue)
         if acks is None:
             batch.acks[queue] = [handle]
@@ -217,7 +217,7 @@ class ChunkedStore:
 
     def returned(self, queue, handle, count):
         """Buffered: the writer adds the count to the queue's ack log after this batch's entries and acks."""
-        batch = self._buffer.batch
+        batch = self._pending.batch
         returns = batch.returns.get(queue)
         if returns is None:
             batch.returns[queue] = {handle: count}
@@ -225,7 +225,7 @@ class ChunkedStore:
             returns[handle] = count
 
     def purge(self, queue, handles):
-        self._buffer.batch.acks.setdefault(queue, []).extend(handles)
+        self._pending.batch.acks.setdefault(queue, []).extend(handles)
         self._acks += len(handles)
 
     def load(self, handle):
@@ -239,7 +239,7 @@ class ChunkedStore:
             a copy of it is written to the store's quarantine directory with
             the next commit, before the acks that let its chunk go.
         """
-        message = self._buffer.message(handle)
+        message = self._pending.message(handle)
         if message is None:
             record = self._cache.get(handle)
             position = handle
@@ -261,7 +261,7 @@ class ChunkedStore:
         """Buffer a copy of an unparsable record for the quarantine directory; the UnreadableMessage to raise."""
         where = self._reader.where(position)
         name = f"message-{handle}"
-        self._buffer.batch.kept_aside[name] = record if record is not None else self._reader.record(position)
+        self._pending.batch.kept_aside[name] = record if record is not None else self._reader.record(position)
         copy = os.path.join(self.directory, QUARANTINE_DIRECTORY, name + RECORD_SUFFIX)
         return unreadable_message(f"{where} (copied to {copy})", problem)
 
@@ -297,10 +297,10 @@ class ChunkedStore:
         if delays.damage is not None:
             raise delays.unavailable()
         number = delays.exchange_number(exchange)
-        buffer = self._buffer
-        position, head, body = buffer.place(message)
-        handle = delays.keep(due, position // buffer.data_size)
-        batch = buffer.batch
+        pending = self._pending
+        position, head, body = pending.place(message)
+        handle = delays.keep(due, position // pending.data_size)
+        batch = pending.batch
         batch.records.append((position, head, body))
         batch.messages[position] = message
         batch.delays.append((due, handle, position, number))
@@ -312,7 +312,7 @@ class ChunkedStore:
             return
         values = self._delays.release(handle)
         if values is not None:
-            self._buffer.batch.delay_releases.append((handle, *values))
+            self._pending.batch.delay_releases.append((handle, *values))
 
     def delayed_after(self, cursor, until, limit):
         if self._writer_thread.state != "open":
@@ -324,7 +324,7 @@ class ChunkedStore:
             # The writer thread reads the records too: the reactor thread never waits for the disk here.
             return self._writer_thread.call(self._writer.delayed_window, position, bound, count)
 
-        rows = delayed_window(fetch, list(self._buffer.batch.delays), self._delays.is_kept, cursor, until, limit)
+        rows = delayed_window(fetch, list(self._pending.batch.delays), self._delays.is_kept, cursor, until, limit)
         return rows.addCallbacks(self._delayed_messages, self._delayed_failed, (cursor, until, limit))
 
     def _delayed_messages(self, rows, cursor, until, limit):
@@ -365,7 +365,7 @@ class ChunkedStore:
 
     def _take_batch(self):
         """Called by GroupCommit on the reactor thread: hand over what is buffered (the writer's from now on)."""
-        return self._buffer.take(self._delays.meta(), self._topology.take_changes())
+        return self._pending.take(self._delays.meta(), self._topology.take_changes())
 
     def _batch_written(self, written):
         """
@@ -376,7 +376,7 @@ class ChunkedStore:
         self._written = written
         position = written.write_position
         self._reader.follow(position, written.deleted_chunks)
-        self._buffer.written(position)
+        self._pending.written(position)
         figures = self._chunk_figures
         if written.chunk_figures:
             figures.update(written.chunk_figures)
@@ -389,7 +389,7 @@ class ChunkedStore:
         self._compaction.stop()
         self._reader.close()
         self._cache.clear()
-        self._buffer.clear()
+        self._pending.clear()
         self._writer.close()
 
     # -- figures
@@ -406,13 +406,13 @@ class ChunkedStore:
             "appends": self._appends,
             "acks": self._acks,
             "chunks": len(chunks),
-            "chunk_size": self._buffer.data_size,
+            "chunk_size": self._pending.data_size,
             "chunk_reads": chunk_reads,
             "read_ahead_bytes": self._reader.read_ahead.bytes_read if self._reader.read_ahead else 0,
             "read_ahead_checked_bytes": self._reader.read_ahead.bytes_checked if self._reader.read_ahead else 0,
             "chunk_writes": sum(writes for writes, _ in chunks.values()),
             "bytes_on_disk": bytes_on_disk(self.directory, chunks),
-            "append_position": self._buffer.position,
+            "append_position": self._pending.position,
             "write_position": written.write_position,
             "flushed_position": written.flushed_position,
             "cache_hits": self._cache.hits,
@@ -436,4 +436,4 @@ class ChunkedStore:
 
     def chunk_of(self, handle):
         """The number of the message chunk a handle's record is in (moved by compaction or not)."""
-        return self._compaction.moves.get(handle, handle) // self._buffer.data_size
+        return self._compaction.moves.get(handle, handle) // self._pending.data_size

@@ -39,7 +39,7 @@ def settle(store, limit=400):
     """Commit until a commit names no slice to copy: every sparse chunk is compacted."""
     for _ in range(limit):
         yield store.sync()
-        if store._compaction.reading is None and not store._buffer.batch.moves:
+        if store._compaction.reading is None and not store._pending.batch.moves:
             return
         yield slice_read(store)
     raise AssertionError(f"compaction did not settle in {limit} commits")

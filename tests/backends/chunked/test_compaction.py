@@ -303,7 +303,7 @@ class CrashTests(Compacting, unittest.TestCase):
             store.ack(JOBS, handle)
         yield store.sync()  # the first slice is named now, to go with the next commit once read
         yield slice_read(store)
-        copies = list(store._buffer.batch.moves)
+        copies = list(store._pending.batch.moves)
         self.assertTrue(copies)
         for handle, _ in copies:
             store.ack(PARKED, handle)  # acked in the very commit that writes the copies

@@ -1,12 +1,12 @@
 """What the chunked store's reactor thread has put in the log and not handed to
 the writer yet, and what it handed over but the files do not hold yet
-(L{WriteBuffer}).
+(L{PendingWrites}).
 
 The reactor thread gives every record its position in the log as it is
-buffered (L{WriteBuffer.place}): a message's handle is that position, known
+buffered (L{PendingWrites.place}): a message's handle is that position, known
 before anything is written. A record never crosses the end of a chunk: one
 that would is placed at the start of the next chunk, and the writer leaves
-the space before it zero-filled. Messages are read back from the buffer until
+the space before it zero-filled. Messages are read back from here until
 a commit's result says the files hold them.
 """
 
@@ -18,7 +18,7 @@ class MessageTooLarge(ValueError):
     """A message whose record would not fit in one chunk."""
 
 
-class WriteBuffer:
+class PendingWrites:
     """
     The records placed in the log and the changes buffered since the last
     commit (C{batch}, which the store fills), and the batches handed over
