@@ -40,7 +40,7 @@ from backends.chunked.handover import BatchWritten
 from backends.chunked.messagelog import bytes_on_disk, chunk_path
 from backends.chunked.readahead import ReadAhead
 from backends.chunked.reads import ChunkReader, RingCache
-from backends.chunked.pendingwrites import MessageTooLarge, PendingWrites
+from backends.chunked.pendingwrites import PendingWrites
 from backends.chunked.writer import TOPOLOGY_MAGIC, ChunkedWriter
 from backends.common.delayed_requests import check_due, check_exchange, delayed_window, readable_messages
 from backends.common.message_record import loaded_records, record_of, record_of_stored
