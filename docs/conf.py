@@ -39,7 +39,3 @@ smartquotes = False  # option names keep their two hyphens, quotes stay straight
 # The API reference: pydoctor over the shipped packages, into <output>/api/.
 api_reference_packages = ["brokerd", "backends", "spark_jobs"]
 api_reference_root = str(ROOT)
-# Files whose pydoctor warnings are reported but do not fail the build (a
-# comma-separated list of paths from the repository root; -D sets it). Empty:
-# every warning counts.
-api_reference_tolerated_files = ""

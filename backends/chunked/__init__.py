@@ -13,7 +13,8 @@ import os
 from zope.interface import implementer
 
 from backends.chunked.format import BLOCK_SIZE
-from backends.chunked.store import ChunkedStore, MessageTooLarge
+from backends.chunked.pendingwrites import MessageTooLarge
+from backends.chunked.store import ChunkedStore
 from backends.common.options import byte_size, given_options, whole_number
 from brokerd.interfaces import IStoreBackend
 

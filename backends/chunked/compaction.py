@@ -1,4 +1,5 @@
-"""Compaction of sparse message chunks, on the chunked store's writer thread.
+"""Compaction of sparse message chunks: the writer thread's L{Compactor} and
+the reactor thread's L{CompactionFollower}.
 
 A finished message chunk is deleted once nothing points into it; a queue
 that keeps a few messages in every chunk (a parked queue) would keep every
@@ -10,8 +11,8 @@ chunk holding a kept delayed message is left alone (those are never moved),
 and so is the last sparse chunk: moving it would only make the chunk its
 copies land in sparse in turn. So the message chunks take at most what is
 held divided by C{below}, plus two chunks. Handles do not change: the pairs
-(handle, new position) go to the moves file (L{backends.chunked.moves}) and
-reads of a moved handle follow them.
+(handle, new position) go to the moves file (L{backends.chunked.movesfile})
+and reads of a moved handle follow them.
 
 One compaction goes in slices, each at most C{slice_bytes} of held records
 (and at least one record), so that no commit carries much more than its own
@@ -43,7 +44,7 @@ from collections import deque
 from twisted.internet import threads
 from twisted.logger import Logger
 
-from backends.chunked.format import RECORD_OVERHEAD, record_size
+from backends.chunked.format import RECORD_OVERHEAD
 from backends.chunked.messagelog import read_run
 
 log = Logger()
@@ -51,81 +52,29 @@ log = Logger()
 SPAN_PER_SLICE = 8  # a slice's records are read in one pread of a span up to this many times its bytes
 
 
-def read_slice(reactor, directory, data_size, pairs):
-    """
-    On the reactor thread: a Deferred firing with C{(handles, records)} of a
-    slice's C{(handle, position)} pairs, the records read on the reactor's
-    thread pool, so that neither the reactor thread nor the writer (and so no
-    publisher's confirm) waits for the disk.
-    """
-    handles = [handle for handle, _ in pairs]
-    positions = [position for _, position in pairs]
-    reading = threads.deferToThreadPool(reactor, reactor.getThreadPool(), read_run, directory, data_size, positions)
-    return reading.addCallback(lambda records: (handles, records))
-
-
-def place_copies(batch, position, data_size, handles, records):
-    """
-    On the reactor thread: put the copies of a slice's records (C{(head,
-    body)} of C{handles}) in C{batch} from log position C{position} on, with
-    the pairs (handle, new position); the position after them.
-    """
-    for handle, (head, body) in zip(handles, records):
-        size = record_size(head, len(body))
-        room = data_size - position % data_size
-        if size > room:
-            position += room  # the record goes to the start of the next chunk
-        batch.records.append((position, head, body))
-        batch.moves.append((handle, position))
-        position += size
-    return position
-
-
-class Held:
-    """Messages and body bytes held by some queue, kept on the writer thread for stats()."""
-
-    __slots__ = ("messages", "bytes", "shared")
-
-    def __init__(self):
-        self.messages = 0
-        self.bytes = 0
-        self.shared = {}  # handle -> queues still holding it, for messages held by more than one queue
-
-    def add(self, handle, queues, size):
-        self.messages += 1
-        self.bytes += size
-        if queues > 1:
-            self.shared[handle] = queues
-
-    def add_unshared(self, count, size):
-        """C{count} messages of C{size} body bytes in all, each held by one queue."""
-        self.messages += count
-        self.bytes += size
-
-    def release(self, handle, size):
-        """Count one queue letting C{handle} go; True if it was the last one holding it."""
-        remaining = self.shared.get(handle)
-        if remaining is not None:
-            if remaining > 1:
-                self.shared[handle] = remaining - 1
-                return False
-            del self.shared[handle]
-        self.messages -= 1
-        self.bytes -= size
-        return True
-
-
 class Compactor:
     """
-    Chooses sparse chunks and reads their held records a slice at a time.
+    Chooses sparse chunks and hands out their held records a slice at a
+    time, on the writer thread; makes the copies a commit wrote count.
+
+    @param log: the L{MessageLog}.
+    @param references: the L{ChunkReferences} of its chunks.
+    @param moves: the L{MovesFile}.
+    @param indexes: the L{QueueIndexSet}, which says what is held where.
+    @param held: the L{Held} counts, which say what is shared.
 
     @ivar moving: handle -> body length, of the held records of the chunk
         being compacted not yet moved (those handed out included); a
-        handle leaves it when moved or when no queue holds it any more.
+        handle leaves it when moved or when no queue holds it any more
+        (L{let_go}). Read it, never change it from outside.
     """
 
-    def __init__(self, files, below, slice_bytes, quiet):
-        self.files = files  # the ChunkedFiles whose log, indexes and counts it reads
+    def __init__(self, log, references, moves, indexes, held, below, slice_bytes, quiet):
+        self._log = log
+        self._references = references
+        self._moves = moves
+        self._indexes = indexes
+        self._held = held
         self.below = below  # a share of a chunk's bytes (0 to 1); 0 turns compaction off
         self.slice_bytes = slice_bytes
         self.quiet = quiet  # seconds a chunk's held bytes stay the same before it is compacted
@@ -133,12 +82,20 @@ class Compactor:
         self.moving = {}
         self.compacted_chunks = 0
         self.compacted_bytes = 0
-        self.changed = True  # something was released or a chunk finished since the last look for a sparse chunk
+        self._changed = True  # something was released or a chunk finished since the last look for a sparse chunk
         self._pending = deque()  # handles of the chunk not yet handed out, in position order
         self._handed = []  # handles of the last slice handed out
         self._left_alone = set()  # chunks with a damaged record: never compacted
         self._seen = {}  # chunk number -> (entries into it, since when, held bytes or None), of sparse ones
         self.due_in = 0.0  # seconds until a sparse chunk waiting to be quiet is, if one is (else 0)
+
+    def look_again(self):
+        """Something was released or a chunk finished: look for a sparse chunk at the next slice."""
+        self._changed = True
+
+    def let_go(self, handle):
+        """No queue holds C{handle} any more: it is not to be moved."""
+        self.moving.pop(handle, None)
 
     # -- choosing
 
@@ -152,17 +109,16 @@ class Compactor:
         counted here, from the queue indexes, and only again once the number
         of entries pointing into it has changed.
         """
-        files = self.files
-        self.changed = False
-        log_chunks, data_size = files.log.chunks, files.log.data_size
+        self._changed = False
+        message_log, references = self._log, self._references
+        log_chunks, data_size = message_log.chunks, message_log.data_size
         limit = self.below * data_size
-        references, delayed = files.chunk_references, files.delayed_references
         now, seen, watched, moved_into = time.monotonic(), self._seen, {}, None
         best, best_held, quiet, due_in = None, limit, 0, 0.0
         for number, figures in log_chunks.items():
-            entries = references.get(number, 0)
-            if (not entries or delayed.get(number) or 0 < figures.records <= entries
-                    or not files.log.deletable(number) or number in self._left_alone):
+            entries = references.entries(number)
+            if (not entries or references.delayed_entries(number) or 0 < figures.records <= entries
+                    or not message_log.deletable(number) or number in self._left_alone):
                 continue
             previous = seen.get(number)
             if previous is not None and previous[0] == entries:
@@ -171,7 +127,7 @@ class Compactor:
                 since, held = now, None
             if now - since < self.quiet:
                 watched[number] = (entries, since, None)
-                self.changed = True  # look again with the next commit
+                self._changed = True  # look again with the next commit
                 wait = since + self.quiet - now
                 due_in = min(due_in, wait) if due_in else wait
                 continue
@@ -192,7 +148,7 @@ class Compactor:
         if not found:  # entries point into it, yet no queue holds a record there: leave it as it is
             self._left_alone.add(best)
             return
-        moves = files.moves
+        moves = self._moves.pairs
         self.number = best
         self.moving = found
         self._pending = deque(sorted(found, key=lambda handle: moves.get(handle, handle)))
@@ -201,16 +157,16 @@ class Compactor:
 
     def _moved_into(self):
         """Chunk number -> handles moved into it."""
-        data_size, moved_into = self.files.log.data_size, {}
-        for handle, position in self.files.moves.items():
+        data_size, moved_into = self._log.data_size, {}
+        for handle, position in self._moves.pairs.items():
             moved_into.setdefault(position // data_size, []).append(handle)
         return moved_into
 
     def _held_in(self, number, moved_into):
         """The held records in chunk C{number}: C{{handle: body length}}."""
-        files = self.files
-        low, high = number * files.log.data_size, (number + 1) * files.log.data_size
-        moves, indexes = files.moves, files.queue_indexes.values()
+        data_size = self._log.data_size
+        low, high = number * data_size, (number + 1) * data_size
+        moves, indexes = self._moves.pairs, self._indexes.values()
         found = {}
         for index in indexes:
             for handle, size in index.held_between(low, high):
@@ -232,17 +188,19 @@ class Compactor:
         position)} pairs, in position order and all in one chunk, empty if
         there is nothing to move (or a slice is out). The reactor thread has
         them read and places the copies in a later batch (or marks the batch
-        C{slice_dropped} if they cannot be read).
+        C{slice_dropped} if they cannot be read). The writer asks only while
+        it knows every entry and kept delayed message (nothing is moved
+        while something may point anywhere).
         """
-        if not self.below or self._handed or not self.files.compactable():
+        if not self.below or self._handed:
             return ()
         if self.number is None:
-            if not self.changed:
+            if not self._changed:
                 return ()
             self._choose()
             if self.number is None:
                 return ()
-        pending, moving, moves = self._pending, self.moving, self.files.moves
+        pending, moving, moves = self._pending, self.moving, self._moves.pairs
         taken, positions, size = [], [], 0
         span_limit = SPAN_PER_SLICE * self.slice_bytes
         while pending and (not taken or size < self.slice_bytes):
@@ -272,20 +230,14 @@ class Compactor:
         accepted = self.accept(moves, dropped)
         if not accepted:
             return {}
-        files = self.files
-        files.moves_file.append([(handle, position) for handle, position, _ in accepted])
-        references, shared = files.chunk_references, files.held.shared
-        data_size, known = files.log.data_size, files.moves
+        data_size, known = self._log.data_size, self._moves.pairs
+        olds = [known.get(handle, handle) // data_size for handle, _, _ in accepted]
+        self._moves.append([(handle, position) for handle, position, _ in accepted])
+        references, shared = self._references, self._held.shared
         moved = {}
-        for handle, position, _ in accepted:
-            old = known.get(handle, handle) // data_size
-            new = position // data_size
-            entries = shared.get(handle, 1)
-            references[old] -= entries
-            references[new] = references.get(new, 0) + entries
-            known[handle] = moved[handle] = position
-            if references[old] == 0:
-                files.note_if_consumed(old)
+        for (handle, position, _), old in zip(accepted, olds):
+            references.move(old, position // data_size, shared.get(handle, 1))
+            moved[handle] = position
         return moved
 
     def accept(self, moves, dropped=False):
@@ -323,4 +275,94 @@ class Compactor:
 
     def _drop(self):
         self.number, self.moving, self._pending, self._handed = None, {}, deque(), []
-        self.changed = True
+        self._changed = True
+
+
+class CompactionFollower:
+    """
+    The reactor thread's part of compaction: what each commit's
+    L{BatchWritten<backends.chunked.handover.BatchWritten>} says of it.
+
+    A commit may name a slice of held records to copy (C{compaction}): they
+    are read on the reactor's thread pool, so that neither the reactor
+    thread nor the writer waits for the disk, and handed to C{place_copies}
+    (which puts them at the head of the log in the batch being buffered), or
+    C{drop_slice} is called if they cannot be read. The commit that writes
+    them hands back the pairs (handle, new position) (C{moved}): a moved
+    handle's record is read where L{moves} says from then on, until no queue
+    holds it (C{unmoved}). While a sparse chunk waits to be quiet long
+    enough, the store commits by itself when it is due (C{compaction_due_in}),
+    so an idle broker compacts too.
+
+    @param writer_thread: the store's L{WriterThread<backends.common.writer_thread.WriterThread>}:
+        nothing is placed nor committed unless it is open.
+
+    @ivar moves: handle -> position of its record, for the held messages
+        compaction moved (read it, never change it from outside).
+    @ivar reading: the Deferred of a slice being read, if one is.
+    """
+
+    def __init__(self, reactor, directory, writer_thread, place_copies, drop_slice):
+        self.moves = {}
+        self.reading = None
+        self._reactor = reactor
+        self._directory = directory
+        self._writer_thread = writer_thread
+        self._place_copies = place_copies
+        self._drop_slice = drop_slice
+        self._data_size = 0
+        self._nudge = None  # the call that commits once a sparse chunk is due for compaction
+
+    def recovered(self, moves, data_size):
+        """Take what the writer's open found: the moves of held messages, and the log's chunk data size."""
+        self.moves = dict(moves)
+        self._data_size = data_size
+
+    def follow(self, written):
+        """Take in what a commit's L{BatchWritten<backends.chunked.handover.BatchWritten>} says of compaction."""
+        if written.moved:
+            self.moves.update(written.moved)
+        for handle in written.unmoved:
+            self.moves.pop(handle, None)
+        if written.compaction:
+            self.reading = self._read_slice(written.compaction)
+            self.reading.addCallbacks(self._slice_read, self._slice_unreadable)
+        elif written.compaction_due_in and self._nudge is None:
+            self._nudge = self._reactor.callLater(written.compaction_due_in, self._commit_for_compaction)
+
+    def _read_slice(self, pairs):
+        """
+        A Deferred firing with C{(handles, records)} of a slice's C{(handle,
+        position)} pairs, the records read on the reactor's thread pool, so
+        that neither the reactor thread nor the writer (and so no publisher's
+        confirm) waits for the disk.
+        """
+        handles = [handle for handle, _ in pairs]
+        positions = [position for _, position in pairs]
+        reactor = self._reactor
+        reading = threads.deferToThreadPool(reactor, reactor.getThreadPool(), read_run, self._directory,
+                                            self._data_size, positions)
+        return reading.addCallback(lambda records: (handles, records))
+
+    def _slice_read(self, read):
+        self.reading = None
+        if self._writer_thread.state == "open":
+            self._place_copies(*read)
+
+    def _slice_unreadable(self, failure):
+        self.reading = None
+        if self._writer_thread.state == "open":
+            log.error("records to compact cannot be read: {problem}", problem=failure.value)
+            self._drop_slice()  # the writer leaves their chunk alone
+
+    def _commit_for_compaction(self):
+        """A sparse chunk is due for compaction: commit, even with nothing buffered, so that it starts."""
+        self._nudge = None
+        if self._writer_thread.state == "open":
+            self._writer_thread.sync().addErrback(lambda failure: None)  # a failed commit fails its own syncs too
+
+    def stop(self):
+        """The store closes: no more commits for compaction."""
+        nudge, self._nudge = self._nudge, None
+        if nudge is not None and nudge.active():
+            nudge.cancel()

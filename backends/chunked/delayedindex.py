@@ -25,8 +25,8 @@ deleted). Nothing per message outlives the open as an object.
 One bucket's file and memtable are a L{ChunkedDelayedBucket}
 (L{backends.chunked.delayedbuckets}); the bytes of the journal and bucket
 files are in L{backends.chunked.delayedformat}, those of the meta file in
-L{backends.common.delayed_meta}. L{backends.chunked.files} drives the
-index at each commit; the reactor side is L{backends.chunked.store}. (The
+L{backends.common.delayed_meta}. L{backends.chunked.writer} drives the
+index at each commit; the reactor side is L{backends.chunked.delayedhandles}. (The
 filelog store's index, L{backends.filelog.delayedlog.FilelogDelayedMemoryIndex},
 is a different thing: in memory only, rebuilt from its log.)
 """

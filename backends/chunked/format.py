@@ -11,7 +11,7 @@ A global position ``p`` lives in chunk ``p // data_size`` at data offset
 
 where ``length`` counts kind, head length, head and body, and the CRC covers
 the same bytes; the length after the record lets a reader walk backwards. The
-head is a L{StoredMessage} without its body, so reading a body is one slice.
+head is a C{StoredMessage} without its body, so reading a body is one slice.
 A length of zero marks unwritten (zero-filled) space.
 
 Queue index: chunk files ``index-chunk-NNNNNNNNN`` of fixed 16-byte entries,
@@ -163,7 +163,7 @@ def _decode_end_block(expected_magic, data):
 
 
 def encode_head(message):
-    """The L{StoredMessage} of a published message, without its body (the record keeps that apart)."""
+    """The C{StoredMessage} of a published message, without its body (the record keeps that apart)."""
     stored = messages_pb2.StoredMessage(
         exchange=message.exchange, routing_key=message.routing_key, properties=message.properties
     )

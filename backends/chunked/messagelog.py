@@ -87,7 +87,7 @@ class MessageLog:
         self.chunks = {}
         self._deleted = []  # chunk numbers removed since the last take_changes()
         self._touched = {}  # chunk number -> ChunkFigures of chunks created or written since then
-        self.finished = []  # chunk numbers given a footer since the writer last looked; it pops them
+        self._newly_finished = []  # chunk numbers given a footer since the last take_finished()
         self._current = None  # number of the chunk being written
         self._descriptor = None  # of the chunk being written
         self._writer = None  # the AlignedWriter of that descriptor
@@ -317,7 +317,7 @@ class MessageLog:
                 self._unsynced.append(self._descriptor)
             self._finished.append(self._descriptor)
             self._writer.close()
-            self.finished.append(self._current)
+            self._newly_finished.append(self._current)
             self.chunks[self._current].records = self._records_in_current
         path = self.path_of(number)
         descriptor = open_for_writing(path, create=True)
@@ -367,6 +367,11 @@ class MessageLog:
         return True
 
     # -- cleanup
+
+    def take_finished(self):
+        """The numbers of the chunks given a footer since the last call."""
+        finished, self._newly_finished = self._newly_finished, []
+        return finished
 
     def deletable(self, number):
         """True if chunk C{number} is finished: older than the chunk being written, if any."""

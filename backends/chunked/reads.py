@@ -91,9 +91,12 @@ class HeadCache:
 class ChunkReader:
     """
     Read-only maps of message chunk files, opened on first read, closed when
-    the chunk goes. The reactor thread owns it: the store sets C{data_size}
-    at open and C{written} (records below it are in the files) as each
-    commit's result comes back.
+    the chunk goes. The reactor thread owns it: the store tells it the data
+    size the files have at open and, as each commit's result comes back, up
+    to where records are in the files and which chunks are gone.
+
+    @ivar written: records below this position are in the files.
+    @ivar reads: chunk number -> records read from it.
     """
 
     def __init__(self, directory, data_size, read_ahead=None):
@@ -104,6 +107,17 @@ class ChunkReader:
         self._maps = {}  # chunk number -> mmap
         self._heads = HeadCache()
         self.reads = {}  # chunk number -> records read
+
+    def opened(self, data_size, written):
+        """The store opened: its chunks' data size, and the position records are written up to."""
+        self.data_size = data_size
+        self.written = written
+
+    def follow(self, written, deleted_chunks):
+        """A commit wrote records up to position C{written} and deleted the chunks numbered C{deleted_chunks}."""
+        self.written = written
+        for number in deleted_chunks:
+            self.forget(number)
 
     def read(self, handle):
         """

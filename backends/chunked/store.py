@@ -1,27 +1,28 @@
 """L{ChunkedStore}: the store contract over EQueue's message log and queue indexes.
 
 The reactor thread assigns every message its place in the log as it is
-appended (its handle is that global position), buffers
-the change in a L{Batch}, and reads messages back from the batches not yet
-written, the ring cache or the chunk files. L{GroupCommit} hands each batch to
-L{ChunkedFiles} on the writer thread and decides when it is fsynced. The two
-threads share no mutable object: a batch belongs to the writer once taken,
-and each commit's L{BatchWritten} comes back to the reactor thread, which
-learns from it how far the files are written and which chunks are gone.
+appended (its handle is that global position), buffers the change in a
+L{Batch}, and reads messages back from the batches not yet written, the ring
+cache or the chunk files (L{backends.chunked.reads}). The store's
+L{WriterThread} hands each batch to the L{ChunkedWriter} on the writer thread,
+its group commit deciding when it is fsynced. The two threads share no
+mutable object: a batch belongs to the writer once taken, and each commit's
+L{BatchWritten} comes back to the reactor thread, which learns from it how far
+the files are written and which chunks are gone.
 
 A queue's backlog need not live in Python memory: the store provides
 L{IPagingStore}, so the broker keeps only handles for recovered messages and
 for deep queues, and loads each message when it is delivered.
 
 Sparse old chunks are compacted (L{backends.chunked.compaction}); the reactor
-thread's part (L{backends.chunked.compactingstore}) has the held records a commit
-names read, places them at the head of the log and reads a moved handle where
-the pairs (handle, new position) that come back say.
+thread's part, a L{CompactionFollower}, has the held records a commit names
+read, has the store place their copies at the head of the log and says where
+a moved handle's record is from the pairs (handle, new position) that come back.
 
 Delayed messages (L{IDelayedMessageStore}) are records of the log too; the
 writer thread indexes them by due time (L{backends.chunked.delayedindex}).
-The reactor thread keeps, per kept handle, its due time and chunk in a
-L{HandleMap}, and reads the records of a window from the chunk files.
+The reactor thread keeps, per kept handle, its due time and chunk
+(L{DelayedHandles}), and has the records of a window read on the writer thread.
 """
 
 import os
@@ -32,38 +33,28 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from backends.chunked.compactingstore import CompactingStore
-from backends.chunked.delayedindex import KEPT_TYPECODES
-from backends.chunked.files import TOPOLOGY_MAGIC, Batch, BatchWritten, ChunkedFiles
-from backends.chunked.format import (
-    decode_head,
-    encode_head,
-    handle_of_message_id,
-    message_id,
-    record_size,
-)
+from backends.chunked.compaction import CompactionFollower
+from backends.chunked.delayedhandles import DelayedHandles
+from backends.chunked.format import decode_head, handle_of_message_id, message_id
+from backends.chunked.handover import BatchWritten
 from backends.chunked.messagelog import bytes_on_disk, chunk_path
 from backends.chunked.readahead import ReadAhead
 from backends.chunked.reads import ChunkReader, RingCache
-from backends.common.delayed_meta import Meta
-from backends.common.delayed_requests import HandleLease, check_due, check_exchange, delayed_window, readable_messages
-from backends.common.file_store import FileStoreBase
-from backends.common.handle_map import HandleMap
+from backends.chunked.pendingwrites import PendingWrites
+from backends.chunked.writer import TOPOLOGY_MAGIC, ChunkedWriter
+from backends.common.delayed_requests import check_due, check_exchange, delayed_window, readable_messages
 from backends.common.message_record import loaded_records, record_of, record_of_stored
 from backends.common.quarantine import QUARANTINE_DIRECTORY, RECORD_SUFFIX, unreadable_message
-from backends.common.topology_file import Topology
-from brokerd.interfaces import DelayedMessage, IDelayedMessageStore, IPagingStore, StoreCorrupted
+from backends.common.topology_file import DurableTopology
+from backends.common.writer_thread import WriterThread
+from brokerd.interfaces import DelayedMessage, IDelayedMessageStore, IPagingStore, ITimedCommits, StoreCorrupted
 from brokerd.storage.durability import SyncPolicy
 
 log = Logger()
 
 
-class MessageTooLarge(ValueError):
-    """A message whose record would not fit in one chunk."""
-
-
-@implementer(IPagingStore, IDelayedMessageStore)
-class ChunkedStore(CompactingStore, FileStoreBase):
+@implementer(IPagingStore, IDelayedMessageStore, ITimedCommits)
+class ChunkedStore:
     """
     Keeps every persistent message once in a log of fixed-size chunks, and per
     durable queue an index of entries pointing into it plus an ack log.
@@ -78,40 +69,32 @@ class ChunkedStore(CompactingStore, FileStoreBase):
                  read_ahead=4 << 20):
         self.directory = directory
         self.sync_policy = sync_policy or SyncPolicy()
-        self._reactor = reactor
-        self._files = ChunkedFiles(directory, chunk_size, index_chunk_entries, retain_chunks, retain_seconds,
-                                   delayed_bucket_ms, delayed_flush_entries, compact_below, compact_bytes,
-                                   compact_quiet)
+        self._writer_thread = WriterThread(self.name, self.sync_policy, reactor, self._take_batch,
+                                           self._close_files, self._batch_written)
+        self._writer = ChunkedWriter(directory, chunk_size, index_chunk_entries, retain_chunks, retain_seconds,
+                                     delayed_bucket_ms, delayed_flush_entries, compact_below, compact_bytes,
+                                     compact_quiet)
+        self._pending = PendingWrites(chunk_size)
+        self._compaction = CompactionFollower(reactor, directory, self._writer_thread, self._pending.place_copies,
+                                              self._pending.drop_slice)
+        self._delays = DelayedHandles(delayed_bucket_ms)
         self._reader = ChunkReader(directory, chunk_size,
                                    ReadAhead(read_ahead, partial(chunk_path, directory))
                                    if read_ahead else None)
         self._cache = RingCache(cache_size)
-        self._topology = Topology()
-        self._topology_changed = False
-        self._batch = Batch()
-        self._in_flight = []  # batches handed to the writer whose records may not be in the files yet
+        self._topology = DurableTopology(TOPOLOGY_MAGIC)
         self._written = BatchWritten(0, 0, (), {}, 0, 0, 0)  # the last commit's result (the writer's figures)
         self._chunk_figures = {}  # chunk number -> (writes, bytes written), of every chunk file there is
         self._recovered = {}  # queue key -> handles open found
         self._recovered_counts = {}  # queue key -> {handle: delivery count} open found
         self._damaged = {}  # queue key -> StoreCorrupted that open found
-        self._position = 0  # where the next record goes
-        self._moves = {}  # handle -> position of its record, for held messages compaction moved
-        self._data_size = chunk_size
         self._appends = 0
         self._acks = 0
-        self._delayed = HandleMap(KEPT_TYPECODES)  # kept delayed handle -> (due, chunk number)
-        self._lease = HandleLease()
-        self._exchanges = []  # delayed exchange keys by number
-        self._exchange_numbers = {}  # delayed exchange key -> number
-        self._delayed_width = delayed_bucket_ms
-        self._delayed_meta_changed = False
-        self._delayed_damage = None  # StoreCorrupted that makes delayed messages unavailable
 
     @property
     def chunk_capacity(self):
         """The largest record a chunk holds: a message must fit in it with its head."""
-        return self._data_size
+        return self._pending.data_size
 
     def open(self):
         """
@@ -120,27 +103,20 @@ class ChunkedStore(CompactingStore, FileStoreBase):
         damaged, or DirectoryInUse if another open store has the directory; a
         damaged queue index only makes that queue's C{recover} fail.
         """
-        return self._open(self._files.open, self._files.write_batch, self._take_in)
+        return self._writer_thread.open(self._writer.open, self._writer.write_batch, self._take_in)
 
     def _take_in(self, recovery):
         """Keep what the writer thread's open found (its L{Recovery})."""
-        self._topology = Topology(recovery.topology)
+        self._topology.recovered(recovery.topology)
         self._damaged = dict(recovery.damaged)
         self._recovered = dict(recovery.unacked)
         self._recovered_counts = dict(recovery.delivery_counts)
-        self._position = recovery.write_position
-        self._data_size = self._reader.data_size = recovery.data_size
-        self._reader.written = recovery.write_position
+        self._pending.recovered(recovery.write_position, recovery.data_size)
+        self._reader.opened(recovery.data_size, recovery.write_position)
         self._written = recovery.written
         self._chunk_figures = dict(recovery.written.chunk_figures)
-        self._moves = dict(recovery.moves)
-        delayed = recovery.delayed
-        self._delayed = delayed.kept
-        self._lease = HandleLease(delayed.next_handle)
-        self._exchanges = list(delayed.exchanges)
-        self._exchange_numbers = {key: number for number, key in enumerate(self._exchanges)}
-        self._delayed_width = delayed.width
-        self._delayed_damage = delayed.damage
+        self._compaction.recovered(recovery.moves, recovery.data_size)
+        self._delays.recovered(recovery.delayed)
 
     def _check_available(self, queue):
         damage = self._damaged.get(queue)
@@ -163,17 +139,40 @@ class ChunkedStore(CompactingStore, FileStoreBase):
         """
         return loaded_records(self.load, queue, self.recovered_handles(queue), "its record is kept aside")
 
+    def sync(self):
+        return self._writer_thread.sync()
+
+    def close(self):
+        """Commit what is buffered (fsynced unless the policy is none), stop the writer thread and close the files."""
+        return self._writer_thread.close()
+
+    def commit_times(self):
+        return self._writer_thread.commit_times()
+
     # -- topology
+
+    def topology(self):
+        return self._topology.records()
+
+    def save_exchange(self, record):
+        self._topology.save_exchange(record)
+
+    def delete_exchange(self, vhost, name):
+        self._topology.delete_exchange(vhost, name)
+
+    def save_binding(self, record):
+        self._topology.save_binding(record)
+
+    def delete_binding(self, record):
+        self._topology.delete_binding(record)
 
     def save_queue(self, record):
         self._topology.save_queue(record)
-        self._topology_changed = True
 
     def delete_queue(self, queue):
         """Forget a queue, its bindings and its index (damaged or not); its share of the log is released."""
         self._topology.delete_queue(queue)
-        self._topology_changed = True
-        batch = self._batch
+        batch = self._pending.batch
         for handle in batch.appends.pop(queue, ()):
             if handle in batch.shared:
                 batch.shared[handle] -= 1
@@ -189,8 +188,9 @@ class ChunkedStore(CompactingStore, FileStoreBase):
         for queue in queues:
             if queue in self._damaged:
                 self._check_available(queue)
-        handle, head, body = self._place(message)
-        batch = self._batch
+        pending = self._pending
+        handle, head, body = pending.place(message)
+        batch = pending.batch
         batch.records.append((handle, head, body))
         batch.messages[handle] = message
         appends = batch.appends
@@ -206,44 +206,26 @@ class ChunkedStore(CompactingStore, FileStoreBase):
         self._appends += 1
         return handle
 
-    def _place(self, message):
-        """Give the record of C{message} its position in the log: C{(position, head, body)}."""
-        head = encode_head(message)
-        body = message.body
-        if type(body) is not bytes:
-            body = bytes(body)
-        size = record_size(head, len(body))
-        data_size = self._data_size
-        if size > data_size:
-            raise MessageTooLarge(
-                f"a message of {len(body)} bytes does not fit in a chunk of {data_size} bytes; raise the chunked"
-                " backend's chunk_size or lower --max-message-size"
-            )
-        position = self._position
-        room = data_size - position % data_size
-        if size > room:
-            position += room  # the record goes to the start of the next chunk
-        self._position = position + size
-        return position, head, body
-
     def ack(self, queue, handle):
-        acks = self._batch.acks.get(queue)
+        batch = self._pending.batch
+        acks = batch.acks.get(queue)
         if acks is None:
-            self._batch.acks[queue] = [handle]
+            batch.acks[queue] = [handle]
         else:
             acks.append(handle)
         self._acks += 1
 
     def returned(self, queue, handle, count):
         """Buffered: the writer adds the count to the queue's ack log after this batch's entries and acks."""
-        returns = self._batch.returns.get(queue)
+        batch = self._pending.batch
+        returns = batch.returns.get(queue)
         if returns is None:
-            self._batch.returns[queue] = {handle: count}
+            batch.returns[queue] = {handle: count}
         else:
             returns[handle] = count
 
     def purge(self, queue, handles):
-        self._batch.acks.setdefault(queue, []).extend(handles)
+        self._pending.batch.acks.setdefault(queue, []).extend(handles)
         self._acks += len(handles)
 
     def load(self, handle):
@@ -257,33 +239,29 @@ class ChunkedStore(CompactingStore, FileStoreBase):
             a copy of it is written to the store's quarantine directory with
             the next commit, before the acks that let its chunk go.
         """
-        message = self._batch.messages.get(handle)
+        message = self._pending.message(handle)
         if message is None:
-            for batch in self._in_flight:
-                message = batch.messages.get(handle)
-                if message is not None:
-                    break
-            else:
-                record = self._cache.get(handle)
-                position = handle
-                try:
-                    if record is not None:
-                        message = self._reader.message(*record)
-                    else:
-                        if self._state != "open":
-                            raise KeyError(f"the chunked store is not open; cannot read {handle!r}")
-                        if self._moves:
-                            position = self._moves.get(handle, handle)
-                        message = self._reader.read(position)
-                except DecodeError as problem:
-                    raise self._keep_aside(handle, position, record, problem) from None
+            record = self._cache.get(handle)
+            position = handle
+            try:
+                if record is not None:
+                    message = self._reader.message(*record)
+                else:
+                    if self._writer_thread.state != "open":
+                        raise KeyError(f"the chunked store is not open; cannot read {handle!r}")
+                    moves = self._compaction.moves
+                    if moves:
+                        position = moves.get(handle, handle)
+                    message = self._reader.read(position)
+            except DecodeError as problem:
+                raise self._keep_aside(handle, position, record, problem) from None
         return message
 
     def _keep_aside(self, handle, position, record, problem):
         """Buffer a copy of an unparsable record for the quarantine directory; the UnreadableMessage to raise."""
         where = self._reader.where(position)
         name = f"message-{handle}"
-        self._batch.kept_aside[name] = record if record is not None else self._reader.record(position)
+        self._pending.batch.kept_aside[name] = record if record is not None else self._reader.record(position)
         copy = os.path.join(self.directory, QUARANTINE_DIRECTORY, name + RECORD_SUFFIX)
         return unreadable_message(f"{where} (copied to {copy})", problem)
 
@@ -312,48 +290,41 @@ class ChunkedStore(CompactingStore, FileStoreBase):
 
     # -- delayed messages
 
-    def _delayed_unavailable(self):
-        damage = self._delayed_damage
-        return StoreCorrupted(f"delayed messages are unavailable: {damage}", damage.path, damage.offset)
-
     def delay(self, message, exchange, due):
         check_due(due)
         exchange = check_exchange(exchange)
-        if self._delayed_damage is not None:
-            raise self._delayed_unavailable()
-        number = self._exchange_numbers.get(exchange)
-        if number is None:
-            number = self._exchange_numbers[exchange] = len(self._exchanges)
-            self._exchanges.append(exchange)
-            self._delayed_meta_changed = True
-        position, head, body = self._place(message)
-        handle = self._lease.take()
-        batch = self._batch
+        delays = self._delays
+        if delays.damage is not None:
+            raise delays.unavailable()
+        number = delays.exchange_number(exchange)
+        pending = self._pending
+        position, head, body = pending.place(message)
+        handle = delays.keep(due, position // pending.data_size)
+        batch = pending.batch
         batch.records.append((position, head, body))
         batch.messages[position] = message
         batch.delays.append((due, handle, position, number))
-        self._delayed.add(handle, due, position // self._data_size)
         # Not put in the ring cache: it is read back once due, long after the queues' recent messages.
         return handle
 
     def release(self, handle):
         if type(handle) is not int or handle < 0:
             return
-        values = self._delayed.pop(handle)
+        values = self._delays.release(handle)
         if values is not None:
-            self._batch.delay_releases.append((handle, *values))
+            self._pending.batch.delay_releases.append((handle, *values))
 
     def delayed_after(self, cursor, until, limit):
-        if self._state != "open":
+        if self._writer_thread.state != "open":
             return defer.fail(RuntimeError("the chunked store is not open"))
-        if self._delayed_damage is not None:
-            return defer.fail(self._delayed_unavailable())
+        if self._delays.damage is not None:
+            return defer.fail(self._delays.unavailable())
 
         def fetch(position, bound, count):
             # The writer thread reads the records too: the reactor thread never waits for the disk here.
-            return self._commit.call(self._files.delayed_window, position, bound, count)
+            return self._writer_thread.call(self._writer.delayed_window, position, bound, count)
 
-        rows = delayed_window(fetch, list(self._batch.delays), self._delayed.__contains__, cursor, until, limit)
+        rows = delayed_window(fetch, list(self._pending.batch.delays), self._delays.is_kept, cursor, until, limit)
         return rows.addCallbacks(self._delayed_messages, self._delayed_failed, (cursor, until, limit))
 
     def _delayed_messages(self, rows, cursor, until, limit):
@@ -376,38 +347,25 @@ class ChunkedStore(CompactingStore, FileStoreBase):
                 raise self._keep_aside(position, position, row[4:6], problem) from None
         else:
             record = record_of(self.load(position))
-        return DelayedMessage(due, handle, self._exchanges[number], record)
+        return DelayedMessage(due, handle, self._delays.exchange(number), record)
 
     def _quarantine_delayed(self, row, problem):
         due, handle, _, number = row[:4]
-        vhost, exchange = self._exchanges[number]
+        vhost, exchange = self._delays.exchange(number)
         log.error("delayed message {handle} for exchange {exchange!r} in vhost {vhost!r} (due {due}) is quarantined,"
                   " not routed: {problem}", handle=handle, exchange=exchange, vhost=vhost, due=due, problem=problem)
         self.release(handle)
 
     def _delayed_failed(self, failure):
-        if failure.check(StoreCorrupted) and self._delayed_damage is None:
-            self._delayed_damage = failure.value  # found in a bucket file while the store runs
+        if failure.check(StoreCorrupted):
+            self._delays.found_damage(failure.value)  # found in a bucket file while the store runs
         return failure
 
     # -- commits
 
     def _take_batch(self):
         """Called by GroupCommit on the reactor thread: hand over what is buffered (the writer's from now on)."""
-        batch = self._batch
-        if self._lease.persist() is not None or self._delayed_meta_changed:
-            batch.delayed_meta = Meta(self._lease.limit, self._delayed_width, list(self._exchanges))
-            self._delayed_meta_changed = False
-        if self._topology_changed:
-            batch.topology = self._topology.encode(TOPOLOGY_MAGIC)
-            self._topology_changed = False
-        elif batch.is_empty():
-            return None
-        batch.end = self._position
-        self._batch = Batch()
-        if batch.records:
-            self._in_flight.append(batch)
-        return batch
+        return self._pending.take(self._delays.meta(), self._topology.take_changes())
 
     def _batch_written(self, written):
         """
@@ -416,24 +374,23 @@ class ChunkedStore(CompactingStore, FileStoreBase):
         from the files, and unmap and forget the chunks it removed.
         """
         self._written = written
-        position = self._reader.written = written.write_position
-        if self._in_flight:
-            self._in_flight = [batch for batch in self._in_flight if batch.end > position]
+        position = written.write_position
+        self._reader.follow(position, written.deleted_chunks)
+        self._pending.written(position)
         figures = self._chunk_figures
         if written.chunk_figures:
             figures.update(written.chunk_figures)
         for number in written.deleted_chunks:
             figures.pop(number, None)
-            self._reader.forget(number)
-        self._follow_compaction(written)
+        self._compaction.follow(written)
 
     def _close_files(self):
         """Drop the maps and cached messages, then close the files (final checkpoints written)."""
-        self._stop_following()
+        self._compaction.stop()
         self._reader.close()
         self._cache.clear()
-        self._in_flight = []
-        self._files.close()
+        self._pending.clear()
+        self._writer.close()
 
     # -- figures
 
@@ -442,30 +399,31 @@ class ChunkedStore(CompactingStore, FileStoreBase):
         written, chunks = self._written, self._chunk_figures
         chunk_reads = sum(self._reader.reads.values())
         return {
-            **self._common_stats(),
+            **self._topology.figures(),
+            **self._writer_thread.figures(),
             "messages": written.held_messages,
             "bytes": written.held_bytes,
             "appends": self._appends,
             "acks": self._acks,
             "chunks": len(chunks),
-            "chunk_size": self._data_size,
+            "chunk_size": self._pending.data_size,
             "chunk_reads": chunk_reads,
             "read_ahead_bytes": self._reader.read_ahead.bytes_read if self._reader.read_ahead else 0,
             "read_ahead_checked_bytes": self._reader.read_ahead.bytes_checked if self._reader.read_ahead else 0,
             "chunk_writes": sum(writes for writes, _ in chunks.values()),
             "bytes_on_disk": bytes_on_disk(self.directory, chunks),
-            "append_position": self._position,
+            "append_position": self._pending.position,
             "write_position": written.write_position,
             "flushed_position": written.flushed_position,
             "cache_hits": self._cache.hits,
             "cache_misses": self._cache.misses,
             "cache_hit_ratio": self._cache.hit_ratio,
             "cache_bytes": self._cache.size,
-            "delayed": len(self._delayed),
+            "delayed": len(self._delays),
             "delayed_flushes": written.delayed_flushes,
             "compacted_chunks": written.compacted_chunks,
             "compacted_bytes": written.compacted_bytes,
-            "moved_messages": len(self._moves),
+            "moved_messages": len(self._compaction.moves),
         }
 
     def chunk_stats(self):
@@ -478,4 +436,4 @@ class ChunkedStore(CompactingStore, FileStoreBase):
 
     def chunk_of(self, handle):
         """The number of the message chunk a handle's record is in (moved by compaction or not)."""
-        return self._moves.get(handle, handle) // self._data_size
+        return self._compaction.moves.get(handle, handle) // self._pending.data_size

@@ -2,9 +2,9 @@
 
 Its modules hold:
 
-  - the life every durable store shares (L{backends.common.writer_store}) and
-    the topology the file-based stores keep in memory and in one small file
-    (L{backends.common.file_store}, L{backends.common.topology_file});
+  - the life of the writer thread every durable store owns
+    (L{backends.common.writer_thread}) and the topology the file-based stores
+    keep in memory and in one small file (L{backends.common.topology_file});
   - small file-system steps (L{backends.common.fileio}), checksums
     (L{backends.common.checksum}), option checking (L{backends.common.options});
   - the L{MessageRecord<brokerd.interfaces.MessageRecord>} every store hands back

@@ -138,6 +138,65 @@ class Topology:
         return body + CRC.pack(zlib.crc32(body))
 
 
+class DurableTopology:
+    """
+    A file-based store's durable topology: kept in memory, and the whole of
+    it encoded for the topology file with the next commit after a change.
+
+    @ivar magic: the first line of the store's topology file.
+    """
+
+    def __init__(self, magic=FILELOG_MAGIC):
+        self.magic = magic
+        self._topology = Topology()
+        self._changed = False
+
+    def recovered(self, records):
+        """Take the records the store's open read from its topology file (as L{decode_topology} gives them)."""
+        self._topology = Topology(records)
+
+    def records(self):
+        """See L{Topology.records}."""
+        return self._topology.records()
+
+    def save_exchange(self, record):
+        self._topology.save_exchange(record)
+        self._changed = True
+
+    def delete_exchange(self, vhost, name):
+        self._topology.delete_exchange(vhost, name)
+        self._changed = True
+
+    def save_queue(self, record):
+        self._topology.save_queue(record)
+        self._changed = True
+
+    def delete_queue(self, queue):
+        self._topology.delete_queue(queue)
+        self._changed = True
+
+    def save_binding(self, record):
+        self._topology.save_binding(record)
+        self._changed = True
+
+    def delete_binding(self, record):
+        self._topology.delete_binding(record)
+        self._changed = True
+
+    def take_changes(self):
+        """The topology file's new contents if the topology changed since the last call, else None."""
+        if not self._changed:
+            return None
+        self._changed = False
+        return self._topology.encode(self.magic)
+
+    def figures(self):
+        """The numbers of queues, exchanges and bindings, for the store's stats()."""
+        topology = self._topology
+        return {"queues": len(topology.queues), "exchanges": len(topology.exchanges),
+                "bindings": len(topology.bindings)}
+
+
 def decode_topology(data, path, magic=FILELOG_MAGIC):
     """
     The records of a topology file's contents.

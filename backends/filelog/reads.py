@@ -28,7 +28,7 @@ from google.protobuf.message import DecodeError
 from backends.common.checksum import crc32
 from backends.common.message_record import record_of_stored
 from backends.common.quarantine import read_varint, unreadable_message
-from backends.filelog.queuefiles import ROUTE_BITS
+from backends.filelog.writer import ROUTE_BITS
 from backends.filelog.records import BODY_TAG, HEADER_SIZE, LENGTH, OVERHEAD, TRAILER_SIZE, VALID_TAG
 from brokerd.interfaces import MessageRecord, StoreCorrupted
 from brokerd.proto import messages_pb2
@@ -48,10 +48,14 @@ class Routes:
     the numbers run out, a handle of route 0 is looked for in every file.
     """
 
-    def __init__(self, queues=()):
+    def __init__(self):
         self._queues = [()]  # route number -> tuple of queue keys
         self._numbers = {}  # tuple of queue keys -> route number
         self._single = {}  # queue key -> number of the route of that queue alone
+
+    def number_recovered(self, queues):
+        """Number the routes anew from the durable queues open found, each alone, in order: queue i's is i + 1."""
+        self._queues, self._numbers, self._single = [()], {}, {}
         for queue in queues:
             self.single(queue)
 
@@ -147,16 +151,18 @@ class FileReads:
     within C{cache_size} bytes) and what it takes to turn a record into a
     L{MessageRecord}.
 
+    @ivar routes: the store's L{Routes}, which say what files a handle's
+        message is in (numbered by the store as it appends).
     @ivar records_read: messages read back from the files.
     @ivar read_calls: preads made for them.
     """
 
-    def __init__(self, path_of, cache_size):
+    def __init__(self, path_of, cache_size, routes):
         self._path_of = path_of  # queue key -> path of its file, for messages about it
         self.cache_size = cache_size
         self.run_bytes = min(READ_AHEAD_BYTES, cache_size // RUNS_CACHED)
         self.readers = {}  # queue key -> QueueReader
-        self.routes = Routes()
+        self.routes = routes
         self._kept = OrderedDict()  # queue key -> QueueReader whose run is kept, least recently read first
         self.cache_bytes = 0
         self._heads = []  # (head bytes from after the valid flag to the body's tag, its fields), latest first

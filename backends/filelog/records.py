@@ -5,7 +5,7 @@ version), the queue key it belongs to (``[u32 length]["vhost\\0name" in
 UTF-8]``) and a CRC of all that. Records follow, each
 ``[u32 length][StoredMessage][u32 CRC]`` (big-endian).
 
-A L{StoredMessage} always serializes its ``valid`` field first, so byte 0 of
+A C{StoredMessage} always serializes its ``valid`` field first, so byte 0 of
 it is the field tag 0x08 and byte 1 the flag: 0x01 valid, 0x00 acked. The CRC
 covers the StoredMessage from byte 2 on, which lets an ack flip the flag in
 place (one byte) without touching the CRC; the tag and the flag are checked on

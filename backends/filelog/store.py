@@ -1,12 +1,13 @@
 """L{FilelogStore}: the store contract over one append-only file per durable queue.
 
-The reactor thread buffers every change in a L{Batch}; L{GroupCommit} hands
-each batch to L{QueueFiles} on its writer thread and decides when it is
-fsynced. The store pages (L{IPagingStore}): the broker keeps only handles for
-recovered messages and deep queues' backlogs, and L{load} gives each message
-at once, from the batches not yet written or from the files
-(L{backends.filelog.reads}: the reactor thread reads them through descriptors
-of its own, by an index of each file that every commit's result extends).
+The reactor thread buffers every change in a L{Batch}; the store's
+L{WriterThread} hands each batch to the L{FilelogWriter} on the writer
+thread, its group commit deciding when it is fsynced. The store pages
+(L{IPagingStore}): the broker keeps only handles for recovered messages and
+deep queues' backlogs, and L{load} gives each message at once, from the
+batches not yet written or from the files (L{backends.filelog.reads}: the
+reactor thread reads them through descriptors of its own, by an index of each
+file that every commit's result extends).
 The reactor thread keeps nothing per message but those indexes: an ack is
 buffered, and the writer thread, which indexes its files too, flips the flag.
 
@@ -22,19 +23,20 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from backends.common.delayed_requests import HandleLease, check_due, check_exchange, delayed_window, readable_messages
-from backends.common.file_store import FileStoreBase
 from backends.common.handle_map import HandleMap
 from backends.common.message_record import loaded_records, record_of
-from backends.common.topology_file import Topology
+from backends.common.topology_file import DurableTopology
+from backends.common.writer_thread import WriterThread
 from backends.filelog.delayedlog import decode_delayed, encode_delayed
 from backends.filelog.queuefile import FiguresNow
-from backends.filelog.queuefiles import ROUTE_BITS, QueueFiles
 from backends.filelog.reads import FileReads, Routes
 from backends.filelog.records import encode
+from backends.filelog.writer import ROUTE_BITS, FilelogWriter
 from brokerd.interfaces import (
     DelayedMessage,
     IDelayedMessageStore,
     IPagingStore,
+    ITimedCommits,
     StoreCorrupted,
     UnreadableMessage,
 )
@@ -71,8 +73,8 @@ class Batch:
                     or self.delay_releases or self.delay_lease is not None)
 
 
-@implementer(IPagingStore, IDelayedMessageStore)
-class FilelogStore(FileStoreBase):
+@implementer(IPagingStore, IDelayedMessageStore, ITimedCommits)
+class FilelogStore:
     """
     Keeps each durable queue's persistent messages in its own file, an ack
     being a one-byte flip of the record's valid flag, and the topology in a
@@ -94,12 +96,12 @@ class FilelogStore(FileStoreBase):
         self.sync_policy = sync_policy or SyncPolicy()
         self.compact_min_records = compact_min_records
         self.compact_valid_ratio = compact_valid_ratio
-        self._reactor = reactor
-        self._files = QueueFiles(directory, compact_min_records, compact_valid_ratio, delayed_bucket_ms)
-        self._reads = FileReads(self._files.path_of, cache_size)
-        self._routes = self._reads.routes
-        self._topology = Topology()
-        self._topology_changed = False
+        self._writer_thread = WriterThread(self.name, self.sync_policy, reactor, self._take_batch,
+                                           self._close_files, self._batch_written)
+        self._writer = FilelogWriter(directory, compact_min_records, compact_valid_ratio, delayed_bucket_ms)
+        self._routes = Routes()  # the sets of queues messages are appended to, numbered for their handles
+        self._reads = FileReads(self._writer.path_of, cache_size, self._routes)
+        self._topology = DurableTopology()
         self._batch = Batch()
         self._in_flight = []  # batches handed to the writer whose records the reads do not know of yet
         self._recovered = {}  # queue key -> range of the handles open found
@@ -125,13 +127,13 @@ class FilelogStore(FileStoreBase):
         DirectoryInUse if another open store has the directory; a damaged
         queue file only makes that queue unavailable.
         """
-        return self._open(self._files.open, self._files.write_batch, self._take_in)
+        return self._writer_thread.open(self._writer.open, self._writer.write_batch, self._take_in)
 
     def _take_in(self, recovery):
         """Keep what the writer thread's open found (its L{Recovery})."""
-        self._topology = Topology(recovery.topology)
+        self._topology.recovered(recovery.topology)
         self._damaged = dict(recovery.damaged)
-        self._routes = self._reads.routes = Routes(recovery.queues)
+        self._routes.number_recovered(recovery.queues)
         step = 1 << ROUTE_BITS
         self._recovered = {queue: range(first, first + count * step, step)
                            for queue, (first, count) in recovery.recovered.items()}
@@ -167,16 +169,39 @@ class FilelogStore(FileStoreBase):
     def delivery_counts(self, queue):
         return dict(self._recovered_counts.get(queue, ()))
 
+    def sync(self):
+        return self._writer_thread.sync()
+
+    def close(self):
+        """Commit what is buffered (fsynced unless the policy is none), stop the writer thread and close the files."""
+        return self._writer_thread.close()
+
+    def commit_times(self):
+        return self._writer_thread.commit_times()
+
     # -- topology
+
+    def topology(self):
+        return self._topology.records()
+
+    def save_exchange(self, record):
+        self._topology.save_exchange(record)
+
+    def delete_exchange(self, vhost, name):
+        self._topology.delete_exchange(vhost, name)
+
+    def save_binding(self, record):
+        self._topology.save_binding(record)
+
+    def delete_binding(self, record):
+        self._topology.delete_binding(record)
 
     def save_queue(self, record):
         self._topology.save_queue(record)
-        self._topology_changed = True
 
     def delete_queue(self, queue):
         """Forget a queue, its bindings and messages; its file (damaged or not) is removed."""
         self._topology.delete_queue(queue)
-        self._topology_changed = True
         batch = self._batch
         unwritten = batch.appends.pop(queue, ())
         batch.acks.pop(queue, None)
@@ -278,7 +303,7 @@ class FilelogStore(FileStoreBase):
                 record = batch.records.get(handle)
                 if record is not None:
                     return record[2]
-            if self._state != "open":
+            if self._writer_thread.state != "open":
                 raise KeyError(f"the filelog store is not open; cannot read {handle!r}")
             try:
                 return self._reads.load(handle)
@@ -304,7 +329,7 @@ class FilelogStore(FileStoreBase):
         self._reads.forget(queue)
 
     def read(self, handle):
-        if self._state != "open":
+        if self._writer_thread.state != "open":
             return defer.fail(RuntimeError("the filelog store is not open"))
         try:
             return defer.succeed(record_of(self.load(handle)))
@@ -337,14 +362,14 @@ class FilelogStore(FileStoreBase):
             self._batch.delay_releases.append(handle)
 
     def delayed_after(self, cursor, until, limit):
-        if self._state != "open":
+        if self._writer_thread.state != "open":
             return defer.fail(RuntimeError("the filelog store is not open"))
         if self._delayed_damage is not None:
             return defer.fail(StoreCorrupted(f"delayed messages are unavailable: {self._delayed_damage}",
                                              self._delayed_damage.path, self._delayed_damage.offset))
 
         def fetch(position, bound, count):
-            return self._commit.call(self._files.delayed.window, position, bound, count)
+            return self._writer_thread.call(self._writer.delayed_window, position, bound, count)
 
         pending = [(due, handle, exchange, (head, body)) for handle, (due, exchange, head, body)
                    in self._batch.delays.items()]
@@ -384,9 +409,9 @@ class FilelogStore(FileStoreBase):
         """Called by GroupCommit on the reactor thread: hand over what is buffered."""
         batch = self._batch
         batch.delay_lease = self._lease.persist()
-        if self._topology_changed:
-            batch.topology = self._topology.encode()
-            self._topology_changed = False
+        topology = self._topology.take_changes()
+        if topology is not None:
+            batch.topology = topology
         elif batch.is_empty():
             return None
         self._batch = Batch()
@@ -414,12 +439,13 @@ class FilelogStore(FileStoreBase):
     def _close_files(self):
         self._reads.close()
         self._in_flight = []
-        self._files.close()
+        self._writer.close()
 
     def stats(self):
         figures, reads = self._figures, self._reads
         return {
-            **self._common_stats(),
+            **self._topology.figures(),
+            **self._writer_thread.figures(),
             "messages": figures.held,
             "bytes": figures.held_bytes,
             "appends": self._appends,

@@ -1,6 +1,6 @@
 """L{SqliteStore}: the store contract in one SQLite file (WAL), written in
 batches by a L{brokerd.storage.durability.GroupCommit} whose life (open, close, a
-failed open) it shares with the file stores (L{WriterThreadStore}).
+failed open) is a L{WriterThread} it owns, as the file stores do.
 
 The reactor thread keeps what the broker needs at once (topology, queue ids,
 the message ids of each queue that open found) and buffers every write in a
@@ -35,7 +35,7 @@ from zope.interface import implementer
 from backends.common.delayed_requests import check_due, check_exchange, delayed_window, readable_messages
 from backends.common.handle_map import HandleMap
 from backends.common.message_record import loaded_records, record_of
-from backends.common.writer_store import WriterThreadStore
+from backends.common.writer_thread import WriterThread
 from backends.sqlite.database import Batch, Database, checksum
 from backends.sqlite.delayed import delayed_message
 from backends.sqlite.reads import MessageReader
@@ -57,7 +57,7 @@ from backends.sqlite.schema import (
     binding_statement,
     canonical_arguments,
 )
-from brokerd.interfaces import IDelayedMessageStore, IPagingStore, StoreCorrupted, UnreadableMessage
+from brokerd.interfaces import IDelayedMessageStore, IPagingStore, ITimedCommits, StoreCorrupted, UnreadableMessage
 from brokerd.proto import messages_pb2
 from brokerd.storage.durability import SyncPolicy
 
@@ -66,8 +66,8 @@ DEFAULT_CACHE_SIZE = 16 << 20
 log = Logger()
 
 
-@implementer(IPagingStore, IDelayedMessageStore)
-class SqliteStore(WriterThreadStore):
+@implementer(IPagingStore, IDelayedMessageStore, ITimedCommits)
+class SqliteStore:
     """
     Durable topology and persistent messages in one SQLite database.
 
@@ -86,7 +86,8 @@ class SqliteStore(WriterThreadStore):
     def __init__(self, path, sync_policy=None, *, reactor, cache_size=DEFAULT_CACHE_SIZE):
         self.path = path
         self.sync_policy = sync_policy or SyncPolicy()
-        self._reactor = reactor
+        self._writer_thread = WriterThread(self.name, self.sync_policy, reactor, self._take_batch,
+                                           self._close_files, self._batch_written)
         self._db = Database(path, self.sync_policy.mode)
         self._reader = MessageReader(path, cache_size)
         self._batch = Batch()
@@ -113,7 +114,17 @@ class SqliteStore(WriterThreadStore):
 
     def open(self):
         """Start the writer thread, open (creating if need be) and load the database on it."""
-        return self._open(self._db.open, self._db.write, self._loaded)
+        return self._writer_thread.open(self._db.open, self._db.write, self._loaded)
+
+    def sync(self):
+        return self._writer_thread.sync()
+
+    def close(self):
+        """Commit what is buffered (the final batch closes the database) and stop the writer thread."""
+        return self._writer_thread.close()
+
+    def commit_times(self):
+        return self._writer_thread.commit_times()
 
     def _loaded(self, loaded):
         """Keep what the writer thread's open found (its L{Loaded}), and open the reader's connection."""
@@ -138,7 +149,7 @@ class SqliteStore(WriterThreadStore):
     def _take_batch(self):
         """Called by GroupCommit on the reactor thread: hand over what is buffered; the one taken at close is final."""
         batch = self._batch
-        final = self._state == "closing"
+        final = self._writer_thread.state == "closing"
         if not batch and not final:
             return None
         if self._quarantined_handles and batch.acks:
@@ -168,7 +179,7 @@ class SqliteStore(WriterThreadStore):
 
     def pragmas(self):
         """A Deferred firing with the connection's journal mode, synchronous setting and the like."""
-        return self._commit.call(self._db.pragmas)
+        return self._writer_thread.call(self._db.pragmas)
 
     # -- topology
 
@@ -385,11 +396,11 @@ class SqliteStore(WriterThreadStore):
             batch.delay_releases.append(handle)
 
     def delayed_after(self, cursor, until, limit):
-        if self._state != "open":
+        if self._writer_thread.state != "open":
             return defer.fail(RuntimeError(f"sqlite store {self.path} is not open"))
 
         def fetch(position, bound, count):
-            return self._commit.call(self._db.delayed_after, position, bound, count)
+            return self._writer_thread.call(self._db.delayed_after, position, bound, count)
 
         kept = self._delayed.__contains__
         rows = delayed_window(fetch, list(self._batch.delays.values()), kept, cursor, until, limit)
@@ -425,7 +436,7 @@ class SqliteStore(WriterThreadStore):
             "bindings": len(self._bindings),
             "appends": self._appends,
             "acks": self._acks,
-            **self._commit_stats(),
+            **self._writer_thread.figures(),
             "delayed": len(self._delayed),
             "message_reads": reader.rows_read,
             "read_queries": reader.queries,
@@ -437,7 +448,7 @@ class SqliteStore(WriterThreadStore):
     # -- inside
 
     def _writable(self):
-        if self._state != "open":
+        if self._writer_thread.state != "open":
             raise RuntimeError(f"sqlite store {self.path} is not open")
 
     def _new_queue_id(self, key):

@@ -8,8 +8,7 @@ its own, while Sphinx reads the pages (in Sphinx's process, pydoctor's
 reStructuredText directives would replace Sphinx's), and tells its warnings
 apart. Every warning pydoctor prints (a docstring that is not valid
 epytext, an C{L{}} link that does not resolve) becomes a Sphinx warning naming
-the file and line, so C{sphinx -W} fails on it, except those in the files
-listed in C{api_reference_tolerated_files}, which are logged as notes.
+the file and line, so C{sphinx -W} fails on it.
 """
 
 import pathlib
@@ -36,13 +35,12 @@ def pydoctor_arguments(packages, root, output):
             *[str(pathlib.Path(root) / package) for package in packages]]
 
 
-def split_warnings(text, root, tolerated):
+def warnings_of(text, root):
     """
-    pydoctor's output as C{(failing, tolerated)}: two lists of C{(path, line,
-    message)}, C{path} relative to C{root} (None and 0 for a line that names no
-    file); a warning goes to the second list when its path is in C{tolerated}.
+    pydoctor's output as a list of C{(path, line, message)}, C{path} relative to
+    C{root} (None and 0 for a line that names no file).
     """
-    failing, allowed = [], []
+    failing = []
     for line in text.splitlines():
         match = WARNING_LINE.match(line)
         if match is None:
@@ -54,9 +52,8 @@ def split_warnings(text, root, tolerated):
             shown = path.relative_to(root).as_posix()
         except ValueError:
             shown = path.as_posix()
-        found = (shown, int(match["line"]), match["message"])
-        (allowed if shown in tolerated else failing).append(found)
-    return failing, allowed
+        failing.append((shown, int(match["line"]), match["message"]))
+    return failing
 
 
 def start_api_reference(app):
@@ -79,11 +76,7 @@ def report_api_reference(app, env):
     app.api_reference_run = None
     printed, _ = run.communicate()
     root = pathlib.Path(app.config.api_reference_root)
-    tolerated = {name.strip() for name in app.config.api_reference_tolerated_files.split(",") if name.strip()}
-    failing, allowed = split_warnings(printed, root, tolerated)
-    for path, line, message in allowed:
-        logger.info(f"pydoctor (tolerated): {path}:{line}: {message}")
-    for path, line, message in failing:
+    for path, line, message in warnings_of(printed, root):
         logger.warning(f"pydoctor: {message}", location=f"{path}:{line}" if path else None)
     if run.returncode not in (0, 2):  # 2: docstrings with syntax errors, each reported above with its file
         logger.warning(f"pydoctor exited with status {run.returncode}")
@@ -92,7 +85,6 @@ def report_api_reference(app, env):
 def setup(app):
     app.add_config_value("api_reference_packages", [], "env")
     app.add_config_value("api_reference_root", ".", "env")
-    app.add_config_value("api_reference_tolerated_files", "", "env")
     app.connect("builder-inited", start_api_reference)
     app.connect("env-updated", report_api_reference)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -26,7 +26,7 @@ def parked_numbers():
 
 def slice_read(store):
     """A Deferred firing once the compaction slice the last commit named, if any, is read and placed."""
-    reading = store._slice_reading
+    reading = store._compaction.reading
     if reading is None:
         return defer.succeed(None)
     waiter = defer.Deferred()
@@ -39,7 +39,7 @@ def settle(store, limit=400):
     """Commit until a commit names no slice to copy: every sparse chunk is compacted."""
     for _ in range(limit):
         yield store.sync()
-        if store._slice_reading is None and not store._batch.moves:
+        if store._compaction.reading is None and not store._pending.batch.moves:
             return
         yield slice_read(store)
     raise AssertionError(f"compaction did not settle in {limit} commits")
@@ -53,12 +53,18 @@ class Compacting(ChunkedStores):
     @defer.inlineCallbacks
     def parked_store(self, **options):
         store = yield self.open_store(**options)
+        handles = yield self.park(store)
+        return store, handles
+
+    @defer.inlineCallbacks
+    def park(self, store):
+        """Declare the queues and publish the messages of L{parked_store} in an open store; their handles."""
         for vhost, name in (JOBS, PARKED):
             store.save_queue(queue_record(name, vhost=vhost))
         handles = [store.append(published(number), [JOBS, PARKED] if number in parked_numbers() else [JOBS])
                    for number in range(COUNT)]
         yield store.sync()
-        return store, handles
+        return handles
 
     @defer.inlineCallbacks
     def consume_jobs(self, store, handles):

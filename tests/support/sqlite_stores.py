@@ -49,7 +49,7 @@ def crash_copy(store, directory):
                 shutil.copyfile(store.path + suffix, target + suffix)
         return target
 
-    return store._commit.call(copy)  # on the writer thread: no commit runs meanwhile
+    return store._writer_thread.call(copy)  # on the writer thread: no commit runs meanwhile
 
 
 def temporary_directory(testcase):

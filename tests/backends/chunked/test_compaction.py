@@ -16,7 +16,7 @@ from twisted.trial import unittest
 
 from backends.chunked.format import HEADER_SIZE, RECORD_OVERHEAD, record_size
 from backends.chunked.messagelog import bytes_on_disk
-from backends.chunked.moves import MOVES_FILE, MOVES_MAGIC
+from backends.chunked.movesfile import MOVES_FILE, MOVES_MAGIC
 from tests.support.chunked_compaction import (
     BODY,
     COUNT,
@@ -159,7 +159,7 @@ class ParkedQueueTests(Compacting, unittest.TestCase):
     @defer.inlineCallbacks
     def test_the_moves_file_is_rewritten_with_the_pairs_of_held_messages_only(self):
         store, handles = yield self.parked_store()
-        store._files.moves_file.rewrite_at_least = 4
+        store._writer.moves_file.rewrite_at_least = 4
         yield self.consume_jobs(store, handles)
         path = os.path.join(store.directory, MOVES_FILE)
         grown = os.path.getsize(path)
@@ -172,7 +172,7 @@ class ParkedQueueTests(Compacting, unittest.TestCase):
         store = yield self.reopen(store)
         self.assert_parked(store, kept, handles)
         self.assertEqual(store.stats()["moved_messages"], 2)
-        store._files.moves_file.rewrite_at_least = 1
+        store._writer.moves_file.rewrite_at_least = 1
         for number in kept:
             store.ack(PARKED, handles[number])
         yield settle(store)
@@ -250,8 +250,8 @@ class CrashTests(Compacting, unittest.TestCase):
         snapshots.setdefault(name, os.path.dirname(copy))
 
     def watch_steps(self, store, snapshots):
-        files = store._files
-        apply_moves, append, delete = files.compactor.apply_moves, files.moves_file.append, files.log.delete
+        writer = store._writer
+        apply_moves, append, delete = writer.compactor.apply_moves, writer.moves_file.append, writer.log.delete
 
         def watched_apply_moves(moves, dropped):
             if moves:
@@ -263,14 +263,14 @@ class CrashTests(Compacting, unittest.TestCase):
             self.snapshot(store, "moves written", snapshots)
 
         def watched_delete(number):
-            if files.moves_file.unsynced:
+            if writer.moves_file.unsynced:
                 raise AssertionError("a chunk deleted before the moves were fsynced")
             delete(number)
-            if files.moves:  # a chunk emptied by moves, not by acks alone
+            if writer.moves_file.pairs:  # a chunk emptied by moves, not by acks alone
                 self.snapshot(store, "chunk deleted", snapshots)
 
-        files.compactor.apply_moves = watched_apply_moves
-        files.moves_file.append, files.log.delete = watched_append, watched_delete
+        writer.compactor.apply_moves = watched_apply_moves
+        writer.moves_file.append, writer.log.delete = watched_append, watched_delete
 
     @defer.inlineCallbacks
     def test_a_restart_at_each_step_brings_back_every_held_message_once(self):
@@ -303,7 +303,7 @@ class CrashTests(Compacting, unittest.TestCase):
             store.ack(JOBS, handle)
         yield store.sync()  # the first slice is named now, to go with the next commit once read
         yield slice_read(store)
-        copies = list(store._batch.moves)
+        copies = list(store._pending.batch.moves)
         self.assertTrue(copies)
         for handle, _ in copies:
             store.ack(PARKED, handle)  # acked in the very commit that writes the copies
@@ -317,10 +317,10 @@ class CrashTests(Compacting, unittest.TestCase):
 class ThrottleTests(Compacting, unittest.TestCase):
     @defer.inlineCallbacks
     def test_each_commit_copies_at_most_the_option_bytes_and_one_record(self):
-        store, handles = yield self.parked_store(compact_bytes="700")
+        store = self.make_store(compact_bytes="700")
         copied = []
-        files = store._files
-        write_batch = files.write_batch
+        writer = store._writer
+        write_batch = writer.write_batch
 
         def measured(batch, fsync):
             if batch is not None and batch.moves:
@@ -329,8 +329,10 @@ class ThrottleTests(Compacting, unittest.TestCase):
                                   if position in positions))
             return write_batch(batch, fsync)
 
-        files.write_batch = measured
-        store._commit._write_batch = measured
+        writer.write_batch = measured  # before the store opens: the writer thread is given this one
+        self.addCleanup(store.close)
+        yield store.open()
+        handles = yield self.park(store)
         yield self.consume_jobs(store, handles)
         one = record_bytes(published(0))
         self.assertGreaterEqual(len(copied), 5, "ten chunks' records went in several commits")

@@ -161,7 +161,7 @@ class ChunkedDelayedFilesTests(ChunkedStores, unittest.TestCase):
             for bucket in range(buckets):
                 store.delay(delayed(b"m"), DELAYS, NOW + bucket * SECOND)
             yield store.sync()
-        index = store._files.delayed
+        index = store._writer.delayed
 
         def loaded():
             return sum(state.view is not None for state in index.buckets.values())
@@ -351,7 +351,7 @@ class ChunkedDelayedMemoryTests(ChunkedStores, unittest.TestCase):
         _, small_peak = yield self.peak_of_reopen_and_first_window(small)
         store, large_peak = yield self.peak_of_reopen_and_first_window(large)
         self.assertEqual(store.stats()["delayed"], 200_000)
-        self.assertEqual(len(store._files.delayed._loaded), 1, "the first window loaded one bucket of 60")
+        self.assertEqual(len(store._writer.delayed._loaded), 1, "the first window loaded one bucket of 60")
         # One Python object per message (an int is 28 bytes, a tuple 56 and more) would take
         # well over 32 bytes each; the arrays of the handle map take about 17.
         self.assertLess(large_peak - small_peak, 200_000 * 32, (small_peak, large_peak))

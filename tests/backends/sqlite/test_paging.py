@@ -133,7 +133,7 @@ class SqlitePagingParticulars(unittest.TestCase):
         self.assertTrue(all(store.load(handle) is each for handle, each in zip(handles, appended)), "buffered")
         gate = threading.Event()
         self.addCleanup(gate.set)
-        held_up = store._commit.call(gate.wait, 30)  # the writer thread waits: the next commit cannot end
+        held_up = store._writer_thread.call(gate.wait, 30)  # the writer thread waits: the next commit cannot end
         committing = store.sync()
         yield task.deferLater(reactor, 0, lambda: None)  # the commit takes the batch, and waits for the writer
         self.assertEqual(store.stats()["commits"], 1)

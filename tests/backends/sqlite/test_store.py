@@ -420,7 +420,7 @@ class SqliteStoreTests(unittest.TestCase):
 
 def on_connection(store, sql):
     """Rows of C{sql} run on the store's own connection, on its writer thread."""
-    return store._commit.call(lambda: store._db._db.execute(sql).fetchall())
+    return store._writer_thread.call(lambda: store._db._db.execute(sql).fetchall())
 
 
 def flip(data, offset, count):

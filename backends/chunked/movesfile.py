@@ -16,6 +16,10 @@ Records are appended without an fsync; the file is fsynced before any
 message chunk is deleted, so the pairs that emptied a chunk are durable
 before it goes. The file is rewritten whole (atomically, by rename) with only
 the pairs of messages still held once it has grown well past them.
+
+The writer thread's L{MovesFile} keeps the pairs that still count in memory
+too (C{pairs}): those of records that are there and of messages some queue
+holds, so that an ack finds the chunk a moved message's record is in.
 """
 
 import os
@@ -64,17 +68,52 @@ def decode_moves(data, path):
 
 
 class MovesFile:
-    """The moves file of one store's directory, on the writer thread."""
+    """
+    The moves file of one store's directory and the pairs of it that still
+    count, on the writer thread.
+
+    @ivar pairs: handle -> position of the record compaction moved it to,
+        for the messages held (read them, never change them from outside).
+    """
 
     def __init__(self, directory, rewrite_at_least=REWRITE_AT_LEAST):
         self.path = os.path.join(directory, MOVES_FILE)
         self.rewrite_at_least = rewrite_at_least
+        self.pairs = {}
         self.written_pairs = 0  # pairs in the file, stale ones included
         self.unsynced = False  # records were appended since the last fsync
+        self._unmoved = []  # moved handles forgotten since the last take_unmoved()
         self._descriptor = None
         self._size = 0
 
-    def open(self):
+    def open(self, log):
+        """
+        Read the file, keeping the pairs whose records are in C{log} (a
+        L{backends.chunked.messagelog.MessageLog} just opened): the others'
+        messages are read where they were. A torn tail is cut off.
+        """
+        end, data_size, chunks = log.write_position, log.data_size, log.chunks
+        self.pairs.update((handle, position) for handle, position in self._read().items()
+                          if position < end and position // data_size in chunks)
+
+    def forget_unheld(self, indexes):
+        """Forget the pairs of the messages none of C{indexes} (every queue index there is) holds."""
+        if self.pairs:
+            for handle in [handle for handle in self.pairs if all(index.held_size(handle) is None
+                                                                  for index in indexes)]:
+                del self.pairs[handle]  # acked before the restart: its pair is forgotten
+
+    def forget(self, handle):
+        """No queue holds C{handle} any more: its pair, if it has one, no longer counts."""
+        if self.pairs.pop(handle, None) is not None:
+            self._unmoved.append(handle)
+
+    def take_unmoved(self):
+        """The handles whose pairs were forgotten since the last call, for the reactor thread."""
+        unmoved, self._unmoved = tuple(self._unmoved), []
+        return unmoved
+
+    def _read(self):
         """The handle -> position pairs the file holds (an empty dict if there is none); a torn tail is cut off."""
         try:
             with open(self.path, "rb") as moves_file:
@@ -93,14 +132,15 @@ class MovesFile:
         return moves
 
     def append(self, pairs):
-        """Add one record of pairs, not fsynced yet (see L{sync})."""
+        """Add one record of C{(handle, position)} pairs, not fsynced yet (see L{sync}); they count from now on."""
         if self._descriptor is None:
-            self.rewrite({})
+            self._rewrite({})
         data = encode_moves(pairs)
         write_all(self._descriptor, data, self._size)
         self.unsynced = True
         self._size += len(data)
         self.written_pairs += len(pairs)
+        self.pairs.update(pairs)
 
     def sync(self):
         """Make the records appended durable, whatever the sync policy: called before a chunk is deleted."""
@@ -108,12 +148,12 @@ class MovesFile:
             os.fsync(self._descriptor)
             self.unsynced = False
 
-    def rewrite_if_due(self, moves):
-        """Replace the file by one holding only C{moves} once most of its pairs are stale."""
-        if self.written_pairs >= self.rewrite_at_least and self.written_pairs > 2 * len(moves):
-            self.rewrite(moves)
+    def rewrite_if_due(self):
+        """Replace the file by one holding only the pairs that count once most of its pairs are stale."""
+        if self.written_pairs >= self.rewrite_at_least and self.written_pairs > 2 * len(self.pairs):
+            self._rewrite(self.pairs)
 
-    def rewrite(self, moves):
+    def _rewrite(self, moves):
         data = MOVES_MAGIC + (encode_moves(sorted(moves.items())) if moves else b"")
         self.close()
         replace_file(self.path, data, True)

@@ -1,8 +1,8 @@
-"""The files of a filelog store, as its writer thread works on them.
+"""What the filelog store's writer thread does to its files (L{FilelogWriter}):
+recovery at open, each commit's batch, the windows of delayed messages.
 
 Everything here runs on the store's one writer thread (L{GroupCommit}'s), one
-call at a time, so it needs no locks: recovery at open and each commit's
-batch. The reactor thread reads none of its state: the L{Figures} and each
+call at a time, so it needs no locks. The reactor thread reads none of its state: the L{Figures} and each
 queue file's L{QueueUpdate} (where its records are, and a descriptor of its
 own to read them with) reach it as values, in the L{Recovery} and in each
 commit's L{BatchWritten}.
@@ -38,7 +38,7 @@ ROUTE_BITS = 20  # the low bits of a handle: which queues its message was append
 
 
 class Recovery(NamedTuple):
-    """What L{QueueFiles.open} found, for the store to serve C{topology}, C{recovered_handles} and loads from."""
+    """What L{FilelogWriter.open} found, for the store to serve C{topology}, C{recovered_handles} and loads from."""
 
     topology: list  # topology records in file order
     queues: list  # the durable queues' keys in topology order: queue i's handles carry route i + 1
@@ -58,8 +58,8 @@ class BatchWritten(NamedTuple):
     files: dict  # queue key -> QueueUpdate, of the files it appended to, created or compacted
 
 
-class QueueFiles:
-    """The topology file and queue files under one directory."""
+class FilelogWriter:
+    """The topology file, the queue files and the delayed log under one directory, on the writer thread."""
 
     def __init__(self, directory, compact_min_records, compact_valid_ratio, delayed_bucket_ms=60_000):
         self.directory = directory
@@ -67,10 +67,10 @@ class QueueFiles:
         self.compact_min_records = compact_min_records
         self.compact_valid_ratio = compact_valid_ratio
         self.figures = Figures()
-        self.delayed = FilelogDelayedLog(directory, delayed_bucket_ms, compact_min_records, compact_valid_ratio,
+        self._delayed = FilelogDelayedLog(directory, delayed_bucket_ms, compact_min_records, compact_valid_ratio,
                                          self.figures)
         self._files = {}  # queue key -> QueueFile
-        self._unsynced = set()  # QueueFiles written to since their last fsync
+        self._unsynced = set()  # QueueFile objects written to since their last fsync
         self._directory_unsynced = False  # files created, renamed or removed since the last fsync
         self._lock = None  # descriptor of the lock file, flocked while the store is open
 
@@ -108,7 +108,7 @@ class QueueFiles:
             if queue_file.delivery_counts:
                 delivery_counts[queue] = dict(queue_file.delivery_counts)
             self._compact_if_worth_it(queue_file)
-        delayed = self.delayed.open()
+        delayed = self._delayed.open()
         files = self._reports(self._files.values())
         return Recovery(topology, queues, recovered, files, damaged, sequence, delayed, delivery_counts,
                         self.figures.now())
@@ -169,7 +169,7 @@ class QueueFiles:
 
         @return: the L{BatchWritten}, for the reactor thread.
         """
-        touched = set()  # QueueFiles appended to, created or compacted
+        touched = set()  # QueueFile objects appended to, created or compacted
         if batch is not None:
             for queue, damage in batch.damaged.items():
                 queue_file = self._files.get(queue)
@@ -200,13 +200,17 @@ class QueueFiles:
                     self._unsynced.add(queue_file)
                     self._compact_if_worth_it(queue_file, touched)
             if batch.delays or batch.delay_releases or batch.delay_lease is not None:
-                self.delayed.write(batch.delay_lease, batch.delays, batch.delay_releases, fsync)
+                self._delayed.write(batch.delay_lease, batch.delays, batch.delay_releases, fsync)
                 if batch.delay_releases:
-                    self.delayed.compact_if_worth_it()
+                    self._delayed.compact_if_worth_it()
         if fsync:
             self._sync()
-            self.delayed.sync()
+            self._delayed.sync()
         return BatchWritten(self.figures.now(), self._reports(touched))
+
+    def delayed_window(self, cursor, until, limit):
+        """The rows of L{FilelogDelayedLog.window}: the delayed messages due in a window, from the log."""
+        return self._delayed.window(cursor, until, limit)
 
     @staticmethod
     def _reports(queue_files):
@@ -262,7 +266,7 @@ class QueueFiles:
         for queue_file in self._files.values():
             queue_file.close()
         self._files.clear()
-        self.delayed.close()
+        self._delayed.close()
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None
