@@ -6,8 +6,8 @@ them (L{spark_jobs.analysis}) and write the report (L{spark_jobs.report})::
     brokerd-validate --backends sqlite,filelog,chunked --messages 2000 --out report/
     python -m spark_jobs.validate_backends --backends sqlite --messages 200 --out report/
     spark-submit spark_jobs/validate_backends.py --backends sqlite,chunked --out report/
-    python -m spark_jobs.validate_backends --backends sqlite --out report/ \
-        --reference rabbitmq=amqp://guest:guest@127.0.0.1:5672/ \
+    python -m spark_jobs.validate_backends --backends sqlite --out report/ \\
+        --reference rabbitmq=amqp://guest:guest@127.0.0.1:5672/ \\
         --reference-restart "rabbitmq=docker restart -t 0 rabbit" --crash-every 1000
 
 Each C{--backends} item is a backend string (C{chunked:chunk_size=1M}); its run
@@ -38,7 +38,8 @@ from spark_jobs.progress import ProgressPrinter
 from spark_jobs.settings import WorkloadSettings, settings_from_arguments
 from spark_jobs.validation_options import PROGRAM, parse_arguments, run_labels
 
-SPARK_LOG = "spark.log"  # in --out: with --quiet, what the Spark JVM says on stderr goes here instead
+# In --out: with --quiet, what the Spark JVM says on stderr goes here instead.
+SPARK_LOG = "spark.log"
 PASSED, FAILED, USAGE_ERROR, NOT_CARRIED_OUT = 0, 1, 2, 3
 NOT_APPLICABLE = "n/a"
 
@@ -48,22 +49,26 @@ class ValidationError(Exception):
 
 
 def _progress_printer(quiet):
-    """What the validation shows on stderr while it runs (L{spark_jobs.progress}): nothing when C{quiet}."""
+    """What the validation shows on stderr while it runs (L{spark_jobs.progress}): nothing when
+    C{quiet}."""
     return ProgressPrinter() if quiet else ProgressPrinter.to_stream(sys.stderr)
 
 
 def _fresh_run_dir(run_dir):
     """Removes an earlier run of the same label, so its broker data cannot leak into the new run."""
     if run_dir.exists():
-        if not (run_dir / events.RUN_FILE).exists() and not (run_dir / events.EVENTS_DIRECTORY).exists():
+        if (not (run_dir / events.RUN_FILE).exists()
+                and not (run_dir / events.EVENTS_DIRECTORY).exists()):
             if any(run_dir.iterdir()):
-                raise ValidationError(f"{run_dir} exists and is not a run directory; not replacing it")
+                raise ValidationError(f"{run_dir} exists and is not a run directory;"
+                                      f" not replacing it")
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
 
 
 def _run_settings(arguments):
-    """The settings the runs played: the command line's, or with --reuse-runs the first run's run.json."""
+    """The settings the runs played: the command line's, or with --reuse-runs the first run's
+    run.json."""
     settings = settings_from_arguments(arguments)
     if arguments.reuse_runs:
         from spark_jobs.tables import RunInputError, read_run_facts
@@ -74,14 +79,15 @@ def _run_settings(arguments):
                 if isinstance(recorded, dict):
                     return WorkloadSettings.from_json(recorded)
             except (RunInputError, TypeError) as problem:
-                raise ValidationError(f"the settings in the run.json of {label} are unreadable: {problem}") from None
+                raise ValidationError(f"the settings in the run.json of {label} are unreadable:"
+                                      f" {problem}") from None
     return settings
 
 
 def produce_runs(arguments, progress, timings):
-    """Runs the workload (unless reusing runs) for every backend and reference and the export (unless keeping
-    the exports) for every backend, noting each one's wall time in C{timings} (C{workload_seconds} and
-    C{export_seconds}, per label)."""
+    """Runs the workload (unless reusing runs) for every backend and reference and the export
+    (unless keeping the exports) for every backend, noting each one's wall time in C{timings}
+    (C{workload_seconds} and C{export_seconds}, per label)."""
     settings = settings_from_arguments(arguments)
     runs = [(label, backend, None) for label, backend in arguments.backends]
     runs += [(reference.label, None, reference) for reference in arguments.references]
@@ -93,7 +99,8 @@ def produce_runs(arguments, progress, timings):
             against = f" against {parse_amqp_url(reference.url).masked_url}" if reference else ""
             progress(f"{step} workload started{against}")
             started = time.monotonic()
-            _play(label, backend, reference, settings, run_dir, progress.for_backend(number, len(runs)))
+            _play(label, backend, reference, settings, run_dir,
+                  progress.for_backend(number, len(runs)))
             timings.setdefault("workload_seconds", {})[label] = round(time.monotonic() - started, 3)
         if backend is None:
             continue
@@ -111,8 +118,8 @@ def _play(label, backend, reference, settings, run_dir, progress):
         if reference is None:
             run_workload(backend, settings, run_dir, progress=progress, label=label)
         else:
-            run_reference(reference.url, settings, run_dir, label, restart_command=reference.restart_command,
-                          progress=progress)
+            run_reference(reference.url, settings, run_dir, label,
+                          restart_command=reference.restart_command, progress=progress)
     except (WorkloadFailed, ValueError) as problem:
         target = backend if reference is None else f"reference {label}"
         raise ValidationError(f"the workload on {target} failed: {problem}") from None
@@ -125,9 +132,11 @@ def _export(label, backend, run_dir, step, progress, timings):
     progress(f"{step} export started")
     started = time.monotonic()
     try:
-        lines = export_store(backend, run_dir / events.DATA_DIRECTORY, run_dir / events.EXPORT_FILE, label=label)
+        lines = export_store(backend, run_dir / events.DATA_DIRECTORY, run_dir / events.EXPORT_FILE,
+                             label=label)
     except ExportError as problem:
-        raise ValidationError(f"exporting the {backend} store of {run_dir} failed: {problem}") from None
+        raise ValidationError(f"exporting the {backend} store of {run_dir} failed:"
+                              f" {problem}") from None
     timings.setdefault("export_seconds", {})[label] = round(time.monotonic() - started, 3)
     progress(f"{step} exported {lines} stored messages in {timings['export_seconds'][label]:.1f} s")
 
@@ -159,15 +168,20 @@ def analyse(arguments, settings, progress, timings):
 
 def failed_checks(checks):
     """The names of the checks that apply and failed."""
-    return [name for name, check in checks.items() if events.check_applies(check) and not check["pass"]]
+    return [name for name, check in checks.items()
+            if events.check_applies(check) and not check["pass"]]
 
 
 def summary_table(summary):
-    """A few lines: per backend or reference its counts, rates, p99 latencies, which side used more CPU (the
-    limit) and failed checks (and those that do not apply, n/a); the notes on runs; then the cross-backend checks."""
+    """A few lines: per backend or reference its counts, rates, p99 latencies, which side used more
+    CPU (the limit) and failed checks (and those that do not apply, n/a); the notes on runs; then
+    the cross-backend checks."""
     width = max([10, *map(len, summary["backends"])])
-    header = (f"{'backend':<{width}} {'published':>9} {'confirmed':>9} {'delivered':>9} {'stored':>7} {'crashes':>7}"
-              f" {'publish/s':>10} {'deliver/s':>10} {'confirm p99 ms':>14} {'e2e p99 ms':>10} {'limit':>7}  checks")
+    header = (f"{'backend':<{width}} {'published':>9} {'confirmed':>9} {'delivered':>9}"
+              f" {'stored':>7} {'crashes':>7}"
+              f" {'publish/s':>10} {'deliver/s':>10}"
+              f" {'confirm p99 ms':>14} {'e2e p99 ms':>10}"
+              f" {'limit':>7}  checks")
     lines, notes = [header], []
     for label, backend in summary["backends"].items():
         run, rates, latency = backend["run"], backend["throughput"], backend["latency_ms"]
@@ -179,11 +193,13 @@ def summary_table(summary):
         if not_applicable:
             outcome += f" ({NOT_APPLICABLE}: {', '.join(not_applicable)})"
         lines.append(
-            f"{label:<{width}} {run['published']:>9} {run['confirmed']:>9} {run['delivered']:>9} {stored:>7}"
-            f" {run['crashes']:>7} {rates['publish_msgs_per_s']:>10.1f} {rates['deliver_msgs_per_s']:>10.1f}"
+            f"{label:<{width}} {run['published']:>9} {run['confirmed']:>9} {run['delivered']:>9}"
+            f" {stored:>7} {run['crashes']:>7}"
+            f" {rates['publish_msgs_per_s']:>10.1f} {rates['deliver_msgs_per_s']:>10.1f}"
             f" {latency['confirm']['p99']:>14.2f} {latency['end_to_end']['p99']:>10.2f}"
             f" {(backend.get('cpu') or {}).get('limit', 'unknown'):>7}  {outcome}")
-        notes += [f"{label} ({backend.get('kind', events.BACKEND_RUN)}): {note}" for note in backend.get("notes", [])]
+        kind = backend.get("kind", events.BACKEND_RUN)
+        notes += [f"{label} ({kind}): {note}" for note in backend.get("notes", [])]
     lines += notes
     failed = failed_checks(summary["cross_backend"]["checks"])
     lines.append(f"cross-backend checks: {'fail: ' + ', '.join(failed) if failed else 'pass'}")
@@ -191,11 +207,15 @@ def summary_table(summary):
 
 
 def timings_line(timings):
-    """Where the wall time went: the workload and export per backend, the Spark job (and its steps), the report."""
+    """Where the wall time went: the workload and export per backend, the Spark job (and its
+    steps), the report."""
     parts = [f"{step.removesuffix('_seconds')} {label} {seconds:.1f} s"
-             for step in ("workload_seconds", "export_seconds") for label, seconds in timings.get(step, {}).items()]
-    steps = ", ".join(f"{name} {seconds:.1f}" for name, seconds in timings.get("spark_step_seconds", {}).items())
-    parts.append(f"Spark job {timings.get('spark_seconds', 0):.1f} s" + (f" ({steps})" if steps else ""))
+             for step in ("workload_seconds", "export_seconds")
+             for label, seconds in timings.get(step, {}).items()]
+    steps = ", ".join(f"{name} {seconds:.1f}"
+                      for name, seconds in timings.get("spark_step_seconds", {}).items())
+    parts.append(f"Spark job {timings.get('spark_seconds', 0):.1f} s"
+                 + (f" ({steps})" if steps else ""))
     parts.append(f"report {timings.get('report_seconds', 0):.1f} s")
     return "wall time: " + ", ".join(parts)
 
@@ -223,7 +243,8 @@ def main(argv=None, prog=PROGRAM):
             summary = write_report(summary, arguments.out)
         except SummaryError as problem:
             raise ValidationError(f"the report could not be written: {problem}") from None
-        timings["report_seconds"] = round(time.monotonic() - started, 3)  # printed; summary.json is written by then
+        # Printed; summary.json is written by then.
+        timings["report_seconds"] = round(time.monotonic() - started, 3)
         progress(f"report written in {timings['report_seconds']:.1f} s")
     except (ValidationError, OSError) as problem:
         print(f"validation not carried out: {problem}", file=sys.stderr)

@@ -27,9 +27,9 @@ REFERENCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 def parse_backends(text):
     """
-    C{"sqlite,chunked:chunk_size=1M"} -> C{[("sqlite", "sqlite"), ("chunked", "chunked:chunk_size=1M")]}:
-    (label, backend string) pairs, each backend registered, durable, and given only options it has,
-    with values it takes.
+    C{"sqlite,chunked:chunk_size=1M"} ->
+    C{[("sqlite", "sqlite"), ("chunked", "chunked:chunk_size=1M")]}: (label, backend string)
+    pairs, each backend registered, durable, and given only options it has, with values it takes.
 
     @raise BackendError: naming the item at fault.
     """
@@ -40,21 +40,24 @@ def parse_backends(text):
     for item in items:
         name, _ = split_backend_string(item)
         with tempfile.TemporaryDirectory() as scratch:
-            # Built, never opened (a Clock stands in for the reactor): checks the name, options and values.
+            # Built, never opened (a Clock stands in for the reactor): checks the name, options
+            # and values.
             store = make_store(item, scratch, reactor=Clock())
         if not store.durable:
-            raise BackendError(f"backend {name!r} keeps nothing on disk, so there is no store to export and"
-                               " check after the run; pick durable backends")
+            raise BackendError(f"backend {name!r} keeps nothing on disk, so there is no store to"
+                               " export and check after the run; pick durable backends")
         pairs.append((name, item))
     labels = [label for label, _ in pairs]
     repeated = sorted({label for label in labels if labels.count(label) > 1})
     if repeated:
-        raise BackendError(f"backend {repeated[0]!r} is given twice in --backends; each run needs its own label")
+        raise BackendError(f"backend {repeated[0]!r} is given twice in --backends;"
+                           f" each run needs its own label")
     return pairs
 
 
 class Reference:
-    """A C{--reference NAME=URL}: its label, the URL, and its C{--reference-restart} command (None without)."""
+    """A C{--reference NAME=URL}: its label, the URL, and its C{--reference-restart} command
+    (None without)."""
 
     def __init__(self, label, url, restart_command=None):
         self.label = label
@@ -85,11 +88,11 @@ def parse_references(references, restarts, backend_labels):
     for item in references:
         name, url = _name_and_value(item, "--reference", "URL")
         if not REFERENCE_NAME.fullmatch(name):
-            raise ValueError(f"--reference name {name!r} must be letters, digits, '.', '_' or '-' (it names the"
-                             " run directory)")
+            raise ValueError(f"--reference name {name!r} must be letters, digits, '.', '_' or '-'"
+                             " (it names the run directory)")
         if name in backend_labels:
-            raise ValueError(f"--reference name {name!r} is also a backend in --backends; each run needs its own"
-                             " label")
+            raise ValueError(f"--reference name {name!r} is also a backend in --backends;"
+                             " each run needs its own label")
         if name in found:
             raise ValueError(f"--reference {name!r} is given twice; each run needs its own label")
         parse_amqp_url(url)
@@ -107,58 +110,65 @@ def parse_references(references, restarts, backend_labels):
 
 def run_labels(arguments):
     """Every run's label in report order: the backends, then the references."""
-    return [label for label, _ in arguments.backends] + [reference.label for reference in arguments.references]
+    return ([label for label, _ in arguments.backends]
+            + [reference.label for reference in arguments.references])
 
 
-PROGRAM = "brokerd-validate"  # the console script; python -m spark_jobs.validate_backends runs the same
+# The console script; python -m spark_jobs.validate_backends runs the same.
+PROGRAM = "brokerd-validate"
 
 
 def build_parser(prog=PROGRAM):
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Play one seeded workload against each storage backend, then check with Spark that"
-                    " every backend kept its promises and that they all agree; writes summary.json,"
-                    " report.html and charts.",
+        description="Play one seeded workload against each storage backend, then check with Spark"
+                    " that every backend kept its promises and that they all agree; writes"
+                    " summary.json, report.html and charts.",
         epilog="Exit status: 0 every check passed, 1 a check failed, 2 bad command line,"
                " 3 a run, export or the analysis could not be carried out.",
     )
     parser.add_argument("--backends", default=DEFAULT_BACKENDS,
-                        help="backend strings, comma-separated (NAME[:key=value...]; default %(default)s)")
+                        help="backend strings, comma-separated (NAME[:key=value...];"
+                             " default %(default)s)")
     parser.add_argument("--reference", action="append", default=[], metavar="NAME=URL",
                         help="also play the workload against the AMQP 0-9-1 broker running at URL"
-                             " (amqp://USER:PASSWORD@HOST:PORT/VHOST, vhost / as %%2F or an empty path) and report"
-                             " it as NAME beside the backends; its queues and exchanges named wl.* are deleted"
-                             " before and after its run; repeatable")
+                             " (amqp://USER:PASSWORD@HOST:PORT/VHOST, vhost / as %%2F or an empty"
+                             " path) and report it as NAME beside the backends; its queues and"
+                             " exchanges named wl.* are deleted before and after its run;"
+                             " repeatable")
     parser.add_argument("--reference-restart", action="append", default=[], metavar="NAME=COMMAND",
-                        help="shell command that crashes and restarts reference NAME at each --crash-every point"
-                             " (e.g. 'rabbitmq=docker restart -t 0 rabbit'); the run goes on once its URL takes"
-                             " connections again. Without one, that reference runs without crashes; repeatable")
+                        help="shell command that crashes and restarts reference NAME at each"
+                             " --crash-every point (e.g. 'rabbitmq=docker restart -t 0 rabbit');"
+                             " the run goes on once its URL takes connections again. Without one,"
+                             " that reference runs without crashes; repeatable")
     parser.add_argument("--out", required=True, type=pathlib.Path,
                         help="directory for the runs (OUT/runs/LABEL/) and the report")
     parser.add_argument("--master", default=None,
-                        help="Spark master URL (default local[*], or the one spark-submit was given)")
+                        help="Spark master URL (default local[*], or the one spark-submit was"
+                             " given)")
     parser.add_argument("--driver-memory", default=None,
-                        help="Spark driver memory for a locally started JVM (default: half of this machine's RAM)")
+                        help="Spark driver memory for a locally started JVM (default: half of this"
+                             " machine's RAM)")
     parser.add_argument("--reuse-runs", action="store_true",
-                        help="do not run the workload: take OUT/runs/LABEL/ as they are (their stores are"
-                             " exported again)")
+                        help="do not run the workload: take OUT/runs/LABEL/ as they are (their"
+                             " stores are exported again)")
     parser.add_argument("--keep-exports", action="store_true",
-                        help="with --reuse-runs: take each run's export.jsonl as it is instead of exporting its"
-                             " store again, so only the Spark job runs")
+                        help="with --reuse-runs: take each run's export.jsonl as it is instead of"
+                             " exporting its store again, so only the Spark job runs")
     shown = parser.add_mutually_exclusive_group()
     shown.add_argument("--progress", action="store_true",
-                       help="show progress on stderr, the default (in place on a terminal, else a line every few"
-                            " seconds)")
+                       help="show progress on stderr, the default (in place on a terminal, else a"
+                            " line every few seconds)")
     shown.add_argument("--quiet", action="store_true",
-                       help="show no progress: print only the results on stdout (summary table, wall times,"
-                            " report path, verdict)")
+                       help="show no progress: print only the results on stdout (summary table,"
+                            " wall times, report path, verdict)")
     add_workload_arguments(parser)
     return parser
 
 
 def parse_arguments(argv=None, prog=PROGRAM):
-    """The parsed command line plus C{backends} as (label, string) pairs and C{references} as L{Reference}s;
-    exits with status 2 on a bad one."""
+    """The parsed command line plus C{backends} as (label, string) pairs and C{references} as
+    L{Reference}s; exits with status 2 on a bad one."""
     parser = build_parser(prog)
     arguments = parser.parse_args(argv)
     try:
@@ -168,27 +178,31 @@ def parse_arguments(argv=None, prog=PROGRAM):
     except (BackendError, ValueError) as problem:
         parser.error(str(problem))
     if arguments.keep_exports and not arguments.reuse_runs:
-        parser.error("--keep-exports only goes with --reuse-runs: a fresh run has no export to keep")
+        parser.error("--keep-exports only goes with --reuse-runs:"
+                     " a fresh run has no export to keep")
     if arguments.reuse_runs:
         references = {reference.label for reference in arguments.references}
         for label in run_labels(arguments):
             run_dir = arguments.out / "runs" / label
             if not (run_dir / events.EVENTS_DIRECTORY).is_dir():
-                parser.error(f"--reuse-runs: there is no run of {label} in {run_dir}; run without --reuse-runs first")
+                parser.error(f"--reuse-runs: there is no run of {label} in {run_dir};"
+                             f" run without --reuse-runs first")
             wanted = events.REFERENCE_RUN if label in references else events.BACKEND_RUN
             recorded = _recorded_kind(run_dir)
             if recorded != wanted:
-                parser.error(f"--reuse-runs: the run in {run_dir} is a {recorded} run, and the command line makes"
-                             f" {label} a {wanted}")
+                parser.error(f"--reuse-runs: the run in {run_dir} is a {recorded} run,"
+                             f" and the command line makes {label} a {wanted}")
             exported = (run_dir / events.EXPORT_FILE).is_file()
             if arguments.keep_exports and wanted == events.BACKEND_RUN and not exported:
-                parser.error(f"--keep-exports: the run of {label} in {run_dir} has no {events.EXPORT_FILE};"
+                parser.error(f"--keep-exports: the run of {label} in {run_dir}"
+                             f" has no {events.EXPORT_FILE};"
                              " leave --keep-exports out to export its store")
     return arguments
 
 
 def _recorded_kind(run_dir):
-    """The C{kind} a run's run.json records (a backend run when it records none or cannot be read)."""
+    """The C{kind} a run's run.json records (a backend run when it records none or cannot be
+    read)."""
     try:
         facts = json.loads((run_dir / events.RUN_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
