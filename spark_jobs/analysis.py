@@ -32,14 +32,15 @@ from pyspark.sql import functions as F
 
 from spark_jobs import events
 from spark_jobs.checks import (
-    ACKS_LOST_TO_CRASH, CONFIRMED_DELIVERED_OR_STORED, PARKED_PAIRS_UNCHECKED, RUN_CHECKS, SCOPE, run_checks,
+    ACKS_LOST_TO_CRASH, CONFIRMED_DELIVERED_OR_STORED, PARKED_PAIRS_UNCHECKED, RUN_CHECKS, SCOPE,
+    run_checks,
 )
 from spark_jobs.cross_checks import CROSS_CHECKS, SAME_MESSAGES, cross_checks
 from spark_jobs.figures import latency, throughput
 from spark_jobs.cpu_figures import cpu_figures
 from spark_jobs.tables import (
-    COMMON_REQUIRED_FIELDS, EXPORT_REQUIRED_FIELDS, LABEL, REQUIRED_FIELDS, RunInputError, read_run_facts,
-    stage_runs,
+    COMMON_REQUIRED_FIELDS, EXPORT_REQUIRED_FIELDS, LABEL, REQUIRED_FIELDS, RunInputError,
+    read_run_facts, stage_runs,
 )
 
 WORK_DIRECTORY = "spark-work"
@@ -100,7 +101,8 @@ def take_inventory(tables):
     """
     incomplete = F.lit(False)
     for kind, names in REQUIRED_FIELDS.items():
-        incomplete = F.when(F.col("kind") == kind, _any_null(names + COMMON_REQUIRED_FIELDS)).otherwise(incomplete)
+        lacking = _any_null(names + COMMON_REQUIRED_FIELDS)
+        incomplete = F.when(F.col("kind") == kind, lacking).otherwise(incomplete)
     rows = tables.events.groupBy(LABEL, "kind").agg(
         F.count(F.lit(1)).alias("count"), F.min("t").alias("first_t"), F.max("t").alias("last_t"),
         F.sum(F.coalesce("size", F.lit(0))).alias("bytes"), F.max("epoch").alias("max_epoch"),
@@ -112,15 +114,16 @@ def take_inventory(tables):
     problems, kinds = [], {}
     for row in rows:
         if row["kind"] not in events.EVENT_KINDS:
-            problems.append(f"run {row[LABEL]}: {row['count']} events of unknown kind {row['kind']!r}"
-                            f" (known: {', '.join(events.EVENT_KINDS)})")
+            problems.append(f"run {row[LABEL]}: {row['count']} events of unknown kind"
+                            f" {row['kind']!r} (known: {', '.join(events.EVENT_KINDS)})")
             continue
         if row["incomplete"]:
             needed = ", ".join(REQUIRED_FIELDS[row["kind"]] + COMMON_REQUIRED_FIELDS)
-            problems.append(f"run {row[LABEL]}: {row['incomplete']} {row['kind']} events lack one of {needed}")
+            problems.append(f"run {row[LABEL]}: {row['incomplete']} {row['kind']} events lack"
+                            f" one of {needed}")
         kinds[row[LABEL], row["kind"]] = KindFigures(
-            row["count"], row["first_t"], row["last_t"], row["bytes"], row["max_epoch"], row["redelivered"],
-            row["ok"], row["not_ok"])
+            row["count"], row["first_t"], row["last_t"], row["bytes"], row["max_epoch"],
+            row["redelivered"], row["ok"], row["not_ok"])
     stored = {}
     export_rows = tables.export.groupBy(LABEL).agg(
         F.count(F.lit(1)).alias("count"),
@@ -133,8 +136,8 @@ def take_inventory(tables):
             problems.append(f"run {row[LABEL]}: {row['incomplete']} export lines lack one of"
                             f" {', '.join(EXPORT_REQUIRED_FIELDS)}")
         if row["bad_state"]:
-            problems.append(f"run {row[LABEL]}: {row['bad_state']} export lines have a state other than"
-                            f" {' or '.join(events.STORED_STATES)}")
+            problems.append(f"run {row[LABEL]}: {row['bad_state']} export lines have a state"
+                            f" other than {' or '.join(events.STORED_STATES)}")
     for label in tables.labels:
         if not any(run == label for run, _ in kinds):
             problems.append(f"run {label}: no events")
@@ -171,18 +174,22 @@ def tally_checks(tables, outcomes):
         across backends.
     """
     tallied_path = str(tables.work_dir / "tallied")
-    (_union(outcomes).groupBy(SCOPE, "check", "sort_key", "example").agg(F.count(F.lit(1)).alias("items"))
+    (_union(outcomes).groupBy(SCOPE, "check", "sort_key", "example")
+     .agg(F.count(F.lit(1)).alias("items"))
      .write.mode("overwrite").parquet(tallied_path))
     tallied = tables.spark.read.parquet(tallied_path)
     violating = F.col("sort_key").isNotNull()
     results = {}
     for row in tallied.groupBy(SCOPE, "check").agg(
-            F.sum("items").alias("checked"), F.sum(F.when(violating, F.col("items"))).alias("violations")).collect():
-        results[row[SCOPE], row["check"]] = {"checked": row["checked"], "violations": row["violations"] or 0,
+            F.sum("items").alias("checked"),
+            F.sum(F.when(violating, F.col("items"))).alias("violations")).collect():
+        results[row[SCOPE], row["check"]] = {"checked": row["checked"],
+                                            "violations": row["violations"] or 0,
                                             "examples": []}
     first = Window.partitionBy(SCOPE, "check").orderBy("sort_key", "example")
     for row in (tallied.where(violating).withColumn("rank", F.row_number().over(first))
-                .where(F.col("rank") <= EXAMPLES_PER_CHECK).orderBy(SCOPE, "check", "rank").collect()):
+                .where(F.col("rank") <= EXAMPLES_PER_CHECK).orderBy(SCOPE, "check", "rank")
+                .collect()):
         results[row[SCOPE], row["check"]]["examples"].append(row["example"])
     return results
 
@@ -194,25 +201,27 @@ def _check_result(tally):
             "violations": int(tally["violations"]), "examples": tally["examples"]}
 
 
-NO_EXPORT_REASON = ("a reference broker's store is not exported, and this check reads what the store holds"
-                    " after the run")
+NO_EXPORT_REASON = ("a reference broker's store is not exported, and this check reads what the"
+                    " store holds after the run")
 
 
 def not_applicable(reason):
-    """The summary's dict for a check that does not apply to a run: nothing checked, C{"applicable": false}
-    and why; it passes vacuously, and the verdict leaves it out."""
-    return {"applicable": False, "reason": reason, "pass": True, "checked": 0, "violations": 0, "examples": []}
+    """The summary's dict for a check that does not apply to a run: nothing checked,
+    C{"applicable": false} and why; it passes vacuously, and the verdict leaves it out."""
+    return {"applicable": False, "reason": reason, "pass": True, "checked": 0, "violations": 0,
+            "examples": []}
 
 
 def _parked_note(unchecked, parked_queues):
     pairs = "pair routed to a parked queue" if unchecked == 1 else "pairs routed to parked queues"
-    return (f"{unchecked} confirmed (message, queue) {pairs} ({', '.join(parked_queues)}) left out: nobody"
-            " consumes those queues and this run has no export to show what they hold")
+    return (f"{unchecked} confirmed (message, queue) {pairs} ({', '.join(parked_queues)})"
+            " left out: nobody consumes those queues and this run has no export to show what"
+            " they hold")
 
 
 def _run_checks(label, tallies, unexported, parked_queues):
-    """The summary's checks of one run: tallied, and for a run without an export the export checks n/a and
-    the parked pairs left out of C{confirmed_delivered_or_stored} said so."""
+    """The summary's checks of one run: tallied, and for a run without an export the export
+    checks n/a and the parked pairs left out of C{confirmed_delivered_or_stored} said so."""
     checks = {name: _check_result(tallies.get((label, name))) for name in RUN_CHECKS}
     if label in unexported:
         for name in events.EXPORT_CHECKS:
@@ -226,7 +235,8 @@ def _run_checks(label, tallies, unexported, parked_queues):
 def _run_kind(label, facts):
     kind = facts.get("kind", events.BACKEND_RUN)
     if kind not in events.RUN_KINDS:
-        raise RunInputError(f"run {label}: run.json's kind is {kind!r}, not one of {', '.join(events.RUN_KINDS)}")
+        raise RunInputError(f"run {label}: run.json's kind is {kind!r},"
+                            f" not one of {', '.join(events.RUN_KINDS)}")
     return kind
 
 
@@ -248,7 +258,8 @@ def _union(frames):
 
 
 def _run_figures(label, facts, inventory, lost_acks, exported=True):
-    """The summary's C{run} counts of one run; C{stored} is None (unknown) for a run without an export."""
+    """The summary's C{run} counts of one run; C{stored} is None (unknown) for a run without an
+    export."""
     figures = inventory.kind
     return {
         "wall_seconds": _wall_seconds(facts, inventory, label),
@@ -310,14 +321,16 @@ def analyse_runs(spark, out_dir, labels, settings=None, step_done=None):
     work_dir = out_dir / WORK_DIRECTORY
     step = _Steps(step_done)
     try:
-        tables = step("staging", stage_runs, spark, runs_dir, labels, work_dir, unexported, parked_queues)
+        tables = step("staging", stage_runs, spark, runs_dir, labels, work_dir, unexported,
+                      parked_queues)
         inventory = step("inventory", take_inventory, tables)
         step("derived tables", tables.derive)
         last_epochs = spark.createDataFrame(
             [(label, max(inventory.max_epoch(label), _run_crashes(facts[label], inventory, label)))
              for label in labels],
             f"{LABEL} string, last_epoch long")
-        tallies = step("checks", lambda: tally_checks(tables, run_checks(tables, last_epochs) + cross_checks(tables)))
+        tallies = step("checks", lambda: tally_checks(
+            tables, run_checks(tables, last_epochs) + cross_checks(tables)))
         rates = step("throughput", throughput, tables, inventory)
         latencies = step("latency", latency, tables)
     finally:
@@ -326,10 +339,13 @@ def analyse_runs(spark, out_dir, labels, settings=None, step_done=None):
     for label in labels:
         lost_acks = tallies.get((label, ACKS_LOST_TO_CRASH), {}).get("checked", 0)
         notes = facts[label].get("notes")
+        if not isinstance(notes, list):
+            notes = []
         backends[label] = {
             "kind": kinds[label],
-            "notes": [note for note in notes if isinstance(note, str)] if isinstance(notes, list) else [],
-            "run": _run_figures(label, facts[label], inventory, lost_acks, exported=label not in unexported),
+            "notes": [note for note in notes if isinstance(note, str)],
+            "run": _run_figures(label, facts[label], inventory, lost_acks,
+                                exported=label not in unexported),
             "throughput": rates[label],
             "latency_ms": latencies[label],
             "cpu": cpu_figures(facts[label]),
@@ -337,12 +353,14 @@ def analyse_runs(spark, out_dir, labels, settings=None, step_done=None):
         }
     cross = {name: _check_result(tallies.get((None, name))) for name in CROSS_CHECKS}
     if unexported and parked_queues and len(labels) > 1:
-        cross[SAME_MESSAGES]["note"] = (f"pairs of parked queues ({', '.join(parked_queues)}) count as agreeing on"
-                                        f" {', '.join(unexported)}, which have no export to show them")
+        cross[SAME_MESSAGES]["note"] = (f"pairs of parked queues ({', '.join(parked_queues)})"
+                                        f" count as agreeing on {', '.join(unexported)},"
+                                        f" which have no export to show them")
     every_check = [check for backend in backends.values() for check in backend["checks"].values()]
     every_check += list(cross.values())
+    passed = all(check["pass"] for check in every_check if events.check_applies(check))
     return {
-        "verdict": "pass" if all(check["pass"] for check in every_check if events.check_applies(check)) else "fail",
+        "verdict": "pass" if passed else "fail",
         "settings": _settings_json(settings),
         "backends": backends,
         "cross_backend": {"checks": cross},

@@ -31,13 +31,15 @@ from spark_jobs.settings import EXCHANGE_TYPES
 BROKER_START_TIMEOUT = 300.0  # seconds for a brokerd to recover its store and listen
 BROKER_STOP_TIMEOUT = 120.0  # seconds for a clean stop (the store flushes and closes)
 REACH_TIMEOUT = 30.0  # seconds a reference broker has to take a connection when the run starts
-RESTART_TIMEOUT = 300.0  # seconds for a reference's restart command, and again for the broker to take connections
+# Seconds for a reference's restart command, and again for the broker to take connections.
+RESTART_TIMEOUT = 300.0
 REACH_POLL = 0.2  # seconds between attempts to connect to a reference broker that is coming back
 NOT_FOUND = 404  # the AMQP reply code of a passive declare of something that does not exist
 
 
 class WorkloadFailed(RuntimeError):
-    """The run could not complete: a client failed, the broker died, or the queues did not drain in time."""
+    """The run could not complete: a client failed, the broker died, or the queues did not drain
+    in time."""
 
 
 class IBrokerUnderTest(Interface):
@@ -48,11 +50,13 @@ class IBrokerUnderTest(Interface):
     connects to C{login}'s host and the port the latest L{start} returned.
     """
 
-    kind = Attribute("What the run's run.json and summary call it: 'backend' (a brokerd the runner starts)"
-                     " or 'reference' (a broker reached by URL).")
-    login = Attribute("A dict of host, username, password and virtual_host: what clients and the runner's"
-                      " admin connection log in with (the fields of spark_jobs.clients.ClientConfig).")
-    can_crash = Attribute("True when the runner can crash and restart it; without, crash points are skipped.")
+    kind = Attribute("What the run's run.json and summary call it: 'backend' (a brokerd the runner"
+                     " starts) or 'reference' (a broker reached by URL).")
+    login = Attribute("A dict of host, username, password and virtual_host: what clients and the"
+                      " runner's admin connection log in with (the fields of"
+                      " spark_jobs.clients.ClientConfig).")
+    can_crash = Attribute("True when the runner can crash and restart it; without, crash points are"
+                          " skipped.")
 
     def start(log):
         """
@@ -67,10 +71,12 @@ class IBrokerUnderTest(Interface):
         """End the current incarnation as a crash would (L{start} brings up the next one)."""
 
     def prepare(topology):
-        """Before the workload's L{spark_jobs.plan.Topology} is declared on the first incarnation."""
+        """Before the workload's L{spark_jobs.plan.Topology} is declared on the first
+        incarnation."""
 
     def finish(topology):
-        """After the run: leave the broker as the run's end calls for (stopped cleanly, or cleared)."""
+        """After the run: leave the broker as the run's end calls for (stopped cleanly, or
+        cleared)."""
 
     def check():
         """Raise L{WorkloadFailed} when the current incarnation is known to be gone."""
@@ -79,18 +85,20 @@ class IBrokerUnderTest(Interface):
         """After a failure: leave running nothing that the runner started."""
 
     def tail():
-        """The broker's last lines of output, for error messages; a sentence saying why when there are none."""
+        """The broker's last lines of output, for error messages; a sentence saying why when there
+        are none."""
 
     def describe():
         """The run.json fields about the broker: C{kind} and what tells this broker apart."""
 
     def cpu_seconds():
-        """CPU seconds the current incarnation (its threads and children) used so far; None when it cannot be
-        read here (a broker on another machine) or the incarnation is gone."""
+        """CPU seconds the current incarnation (its threads and children) used so far; None when it
+        cannot be read here (a broker on another machine) or the incarnation is gone."""
 
 
 def connection_parameters(login, port, name, **options):
-    """pika connection parameters for C{login} (see L{IBrokerUnderTest.login}) at C{port}, named C{name}."""
+    """pika connection parameters for C{login} (see L{IBrokerUnderTest.login}) at C{port}, named
+    C{name}."""
     return pika.ConnectionParameters(
         host=login["host"], port=port, virtual_host=login["virtual_host"],
         credentials=pika.PlainCredentials(login["username"], login["password"]),
@@ -98,14 +106,16 @@ def connection_parameters(login, port, name, **options):
 
 
 def broker_arguments(backend, data_dir):
-    """The brokerd options of a workload's broker on C{data_dir}: AMQP on a free loopback port, no native listener."""
-    return [f"--backend={backend}", "--data-dir", str(data_dir), "--amqp", "tcp:0:interface=127.0.0.1",
-            "--native", "none"]
+    """The brokerd options of a workload's broker on C{data_dir}: AMQP on a free loopback port, no
+    native listener."""
+    return [f"--backend={backend}", "--data-dir", str(data_dir), "--amqp",
+            "tcp:0:interface=127.0.0.1", "--native", "none"]
 
 
 @implementer(IBrokerUnderTest)
 class BrokerdProcess:
-    """A ``twistd -n brokerd --backend=BACKEND`` on the run's data directory, on a free loopback port each start."""
+    """A ``twistd -n brokerd --backend=BACKEND`` on the run's data directory, on a free loopback
+    port each start."""
 
     kind = BACKEND_RUN
     can_crash = True
@@ -115,12 +125,14 @@ class BrokerdProcess:
         self.data_dir = data_dir
         self.cwd = cwd
         self.label = label
-        self.login = {"host": "127.0.0.1", "username": "guest", "password": "guest", "virtual_host": "/"}
+        self.login = {"host": "127.0.0.1", "username": "guest", "password": "guest",
+                      "virtual_host": "/"}
         self.process = None
         self.stop_status = None
 
     def start(self, log):
-        self.process = BrokerProcess(broker_arguments(self.backend, self.data_dir), self.cwd, log=log)
+        self.process = BrokerProcess(broker_arguments(self.backend, self.data_dir), self.cwd,
+                                     log=log)
         _, port = self.process.wait_address("AMQP", BROKER_START_TIMEOUT)
         return port
 
@@ -134,13 +146,14 @@ class BrokerdProcess:
         """A clean stop, so that the export can open the store."""
         status = self.process.stop(BROKER_STOP_TIMEOUT)
         if status not in (0, -signal.SIGTERM):
-            raise WorkloadFailed(f"{self.label}: the broker stopped with status {status}; its last lines:\n"
-                                 f"{self.tail()}")
+            raise WorkloadFailed(f"{self.label}: the broker stopped with status {status};"
+                                 f" its last lines:\n{self.tail()}")
         self.stop_status = status
 
     def check(self):
         if self.process.process.poll() is not None:
-            raise WorkloadFailed(f"{self.label}: the broker exited with status {self.process.process.returncode};"
+            raise WorkloadFailed(f"{self.label}: the broker exited with status"
+                                 f" {self.process.process.returncode};"
                                  f" its last lines:\n{self.tail()}")
 
     def abandon(self):
@@ -160,7 +173,8 @@ class BrokerdProcess:
 
 @dataclass(frozen=True)
 class AmqpAddress:
-    """Where an external broker takes AMQP connections and how to log in, as an C{amqp://} URL says."""
+    """Where an external broker takes AMQP connections and how to log in, as an C{amqp://} URL
+    says."""
 
     url: str
     host: str
@@ -196,8 +210,8 @@ def parse_amqp_url(url):
     """
     parts = urllib.parse.urlsplit(url)
     if parts.scheme != "amqp":
-        raise ValueError(f"{url!r} is not an amqp:// URL (amqp://USER:PASSWORD@HOST:PORT/VHOST; the workload's"
-                         " clients do not speak TLS, so amqps:// is not taken)")
+        raise ValueError(f"{url!r} is not an amqp:// URL (amqp://USER:PASSWORD@HOST:PORT/VHOST;"
+                         " the workload's clients do not speak TLS, so amqps:// is not taken)")
     if not parts.hostname:
         raise ValueError(f"{url!r} names no host (amqp://USER:PASSWORD@HOST:PORT/VHOST)")
     try:
@@ -218,7 +232,8 @@ def workload_names(topology, exists):
     @return: C{(queues, exchanges)}.
     """
     queues = list(topology.all_queues)
-    for prefix, count in ((CONSUMED_QUEUE_PREFIX, len(topology.queues)), (PARKED_QUEUE_PREFIX, len(topology.parked))):
+    for prefix, count in ((CONSUMED_QUEUE_PREFIX, len(topology.queues)),
+                          (PARKED_QUEUE_PREFIX, len(topology.parked))):
         while exists(f"{prefix}{count}"):
             queues.append(f"{prefix}{count}")
             count += 1
@@ -226,7 +241,8 @@ def workload_names(topology, exists):
 
 
 class _Deleter:
-    """Deletes queues and exchanges that exist, on one connection, reopening its channel after a 404."""
+    """Deletes queues and exchanges that exist, on one connection, reopening its channel after a
+    404."""
 
     def __init__(self, connection):
         self.connection = connection
@@ -291,46 +307,53 @@ class ExternalBroker:
             try:
                 self._connect(socket_timeout=5).close()
                 return self.address.port
-            except (pika.exceptions.ProbableAuthenticationError, pika.exceptions.ProbableAccessDeniedError,
+            except (pika.exceptions.ProbableAuthenticationError,
+                    pika.exceptions.ProbableAccessDeniedError,
                     pika.exceptions.AuthenticationError) as refused:
-                raise WorkloadFailed(f"{self.label}: {self.address.masked_url} refused the login: {refused!r}") \
-                    from None
+                raise WorkloadFailed(f"{self.label}: {self.address.masked_url} refused the login:"
+                                     f" {refused!r}") from None
             except pika.exceptions.AMQPError as problem:
                 if time.monotonic() > deadline:
-                    raise WorkloadFailed(f"{self.label}: {self.address.masked_url} took no AMQP connection within"
-                                         f" {timeout:.0f} s: {problem!r}") from None
+                    raise WorkloadFailed(f"{self.label}: {self.address.masked_url} took no AMQP"
+                                         f" connection within {timeout:.0f} s:"
+                                         f" {problem!r}") from None
             time.sleep(REACH_POLL)
 
     def crash(self):
-        """Runs the restart command; its failure or a timeout fails the run with the command's output."""
+        """Runs the restart command; its failure or a timeout fails the run with the command's
+        output."""
         self.restarts += 1
         self.log.write(f"--- {self.label}: running the restart command: {self.restart_command}\n")
         self.log.flush()
-        command = subprocess.Popen(self.restart_command, shell=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   text=True, start_new_session=True)
+        command = subprocess.Popen(self.restart_command, shell=True, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             output, _ = command.communicate(timeout=self.restart_timeout)
         except subprocess.TimeoutExpired:
             os.killpg(command.pid, signal.SIGKILL)  # its own session: the shell and what it started
             output, _ = command.communicate()
             self._log_output(output)
-            raise WorkloadFailed(f"{self.label}: the restart command {self.restart_command!r} did not end within"
-                                 f" {self.restart_timeout:.0f} s; its output:\n{output.rstrip()}") from None
+            raise WorkloadFailed(f"{self.label}: the restart command {self.restart_command!r}"
+                                 f" did not end within {self.restart_timeout:.0f} s;"
+                                 f" its output:\n{output.rstrip()}") from None
         self._log_output(output)
         if command.returncode != 0:
-            raise WorkloadFailed(f"{self.label}: the restart command {self.restart_command!r} exited with status"
-                                 f" {command.returncode}; its output:\n{output.rstrip()}")
+            raise WorkloadFailed(f"{self.label}: the restart command {self.restart_command!r}"
+                                 f" exited with status {command.returncode};"
+                                 f" its output:\n{output.rstrip()}")
 
     def _log_output(self, output):
         self.log.write(output if output.endswith("\n") or not output else output + "\n")
         self.log.flush()
 
     def prepare(self, topology):
-        """Deletes what an earlier run left, so the run starts without old messages or declarations."""
+        """Deletes what an earlier run left, so the run starts without old messages or
+        declarations."""
         self._clear(topology, "before the run")
 
     def finish(self, topology):
-        """Deletes the run's queues and exchanges: its parked queues would keep their messages on the broker."""
+        """Deletes the run's queues and exchanges: its parked queues would keep their messages on
+        the broker."""
         self._clear(topology, "after the run")
 
     def _clear(self, topology, when):
@@ -343,15 +366,16 @@ class ExternalBroker:
                 for exchange in exchanges:
                     deleter.delete_exchange(exchange)
         except pika.exceptions.AMQPError as problem:
-            raise WorkloadFailed(f"{self.label}: deleting the workload's queues and exchanges {when} failed:"
-                                 f" {problem!r}") from None
+            raise WorkloadFailed(f"{self.label}: deleting the workload's queues and exchanges"
+                                 f" {when} failed: {problem!r}") from None
         if deleter.deleted:
             self.log.write(f"--- {self.label}: deleted {when}: {', '.join(deleter.deleted)}\n")
             self.log.flush()
 
     def _connect(self, **options):
-        return pika.BlockingConnection(connection_parameters(self.login, self.address.port, "workload-runner",
-                                                             **options))
+        parameters = connection_parameters(self.login, self.address.port, "workload-runner",
+                                           **options)
+        return pika.BlockingConnection(parameters)
 
     def check(self):
         """Nothing to watch: a broker that stays away makes the clients fail."""
@@ -363,7 +387,8 @@ class ExternalBroker:
         return f"(an external broker at {self.address.masked_url}: its output is not here)"
 
     def describe(self):
-        return {"kind": self.kind, "url": self.address.masked_url, "restart_command": self.restart_command}
+        return {"kind": self.kind, "url": self.address.masked_url,
+                "restart_command": self.restart_command}
 
     def cpu_seconds(self):
         return None  # it may run anywhere; its CPU is not measured

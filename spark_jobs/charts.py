@@ -30,7 +30,8 @@ THROUGHPUT_SIZE = (12.0, 7.5)  # inches; at DPI, 1200 x 750 pixels
 LATENCY_SIZE = (8.0, 5.0)
 
 # One style per backend, the same in every chart (colours: matplotlib's tab10 cycle).
-SERIES_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+SERIES_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+                  "#bcbd22", "#17becf")
 SERIES_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<")
 # Dotted is kept for the mean-rate lines.
 SERIES_DASHES = ("-", "--", "-.", (0, (6, 2, 1, 2, 1, 2)), (0, (1, 1, 4, 1)), (0, (8, 3)))
@@ -71,12 +72,15 @@ class BackendStyle:
 
     def line(self, points):
         """Keyword arguments for C{Axes.plot} of one of this backend's lines of C{points} points."""
-        # Every backend marks every step-th point from its own offset, so none shares a marked point.
+        # Every backend marks every step-th point from its own offset, so none shares a marked
+        # point.
         step = max(self.backends, math.ceil(points / MARKS_PER_LINE))
+        offset = (self.rank * step // self.backends) % max(points, 1)
         return {
             "color": self.colour, "linestyle": self.dashes, "linewidth": self.linewidth,
-            "marker": self.marker, "markevery": ((self.rank * step // self.backends) % max(points, 1), step),
-            "markerfacecolor": "none", "markeredgewidth": 1.4, "markersize": 7, "zorder": 2 + self.rank,
+            "marker": self.marker, "markevery": (offset, step),
+            "markerfacecolor": "none", "markeredgewidth": 1.4, "markersize": 7,
+            "zorder": 2 + self.rank,
         }
 
 
@@ -85,9 +89,12 @@ def backend_styles(summary):
     count = len(summary["backends"])
     return {
         name: BackendStyle(
-            colour=SERIES_COLOURS[index % len(SERIES_COLOURS)], dashes=SERIES_DASHES[index % len(SERIES_DASHES)],
+            colour=SERIES_COLOURS[index % len(SERIES_COLOURS)],
+            dashes=SERIES_DASHES[index % len(SERIES_DASHES)],
             marker=SERIES_MARKERS[index % len(SERIES_MARKERS)],
-            linewidth=max(NARROWEST_LINE, WIDEST_LINE - LINE_WIDTH_STEP * index), rank=index, backends=count)
+            linewidth=max(NARROWEST_LINE, WIDEST_LINE - LINE_WIDTH_STEP * index),
+            rank=index,
+            backends=count)
         for index, name in enumerate(summary["backends"])
     }
 
@@ -155,19 +162,21 @@ def no_data(axes, text):
 
 
 def _draw_rate(axes, name, figures, style, field, unit):
-    """One backend's series of C{field}, a point in the middle of each bucket, and its mean rate flat over
-    its active span; the bucket width (None when there is no series)."""
+    """One backend's series of C{field}, a point in the middle of each bucket, and its mean rate
+    flat over its active span; the bucket width (None when there is no series)."""
     throughput = figures.get("throughput") or {}
     starts, rates, width = series_rates(throughput, field)
     if not starts:
         return None
     mean = throughput.get(field)
     axes.plot([start + width / 2 for start in starts], rates, gid=f"series {name}",
-              label=f"{display_name(name, figures)}: mean {format_rate(mean, unit)}", **style.line(len(starts)))
+              label=f"{display_name(name, figures)}: mean {format_rate(mean, unit)}",
+              **style.line(len(starts)))
     active = throughput.get(f"{field.split('_', 1)[0]}_active_s")
     if active and isinstance(mean, (int, float)):
-        axes.plot(active, [mean, mean], color=style.colour, linestyle=MEAN_LINE_STYLE, linewidth=1.6,
-                  marker=style.marker, markersize=6, zorder=20 + style.rank, gid=f"mean {name}")
+        axes.plot(active, [mean, mean], color=style.colour, linestyle=MEAN_LINE_STYLE,
+                  linewidth=1.6, marker=style.marker, markersize=6, zorder=20 + style.rank,
+                  gid=f"mean {name}")
     return width
 
 
@@ -205,14 +214,17 @@ def throughput_figure(summary):
         if axes.lines:
             highest = max(max(line.get_ydata(), default=0) for line in axes.lines)
             axes.set_ylim(0, max(highest, 1e-9) * LEGEND_HEADROOM)
-            axes.legend(loc="upper right", fontsize="small", framealpha=0.9, ncols=1 + len(styles) // 5)
+            axes.legend(loc="upper right", fontsize="small", framealpha=0.9,
+                        ncols=1 + len(styles) // 5)
         else:
             no_data(axes, f"no {title} recorded")
     for axes in panels[1]:
         axes.set_xlabel("seconds since the run's first event")
     mean_key = Line2D([], [], color="#555555", linestyle=MEAN_LINE_STYLE, linewidth=1.6, marker="o")
     note = _bucket_note(widths)
-    figure.legend([mean_key], [f"mean rate over the run's active span, as in the table{'; ' + note if note else ''}"],
+    figure.legend([mean_key],
+                  [f"mean rate over the run's active span, as in the table"
+                   f"{'; ' + note if note else ''}"],
                   loc="outside upper center", fontsize="small", frameon=False)
     return figure
 
@@ -223,17 +235,21 @@ def throughput_chart(summary):
 
 
 def plain_number(value):
-    """A tick value as plain digits: C{0}, C{0.5}, C{2.5}, C{10}, C{1,000}, C{10,000} (no powers of ten)."""
+    """A tick value as plain digits: C{0}, C{0.5}, C{2.5}, C{10}, C{1,000}, C{10,000} (no powers
+    of ten)."""
     return f"{value:,.12g}"
 
 
 def log_ticks(low, high):
-    """Tick values from C{low} to C{high} on a log axis: powers of ten when three fit, else 1-2-5 steps."""
+    """Tick values from C{low} to C{high} on a log axis: powers of ten when three fit, else 1-2-5
+    steps."""
     first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
-    candidates = {multiple: [step * 10.0 ** exponent for exponent in range(first, last + 1) for step in multiple]
+    candidates = {multiple: [step * 10.0 ** exponent
+                             for exponent in range(first, last + 1) for step in multiple]
                   for multiple in ((1,), (1, 2, 5), (1, 2, 3, 4, 5, 6, 7, 8, 9))}
     for multiple, values in candidates.items():
-        inside = [value for value in values if low <= value * (1 + 1e-9) and value <= high * (1 + 1e-9)]
+        inside = [value for value in values
+                  if low <= value * (1 + 1e-9) and value <= high * (1 + 1e-9)]
         if len(inside) >= 3 or multiple == (1, 2, 3, 4, 5, 6, 7, 8, 9):
             return inside
 

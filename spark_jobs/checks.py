@@ -82,27 +82,33 @@ def _hash_prefix(column):
 
 
 def confirmed_delivered_or_stored(tables):
-    """Also tallies C{parked_pairs_unchecked}: confirmed pairs routed to parked queues on runs without an export."""
+    """Also tallies C{parked_pairs_unchecked}: confirmed pairs routed to parked queues on runs
+    without an export."""
     expected = tables.messages.where(F.col("confirmed_ok")).select(
         LABEL, "message_id", F.explode("queues").alias("queue"))
     unknowable = F.col(LABEL).isin(*tables.unexported) & F.col("queue").isin(*tables.parked_queues)
     accounted = tables.accounted_pairs().distinct().withColumn("accounted", F.lit(True))
     joined = expected.where(~unknowable).join(accounted, list(PAIR), "left")
+    missing = F.format_string("%s was confirmed and routed to queue %s, but was neither delivered"
+                              " from it nor stored in it", "message_id", "queue")
     return [
-        outcome_rows(joined, CONFIRMED_DELIVERED_OR_STORED, F.col("accounted").isNull(), _pair_key(),
-                     F.format_string("%s was confirmed and routed to queue %s, but was neither delivered from"
-                                     " it nor stored in it", "message_id", "queue")),
-        outcome_rows(expected.where(unknowable), PARKED_PAIRS_UNCHECKED, F.lit(False), F.lit(None), F.lit(None)),
+        outcome_rows(joined, CONFIRMED_DELIVERED_OR_STORED, F.col("accounted").isNull(),
+                     _pair_key(), missing),
+        outcome_rows(expected.where(unknowable), PARKED_PAIRS_UNCHECKED, F.lit(False),
+                     F.lit(None), F.lit(None)),
     ]
 
 
 def no_unflagged_duplicates(tables):
-    pairs = tables.pair_events.where((F.col("kind") == events.DELIVER) & (F.col("delivery_number") == 1))
-    return outcome_rows(pairs, NO_UNFLAGGED_DUPLICATES, F.col("unflagged_repeat").isNotNull(), _pair_key(),
-                        F.format_string("%s was delivered from queue %s %d times; delivery %d (%s session %d)"
-                                        " was not flagged redelivered", "message_id", "queue", "deliveries",
-                                        "unflagged_repeat.delivery_number", "unflagged_repeat.client",
-                                        "unflagged_repeat.session"))
+    pairs = tables.pair_events.where((F.col("kind") == events.DELIVER)
+                                     & (F.col("delivery_number") == 1))
+    example = F.format_string("%s was delivered from queue %s %d times; delivery %d"
+                              " (%s session %d) was not flagged redelivered",
+                              "message_id", "queue", "deliveries",
+                              "unflagged_repeat.delivery_number", "unflagged_repeat.client",
+                              "unflagged_repeat.session")
+    return outcome_rows(pairs, NO_UNFLAGGED_DUPLICATES, F.col("unflagged_repeat").isNotNull(),
+                        _pair_key(), example)
 
 
 CONSUMER_STREAM = (LABEL, "queue", "client", "session", "publisher", "priority")
@@ -124,23 +130,25 @@ def in_consumer_order(first_deliveries, partition_by=CONSUMER_STREAM):
 
 def order_per_publisher_and_priority(tables):
     ordered = in_consumer_order(tables.first_deliveries())
-    return outcome_rows(ordered, ORDER_PER_PUBLISHER_AND_PRIORITY, F.col("seq") < F.col("previous_seq"),
-                        _pair_key(),
-                        F.format_string("%s (seq %d) reached %s session %d from queue %s after %s (seq %d),"
-                                        " same publisher and priority %d", "message_id", "seq", "client",
-                                        "session", "queue", "previous_id", "previous_seq", "priority"))
+    example = F.format_string("%s (seq %d) reached %s session %d from queue %s after %s (seq %d),"
+                              " same publisher and priority %d", "message_id", "seq", "client",
+                              "session", "queue", "previous_id", "previous_seq", "priority")
+    return outcome_rows(ordered, ORDER_PER_PUBLISHER_AND_PRIORITY,
+                        F.col("seq") < F.col("previous_seq"), _pair_key(), example)
 
 
 def acked_not_redelivered(tables):
     """Also tallies C{acks_lost_to_crash}: acked pairs delivered again in a later epoch."""
     acked = tables.pair_events.where((F.col("kind") == events.ACK) & (F.col("ack_number") == 1))
+    example = F.format_string("%s was acked from queue %s and delivered again in the same broker"
+                              " epoch %d (%s session %d)", "message_id", "queue",
+                              "delivered_after_ack.epoch", "delivered_after_ack.client",
+                              "delivered_after_ack.session")
     return [
-        outcome_rows(acked, ACKED_NOT_REDELIVERED, F.col("delivered_after_ack").isNotNull(), _pair_key(),
-                     F.format_string("%s was acked from queue %s and delivered again in the same broker epoch %d"
-                                     " (%s session %d)", "message_id", "queue", "delivered_after_ack.epoch",
-                                     "delivered_after_ack.client", "delivered_after_ack.session")),
-        outcome_rows(acked.where(F.col("ack_lost_to_crash")), ACKS_LOST_TO_CRASH, F.lit(False), F.lit(None),
-                     F.lit(None)),
+        outcome_rows(acked, ACKED_NOT_REDELIVERED, F.col("delivered_after_ack").isNotNull(),
+                     _pair_key(), example),
+        outcome_rows(acked.where(F.col("ack_lost_to_crash")), ACKS_LOST_TO_CRASH, F.lit(False),
+                     F.lit(None), F.lit(None)),
     ]
 
 
@@ -149,16 +157,18 @@ def delivered_bodies_match(tables):
     example = F.when(~F.col("published"), F.format_string(
         "%s was delivered from queue %s but never published", "message_id", "queue",
     )).otherwise(F.format_string(
-        "%s was delivered from queue %s (%s session %d) with %d bytes, sha256 %s..., but published with"
-        " %d bytes, sha256 %s...",
-        "message_id", "queue", "client", "session", "size", _hash_prefix("delivered_sha256"), "published_size",
-        _hash_prefix("published_sha256")))
-    return outcome_rows(deliveries, DELIVERED_BODIES_MATCH, ~F.col("body_matches"),
-                        F.concat_ws(" ", "message_id", "queue", F.format_string("%012d", "n")), example)
+        "%s was delivered from queue %s (%s session %d) with %d bytes, sha256 %s..., but"
+        " published with %d bytes, sha256 %s...",
+        "message_id", "queue", "client", "session", "size", _hash_prefix("delivered_sha256"),
+        "published_size", _hash_prefix("published_sha256")))
+    sort_key = F.concat_ws(" ", "message_id", "queue", F.format_string("%012d", "n"))
+    return outcome_rows(deliveries, DELIVERED_BODIES_MATCH, ~F.col("body_matches"), sort_key,
+                        example)
 
 
 def stored_matches_published(tables, last_epochs):
-    """C{last_epochs}: a DataFrame of C{label}, C{last_epoch} (the epoch of the broker that stopped cleanly)."""
+    """C{last_epochs}: a DataFrame of C{label}, C{last_epoch} (the epoch of the broker that
+    stopped cleanly)."""
     stored = tables.export.groupBy(*PAIR).agg(
         F.count(F.lit(1)).alias("copies"),
         F.min("body_sha256").alias("low_sha256"), F.max("body_sha256").alias("high_sha256"),
@@ -168,8 +178,8 @@ def stored_matches_published(tables, last_epochs):
     published = tables.messages.select(
         LABEL, "message_id", "queues", F.col("size").alias("published_size"),
         F.col("body_sha256").alias("published_sha256"), F.lit(True).alias("published"))
-    acks = tables.pair_events.where((F.col("kind") == events.ACK) & (F.col("ack_number") == 1)).select(
-        *PAIR, "last_ack_epoch")
+    acks = (tables.pair_events.where((F.col("kind") == events.ACK) & (F.col("ack_number") == 1))
+            .select(*PAIR, "last_ack_epoch"))
     joined = (stored.join(published, [LABEL, "message_id"], "left")
               .join(acks, list(PAIR), "left")
               .join(F.broadcast(last_epochs), [LABEL], "left"))
@@ -182,20 +192,23 @@ def stored_matches_published(tables, last_epochs):
         F.when(F.col("published").isNull(), F.format_string(
             "%s is stored in queue %s but was never published", "message_id", "queue"))
         .when(~routed, F.format_string(
-            "%s is stored in queue %s, which its publish did not route it to", "message_id", "queue"))
+            "%s is stored in queue %s, which its publish did not route it to",
+            "message_id", "queue"))
         .when(F.col("copies") > 1, F.format_string(
             "%s is stored %d times in queue %s", "message_id", "copies", "queue"))
         .when(~F.coalesce(same_body, F.lit(False)), F.format_string(
-            "%s is stored in queue %s with %d bytes, sha256 %s..., but was published with %d bytes, sha256 %s...",
+            "%s is stored in queue %s with %d bytes, sha256 %s..., but was published with"
+            " %d bytes, sha256 %s...",
             "message_id", "queue", "low_size", _hash_prefix("low_sha256"), "published_size",
             _hash_prefix("published_sha256")))
         .when(F.col("last_ack_epoch") >= F.col("last_epoch"), F.format_string(
-            "%s is stored in queue %s though it was acked in broker epoch %d, the last one, which stopped cleanly",
+            "%s is stored in queue %s though it was acked in broker epoch %d, the last one,"
+            " which stopped cleanly",
             "message_id", "queue", "last_ack_epoch"))
     )
     with_problem = joined.withColumn("problem", problem)
-    return outcome_rows(with_problem, STORED_MATCHES_PUBLISHED, F.col("problem").isNotNull(), _pair_key(),
-                        F.col("problem"))
+    return outcome_rows(with_problem, STORED_MATCHES_PUBLISHED, F.col("problem").isNotNull(),
+                        _pair_key(), F.col("problem"))
 
 
 def run_checks(tables, last_epochs):

@@ -20,7 +20,16 @@ import pathlib
 import time
 
 from spark_jobs import events
-from spark_jobs.control import ACKED, BROKER_NACKED, CONFIRMED, CPU_MS, DELIVERED, NACKED, REJECTED, SESSIONS
+from spark_jobs.control import (
+    ACKED,
+    BROKER_NACKED,
+    CONFIRMED,
+    CPU_MS,
+    DELIVERED,
+    NACKED,
+    REJECTED,
+    SESSIONS,
+)
 from spark_jobs.plan import publisher_message_count, publisher_messages, settle_decision
 
 
@@ -55,14 +64,16 @@ class ClientLog:
 
     def __init__(self, config, control, name, row):
         """
-        @param config: the run's L{spark_jobs.clients.ClientConfig} (its events directory and label).
+        @param config: the run's L{spark_jobs.clients.ClientConfig} (its events directory and
+            label).
         @param control: the run's L{spark_jobs.control.RunControl}.
         @param row: this client's row of the run's counters.
         """
         self.name = name
         self._control = control
         self._row = row
-        self._events = EventLog(pathlib.Path(config.events_dir) / f"{name}.jsonl", config.backend, name)
+        self._events = EventLog(pathlib.Path(config.events_dir) / f"{name}.jsonl", config.backend,
+                                name)
         self.session = -1
         self.epoch = -1
         self._cpu_from = None
@@ -78,13 +89,15 @@ class ClientLog:
         return cls(config, control, f"consumer-{number}", settings.publishers + number)
 
     def new_session(self, epoch):
-        """A connection to broker incarnation C{epoch} is open: later events are the next session's."""
+        """A connection to broker incarnation C{epoch} is open: later events are the next
+        session's."""
         self.session += 1
         self.epoch = epoch
         self._control.count(self._row, SESSIONS)
 
     def write(self, kind, fields):
-        """One event of C{kind} in the current session (C{fields} as L{EventLog.write} takes them)."""
+        """One event of C{kind} in the current session (C{fields} as L{EventLog.write} takes
+        them)."""
         self._events.write(kind, self.session, self.epoch, fields)
 
     def count(self, counter, amount=1):
@@ -150,7 +163,8 @@ class PublisherLog:
         return min(window - len(self._unanswered), self.total - self.sent)
 
     def next_messages(self, count):
-        """The next C{count} planned messages, in order (each to be logged by L{published} once sent)."""
+        """The next C{count} planned messages, in order (each to be logged by L{published} once
+        sent)."""
         return itertools.islice(self._messages, count)
 
     def new_channel(self):
@@ -163,7 +177,8 @@ class PublisherLog:
         self._unanswered.clear()
 
     def barrier_passed(self):
-        """Without confirm mode: the broker answered a round trip, so it has read every publish before it."""
+        """Without confirm mode: the broker answered a round trip, so it has read every publish
+        before it."""
         self._unanswered.clear()
 
     def published(self, message):
@@ -194,15 +209,20 @@ class PublisherLog:
         """
         first = self._oldest_tag if multiple else last
         if not self._oldest_tag <= first <= last < self._next_tag:
-            raise ConfirmOutOfOrder(f"confirm of tag {last} (multiple={multiple}) while tags {self._oldest_tag}.."
-                                    f"{self._next_tag - 1} are unconfirmed")
+            raise ConfirmOutOfOrder(f"confirm of tag {last} (multiple={multiple})"
+                                    f" while tags {self._oldest_tag}..{self._next_tag - 1}"
+                                    f" are unconfirmed")
         answered = 0
         for tag in range(first, last + 1):
             entry = self._unanswered.pop(tag, None)
             if entry is not None:
                 seq, identifier = entry
-                self._log.write(events.CONFIRM, {"message_id": identifier, "publisher": self._number, "seq": seq,
-                                                 "ok": ok})
+                self._log.write(events.CONFIRM, {
+                    "message_id": identifier,
+                    "publisher": self._number,
+                    "seq": seq,
+                    "ok": ok,
+                })
                 answered += 1
         while self._oldest_tag < self._next_tag and self._oldest_tag not in self._unanswered:
             self._oldest_tag += 1
@@ -221,12 +241,14 @@ class ConsumerLog:
     def __init__(self, log, settings, number):
         """
         @param log: the consumer's L{ClientLog}, which the events go to.
-        @param settings: the run's L{spark_jobs.settings.WorkloadSettings}, which the settle decisions are drawn from.
+        @param settings: the run's L{spark_jobs.settings.WorkloadSettings}, which the settle
+            decisions are drawn from.
         """
         self._log = log
         self._settings = settings
         self._number = number
-        self._own_returns = {}  # (message id, queue) -> how often this consumer nacked it with requeue
+        # (message id, queue) -> how often this consumer nacked it with requeue
+        self._own_returns = {}
 
     def delivered(self, queue, identifier, delivery_tag, redelivered, headers, body):
         """
@@ -247,12 +269,17 @@ class ConsumerLog:
         self._log.count(DELIVERED)
         key = (identifier, queue)
         own_returns = self._own_returns
-        decision = settle_decision(self._settings, identifier, queue, returns_before(headers, own_returns.get(key, 0)))
+        returns = returns_before(headers, own_returns.get(key, 0))
+        decision = settle_decision(self._settings, identifier, queue, returns)
         if decision == events.NACK:
             own_returns[key] = own_returns.get(key, 0) + 1
         counter = {events.ACK: ACKED, events.NACK: NACKED, events.REJECT: REJECTED}[decision]
-        self._log.write(decision, {"message_id": identifier, "queue": queue, "consumer": self._number,
-                                   "requeue": decision == events.NACK})
+        self._log.write(decision, {
+            "message_id": identifier,
+            "queue": queue,
+            "consumer": self._number,
+            "requeue": decision == events.NACK,
+        })
         self._log.count(counter)
         return decision
 
@@ -320,8 +347,11 @@ def _formatter(kind):
     """
     names = events.KIND_FIELDS[kind]
     conversions = [_CONVERSIONS[events.EVENT_FIELDS[name]] for name in names]
-    template = "".join(f',"{name}":{conversion}' for name, (conversion, _) in zip(names, conversions)) + "}\n"
-    values = ", ".join(make.format(f"fields[{name!r}]") for name, (_, make) in zip(names, conversions))
-    encode = eval(f"lambda fields: template % ({values},)",  # noqa: S307 - a fixed expression of known names
-                  {"template": template, "escape": _escape, "booleans": _JSON_BOOLEANS, "names": _names})
+    template = "".join(f',"{name}":{conversion}'
+                       for name, (conversion, _) in zip(names, conversions)) + "}\n"
+    values = ", ".join(make.format(f"fields[{name!r}]")
+                       for name, (_, make) in zip(names, conversions))
+    encode = eval(  # noqa: S307 - a fixed expression of known names
+        f"lambda fields: template % ({values},)",
+        {"template": template, "escape": _escape, "booleans": _JSON_BOOLEANS, "names": _names})
     return f'{{"kind":{_escape(kind)},', encode

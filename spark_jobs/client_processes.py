@@ -35,16 +35,19 @@ class ClientProcesses:
         self._consumers = []
 
     def start(self, config, settings):
-        """Starts every consumer, then every publisher, of the client library C{settings.client} names, each
-        with the run's L{ClientConfig<spark_jobs.clients.ClientConfig>} C{config}."""
+        """Starts every consumer, then every publisher, of the client library C{settings.client}
+        names, each with the run's L{ClientConfig<spark_jobs.clients.ClientConfig>} C{config}."""
         library = fast_clients if settings.client == "fast" else pika_clients
         for number in range(settings.consumers):
-            self._consumers.append(self._spawn(library.run_consumer, config, f"consumer-{number}", number))
+            self._consumers.append(
+                self._spawn(library.run_consumer, config, f"consumer-{number}", number))
         for number in range(settings.publishers):
-            self._publishers.append(self._spawn(library.run_publisher, config, f"publisher-{number}", number))
+            self._publishers.append(
+                self._spawn(library.run_publisher, config, f"publisher-{number}", number))
 
     def _spawn(self, target, config, name, number):
-        process = self._context.Process(target=target, args=(config, self._control, number), name=name, daemon=True)
+        process = self._context.Process(target=target, args=(config, self._control, number),
+                                        name=name, daemon=True)
         process.start()
         return process
 
@@ -54,20 +57,23 @@ class ClientProcesses:
 
     def wait_for_a_publisher(self, timeout):
         """Waits until a running publisher process ends, at most C{timeout} seconds."""
-        multiprocessing.connection.wait([process.sentinel for process in self._publishers if process.is_alive()],
-                                        timeout)
+        running = [process.sentinel for process in self._publishers if process.is_alive()]
+        multiprocessing.connection.wait(running, timeout)
 
     def check(self):
         """
         @raise WorkloadFailed: a client process exited with an error; the
             message says which, with the reason each reported.
         """
-        failed = [process for process in self._publishers + self._consumers if process.exitcode not in (None, 0)]
+        failed = [process for process in self._publishers + self._consumers
+                  if process.exitcode not in (None, 0)]
         if failed:
             reasons = dict(self._control.failures())
             details = [f"{process.name} exited with status {process.exitcode}:"
-                       f"\n{reasons.get(process.name, '(no reason reported)')}" for process in failed]
-            raise WorkloadFailed(f"{self._label}: client processes failed:\n" + "\n".join(details))
+                       f"\n{reasons.get(process.name, '(no reason reported)')}"
+                       for process in failed]
+            raise WorkloadFailed(
+                f"{self._label}: client processes failed:\n" + "\n".join(details))
 
     def stop_consumers(self):
         """
@@ -79,7 +85,8 @@ class ClientProcesses:
         for process in self._consumers:
             process.join(CLIENT_EXIT_TIMEOUT)
             if process.is_alive():
-                raise WorkloadFailed(f"{self._label}: {process.name} did not end within {CLIENT_EXIT_TIMEOUT:.0f} s")
+                raise WorkloadFailed(f"{self._label}: {process.name} did not end within"
+                                     f" {CLIENT_EXIT_TIMEOUT:.0f} s")
 
     def abandon(self):
         """After a failure: ends every client process."""
@@ -91,6 +98,7 @@ class ClientProcesses:
             process.join(CLIENT_EXIT_TIMEOUT)
 
     def counters(self):
-        """Each client's counters (L{spark_jobs.control.COUNTER_NAMES}) by its process name, for run.json."""
+        """Each client's counters (L{spark_jobs.control.COUNTER_NAMES}) by its process name, for
+        run.json."""
         return {process.name: self._control.counters(row)
                 for row, process in enumerate(self._publishers + self._consumers)}

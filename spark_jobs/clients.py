@@ -22,11 +22,14 @@ queues, and the process entry that reports a failure to the runner.
 import traceback
 from dataclasses import dataclass
 
-PUBLISH_WINDOW = 1000  # most unconfirmed publishes per publisher (without confirms: publishes between barriers)
-CLAIM_BATCH = 100  # publishes taken from the gate at once; small, so a crash lands close to its boundary
+# Most unconfirmed publishes per publisher (without confirms: publishes between barriers).
+PUBLISH_WINDOW = 1000
+# Publishes taken from the gate at once; small, so a crash lands close to its boundary.
+CLAIM_BATCH = 100
 GATE_POLL = 0.005  # seconds between looks at a shut gate
 STOP_POLL = 0.05  # seconds between a consumer's looks at the stop signal
-RECONNECT_DEADLINE = 600.0  # seconds a client keeps trying to reach the broker (a big store recovers slowly)
+# Seconds a client keeps trying to reach the broker (a big store recovers slowly).
+RECONNECT_DEADLINE = 600.0
 RECONNECT_BACKOFF = 0.05  # seconds between attempts to connect
 
 
@@ -36,9 +39,9 @@ class ClientFailed(RuntimeError):
 
 @dataclass(frozen=True)
 class ClientConfig:
-    """What every client process of a run needs to know, small enough to hand to a new process: the run's
-    label, settings and events directory, and where and as whom to log in (the port comes from the run's
-    L{RunControl<spark_jobs.control.RunControl>}, one per broker incarnation)."""
+    """What every client process of a run needs to know, small enough to hand to a new process: the
+    run's label, settings and events directory, and where and as whom to log in (the port comes from
+    the run's L{RunControl<spark_jobs.control.RunControl>}, one per broker incarnation)."""
 
     backend: str
     settings: dict
@@ -50,8 +53,8 @@ class ClientConfig:
 
 
 def consumer_tags(name, topology):
-    """C{(consumer tag, queue)} of each queue consumer C{name} consumes: the tag names the queue its deliveries
-    come from."""
+    """C{(consumer tag, queue)} of each queue consumer C{name} consumes: the tag names the queue its
+    deliveries come from."""
     return [(f"{name}/{queue}", queue) for queue in topology.queues]
 
 

@@ -7,8 +7,8 @@ client writes down of its own is in L{spark_jobs.client_logs}.
 # Per-client counters, one row of these per client in L{RunControl.counters}.
 # CPU_MS: the client process's CPU time, in milliseconds, from the moment it was ready to its end.
 PUBLISHED, CONFIRMED, BROKER_NACKED, DELIVERED, ACKED, NACKED, REJECTED, SESSIONS, CPU_MS = range(9)
-COUNTER_NAMES = ("published", "confirmed", "nacked_by_broker", "delivered", "acked", "nacked", "rejected", "sessions",
-                 "cpu_ms")
+COUNTER_NAMES = ("published", "confirmed", "nacked_by_broker", "delivered", "acked", "nacked",
+                 "rejected", "sessions", "cpu_ms")
 
 
 class RunControl:
@@ -65,14 +65,16 @@ class RunControl:
             return self._ready.value
 
     def claim(self, wanted):
-        """Permission for up to C{wanted} publishes; how many were granted (0 while the gate is shut)."""
+        """Permission for up to C{wanted} publishes; how many were granted (0 while the gate is
+        shut)."""
         with self._claimed.get_lock():
             granted = max(0, min(wanted, self._limit.value - self._claimed.value))
             self._claimed.value += granted
         return granted
 
     def published(self, count):
-        """C{count} claimed publishes went out; the last one before the limit sets C{gate_reached}."""
+        """C{count} claimed publishes went out; the last one before the limit sets
+        C{gate_reached}."""
         with self._claimed.get_lock():
             self._published.value += count
             if self._published.value >= self._limit.value:

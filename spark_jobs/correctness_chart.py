@@ -26,19 +26,22 @@ OUTCOME_COLOURS = {PASS: PASS_COLOUR, FAIL: FAIL_COLOUR, NOT_APPLICABLE: NOT_APP
 # The matrix keeps cells at most this small a share of its axes, so one
 # backend with one check does not fill the picture with one cell.
 MATRIX_MIN_COLUMNS, MATRIX_MIN_ROWS = 4, 9
-# Where the sentences of the key under the matrix start, as a share of its width (after the longest check name).
+# Where the sentences of the key under the matrix start, as a share of its width (after the
+# longest check name).
 KEY_TEXT_AT = 0.23
 
 
 def check_outcome(check):
-    """C{"pass"}, C{"fail"} or C{"n/a"} (marked C{"applicable": false}) for a check's summary entry."""
+    """C{"pass"}, C{"fail"} or C{"n/a"} (marked C{"applicable": false}) for a check's summary
+    entry."""
     if check.get("applicable") is False:
         return NOT_APPLICABLE
     return PASS if check["pass"] else FAIL
 
 
 def _ordered(names, canonical):
-    return [name for name in canonical if name in names] + sorted(name for name in names if name not in canonical)
+    return ([name for name in canonical if name in names]
+            + sorted(name for name in names if name not in canonical))
 
 
 def correctness_matrix(summary):
@@ -55,7 +58,8 @@ def correctness_matrix(summary):
     backends = summary["backends"]
     cross = (summary.get("cross_backend") or {}).get("checks") or {}
     columns = list(backends) + ([CROSS_BACKEND_COLUMN] if cross else [])
-    backend_check_names = {name for figures in backends.values() for name in (figures.get("checks") or {})}
+    backend_check_names = {name for figures in backends.values()
+                           for name in (figures.get("checks") or {})}
     rows = []
     for name in _ordered(backend_check_names, BACKEND_CHECKS):
         cells = [(figures.get("checks") or {}).get(name) for figures in backends.values()]
@@ -85,10 +89,11 @@ def _draw_matrix(axes, summary, columns, rows):
             colour = ABSENT_COLOUR if cell is None else OUTCOME_COLOURS[check_outcome(cell)]
             axes.add_patch(_cell(column_index, row_index, colour))
             if cell is not None:
-                axes.text(column_index + 0.5, row_index + 0.5, _cell_text(cell), ha="center", va="center",
-                          color="white", fontsize=9, fontweight="bold")
+                axes.text(column_index + 0.5, row_index + 0.5, _cell_text(cell), ha="center",
+                          va="center", color="white", fontsize=9, fontweight="bold")
     backends = summary["backends"]
-    labels = [display_name(column, backends[column]).replace(" (", "\n(") if column in backends else column
+    labels = [display_name(column, backends[column]).replace(" (", "\n(")
+              if column in backends else column
               for column in columns]
     axes.set_xlim(0, max(len(columns), MATRIX_MIN_COLUMNS))
     axes.set_ylim(max(len(rows), MATRIX_MIN_ROWS), 0)
@@ -102,20 +107,23 @@ def _draw_matrix(axes, summary, columns, rows):
 
 
 def _draw_key(figure, rows):
-    """Under the matrix, across the figure: what each check of C{rows} means, then what the cell colours say."""
+    """Under the matrix, across the figure: what each check of C{rows} means, then what the cell
+    colours say."""
     axes = figure.subplots()
     axes.axis("off")
     lines = len(rows) + 1
     for index, (name, _) in enumerate(rows):
         y = 1 - (index + 0.5) / lines
-        axes.text(0.0, y, name, fontsize=8.5, fontweight="bold", va="center", transform=axes.transAxes)
+        axes.text(0.0, y, name, fontsize=8.5, fontweight="bold", va="center",
+                  transform=axes.transAxes)
         axes.text(KEY_TEXT_AT, y, CHECK_DESCRIPTIONS.get(name, ""), fontsize=8.5, va="center",
                   transform=axes.transAxes)
-    axes.legend(handles=[Patch(color=PASS_COLOUR, label="passed"), Patch(color=FAIL_COLOUR, label="failed"),
-                         Patch(color=NOT_APPLICABLE_COLOUR, label="n/a: not applicable to this run"),
-                         Patch(color=ABSENT_COLOUR, label="not a check of this column")],
-                loc="center left", bbox_to_anchor=(0.0, 0.5 / lines), ncols=4, fontsize=8.5, frameon=False,
-                borderaxespad=0, handlelength=1.5)
+    colours = [Patch(color=PASS_COLOUR, label="passed"),
+               Patch(color=FAIL_COLOUR, label="failed"),
+               Patch(color=NOT_APPLICABLE_COLOUR, label="n/a: not applicable to this run"),
+               Patch(color=ABSENT_COLOUR, label="not a check of this column")]
+    axes.legend(handles=colours, loc="center left", bbox_to_anchor=(0.0, 0.5 / lines), ncols=4,
+                fontsize=8.5, frameon=False, borderaxespad=0, handlelength=1.5)
 
 
 def correctness_figure(summary):

@@ -28,7 +28,8 @@ def cpu_figures(facts):
     L{CLIENTS} or L{UNKNOWN}).
     """
     recorded = facts.get("cpu") if isinstance(facts.get("cpu"), dict) else {}
-    broker, clients = _seconds(recorded.get("broker_seconds")), _seconds(recorded.get("client_seconds"))
+    broker = _seconds(recorded.get("broker_seconds"))
+    clients = _seconds(recorded.get("client_seconds"))
     wall = _seconds(recorded.get("wall_seconds"))
 
     def cores(seconds):

@@ -47,7 +47,8 @@ def _label_bit(labels):
 
 
 def _labels_in(mask_column, labels, present):
-    """A column: the comma-separated labels whose bit in C{mask_column} is set (or clear, when not C{present})."""
+    """A column: the comma-separated labels whose bit in C{mask_column} is set (or clear, when
+    not C{present})."""
     names = [F.when((F.shiftright(mask_column, index) % 2 == 1) == present, F.lit(label))
              for index, label in enumerate(labels)]
     return F.concat_ws(", ", *names)
@@ -63,12 +64,13 @@ def same_messages(tables):
     pairs = accounted.groupBy("message_id", "queue").agg(F.bit_or(_label_bit(labels)).alias("mask"))
     unexported = sum(1 << index for index, label in enumerate(labels) if label in tables.unexported)
     if unexported and tables.parked_queues:
-        pairs = pairs.withColumn("mask", F.when(F.col("queue").isin(*tables.parked_queues),
-                                                F.col("mask").bitwiseOR(F.lit(unexported).cast("long")))
-                                 .otherwise(F.col("mask")))
+        parked = F.col("queue").isin(*tables.parked_queues)
+        agreeing = F.col("mask").bitwiseOR(F.lit(unexported).cast("long"))
+        pairs = pairs.withColumn("mask", F.when(parked, agreeing).otherwise(F.col("mask")))
     return outcome_rows(
         pairs, SAME_MESSAGES, F.col("mask") != everywhere, F.concat_ws(" ", "message_id", "queue"),
-        F.format_string("%s, confirmed on every run, is delivered or stored in queue %s on %s but not on %s",
+        F.format_string("%s, confirmed on every run, is delivered or stored in queue %s on %s"
+                        " but not on %s",
                         "message_id", "queue", _labels_in(F.col("mask"), labels, True),
                         _labels_in(F.col("mask"), labels, False)),
         scope=_no_label())
@@ -83,12 +85,14 @@ def same_bodies(tables):
     )
     per_message = hashes.groupBy("message_id").agg(
         F.min("body_sha256").alias("low"), F.max("body_sha256").alias("high"),
-        F.min_by(LABEL, "body_sha256").alias("low_label"), F.max_by(LABEL, "body_sha256").alias("high_label"),
+        F.min_by(LABEL, "body_sha256").alias("low_label"),
+        F.max_by(LABEL, "body_sha256").alias("high_label"),
     )
     return outcome_rows(
         per_message, SAME_BODIES, F.col("low") != F.col("high"), F.col("message_id"),
         F.format_string("%s has different bodies: sha256 %s... on %s, %s... on %s", "message_id",
-                        F.substring("low", 1, 12), "low_label", F.substring("high", 1, 12), "high_label"),
+                        F.substring("low", 1, 12), "low_label", F.substring("high", 1, 12),
+                        "high_label"),
         scope=_no_label())
 
 
@@ -102,14 +106,15 @@ def same_queue_sequences(tables):
     return outcome_rows(
         ordered, SAME_QUEUE_SEQUENCES, F.col("seq") < F.col("previous_seq"),
         F.concat_ws(" ", "queue", "message_id", LABEL),
-        F.format_string("on %s, %s (seq %d) reached %s session %d from queue %s after %s (seq %d), against the"
-                        " publisher's order every run shares", LABEL, "message_id", "seq", "client", "session",
-                        "queue", "previous_id", "previous_seq"),
+        F.format_string("on %s, %s (seq %d) reached %s session %d from queue %s after %s (seq %d),"
+                        " against the publisher's order every run shares", LABEL, "message_id",
+                        "seq", "client", "session", "queue", "previous_id", "previous_seq"),
         scope=_no_label())
 
 
 def cross_checks(tables):
-    """The outcome DataFrames of every cross-backend check (L{CROSS_CHECKS}); none with fewer than two runs."""
+    """The outcome DataFrames of every cross-backend check (L{CROSS_CHECKS}); none with fewer than
+    two runs."""
     if len(tables.labels) < 2:
         return []
     if len(tables.labels) > MAX_RUNS:

@@ -77,7 +77,8 @@ EXPORT_FILE = "export.jsonl"
 DATA_DIRECTORY = "data"
 BROKER_LOG = "broker.log"
 
-PUBLISH, CONFIRM, DELIVER, ACK, NACK, REJECT = "publish", "confirm", "deliver", "ack", "nack", "reject"
+PUBLISH, CONFIRM, DELIVER, ACK, NACK, REJECT = (
+    "publish", "confirm", "deliver", "ack", "nack", "reject")
 SETTLE_KINDS = (ACK, NACK, REJECT)
 EVENT_KINDS = (PUBLISH, CONFIRM, DELIVER, *SETTLE_KINDS)
 
@@ -86,7 +87,8 @@ STORED_STATES = (READY, DELAYED)
 
 # Every field an event line may carry, with its JSON type; a kind carries the
 # common fields and the ones listed for it in the module docstring.
-COMMON_FIELDS = {"kind": str, "backend": str, "client": str, "session": int, "epoch": int, "n": int, "t": float}
+COMMON_FIELDS = {"kind": str, "backend": str, "client": str, "session": int, "epoch": int, "n": int,
+                 "t": float}
 EVENT_FIELDS = {
     **COMMON_FIELDS,
     "message_id": str,
@@ -109,11 +111,11 @@ EVENT_FIELDS = {
 }
 # The fields each kind carries beyond the common ones, in the order the runner writes them.
 KIND_FIELDS = {
-    PUBLISH: ("message_id", "publisher", "seq", "exchange", "routing_key", "queues", "size", "body_sha256",
-              "priority", "confirm"),
+    PUBLISH: ("message_id", "publisher", "seq", "exchange", "routing_key", "queues", "size",
+              "body_sha256", "priority", "confirm"),
     CONFIRM: ("message_id", "publisher", "seq", "ok"),
-    DELIVER: ("message_id", "queue", "consumer", "delivery_tag", "redelivered", "delivery_count", "size",
-              "body_sha256"),
+    DELIVER: ("message_id", "queue", "consumer", "delivery_tag", "redelivered", "delivery_count",
+              "size", "body_sha256"),
     ACK: ("message_id", "queue", "consumer", "requeue"),
     NACK: ("message_id", "queue", "consumer", "requeue"),
     REJECT: ("message_id", "queue", "consumer", "requeue"),
@@ -151,20 +153,31 @@ CROSS_BACKEND_CHECKS = ("same_messages", "same_bodies", "same_queue_sequences")
 # full definitions are in the docstrings of spark_jobs.checks and
 # spark_jobs.cross_checks.
 CHECK_DESCRIPTIONS = {
-    "confirmed_delivered_or_stored": "Every message confirmed with basic.ack was delivered from each queue it was"
-                                     " routed to, or is still stored in it.",
-    "no_unflagged_duplicates": "A message delivered again from a queue carried the redelivered flag.",
-    "order_per_publisher_and_priority": "Each consumer connection got a publisher's messages of one priority from a"
-                                        " queue in publish order (redeliveries aside).",
-    "acked_not_redelivered": "Nothing acked came back in the same broker run (an ack lost to a crash is counted,"
-                             " not failed).",
-    "delivered_bodies_match": "Every delivery has the body size and SHA-256 its message was published with.",
-    "stored_matches_published": "Every stored message was published to that queue, with that body, is stored once,"
-                                " and was not acked before the final clean stop.",
-    "same_messages": "Messages confirmed on every run were delivered or stored in the same queues on every run.",
-    "same_bodies": "A message id has one body everywhere: in the publishes, deliveries and stores of every run.",
-    "same_queue_sequences": "Each queue delivered a publisher's messages of one priority in the same order on every"
-                            " run.",
+    "confirmed_delivered_or_stored":
+        "Every message confirmed with basic.ack was delivered from each queue it was routed to,"
+        " or is still stored in it.",
+    "no_unflagged_duplicates":
+        "A message delivered again from a queue carried the redelivered flag.",
+    "order_per_publisher_and_priority":
+        "Each consumer connection got a publisher's messages of one priority from a queue in"
+        " publish order (redeliveries aside).",
+    "acked_not_redelivered":
+        "Nothing acked came back in the same broker run (an ack lost to a crash is counted, not"
+        " failed).",
+    "delivered_bodies_match":
+        "Every delivery has the body size and SHA-256 its message was published with.",
+    "stored_matches_published":
+        "Every stored message was published to that queue, with that body, is stored once, and"
+        " was not acked before the final clean stop.",
+    "same_messages":
+        "Messages confirmed on every run were delivered or stored in the same queues on every"
+        " run.",
+    "same_bodies":
+        "A message id has one body everywhere: in the publishes, deliveries and stores of every"
+        " run.",
+    "same_queue_sequences":
+        "Each queue delivered a publisher's messages of one priority in the same order on every"
+        " run.",
 }
 
 
@@ -174,5 +187,6 @@ EXPORT_CHECKS = ("stored_matches_published",)
 
 
 def check_applies(check):
-    """Whether a summary's check entry counts toward the verdict: all but those marked C{"applicable": false}."""
+    """Whether a summary's check entry counts toward the verdict: all but those marked
+    C{"applicable": false}."""
     return check.get("applicable", True) is not False

@@ -40,12 +40,14 @@ PROGRAM = "python -m spark_jobs.export"  # as export_store runs it
 SCRIPT = "brokerd-store-export"  # the console script running the same
 ERROR_MARK = ": error: "
 DELAYED_WINDOW = 1000  # delayed messages asked for at a time
-LAST_DUE = (1 << 63) - 1  # the latest due time a store keeps: a window up to it holds every delayed message
+# The latest due time a store keeps: a window up to it holds every delayed message.
+LAST_DUE = (1 << 63) - 1
 PARTIAL_SUFFIX = ".partial"
 
 
 class ExportError(Exception):
-    """The store cannot be exported; the text says why and names the backend, directory or file at fault."""
+    """The store cannot be exported; the text says why and names the backend, directory or file
+    at fault."""
 
 
 def build_store(backend, data_dir, reactor):
@@ -62,7 +64,8 @@ def build_store(backend, data_dir, reactor):
     except registry.BackendError as problem:
         raise ExportError(str(problem)) from None
     if not store.durable:
-        raise ExportError(f"the {store.name} backend keeps nothing on disk: there is no store to export")
+        raise ExportError(f"the {store.name} backend keeps nothing on disk:"
+                          f" there is no store to export")
     if not os.path.exists(data_dir):
         raise ExportError(f"data directory {data_dir} does not exist")
     if not os.path.isdir(data_dir):
@@ -74,12 +77,14 @@ def build_store(backend, data_dir, reactor):
 
 
 def store_location(store):
-    """The file or directory a store keeps its data in (sqlite's C{path}, a file store's C{directory}), or None."""
+    """The file or directory a store keeps its data in (sqlite's C{path}, a file store's
+    C{directory}), or None."""
     return getattr(store, "path", None) or getattr(store, "directory", None)
 
 
 def damage_text(store, data_dir, damage, where=""):
-    """What to tell about C{damage} (a L{StoreCorrupted}) found in C{store}, naming the damaged file."""
+    """What to tell about C{damage} (a L{StoreCorrupted}) found in C{store}, naming the damaged
+    file."""
     text = f"the {store.name} store in {data_dir} is damaged{where}: {damage}"
     if damage.path and str(damage.path) not in text:
         text += f" (in {damage.path})"
@@ -131,7 +136,8 @@ def queue_messages(store, queue):
 
 
 def export_line(label, vhost, queue, exchange, message, state):
-    """One export line (a dict with the fields of L{events.EXPORT_FIELDS}, in that order) for one stored message."""
+    """One export line (a dict with the fields of L{events.EXPORT_FIELDS}, in that order) for one
+    stored message."""
     properties = message.properties
     body = message.body
     return {
@@ -166,22 +172,26 @@ def write_lines(store, out_file, label, data_dir):
     for vhost, name in queue_keys(store):
         try:
             for _, message in queue_messages(store, (vhost, name)):
-                out_file.write(_encode(export_line(label, vhost, name, message.exchange, message, events.READY)))
+                line = export_line(label, vhost, name, message.exchange, message, events.READY)
+                out_file.write(_encode(line))
                 written += 1
         except StoreCorrupted as damage:
-            raise ExportError(damage_text(store, data_dir, damage, f" (queue {name!r} of vhost {vhost!r})")) from None
+            where = f" (queue {name!r} of vhost {vhost!r})"
+            raise ExportError(damage_text(store, data_dir, damage, where)) from None
     if IDelayedMessageStore.providedBy(store):
         cursor = None
         while True:
             try:
                 window = yield store.delayed_after(cursor, LAST_DUE, DELAYED_WINDOW)
             except StoreCorrupted as damage:
-                raise ExportError(damage_text(store, data_dir, damage, " (delayed messages)")) from None
+                raise ExportError(
+                    damage_text(store, data_dir, damage, " (delayed messages)")) from None
             if not window:
                 break
             for delayed in window:
                 vhost, exchange = delayed.exchange
-                out_file.write(_encode(export_line(label, vhost, "", exchange, delayed.record, events.DELAYED)))
+                line = export_line(label, vhost, "", exchange, delayed.record, events.DELAYED)
+                out_file.write(_encode(line))
             written += len(window)
             cursor = (window[-1].due, window[-1].handle)
     return written
@@ -218,7 +228,8 @@ def export_store_deferred(backend, data_dir, out_path, label=None, *, reactor):
 
 @defer.inlineCallbacks
 def _close_quietly(store):
-    """Close a store on the way out of a failed export; the export's own error is the one to report."""
+    """Close a store on the way out of a failed export; the export's own error is the one to
+    report."""
     try:
         yield store.close()
     except Exception:  # noqa: BLE001 - the first error wins
@@ -243,13 +254,14 @@ def export_store(backend, data_dir, out_path, label=None):
     @raise ExportError: naming what is wrong (the backend, the directory, a
         store in use by a running broker, a damaged file).
     """
-    command = [sys.executable, "-m", "spark_jobs.export", "--backend", backend, "--data-dir", str(data_dir),
-               "--out", str(out_path)]
+    command = [sys.executable, "-m", "spark_jobs.export", "--backend", backend,
+               "--data-dir", str(data_dir), "--out", str(out_path)]
     if label is not None:
         command += ["--label", label]
     finished = subprocess.run(command, capture_output=True, text=True)
     if finished.returncode != 0:
-        raise ExportError(_error_of(finished.stderr) or f"{PROGRAM} exited with status {finished.returncode}")
+        raise ExportError(_error_of(finished.stderr)
+                          or f"{PROGRAM} exited with status {finished.returncode}")
     if finished.stderr:
         sys.stderr.write(finished.stderr)  # the store's warnings, e.g. a torn tail it cut off
     with open(out_path, encoding="utf-8") as exported:
@@ -266,40 +278,48 @@ def _error_of(stderr):
 
 def _log_warnings_to_stderr(prog):
     """Show what the store logs at warning level and above (a torn tail cut off, say) on stderr."""
-    observer = FileLogObserver(
-        sys.stderr, lambda event: f"{prog}: {eventAsText(event, includeTimestamp=False, includeSystem=False)}\n"
-    )
+    def as_line(event):
+        return f"{prog}: {eventAsText(event, includeTimestamp=False, includeSystem=False)}\n"
+
+    observer = FileLogObserver(sys.stderr, as_line)
     only_warnings = LogLevelFilterPredicate(defaultLogLevel=LogLevel.warn)
-    globalLogBeginner.beginLoggingTo([FilteringLogObserver(observer, [only_warnings])], redirectStandardIO=False)
+    globalLogBeginner.beginLoggingTo([FilteringLogObserver(observer, [only_warnings])],
+                                     redirectStandardIO=False)
 
 
 def argument_parser(prog=SCRIPT):
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Write what a stopped broker's store holds as JSON lines, one per message and queue"
-        " holding it (and one per delayed message), read through the backend's own store.",
+        description="Write what a stopped broker's store holds as JSON lines, one per message and"
+                    " queue holding it (and one per delayed message), read through the backend's"
+                    " own store.",
     )
     parser.add_argument("--backend", required=True,
-                        help="the backend string the broker ran with: sqlite, filelog, chunked[:key=value...]")
+                        help="the backend string the broker ran with: sqlite, filelog,"
+                             " chunked[:key=value...]")
     parser.add_argument("--data-dir", required=True, help="the stopped broker's --data-dir")
-    parser.add_argument("--out", required=True, help="the export file to write (replaced if it exists)")
-    parser.add_argument("--label", help="the backend field of every line (default: the backend string)")
+    parser.add_argument("--out", required=True,
+                        help="the export file to write (replaced if it exists)")
+    parser.add_argument("--label",
+                        help="the backend field of every line (default: the backend string)")
     return parser
 
 
 @defer.inlineCallbacks
 def _run(reactor, arguments, prog):
     try:
-        written = yield export_store_deferred(arguments.backend, arguments.data_dir, arguments.out, arguments.label,
-                                              reactor=reactor)
+        written = yield export_store_deferred(arguments.backend, arguments.data_dir, arguments.out,
+                                              arguments.label, reactor=reactor)
     except ExportError as problem:
         print(f"{prog}{ERROR_MARK}{problem}", file=sys.stderr)
         raise SystemExit(1) from None
-    print(f"exported {written} lines from the {arguments.backend} store in {arguments.data_dir} to {arguments.out}")
+    print(f"exported {written} lines from the {arguments.backend} store in {arguments.data_dir}"
+          f" to {arguments.out}")
 
 
 def main(argv=None, prog=SCRIPT):
-    """Export one store as C{prog} (the name its usage, warning and error lines give); exits with the status."""
+    """Export one store as C{prog} (the name its usage, warning and error lines give); exits with
+    the status."""
     arguments = argument_parser(prog).parse_args(argv)
     _log_warnings_to_stderr(prog)
     task.react(_run, (arguments, prog))

@@ -53,7 +53,8 @@ def run_publisher(config, control, number):
     """Process entry point of fast publisher C{number}."""
     settings = WorkloadSettings.from_json(config.settings)
     log = ClientLog.of_publisher(config, control, number)
-    publisher = FastPublisher(PublisherLog(log, settings, build_topology(settings), number), log, control, settings)
+    book = PublisherLog(log, settings, build_topology(settings), number)
+    publisher = FastPublisher(book, log, control, settings)
     run_client(FastSessions(config, control, log, publisher), log, control)
 
 
@@ -91,7 +92,8 @@ class FastSessions:
         self._work = work
 
     def run(self):
-        """Run sessions until the work is done; L{ClientFailed} if the broker stays away too long."""
+        """Run sessions until the work is done; L{ClientFailed} if the broker stays away too
+        long."""
         gone_since = time.monotonic()
         log, work = self._log, self._work
         while not work.finished:
@@ -109,15 +111,17 @@ class FastSessions:
             if work.finished:
                 break
             if time.monotonic() - gone_since > RECONNECT_DEADLINE:
-                raise ClientFailed(f"{log.name}: no broker to connect to for {RECONNECT_DEADLINE:.0f} s"
+                raise ClientFailed(f"{log.name}: no broker to connect to for"
+                                   f" {RECONNECT_DEADLINE:.0f} s"
                                    f" (last tried epoch {epoch}, port {port})")
             time.sleep(RECONNECT_BACKOFF)
 
     def _session(self, epoch, port):
         loop = Loop()
         config = self._config
-        connection = Connection(loop, config.host, port, self._log.name, username=config.username,
-                                password=config.password, virtual_host=config.virtual_host, product=PRODUCT)
+        connection = Connection(loop, config.host, port, self._log.name,
+                                username=config.username, password=config.password,
+                                virtual_host=config.virtual_host, product=PRODUCT)
         try:
             connection.open()
             self._log.new_session(epoch)
@@ -143,9 +147,11 @@ class FastPublisher:
 
     def __init__(self, book, log, control, settings):
         """
-        @param book: the publisher's L{PublisherLog}: its planned messages, and the publishes waiting for an answer.
+        @param book: the publisher's L{PublisherLog}: its planned messages, and the publishes
+            waiting for an answer.
         @param log: the publisher's L{ClientLog}.
-        @param control: the run's L{spark_jobs.control.RunControl}, whose gate it takes permission from.
+        @param control: the run's L{spark_jobs.control.RunControl}, whose gate it takes
+            permission from.
         @param settings: the run's L{spark_jobs.settings.WorkloadSettings}.
         """
         self.finished = False
@@ -176,7 +182,8 @@ class FastPublisher:
             self.finished = True
 
     def poll_seconds(self):
-        """How long the loop may wait for the socket: not at all while publishes without confirms are left."""
+        """How long the loop may wait for the socket: not at all while publishes without confirms
+        are left."""
         if self._at_gate:
             return GATE_POLL
         return 0 if self._more_without_confirms() else STOP_POLL
@@ -185,12 +192,14 @@ class FastPublisher:
         return not self._confirm and not self._book.all_sent
 
     def tick(self):
-        """After a turn of the loop: publish more if the gate was shut or nothing waits for confirms."""
+        """After a turn of the loop: publish more if the gate was shut or nothing waits for
+        confirms."""
         if self._at_gate or self._more_without_confirms():
             self.fill()
 
     def fill(self):
-        """Publish while the window has room and the gate allows; finish once everything is answered."""
+        """Publish while the window has room and the gate allows; finish once everything is
+        answered."""
         self._at_gate = False
         book = self._book
         room = book.room(PUBLISH_WINDOW)
@@ -208,7 +217,8 @@ class FastPublisher:
         if frames:
             self._connection.write(b"".join(frames))
         if not self._confirm and book.unanswered:
-            # A round trip on the channel: once it is answered, the broker has read every publish before it.
+            # A round trip on the channel: once it is answered, the broker has read every
+            # publish before it.
             self._connection.rpc(commands.Basic.Qos(prefetch_count=0), commands.Basic.QosOk)
             book.barrier_passed()
         if book.all_answered:
@@ -246,7 +256,8 @@ class FastConsumer:
         @param log: the consumer's L{ClientLog}.
         @param control: the run's L{spark_jobs.control.RunControl}, whose stop signal it watches.
         @param settings: the run's L{spark_jobs.settings.WorkloadSettings}.
-        @param tags: C{(consumer tag, queue)} of each queue to consume (L{spark_jobs.clients.consumer_tags}).
+        @param tags: C{(consumer tag, queue)} of each queue to consume
+            (L{spark_jobs.clients.consumer_tags}).
         """
         self.finished = False
         self._book = book
@@ -256,7 +267,8 @@ class FastConsumer:
         self._tags = tags
         self._queue_of_tag = dict(tags)
         self._connection = None
-        self._ack_upto = 0  # the last delivery tag decided "ack" whose ack is not sent yet; 0 when none
+        # The last delivery tag decided "ack" whose ack is not sent yet; 0 when none.
+        self._ack_upto = 0
 
     def start(self, connection):
         """A session's C{connection} is open: consume every queue on it."""
@@ -266,11 +278,13 @@ class FastConsumer:
         connection.after_read = self._send_acks
         connection.rpc(commands.Basic.Qos(prefetch_count=self._prefetch), commands.Basic.QosOk)
         for tag, queue in self._tags:
-            connection.rpc(commands.Basic.Consume(queue=queue, consumer_tag=tag), commands.Basic.ConsumeOk)
+            connection.rpc(commands.Basic.Consume(queue=queue, consumer_tag=tag),
+                           commands.Basic.ConsumeOk)
         self._log.ready()
 
     def lost(self):
-        """The broker went away: acks not sent are lost with the connection, and those messages come back."""
+        """The broker went away: acks not sent are lost with the connection, and those messages
+        come back."""
         self._ack_upto = 0
 
     def poll_seconds(self):
@@ -291,14 +305,15 @@ class FastConsumer:
     def _delivered(self, delivery):
         queue = self._queue_of_tag.get(delivery.consumer_tag)
         if queue is None:
-            raise BenchmarkError(f"delivery {delivery.delivery_tag} for consumer tag {delivery.consumer_tag!r},"
-                                 f" which this consumer never used")
+            raise BenchmarkError(f"delivery {delivery.delivery_tag} for consumer tag"
+                                 f" {delivery.consumer_tag!r}, which this consumer never used")
         identifier, headers = message_properties(delivery.properties)
         if identifier is None:
-            raise BenchmarkError(f"delivery {delivery.delivery_tag} from {queue} has no message-id: the broker"
-                                 f" lost it")
+            raise BenchmarkError(f"delivery {delivery.delivery_tag} from {queue} has no"
+                                 f" message-id: the broker lost it")
         tag = delivery.delivery_tag
-        decision = self._book.delivered(queue, identifier, tag, delivery.redelivered, headers, delivery.body)
+        decision = self._book.delivered(queue, identifier, tag, delivery.redelivered, headers,
+                                        delivery.body)
         if decision == events.ACK:
             self._ack_upto = tag
             return

@@ -70,7 +70,8 @@ SERIES_KINDS = {"publish": (events.PUBLISH, "published"), "deliver": (events.DEL
 
 
 def bucket_count(span, width):
-    """How many buckets of C{width} seconds hold a run whose last event is C{span} seconds after its first."""
+    """How many buckets of C{width} seconds hold a run whose last event is C{span} seconds after
+    its first."""
     return math.floor(span / width) + 1
 
 
@@ -87,7 +88,8 @@ def bucket_seconds(span, events=None):
     width, the smallest whole multiple of it giving at most L{MAX_POINTS}.
     """
     span = max(0.0, span)
-    target = MAX_POINTS if events is None else min(MAX_POINTS, max(MIN_POINTS, events // EVENTS_PER_BUCKET))
+    target = (MAX_POINTS if events is None
+              else min(MAX_POINTS, max(MIN_POINTS, events // EVENTS_PER_BUCKET)))
     for index, width in enumerate(BUCKET_WIDTHS):
         if bucket_count(span, width) <= target:
             if bucket_count(span, width) < MIN_POINTS and index > 0:
@@ -118,7 +120,8 @@ def _point(index, width, row):
         count = row[field] if row else 0
         size = row[f"{field}_bytes"] if row else 0
         point.update({field: count, f"{field}_bytes": size,
-                      f"{prefix}_msgs_per_s": count / width, f"{prefix}_mb_per_s": size / MEGABYTE / width})
+                      f"{prefix}_msgs_per_s": count / width,
+                      f"{prefix}_mb_per_s": size / MEGABYTE / width})
     return point
 
 
@@ -133,7 +136,8 @@ def throughput(tables, inventory):
     """
     widths = {
         label: bucket_seconds(inventory.last_t(label) - inventory.first_t(label),
-                              inventory.kind(label, events.PUBLISH).count + inventory.kind(label, events.DELIVER).count)
+                              inventory.kind(label, events.PUBLISH).count
+                              + inventory.kind(label, events.DELIVER).count)
         for label in tables.labels
     }
     starts = tables.spark.createDataFrame(
@@ -141,10 +145,11 @@ def throughput(tables, inventory):
         f"{LABEL} string, first_t double, width double")
     is_publish = F.col("kind") == events.PUBLISH
     is_deliver = F.col("kind") == events.DELIVER
+    bucket = F.floor((F.col("t") - F.col("first_t")) / F.col("width")).cast("long").alias("bucket")
     per_bucket = (
         tables.of_kind(events.PUBLISH, events.DELIVER)
         .join(F.broadcast(starts), [LABEL])
-        .groupBy(LABEL, F.floor((F.col("t") - F.col("first_t")) / F.col("width")).cast("long").alias("bucket"))
+        .groupBy(LABEL, bucket)
         .agg(F.sum(is_publish.cast("long")).alias("published"),
              F.sum(is_deliver.cast("long")).alias("delivered"),
              F.sum(F.when(is_publish, F.col("size")).otherwise(0)).alias("published_bytes"),
@@ -156,15 +161,19 @@ def throughput(tables, inventory):
     results = {}
     for label in tables.labels:
         width, run_first_t = widths[label], inventory.first_t(label)
-        buckets = max(bucket_count(inventory.last_t(label) - run_first_t, width), max(rows[label], default=-1) + 1)
-        published, delivered = inventory.kind(label, events.PUBLISH), inventory.kind(label, events.DELIVER)
+        buckets = max(bucket_count(inventory.last_t(label) - run_first_t, width),
+                      max(rows[label], default=-1) + 1)
+        published = inventory.kind(label, events.PUBLISH)
+        delivered = inventory.kind(label, events.DELIVER)
         confirmed = inventory.kind(label, events.CONFIRM)
         published_until = max(filter(None, (published.last_t, confirmed.last_t)), default=None)
         results[label] = {
             "publish_msgs_per_s": mean_rate(published.count, published.first_t, published_until),
             "deliver_msgs_per_s": mean_rate(delivered.count, delivered.first_t, delivered.last_t),
-            "publish_mb_per_s": mean_rate(published.bytes / MEGABYTE, published.first_t, published_until),
-            "deliver_mb_per_s": mean_rate(delivered.bytes / MEGABYTE, delivered.first_t, delivered.last_t),
+            "publish_mb_per_s": mean_rate(published.bytes / MEGABYTE, published.first_t,
+                                          published_until),
+            "deliver_mb_per_s": mean_rate(delivered.bytes / MEGABYTE, delivered.first_t,
+                                          delivered.last_t),
             "publish_active_s": _active_span(published.first_t, published_until, run_first_t),
             "deliver_active_s": _active_span(delivered.first_t, delivered.last_t, run_first_t),
             "bucket_seconds": width,
@@ -181,7 +190,8 @@ def _distribution(count, minimum, maximum, quantiles):
         "count": count,
         **{name: float(by_fraction[fraction]) for name, fraction in PERCENTILES.items()},
         "max": float(maximum),
-        "cdf": [[float(minimum), 0.0]] + [[float(value), fraction] for fraction, value in by_fraction.items()],
+        "cdf": [[float(minimum), 0.0]]
+               + [[float(value), fraction] for fraction, value in by_fraction.items()],
     }
 
 
@@ -192,7 +202,8 @@ def latency(tables):
         ((F.col("confirmed_at") - F.col("published_at")) * 1000.0).alias("ms"))
     first_delivery_ms = tables.pair_events.where(
         (F.col("kind") == events.DELIVER) & (F.col("delivery_number") == 1) & F.col("published")
-    ).select(LABEL, F.lit(END_TO_END).alias("measure"), ((F.col("t") - F.col("published_at")) * 1000.0).alias("ms"))
+    ).select(LABEL, F.lit(END_TO_END).alias("measure"),
+             ((F.col("t") - F.col("published_at")) * 1000.0).alias("ms"))
     aggregates = confirm_ms.unionByName(first_delivery_ms).groupBy(LABEL, "measure").agg(
         F.count(F.lit(1)).alias("count"), F.min("ms").alias("min"), F.max("ms").alias("max"),
         F.percentile_approx("ms", CDF_FRACTIONS, PERCENTILE_ACCURACY).alias("quantiles"),
@@ -203,7 +214,8 @@ def latency(tables):
         results[label] = {}
         for measure in (CONFIRM, END_TO_END):
             row = found.get((label, measure))
-            results[label][measure] = (_distribution(row["count"], row["min"], row["max"], row["quantiles"])
-                                       if row else _distribution(0, None, None, None))
+            results[label][measure] = (
+                _distribution(row["count"], row["min"], row["max"], row["quantiles"])
+                if row else _distribution(0, None, None, None))
     return results
 

@@ -36,7 +36,8 @@ def run_publisher(config, control, number):
     """Process entry point of publisher C{number}."""
     settings = WorkloadSettings.from_json(config.settings)
     log = ClientLog.of_publisher(config, control, number)
-    publisher = Publisher(PublisherLog(log, settings, build_topology(settings), number), log, control, settings)
+    book = PublisherLog(log, settings, build_topology(settings), number)
+    publisher = Publisher(book, log, control, settings)
     run_client(PikaSessions(config, control, log, publisher), log, control)
 
 
@@ -60,7 +61,8 @@ class PikaSessions:
     ended, on purpose or because the broker went away (C{lost()}); it says
     it is done by setting its C{finished}.
 
-    @ivar channel: the current session's channel; C{None} before it opens and once the connection ended.
+    @ivar channel: the current session's channel; C{None} before it opens and once the
+        connection ended.
     """
 
     def __init__(self, config, control, log, work):
@@ -79,7 +81,8 @@ class PikaSessions:
         self.channel = None
 
     def run(self):
-        """Run sessions until the work is done; L{ClientFailed} if the broker stays away too long."""
+        """Run sessions until the work is done; L{ClientFailed} if the broker stays away too
+        long."""
         gone_since = None
         log, work = self._log, self._work
         while not work.finished:
@@ -95,16 +98,22 @@ class PikaSessions:
             if log.session != opened_before or gone_since is None:
                 gone_since = now
             elif now - gone_since > RECONNECT_DEADLINE:
-                raise ClientFailed(f"{log.name}: no broker to connect to for {RECONNECT_DEADLINE:.0f} s"
+                raise ClientFailed(f"{log.name}: no broker to connect to for"
+                                   f" {RECONNECT_DEADLINE:.0f} s"
                                    f" (last tried epoch {epoch}, port {port})")
             time.sleep(RECONNECT_BACKOFF)
 
     def _connect(self, epoch, port):
         config = self._config
-        parameters = pika.ConnectionParameters(host=config.host, port=port, connection_attempts=1,
-                                               virtual_host=config.virtual_host,
-                                               credentials=pika.PlainCredentials(config.username, config.password),
-                                               socket_timeout=10, client_properties={"connection_name": self._log.name})
+        parameters = pika.ConnectionParameters(
+            host=config.host,
+            port=port,
+            connection_attempts=1,
+            virtual_host=config.virtual_host,
+            credentials=pika.PlainCredentials(config.username, config.password),
+            socket_timeout=10,
+            client_properties={"connection_name": self._log.name},
+        )
         self._closing = False
         self._connection = pika.SelectConnection(
             parameters,
@@ -121,8 +130,10 @@ class PikaSessions:
 
     def _open_failed(self, connection, error):
         # No broker listening (it is being restarted) is worth another try; a refusal is not.
-        if isinstance(error, (pika.exceptions.ConnectionClosedByBroker, pika.exceptions.ProbableAccessDeniedError,
-                              pika.exceptions.ProbableAuthenticationError)):
+        refusals = (pika.exceptions.ConnectionClosedByBroker,
+                    pika.exceptions.ProbableAccessDeniedError,
+                    pika.exceptions.ProbableAuthenticationError)
+        if isinstance(error, refusals):
             self._failure = f"the broker refused the connection: {error!r}"
         connection.ioloop.stop()
 
@@ -144,7 +155,8 @@ class PikaSessions:
     def _closed(self, connection, reason):
         self.channel = None
         if isinstance(reason, pika.exceptions.ConnectionClosedByBroker) and not self._closing:
-            # A crash cuts the connection; a broker that closes it on purpose says something is wrong.
+            # A crash cuts the connection; a broker that closes it on purpose says something is
+            # wrong.
             self._failure = self._failure or f"the broker closed the connection: {reason}"
         self._work.lost()
         connection.ioloop.stop()
@@ -179,9 +191,11 @@ class Publisher:
 
     def __init__(self, book, log, control, settings):
         """
-        @param book: the publisher's L{PublisherLog}: its planned messages, and the publishes waiting for an answer.
+        @param book: the publisher's L{PublisherLog}: its planned messages, and the publishes
+            waiting for an answer.
         @param log: the publisher's L{ClientLog}.
-        @param control: the run's L{spark_jobs.control.RunControl}, whose gate it takes permission from.
+        @param control: the run's L{spark_jobs.control.RunControl}, whose gate it takes
+            permission from.
         @param settings: the run's L{spark_jobs.settings.WorkloadSettings}.
         """
         self.finished = False
@@ -216,7 +230,8 @@ class Publisher:
             self.finished = True
 
     def fill(self):
-        """Publish while the window has room and the gate allows; close once everything is answered."""
+        """Publish while the window has room and the gate allows; close once everything is
+        answered."""
         self._waiting_at_gate = False
         channel = self._sessions.channel
         if not self._publishing or channel is None:
@@ -235,7 +250,8 @@ class Publisher:
             self._control.published(granted)
             room -= granted
         if not self._confirm and book.unanswered:
-            # A round trip on the channel: once it is answered, the broker has read every publish before it.
+            # A round trip on the channel: once it is answered, the broker has read every
+            # publish before it.
             self._publishing = False
             channel.basic_qos(prefetch_count=0, callback=self._barrier_passed)
         elif book.all_answered:
@@ -260,7 +276,8 @@ class Publisher:
     def _confirmed(self, frame):
         method = frame.method
         try:
-            self._book.confirmed(method.delivery_tag, method.multiple, isinstance(method, spec.Basic.Ack))
+            self._book.confirmed(method.delivery_tag, method.multiple,
+                                 isinstance(method, spec.Basic.Ack))
         except ConfirmOutOfOrder as problem:
             self._sessions.fail(str(problem))
             return
@@ -286,7 +303,8 @@ class Consumer:
         @param log: the consumer's L{ClientLog}.
         @param control: the run's L{spark_jobs.control.RunControl}, whose stop signal it watches.
         @param settings: the run's L{spark_jobs.settings.WorkloadSettings}.
-        @param tags: C{(consumer tag, queue)} of each queue to consume (L{spark_jobs.clients.consumer_tags}).
+        @param tags: C{(consumer tag, queue)} of each queue to consume
+            (L{spark_jobs.clients.consumer_tags}).
         """
         self.finished = False
         self._book = book
@@ -296,7 +314,8 @@ class Consumer:
         self._tags = tags
         self._queue_of_tag = dict(tags)
         self._sessions = None
-        self._ack_upto = 0  # the last delivery tag decided "ack" whose ack is not sent yet; 0 when none
+        # The last delivery tag decided "ack" whose ack is not sent yet; 0 when none.
+        self._ack_upto = 0
 
     def start(self, sessions, channel):
         """A session's C{channel} is open: consume every queue on it."""
@@ -337,10 +356,12 @@ class Consumer:
         queue = self._queue_of_tag[method.consumer_tag]
         identifier = properties.message_id
         if not isinstance(identifier, str):
-            self._sessions.fail(f"delivery {method.delivery_tag} from {queue} has no message-id: the broker lost it")
+            self._sessions.fail(f"delivery {method.delivery_tag} from {queue} has no message-id:"
+                                f" the broker lost it")
             return
         tag = method.delivery_tag
-        decision = self._book.delivered(queue, identifier, tag, method.redelivered, properties.headers, body)
+        decision = self._book.delivered(queue, identifier, tag, method.redelivered,
+                                        properties.headers, body)
         if decision == events.ACK:
             if not self._ack_upto:
                 self._sessions.call_later(0, self._send_acks)

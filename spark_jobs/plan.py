@@ -85,7 +85,8 @@ class Topology:
         (empty for fanout, which never feeds a parked queue).
     """
 
-    def __init__(self, exchanges, queues, parked, queue_arguments, bindings, consumed_routes, parked_routes):
+    def __init__(self, exchanges, queues, parked, queue_arguments, bindings, consumed_routes,
+                 parked_routes):
         self.exchanges = exchanges
         self.queues = queues
         self.parked = parked
@@ -106,9 +107,11 @@ class Topology:
         if queues is None:
             kind = self.exchanges.get(exchange)
             if kind is None:
-                raise ValueError(f"the workload has no exchange {exchange!r}; it has {sorted(self.exchanges)}")
+                raise ValueError(f"the workload has no exchange {exchange!r};"
+                                 f" it has {sorted(self.exchanges)}")
             matched = {binding.queue for binding in self.bindings
-                       if binding.exchange == exchange and _binding_matches(kind, binding, routing_key, headers or {})}
+                       if binding.exchange == exchange
+                       and _binding_matches(kind, binding, routing_key, headers or {})}
             queues = self._routed[key] = tuple(sorted(matched))
         return queues
 
@@ -126,29 +129,35 @@ class Topology:
 def check_settings(settings):
     """Raises ValueError naming every setting a workload cannot run with."""
     wrong = []
-    for name, smallest in (("messages", 1), ("queues", 1), ("parked_queues", 0), ("publishers", 1),
-                           ("consumers", 0), ("prefetch", 1), ("max_priority", 0), ("crash_every", 0)):
+    for name, smallest in (("messages", 1), ("queues", 1), ("parked_queues", 0),
+                           ("publishers", 1), ("consumers", 0), ("prefetch", 1),
+                           ("max_priority", 0), ("crash_every", 0)):
         value = getattr(settings, name)
         if not isinstance(value, int) or value < smallest:
             wrong.append(f"{name} must be a whole number of at least {smallest}, not {value!r}")
     if settings.max_priority > 255:
-        wrong.append(f"max_priority must be at most 255 (x-max-priority), not {settings.max_priority}")
-    if not settings.sizes or not all(isinstance(size, int) and size >= 1 for size in settings.sizes):
+        wrong.append(f"max_priority must be at most 255 (x-max-priority),"
+                     f" not {settings.max_priority}")
+    if not settings.sizes or not all(isinstance(size, int) and size >= 1
+                                     for size in settings.sizes):
         wrong.append(f"sizes must be byte counts of at least 1, not {settings.sizes!r}")
     unknown = [kind for kind in settings.exchange_types if kind not in EXCHANGE_TYPES]
     if not settings.exchange_types or unknown:
-        wrong.append(f"exchange_types must be some of {', '.join(EXCHANGE_TYPES)}, not {settings.exchange_types!r}")
+        wrong.append(f"exchange_types must be some of {', '.join(EXCHANGE_TYPES)},"
+                     f" not {settings.exchange_types!r}")
     for name in ("nack_share", "reject_share"):
         if not 0.0 <= getattr(settings, name) <= 1.0:
             wrong.append(f"{name} must be between 0 and 1, not {getattr(settings, name)!r}")
     if settings.nack_share + settings.reject_share > 1.0:
-        wrong.append(f"nack_share + reject_share must be at most 1, not {settings.nack_share + settings.reject_share}")
+        wrong.append(f"nack_share + reject_share must be at most 1,"
+                     f" not {settings.nack_share + settings.reject_share}")
     if wrong:
         raise ValueError("workload settings: " + "; ".join(wrong))
 
 
 def build_topology(settings):
-    """The L{Topology} of C{settings}: every route reaches at least one queue, some reach two or more."""
+    """The L{Topology} of C{settings}: every route reaches at least one queue, some reach two or
+    more."""
     queues = [f"{CONSUMED_QUEUE_PREFIX}{number}" for number in range(settings.queues)]
     parked = [f"{PARKED_QUEUE_PREFIX}{number}" for number in range(settings.parked_queues)]
     exchanges = {f"{EXCHANGE_PREFIX}{kind}": kind for kind in settings.exchange_types}
@@ -171,19 +180,23 @@ def build_topology(settings):
             bindings += [Binding(name, queue, f"t.{_short(queue)}.*") for queue in queues]
             bindings += [Binding(name, last, "#.hot")]
             bindings += [Binding(name, queue, f"t.{_short(queue)}.#") for queue in parked]
-            consumed = [Route(name, f"t.{_short(queue)}.{word}") for queue in queues for word in ("plain", "hot")]
+            consumed = [Route(name, f"t.{_short(queue)}.{word}")
+                        for queue in queues for word in ("plain", "hot")]
             to_parked = [Route(name, f"t.{_short(queue)}.plain") for queue in parked]
         else:
-            # Headers: "target" picks a queue (x-match all); "audit" also reaches the first (x-match any).
+            # Headers: "target" picks a queue (x-match all); "audit" also reaches the first
+            # (x-match any).
             bindings += [Binding(name, queue, "", {"x-match": "all", "target": _short(queue)})
                          for queue in queues + parked]
-            bindings += [Binding(name, first, "", {"x-match": "any", "audit": "yes", "urgent": "yes"})]
+            bindings += [Binding(name, first, "",
+                                 {"x-match": "any", "audit": "yes", "urgent": "yes"})]
             consumed = [Route(name, "", {"target": _short(queue), "audit": audit})
                         for queue in queues for audit in ("yes", "no")]
-            to_parked = [Route(name, "", {"target": _short(queue), "audit": "no"}) for queue in parked]
+            to_parked = [Route(name, "", {"target": _short(queue), "audit": "no"})
+                         for queue in parked]
         consumed_routes[name], parked_routes[name] = consumed, to_parked
-    return Topology(exchanges, queues, parked, {queue: arguments for queue in queues + parked}, bindings,
-                    consumed_routes, parked_routes)
+    return Topology(exchanges, queues, parked, {queue: arguments for queue in queues + parked},
+                    bindings, consumed_routes, parked_routes)
 
 
 def _short(queue):
@@ -224,7 +237,8 @@ def headers_match(arguments, headers):
 def publisher_message_count(settings, publisher):
     """How many of the C{settings.messages} publisher C{publisher} sends: an even share."""
     if not 0 <= publisher < settings.publishers:
-        raise ValueError(f"publisher {publisher} is not one of the workload's {settings.publishers}")
+        raise ValueError(f"publisher {publisher} is not one of the workload's"
+                         f" {settings.publishers}")
     share, extra = divmod(settings.messages, settings.publishers)
     return share + (1 if publisher < extra else 0)
 
@@ -240,7 +254,8 @@ def publisher_messages(settings, topology, publisher):
                [(route, topology.route(exchange, route.routing_key, route.headers))
                 for route in topology.parked_routes[exchange]])
               for exchange in topology.exchanges]
-    sizes, top_priority, random_draw, choice = settings.sizes, settings.max_priority, rng.random, rng.choice
+    sizes, top_priority = settings.sizes, settings.max_priority
+    random_draw, choice = rng.random, rng.choice
     for seq in range(publisher_message_count(settings, publisher)):
         exchange, consumed, parked = choice(routes)
         route, queues = choice(parked if parked and random_draw() < PARKED_SHARE else consumed)
@@ -253,8 +268,8 @@ def publisher_messages(settings, topology, publisher):
         else:
             start = int(random_draw() * FILLER_OFFSETS)
             body = prefix + filler[start:start + size - len(prefix)]
-        yield PlannedMessage(publisher, seq, identifier, exchange, route.routing_key, route.headers, priority, body,
-                             queues)
+        yield PlannedMessage(publisher, seq, identifier, exchange, route.routing_key, route.headers,
+                             priority, body, queues)
 
 
 def settle_decision(settings, message_id, queue, delivery_count):
@@ -267,7 +282,8 @@ def settle_decision(settings, message_id, queue, delivery_count):
     decisions for the same deliveries. After L{MAX_NACKS} returns a message is
     no longer nacked.
     """
-    digest = hashlib.blake2b(f"{settings.seed}/{message_id}/{queue}/{delivery_count}".encode(), digest_size=8)
+    key = f"{settings.seed}/{message_id}/{queue}/{delivery_count}".encode()
+    digest = hashlib.blake2b(key, digest_size=8)
     draw = int.from_bytes(digest.digest(), "big") / 2**64
     if draw < settings.nack_share:
         return NACK if delivery_count < MAX_NACKS else ACK

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 LIVE_INTERVAL = 0.3  # seconds between rewrites of a terminal's status line (about 3 a second)
 PLAIN_INTERVAL = 5.0  # seconds between plain progress lines when the output is not a terminal
 RATE_WINDOW = 5.0  # seconds of snapshots the current rate is measured over
-SAMPLE_INTERVAL = 0.05  # seconds between the snapshots a rate keeps (the runner may look far more often)
+# Seconds between the snapshots a rate keeps (the runner may look far more often).
+SAMPLE_INTERVAL = 0.05
 FALLBACK_COLUMNS = 80  # width of a terminal that does not say how wide it is
 ERASE_TO_END_OF_LINE = "\x1b[K"
 
@@ -80,7 +81,8 @@ def duration_text(seconds):
 
 
 def eta_text(remaining, per_second):
-    """When C{remaining} events will be done at C{per_second}: C{"ETA 1m15s"}, or C{"ETA --"} while nothing moves."""
+    """When C{remaining} events will be done at C{per_second}: C{"ETA 1m15s"}, or C{"ETA --"}
+    while nothing moves."""
     if remaining <= 0:
         return "ETA 0s"
     if per_second <= 0:
@@ -89,7 +91,8 @@ def eta_text(remaining, per_second):
 
 
 def short_count(number):
-    """C{9999} -> C{"9,999"}, C{45678} -> C{"45.7k"}, C{1000000} -> C{"1.00M"}: a count in a few characters."""
+    """C{9999} -> C{"9,999"}, C{45678} -> C{"45.7k"}, C{1000000} -> C{"1.00M"}: a count in a few
+    characters."""
     if number < 10_000:
         return f"{number:,}"
     if number < 1_000_000:
@@ -98,17 +101,19 @@ def short_count(number):
 
 
 def counts_text(counts, planned):
-    """C{"published 450/1,000, confirmed 440/1,000, delivered 610"}; deliveries have no fixed plan (fan-out,
-    nacks and crashes redeliver)."""
-    return (f"published {counts.published:,}/{planned:,}, confirmed {counts.confirmed:,}/{planned:,},"
+    """C{"published 450/1,000, confirmed 440/1,000, delivered 610"}; deliveries have no fixed plan
+    (fan-out, nacks and crashes redeliver)."""
+    return (f"published {counts.published:,}/{planned:,},"
+            f" confirmed {counts.confirmed:,}/{planned:,},"
             f" delivered {counts.delivered:,}")
 
 
 def summary_line(label, counts, planned, seconds, done=False):
-    """A run's counts with its mean publish rate over C{seconds}: the line a finished run leaves (C{done}), or what
-    a stalled one had done."""
+    """A run's counts with its mean publish rate over C{seconds}: the line a finished run leaves
+    (C{done}), or what a stalled one had done."""
     return (f"{label}: {'done, ' if done else ''}{counts_text(counts, planned)} in {seconds:.0f} s"
-            f" ({counts.published / max(seconds, 1e-9):,.0f} published/s), crashes {counts.crashes}")
+            f" ({counts.published / max(seconds, 1e-9):,.0f} published/s),"
+            f" crashes {counts.crashes}")
 
 
 class TerminalOutput:
@@ -128,7 +133,8 @@ class TerminalOutput:
         self.status_shown = False
 
     def status(self, text, short=None):
-        """Shows C{text} (or C{short}, when C{text} is too wide) in place of the current status line."""
+        """Shows C{text} (or C{short}, when C{text} is too wide) in place of the current status
+        line."""
         room = self._columns() - 1
         if len(text) > room and short:
             text = short
@@ -143,7 +149,8 @@ class TerminalOutput:
         self.status_shown = False
 
     def end_status(self):
-        """Leave the status line as it is and move below it (before anything else writes to the terminal)."""
+        """Leave the status line as it is and move below it (before anything else writes to the
+        terminal)."""
         if self.status_shown:
             self.stream.write("\n")
             self.stream.flush()
@@ -159,11 +166,12 @@ class TerminalOutput:
 
 
 class PlainOutput:
-    """Progress as plain lines, each handed to C{write_line}: a status every L{PLAIN_INTERVAL} seconds, no
-    control characters."""
+    """Progress as plain lines, each handed to C{write_line}: a status every L{PLAIN_INTERVAL}
+    seconds, no control characters."""
 
     interval = PLAIN_INTERVAL
-    first_status_after = PLAIN_INTERVAL  # a log gets its first line after one interval, not a line of zeros
+    # A log gets its first line after one interval, not a line of zeros.
+    first_status_after = PLAIN_INTERVAL
 
     def __init__(self, write_line):
         self.write_line = write_line
@@ -210,7 +218,8 @@ class WorkloadProgress:
         self.next_status = None
 
     def update(self, counts, now=None):
-        """A snapshot of the run's counts at C{now} (the clock's time by default); shows a status line when due."""
+        """A snapshot of the run's counts at C{now} (the clock's time by default); shows a status
+        line when due."""
         now = self.clock() if now is None else now
         if self.started is None:
             self.started = now
@@ -221,20 +230,23 @@ class WorkloadProgress:
             self.deliver_rate.add(now, counts.delivered)
         if now >= self.next_status:
             self.next_status = now + self.output.interval
-            self.output.status(self.status_text(counts, now), self.status_text(counts, now, short=True))
+            self.output.status(self.status_text(counts, now),
+                               self.status_text(counts, now, short=True))
 
     def status_text(self, counts, now, short=False):
-        """The status line for C{counts} seen at C{now}; C{short}: the few words that fit a narrow terminal."""
+        """The status line for C{counts} seen at C{now}; C{short}: the few words that fit a narrow
+        terminal."""
         remaining = self.planned - counts.published
         publishing, delivering = self.publish_rate.per_second, self.deliver_rate.per_second
         title = f"{self.prefix}{self.label}:"
         if short:
-            pace = f"{publishing:,.0f}/s {eta_text(remaining, publishing)}" if remaining > 0 else \
-                f"delivering {delivering:,.0f}/s"
+            pace = (f"{publishing:,.0f}/s {eta_text(remaining, publishing)}" if remaining > 0
+                    else f"delivering {delivering:,.0f}/s")
             return (f"{title} pub {short_count(counts.published)}/{short_count(self.planned)}"
-                    f" conf {short_count(counts.confirmed)} del {short_count(counts.delivered)} {pace}")
-        pace = f"{publishing:,.0f} msgs/s, {eta_text(remaining, publishing)}" if remaining > 0 else \
-            f"publishing done, delivering {delivering:,.0f} msgs/s"
+                    f" conf {short_count(counts.confirmed)}"
+                    f" del {short_count(counts.delivered)} {pace}")
+        pace = (f"{publishing:,.0f} msgs/s, {eta_text(remaining, publishing)}" if remaining > 0
+                else f"publishing done, delivering {delivering:,.0f} msgs/s")
         return (f"{title} {counts_text(counts, self.planned)} | {pace}"
                 f" | {duration_text(now - self.started)}, crashes {counts.crashes}")
 
@@ -243,7 +255,8 @@ class WorkloadProgress:
         self.output.line(self.prefix + line)
 
     def close(self):
-        """The run is over, finished or not: a status line still shown stays, and later output goes below it."""
+        """The run is over, finished or not: a status line still shown stays, and later output goes
+        below it."""
         self.output.end_status()
 
 
@@ -273,7 +286,9 @@ class ProgressPrinter:
 
     def workload(self, label, planned):
         """The meter of a run of C{planned} messages labelled C{label}; None when quiet."""
-        return None if self.output is None else WorkloadProgress(self.output, label, planned, self.prefix)
+        if self.output is None:
+            return None
+        return WorkloadProgress(self.output, label, planned, self.prefix)
 
     @contextlib.contextmanager
     def quieted(self, log_path):
@@ -312,4 +327,5 @@ def workload_meter(progress, label, planned):
         return progress.workload(label, planned)
     if callable(progress):
         return WorkloadProgress(PlainOutput(progress), label, planned)
-    raise TypeError(f"progress must be None, True, a ProgressPrinter or a callable taking a line, not {progress!r}")
+    raise TypeError(f"progress must be None, True, a ProgressPrinter or a callable taking a line,"
+                    f" not {progress!r}")

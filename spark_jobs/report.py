@@ -16,7 +16,8 @@ had widths, are read as per-second counts.
 
 Re-render a report from a summary (after editing the report code, say)::
 
-    brokerd-report out/summary.json out/        # or: python -m spark_jobs.report out/summary.json out/
+    brokerd-report out/summary.json out/        # or:
+    python -m spark_jobs.report out/summary.json out/
 """
 
 import argparse
@@ -69,18 +70,21 @@ def _require_object(value, path, optional=True):
 
 
 def _require_numbers(section, path, integers=False, skip=()):
-    """Every value of C{section} but those named in C{skip} is a number (an integer if C{integers}) or null."""
+    """Every value of C{section} but those named in C{skip} is a number (an integer if
+    C{integers}) or null."""
     for key, value in section.items():
         if key in skip or value is None:
             continue
         if not _is_number(value) or (integers and not isinstance(value, int)):
             kind = "an integer" if integers else "a number"
-            raise SummaryError(f"summary: {path}.{key} must be {kind} or null, not {_describe(value)}")
+            raise SummaryError(f"summary: {path}.{key} must be {kind} or null,"
+                               f" not {_describe(value)}")
 
 
 def _check_series(series, path):
     if not isinstance(series, list):
-        raise SummaryError(f"summary: {path} must be a list of time buckets, not {_describe(series)}")
+        raise SummaryError(f"summary: {path} must be a list of time buckets,"
+                           f" not {_describe(series)}")
     for index, point in enumerate(series):
         point_path = f"{path}[{index}]"
         point = _require_object(point, point_path, optional=False)
@@ -88,11 +92,13 @@ def _check_series(series, path):
             # A summary from before buckets had widths: counts per whole second.
             second = point["second"]
             if not isinstance(second, int) or isinstance(second, bool) or second < 0:
-                raise SummaryError(f"summary: {point_path}.second must be an integer >= 0, not {_describe(second)}")
+                raise SummaryError(f"summary: {point_path}.second must be an integer >= 0,"
+                                   f" not {_describe(second)}")
         else:
             start = point.get("start_s")
             if not _is_number(start) or start < 0:
-                raise SummaryError(f"summary: {point_path}.start_s must be a number >= 0, not {_describe(start)}")
+                raise SummaryError(f"summary: {point_path}.start_s must be a number >= 0,"
+                                   f" not {_describe(start)}")
         _require_numbers(point, point_path)
 
 
@@ -100,13 +106,14 @@ def _check_throughput(throughput, path):
     _require_numbers(throughput, path, skip=("series",) + ACTIVE_SPANS)
     width = throughput.get("bucket_seconds")
     if width is not None and width <= 0:
-        raise SummaryError(f"summary: {path}.bucket_seconds must be above 0, not {_describe(width)}")
+        raise SummaryError(f"summary: {path}.bucket_seconds must be above 0,"
+                           f" not {_describe(width)}")
     for name in ACTIVE_SPANS:
         span = throughput.get(name)
-        if span is not None and not (isinstance(span, list) and len(span) == 2 and all(map(_is_number, span))
-                                     and span[0] <= span[1]):
-            raise SummaryError(f"summary: {path}.{name} must be a [from, to] pair of seconds or null,"
-                               f" not {_describe(span)}")
+        if span is not None and not (isinstance(span, list) and len(span) == 2
+                                     and all(map(_is_number, span)) and span[0] <= span[1]):
+            raise SummaryError(f"summary: {path}.{name} must be a [from, to] pair of seconds"
+                               f" or null, not {_describe(span)}")
     _check_series(throughput.get("series") or [], f"{path}.series")
 
 
@@ -122,15 +129,19 @@ def _check_latency(latency, path):
     points = latency.get("cdf") or []
     if not isinstance(points, list):
         raise SummaryError(
-            f"summary: {path}.cdf must be a list of [latency_ms, fraction] pairs, not {_describe(points)}"
+            f"summary: {path}.cdf must be a list of [latency_ms, fraction] pairs,"
+            f" not {_describe(points)}"
         )
     for index, point in enumerate(points):
-        if not (isinstance(point, list) and len(point) == 2 and all(_is_number(part) for part in point)):
+        if not (isinstance(point, list) and len(point) == 2
+                and all(_is_number(part) for part in point)):
             raise SummaryError(
-                f"summary: {path}.cdf[{index}] must be a [latency_ms, fraction] pair of numbers, not {_describe(point)}"
+                f"summary: {path}.cdf[{index}] must be a [latency_ms, fraction] pair of numbers,"
+                f" not {_describe(point)}"
             )
         if not 0 <= point[1] <= 1:
-            raise SummaryError(f"summary: {path}.cdf[{index}] has fraction {point[1]}, outside 0..1")
+            raise SummaryError(f"summary: {path}.cdf[{index}] has fraction {point[1]},"
+                               f" outside 0..1")
 
 
 def _check_checks(checks, path):
@@ -141,18 +152,22 @@ def _check_checks(checks, path):
                                f" not {_describe(check['applicable'])}")
         if check.get("applicable") is False:
             if not isinstance(check.get("reason", ""), str):
-                raise SummaryError(f"summary: {path}.{name}.reason must be a string, not {_describe(check['reason'])}")
+                raise SummaryError(f"summary: {path}.{name}.reason must be a string,"
+                                   f" not {_describe(check['reason'])}")
         elif not isinstance(check.get("pass"), bool):
-            raise SummaryError(f"summary: {path}.{name}.pass must be true or false, not {_describe(check.get('pass'))}")
-        _require_numbers({key: check.get(key) for key in ("checked", "violations")}, f"{path}.{name}", integers=True)
+            raise SummaryError(f"summary: {path}.{name}.pass must be true or false,"
+                               f" not {_describe(check.get('pass'))}")
+        counts = {key: check.get(key) for key in ("checked", "violations")}
+        _require_numbers(counts, f"{path}.{name}", integers=True)
         if not isinstance(check.get("examples") or [], list):
-            raise SummaryError(f"summary: {path}.{name}.examples must be a list, not {_describe(check['examples'])}")
+            raise SummaryError(f"summary: {path}.{name}.examples must be a list,"
+                               f" not {_describe(check['examples'])}")
         if not isinstance(check.get("applicable", True), bool):
             raise SummaryError(f"summary: {path}.{name}.applicable must be true or false, not"
                                f" {_describe(check['applicable'])}")
         if not check_applies(check) and not isinstance(check.get("reason"), str):
-            raise SummaryError(f"summary: {path}.{name} does not apply, and its reason must say why, not"
-                               f" {_describe(check.get('reason'))}")
+            raise SummaryError(f"summary: {path}.{name} does not apply, and its reason must say"
+                               f" why, not {_describe(check.get('reason'))}")
 
 
 def check_summary(summary):
@@ -163,7 +178,8 @@ def check_summary(summary):
     """
     summary = _require_object(summary, "the summary", optional=False)
     if "verdict" in summary and summary["verdict"] not in VERDICTS:
-        raise SummaryError(f"summary: verdict must be 'pass' or 'fail', not {_describe(summary['verdict'])}")
+        raise SummaryError(f"summary: verdict must be 'pass' or 'fail',"
+                           f" not {_describe(summary['verdict'])}")
     _require_object(summary.get("settings"), "settings")
     backends = _require_object(summary.get("backends"), "backends")
     if not backends:
@@ -176,9 +192,11 @@ def check_summary(summary):
                                f" {_describe(figures['kind'])}")
         notes = figures.get("notes") or []
         if not isinstance(notes, list) or not all(isinstance(note, str) for note in notes):
-            raise SummaryError(f"summary: {path}.notes must be a list of sentences, not {_describe(notes)}")
+            raise SummaryError(f"summary: {path}.notes must be a list of sentences,"
+                               f" not {_describe(notes)}")
         _require_numbers(_require_object(figures.get("run"), f"{path}.run"), f"{path}.run")
-        _check_throughput(_require_object(figures.get("throughput"), f"{path}.throughput"), f"{path}.throughput")
+        _check_throughput(_require_object(figures.get("throughput"), f"{path}.throughput"),
+                          f"{path}.throughput")
         _check_cpu(_require_object(figures.get("cpu"), f"{path}.cpu"), f"{path}.cpu")
         latencies = _require_object(figures.get("latency_ms"), f"{path}.latency_ms")
         for kind in LATENCY_KINDS:
@@ -186,7 +204,8 @@ def check_summary(summary):
             _check_latency(_require_object(latencies.get(kind), latency_path), latency_path)
         _check_checks(_require_object(figures.get("checks"), f"{path}.checks"), f"{path}.checks")
     cross = _require_object(summary.get("cross_backend"), "cross_backend")
-    _check_checks(_require_object(cross.get("checks"), "cross_backend.checks"), "cross_backend.checks")
+    _check_checks(_require_object(cross.get("checks"), "cross_backend.checks"),
+                  "cross_backend.checks")
 
 
 def _without_non_finite(value):
@@ -204,7 +223,8 @@ def _all_checks(summary):
     """Every check of the summary that applies (and so counts toward the verdict)."""
     for figures in summary["backends"].values():
         yield from filter(check_applies, (figures.get("checks") or {}).values())
-    yield from filter(check_applies, ((summary.get("cross_backend") or {}).get("checks") or {}).values())
+    cross = (summary.get("cross_backend") or {}).get("checks") or {}
+    yield from filter(check_applies, cross.values())
 
 
 def write_report(summary, out_dir):
@@ -241,7 +261,8 @@ def write_report(summary, out_dir):
         (out_dir / CHART_FILES[key]).write_bytes(png)
     written = {"verdict": summary["verdict"], **summary, "charts": dict(CHART_FILES)}
     (out_dir / HTML_FILE).write_text(render_html(written, images), encoding="utf-8")
-    (out_dir / SUMMARY_FILE).write_text(json.dumps(written, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    (out_dir / SUMMARY_FILE).write_text(json.dumps(written, indent=2, allow_nan=False) + "\n",
+                                        encoding="utf-8")
     return written
 
 
@@ -263,15 +284,19 @@ PROGRAM = "brokerd-report"  # the console script; python -m spark_jobs.report ru
 def build_parser(prog=PROGRAM):
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Re-render the validation report (report.html, PNG charts, summary.json) from a summary.json.",
+        description="Re-render the validation report (report.html, PNG charts, summary.json)"
+                    " from a summary.json.",
     )
-    parser.add_argument("summary", metavar="SUMMARY_JSON", help="a summary.json written by the validation")
-    parser.add_argument("out_dir", metavar="OUT_DIR", help="directory for the report (created if needed)")
+    parser.add_argument("summary", metavar="SUMMARY_JSON",
+                        help="a summary.json written by the validation")
+    parser.add_argument("out_dir", metavar="OUT_DIR",
+                        help="directory for the report (created if needed)")
     return parser
 
 
 def main(argv=None, prog=PROGRAM):
-    """Renders the report as C{prog}; status 0 once written (whatever the verdict), 2 for unusable input."""
+    """Renders the report as C{prog}; status 0 once written (whatever the verdict), 2 for unusable
+    input."""
     options = build_parser(prog).parse_args(argv)
     try:
         written = write_report(read_summary(options.summary), options.out_dir)

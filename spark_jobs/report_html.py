@@ -10,7 +10,9 @@ import base64
 import html
 import math
 
-from spark_jobs.correctness_chart import CROSS_BACKEND_COLUMN, FAIL, NOT_APPLICABLE, check_outcome, correctness_matrix
+from spark_jobs.correctness_chart import (
+    CROSS_BACKEND_COLUMN, FAIL, NOT_APPLICABLE, check_outcome, correctness_matrix,
+)
 from spark_jobs.events import CHECK_DESCRIPTIONS
 
 STYLE = """
@@ -18,7 +20,8 @@ body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; mar
        max-width: 1100px; color: #222; line-height: 1.4; }
 h1 { margin-bottom: 0.2em; }
 h2 { margin-top: 1.8em; border-bottom: 1px solid #ddd; padding-bottom: 0.2em; }
-.verdict { padding: 0.8em 1.2em; border-radius: 6px; color: white; font-size: 1.3em; font-weight: bold; }
+.verdict { padding: 0.8em 1.2em; border-radius: 6px; color: white; font-size: 1.3em;
+           font-weight: bold; }
 .verdict.pass { background: #2e9d4a; }
 .verdict.fail { background: #d2352c; }
 .verdict ul { font-size: 0.75em; font-weight: normal; margin: 0.4em 0 0 0; }
@@ -54,7 +57,8 @@ RUN_ROWS = [
     ("crashes", "crashes", "count"),
     ("wall time (s)", "wall_seconds", "seconds"),
 ]
-# The optional C{cpu} section of a backend (how busy the broker and the clients were), known fields first.
+# The optional C{cpu} section of a backend (how busy the broker and the clients were), known
+# fields first.
 CPU_ROWS = [
     ("broker cores busy", "broker_cores", "cores"),
     ("client cores busy", "client_cores", "cores"),
@@ -70,11 +74,15 @@ LATENCY_GROUPS = [("confirm", "confirm latency (ms)"), ("end_to_end", "end-to-en
 LATENCY_FIELDS = ["count", "p50", "p90", "p99", "max"]
 
 CHART_CAPTIONS = {
-    "throughput": "Published and delivered messages and megabytes per second over each run, per time bucket;"
-                  " the dotted lines are the mean rates of the table above, over each run's active span.",
+    "throughput":
+        "Published and delivered messages and megabytes per second over each run, per time"
+        " bucket; the dotted lines are the mean rates of the table above, over each run's active"
+        " span.",
     "confirm_latency": "Publisher confirm latency: publish to basic.ack, per backend (log scale).",
     "end_to_end_latency": "End-to-end latency: publish to first delivery, per backend (log scale).",
-    "correctness": "Correctness checks: green passed, red failed, with the violation count; n/a did not apply.",
+    "correctness":
+        "Correctness checks: green passed, red failed, with the violation count; n/a did not"
+        " apply.",
 }
 
 NOT_AVAILABLE = "n/a"
@@ -154,7 +162,8 @@ def _settings_section(summary):
 
 def _figures_section(summary):
     backends = summary["backends"]
-    header = "<tr><th>figure</th>" + "".join(f"<th>{escape(name)}</th>" for name in backends) + "</tr>"
+    header = ("<tr><th>figure</th>" + "".join(f"<th>{escape(name)}</th>" for name in backends)
+              + "</tr>")
     width = len(backends) + 1
 
     def group(title):
@@ -167,22 +176,27 @@ def _figures_section(summary):
 
     rows = [group("run")]
     if any("kind" in figures for figures in backends.values()):
-        rows.append(row("kind", [figures.get("kind", "backend") for figures in backends.values()], "text"))
+        kinds = [figures.get("kind", "backend") for figures in backends.values()]
+        rows.append(row("kind", kinds, "text"))
     for label, field, style in RUN_ROWS:
-        rows.append(row(label, [(figures.get("run") or {}).get(field) for figures in backends.values()], style))
+        values = [(figures.get("run") or {}).get(field) for figures in backends.values()]
+        rows.append(row(label, values, style))
     cpus = [figures.get("cpu") or {} for figures in backends.values()]
     if any(cpus):
         rows.append(group("cpu"))
         known = {field for _, field, _ in CPU_ROWS}
         others = sorted({field for cpu in cpus for field in cpu} - known)
-        for label, field, style in CPU_ROWS + [(field.replace("_", " "), field, "count") for field in others]:
+        other_rows = [(field.replace("_", " "), field, "count") for field in others]
+        for label, field, style in CPU_ROWS + other_rows:
             rows.append(row(label, [cpu.get(field) for cpu in cpus], style))
     rows.append(group("throughput"))
     for label, field, style in THROUGHPUT_ROWS:
-        rows.append(row(label, [(figures.get("throughput") or {}).get(field) for figures in backends.values()], style))
+        values = [(figures.get("throughput") or {}).get(field) for figures in backends.values()]
+        rows.append(row(label, values, style))
     for kind, title in LATENCY_GROUPS:
         rows.append(group(title))
-        latencies = [((figures.get("latency_ms") or {}).get(kind)) or {} for figures in backends.values()]
+        latencies = [((figures.get("latency_ms") or {}).get(kind)) or {}
+                     for figures in backends.values()]
         for field in LATENCY_FIELDS:
             values = [_latency_figure(latency, field) for latency in latencies]
             rows.append(row(field, values, "count" if field == "count" else "milliseconds"))
@@ -220,7 +234,8 @@ def _charts_section(charts, images):
 def _not_applicable(check, attributes):
     """A check that did not apply to its run: n/a and why."""
     reason = check.get("reason") or "not applicable to this run"
-    return (f'<td class="na" {attributes} title="{escape(reason)}"><span class="result">{NOT_APPLICABLE}</span>'
+    return (f'<td class="na" {attributes} title="{escape(reason)}">'
+            f'<span class="result">{NOT_APPLICABLE}</span>'
             f'<span class="reason">{escape(reason)}</span></td>')
 
 
@@ -231,7 +246,8 @@ def _result_cell(cell, column, name):
     outcome = check_outcome(cell)
     if outcome == NOT_APPLICABLE:
         return _not_applicable(cell, attributes)
-    counts = f"{format_value(cell.get('violations'))} violations of {format_value(cell.get('checked'))} checked"
+    counts = (f"{format_value(cell.get('violations'))} violations"
+              f" of {format_value(cell.get('checked'))} checked")
     return (
         f'<td class="{outcome}" {attributes}><span class="result">{outcome.upper()}</span> '
         f"{counts}{_examples(cell)}</td>"
@@ -248,18 +264,21 @@ def _correctness_section(summary, charts, images):
     columns, rows = correctness_matrix(summary)
     if not rows:
         return "<h2>Correctness</h2><p>The summary holds no checks.</p>"
-    header = "<tr><th>check</th>" + "".join(f"<th>{escape(column)}</th>" for column in columns) + "</tr>"
+    header = ("<tr><th>check</th>" + "".join(f"<th>{escape(column)}</th>" for column in columns)
+              + "</tr>")
     body = "".join(
         f"<tr><th>{escape(name)}</th>"
         + "".join(_result_cell(cell, column, name) for column, cell in zip(columns, cells))
         + "</tr>"
         for name, cells in rows
     )
-    meanings = "".join(f"<tr><th>{escape(name)}</th><td>{escape(CHECK_DESCRIPTIONS.get(name, ''))}</td></tr>"
+    meanings = "".join(f"<tr><th>{escape(name)}</th>"
+                       f"<td>{escape(CHECK_DESCRIPTIONS.get(name, ''))}</td></tr>"
                        for name, _ in rows)
     return (
         f"<h2>Correctness</h2>{_image(charts, images, 'correctness', 'correctness matrix')}"
-        f'<table id="check-meanings"><tr><th>check</th><th>what it checks</th></tr>{meanings}</table>'
+        f'<table id="check-meanings"><tr><th>check</th><th>what it checks</th></tr>'
+        f'{meanings}</table>'
         f'<table id="correctness">{header}{body}</table>'
     )
 
@@ -270,14 +289,17 @@ def _cross_backend_section(summary):
         return "<h2>Cross-backend checks</h2><p>No cross-backend checks were computed.</p>"
     _, rows = correctness_matrix(summary)
     names = [name for name, cells in rows if cells[-1] is not None and name in checks]
-    header = "<tr><th>check</th><th>result</th><th>checked</th><th>violations</th><th>examples</th></tr>"
+    header = ("<tr><th>check</th><th>result</th><th>checked</th><th>violations</th>"
+              "<th>examples</th></tr>")
     body = []
     for name in names:
         check = checks[name]
         outcome = check_outcome(check)
         examples = _examples(check)
-        result = (_not_applicable(check, f'data-check="{escape(name)}"') if outcome == NOT_APPLICABLE
-                  else f'<td class="{outcome}"><span class="result">{outcome.upper()}</span></td>')
+        if outcome == NOT_APPLICABLE:
+            result = _not_applicable(check, f'data-check="{escape(name)}"')
+        else:
+            result = f'<td class="{outcome}"><span class="result">{outcome.upper()}</span></td>'
         body.append(
             f'<tr><th>{escape(name)}</th>{result}'
             f'<td class="number">{format_value(check.get("checked"))}</td>'

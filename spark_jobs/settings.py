@@ -12,7 +12,8 @@ def _size_list(text):
     try:
         sizes = tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"sizes must be comma-separated byte counts, not {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"sizes must be comma-separated byte counts, not {text!r}") from None
     if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"every size must be at least 1 byte: {text!r}")
     return sizes
@@ -22,7 +23,8 @@ def _exchange_type_list(text):
     kinds = tuple(text.split(","))
     unknown = [kind for kind in kinds if kind not in EXCHANGE_TYPES]
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown exchange types {unknown}; known: {', '.join(EXCHANGE_TYPES)}")
+        raise argparse.ArgumentTypeError(
+            f"unknown exchange types {unknown}; known: {', '.join(EXCHANGE_TYPES)}")
     return kinds
 
 
@@ -30,7 +32,8 @@ def _share(text):
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"a share is a number between 0 and 1, not {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"a share is a number between 0 and 1, not {text!r}") from None
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"a share is between 0 and 1, not {text}")
     return value
@@ -104,27 +107,33 @@ def add_workload_arguments(parser):
     default = WorkloadSettings()
     group = parser.add_argument_group("workload")
     group.add_argument("--seed", type=int, default=default.seed, help="the workload's random seed")
-    group.add_argument("--messages", type=_count(1), default=default.messages, help="messages published in all")
+    group.add_argument("--messages", type=_count(1), default=default.messages,
+                       help="messages published in all")
     group.add_argument("--sizes", type=_size_list, default=default.sizes,
                        help="body sizes in bytes, comma-separated; each message draws one")
-    group.add_argument("--queues", type=_count(1), default=default.queues, help="queues consumers read")
+    group.add_argument("--queues", type=_count(1), default=default.queues,
+                       help="queues consumers read")
     group.add_argument("--parked-queues", type=_count(0), default=default.parked_queues,
                        help="queues nobody reads, left holding messages for the export")
     group.add_argument("--exchange-types", type=_exchange_type_list, default=default.exchange_types,
                        help="exchange types to route through, comma-separated")
-    group.add_argument("--publishers", type=_count(1), default=default.publishers, help="publishing connections")
-    group.add_argument("--consumers", type=_count(0), default=default.consumers, help="consuming connections")
-    group.add_argument("--prefetch", type=_count(1), default=default.prefetch, help="basic.qos prefetch count")
+    group.add_argument("--publishers", type=_count(1), default=default.publishers,
+                       help="publishing connections")
+    group.add_argument("--consumers", type=_count(0), default=default.consumers,
+                       help="consuming connections")
+    group.add_argument("--prefetch", type=_count(1), default=default.prefetch,
+                       help="basic.qos prefetch count")
     group.add_argument("--nack-share", type=_share, default=default.nack_share,
                        help="share of deliveries nacked with requeue")
     group.add_argument("--reject-share", type=_share, default=default.reject_share,
                        help="share of deliveries rejected without requeue")
     group.add_argument("--max-priority", type=_count(0), default=default.max_priority,
                        help="x-max-priority of the queues and top message priority; 0 for none")
-    group.add_argument("--no-confirm", dest="confirm", action="store_false", help="publish without confirm mode")
+    group.add_argument("--no-confirm", dest="confirm", action="store_false",
+                       help="publish without confirm mode")
     group.add_argument("--client", choices=CLIENTS, default=default.client,
-                       help="the publishers' and consumers' AMQP client: fast (pipelining, costs far less than the"
-                            " broker) or pika (default %(default)s)")
+                       help="the publishers' and consumers' AMQP client: fast (pipelining, costs"
+                            " far less than the broker) or pika (default %(default)s)")
     group.add_argument("--crash-every", type=_count(0), default=default.crash_every,
                        help="SIGKILL and restart the broker after every N publishes; 0 never")
     return group
@@ -132,4 +141,5 @@ def add_workload_arguments(parser):
 
 def settings_from_arguments(arguments):
     """The L{WorkloadSettings} an argparse namespace from L{add_workload_arguments} holds."""
-    return WorkloadSettings(**{field.name: getattr(arguments, field.name) for field in fields(WorkloadSettings)})
+    values = {field.name: getattr(arguments, field.name) for field in fields(WorkloadSettings)}
+    return WorkloadSettings(**values)

@@ -51,12 +51,14 @@ def create_session(master=None, driver_memory=None, app_name=APP_NAME):
     if master is not None and master.startswith("local"):
         # A few partitions per core (adaptive execution merges small ones), and
         # a loopback driver: no hostname lookups on a laptop or CI box.
-        builder = (builder.config("spark.sql.shuffle.partitions", str(max(4, 4 * (os.cpu_count() or 1))))
+        partitions = max(4, 4 * (os.cpu_count() or 1))
+        builder = (builder.config("spark.sql.shuffle.partitions", str(partitions))
                    .config("spark.driver.host", "127.0.0.1")
                    .config("spark.driver.bindAddress", "127.0.0.1"))
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         if not launched_by_submit:
-            builder = builder.config("spark.driver.memory", driver_memory or default_driver_memory())
+            builder = builder.config("spark.driver.memory",
+                                     driver_memory or default_driver_memory())
     elif master is not None:
         # The executors run a few Python tasks (the small tables made on the driver, like the
         # runs' last epochs); unless told otherwise they start this interpreter, which has
@@ -72,10 +74,12 @@ def create_session(master=None, driver_memory=None, app_name=APP_NAME):
 
 
 def master_on_loopback(master):
-    """Whether every host of a standalone master URL (C{spark://h1:7077,h2:7077}) is a loopback address."""
+    """Whether every host of a standalone master URL (C{spark://h1:7077,h2:7077}) is a loopback
+    address."""
     if not master.startswith("spark://"):
         return False
-    hosts = [address.rpartition(":")[0] or address for address in master[len("spark://"):].split(",")]
+    addresses = master[len("spark://"):].split(",")
+    hosts = [address.rpartition(":")[0] or address for address in addresses]
     return all(_is_loopback(host) for host in hosts)
 
 

@@ -42,7 +42,9 @@ from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, BooleanType, DoubleType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import (
+    ArrayType, BooleanType, DoubleType, LongType, StringType, StructField, StructType,
+)
 
 from spark_jobs import events
 
@@ -70,7 +72,8 @@ class RunInputError(ValueError):
 
 
 def schema_for(fields):
-    """The Spark schema of a dict of field name to JSON type (L{events.EVENT_FIELDS} and the like)."""
+    """The Spark schema of a dict of field name to JSON type (L{events.EVENT_FIELDS} and the
+    like)."""
     columns = []
     for name, json_type in fields.items():
         if json_type not in SPARK_TYPES:
@@ -82,8 +85,9 @@ def schema_for(fields):
 # The fields the job reads, typed as events.py says; the others (exchange,
 # routing_key, consumer, delivery_tag, delivery_count, confirm, requeue; vhost
 # and exchange of the export) are skipped unparsed: parsing is most of the cost.
-READ_EVENT_FIELDS = ("kind", "client", "session", "epoch", "n", "t", "message_id", "publisher", "seq", "queues",
-                     "size", "body_sha256", "priority", "ok", "queue", "redelivered")
+READ_EVENT_FIELDS = ("kind", "client", "session", "epoch", "n", "t", "message_id", "publisher",
+                     "seq", "queues", "size", "body_sha256", "priority", "ok", "queue",
+                     "redelivered")
 READ_EXPORT_FIELDS = ("queue", "message_id", "body_sha256", "size", "priority", "state")
 EVENT_SCHEMA = schema_for({name: events.EVENT_FIELDS[name] for name in READ_EVENT_FIELDS})
 EXPORT_SCHEMA = schema_for({name: events.EXPORT_FIELDS[name] for name in READ_EXPORT_FIELDS})
@@ -96,19 +100,21 @@ STAGED_EXPORT_SCHEMA = StructType(list(EXPORT_SCHEMA.fields) + [StructField(LABE
 
 
 def run_files(run_dir, exported=True):
-    """The event files and export file of one run directory (None for a run without an export, when not
-    C{exported}), refusing an incomplete one."""
+    """The event files and export file of one run directory (None for a run without an export,
+    when not C{exported}), refusing an incomplete one."""
     run_dir = pathlib.Path(run_dir)
     if not run_dir.is_dir():
         raise RunInputError(f"no run directory {run_dir}")
     event_files = sorted((run_dir / events.EVENTS_DIRECTORY).glob("*.jsonl"))
     if not event_files:
-        raise RunInputError(f"run directory {run_dir} has no {events.EVENTS_DIRECTORY}/*.jsonl event files")
+        raise RunInputError(f"run directory {run_dir} has no {events.EVENTS_DIRECTORY}/*.jsonl"
+                            f" event files")
     if not exported:
         return event_files, None
     export_file = run_dir / events.EXPORT_FILE
     if not export_file.is_file():
-        raise RunInputError(f"run directory {run_dir} has no {events.EXPORT_FILE} (export the store first)")
+        raise RunInputError(f"run directory {run_dir} has no {events.EXPORT_FILE}"
+                            f" (export the store first)")
     return event_files, export_file
 
 
@@ -143,8 +149,8 @@ class RunTables:
     The staged and derived tables of a set of runs, under one work directory.
 
     @ivar labels: the run labels, in the order given.
-    @ivar unexported: the labels of the runs without an export (reference brokers'): what their brokers
-        still hold is unknown, not empty.
+    @ivar unexported: the labels of the runs without an export (reference brokers'): what
+        their brokers still hold is unknown, not empty.
     @ivar parked_queues: the queues nobody consumes, whose messages only an export shows.
     @ivar events: every event (L{STAGED_EVENT_SCHEMA}), partitioned by label and kind.
     @ivar export: every export line (L{STAGED_EXPORT_SCHEMA}).
@@ -179,7 +185,8 @@ class RunTables:
 
     def _messages(self):
         publishes = self.of_kind(events.PUBLISH).select(
-            LABEL, "message_id", "publisher", "seq", F.coalesce("priority", F.lit(0)).alias("priority"),
+            LABEL, "message_id", "publisher", "seq",
+            F.coalesce("priority", F.lit(0)).alias("priority"),
             "queues", "size", "body_sha256", F.col("t").alias("published_at"),
         )
         confirms = self.of_kind(events.CONFIRM).groupBy(LABEL, "message_id").agg(
@@ -206,16 +213,19 @@ class RunTables:
             F.col("published") & (F.col("body_sha256") == F.col("published_sha256"))
             & (F.col("size") == F.col("published_size")), F.lit(False))
         in_order = joined.select(
-            LABEL, "kind", "message_id", "queue", "client", "session", "epoch", "n", "t", "redelivered",
-            "size", "publisher", "seq", "priority", "published_at", "published_size",
+            LABEL, "kind", "message_id", "queue", "client", "session", "epoch", "n", "t",
+            "redelivered", "size", "publisher", "seq", "priority", "published_at", "published_size",
             F.coalesce("published", F.lit(False)).alias("published"),
             F.when(is_delivery, body_matches).alias("body_matches"),
-            # Both hashes only where they differ: the body checks' examples and the cross-backend body check.
+            # Both hashes only where they differ: the body checks' examples and the
+            # cross-backend body check.
             F.when(is_delivery & ~body_matches, F.col("body_sha256")).alias("delivered_sha256"),
-            F.when(is_delivery & ~body_matches, F.col("published_sha256")).alias("published_sha256"),
+            F.when(is_delivery & ~body_matches, F.col("published_sha256"))
+            .alias("published_sha256"),
             F.sum(is_delivery.cast("long")).over(so_far).alias("delivery_number"),
             F.sum(is_ack.cast("long")).over(so_far).alias("ack_number"),
-            F.last(F.when(is_ack, F.col("epoch")), ignorenulls=True).over(before).alias("prior_ack_epoch"),
+            F.last(F.when(is_ack, F.col("epoch")), ignorenulls=True).over(before)
+            .alias("prior_ack_epoch"),
         )
         # Facts about the whole pair, on each of its rows: same partitioning and
         # sort as above, so no second shuffle.
@@ -230,26 +240,30 @@ class RunTables:
             F.min(F.when(is_delivery & (F.col("epoch") == prior_ack_epoch),
                          F.struct("epoch", "t", "n", "client", "session")))
             .over(whole_pair).alias("delivered_after_ack"),
-            F.coalesce(F.max(is_delivery & (F.col("epoch") > prior_ack_epoch)).over(whole_pair), F.lit(False))
+            F.coalesce(F.max(is_delivery & (F.col("epoch") > prior_ack_epoch)).over(whole_pair),
+                       F.lit(False))
             .alias("ack_lost_to_crash"),
             F.max(F.when(is_ack, F.col("epoch"))).over(whole_pair).alias("last_ack_epoch"),
         )
 
     def first_deliveries(self):
-        """Each (message, queue) pair's first delivery, if not flagged redelivered and of a published message."""
+        """Each (message, queue) pair's first delivery, if not flagged redelivered and of a
+        published message."""
         return self.pair_events.where(
             (F.col("kind") == events.DELIVER) & (F.col("delivery_number") == 1)
             & ~F.col("redelivered") & F.col("published"))
 
     def accounted_pairs(self):
-        """(label, message_id, queue) of every pair delivered at least once or held in the export (may repeat)."""
+        """(label, message_id, queue) of every pair delivered at least once or held in the export
+        (may repeat)."""
         delivered = self.pair_events.where(
             (F.col("kind") == events.DELIVER) & (F.col("delivery_number") == 1)).select(*PAIR)
         return delivered.unionByName(self.export.select(*PAIR))
 
 
 FAILED_FILE = re.compile(r"reading file (?:file:(?://)?)?(?P<path>\S+?)\.?(?:\s|$)")
-MALFORMED_LINE = re.compile(r"Malformed records are detected in record parsing: (?P<line>.*?)\.?$", re.M)
+MALFORMED_LINE = re.compile(
+    r"Malformed records are detected in record parsing: (?P<line>.*?)\.?$", re.M)
 PARSE_PROBLEM = re.compile(r"(?P<reason>Cannot parse the value .*? as target spark data type \w+)")
 
 
@@ -269,7 +283,8 @@ def stage_runs(spark, runs_dir, labels, work_dir, unexported=(), parked_queues=(
     C{work_dir}.
 
     @param unexported: labels of runs without an export (their export.jsonl is not read).
-    @param parked_queues: the workload's queues nobody consumes, for the checks (L{RunTables.parked_queues}).
+    @param parked_queues: the workload's queues nobody consumes, for the checks
+        (L{RunTables.parked_queues}).
     @return: a L{RunTables} (not yet derived).
     @raise RunInputError: a run directory is missing or incomplete, or a line
         is not JSON of the types in L{spark_jobs.events}.
@@ -286,10 +301,13 @@ def stage_runs(spark, runs_dir, labels, work_dir, unexported=(), parked_queues=(
         if export_file is not None:
             export_frames.append(_read_json_lines(spark, EXPORT_SCHEMA, [export_file], label))
     if not export_frames:  # only runs without an export: an empty table
-        export_frames.append(spark.createDataFrame([], EXPORT_SCHEMA).withColumn(LABEL, F.lit(None).cast("string")))
+        empty = spark.createDataFrame([], EXPORT_SCHEMA)
+        export_frames.append(empty.withColumn(LABEL, F.lit(None).cast("string")))
     try:
-        _union(event_frames).write.mode("overwrite").partitionBy(LABEL, "kind").parquet(str(work_dir / "events"))
-        _union(export_frames).write.mode("overwrite").partitionBy(LABEL).parquet(str(work_dir / "export"))
+        (_union(event_frames).write.mode("overwrite").partitionBy(LABEL, "kind")
+         .parquet(str(work_dir / "events")))
+        (_union(export_frames).write.mode("overwrite").partitionBy(LABEL)
+         .parquet(str(work_dir / "export")))
     except (PySparkException, Py4JJavaError) as problem:
         raise RunInputError(describe_read_failure(str(problem), runs_dir)) from None
     return RunTables(spark, labels, work_dir, unexported, parked_queues)

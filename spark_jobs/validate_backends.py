@@ -6,49 +6,41 @@ them (L{spark_jobs.analysis}) and write the report (L{spark_jobs.report})::
     brokerd-validate --backends sqlite,filelog,chunked --messages 2000 --out report/
     python -m spark_jobs.validate_backends --backends sqlite --messages 200 --out report/
     spark-submit spark_jobs/validate_backends.py --backends sqlite,chunked --out report/
-    python -m spark_jobs.validate_backends --backends sqlite --out report/ \
-        --reference rabbitmq=amqp://guest:guest@127.0.0.1:5672/ \
+    python -m spark_jobs.validate_backends --backends sqlite --out report/ \\
+        --reference rabbitmq=amqp://guest:guest@127.0.0.1:5672/ \\
         --reference-restart "rabbitmq=docker restart -t 0 rabbit" --crash-every 1000
 
-Each C{--backends} item is a backend string (C{chunked:chunk_size=1M}); its
-run lives in C{<out>/runs/<label>/}, the label being the name before any
-colon, so labels must differ. Each C{--reference NAME=URL} adds a run of the
-same workload against an AMQP 0-9-1 broker already running at URL, in
-C{<out>/runs/NAME/}, reported beside the backends (L{parse_references}); its
-store is not exported, so the checks that read an export do not apply to it.
-A fresh run replaces an earlier run directory of the same label;
-C{--reuse-runs} keeps the runs there and only exports the backends' stores
-again (for stores changed after their run) before the Spark job, and
-C{--reuse-runs --keep-exports} runs the Spark job alone, over the runs'
-C{export.jsonl} as they are (runs whose broker data is gone, or generated ones
-such as C{benchmarks.synthetic_runs} writes).
+Each C{--backends} item is a backend string (C{chunked:chunk_size=1M}); its run
+lives in C{<out>/runs/<label>/}, the label being the name before any colon, so
+labels must differ. Each C{--reference NAME=URL} adds a run of the same
+workload against an AMQP 0-9-1 broker already running at URL, in
+C{<out>/runs/NAME/}, reported beside the backends
+(L{spark_jobs.validation_options.parse_references}); its store is not exported,
+so the checks that read an export do not apply to it. A fresh run replaces an
+earlier run directory of the same label; C{--reuse-runs} keeps the runs there
+and only exports the backends' stores again (for stores changed after their
+run) before the Spark job, and C{--reuse-runs --keep-exports} runs the Spark
+job alone, over the runs' C{export.jsonl} as they are (runs whose broker data
+is gone, or generated ones such as C{benchmarks.synthetic_runs} writes).
 
 Exit status: 0 when every check passes, 1 when any fails (the summary's
 verdict is "fail"), 2 for a bad command line, 3 when the validation could not
 be carried out (a run, export or input failed; the message names it).
 """
 
-import argparse
-import json
-import pathlib
-import re
 import shutil
 import sys
-import tempfile
 import time
 
-from twisted.internet.task import Clock
-
-from brokerd.storage.registry import BackendError, make_store, split_backend_string
 from spark_jobs import events
 from spark_jobs.brokers import parse_amqp_url
 from spark_jobs.progress import ProgressPrinter
-from spark_jobs.settings import WorkloadSettings, add_workload_arguments, settings_from_arguments
+from spark_jobs.settings import WorkloadSettings, settings_from_arguments
+from spark_jobs.validation_options import PROGRAM, parse_arguments, run_labels
 
-DEFAULT_BACKENDS = "sqlite,filelog,chunked"
-SPARK_LOG = "spark.log"  # in --out: with --quiet, what the Spark JVM says on stderr goes here instead
+# In --out: with --quiet, what the Spark JVM says on stderr goes here instead.
+SPARK_LOG = "spark.log"
 PASSED, FAILED, USAGE_ERROR, NOT_CARRIED_OUT = 0, 1, 2, 3
-REFERENCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 NOT_APPLICABLE = "n/a"
 
 
@@ -56,194 +48,27 @@ class ValidationError(Exception):
     """A step of the validation could not be carried out."""
 
 
-def parse_backends(text):
-    """
-    C{"sqlite,chunked:chunk_size=1M"} -> C{[("sqlite", "sqlite"), ("chunked", "chunked:chunk_size=1M")]}:
-    (label, backend string) pairs, each backend registered, durable, and given only options it has,
-    with values it takes.
-
-    @raise BackendError: naming the item at fault.
-    """
-    items = [item.strip() for item in text.split(",")]
-    if not any(items) or not all(items):
-        raise BackendError(f"--backends needs comma-separated backend names, not {text!r}")
-    pairs = []
-    for item in items:
-        name, _ = split_backend_string(item)
-        with tempfile.TemporaryDirectory() as scratch:
-            # Built, never opened (a Clock stands in for the reactor): checks the name, options and values.
-            store = make_store(item, scratch, reactor=Clock())
-        if not store.durable:
-            raise BackendError(f"backend {name!r} keeps nothing on disk, so there is no store to export and"
-                               " check after the run; pick durable backends")
-        pairs.append((name, item))
-    labels = [label for label, _ in pairs]
-    repeated = sorted({label for label in labels if labels.count(label) > 1})
-    if repeated:
-        raise BackendError(f"backend {repeated[0]!r} is given twice in --backends; each run needs its own label")
-    return pairs
-
-
-class Reference:
-    """A C{--reference NAME=URL}: its label, the URL, and its C{--reference-restart} command (None without)."""
-
-    def __init__(self, label, url, restart_command=None):
-        self.label = label
-        self.url = url
-        self.restart_command = restart_command
-
-
-def _name_and_value(item, option, value_name):
-    name, equals, value = item.partition("=")
-    name, value = name.strip(), value.strip()
-    if not equals or not name or not value:
-        raise ValueError(f"{option} takes NAME={value_name}, not {item!r}")
-    return name, value
-
-
-def parse_references(references, restarts, backend_labels):
-    """
-    The C{--reference NAME=URL} items as L{Reference}s, each given its
-    C{--reference-restart NAME=COMMAND} (the text after the first C{=} is the
-    shell command, spaces and all).
-
-    @raise ValueError: naming the item at fault: not NAME=URL, a name that is
-        not a plain label or clashes with a backend's or another reference's,
-        a URL that is not C{amqp://...}, a restart command for no reference or
-        two for one.
-    """
-    found = {}
-    for item in references:
-        name, url = _name_and_value(item, "--reference", "URL")
-        if not REFERENCE_NAME.fullmatch(name):
-            raise ValueError(f"--reference name {name!r} must be letters, digits, '.', '_' or '-' (it names the"
-                             " run directory)")
-        if name in backend_labels:
-            raise ValueError(f"--reference name {name!r} is also a backend in --backends; each run needs its own"
-                             " label")
-        if name in found:
-            raise ValueError(f"--reference {name!r} is given twice; each run needs its own label")
-        parse_amqp_url(url)
-        found[name] = Reference(name, url)
-    for item in restarts:
-        name, command = _name_and_value(item, "--reference-restart", "COMMAND")
-        if name not in found:
-            raise ValueError(f"--reference-restart {name!r} names no --reference"
-                             f" (references: {', '.join(found) or 'none'})")
-        if found[name].restart_command is not None:
-            raise ValueError(f"--reference-restart {name!r} is given twice")
-        found[name].restart_command = command
-    return list(found.values())
-
-
-def run_labels(arguments):
-    """Every run's label in report order: the backends, then the references."""
-    return [label for label, _ in arguments.backends] + [reference.label for reference in arguments.references]
-
-
-PROGRAM = "brokerd-validate"  # the console script; python -m spark_jobs.validate_backends runs the same
-
-
-def build_parser(prog=PROGRAM):
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description="Play one seeded workload against each storage backend, then check with Spark that"
-                    " every backend kept its promises and that they all agree; writes summary.json,"
-                    " report.html and charts.",
-        epilog="Exit status: 0 every check passed, 1 a check failed, 2 bad command line,"
-               " 3 a run, export or the analysis could not be carried out.",
-    )
-    parser.add_argument("--backends", default=DEFAULT_BACKENDS,
-                        help="backend strings, comma-separated (NAME[:key=value...]; default %(default)s)")
-    parser.add_argument("--reference", action="append", default=[], metavar="NAME=URL",
-                        help="also play the workload against the AMQP 0-9-1 broker running at URL"
-                             " (amqp://USER:PASSWORD@HOST:PORT/VHOST, vhost / as %%2F or an empty path) and report"
-                             " it as NAME beside the backends; its queues and exchanges named wl.* are deleted"
-                             " before and after its run; repeatable")
-    parser.add_argument("--reference-restart", action="append", default=[], metavar="NAME=COMMAND",
-                        help="shell command that crashes and restarts reference NAME at each --crash-every point"
-                             " (e.g. 'rabbitmq=docker restart -t 0 rabbit'); the run goes on once its URL takes"
-                             " connections again. Without one, that reference runs without crashes; repeatable")
-    parser.add_argument("--out", required=True, type=pathlib.Path,
-                        help="directory for the runs (OUT/runs/LABEL/) and the report")
-    parser.add_argument("--master", default=None,
-                        help="Spark master URL (default local[*], or the one spark-submit was given)")
-    parser.add_argument("--driver-memory", default=None,
-                        help="Spark driver memory for a locally started JVM (default: half of this machine's RAM)")
-    parser.add_argument("--reuse-runs", action="store_true",
-                        help="do not run the workload: take OUT/runs/LABEL/ as they are (their stores are"
-                             " exported again)")
-    parser.add_argument("--keep-exports", action="store_true",
-                        help="with --reuse-runs: take each run's export.jsonl as it is instead of exporting its"
-                             " store again, so only the Spark job runs")
-    shown = parser.add_mutually_exclusive_group()
-    shown.add_argument("--progress", action="store_true",
-                       help="show progress on stderr, the default (in place on a terminal, else a line every few"
-                            " seconds)")
-    shown.add_argument("--quiet", action="store_true",
-                       help="show no progress: print only the results on stdout (summary table, wall times,"
-                            " report path, verdict)")
-    add_workload_arguments(parser)
-    return parser
-
-
-def parse_arguments(argv=None, prog=PROGRAM):
-    """The parsed command line plus C{backends} as (label, string) pairs and C{references} as L{Reference}s;
-    exits with status 2 on a bad one."""
-    parser = build_parser(prog)
-    arguments = parser.parse_args(argv)
-    try:
-        arguments.backends = parse_backends(arguments.backends)
-        arguments.references = parse_references(arguments.reference, arguments.reference_restart,
-                                                 [label for label, _ in arguments.backends])
-    except (BackendError, ValueError) as problem:
-        parser.error(str(problem))
-    if arguments.keep_exports and not arguments.reuse_runs:
-        parser.error("--keep-exports only goes with --reuse-runs: a fresh run has no export to keep")
-    if arguments.reuse_runs:
-        references = {reference.label for reference in arguments.references}
-        for label in run_labels(arguments):
-            run_dir = arguments.out / "runs" / label
-            if not (run_dir / events.EVENTS_DIRECTORY).is_dir():
-                parser.error(f"--reuse-runs: there is no run of {label} in {run_dir}; run without --reuse-runs first")
-            wanted = events.REFERENCE_RUN if label in references else events.BACKEND_RUN
-            recorded = _recorded_kind(run_dir)
-            if recorded != wanted:
-                parser.error(f"--reuse-runs: the run in {run_dir} is a {recorded} run, and the command line makes"
-                             f" {label} a {wanted}")
-            exported = (run_dir / events.EXPORT_FILE).is_file()
-            if arguments.keep_exports and wanted == events.BACKEND_RUN and not exported:
-                parser.error(f"--keep-exports: the run of {label} in {run_dir} has no {events.EXPORT_FILE};"
-                             " leave --keep-exports out to export its store")
-    return arguments
-
-
 def _progress_printer(quiet):
-    """What the validation shows on stderr while it runs (L{spark_jobs.progress}): nothing when C{quiet}."""
+    """What the validation shows on stderr while it runs (L{spark_jobs.progress}): nothing when
+    C{quiet}."""
     return ProgressPrinter() if quiet else ProgressPrinter.to_stream(sys.stderr)
-
-
-def _recorded_kind(run_dir):
-    """The C{kind} a run's run.json records (a backend run when it records none or cannot be read)."""
-    try:
-        facts = json.loads((run_dir / events.RUN_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return events.BACKEND_RUN
-    return facts.get("kind", events.BACKEND_RUN) if isinstance(facts, dict) else events.BACKEND_RUN
 
 
 def _fresh_run_dir(run_dir):
     """Removes an earlier run of the same label, so its broker data cannot leak into the new run."""
     if run_dir.exists():
-        if not (run_dir / events.RUN_FILE).exists() and not (run_dir / events.EVENTS_DIRECTORY).exists():
+        if (not (run_dir / events.RUN_FILE).exists()
+                and not (run_dir / events.EVENTS_DIRECTORY).exists()):
             if any(run_dir.iterdir()):
-                raise ValidationError(f"{run_dir} exists and is not a run directory; not replacing it")
+                raise ValidationError(f"{run_dir} exists and is not a run directory;"
+                                      f" not replacing it")
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
 
 
 def _run_settings(arguments):
-    """The settings the runs played: the command line's, or with --reuse-runs the first run's run.json."""
+    """The settings the runs played: the command line's, or with --reuse-runs the first run's
+    run.json."""
     settings = settings_from_arguments(arguments)
     if arguments.reuse_runs:
         from spark_jobs.tables import RunInputError, read_run_facts
@@ -254,14 +79,15 @@ def _run_settings(arguments):
                 if isinstance(recorded, dict):
                     return WorkloadSettings.from_json(recorded)
             except (RunInputError, TypeError) as problem:
-                raise ValidationError(f"the settings in the run.json of {label} are unreadable: {problem}") from None
+                raise ValidationError(f"the settings in the run.json of {label} are unreadable:"
+                                      f" {problem}") from None
     return settings
 
 
 def produce_runs(arguments, progress, timings):
-    """Runs the workload (unless reusing runs) for every backend and reference and the export (unless keeping
-    the exports) for every backend, noting each one's wall time in C{timings} (C{workload_seconds} and
-    C{export_seconds}, per label)."""
+    """Runs the workload (unless reusing runs) for every backend and reference and the export
+    (unless keeping the exports) for every backend, noting each one's wall time in C{timings}
+    (C{workload_seconds} and C{export_seconds}, per label)."""
     settings = settings_from_arguments(arguments)
     runs = [(label, backend, None) for label, backend in arguments.backends]
     runs += [(reference.label, None, reference) for reference in arguments.references]
@@ -273,7 +99,8 @@ def produce_runs(arguments, progress, timings):
             against = f" against {parse_amqp_url(reference.url).masked_url}" if reference else ""
             progress(f"{step} workload started{against}")
             started = time.monotonic()
-            _play(label, backend, reference, settings, run_dir, progress.for_backend(number, len(runs)))
+            _play(label, backend, reference, settings, run_dir,
+                  progress.for_backend(number, len(runs)))
             timings.setdefault("workload_seconds", {})[label] = round(time.monotonic() - started, 3)
         if backend is None:
             continue
@@ -291,8 +118,8 @@ def _play(label, backend, reference, settings, run_dir, progress):
         if reference is None:
             run_workload(backend, settings, run_dir, progress=progress, label=label)
         else:
-            run_reference(reference.url, settings, run_dir, label, restart_command=reference.restart_command,
-                          progress=progress)
+            run_reference(reference.url, settings, run_dir, label,
+                          restart_command=reference.restart_command, progress=progress)
     except (WorkloadFailed, ValueError) as problem:
         target = backend if reference is None else f"reference {label}"
         raise ValidationError(f"the workload on {target} failed: {problem}") from None
@@ -305,9 +132,11 @@ def _export(label, backend, run_dir, step, progress, timings):
     progress(f"{step} export started")
     started = time.monotonic()
     try:
-        lines = export_store(backend, run_dir / events.DATA_DIRECTORY, run_dir / events.EXPORT_FILE, label=label)
+        lines = export_store(backend, run_dir / events.DATA_DIRECTORY, run_dir / events.EXPORT_FILE,
+                             label=label)
     except ExportError as problem:
-        raise ValidationError(f"exporting the {backend} store of {run_dir} failed: {problem}") from None
+        raise ValidationError(f"exporting the {backend} store of {run_dir} failed:"
+                              f" {problem}") from None
     timings.setdefault("export_seconds", {})[label] = round(time.monotonic() - started, 3)
     progress(f"{step} exported {lines} stored messages in {timings['export_seconds'][label]:.1f} s")
 
@@ -339,15 +168,20 @@ def analyse(arguments, settings, progress, timings):
 
 def failed_checks(checks):
     """The names of the checks that apply and failed."""
-    return [name for name, check in checks.items() if events.check_applies(check) and not check["pass"]]
+    return [name for name, check in checks.items()
+            if events.check_applies(check) and not check["pass"]]
 
 
 def summary_table(summary):
-    """A few lines: per backend or reference its counts, rates, p99 latencies, which side used more CPU (the
-    limit) and failed checks (and those that do not apply, n/a); the notes on runs; then the cross-backend checks."""
+    """A few lines: per backend or reference its counts, rates, p99 latencies, which side used more
+    CPU (the limit) and failed checks (and those that do not apply, n/a); the notes on runs; then
+    the cross-backend checks."""
     width = max([10, *map(len, summary["backends"])])
-    header = (f"{'backend':<{width}} {'published':>9} {'confirmed':>9} {'delivered':>9} {'stored':>7} {'crashes':>7}"
-              f" {'publish/s':>10} {'deliver/s':>10} {'confirm p99 ms':>14} {'e2e p99 ms':>10} {'limit':>7}  checks")
+    header = (f"{'backend':<{width}} {'published':>9} {'confirmed':>9} {'delivered':>9}"
+              f" {'stored':>7} {'crashes':>7}"
+              f" {'publish/s':>10} {'deliver/s':>10}"
+              f" {'confirm p99 ms':>14} {'e2e p99 ms':>10}"
+              f" {'limit':>7}  checks")
     lines, notes = [header], []
     for label, backend in summary["backends"].items():
         run, rates, latency = backend["run"], backend["throughput"], backend["latency_ms"]
@@ -359,11 +193,13 @@ def summary_table(summary):
         if not_applicable:
             outcome += f" ({NOT_APPLICABLE}: {', '.join(not_applicable)})"
         lines.append(
-            f"{label:<{width}} {run['published']:>9} {run['confirmed']:>9} {run['delivered']:>9} {stored:>7}"
-            f" {run['crashes']:>7} {rates['publish_msgs_per_s']:>10.1f} {rates['deliver_msgs_per_s']:>10.1f}"
+            f"{label:<{width}} {run['published']:>9} {run['confirmed']:>9} {run['delivered']:>9}"
+            f" {stored:>7} {run['crashes']:>7}"
+            f" {rates['publish_msgs_per_s']:>10.1f} {rates['deliver_msgs_per_s']:>10.1f}"
             f" {latency['confirm']['p99']:>14.2f} {latency['end_to_end']['p99']:>10.2f}"
             f" {(backend.get('cpu') or {}).get('limit', 'unknown'):>7}  {outcome}")
-        notes += [f"{label} ({backend.get('kind', events.BACKEND_RUN)}): {note}" for note in backend.get("notes", [])]
+        kind = backend.get("kind", events.BACKEND_RUN)
+        notes += [f"{label} ({kind}): {note}" for note in backend.get("notes", [])]
     lines += notes
     failed = failed_checks(summary["cross_backend"]["checks"])
     lines.append(f"cross-backend checks: {'fail: ' + ', '.join(failed) if failed else 'pass'}")
@@ -371,11 +207,15 @@ def summary_table(summary):
 
 
 def timings_line(timings):
-    """Where the wall time went: the workload and export per backend, the Spark job (and its steps), the report."""
+    """Where the wall time went: the workload and export per backend, the Spark job (and its
+    steps), the report."""
     parts = [f"{step.removesuffix('_seconds')} {label} {seconds:.1f} s"
-             for step in ("workload_seconds", "export_seconds") for label, seconds in timings.get(step, {}).items()]
-    steps = ", ".join(f"{name} {seconds:.1f}" for name, seconds in timings.get("spark_step_seconds", {}).items())
-    parts.append(f"Spark job {timings.get('spark_seconds', 0):.1f} s" + (f" ({steps})" if steps else ""))
+             for step in ("workload_seconds", "export_seconds")
+             for label, seconds in timings.get(step, {}).items()]
+    steps = ", ".join(f"{name} {seconds:.1f}"
+                      for name, seconds in timings.get("spark_step_seconds", {}).items())
+    parts.append(f"Spark job {timings.get('spark_seconds', 0):.1f} s"
+                 + (f" ({steps})" if steps else ""))
     parts.append(f"report {timings.get('report_seconds', 0):.1f} s")
     return "wall time: " + ", ".join(parts)
 
@@ -403,7 +243,8 @@ def main(argv=None, prog=PROGRAM):
             summary = write_report(summary, arguments.out)
         except SummaryError as problem:
             raise ValidationError(f"the report could not be written: {problem}") from None
-        timings["report_seconds"] = round(time.monotonic() - started, 3)  # printed; summary.json is written by then
+        # Printed; summary.json is written by then.
+        timings["report_seconds"] = round(time.monotonic() - started, 3)
         progress(f"report written in {timings['report_seconds']:.1f} s")
     except (ValidationError, OSError) as problem:
         print(f"validation not carried out: {problem}", file=sys.stderr)

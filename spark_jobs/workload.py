@@ -4,7 +4,8 @@ elsewhere (RabbitMQ, say), with real AMQP clients, and leaves the run directory
 L{spark_jobs.events} describes (run.json, events/*.jsonl, data/, broker.log)::
 
     brokerd-workload --backend sqlite --out runs/sqlite --messages 100000 --crash-every 30000
-    python -m spark_jobs.workload --reference amqp://guest:guest@127.0.0.1:5672/ --label rabbitmq --out runs/rabbitmq
+    python -m spark_jobs.workload --reference amqp://guest:guest@127.0.0.1:5672/ \\
+        --label rabbitmq --out runs/rabbitmq
 
 The broker under test is one role (L{spark_jobs.brokers}): a brokerd gets its
 own data directory and a free port; a reference is reached by its URL.
@@ -29,7 +30,13 @@ import pika
 
 from brokerd.storage import registry
 from spark_jobs import events
-from spark_jobs.brokers import BrokerdProcess, ExternalBroker, WorkloadFailed, connection_parameters, parse_amqp_url
+from spark_jobs.brokers import (
+    BrokerdProcess,
+    ExternalBroker,
+    WorkloadFailed,
+    connection_parameters,
+    parse_amqp_url,
+)
 from spark_jobs.client_processes import ClientProcesses
 from spark_jobs.clients import ClientConfig
 from spark_jobs.control import BROKER_NACKED, CONFIRMED, DELIVERED, PUBLISHED, RunControl
@@ -41,8 +48,10 @@ WATCH_INTERVAL = 0.1  # seconds between the runner's looks at its clients while 
 DRAIN_POLL = 0.2  # seconds between looks at the consumed queues once publishing is over
 DRAIN_STABLE_LOOKS = 3  # consecutive looks that must find the queues drained and nothing moving
 CLIENT_START_TIMEOUT = 120.0  # seconds for every client process to start, connect and get ready
-STALL_TIMEOUT = 300.0  # seconds without any publish, confirm or delivery before a run is declared stuck
-NO_RESTART_NOTE = "crash runs skipped: no --reference-restart command to crash and restart this broker"
+# Seconds without any publish, confirm or delivery before a run is declared stuck.
+STALL_TIMEOUT = 300.0
+NO_RESTART_NOTE = ("crash runs skipped: no --reference-restart command to crash and restart this"
+                   " broker")
 
 
 def default_label(backend):
@@ -110,9 +119,11 @@ def declare_topology(channel, topology):
     for exchange, kind in topology.exchanges.items():
         channel.exchange_declare(exchange, kind, durable=True)
     for queue in topology.all_queues:
-        channel.queue_declare(queue, durable=True, arguments=topology.queue_arguments[queue] or None)
+        channel.queue_declare(queue, durable=True,
+                              arguments=topology.queue_arguments[queue] or None)
     for binding in topology.bindings:
-        channel.queue_bind(binding.queue, binding.exchange, binding.routing_key, arguments=binding.arguments or None)
+        channel.queue_bind(binding.queue, binding.exchange, binding.routing_key,
+                           arguments=binding.arguments or None)
 
 
 def _check_backend(backend):
@@ -128,8 +139,9 @@ def _check_backend(backend):
 
 
 class _Run:
-    """One run of the workload: the broker's incarnations (an L{IBrokerUnderTest<spark_jobs.brokers.IBrokerUnderTest>}),
-    the client processes (L{ClientProcesses}) and what they did."""
+    """One run of the workload: the broker's incarnations (an
+    L{IBrokerUnderTest<spark_jobs.brokers.IBrokerUnderTest>}), the client processes
+    (L{ClientProcesses}) and what they did."""
 
     def __init__(self, broker, settings, run_dir, label, say):
         self.settings = settings
@@ -150,8 +162,10 @@ class _Run:
         self.started = None
         self.workload_started = None  # the gate opened: every client was ready
         self.workload_ended = None  # the consumed queues were drained
-        self.broker_cpu_from = 0.0  # the current incarnation's CPU seconds when the workload began (0 after a restart)
-        self.broker_cpu_used = 0.0  # CPU seconds of the incarnations before the current one, during the workload
+        # The current incarnation's CPU seconds when the workload began (0 after a restart).
+        self.broker_cpu_from = 0.0
+        # CPU seconds of the incarnations before the current one, during the workload.
+        self.broker_cpu_used = 0.0
 
     # -- the run
 
@@ -178,7 +192,8 @@ class _Run:
             self.broker_log.close()
         ended = time.time()
         result = self._describe(ended, drain_seconds)
-        (self.run_dir / events.RUN_FILE).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        (self.run_dir / events.RUN_FILE).write_text(json.dumps(result, indent=2) + "\n",
+                                                    encoding="utf-8")
         if self.say:
             self.say(self._progress_line(final=True))
         return result
@@ -186,7 +201,8 @@ class _Run:
     def _prepare_directory(self):
         if (self.run_dir / events.RUN_FILE).exists() or any(self.events_dir.glob("*.jsonl")) or (
                 self.data_dir.exists() and any(self.data_dir.iterdir())):
-            raise ValueError(f"run directory {self.run_dir} already holds a run; give an empty or new directory")
+            raise ValueError(f"run directory {self.run_dir} already holds a run;"
+                             f" give an empty or new directory")
         self.events_dir.mkdir(parents=True, exist_ok=True)
         self.data_dir.mkdir(parents=True, exist_ok=True)
 
@@ -205,29 +221,35 @@ class _Run:
             with self._admin_connection() as connection:
                 declare_topology(connection.channel(), self.topology)
         except pika.exceptions.AMQPError as problem:
-            raise WorkloadFailed(f"{self.label}: declaring the workload's exchanges and queues failed:"
-                                 f" {problem!r}") from None
+            raise WorkloadFailed(f"{self.label}: declaring the workload's exchanges and queues"
+                                 f" failed: {problem!r}") from None
 
     def _admin_connection(self):
-        return pika.BlockingConnection(connection_parameters(
-            self.broker.login, self.epochs[-1]["port"], "workload-runner", connection_attempts=3, retry_delay=0.2))
+        parameters = connection_parameters(self.broker.login, self.epochs[-1]["port"],
+                                           "workload-runner", connection_attempts=3,
+                                           retry_delay=0.2)
+        return pika.BlockingConnection(parameters)
 
     def _start_clients(self):
-        """Start every client process and open the gate once all of them are connected and ready."""
-        config = ClientConfig(self.label, self.settings.to_json(), str(self.events_dir), **self.broker.login)
+        """Start every client process and open the gate once all of them are connected and
+        ready."""
+        config = ClientConfig(self.label, self.settings.to_json(), str(self.events_dir),
+                              **self.broker.login)
         self.clients.start(config, self.settings)
         deadline = time.monotonic() + CLIENT_START_TIMEOUT
         while not self.control.all_ready.wait(WATCH_INTERVAL):
             self._check_clients()
             if time.monotonic() > deadline:
-                raise WorkloadFailed(f"{self.label}: only {self.control.ready_clients} of {self.control.clients}"
-                                     f" clients were ready after {CLIENT_START_TIMEOUT:.0f} s")
+                raise WorkloadFailed(f"{self.label}: only {self.control.ready_clients}"
+                                     f" of {self.control.clients} clients were ready"
+                                     f" after {CLIENT_START_TIMEOUT:.0f} s")
         self.workload_started = time.time()
         self.broker_cpu_from = self._broker_cpu()
         self.control.open_gate(self._next_limit())
 
     def _next_limit(self):
-        """The publish count of the next crash, or every message when no crash is left (or the broker cannot crash)."""
+        """The publish count of the next crash, or every message when no crash is left (or the
+        broker cannot crash)."""
         every = self.settings.crash_every if self.broker.can_crash else 0
         if not every:
             return self.settings.messages
@@ -241,24 +263,29 @@ class _Run:
                 if self.control.gate_reached.wait(WATCH_INTERVAL) and \
                         self.control.published_total < self.settings.messages:
                     self._crash()
-            else:  # every publish made (the gate stays reached): wait for a publisher to end, not spin
+            else:
+                # Every publish made (the gate stays reached): wait for a publisher to end, not
+                # spin.
                 self.clients.wait_for_a_publisher(WATCH_INTERVAL)
             self._check_clients()
             self._maybe_progress()
-            counts = tuple(self.control.total(counter) for counter in (PUBLISHED, CONFIRMED, BROKER_NACKED, DELIVERED))
+            counts = tuple(self.control.total(counter)
+                           for counter in (PUBLISHED, CONFIRMED, BROKER_NACKED, DELIVERED))
             if counts != last_counts:
                 moved, last_counts = time.monotonic(), counts
             elif time.monotonic() - moved > STALL_TIMEOUT:
-                raise WorkloadFailed(f"{self.label}: nothing was published, confirmed or delivered for"
-                                     f" {STALL_TIMEOUT:.0f} s ({self._progress_line()}); is the broker blocking"
-                                     f" publishers (memory watermark) or stuck? Its last lines:\n{self.broker.tail()}")
+                raise WorkloadFailed(f"{self.label}: nothing was published, confirmed or delivered"
+                                     f" for {STALL_TIMEOUT:.0f} s ({self._progress_line()});"
+                                     f" is the broker blocking publishers (memory watermark)"
+                                     f" or stuck? Its last lines:\n{self.broker.tail()}")
         self._check_clients()
 
     def _crash(self):
         published = self.control.published_total
         self._add_broker_cpu()
         killed_at = time.time()
-        self.control.set_broker(self.epoch, 0)  # no address until the next incarnation takes connections
+        # No address until the next incarnation takes connections.
+        self.control.set_broker(self.epoch, 0)
         self.broker.crash()
         self.crashes.append({"epoch": self.epoch, "t": killed_at, "published_before": published})
         self._start_broker()
@@ -270,10 +297,12 @@ class _Run:
         return self.broker.cpu_seconds()
 
     def _add_broker_cpu(self):
-        """Counts the current incarnation's CPU during the workload (before it is killed or stopped)."""
+        """Counts the current incarnation's CPU during the workload (before it is killed or
+        stopped)."""
         used = self._broker_cpu()
         if used is None or self.broker_cpu_from is None or self.broker_cpu_used is None:
-            self.broker_cpu_used = None  # not measurable, or it died unseen: a figure would be short
+            # Not measurable, or it died unseen: a figure would be short.
+            self.broker_cpu_used = None
         else:
             self.broker_cpu_used += used - self.broker_cpu_from
         self.broker_cpu_from = 0.0
@@ -284,13 +313,15 @@ class _Run:
         self.broker.check()
 
     def _drain_phase(self):
-        """Wait until every message in the consumed queues was settled for good; returns the seconds it took."""
+        """Wait until every message in the consumed queues was settled for good; returns the
+        seconds it took."""
         if not self.settings.consumers:
             return 0.0
         try:
             return self._wait_drained()
         except pika.exceptions.AMQPError as problem:
-            raise WorkloadFailed(f"{self.label}: looking at the consumed queues failed: {problem!r}") from None
+            raise WorkloadFailed(f"{self.label}: looking at the consumed queues failed:"
+                                 f" {problem!r}") from None
 
     def _wait_drained(self):
         began = time.monotonic()
@@ -302,7 +333,8 @@ class _Run:
                 ready = sum(channel.queue_declare(queue, passive=True).method.message_count
                             for queue in self.topology.queues)
                 delivered = self.control.total(DELIVERED)
-                settled = sum(self.control.counters(row)[name] for row in range(self.control.clients)
+                settled = sum(self.control.counters(row)[name]
+                              for row in range(self.control.clients)
                               for name in ("acked", "nacked", "rejected"))
                 state = (ready, delivered, settled)
                 stable = stable + 1 if ready == 0 and delivered == settled and state == last else 0
@@ -313,7 +345,8 @@ class _Run:
                 self._maybe_progress()
                 if time.monotonic() > deadline:
                     raise WorkloadFailed(
-                        f"{self.label}: the consumed queues did not drain within {deadline - began:.0f} s:"
+                        f"{self.label}: the consumed queues did not drain"
+                        f" within {deadline - began:.0f} s:"
                         f" {ready} messages ready, {delivered} delivered, {settled} settled")
                 connection.sleep(DRAIN_POLL)
 
@@ -335,12 +368,15 @@ class _Run:
                               self.control.total(DELIVERED), len(self.crashes))
 
     def _progress_line(self, final=False):
-        """The run's counts and mean publish rate so far (C{final}: the line a finished run leaves)."""
+        """The run's counts and mean publish rate so far (C{final}: the line a finished run
+        leaves)."""
         elapsed = (self.workload_ended or time.time()) - (self.workload_started or self.started)
-        return summary_line(self.label, self._progress_counts(), self.settings.messages, elapsed, done=final)
+        return summary_line(self.label, self._progress_counts(), self.settings.messages, elapsed,
+                            done=final)
 
     def _describe(self, ended, drain_seconds):
         clients = self.clients.counters()
+        client_cpu_ms = sum(client["cpu_ms"] for client in clients.values())
         notes = [NO_RESTART_NOTE] if self.settings.crash_every and not self.broker.can_crash else []
         return {
             **self.broker.describe(),
@@ -360,8 +396,9 @@ class _Run:
             "ports": {"amqp": [epoch["port"] for epoch in self.epochs]},
             "clients": clients,
             "cpu": {
-                "broker_seconds": None if self.broker_cpu_used is None else round(self.broker_cpu_used, 3),
-                "client_seconds": round(sum(client["cpu_ms"] for client in clients.values()) / 1000, 3),
+                "broker_seconds": (None if self.broker_cpu_used is None
+                                   else round(self.broker_cpu_used, 3)),
+                "client_seconds": round(client_cpu_ms / 1000, 3),
                 "wall_seconds": round(self.workload_ended - self.workload_started, 3),
             },
         }
@@ -373,20 +410,23 @@ PROGRAM = "brokerd-workload"  # the console script; python -m spark_jobs.workloa
 def build_parser(prog=PROGRAM):
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Play one seeded workload against one brokerd backend, or a reference AMQP broker already"
-                    " running, and write its run directory.")
+        description="Play one seeded workload against one brokerd backend, or a reference AMQP"
+                    " broker already running, and write its run directory.")
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--backend", help="backend string as twistd brokerd --backend takes it")
     target.add_argument("--reference", metavar="URL",
-                        help="amqp://USER:PASSWORD@HOST:PORT/VHOST of a running broker to play against instead")
+                        help="amqp://USER:PASSWORD@HOST:PORT/VHOST of a running broker to play"
+                             " against instead")
     parser.add_argument("--reference-restart", metavar="COMMAND",
-                        help="shell command that crashes and restarts the --reference broker at each crash point"
-                             " (without one, --crash-every does not apply to it)")
+                        help="shell command that crashes and restarts the --reference broker at"
+                             " each crash point (without one, --crash-every does not apply to it)")
     parser.add_argument("--out", required=True, help="the run directory to write (empty or new)")
-    parser.add_argument("--label", help="the backend label events carry (default: the backend's name, or"
-                                        " 'reference')")
+    parser.add_argument("--label",
+                        help="the backend label events carry (default: the backend's name, or"
+                             " 'reference')")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="a progress line on stderr every few seconds (default: when stderr is a terminal)")
+                        help="a progress line on stderr every few seconds (default: when stderr"
+                             " is a terminal)")
     add_workload_arguments(parser)
     return parser
 
@@ -401,17 +441,21 @@ def main(argv=None, prog=PROGRAM):
     settings = settings_from_arguments(arguments)
     try:
         if arguments.reference is not None:
-            result = run_reference(arguments.reference, settings, arguments.out, arguments.label or "reference",
-                                   restart_command=arguments.reference_restart, progress=progress or None)
+            result = run_reference(arguments.reference, settings, arguments.out,
+                                   arguments.label or "reference",
+                                   restart_command=arguments.reference_restart,
+                                   progress=progress or None)
         else:
-            result = run_workload(arguments.backend, settings, arguments.out, progress=progress or None,
-                                  label=arguments.label)
+            result = run_workload(arguments.backend, settings, arguments.out,
+                                  progress=progress or None, label=arguments.label)
     except (WorkloadFailed, ValueError) as problem:
         print(f"workload: {problem}", file=sys.stderr)
         return 1
-    counts = {name: sum(client[name] for client in result["clients"].values())
-              for name in ("published", "confirmed", "nacked_by_broker", "delivered", "acked", "nacked", "rejected")}
-    print(json.dumps({"run_dir": str(arguments.out), "wall_seconds": round(result["wall_seconds"], 3),
+    names = ("published", "confirmed", "nacked_by_broker", "delivered", "acked", "nacked",
+             "rejected")
+    counts = {name: sum(client[name] for client in result["clients"].values()) for name in names}
+    print(json.dumps({"run_dir": str(arguments.out),
+                      "wall_seconds": round(result["wall_seconds"], 3),
                       "crashes": len(result["crashes"]), **counts}))
     return 0
 

@@ -35,7 +35,8 @@ from spark_jobs.brokers import (
 from spark_jobs.client_logs import returns_before
 from spark_jobs.plan import MAX_NACKS, settle_decision
 from spark_jobs.settings import EXCHANGE_TYPES, WorkloadSettings
-from spark_jobs.validate_backends import main, parse_arguments
+from spark_jobs.validate_backends import main
+from spark_jobs.validation_options import parse_arguments
 from spark_jobs.workload import NO_RESTART_NOTE
 from tests.support.reference_broker import DetachedBroker, free_port
 from tests.support.spark_driver import SUBMIT_ARGS
