@@ -13,7 +13,12 @@ from twisted.python import usage
 
 from brokerd.access.database import DEFAULT_PASS, DEFAULT_USER, AccessDatabase
 from brokerd.amqp import auth
-from brokerd.amqp.handshake import DEFAULT_FRAME_MAX, DEFAULT_HEARTBEAT, DEFAULT_MAX_MESSAGE_SIZE, AmqpSettings
+from brokerd.amqp.settings import (
+    DEFAULT_FRAME_MAX,
+    DEFAULT_HEARTBEAT,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    AmqpSettings,
+)
 from brokerd.native.server import DEFAULT_CHANNEL_MAX as DEFAULT_NATIVE_CHANNEL_MAX
 from brokerd.native.server import DEFAULT_MAX_FRAME_SIZE
 from brokerd.process.service import BrokerService
