@@ -10,8 +10,8 @@ import os
 import time
 
 CLOCK_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
-# /proc/PID/stat fields after the ")" that closes the command name: state is the
-# first (field 3 of proc(5))
+# /proc/PID/stat fields after the ")" that closes the command name:
+# state is the first (field 3 of proc(5))
 _PARENT = 1  # ppid, field 4
 # utime, stime, cutime, cstime: fields 14-17
 _USER, _SYSTEM, _CHILDREN_USER, _CHILDREN_SYSTEM = 11, 12, 13, 14

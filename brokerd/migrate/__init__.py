@@ -149,8 +149,8 @@ def migrate(
                 " and leaves them in the source"
             )
         _check_logged(logged_errors, leave_quarantined, "as it was opened and read")
-        # What the source's own recovery changed, before the target writes (its
-        # files may be here already).
+        # What the source's own recovery changed, before the target writes
+        # (its files may be here already).
         source_changed = changed_files(before, snapshot(data_dir))
         yield _open(target, data_dir, "target")
         if (yield _holds_something(target)):

@@ -70,8 +70,8 @@ def _overflow(value):
     return value in OVERFLOW_MODES
 
 
-# key -> (QueueArguments attribute, check of the policy's value, precedence on a
-# classic queue, on a quorum queue)
+# key -> (QueueArguments attribute, check of the policy's value,
+# precedence on a classic queue, on a quorum queue)
 QUEUE_KEYS = {
     "message-ttl": ("message_ttl", _whole(0), _LOWER, _LOWER),
     "expires": ("expires", _whole(1), _LOWER, _POLICY),
@@ -85,8 +85,9 @@ QUEUE_KEYS = {
 }
 EXCHANGE_KEYS = {"alternate-exchange": _text}
 
-# Keys that make a whole policy inapplicable to a queue type (the types' capabilities/0 in RabbitMQ
-# 3.10); brokerd honours delivery-limit on classic queues too, so it does not stop a policy there.
+# Keys that make a whole policy inapplicable to a queue type (the types' capabilities/0 in
+# RabbitMQ 3.10); brokerd honours delivery-limit on classic queues too, so it does not stop a
+# policy there.
 _STREAM_KEYS = ("max-age", "stream-max-segment-size-bytes", "initial-cluster-size")
 UNSUPPORTED_BY_CLASSIC = frozenset((*_STREAM_KEYS, "queue-leader-locator", "dead-letter-strategy"))
 UNSUPPORTED_BY_QUORUM = frozenset((

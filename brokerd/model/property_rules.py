@@ -45,8 +45,8 @@ _OCTET_PROPERTIES = frozenset(("priority", "delivery_mode"))
 _MOST_CHARACTERS_ALWAYS_SHORT = SHORT_STRING_LIMIT // 4  # UTF-8 takes at most 4 bytes a character
 
 _Kind = messages_pb2.IntegerKind
-# IntegerKind -> (smallest, largest) value AMQP carries for it ('L' is read
-# signed, as pamqp reads it)
+# IntegerKind -> (smallest, largest) value AMQP carries for it
+# ('L' is read signed, as pamqp reads it)
 INTEGER_KIND_RANGES = {
     _Kind.INT8: (-(2**7), 2**7 - 1),
     _Kind.UINT8: (0, 2**8 - 1),

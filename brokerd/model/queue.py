@@ -102,8 +102,9 @@ class Queue:
             UnusedExpiry(self, vhost.clock, settings.expires) if settings.expires else None
         )
         self._alarm = BacklogAlarm(self, settings.backlog_alarm, 0)
-        # See enqueue.
-        self._checks_after_enqueue = settings.limited or settings.backlog_alarm is not None
+        self._checks_after_enqueue = (  # see enqueue
+            settings.limited or settings.backlog_alarm is not None
+        )
 
     def _new_ready(self):
         if self.policy.max_priority is not None:
@@ -437,8 +438,8 @@ class Queue:
         self._pager.follow(settings)
         self._expiry.follow(settings)
         if paged and settings.max_length_bytes is not None and previous.max_length_bytes is None:
-            # A byte limit counts the messages kept as handles only: they are loaded, as when
-            # recovered.
+            # A byte limit counts the messages kept as handles only: they are
+            # loaded, as when recovered.
             try:
                 self._pager.load_backlog(self._ready)
             except STORE_FAILURES as problem:

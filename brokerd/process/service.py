@@ -374,8 +374,8 @@ class BrokerService(Service):
             log.info("store stats of vhost {vhost!r} at stop: {stats}", vhost=name,
                      stats=json.dumps(store.stats(), sort_keys=True))
         if getattr(self.reactor, "_exitSignal", None) == signal.SIGTERM:
-            # twistd would end by re-raising SIGTERM (status "killed by
-            # SIGTERM"); a clean stop exits 0.
+            # twistd would end by re-raising SIGTERM (status
+            # "killed by SIGTERM"); a clean stop exits 0.
             self.reactor._exitSignal = None
         log.info("brokerd stopped cleanly")
 

@@ -26,8 +26,8 @@ _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
-# The timestamps (seconds since the epoch) a datetime can hold: 0001-01-01 to
-# 9999-12-31 23:59:59 UTC.
+# The timestamps (seconds since the epoch) a datetime can hold:
+# 0001-01-01 to 9999-12-31 23:59:59 UTC.
 FIRST_DATETIME_SECONDS = -62135596800
 LAST_DATETIME_SECONDS = 253402300799
 
