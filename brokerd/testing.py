@@ -56,11 +56,17 @@ def twistd_command():
     script = pathlib.Path(sys.executable).with_name("twistd")
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-c", "import sys; from twisted.scripts.twistd import run; sys.argv[0] = 'twistd'; run()"]
+    return [
+        sys.executable, "-c",
+        "import sys; from twisted.scripts.twistd import run; sys.argv[0] = 'twistd'; run()",
+    ]
 
 
 def parse_endpoint(endpoint):
-    """C{(host, port)} of a C{tcp:HOST:PORT} endpoint string as L{BrokerProcess.wait_listening} gives it."""
+    """
+    C{(host, port)} of a C{tcp:HOST:PORT} endpoint string as
+    L{BrokerProcess.wait_listening} gives it.
+    """
     _, host, port = endpoint.split(":")
     return host, int(port)
 
@@ -92,13 +98,14 @@ class BrokerProcess:
         if not any(arg.startswith("--amqp") for arg in args):
             args = [*args, "--amqp", "tcp:0:interface=127.0.0.1"]
         if not any(arg.startswith("--prometheus") for arg in args):
-            args = [*args, "--prometheus", "none"]  # brokers run side by side: none takes the default port
+            # Brokers run side by side: none takes the default port.
+            args = [*args, "--prometheus", "none"]
         if not any(arg.startswith("--http") for arg in args):
             args = [*args, "--http", "tcp:0:interface=127.0.0.1"]
         self.command = [*twistd_command(), *twistd_args, "-n", "--pidfile=", "brokerd", *args]
         self._cwd = cwd
-        # Unbuffered: brokerd exits 0 on SIGTERM, but twistd ends by re-raising SIGINT, and a SIGKILL
-        # ends it at once; either would drop buffered log lines.
+        # Unbuffered: brokerd exits 0 on SIGTERM, but twistd ends by re-raising
+        # SIGINT, and a SIGKILL ends it at once; either would drop buffered log lines.
         self._env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
         self._log = log
         self._changed = threading.Condition()
@@ -107,10 +114,14 @@ class BrokerProcess:
     def _start(self):
         self.output = []
         self.listening = {}
-        self.process = subprocess.Popen(self.command, cwd=self._cwd, env=self._env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True)
-        self._reader = threading.Thread(target=self._drain, args=(self.process, self.output, self.listening),
-                                        daemon=True, name="brokerd-output")
+        self.process = subprocess.Popen(
+            self.command, cwd=self._cwd, env=self._env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True,
+        )
+        self._reader = threading.Thread(
+            target=self._drain, args=(self.process, self.output, self.listening), daemon=True,
+            name="brokerd-output",
+        )
         self._reader.start()
 
     def _drain(self, process, output, listening):
@@ -125,24 +136,32 @@ class BrokerProcess:
                 self._changed.notify_all()
         if self._log is not None:
             self._log.flush()
-        try:  # its output ends a moment before it can be reaped: the waiters' last wake-up must see it gone
+        # Its output ends a moment before it can be reaped: the waiters' last wake-up must
+        # see it gone.
+        try:
             process.wait(WAIT_SECONDS)
-        except subprocess.TimeoutExpired:  # it closed its output and lives on: the waiters' timeouts decide
-            pass
+        except subprocess.TimeoutExpired:
+            pass  # it closed its output and lives on: the waiters' timeouts decide
         with self._changed:
             self._changed.notify_all()
 
     def _failed(self, what):
-        return BrokerFailed(f"the broker ({' '.join(self.command)}) {what}; its last lines:\n{self.tail()}")
+        return BrokerFailed(
+            f"the broker ({' '.join(self.command)}) {what}; its last lines:\n{self.tail()}"
+        )
 
     def wait_listening(self, label, timeout=WAIT_SECONDS):
         """The client endpoint string (C{tcp:HOST:PORT}) of listener C{label} once it is up."""
         with self._changed:
-            self._changed.wait_for(lambda: label in self.listening or self.process.poll() is not None, timeout)
+            self._changed.wait_for(
+                lambda: label in self.listening or self.process.poll() is not None, timeout
+            )
             if label in self.listening:
                 return self.listening[label]
         if self.process.poll() is not None:
-            raise self._failed(f"exited with status {self.process.returncode} before {label} listened")
+            raise self._failed(
+                f"exited with status {self.process.returncode} before {label} listened"
+            )
         raise self._failed(f"had no {label} listener after {timeout:.0f} s")
 
     def wait_address(self, label, timeout=WAIT_SECONDS):
@@ -157,7 +176,9 @@ class BrokerProcess:
             return next((line for line in self.output if compiled.search(line)), None)
 
         with self._changed:
-            self._changed.wait_for(lambda: found() is not None or self.process.poll() is not None, timeout)
+            self._changed.wait_for(
+                lambda: found() is not None or self.process.poll() is not None, timeout
+            )
             line = found()
         if line is None:
             raise self._failed(f"printed no line matching {pattern!r}")
@@ -169,7 +190,10 @@ class BrokerProcess:
             return "\n".join(self.output[-lines:])
 
     def stop(self, timeout=WAIT_SECONDS):
-        """SIGTERM, then wait; returns the exit status (SIGKILL and L{BrokerFailed} after C{timeout})."""
+        """
+        SIGTERM, then wait; returns the exit status (SIGKILL and
+        L{BrokerFailed} after C{timeout}).
+        """
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
         try:
@@ -181,7 +205,10 @@ class BrokerProcess:
         return status
 
     def kill(self, timeout=WAIT_SECONDS):
-        """SIGKILL: a crash, as far as the broker can tell; it gets no chance to flush or close anything."""
+        """
+        SIGKILL: a crash, as far as the broker can tell; it gets no chance to
+        flush or close anything.
+        """
         if self.process.poll() is None:
             os.kill(self.process.pid, signal.SIGKILL)
         self.process.wait(timeout)

@@ -13,5 +13,7 @@ def parse_size(text):
     if cleaned and cleaned[-1] in "KMG":
         digits, suffix = cleaned[:-1], cleaned[-1]
     if not digits.isdigit():
-        raise ValueError(f"{text!r} is not a size; use a number of bytes, optionally with K, M or G")
+        raise ValueError(
+            f"{text!r} is not a size; use a number of bytes, optionally with K, M or G"
+        )
     return int(digits) * _MULTIPLIERS[suffix]

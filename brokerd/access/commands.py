@@ -29,18 +29,36 @@ from zope.interface import implementer
 
 from brokerd.access import vhosts
 from brokerd.access.database import DEFAULT_VHOST, AccessChangeRefused
-from brokerd.access.definitions import DefinitionsRefused, export_definitions, import_definitions, parse_definitions
+from brokerd.access.definitions import (
+    DefinitionsRefused,
+    export_definitions,
+    import_definitions,
+    parse_definitions,
+)
 from brokerd.access.interfaces import IAccessCommands
-from brokerd.access.policies import PolicyRefused, parse_definition, parse_priority, publish_policies
-from brokerd.errors import AccessRefused, InternalError, MethodNotImplemented, NotFound, PreconditionFailed
+from brokerd.access.policies import (
+    PolicyRefused,
+    parse_definition,
+    parse_priority,
+    publish_policies,
+)
+from brokerd.errors import (
+    AccessRefused,
+    InternalError,
+    MethodNotImplemented,
+    NotFound,
+    PreconditionFailed,
+)
 from brokerd.storage.registry import BackendError
 
 ADMINISTRATOR = "administrator"
 NOT_ADMINISTRATOR = "Not administrator user"  # RabbitMQ's management API's words (rabbit_mgmt_util)
 POLICYMAKER = "policymaker"
 MANAGEMENT_TAGS = ("administrator", "monitoring", "policymaker", "management")
-NOT_AUTHORISED_OBJECT = "User not authorised to access object"  # rabbit_mgmt_util:is_authorized_policies
-NOT_AUTHORISED_VHOST = "User not authorised to access virtual host"  # rabbit_mgmt_util:is_authorized_vhost
+# rabbit_mgmt_util:is_authorized_policies
+NOT_AUTHORISED_OBJECT = "User not authorised to access object"
+# rabbit_mgmt_util:is_authorized_vhost
+NOT_AUTHORISED_VHOST = "User not authorised to access virtual host"
 
 
 class Table(NamedTuple):
@@ -88,7 +106,9 @@ class AccessCommands:
         (C{vhost} for the permission commands, C{backend} for C{add_vhost});
         returns a Deferred firing with a L{Table} once done and durable.
         """
-        return defer.maybeDeferred(self._run, user, command, tuple(arguments), vhost or DEFAULT_VHOST, backend)
+        return defer.maybeDeferred(
+            self._run, user, command, tuple(arguments), vhost or DEFAULT_VHOST, backend
+        )
 
     def _run(self, user, command, arguments, vhost, backend):
         spec = COMMANDS.get(command)
@@ -109,17 +129,25 @@ class AccessCommands:
         """Raise 403 ACCESS_REFUSED unless C{user} exists with the administrator tag."""
         record = self.access.user(user) if user is not None else None
         if record is None or ADMINISTRATOR not in record.tags:
-            raise AccessRefused(NOT_ADMINISTRATOR if user is not None else f"{NOT_ADMINISTRATOR} (no user logged in)")
+            raise AccessRefused(
+                NOT_ADMINISTRATOR if user is not None
+                else f"{NOT_ADMINISTRATOR} (no user logged in)"
+            )
 
     # -- vhosts
 
     def add_vhost(self, user, name, backend=None):
-        """Create and serve vhost C{name}; one that exists is left as it is (as rabbitmqctl does)."""
+        """
+        Create and serve vhost C{name}; one that exists is left as it is (as
+        rabbitmqctl does).
+        """
         self.check_administrator(user)
         if self.access.vhost_exists(name):
             return DONE
         extra = {"backend": backend} if backend else {}
-        d = defer.maybeDeferred(self._changed, vhosts.add_vhost, self.broker, self.access, name, **extra)
+        d = defer.maybeDeferred(
+            self._changed, vhosts.add_vhost, self.broker, self.access, name, **extra
+        )
         return d.addCallback(lambda _: _done(user, "Added vhost '{name}'", name=name))
 
     def delete_vhost(self, user, name):
@@ -163,7 +191,9 @@ class AccessCommands:
         self.check_administrator(user)
         self._existing_user(name, f'User "{name}" does not exist')
         self._changed(self.access.set_user_tags, name, tags)
-        return _done(user, "Set user tags for user '{name}' to {tags}", name=name, tags=format_tags(tags))
+        return _done(
+            user, "Set user tags for user '{name}' to {tags}", name=name, tags=format_tags(tags)
+        )
 
     def list_users(self, user):
         self.check_administrator(user)
@@ -183,8 +213,12 @@ class AccessCommands:
         self._existing_vhost(vhost, f"Virtual host {vhost} does not exist")
         self._existing_user(name, f"User {name} does not exist")
         self._changed(self.access.set_permissions, name, vhost, configure, write, read)
-        return _done(user, "Set permissions for user '{name}' in vhost '{vhost}' to '{configure}', '{write}', '{read}'",
-                     name=name, vhost=vhost, configure=configure, write=write, read=read)
+        return _done(
+            user,
+            "Set permissions for user '{name}' in vhost '{vhost}'"
+            " to '{configure}', '{write}', '{read}'",
+            name=name, vhost=vhost, configure=configure, write=write, read=read,
+        )
 
     def clear_permissions(self, user, vhost, name):
         """Take every permission on C{vhost} from user C{name}; one without any is no error."""
@@ -192,27 +226,41 @@ class AccessCommands:
         self._existing_vhost(vhost, f"Virtual host {vhost} does not exist")
         self._existing_user(name, f"User {name} does not exist")
         self._changed(self.access.clear_permissions, name, vhost)
-        return _done(user, "Cleared permissions for user '{name}' in vhost '{vhost}'", name=name, vhost=vhost)
+        return _done(
+            user, "Cleared permissions for user '{name}' in vhost '{vhost}'",
+            name=name, vhost=vhost,
+        )
 
     def list_permissions(self, user, vhost):
         self.check_administrator(user)
         self._existing_vhost(vhost, f"Virtual host '{vhost}' does not exist")
-        rows = [(name, *permissions.as_tuple()) for (name, on), permissions in sorted(self.access.permissions.items())
-                if on == vhost]
+        rows = [
+            (name, *permissions.as_tuple())
+            for (name, on), permissions in sorted(self.access.permissions.items())
+            if on == vhost
+        ]
         return Table(("user", "configure", "write", "read"), rows)
 
     # -- policies
 
     def check_policymaker(self, user, vhost):
-        """Raise 403 unless C{user} is an administrator, or a policymaker with permissions on C{vhost}."""
+        """
+        Raise 403 unless C{user} is an administrator, or a policymaker with
+        permissions on C{vhost}.
+        """
         record = self.access.user(user) if user is not None else None
-        if record is not None and (ADMINISTRATOR in record.tags or (
-                POLICYMAKER in record.tags and self.access.permissions_of(user, vhost) is not None)):
+        if record is not None and (
+            ADMINISTRATOR in record.tags
+            or (POLICYMAKER in record.tags and self.access.permissions_of(user, vhost) is not None)
+        ):
             return
         raise AccessRefused(NOT_AUTHORISED_OBJECT)
 
     def set_policy(self, user, vhost, name, pattern, definition, priority="0", apply_to="all"):
-        """Create or replace a policy (rabbitmqctl's C{set_policy}: C{definition} is JSON text) and apply it."""
+        """
+        Create or replace a policy (rabbitmqctl's C{set_policy}: C{definition}
+        is JSON text) and apply it.
+        """
         self.check_policymaker(user, vhost)
         self._existing_vhost(vhost, f"Virtual host '{vhost}' does not exist")
         try:
@@ -221,8 +269,12 @@ class AccessCommands:
             raise PreconditionFailed(str(refusal)) from None
         self._changed(self.access.set_policy, vhost, name, pattern, definition, priority, apply_to)
         publish_policies(self.broker, self.access, vhost)
-        return _done(user, "Set policy '{name}' matching {apply_to} names in virtual host '{vhost}' using pattern"
-                     " '{pattern}'", name=name, apply_to=apply_to, vhost=vhost, pattern=pattern)
+        return _done(
+            user,
+            "Set policy '{name}' matching {apply_to} names in virtual host '{vhost}'"
+            " using pattern '{pattern}'",
+            name=name, apply_to=apply_to, vhost=vhost, pattern=pattern,
+        )
 
     def clear_policy(self, user, vhost, name):
         """Delete a policy (rabbitmqctl's C{clear_policy}); one that does not exist is 404."""
@@ -232,30 +284,51 @@ class AccessCommands:
             raise NotFound("Parameter does not exist")
         self._changed(self.access.clear_policy, vhost, name)
         publish_policies(self.broker, self.access, vhost)
-        return _done(user, "Cleared policy '{name}' in virtual host '{vhost}'", name=name, vhost=vhost)
+        return _done(
+            user, "Cleared policy '{name}' in virtual host '{vhost}'", name=name, vhost=vhost
+        )
 
     def list_policies(self, user, vhost):
-        """The policies of C{vhost} as C{rabbitmqctl list_policies} prints them (definition as JSON)."""
+        """
+        The policies of C{vhost} as C{rabbitmqctl list_policies} prints them
+        (definition as JSON).
+        """
         record = self.access.user(user) if user is not None else None
-        if record is None or not (ADMINISTRATOR in record.tags or (
-                set(record.tags) & set(MANAGEMENT_TAGS) and self.access.permissions_of(user, vhost) is not None)):
+        if record is None or not (
+            ADMINISTRATOR in record.tags
+            or (
+                set(record.tags) & set(MANAGEMENT_TAGS)
+                and self.access.permissions_of(user, vhost) is not None
+            )
+        ):
             raise AccessRefused(NOT_AUTHORISED_VHOST)
         self._existing_vhost(vhost, f"Virtual host '{vhost}' does not exist")
-        rows = [(policy.vhost, policy.name, policy.pattern, policy.apply_to,
-                 json.dumps(policy.definition, separators=(",", ":"), sort_keys=True), str(policy.priority))
-                for policy in self.access.policies(vhost)]
+        rows = [
+            (
+                policy.vhost, policy.name, policy.pattern, policy.apply_to,
+                json.dumps(policy.definition, separators=(",", ":"), sort_keys=True),
+                str(policy.priority),
+            )
+            for policy in self.access.policies(vhost)
+        ]
         return Table(("vhost", "name", "pattern", "apply-to", "definition", "priority"), rows)
 
     # -- definitions
 
     def export_definitions(self, user):
-        """The broker's definitions (L{brokerd.access.definitions}) as one row of one column: the JSON text."""
+        """
+        The broker's definitions (L{brokerd.access.definitions}) as one row of
+        one column: the JSON text.
+        """
         self.check_administrator(user)
         text = json.dumps(export_definitions(self.broker, self.access), ensure_ascii=False)
         return Table(("definitions",), [(text,)])
 
     def import_definitions(self, user, text):
-        """Import definitions given as JSON text; a malformed document is 406, naming the fault, and changes nothing."""
+        """
+        Import definitions given as JSON text; a malformed document is 406,
+        naming the fault, and changes nothing.
+        """
         self.check_administrator(user)
         d = defer.maybeDeferred(parse_definitions, text)
         d.addCallback(lambda document: import_definitions(self.broker, self.access, document))
@@ -294,7 +367,10 @@ class AccessCommands:
 
 
 def _done(user, what, **fields):
-    """Log a change that was made, in the words of RabbitMQ's log lines and with who made it; returns L{DONE}."""
+    """
+    Log a change that was made, in the words of RabbitMQ's log lines and with
+    who made it; returns L{DONE}.
+    """
     log.info(what + " (by user '{acting_user}')", acting_user=user, **fields)
     return DONE
 
@@ -310,8 +386,10 @@ def _refused_later(failure):
     raise _refusal(failure.value)
 
 
-PER_VHOST = ("set_permissions", "clear_permissions", "list_permissions", "set_policy", "clear_policy",
-             "list_policies")
+PER_VHOST = (
+    "set_permissions", "clear_permissions", "list_permissions", "set_policy", "clear_policy",
+    "list_policies",
+)
 
 # command -> (method, fewest and most positional arguments (None: any number), what they are)
 COMMANDS = {
@@ -326,7 +404,9 @@ COMMANDS = {
     "set_permissions": (AccessCommands.set_permissions, 4, 4, "USER CONFIGURE WRITE READ"),
     "clear_permissions": (AccessCommands.clear_permissions, 1, 1, "USER"),
     "list_permissions": (AccessCommands.list_permissions, 0, 0, "no arguments"),
-    "set_policy": (AccessCommands.set_policy, 3, 5, "NAME PATTERN DEFINITION [PRIORITY [APPLY_TO]]"),
+    "set_policy": (
+        AccessCommands.set_policy, 3, 5, "NAME PATTERN DEFINITION [PRIORITY [APPLY_TO]]"
+    ),
     "clear_policy": (AccessCommands.clear_policy, 1, 1, "NAME"),
     "list_policies": (AccessCommands.list_policies, 0, 0, "no arguments"),
     "export_definitions": (AccessCommands.export_definitions, 0, 0, "no arguments"),

@@ -45,11 +45,17 @@ class AccessDatabaseDamaged(Exception):
 
 
 class AccessChangeRefused(ValueError):
-    """A change names an unknown user or vhost, or a bad tag or expression; the message says which."""
+    """
+    A change names an unknown user or vhost, or a bad tag or expression; the
+    message says which.
+    """
 
 
 class User:
-    """One user: its name, its password hash (RabbitMQ's format; None: no password login) and its tags."""
+    """
+    One user: its name, its password hash (RabbitMQ's format; None: no password
+    login) and its tags.
+    """
 
     __slots__ = ("name", "password_hash", "tags")
 
@@ -63,7 +69,10 @@ class User:
 
 
 class Permissions:
-    """A user's three regular expressions on one vhost, as RabbitMQ's C{set_permissions} takes them."""
+    """
+    A user's three regular expressions on one vhost, as RabbitMQ's
+    C{set_permissions} takes them.
+    """
 
     __slots__ = ("configure", "write", "read")
 
@@ -128,11 +137,15 @@ class AccessDatabase:
                 with open(self.path, "rb") as file:
                     self._take_document(json.loads(file.read().decode("utf-8")))
             except (OSError, ValueError, KeyError, TypeError) as problem:
-                raise AccessDatabaseDamaged(f"access database {self.path} cannot be read: {problem}") from None
+                raise AccessDatabaseDamaged(
+                    f"access database {self.path} cannot be read: {problem}"
+                ) from None
             return False
         self.vhosts = [DEFAULT_VHOST]
         if default_user is not None:
-            self.users[default_user] = User(default_user, hash_password(default_pass), ("administrator",))
+            self.users[default_user] = User(
+                default_user, hash_password(default_pass), ("administrator",)
+            )
             self.permissions[(default_user, DEFAULT_VHOST)] = Permissions(*FULL_PERMISSIONS)
         if self.path is not None:
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
@@ -148,8 +161,11 @@ class AccessDatabase:
     def check_password(self, name, password):
         """Whether user C{name} exists and C{password} (str or UTF-8 bytes) is its password."""
         user = self.users.get(name)
-        return user is not None and user.password_hash is not None and password_matches(user.password_hash,
-                                                                                          password)
+        return (
+            user is not None
+            and user.password_hash is not None
+            and password_matches(user.password_hash, password)
+        )
 
     def count_failed_login(self, name):
         """A login as C{name} was refused: count it."""
@@ -163,8 +179,14 @@ class AccessDatabase:
         return self.permissions.get((user, vhost))
 
     def policies(self, vhost=None):
-        """The L{Policy} records of C{vhost} (None: of every vhost), by vhost, highest priority first, then name."""
-        found = [policy for (on, _), policy in self.policy_records.items() if vhost is None or on == vhost]
+        """
+        The L{Policy} records of C{vhost} (None: of every vhost), by vhost,
+        highest priority first, then name.
+        """
+        found = [
+            policy for (on, _), policy in self.policy_records.items()
+            if vhost is None or on == vhost
+        ]
         return sorted(found, key=lambda policy: (policy.vhost, -policy.priority, policy.name))
 
     # -- changes, each durable before it returns
@@ -174,7 +196,8 @@ class AccessDatabase:
         _check_name("user", name)
         if name in self.users:
             raise AccessChangeRefused(f"user '{name}' already exists")
-        self._change(lambda: self.users.__setitem__(name, User(name, hash_password(password), _tags(tags))))
+        user = User(name, hash_password(password), _tags(tags))
+        self._change(lambda: self.users.__setitem__(name, user))
 
     def set_password(self, name, password):
         user = self._existing_user(name)
@@ -203,7 +226,10 @@ class AccessDatabase:
         self._change(delete)
 
     def add_vhost(self, name, backend=None):
-        """Create a vhost; with C{backend} (a backend string), it keeps its messages in a store of its own."""
+        """
+        Create a vhost; with C{backend} (a backend string), it keeps its
+        messages in a store of its own.
+        """
         self.check_new_vhost(name)
 
         def add():
@@ -214,7 +240,10 @@ class AccessDatabase:
         self._change(add)
 
     def check_new_vhost(self, name):
-        """Raise AccessChangeRefused unless C{name} may be a new vhost's name (valid, and not one already)."""
+        """
+        Raise AccessChangeRefused unless C{name} may be a new vhost's name
+        (valid, and not one already).
+        """
         _check_name("vhost", name)
         if name in self.vhosts:
             raise AccessChangeRefused(f"vhost '{name}' already exists")
@@ -224,7 +253,10 @@ class AccessDatabase:
         return self.vhost_backends.get(name)
 
     def delete_vhost(self, name):
-        """Forget a vhost with every permission on it (its queues and exchanges are the broker's to drop)."""
+        """
+        Forget a vhost with every permission on it (its queues and exchanges
+        are the broker's to drop).
+        """
         self._existing_vhost(name)
 
         def delete():
@@ -245,7 +277,9 @@ class AccessDatabase:
             try:
                 re.compile(expression)
             except re.error as problem:
-                raise AccessChangeRefused(f"{kind} expression {expression!r} is not valid: {problem}") from None
+                raise AccessChangeRefused(
+                    f"{kind} expression {expression!r} is not valid: {problem}"
+                ) from None
         permissions = Permissions(configure, write, read)
         self._change(lambda: self.permissions.__setitem__((user, vhost), permissions))
 
@@ -255,8 +289,9 @@ class AccessDatabase:
         self._change(lambda: self.permissions.pop((user, vhost), None))
 
     def set_policy(self, vhost, name, pattern, definition, priority=0, apply_to="all"):
-        """Create or replace policy C{name} of C{vhost} (RabbitMQ's C{set_policy}); returns the L{Policy}.
-        Refuses (AccessChangeRefused, in RabbitMQ's words) what RabbitMQ's validation refuses."""
+        """Create or replace policy C{name} of C{vhost} (RabbitMQ's C{set_policy}); returns the
+        L{Policy}. Refuses (AccessChangeRefused, in RabbitMQ's words) what RabbitMQ's validation
+        refuses."""
         self._existing_vhost(vhost)
         try:
             policy = check_policy(vhost, name, pattern, definition, priority, apply_to)
@@ -266,7 +301,10 @@ class AccessDatabase:
         return policy
 
     def clear_policy(self, vhost, name):
-        """Delete policy C{name} of C{vhost}; refuses (as RabbitMQ: "Parameter does not exist") an unknown one."""
+        """
+        Delete policy C{name} of C{vhost}; refuses (as RabbitMQ: "Parameter
+        does not exist") an unknown one.
+        """
         self._existing_vhost(vhost)
         if (vhost, name) not in self.policy_records:
             raise AccessChangeRefused("Parameter does not exist")
@@ -280,20 +318,30 @@ class AccessDatabase:
             "format": FORMAT,
             "version": FORMAT_VERSION,
             "users": [
-                {"name": user.name, "password_hash": user.password_hash or "", "hashing_algorithm": HASHING_ALGORITHM,
-                 "tags": list(user.tags)}
+                {
+                    "name": user.name, "password_hash": user.password_hash or "",
+                    "hashing_algorithm": HASHING_ALGORITHM, "tags": list(user.tags),
+                }
                 for user in self.users.values()
             ],
-            "vhosts": [{"name": name, **({"backend": self.vhost_backends[name]} if name in self.vhost_backends else {})}
-                       for name in self.vhosts],
+            "vhosts": [
+                {"name": name, "backend": self.vhost_backends[name]}
+                if name in self.vhost_backends else {"name": name}
+                for name in self.vhosts
+            ],
             "permissions": [
-                {"user": user, "vhost": vhost, "configure": permissions.configure, "write": permissions.write,
-                 "read": permissions.read}
+                {
+                    "user": user, "vhost": vhost, "configure": permissions.configure,
+                    "write": permissions.write, "read": permissions.read,
+                }
                 for (user, vhost), permissions in self.permissions.items()
             ],
             "policies": [
-                {"vhost": policy.vhost, "name": policy.name, "pattern": policy.pattern, "apply-to": policy.apply_to,
-                 "definition": policy.definition, "priority": policy.priority}
+                {
+                    "vhost": policy.vhost, "name": policy.name, "pattern": policy.pattern,
+                    "apply-to": policy.apply_to, "definition": policy.definition,
+                    "priority": policy.priority,
+                }
                 for policy in self.policy_records.values()
             ],
         }
@@ -304,18 +352,28 @@ class AccessDatabase:
         users = {}
         for entry in document["users"]:
             if entry.get("hashing_algorithm", HASHING_ALGORITHM) != HASHING_ALGORITHM:
-                raise ValueError(f"user {entry['name']!r} has a hash made by {entry['hashing_algorithm']!r}")
-            users[entry["name"]] = User(entry["name"], entry["password_hash"] or None, entry["tags"])
+                raise ValueError(
+                    f"user {entry['name']!r} has a hash made by {entry['hashing_algorithm']!r}"
+                )
+            users[entry["name"]] = User(
+                entry["name"], entry["password_hash"] or None, entry["tags"]
+            )
         self.users = users
         self.vhosts = [entry["name"] for entry in document["vhosts"]]
-        self.vhost_backends = {entry["name"]: entry["backend"] for entry in document["vhosts"] if "backend" in entry}
+        self.vhost_backends = {
+            entry["name"]: entry["backend"] for entry in document["vhosts"] if "backend" in entry
+        }
         self.permissions = {
-            (entry["user"], entry["vhost"]): Permissions(entry["configure"], entry["write"], entry["read"])
+            (entry["user"], entry["vhost"]): Permissions(
+                entry["configure"], entry["write"], entry["read"]
+            )
             for entry in document["permissions"]
         }
         self.policy_records = {
-            (entry["vhost"], entry["name"]): Policy(entry["vhost"], entry["name"], entry["pattern"],
-                                                    entry["definition"], entry["priority"], entry["apply-to"])
+            (entry["vhost"], entry["name"]): Policy(
+                entry["vhost"], entry["name"], entry["pattern"], entry["definition"],
+                entry["priority"], entry["apply-to"],
+            )
             for entry in document.get("policies", ())  # none in a file from before policies
         }
 

@@ -1,4 +1,5 @@
-"""Definitions: the broker's users, vhosts, permissions, policies and topology in RabbitMQ's JSON format.
+"""Definitions: the broker's users, vhosts, permissions, policies and topology
+in RabbitMQ's JSON format.
 
 L{export_definitions} writes what RabbitMQ 3.10's management API writes for
 C{GET /api/definitions}: C{rabbit_version}, C{rabbitmq_version},
@@ -56,7 +57,10 @@ class DefinitionsRefused(ValueError):
 
 
 def export_definitions(broker, access, vhost=None):
-    """The definitions of the whole broker, or with C{vhost} of that vhost alone, as a dict ready for JSON."""
+    """
+    The definitions of the whole broker, or with C{vhost} of that vhost alone,
+    as a dict ready for JSON.
+    """
     names = sorted(access.vhosts) if vhost is None else [vhost]
     queues, exchanges, bindings = [], [], []
     for name in names:
@@ -67,18 +71,30 @@ def export_definitions(broker, access, vhost=None):
     if vhost is not None:
         for entry in (*queues, *exchanges, *bindings):
             del entry["vhost"]
-        return {"rabbit_version": RABBIT_VERSION, "parameters": [], "policies": policies, "queues": queues,
-                "exchanges": exchanges, "bindings": bindings}
+        return {
+            "rabbit_version": RABBIT_VERSION, "parameters": [], "policies": policies,
+            "queues": queues, "exchanges": exchanges, "bindings": bindings,
+        }
     return {
         "rabbit_version": RABBIT_VERSION,
         "rabbitmq_version": RABBIT_VERSION,
         "product_name": PRODUCT_NAME,
         "product_version": brokerd.__version__,
-        "users": [{"name": user.name, "password_hash": user.password_hash or "", "hashing_algorithm": HASHING_ALGORITHM,
-                   "tags": list(user.tags), "limits": {}} for user in sorted(access.users.values(), key=_name)],
+        "users": [
+            {
+                "name": user.name, "password_hash": user.password_hash or "",
+                "hashing_algorithm": HASHING_ALGORITHM, "tags": list(user.tags), "limits": {},
+            }
+            for user in sorted(access.users.values(), key=_name)
+        ],
         "vhosts": [{"name": name} for name in names],
-        "permissions": [{"user": user, "vhost": on, "configure": permissions.configure, "write": permissions.write,
-                         "read": permissions.read} for (user, on), permissions in sorted(access.permissions.items())],
+        "permissions": [
+            {
+                "user": user, "vhost": on, "configure": permissions.configure,
+                "write": permissions.write, "read": permissions.read,
+            }
+            for (user, on), permissions in sorted(access.permissions.items())
+        ],
         "topic_permissions": [],
         "parameters": [],
         "global_parameters": [],
@@ -98,34 +114,48 @@ def _export_topology(vhost, queues, exchanges, bindings):
     for queue in sorted(vhost.queues.values(), key=_name):
         if queue.owner is None:  # an exclusive queue cannot be restored (as RabbitMQ)
             exported_queues.add(queue)
-            queues.append({"name": queue.name, "vhost": vhost.name, "durable": queue.durable,
-                           "auto_delete": queue.auto_delete, "arguments": json_arguments(queue.arguments)})
+            queues.append({
+                "name": queue.name, "vhost": vhost.name, "durable": queue.durable,
+                "auto_delete": queue.auto_delete, "arguments": json_arguments(queue.arguments),
+            })
     for exchange in sorted(vhost.exchanges.values(), key=_name):
         if exchange.name and not exchange.name.startswith("amq."):
-            exchanges.append({"name": exchange.name, "vhost": vhost.name, "type": exchange.type_name,
-                              "durable": exchange.durable, "auto_delete": exchange.auto_delete,
-                              "internal": exchange.internal, "arguments": json_arguments(exchange.arguments)})
+            exchanges.append({
+                "name": exchange.name, "vhost": vhost.name, "type": exchange.type_name,
+                "durable": exchange.durable, "auto_delete": exchange.auto_delete,
+                "internal": exchange.internal, "arguments": json_arguments(exchange.arguments),
+            })
     found = []
     for exchange in vhost.exchanges.values():
         if not exchange.name:
             continue
         for binding in exchange.bindings.values():
             if binding.to_exchange or binding.destination in exported_queues:
-                found.append({"source": exchange.name, "vhost": vhost.name, "destination": binding.destination.name,
-                              "destination_type": "exchange" if binding.to_exchange else "queue",
-                              "routing_key": binding.routing_key, "arguments": json_arguments(binding.arguments)})
-    bindings.extend(sorted(found, key=lambda entry: (entry["source"], entry["destination_type"],
-                                                     entry["destination"], entry["routing_key"],
-                                                     json.dumps(entry["arguments"], sort_keys=True))))
+                found.append({
+                    "source": exchange.name, "vhost": vhost.name,
+                    "destination": binding.destination.name,
+                    "destination_type": "exchange" if binding.to_exchange else "queue",
+                    "routing_key": binding.routing_key,
+                    "arguments": json_arguments(binding.arguments),
+                })
+    bindings.extend(sorted(found, key=lambda entry: (
+        entry["source"], entry["destination_type"], entry["destination"], entry["routing_key"],
+        json.dumps(entry["arguments"], sort_keys=True),
+    )))
 
 
 def _policy_entry(policy):
-    return {"vhost": policy.vhost, "name": policy.name, "pattern": policy.pattern, "apply-to": policy.apply_to,
-            "definition": policy.definition, "priority": policy.priority}
+    return {
+        "vhost": policy.vhost, "name": policy.name, "pattern": policy.pattern,
+        "apply-to": policy.apply_to, "definition": policy.definition, "priority": policy.priority,
+    }
 
 
 def json_arguments(value):
-    """Field-table values as RabbitMQ's JSON writes them: text for bytes, seconds for a timestamp."""
+    """
+    Field-table values as RabbitMQ's JSON writes them: text for bytes, seconds
+    for a timestamp.
+    """
     if isinstance(value, dict):
         return {key: json_arguments(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
@@ -145,7 +175,10 @@ def json_arguments(value):
 
 
 def parse_definitions(data):
-    """The document in C{data} (JSON text or UTF-8 bytes); raises L{DefinitionsRefused} if it is not a JSON object."""
+    """
+    The document in C{data} (JSON text or UTF-8 bytes); raises
+    L{DefinitionsRefused} if it is not a JSON object.
+    """
     try:
         document = json.loads(data)
     except ValueError as problem:  # UnicodeDecodeError is one too
@@ -163,11 +196,15 @@ def import_definitions(broker, access, document, vhost=None):
     or failing with L{DefinitionsRefused} (for a malformed document, before
     anything changed).
     """
-    return defer.maybeDeferred(_check, broker, access, document, vhost).addCallback(_apply, broker, access, vhost)
+    checked = defer.maybeDeferred(_check, broker, access, document, vhost)
+    return checked.addCallback(_apply, broker, access, vhost)
 
 
 def _check(broker, access, document, vhost):
-    """The document's sections, checked as a whole; raises L{DefinitionsRefused} for the first fault."""
+    """
+    The document's sections, checked as a whole; raises L{DefinitionsRefused}
+    for the first fault.
+    """
     if not isinstance(document, dict):
         raise DefinitionsRefused("not a definitions document: a JSON object is expected at the top")
     sections = {}
@@ -179,7 +216,9 @@ def _check(broker, access, document, vhost):
         sections[section] = entries
     if vhost is not None:
         if not access.vhost_exists(vhost):
-            raise DefinitionsRefused(f'Please create virtual host "{vhost}" prior to importing definitions.')
+            raise DefinitionsRefused(
+                f'Please create virtual host "{vhost}" prior to importing definitions.'
+            )
         sections.update(users=[], vhosts=[], permissions=[])
         for section in ("policies", "queues", "exchanges", "bindings"):
             sections[section] = [{**entry, "vhost": vhost} for entry in sections[section]]
@@ -196,9 +235,13 @@ def _check(broker, access, document, vhost):
     def in_vhost(entry, section):
         name = _text(entry, "vhost", section)
         if name not in known_vhosts:
-            raise DefinitionsRefused(f"{section}: Virtual host '{name}' does not exist and is not in the definitions")
+            raise DefinitionsRefused(
+                f"{section}: Virtual host '{name}' does not exist and is not in the definitions"
+            )
         if name in broker.unavailable_vhosts:
-            raise DefinitionsRefused(f"{section}: vhost '{name}' is down: {broker.unavailable_vhosts[name]}")
+            raise DefinitionsRefused(
+                f"{section}: vhost '{name}' is down: {broker.unavailable_vhosts[name]}"
+            )
         return name
 
     permissions = []
@@ -206,30 +249,39 @@ def _check(broker, access, document, vhost):
         user, on = _text(entry, "user", "permissions"), in_vhost(entry, "permissions")
         if user not in known_users:
             raise DefinitionsRefused(f"permissions: User {user} does not exist")
-        permissions.append((user, on, *(_text(entry, kind, "permissions") for kind in ("configure", "write", "read"))))
+        expressions = (_text(entry, kind, "permissions") for kind in ("configure", "write", "read"))
+        permissions.append((user, on, *expressions))
     policies = []
     for entry in sections["policies"]:
         on = in_vhost(entry, "policies")
         try:
-            policies.append(check_policy(on, entry.get("name"), entry.get("pattern"), entry.get("definition"),
-                                         entry.get("priority", 0), entry.get("apply-to", "all")))
+            policies.append(check_policy(
+                on, entry.get("name"), entry.get("pattern"), entry.get("definition"),
+                entry.get("priority", 0), entry.get("apply-to", "all"),
+            ))
         except PolicyRefused as refusal:
             raise DefinitionsRefused(f"policies: {refusal} ({on}/{entry.get('name')})") from None
     exchanges = []
     for entry in sections["exchanges"]:
-        on, name, type_name = in_vhost(entry, "exchanges"), _text(entry, "name", "exchanges"), entry.get("type")
+        on = in_vhost(entry, "exchanges")
+        name, type_name = _text(entry, "name", "exchanges"), entry.get("type")
         if type_name not in KNOWN_TYPES:
-            raise DefinitionsRefused(f"exchanges: unknown exchange type '{type_name}' of exchange '{name}'"
-                                     f" in vhost '{on}'")
+            raise DefinitionsRefused(
+                f"exchanges: unknown exchange type '{type_name}' of exchange '{name}'"
+                f" in vhost '{on}'"
+            )
         if type_name == DELAYED_TYPE:
             _check_delayed(broker, on, name, entry.get("arguments") or {})
-        exchanges.append((on, name, type_name, _flag(entry, "durable", True), _flag(entry, "auto_delete", False),
-                          _flag(entry, "internal", False), _arguments(entry, "exchanges")))
+        exchanges.append((
+            on, name, type_name, _flag(entry, "durable", True), _flag(entry, "auto_delete", False),
+            _flag(entry, "internal", False), _arguments(entry, "exchanges"),
+        ))
     queues = []
     for entry in sections["queues"]:
         on, name = in_vhost(entry, "queues"), _text(entry, "name", "queues")
-        durable, auto_delete, arguments = _flag(entry, "durable", True), _flag(entry, "auto_delete", False), \
-            _arguments(entry, "queues")
+        durable = _flag(entry, "durable", True)
+        auto_delete = _flag(entry, "auto_delete", False)
+        arguments = _arguments(entry, "queues")
         try:
             check_declaration(name, on, durable, False, auto_delete, arguments)
             QueueArguments(arguments, name, on)  # what declaring it would refuse
@@ -242,7 +294,9 @@ def _check(broker, access, document, vhost):
         on, source = in_vhost(entry, "bindings"), _text(entry, "source", "bindings")
         destination, kind = _text(entry, "destination", "bindings"), entry.get("destination_type")
         if kind not in ("queue", "exchange"):
-            raise DefinitionsRefused(f"bindings: destination_type {kind!r} is not 'queue' or 'exchange'")
+            raise DefinitionsRefused(
+                f"bindings: destination_type {kind!r} is not 'queue' or 'exchange'"
+            )
         arguments = _arguments(entry, "bindings")
         type_name = exchange_types.get((on, source)) or _served_type(broker, on, source)
         if type_name in EXCHANGE_TYPES:
@@ -250,7 +304,8 @@ def _check(broker, access, document, vhost):
                 EXCHANGE_TYPES[type_name].check_binding_arguments(arguments)
             except BrokerError as refusal:
                 raise DefinitionsRefused(f"bindings: {refusal.reply_text}") from None
-        bindings.append((on, source, destination, kind, _text(entry, "routing_key", "bindings", ""), arguments))
+        routing_key = _text(entry, "routing_key", "bindings", "")
+        bindings.append((on, source, destination, kind, routing_key, arguments))
     return users, new_vhosts, permissions, policies, exchanges, queues, bindings
 
 
@@ -260,10 +315,14 @@ def _user(entry):
     tags = entry.get("tags", [])
     if isinstance(tags, str):  # RabbitMQ before 3.9 wrote them comma-separated
         tags = [tag.strip() for tag in tags.split(",") if tag.strip()]
-    if not isinstance(tags, list) or not all(isinstance(tag, str) and tag and "," not in tag for tag in tags):
+    if not isinstance(tags, list) or not all(
+        isinstance(tag, str) and tag and "," not in tag for tag in tags
+    ):
         raise DefinitionsRefused(f"users: the tags of user '{name}' are not a list of words")
     if "password" in entry and "password_hash" in entry:
-        raise DefinitionsRefused(f"users: both_password_and_password_hash_are_provided (user '{name}')")
+        raise DefinitionsRefused(
+            f"users: both_password_and_password_hash_are_provided (user '{name}')"
+        )
     if "password" in entry:
         return name, hash_password(_text(entry, "password", "users")), tags
     algorithm = entry.get("hashing_algorithm", HASHING_ALGORITHM)
@@ -276,7 +335,9 @@ def _user(entry):
 def _text(entry, key, section, default=None):
     value = entry.get(key, default)
     if not isinstance(value, str):
-        raise DefinitionsRefused(f"{section}: {key!r} must be a string in {json.dumps(entry)[:200]}")
+        raise DefinitionsRefused(
+            f"{section}: {key!r} must be a string in {json.dumps(entry)[:200]}"
+        )
     return value
 
 
@@ -290,25 +351,36 @@ def _flag(entry, key, default):
 def _arguments(entry, section):
     arguments = entry.get("arguments") or {}
     if not isinstance(arguments, dict):
-        raise DefinitionsRefused(f"{section}: arguments must be a JSON object in {json.dumps(entry)[:200]}")
+        raise DefinitionsRefused(
+            f"{section}: arguments must be a JSON object in {json.dumps(entry)[:200]}"
+        )
     return arguments
 
 
 def _named(kind, name):
     if not name or len(name.encode()) > 255:
-        raise DefinitionsRefused(f"{kind}s: a {kind} name must be 1 to 255 bytes of UTF-8, not {name!r}")
+        raise DefinitionsRefused(
+            f"{kind}s: a {kind} name must be 1 to 255 bytes of UTF-8, not {name!r}"
+        )
 
 
 def _check_delayed(broker, vhost_name, name, arguments):
-    """What declaring an x-delayed-message exchange would refuse: an inner type that is none, a store without delays."""
+    """
+    What declaring an x-delayed-message exchange would refuse: an inner type
+    that is none, a store without delays.
+    """
     if arguments.get("x-delayed-type") not in EXCHANGE_TYPES:
-        raise DefinitionsRefused(f"exchanges: invalid arg 'x-delayed-type' for exchange '{name}' in vhost"
-                                 f" '{vhost_name}': {arguments.get('x-delayed-type')!r} is none of"
-                                 f" {', '.join(EXCHANGE_TYPES)}")
+        raise DefinitionsRefused(
+            f"exchanges: invalid arg 'x-delayed-type' for exchange '{name}' in vhost"
+            f" '{vhost_name}': {arguments.get('x-delayed-type')!r} is none of"
+            f" {', '.join(EXCHANGE_TYPES)}"
+        )
     vhost = broker.vhosts.get(vhost_name)
     store = vhost.store if vhost is not None else broker.store
     if not IDelayedMessageStore.providedBy(store):
-        raise DefinitionsRefused(f"exchanges: the {store.name} store cannot keep delayed messages (exchange '{name}')")
+        raise DefinitionsRefused(
+            f"exchanges: the {store.name} store cannot keep delayed messages (exchange '{name}')"
+        )
 
 
 def _served_type(broker, vhost_name, exchange_name):
@@ -334,13 +406,18 @@ def _apply(checked, broker, access, vhost):
     try:
         for on, name, type_name, durable, auto_delete, internal, arguments in exchanges:
             served = broker.vhost(on)
-            if name and not name.startswith("amq.") and name not in served.exchanges:  # as RabbitMQ: kept as it is
-                served.declare_exchange(name, type_name, durable=durable, auto_delete=auto_delete, internal=internal,
-                                        arguments=arguments)
+            # As RabbitMQ: one that exists is kept as it is.
+            if name and not name.startswith("amq.") and name not in served.exchanges:
+                served.declare_exchange(
+                    name, type_name, durable=durable, auto_delete=auto_delete, internal=internal,
+                    arguments=arguments,
+                )
         for on, name, durable, auto_delete, arguments in queues:
             served = broker.vhost(on)
             if not name.startswith("amq.") and name not in served.queues:
-                served.declare_queue(name, durable=durable, auto_delete=auto_delete, arguments=arguments)
+                served.declare_queue(
+                    name, durable=durable, auto_delete=auto_delete, arguments=arguments
+                )
         for on, source, destination, kind, routing_key, arguments in bindings:
             served = broker.vhost(on)
             if kind == "queue":
@@ -355,7 +432,10 @@ def _apply(checked, broker, access, vhost):
 
 
 def load_definitions_file(broker, access, path):
-    """Import the definitions file at C{path} (C{--load-definitions}); a Deferred, failing with DefinitionsRefused."""
+    """
+    Import the definitions file at C{path} (C{--load-definitions}); a Deferred,
+    failing with DefinitionsRefused.
+    """
     try:
         with open(path, "rb") as file:
             data = file.read()

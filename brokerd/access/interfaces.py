@@ -18,8 +18,9 @@ class IAccessControl(Interface):
     mechanisms = Attribute("the login mechanisms the operator enabled (PLAIN, AMQPLAIN, EXTERNAL)")
 
     def check_password_login(mechanism, name, password, peer_host):
-        """The user name if C{password} (UTF-8 bytes) is C{name}'s and it may log in from C{peer_host};
-        raises LoginRefused in RabbitMQ's words (naming C{mechanism}), counting the refusal."""
+        """The user name if C{password} (UTF-8 bytes) is C{name}'s and it may log in from
+        C{peer_host}; raises LoginRefused in RabbitMQ's words (naming C{mechanism}), counting
+        the refusal."""
 
     def check_certificate_login(peer_host, transport):
         """EXTERNAL: the user the TLS client certificate's CN names; raises LoginRefused."""
@@ -50,19 +51,30 @@ class IAccessDatabase(Interface):
         """Whether vhost C{name} exists."""
 
     def permissions_of(user, vhost):
-        """C{user}'s permissions on C{vhost} (C{configure}, C{write}, C{read} expressions), or None: none."""
+        """
+        C{user}'s permissions on C{vhost} (C{configure}, C{write}, C{read}
+        expressions), or None: none.
+        """
 
     def policies(vhost=None):
-        """The L{brokerd.model.policy_effects.Policy} records of C{vhost} (None: of every vhost), highest priority first."""
+        """
+        The L{brokerd.model.policy_effects.Policy} records of C{vhost} (None:
+        of every vhost), highest priority first.
+        """
 
 
 class IAccessCommands(Interface):
-    """rabbitmqctl's user, vhost, permission and policy commands, and definitions export and import, for every
-    protocol (L{brokerd.access.commands})."""
+    """rabbitmqctl's user, vhost, permission and policy commands, and
+    definitions export and import, for every protocol
+    (L{brokerd.access.commands})."""
 
     def check_administrator(user):
-        """Raise L{brokerd.errors.AccessRefused} (403) unless user C{user} (None: nobody) is an administrator."""
+        """
+        Raise L{brokerd.errors.AccessRefused} (403) unless user C{user} (None:
+        nobody) is an administrator.
+        """
 
     def run(user, command, arguments=(), vhost="/", backend=None):
-        """C{command} (e.g. C{"add_user"}) for user C{user}: a Deferred of a table (C{columns}, C{rows}) once
-        the change is durable, or failing with a L{brokerd.errors.BrokerError} that says why not."""
+        """C{command} (e.g. C{"add_user"}) for user C{user}: a Deferred of a table (C{columns},
+        C{rows}) once the change is durable, or failing with a L{brokerd.errors.BrokerError} that
+        says why not."""

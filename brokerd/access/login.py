@@ -37,7 +37,8 @@ AMQPLAIN = "AMQPLAIN"
 EXTERNAL = "EXTERNAL"
 MECHANISMS = (PLAIN, AMQPLAIN)  # enabled unless --auth-mechanisms says otherwise
 ALL_MECHANISMS = (*MECHANISMS, EXTERNAL)
-PASSWORD_MECHANISMS = frozenset({PLAIN, AMQPLAIN})  # a user name and password, however the wire encodes them
+# A user name and password, however the wire encodes them:
+PASSWORD_MECHANISMS = frozenset({PLAIN, AMQPLAIN})
 LOOPBACK_ONLY_USERS = frozenset({"guest"})
 # A client refused at login gets its refusal this many seconds after the fault,
 # so that a password guesser gets at most one answer per second and connection.
@@ -63,7 +64,10 @@ class UsersFileImport:
         self._seen = None  # (mtime_ns, size) of the version imported last
 
     def refresh(self):
-        """Import the file if it changed since the last import; raises OSError if it cannot be read."""
+        """
+        Import the file if it changed since the last import; raises OSError if
+        it cannot be read.
+        """
         status = os.stat(self.path)
         seen = (status.st_mtime_ns, status.st_size)
         if seen == self._seen:
@@ -120,7 +124,10 @@ class AccessControl:
     @ivar mechanisms: the login mechanisms the operator enabled (C{--auth-mechanisms}).
     """
 
-    def __init__(self, access=None, loopback_only_users=LOOPBACK_ONLY_USERS, users_file=None, mechanisms=MECHANISMS):
+    def __init__(
+        self, access=None, loopback_only_users=LOOPBACK_ONLY_USERS, users_file=None,
+        mechanisms=MECHANISMS,
+    ):
         """
         @param access: the broker's L{IAccessDatabase}; without one, guest/guest in memory.
         @param users_file: a L{UsersFileImport} refreshed before each login, or None.
@@ -131,7 +138,10 @@ class AccessControl:
         self.mechanisms = tuple(mechanisms)
 
     def user_exists(self, name):
-        """Whether a user called C{name} exists: the one question EXTERNAL (a login with no password) asks."""
+        """
+        Whether a user called C{name} exists: the one question EXTERNAL (a
+        login with no password) asks.
+        """
         return self.access.user(name) is not None
 
     def check_password_login(self, mechanism, name, password, peer_host):
@@ -146,7 +156,10 @@ class AccessControl:
         return self._admitted_from(mechanism, name, peer_host)
 
     def check_certificate_login(self, peer_host, transport):
-        """EXTERNAL: the user the client certificate's subject CN names, refused in RabbitMQ's words."""
+        """
+        EXTERNAL: the user the client certificate's subject CN names, refused
+        in RabbitMQ's words.
+        """
         certificate = peer_certificate(transport)
         if certificate is None:
             raise LoginRefused("EXTERNAL login refused: connection has no peer certificate")
@@ -180,7 +193,10 @@ class AccessControl:
             raise LoginRefused(f"the new secret of user {username!r} was refused")
 
     def _admitted_from(self, mechanism, name, peer_host):
-        """A known user's login, refused as RabbitMQ's loopback_users rule says if it comes from afar."""
+        """
+        A known user's login, refused as RabbitMQ's loopback_users rule says if
+        it comes from afar.
+        """
         if name in self.loopback_only_users and not is_loopback(peer_host):
             raise self._refused(mechanism, name, "can only connect via localhost", " ")
         return name
@@ -191,9 +207,15 @@ class AccessControl:
         return LoginRefused(f"{mechanism} login refused: user '{name}'{separator}{why}")
 
     def _refresh_users_file(self):
-        """Take in the users file's changes; one that cannot be read leaves the database as it is."""
+        """
+        Take in the users file's changes; one that cannot be read leaves the
+        database as it is.
+        """
         if self.users_file is not None:
             try:
                 self.users_file.refresh()
             except (OSError, ValueError) as problem:
-                log.warn("--users: cannot import {path!r}: {problem}", path=self.users_file.path, problem=problem)
+                log.warn(
+                    "--users: cannot import {path!r}: {problem}",
+                    path=self.users_file.path, problem=problem,
+                )

@@ -48,7 +48,10 @@ class ResourceAccess:
             raise self._refusal("write", kind, name)
 
     def check_read(self, kind, name):
-        """Consuming from, getting from or purging a queue; binding from an exchange (the source)."""
+        """
+        Consuming from, getting from or purging a queue; binding from an
+        exchange (the source).
+        """
         if self._read.search(name or DEFAULT_EXCHANGE_RESOURCE) is None:
             raise self._refusal("read", kind, name)
 
@@ -70,13 +73,17 @@ class ResourceAccess:
         dead_letter_exchange = arguments.get("x-dead-letter-exchange") if arguments else None
         if isinstance(dead_letter_exchange, bytes):
             dead_letter_exchange = dead_letter_exchange.decode("utf-8", "replace")
-        if isinstance(dead_letter_exchange, str):  # any other type is refused by the declare itself (406)
+        # Any other type is refused by the declare itself (406).
+        if isinstance(dead_letter_exchange, str):
             self.check_read("queue", name)
             self.check_write("exchange", dead_letter_exchange)
         return name, server_named
 
     def check_binding(self, destination_kind, destination, source):
-        """A binding needs write on its destination and read on its source exchange (RabbitMQ's order)."""
+        """
+        A binding needs write on its destination and read on its source
+        exchange (RabbitMQ's order).
+        """
         self.check_write(destination_kind, destination)
         self.check_read("exchange", source)
 
@@ -97,20 +104,29 @@ class ResourceAccess:
     def check_user_id(self, user_id):
         """A publish's C{user_id} property must name the user who logged in (RabbitMQ's 406)."""
         if user_id != self.user:
-            raise PreconditionFailed(f"user_id property set to '{user_id}' but authenticated user was '{self.user}'")
+            raise PreconditionFailed(
+                f"user_id property set to '{user_id}'"
+                f" but authenticated user was '{self.user}'"
+            )
 
     def _refusal(self, permission, kind, name):
         # RabbitMQ's words name the resource, not which of the three permissions it lacks.
-        return AccessRefused(f"access to {kind} '{name}' in vhost '{self.vhost}' refused for user '{self.user}'")
+        return AccessRefused(
+            f"access to {kind} '{name}' in vhost '{self.vhost}' refused for user '{self.user}'"
+        )
 
 
 def _compiled(expression):
-    # RabbitMQ reads an empty expression as ^$: with the default exchange named amq.default, nothing matches.
+    # RabbitMQ reads an empty expression as ^$: with the default exchange named
+    # amq.default, nothing matches.
     return re.compile(expression or "^$")
 
 
 class UncheckedAccess:
-    """The access of an unchecked internal user (a connection made in-process, without a login): everything."""
+    """
+    The access of an unchecked internal user (a connection made in-process,
+    without a login): everything.
+    """
 
     __slots__ = ()
 

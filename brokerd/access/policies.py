@@ -1,4 +1,5 @@
-"""Policies as the access database keeps them: checked in RabbitMQ's words, and handed to the running broker.
+"""Policies as the access database keeps them: checked in RabbitMQ's words, and
+handed to the running broker.
 
 L{check_policy} refuses what RabbitMQ's C{rabbit_policy} validation refuses
 (a pattern that does not compile, an unknown apply-to, a definition that is
@@ -22,30 +23,44 @@ class PolicyRefused(ValueError):
 
 
 def check_policy(vhost, name, pattern, definition, priority=0, apply_to="all"):
-    """The L{Policy} these make, or raise L{PolicyRefused} with RabbitMQ's words for what is wrong."""
+    """
+    The L{Policy} these make, or raise L{PolicyRefused} with RabbitMQ's words
+    for what is wrong.
+    """
     if not isinstance(name, str) or not name:
         raise PolicyRefused(f"policy in virtual host '{vhost}' has undefined name")
     if isinstance(priority, bool) or not isinstance(priority, int):
-        raise PolicyRefused(f"{VALIDATION_FAILED}: priority should be a number, actually was {priority!r}")
+        raise PolicyRefused(
+            f"{VALIDATION_FAILED}: priority should be a number, actually was {priority!r}"
+        )
     if not isinstance(pattern, str):
         raise PolicyRefused(f"{VALIDATION_FAILED}: pattern should be a binary but was {pattern!r}")
     try:
         re.compile(pattern)
     except re.error as problem:
-        raise PolicyRefused(f"{VALIDATION_FAILED}: pattern should be regular expression but is invalid:"
-                            f" {problem}") from None
+        raise PolicyRefused(
+            f"{VALIDATION_FAILED}: pattern should be regular expression but is invalid:"
+            f" {problem}"
+        ) from None
     if apply_to not in APPLY_TO:
-        raise PolicyRefused(f"{VALIDATION_FAILED}: apply-to '{apply_to}' unrecognised; should be 'queues',"
-                            f" 'exchanges' or 'all'")
+        raise PolicyRefused(
+            f"{VALIDATION_FAILED}: apply-to '{apply_to}' unrecognised; should be 'queues',"
+            f" 'exchanges' or 'all'"
+        )
     if not isinstance(definition, dict):
-        raise PolicyRefused(f"{VALIDATION_FAILED}: definition must be a dictionary: {json.dumps(definition)}")
+        raise PolicyRefused(
+            f"{VALIDATION_FAILED}: definition must be a dictionary: {json.dumps(definition)}"
+        )
     if not definition:
         raise PolicyRefused(f"{VALIDATION_FAILED}: no policy provided")
     return Policy(vhost, name, pattern, dict(definition), priority, apply_to)
 
 
 def parse_priority(text):
-    """A priority given as text (the command line's): the integer, or L{PolicyRefused} as RabbitMQ words it."""
+    """
+    A priority given as text (the command line's): the integer, or
+    L{PolicyRefused} as RabbitMQ words it.
+    """
     try:
         return int(text)
     except (TypeError, ValueError):

@@ -52,7 +52,8 @@ def _add_vhost_with_store(broker, access, name, backend):
         yield store.close()
         raise
     vhost = broker.add_vhost(name, store)
-    broker.recover(store)  # a new store is empty, unless the files of an earlier vhost of that name were left
+    # A new store is empty, unless the files of an earlier vhost of that name were left.
+    broker.recover(store)
     return vhost
 
 
@@ -70,18 +71,24 @@ def delete_vhost(broker, access, name):
     vhost, own_store = broker.forget_vhost(name)
     deleted = 0
     if vhost is not None:
-        gone = ConnectionForced(f"vhost '{name}' is deleted")  # RabbitMQ's words (rabbit_connection_tracking)
-        for connection in [connection for connection in broker.connections if connection.vhost is vhost]:
+        # RabbitMQ's words (rabbit_connection_tracking):
+        gone = ConnectionForced(f"vhost '{name}' is deleted")
+        connections = [connection for connection in broker.connections if connection.vhost is vhost]
+        for connection in connections:
             connection.close_by_broker(gone)
         queues = list(vhost.queues)
         for queue in queues:
             vhost.delete_queue(queue)
-        for exchange in [exchange for exchange in vhost.exchanges if exchange and not exchange.startswith("amq.")]:
+        exchanges = [
+            exchange for exchange in vhost.exchanges if exchange and not exchange.startswith("amq.")
+        ]
+        for exchange in exchanges:
             vhost.delete_exchange(exchange)
         deleted = len(queues)
     if own_backend is None:
         return deleted
-    return _close_and_remove(broker, name, own_store, deleted)  # its store may be down: its files go all the same
+    # Its store may be down: its files go all the same.
+    return _close_and_remove(broker, name, own_store, deleted)
 
 
 @defer.inlineCallbacks

@@ -1,4 +1,5 @@
-"""C{brokerd-admin} (also C{python -m brokerd.admin}): everything an operator does, over the HTTP management API::
+"""C{brokerd-admin} (also C{python -m brokerd.admin}): everything an operator does, over the HTTP
+management API::
 
     brokerd-admin list queues --vhost team
     brokerd-admin --format json list connections
@@ -67,18 +68,21 @@ def build_parser():
     parser = argparse.ArgumentParser(
         prog=PROGRAM, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="An operator's command line over brokerd's HTTP management API (RabbitMQ's).",
-        epilog=commands_by_task() + "\n\nExit status: 0 done; 1 not done (one line 'error: ...' on stderr);"
-                                    " 2 a command line that does not parse.")
+        epilog=commands_by_task() + (
+            "\n\nExit status: 0 done; 1 not done (one line 'error: ...' on stderr);"
+            " 2 a command line that does not parse."
+        ))
     default_url = os.environ.get("BROKERD_URL", DEFAULT_URL)
     parser.add_argument("--url", default=default_url,
                         help=f"the management API (default: $BROKERD_URL, else {DEFAULT_URL})")
     parser.add_argument("--user", default=os.environ.get("BROKERD_USER", DEFAULT_USER),
                         help=f"user to log in as (default: $BROKERD_USER, else {DEFAULT_USER})")
     parser.add_argument("--password", default=os.environ.get("BROKERD_PASSWORD", DEFAULT_PASSWORD),
-                        help=f"that user's password (default: $BROKERD_PASSWORD, else {DEFAULT_PASSWORD})")
+                        help="that user's password"
+                             f" (default: $BROKERD_PASSWORD, else {DEFAULT_PASSWORD})")
     parser.add_argument("--vhost", default=None, metavar="V",
-                        help="the vhost of a per-vhost command, as its own --vhost (default: every vhost for list,"
-                             " / for the others)")
+                        help="the vhost of a per-vhost command, as its own --vhost"
+                             " (default: every vhost for list, / for the others)")
     parser.add_argument("--format", choices=["table", "json"], default="table",
                         help="how listings print (default: table)")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
@@ -101,7 +105,8 @@ def main(argv=None, out=None):
         print(f"error: {error}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # the reader (e.g. head) stopped reading: not an error to report
-        if out is sys.stdout:  # as Python's documentation says: what is left to flush at exit goes nowhere
+        # As Python's documentation says: what is left to flush at exit goes nowhere.
+        if out is sys.stdout:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     return status or 0

@@ -27,12 +27,18 @@ class AdminError(Exception):
 
 
 def segment(name):
-    """A path segment as RabbitMQ's clients write it: every reserved character encoded (C{/} is C{%2F})."""
+    """
+    A path segment as RabbitMQ's clients write it: every reserved character
+    encoded (C{/} is C{%2F}).
+    """
     return quote(name, safe="")
 
 
 def _http_error_line(error):
-    """C{HTTP STATUS error - reason} from the API's JSON error body, or the status line without one."""
+    """
+    C{HTTP STATUS error - reason} from the API's JSON error body, or the status
+    line without one.
+    """
     try:
         body = json.loads(error.read() or b"null")
     except ValueError:
@@ -43,7 +49,10 @@ def _http_error_line(error):
 
 
 class ManagementClient:
-    """Requests to one broker's management API (C{url}, e.g. C{http://127.0.0.1:15672}) as one user."""
+    """
+    Requests to one broker's management API (C{url}, e.g.
+    C{http://127.0.0.1:15672}) as one user.
+    """
 
     def __init__(self, url, user, password):
         self.url = url.rstrip("/")
@@ -64,9 +73,13 @@ class ManagementClient:
         except urllib.error.HTTPError as error:
             raise AdminError(_http_error_line(error), error.code) from None
         except urllib.error.URLError as error:
-            raise AdminError(f"could not reach the broker's management API at {self.url}: {error.reason}") from None
+            raise AdminError(
+                f"could not reach the broker's management API at {self.url}: {error.reason}"
+            ) from None
         except (OSError, ValueError) as error:  # a reset or timeout mid-answer; a malformed --url
-            raise AdminError(f"could not talk to the broker's management API at {self.url}: {error}") from None
+            raise AdminError(
+                f"could not talk to the broker's management API at {self.url}: {error}"
+            ) from None
 
     def get_json(self, path):
         """The decoded JSON answer of C{GET path}, and its text as the API sent it."""
@@ -77,7 +90,10 @@ class ManagementClient:
             raise AdminError(f"{self.url}{path} did not answer JSON") from None
 
     def get_json_if_any(self, path):
-        """The decoded JSON answer of C{GET path}, or None when the API answers 404 (no such object)."""
+        """
+        The decoded JSON answer of C{GET path}, or None when the API answers
+        404 (no such object).
+        """
         try:
             return self.get_json(path)[0]
         except AdminError as error:

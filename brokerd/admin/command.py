@@ -1,4 +1,5 @@
-"""What every C{brokerd-admin} command is: a name, a one-line summary, its arguments and what it does.
+"""What every C{brokerd-admin} command is: a name, a one-line summary, its
+arguments and what it does.
 
 The command modules (L{brokerd.admin.listing}, L{brokerd.admin.access},
 L{brokerd.admin.operations}, L{brokerd.admin.migration}) each hold a list of
@@ -33,8 +34,9 @@ class Command:
 
 def add_vhost_option(parser, default_text=DEFAULT_VHOST):
     """
-    C{--vhost V} (also rabbitmqctl's C{-p V}) after the command; the global C{--vhost} before the command
-    is the same setting, so the one given here wins and, when none is, the global one stands.
+    C{--vhost V} (also rabbitmqctl's C{-p V}) after the command; the global C{--vhost} before
+    the command is the same setting, so the one given here wins and, when none is, the global
+    one stands.
     """
     parser.add_argument("-p", "--vhost", default=argparse.SUPPRESS, metavar="V",
                         help=f"the vhost (default: {default_text})")

@@ -1,4 +1,5 @@
-"""C{brokerd-admin list KIND [--vhost V]}: the objects of one kind, as a table or as the API's JSON."""
+"""C{brokerd-admin list KIND [--vhost V]}: the objects of one kind, as a table or
+as the API's JSON."""
 
 import json
 
@@ -8,7 +9,10 @@ from brokerd.admin.tables import table
 
 
 class Listing:
-    """One kind C{list} shows: its path for every vhost, for one vhost (None: no such path), and its columns."""
+    """
+    One kind C{list} shows: its path for every vhost, for one vhost (None: no
+    such path), and its columns.
+    """
 
     def __init__(self, path, vhost_path, columns):
         self.path = path
@@ -18,7 +22,8 @@ class Listing:
 
 LISTINGS = {
     "queues": Listing("/api/queues", "/api/queues/{vhost}",
-                      ["vhost", "name", "messages", "messages_ready", "messages_unacknowledged", "consumers"]),
+                      ["vhost", "name", "messages", "messages_ready", "messages_unacknowledged",
+                       "consumers"]),
     "exchanges": Listing("/api/exchanges", "/api/exchanges/{vhost}",
                          ["vhost", "name", "type", "durable", "auto_delete", "internal"]),
     "bindings": Listing("/api/bindings", "/api/bindings/{vhost}",
@@ -26,11 +31,13 @@ LISTINGS = {
     "connections": Listing("/api/connections", "/api/vhosts/{vhost}/connections",
                            ["name", "user", "vhost", "protocol", "channels"]),
     "channels": Listing("/api/channels", "/api/vhosts/{vhost}/channels",
-                        ["name", "user", "vhost", "consumer_count", "messages_unacknowledged", "prefetch_count"]),
+                        ["name", "user", "vhost", "consumer_count", "messages_unacknowledged",
+                         "prefetch_count"]),
     "consumers": Listing("/api/consumers", "/api/consumers/{vhost}",
-                         ["queue.vhost", "queue.name", "consumer_tag", "channel_details.name", "ack_required",
-                          "exclusive", "prefetch_count"]),
-    "vhosts": Listing("/api/vhosts", None, ["name", "messages", "messages_ready", "messages_unacknowledged"]),
+                         ["queue.vhost", "queue.name", "consumer_tag", "channel_details.name",
+                          "ack_required", "exclusive", "prefetch_count"]),
+    "vhosts": Listing("/api/vhosts", None,
+                      ["name", "messages", "messages_ready", "messages_unacknowledged"]),
     "users": Listing("/api/users", None, ["name", "tags"]),
     "permissions": Listing("/api/permissions", "/api/vhosts/{vhost}/permissions",
                            ["user", "vhost", "configure", "write", "read"]),
@@ -60,8 +67,11 @@ def list_objects(client, arguments, out):
 
 
 COMMANDS = [
-    Command("list", "list the objects of one KIND (queues, exchanges, users, policies, ...: see list --help)",
-            add_arguments, list_objects,
-            "List the objects of one kind, in one vhost or in all: a table of their useful fields, or with"
-            " --format json the API's JSON as it answered."),
+    Command(
+        "list",
+        "list the objects of one KIND (queues, exchanges, users, policies, ...: see list --help)",
+        add_arguments, list_objects,
+        "List the objects of one kind, in one vhost or in all: a table of their useful fields,"
+        " or with --format json the API's JSON as it answered.",
+    ),
 ]

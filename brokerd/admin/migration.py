@@ -1,4 +1,5 @@
-"""C{brokerd-admin migrate}: move a stopped broker's durable state to another backend, in this process::
+"""C{brokerd-admin migrate}: move a stopped broker's durable state to another
+backend, in this process::
 
     brokerd-admin migrate --data-dir /var/lib/brokerd --from chunked --to sqlite
 
@@ -16,29 +17,39 @@ PROGRESS_PREFIX = "migrate: "
 
 
 def add_arguments(parser):
-    """The options of L{brokerd.migrate.cli.add_arguments}, given here so that C{--help} does not import it
-    (a test checks that the two agree)."""
-    parser.add_argument("--data-dir", required=True, metavar="DIR", help="the stopped broker's --data-dir")
+    """The options of L{brokerd.migrate.cli.add_arguments}, given here so that
+    C{--help} does not import it (a test checks that the two agree)."""
+    parser.add_argument("--data-dir", required=True, metavar="DIR",
+                        help="the stopped broker's --data-dir")
     parser.add_argument("--from", dest="source", required=True, metavar="BACKEND",
-                        help="the backend the data is in now, as --backend takes it (e.g. chunked:chunk_size=64M)")
+                        help="the backend the data is in now, as --backend takes it"
+                             " (e.g. chunked:chunk_size=64M)")
     parser.add_argument("--to", dest="target", required=True, metavar="BACKEND",
-                        help="the backend to move it to, as --backend takes it; its store must be empty")
+                        help="the backend to move it to, as --backend takes it;"
+                             " its store must be empty")
     parser.add_argument("--leave-quarantined", action="store_true",
-                        help="migrate even if the source holds quarantined or damaged records; they stay in the"
-                             " source alone and are listed")
+                        help="migrate even if the source holds quarantined or damaged records;"
+                             " they stay in the source alone and are listed")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
 def migrate_store(client, arguments, out):
-    """Run L{brokerd.migrate} on the arguments (the management API's C{client} is not used); its exit status."""
+    """
+    Run L{brokerd.migrate} on the arguments (the management API's C{client} is
+    not used); its exit status.
+    """
     from brokerd.migrate.cli import LinePrefixes, run_command
 
     return run_command(arguments, LinePrefixes(progress=PROGRESS_PREFIX, error=""), out=out)
 
 
 COMMANDS = [
-    Command("migrate", "with the broker stopped, move its data directory to another backend and check the copy",
-            add_arguments, migrate_store,
-            "With the broker stopped, move the durable state of its data directory (topology, persistent and"
-            " delayed messages) from one storage backend to another, then check the copy. Talks to no API."),
+    Command(
+        "migrate",
+        "with the broker stopped, move its data directory to another backend and check the copy",
+        add_arguments, migrate_store,
+        "With the broker stopped, move the durable state of its data directory (topology,"
+        " persistent and delayed messages) from one storage backend to another, then check the"
+        " copy. Talks to no API.",
+    ),
 ]

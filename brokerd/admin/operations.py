@@ -14,7 +14,8 @@ from brokerd.admin.command import Command, add_vhost_option, done, vhost_of
 
 def _file_argument(what):
     def add_arguments(parser):
-        parser.add_argument("file", metavar="FILE", help=f"the definitions file ('-': standard {what})")
+        parser.add_argument("file", metavar="FILE",
+                            help=f"the definitions file ('-': standard {what})")
     return add_arguments
 
 
@@ -41,7 +42,8 @@ def import_definitions(client, arguments, out):
     except OSError as error:
         raise AdminError(f"could not read {arguments.file}: {error.strerror}") from None
     client.request("POST", "/api/definitions", body=raw)
-    done(out, f"Imported definitions from {'standard input' if arguments.file == '-' else arguments.file}")
+    source = "standard input" if arguments.file == "-" else arguments.file
+    done(out, f"Imported definitions from {source}")
 
 
 def _purge_arguments(parser):
@@ -56,9 +58,11 @@ def purge_queue(client, arguments, out):
 
 
 def _close_arguments(parser):
-    parser.add_argument("name", metavar="NAME", help="the connection's name, as list connections shows it")
+    parser.add_argument("name", metavar="NAME",
+                        help="the connection's name, as list connections shows it")
     parser.add_argument("--reason", metavar="TEXT",
-                        help="the text the client is given (default: the API's, 'Closed via management plugin')")
+                        help="the text the client is given"
+                             " (default: the API's, 'Closed via management plugin')")
 
 
 def close_connection(client, arguments, out):
@@ -68,7 +72,8 @@ def close_connection(client, arguments, out):
 
 
 DEFINITION_COMMANDS = [
-    Command("export", "write the broker's definitions (RabbitMQ's JSON) to FILE ('-': standard output)",
+    Command("export",
+            "write the broker's definitions (RabbitMQ's JSON) to FILE ('-': standard output)",
             _file_argument("output"), export_definitions),
     Command("import", "import definitions (RabbitMQ's JSON) from FILE ('-': standard input)",
             _file_argument("input"), import_definitions),
@@ -77,6 +82,6 @@ QUEUE_COMMANDS = [
     Command("purge", "remove every ready message from a queue", _purge_arguments, purge_queue),
 ]
 CONNECTION_COMMANDS = [
-    Command("close-connection", "close a client connection (320 CONNECTION_FORCED)", _close_arguments,
-            close_connection),
+    Command("close-connection", "close a client connection (320 CONNECTION_FORCED)",
+            _close_arguments, close_connection),
 ]

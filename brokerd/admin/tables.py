@@ -45,4 +45,6 @@ def table(columns, rows):
     cells = [list(columns)] + [[cell(field(row, column)) for column in columns] for row in rows]
     widths = [max(len(line[index]) for line in cells) for index in range(len(columns))]
     return "".join(
-        COLUMN_GAP.join(text.ljust(width) for text, width in zip(line, widths)).rstrip() + "\n" for line in cells)
+        COLUMN_GAP.join(text.ljust(width) for text, width in zip(line, widths)).rstrip() + "\n"
+        for line in cells
+    )

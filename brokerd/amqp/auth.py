@@ -15,7 +15,8 @@ import decimal
 
 from twisted.internet import defer
 
-from brokerd.access.login import (  # noqa: F401 - tap and tests import UsersFileImport and the names from here
+# Tap and tests import UsersFileImport and the names from here.
+from brokerd.access.login import (  # noqa: F401
     ALL_MECHANISMS,
     EXTERNAL,
     MECHANISMS,
@@ -48,7 +49,9 @@ def parse_response(mechanism, response):
         if login is None or password is None:
             raise LoginRefused("AMQPLAIN response needs LOGIN and PASSWORD")
         return _credential(login, "LOGIN"), _credential(password, "PASSWORD")
-    raise LoginRefused(f"unsupported authentication mechanism {mechanism!r}; use one of {', '.join(MECHANISMS)}")
+    raise LoginRefused(
+        f"unsupported authentication mechanism {mechanism!r}; use one of {', '.join(MECHANISMS)}"
+    )
 
 
 def _credential(value, name):
@@ -80,7 +83,10 @@ class Authenticator(AccessControl):
     """
 
     def offered_mechanisms(self, transport):
-        """The mechanisms connection.start offers on C{transport}: EXTERNAL only if it carries a client certificate."""
+        """
+        The mechanisms connection.start offers on C{transport}: EXTERNAL only
+        if it carries a client certificate.
+        """
         if EXTERNAL in self.mechanisms and peer_certificate(transport) is None:
             return tuple(name for name in self.mechanisms if name != EXTERNAL)
         return self.mechanisms
@@ -91,13 +97,17 @@ class Authenticator(AccessControl):
         C{transport} gives EXTERNAL the client's certificate.
         """
         if mechanism not in self.mechanisms:
-            return defer.fail(LoginRefused(f"unsupported authentication mechanism {mechanism!r}; use one of"
-                                           f" {', '.join(self.offered_mechanisms(transport))}"))
+            return defer.fail(LoginRefused(
+                f"unsupported authentication mechanism {mechanism!r}; use one of"
+                f" {', '.join(self.offered_mechanisms(transport))}"
+            ))
         try:
             if mechanism == EXTERNAL:
                 return defer.succeed(self.check_certificate_login(peer_host, transport))
             username, password = parse_response(mechanism, response)
-            return defer.succeed(self.check_password_login(mechanism, username.decode(), password, peer_host))
+            return defer.succeed(
+                self.check_password_login(mechanism, username.decode(), password, peer_host)
+            )
         except LoginRefused:
             return defer.fail()
 

@@ -48,11 +48,15 @@ CHANNEL_OPEN = frames.method_index(20, 10)
 _CHANNEL_CLOSE = frames.method_index(20, 40)
 _CHANNEL_CLOSE_OK = frames.method_index(20, 41)
 
-_encoded_by_properties = {}  # id(properties) -> (properties, encoded): holding it keeps its id from being reused
+# id(properties) -> (properties, encoded): holding it keeps its id from being reused
+_encoded_by_properties = {}
 
 
 def encoded_properties(message):
-    """The message's properties in AMQP form, encoded at most once per message and per shared properties object."""
+    """
+    The message's properties in AMQP form, encoded at most once per message and
+    per shared properties object.
+    """
     encoded = message.encoded_properties
     if encoded is None:
         properties = message.properties
@@ -98,9 +102,9 @@ class AmqpChannel:
     """
 
     __slots__ = (
-        "id", "model", "writes", "frame_max", "closing", "publish", "properties", "body_size", "parts", "received",
-        "_receiver", "_connection", "_gate", "_cancel_notify", "_consumer_tags", "_body_bytes", "_watermark",
-        "_decoded_properties", "_max_message_size",
+        "id", "model", "writes", "frame_max", "closing", "publish", "properties", "body_size",
+        "parts", "received", "_receiver", "_connection", "_gate", "_cancel_notify",
+        "_consumer_tags", "_body_bytes", "_watermark", "_decoded_properties", "_max_message_size",
     )
 
     def __init__(self, channel_id, receiver, connection, gate, frame_max, cancel_notify):
@@ -145,10 +149,13 @@ class AmqpChannel:
                     self.writes.send(frames.method_frame(self.id, commands.Channel.CloseOk()))
             return
         if index == CHANNEL_OPEN:
-            raise InvalidChannel(f"second 'channel.open' for channel {self.id}, which is already open")
+            raise InvalidChannel(
+                f"second 'channel.open' for channel {self.id}, which is already open"
+            )
         if self.publish is not None:
             raise UnexpectedFrame(
-                f"expected content header for class 60, got method {frames.method_name(index)} on channel {self.id}"
+                f"expected content header for class 60, got method {frames.method_name(index)}"
+                f" on channel {self.id}"
             )
         if index == frames.BASIC_PUBLISH:
             exchange, routing_key, mandatory, immediate = frames.decode_publish(data, start, end)
@@ -169,14 +176,17 @@ class AmqpChannel:
 
     def header_frame(self, data, start, end):
         if self.publish is None or self.properties is not None:
-            raise UnexpectedFrame(f"content header frame on channel {self.id} without a basic.publish before it")
+            raise UnexpectedFrame(
+                f"content header frame on channel {self.id} without a basic.publish before it"
+            )
         class_id, body_size, properties_start = frames.decode_content_header(data, start, end)
         if class_id != frames.BASIC_CLASS:
             raise UnexpectedFrame(f"content header for class {class_id}, expected class 60 (basic)")
         if body_size > self._max_message_size:
             self.publish = None
             error = PreconditionFailed(
-                f"message size {body_size} is larger than configured max size {self._max_message_size}"
+                f"message size {body_size} is larger than configured max size"
+                f" {self._max_message_size}"
             )
             self.close(error, frames.BASIC_PUBLISH)
             return
@@ -191,10 +201,14 @@ class AmqpChannel:
 
     def body_frame(self, data, start, end):
         if self.properties is None:
-            raise UnexpectedFrame(f"content body frame on channel {self.id} without a content header before it")
+            raise UnexpectedFrame(
+                f"content body frame on channel {self.id} without a content header before it"
+            )
         received = self.received + end - start
         if received > self.body_size:
-            raise FrameError(f"content body is longer than the {self.body_size} bytes its header announced")
+            raise FrameError(
+                f"content body is longer than the {self.body_size} bytes its header announced"
+            )
         parts = self.parts
         if received == self.body_size:
             if parts:
@@ -214,7 +228,8 @@ class AmqpChannel:
             self.received = received
             self._body_bytes.add(size)
             if self._watermark.blocked:
-                self._gate.check()  # a body on its way holds memory: its sender is a publisher to block
+                # A body on its way holds memory: its sender is a publisher to block.
+                self._gate.check()
 
     def _publish(self, properties, body):
         exchange, routing_key, mandatory = self.publish
@@ -224,7 +239,8 @@ class AmqpChannel:
         decoded = self._decoded_properties.get(properties)
         if decoded is None:
             try:
-                decoded = decode_properties(properties)  # malformed properties are a connection error (502)
+                # Malformed properties are a connection error (502).
+                decoded = decode_properties(properties)
             except ChannelError as error:  # headers nested too deep: 406 closes this channel only
                 self.close(error, frames.BASIC_PUBLISH)
                 return
@@ -240,7 +256,10 @@ class AmqpChannel:
             self._gate.check()
 
     def release_content(self):
-        """The content being assembled was published or dropped: its body bytes leave the watermark."""
+        """
+        The content being assembled was published or dropped: its body bytes
+        leave the watermark.
+        """
         received, self.received = self.received, 0
         if received:
             self._body_bytes.release(received)
@@ -264,7 +283,10 @@ class AmqpChannel:
         self.writes.send(frames.method_frame(self.id, commands.Channel.CloseOk()))
 
     def close(self, error, index):
-        """Close the channel for C{error} (raised by method C{index}) and wait for the client's close-ok."""
+        """
+        Close the channel for C{error} (raised by method C{index}) and wait for
+        the client's close-ok.
+        """
         log.debug("closing channel {channel}: {error}", channel=self.id, error=error)
         self._connection.close_channel(self.id)
         self.closing = True
@@ -285,27 +307,37 @@ class AmqpChannel:
         writes = self.writes
         channel_id = self.id
         body = message.body
-        content = frames.content_frames(channel_id, encoded_properties(message), body, self.frame_max)
+        content = frames.content_frames(
+            channel_id, encoded_properties(message), body, self.frame_max
+        )
         # Everything is encoded before anything is queued, so a message that cannot be encoded never
         # leaves a basic.deliver without its content (which would hang the client).
         writes.send(
             frames.encode_deliver(
-                channel_id, tag, delivery_tag, redelivered, message.exchange.encode(), message.routing_key.encode()
+                channel_id, tag, delivery_tag, redelivered, message.exchange.encode(),
+                message.routing_key.encode(),
             )
         )
         writes.send_pieces(content, len(body))
 
     def returned(self, reply_code, reply_text, message):
-        content = frames.content_frames(self.id, encoded_properties(message), message.body, self.frame_max)
-        self.writes.send(frames.encode_return(self.id, reply_code, reply_text, message.exchange, message.routing_key))
+        content = frames.content_frames(
+            self.id, encoded_properties(message), message.body, self.frame_max
+        )
+        self.writes.send(frames.encode_return(
+            self.id, reply_code, reply_text, message.exchange, message.routing_key
+        ))
         self.writes.send_pieces(content, len(message.body))
 
     def get_ok(self, delivery_tag, redelivered, message, message_count):
         """basic.get-ok with C{message}, as the model's basic_get returned it."""
-        content = frames.content_frames(self.id, encoded_properties(message), message.body, self.frame_max)
+        content = frames.content_frames(
+            self.id, encoded_properties(message), message.body, self.frame_max
+        )
         self.writes.send(
             frames.encode_get_ok(
-                self.id, delivery_tag, redelivered, message.exchange, message.routing_key, message_count
+                self.id, delivery_tag, redelivered, message.exchange, message.routing_key,
+                message_count,
             )
         )
         self.writes.send_pieces(content, len(message.body))

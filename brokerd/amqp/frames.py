@@ -59,7 +59,9 @@ def short_string(text):
     """An AMQP short string: a length octet and the UTF-8 bytes."""
     encoded = text.encode()
     if len(encoded) > 255:
-        raise ValueError(f"short string of {len(encoded)} bytes is longer than 255: {text[:40]!r}...")
+        raise ValueError(
+            f"short string of {len(encoded)} bytes is longer than 255: {text[:40]!r}..."
+        )
     return bytes((len(encoded),)) + encoded
 
 
@@ -86,7 +88,9 @@ def decode_publish(data, start, end):
             raise IndexError
         flags = data[offset]
     except IndexError:
-        raise FrameSyntaxError(f"basic.publish arguments of {end - start} bytes are truncated") from None
+        raise FrameSyntaxError(
+            f"basic.publish arguments of {end - start} bytes are truncated"
+        ) from None
     return exchange, routing_key, bool(flags & 1), bool(flags & 2)
 
 
@@ -120,9 +124,12 @@ def encode_deliver(channel, consumer_tag, delivery_tag, redelivered, exchange, r
 def encode_confirm(channel, delivery_tag, multiple, ack):
     """A basic.ack (or basic.nack without requeue) from the broker, for publisher confirms."""
     if ack:
-        return _CONFIRM_FRAME.pack(FRAME_METHOD, channel, 13, BASIC_ACK, delivery_tag, 1 if multiple else 0, FRAME_END)
+        return _CONFIRM_FRAME.pack(
+            FRAME_METHOD, channel, 13, BASIC_ACK, delivery_tag, 1 if multiple else 0, FRAME_END
+        )
     return _CONFIRM_FRAME.pack(
-        FRAME_METHOD, channel, 13, method_index(60, 120), delivery_tag, 1 if multiple else 0, FRAME_END
+        FRAME_METHOD, channel, 13, method_index(60, 120), delivery_tag, 1 if multiple else 0,
+        FRAME_END,
     )
 
 
@@ -135,7 +142,8 @@ def content_frames(channel, encoded_properties, body, frame_max):
     body_size = len(body)
     pieces = [
         _CONTENT_HEADER_START.pack(
-            FRAME_HEADER, channel, _CONTENT_HEADER_FIXED + len(encoded_properties), BASIC_CLASS, 0, body_size
+            FRAME_HEADER, channel, _CONTENT_HEADER_FIXED + len(encoded_properties), BASIC_CLASS, 0,
+            body_size,
         ),
         encoded_properties,
         FRAME_END_BYTE,
@@ -174,7 +182,10 @@ _CONTENT_HEADER_FIELDS = Struct(">HHQ")
 
 def _method(channel, index, arguments):
     payload_size = 4 + len(arguments)
-    return b"".join((FRAME_START.pack(FRAME_METHOD, channel, payload_size), METHOD_INDEX.pack(index), arguments, FRAME_END_BYTE))
+    return b"".join((
+        FRAME_START.pack(FRAME_METHOD, channel, payload_size), METHOD_INDEX.pack(index), arguments,
+        FRAME_END_BYTE,
+    ))
 
 
 _SHORT = Struct(">H")
@@ -185,7 +196,9 @@ _LONG_LONG = Struct(">Q")
 def encode_declare_ok(channel, queue, message_count, consumer_count):
     """queue.declare-ok; by hand because pamqp refuses queue names RabbitMQ allows."""
     return _method(
-        channel, method_index(50, 11), short_string(queue) + _LONG.pack(message_count) + _LONG.pack(consumer_count)
+        channel,
+        method_index(50, 11),
+        short_string(queue) + _LONG.pack(message_count) + _LONG.pack(consumer_count),
     )
 
 
@@ -211,7 +224,8 @@ def encode_return(channel, reply_code, reply_text, exchange, routing_key):
     return _method(
         channel,
         method_index(60, 50),
-        _SHORT.pack(reply_code) + short_string(reply_text) + short_string(exchange) + short_string(routing_key),
+        _SHORT.pack(reply_code) + short_string(reply_text) + short_string(exchange)
+        + short_string(routing_key),
     )
 
 

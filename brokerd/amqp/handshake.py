@@ -15,10 +15,10 @@ bytes, the frame limit, and dropping unread bytes and channels on close.
 Until a client has logged in it is a stranger: a channel-0 method is checked
 against the handshake's state from its index alone, before its arguments are
 decoded, and any error (a refused login, a malformed or misplaced frame) is
-answered only after L{LOGIN_REFUSAL_DELAY}, as RabbitMQ delays a failed
-handshake, so that guessing passwords is slow. Nothing more is read from such
-a connection, other clients are served meanwhile, and the refusals are logged
-at a bounded rate (L{brokerd.wire.refusal_log.RefusalLog}).
+answered only after L{brokerd.access.login.LOGIN_REFUSAL_DELAY}, as RabbitMQ
+delays a failed handshake, so that guessing passwords is slow. Nothing more is
+read from such a connection, other clients are served meanwhile, and the
+refusals are logged at a bounded rate (L{brokerd.wire.refusal_log.RefusalLog}).
 """
 
 from pamqp import commands
@@ -27,9 +27,9 @@ from twisted.logger import Logger
 from zope.interface import Interface
 
 import brokerd
-from brokerd.access.login import LOGIN_REFUSAL_DELAY
 from brokerd.amqp import frames
-from brokerd.amqp.auth import Authenticator, LoginRefused
+from brokerd.amqp.auth import LoginRefused
+from brokerd.amqp.settings import SERVER_CAPABILITIES
 from brokerd.amqp.table_arguments import decode_method
 from brokerd.errors import (
     AccessRefused,
@@ -50,53 +50,16 @@ from brokerd.wire.connection_log import (
     peer_address,
     peer_host,
 )
-from brokerd.wire.refusal_log import RefusalLog
 
 log = Logger()
 
-DEFAULT_FRAME_MAX = 131072
-DEFAULT_CHANNEL_MAX = 2047
-DEFAULT_HEARTBEAT = 60
-DEFAULT_MAX_MESSAGE_SIZE = 128 * 1024 * 1024
 CLOSE_OK_TIMEOUT = 5.0
-# A client that has not logged in gets its refusal (403 for a wrong password,
-# 501/502/503/540 for a bad frame) LOGIN_REFUSAL_DELAY seconds after the fault,
-# as a native client refused at hello does (brokerd.access.login).
-
-SERVER_CAPABILITIES = {
-    "publisher_confirms": True,
-    "exchange_exchange_bindings": True,
-    "basic.nack": True,
-    "consumer_cancel_notify": True,
-    "connection.blocked": True,
-    "consumer_priorities": True,
-    "authentication_failure_close": True,
-    "per_consumer_qos": True,
-}
 
 # Handshake states, in order.
-AWAITING_HEADER, AWAITING_START_OK, AUTHENTICATING, AWAITING_TUNE_OK, AWAITING_OPEN, OPEN, CLOSING = range(7)
-
-
-class AmqpSettings:
-    """What the server offers in connection.tune and enforces after it."""
-
-    def __init__(
-        self,
-        authenticator=None,
-        frame_max=DEFAULT_FRAME_MAX,
-        channel_max=DEFAULT_CHANNEL_MAX,
-        heartbeat=DEFAULT_HEARTBEAT,
-        max_message_size=DEFAULT_MAX_MESSAGE_SIZE,
-        refusal_delay=LOGIN_REFUSAL_DELAY,
-    ):
-        self.authenticator = authenticator or Authenticator()
-        self.frame_max = frame_max
-        self.channel_max = channel_max
-        self.heartbeat = heartbeat
-        self.max_message_size = max_message_size
-        self.refusal_delay = refusal_delay
-        self.refusal_log = RefusalLog()
+(
+    AWAITING_HEADER, AWAITING_START_OK, AUTHENTICATING, AWAITING_TUNE_OK, AWAITING_OPEN, OPEN,
+    CLOSING,
+) = range(7)
 
 
 class IFrameReader(Interface):
@@ -139,7 +102,8 @@ class AmqpHandshake:
     @ivar state: where the connection is, from L{AWAITING_HEADER} to L{CLOSING}.
     @ivar user: who logged in, or None.
     @ivar connection: the model's L{Connection}, from connection.open until the connection closes.
-    @ivar gate: the L{PublisherGate} that holds the client back while the broker is blocked, once open.
+    @ivar gate: the L{PublisherGate} that holds the client back while the broker
+        is blocked, once open.
     @ivar frame_max: the negotiated frame size (the server's until tune-ok).
     @ivar channel_max: the negotiated number of channels open at once.
     @ivar heartbeat: the negotiated heartbeat interval in seconds (0: none).
@@ -210,8 +174,7 @@ class AmqpHandshake:
 
     def wrong_header(self, problem):
         """The client's first bytes are not AMQP 0-9-1's header: answer with ours and hang up."""
-        self._settings.refusal_log.refused(self._clock, peer_host(self.transport), peer_address(self.transport),
-                                           problem)
+        self._refused(problem)
         self.state = CLOSING
         self.transport.write(frames.PROTOCOL_HEADER)
         self.transport.loseConnection()
@@ -221,7 +184,8 @@ class AmqpHandshake:
         if not self.client_capabilities.get("connection.blocked") or self.state != OPEN:
             return
         if blocked:
-            self._writes.send(frames.method_frame(0, commands.Connection.Blocked(reason="low on memory")))
+            blocked_method = commands.Connection.Blocked(reason="low on memory")
+            self._writes.send(frames.method_frame(0, blocked_method))
         else:
             self._writes.send(frames.method_frame(0, commands.Connection.Unblocked()))
         self._writes.flush()
@@ -245,15 +209,21 @@ class AmqpHandshake:
         if expected is None:
             name = frames.method_name(index)
             if index not in commands.INDEX_MAPPING:
-                raise MethodNotImplemented(f"unknown method class {index >> 16} id {index & 0xFFFF}")
+                raise MethodNotImplemented(
+                    f"unknown method class {index >> 16} id {index & 0xFFFF}"
+                )
             if index >> 16 == 10:
                 raise CommandInvalid(f"{name} is not expected from a client")
             if self.state == OPEN:  # RabbitMQ's code and words; channel 0 is never a channel
-                raise InvalidChannel(f"unexpected method in connection state running: {name} on channel 0")
+                raise InvalidChannel(
+                    f"unexpected method in connection state running: {name} on channel 0"
+                )
             raise CommandInvalid(f"{name} on channel 0, which carries only connection methods")
         state, handler = expected
         if state is not None and self.state != state:
-            raise CommandInvalid(f"{frames.method_name(index)} is out of order in the connection handshake")
+            raise CommandInvalid(
+                f"{frames.method_name(index)} is out of order in the connection handshake"
+            )
         handler(self, decode_method(index, data, start, end, FrameSyntaxError))
 
     def frame_too_large(self, length):
@@ -261,8 +231,8 @@ class AmqpHandshake:
         size = length + frames.FRAME_OVERHEAD
         if self.state < AWAITING_OPEN:
             return FrameError(
-                f"frame of {size} bytes exceeds {frames.FRAME_MIN_SIZE} bytes, the largest allowed before"
-                " connection.tune-ok"
+                f"frame of {size} bytes exceeds {frames.FRAME_MIN_SIZE} bytes,"
+                " the largest allowed before connection.tune-ok"
             )
         return FrameError(f"frame of {size} bytes exceeds frame_max {self.frame_max}")
 
@@ -274,7 +244,9 @@ class AmqpHandshake:
         response = method.response
         if isinstance(response, str):
             response = response.encode()  # pamqp decoded these bytes as UTF-8: the same bytes again
-        d = self._settings.authenticator.login(method.mechanism, response, peer_host(self.transport), self.transport)
+        d = self._settings.authenticator.login(
+            method.mechanism, response, peer_host(self.transport), self.transport
+        )
         d.addCallbacks(self._logged_in, self._login_refused)
 
     def _logged_in(self, user):
@@ -284,7 +256,8 @@ class AmqpHandshake:
         self.state = AWAITING_TUNE_OK
         settings = self._settings
         tune = commands.Connection.Tune(
-            channel_max=settings.channel_max, frame_max=settings.frame_max, heartbeat=settings.heartbeat
+            channel_max=settings.channel_max, frame_max=settings.frame_max,
+            heartbeat=settings.heartbeat,
         )
         self._writes.send(frames.method_frame(0, tune))
 
@@ -294,16 +267,23 @@ class AmqpHandshake:
         if failure.check(LoginRefused):
             reason = str(failure.value)
         else:
-            log.failure("checking the login of {peer} failed", failure, peer=peer_address(self.transport))
+            log.failure(
+                "checking the login of {peer} failed", failure, peer=peer_address(self.transport)
+            )
             reason = "the broker could not check the login; see its log"
         self.close(AccessRefused(reason))
 
     def on_tune_ok(self, method):
         settings = self._settings
         if method.frame_max and not frames.FRAME_MIN_SIZE <= method.frame_max <= settings.frame_max:
-            raise NotAllowed(f"frame_max {method.frame_max} is outside {frames.FRAME_MIN_SIZE}..{settings.frame_max}")
+            raise NotAllowed(
+                f"frame_max {method.frame_max} is outside"
+                f" {frames.FRAME_MIN_SIZE}..{settings.frame_max}"
+            )
         if method.channel_max > settings.channel_max:
-            raise NotAllowed(f"channel_max {method.channel_max} exceeds the server's {settings.channel_max}")
+            raise NotAllowed(
+                f"channel_max {method.channel_max} exceeds the server's {settings.channel_max}"
+            )
         self.frame_max = method.frame_max or settings.frame_max
         self._reader.limit_frames(self.frame_max)
         self.channel_max = method.channel_max or settings.channel_max
@@ -322,9 +302,12 @@ class AmqpHandshake:
         """
         vhost = method.virtual_host or "/"
         resource_access = self._settings.authenticator.check_vhost_access(self.user, vhost)
-        name = self.client_properties.get("connection_name") or self.client_properties.get("product") or ""
-        self.connection = Connection(self.broker, vhost, str(name), AMQP_0_9_1, self.transport, self.user,
-                                     self.client_properties, resource_access)
+        properties = self.client_properties
+        name = properties.get("connection_name") or properties.get("product") or ""
+        self.connection = Connection(
+            self.broker, vhost, str(name), AMQP_0_9_1, self.transport, self.user, properties,
+            resource_access,
+        )
         self._writes.counted = self.connection
         self.connection.closer = self.close
         self.gate = PublisherGate(self.broker.watermark, self.transport, self._blocked_changed)
@@ -364,12 +347,17 @@ class AmqpHandshake:
         if failure.check(LoginRefused):
             error = NotAllowed("New secret was refused by one of the backends")
         else:
-            log.failure("checking the new secret of {peer} failed", failure, peer=peer_address(self.transport))
+            log.failure(
+                "checking the new secret of {peer} failed", failure,
+                peer=peer_address(self.transport),
+            )
             error = NotAllowed("Secret update failed")
         self.close(error, _CONNECTION_UPDATE_SECRET)
 
     def on_close(self, method):
-        self._ending(f"the client closed it: {method.reply_code} {client_text(method.reply_text)!r}")
+        self._ending(
+            f"the client closed it: {method.reply_code} {client_text(method.reply_text)!r}"
+        )
         self._shut_model_connection()
         self.state = CLOSING
         self._writes.send(frames.method_frame(0, commands.Connection.CloseOk()))
@@ -388,7 +376,10 @@ class AmqpHandshake:
             self._refuse_before_login(error, index)
             return
         if self._record is None:
-            log.info("closing AMQP connection from {peer}: {error}", peer=peer_address(self.transport), error=error)
+            log.info(
+                "closing AMQP connection from {peer}: {error}",
+                peer=peer_address(self.transport), error=error,
+            )
         self._ending(f"the broker closed it: {error}")
         self._send_close(error, index)
 
@@ -410,15 +401,22 @@ class AmqpHandshake:
         if self._record is not None:
             self._record.close(self._close_reason or lost_reason(lost), self._clock.seconds())
 
+    def _refused(self, problem):
+        """Log (through the listener's refusal log) that the client was refused for C{problem}."""
+        transport = self.transport
+        self._settings.refusal_log.refused(
+            self._clock, peer_host(transport), peer_address(transport), problem
+        )
+
     def _refuse_before_login(self, error, index):
-        self._settings.refusal_log.refused(self._clock, peer_host(self.transport), peer_address(self.transport),
-                                           error)
+        self._refused(error)
         self.state = CLOSING
         self._reader.refuse_reading(True)
         if self._timeout_call is not None and self._timeout_call.active():
             self._timeout_call.cancel()
-        self._timeout_call = self._clock.callLater(self._settings.refusal_delay, self._refusal_delay_over, error,
-                                                   index)
+        self._timeout_call = self._clock.callLater(
+            self._settings.refusal_delay, self._refusal_delay_over, error, index
+        )
 
     def _refusal_delay_over(self, error, index):
         self._timeout_call = None
@@ -449,23 +447,27 @@ class AmqpHandshake:
         self._timeout_call = None
         if self.state < OPEN:
             if self.user is None:
-                self._settings.refusal_log.refused(
-                    self._clock, peer_host(self.transport), peer_address(self.transport),
-                    f"no login within {HANDSHAKE_TIMEOUT:.0f} s",
-                )
+                self._refused(f"no login within {HANDSHAKE_TIMEOUT:.0f} s")
             else:
-                log.info("dropping {peer}: no connection.open within {seconds} s", peer=peer_address(self.transport),
-                         seconds=HANDSHAKE_TIMEOUT)
+                log.info(
+                    "dropping {peer}: no connection.open within {seconds} s",
+                    peer=peer_address(self.transport), seconds=HANDSHAKE_TIMEOUT,
+                )
             self.state = CLOSING
             self.transport.abortConnection()
 
     def _heartbeat_tick(self):
-        """Every half interval: drop a client silent for two intervals; send one a heartbeat if we were silent."""
+        """
+        Every half interval: drop a client silent for two intervals; send one a
+        heartbeat if we were silent.
+        """
         now = self._clock.seconds()
         if now - self._reader.last_read() > 2 * self.heartbeat:
             if self._record is None:
-                log.info("missed heartbeats from {peer}, timeout: {seconds} s", peer=peer_address(self.transport),
-                         seconds=self.heartbeat)
+                log.info(
+                    "missed heartbeats from {peer}, timeout: {seconds} s",
+                    peer=peer_address(self.transport), seconds=self.heartbeat,
+                )
             self._ending(f"missed heartbeats from the client, timeout: {self.heartbeat} s")
             self._heartbeat_loop.stop()
             self._shut_model_connection()

@@ -1,9 +1,9 @@
 """AMQP channel-level methods, each translated into one L{brokerd.session.channel.Channel} call.
 
-Every handler takes the L{brokerd.amqp.channel.AmqpChannel} the method came
-on and the method as pamqp decoded it, calls the model's channel, and answers
-with the method's -ok unless the client asked for nowait. Rules (names, equivalence, exclusivity, tags) live in
-the channel and the model; a rule broken there raises the error sent back.
+Every handler takes the L{brokerd.amqp.channel.AmqpChannel} the method came on and the method as
+pamqp decoded it, calls the model's channel, and answers with the method's -ok unless the client
+asked for nowait. Rules (names, equivalence, exclusivity, tags) live in the channel and the
+model; a rule broken there raises the error sent back.
 """
 
 from pamqp import commands
@@ -78,14 +78,18 @@ def exchange_delete(channel, method):
 
 @_handles(commands.Exchange.Bind)
 def exchange_bind(channel, method):
-    channel.model.exchange_bind(method.destination, method.source, method.routing_key, method.arguments or {})
+    channel.model.exchange_bind(
+        method.destination, method.source, method.routing_key, method.arguments or {}
+    )
     if not method.nowait:
         _reply(channel, commands.Exchange.BindOk())
 
 
 @_handles(commands.Exchange.Unbind)
 def exchange_unbind(channel, method):
-    channel.model.exchange_unbind(method.destination, method.source, method.routing_key, method.arguments or {})
+    channel.model.exchange_unbind(
+        method.destination, method.source, method.routing_key, method.arguments or {}
+    )
     if not method.nowait:
         _reply(channel, commands.Exchange.UnbindOk())
 
@@ -96,22 +100,29 @@ def exchange_unbind(channel, method):
 @_handles(commands.Queue.Declare)
 def queue_declare(channel, method):
     name, message_count, consumer_count = channel.model.queue_declare(
-        method.queue, method.passive, method.durable, method.exclusive, method.auto_delete, method.arguments or {}
+        method.queue, method.passive, method.durable, method.exclusive, method.auto_delete,
+        method.arguments or {},
     )
     if not method.nowait:
-        channel.writes.send(frames.encode_declare_ok(channel.id, name, message_count, consumer_count))
+        channel.writes.send(
+            frames.encode_declare_ok(channel.id, name, message_count, consumer_count)
+        )
 
 
 @_handles(commands.Queue.Bind)
 def queue_bind(channel, method):
-    channel.model.queue_bind(method.queue, method.exchange, method.routing_key, method.arguments or {})
+    channel.model.queue_bind(
+        method.queue, method.exchange, method.routing_key, method.arguments or {}
+    )
     if not method.nowait:
         _reply(channel, commands.Queue.BindOk())
 
 
 @_handles(commands.Queue.Unbind)
 def queue_unbind(channel, method):
-    channel.model.queue_unbind(method.queue, method.exchange, method.routing_key, method.arguments or {})
+    channel.model.queue_unbind(
+        method.queue, method.exchange, method.routing_key, method.arguments or {}
+    )
     _reply(channel, commands.Queue.UnbindOk())
 
 
@@ -146,7 +157,9 @@ def basic_consume(channel, method):
         method.queue, method.consumer_tag, method.no_ack, method.exclusive, method.arguments or {}
     )
     if not method.nowait:
-        channel.writes.send(frames.encode_consumer_tag_method(channel.id, commands.Basic.ConsumeOk.index, tag))
+        channel.writes.send(
+            frames.encode_consumer_tag_method(channel.id, commands.Basic.ConsumeOk.index, tag)
+        )
 
 
 @_handles(commands.Basic.Cancel)
@@ -155,7 +168,9 @@ def basic_cancel(channel, method):
     channel.forget_consumer(method.consumer_tag)
     if not method.nowait:
         channel.writes.send(
-            frames.encode_consumer_tag_method(channel.id, commands.Basic.CancelOk.index, method.consumer_tag)
+            frames.encode_consumer_tag_method(
+                channel.id, commands.Basic.CancelOk.index, method.consumer_tag
+            )
         )
 
 

@@ -64,7 +64,10 @@ _NUMBER_WRITERS = {
 }
 # tag -> (struct, FieldValue field, IntegerKind or None) for every fixed-size number
 _NUMBER_READERS = {
-    **{tag: (packer, "integer_value", kind) for kind, (tag, packer, _, _) in _INTEGER_WRITERS.items()},
+    **{
+        tag: (packer, "integer_value", kind)
+        for kind, (tag, packer, _, _) in _INTEGER_WRITERS.items()
+    },
     **{tag: (packer, field, None) for field, (tag, packer) in _NUMBER_WRITERS.items()},
 }
 _BOOLEAN, _LONG_STRING, _BYTE_ARRAY, _TABLE_TAG, _ARRAY, _VOID, _DECIMAL_TAG = b"tSxFAVD"
@@ -152,7 +155,9 @@ def encode_properties(properties):
         if wire_type == _SHORT_STRING:
             encoded = value.encode()
             if len(encoded) > 255:
-                raise ValueError(f"content header property {name} is longer than 255 bytes: {value[:40]!r}")
+                raise ValueError(
+                    f"content header property {name} is longer than 255 bytes: {value[:40]!r}"
+                )
             parts.append(_UINT8.pack(len(encoded)) + encoded)
         elif wire_type == _OCTET:
             if not 0 <= value <= 255:
@@ -195,7 +200,10 @@ def _read_length(data, offset, limit):
 
 
 def _read_table(data, offset, limit, fields, depth):
-    """Reads the table at C{offset} (nested C{depth} levels deep, the outermost being 1) into C{fields}."""
+    """
+    Reads the table at C{offset} (nested C{depth} levels deep, the outermost
+    being 1) into C{fields}.
+    """
     offset, end = _read_length(data, offset, limit)
     while offset < end:
         name_end = offset + 1 + data[offset]
@@ -350,7 +358,10 @@ def _write_value(out, value, name):
         decimal = value.decimal_value
         if not (decimal.scale <= 255 and -(2**31) <= decimal.value < 2**31):
             fits = "an octet scale and a signed 32-bit value"
-            raise ValueError(f"field {name!r}: decimal scale {decimal.scale}, value {decimal.value} do not fit {fits}")
+            raise ValueError(
+                f"field {name!r}: decimal scale {decimal.scale}, value {decimal.value}"
+                f" do not fit {fits}"
+            )
         out.append(_DECIMAL_TAG)
         out += _DECIMAL.pack(decimal.scale, decimal.value)
     elif kind is None or kind == "void_value":

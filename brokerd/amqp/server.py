@@ -32,7 +32,8 @@ from zope.interface import implementer
 
 from brokerd.amqp import frames
 from brokerd.amqp.channel import CHANNEL_OPEN, AmqpChannel, PublishedContent
-from brokerd.amqp.handshake import AWAITING_HEADER, CLOSING, OPEN, AmqpHandshake, AmqpSettings, IFrameReader
+from brokerd.amqp.handshake import AWAITING_HEADER, CLOSING, OPEN, AmqpHandshake, IFrameReader
+from brokerd.amqp.settings import AmqpSettings
 from brokerd.errors import (
     BrokerError,
     CommandInvalid,
@@ -44,7 +45,12 @@ from brokerd.errors import (
     UnexpectedFrame,
 )
 from brokerd.wire import fairness
-from brokerd.wire.backpressure import LARGE_PARTIAL_FRAME, SLOW_READER, ConnectionFlow, reading_pauses
+from brokerd.wire.backpressure import (
+    LARGE_PARTIAL_FRAME,
+    SLOW_READER,
+    ConnectionFlow,
+    reading_pauses,
+)
 from brokerd.wire.connection_log import peer_address
 from brokerd.wire.fairness import FRAMES_PER_CHECK, TurnTaking
 from brokerd.wire.hangup_watch import HangupWatch
@@ -68,14 +74,18 @@ class AmqpServerProtocol(Protocol):
         self.clock = broker.clock
         self._flow = ConnectionFlow(broker.watermark)
         self.writes = WriteBuffer(broker.clock, self._flow.unsent)
-        self.content = PublishedContent(broker.watermark, self._flow.body_bytes, settings.max_message_size)
+        self.content = PublishedContent(
+            broker.watermark, self._flow.body_bytes, settings.max_message_size
+        )
         self.handshake = AmqpHandshake(self, broker, settings, self.writes)
         self._channels = {}  # channel id -> AmqpChannel
-        self._max_payload = frames.FRAME_MIN_SIZE - frames.FRAME_OVERHEAD  # until tune-ok, as in RabbitMQ
+        # Until tune-ok, as in RabbitMQ:
+        self._max_payload = frames.FRAME_MIN_SIZE - frames.FRAME_OVERHEAD
         self._read_buffer = ReadBuffer(broker.watermark)
         self._turns = None  # a TurnTaking once connected
         self._watermark = broker.watermark
-        self._method_in_progress = 0  # the index of the last method frame, for close's class and method ids
+        # The index of the last method frame, for close's class and method ids:
+        self._method_in_progress = 0
 
     # -- transport events
 
@@ -118,7 +128,8 @@ class AmqpServerProtocol(Protocol):
                 and self.handshake.gate is not None
                 and self._read_buffer.partial_frame_bytes >= LARGE_PARTIAL_FRAME
             ):
-                self.handshake.gate.check()  # the start of a large frame holds memory like a publish
+                # The start of a large frame holds memory like a publish.
+                self.handshake.gate.check()
             return
         data, start = kept
         if self._flow.pauses.reasons:
@@ -181,12 +192,15 @@ class AmqpServerProtocol(Protocol):
                     self._content_elsewhere(channel, channel_id, "content header")
             elif frame_type == frames.FRAME_HEARTBEAT:
                 if channel_id:
-                    raise FrameError(f"heartbeat frame on channel {channel_id}; heartbeats belong on channel 0")
+                    raise FrameError(
+                        f"heartbeat frame on channel {channel_id}; heartbeats belong on channel 0"
+                    )
             else:
                 raise FrameError(f"unknown frame type {frame_type}")
             offset = end + 1
             if not_reading:
-                break  # the client does not read our replies, or the broker is blocked: the rest waits
+                # The client does not read our replies, or the broker is blocked: the rest waits.
+                break
             until_check -= 1
             if not until_check:
                 until_check = fairness.frames_until_check(deadline)
@@ -218,13 +232,21 @@ class AmqpServerProtocol(Protocol):
         if state != OPEN:
             if state == CLOSING:
                 return  # after connection.close, only close-ok matters
-            raise CommandInvalid(f"method {frames.method_name(index)} on channel {channel_id} before connection.open")
+            raise CommandInvalid(
+                f"method {frames.method_name(index)} on channel {channel_id}"
+                " before connection.open"
+            )
         if index != CHANNEL_OPEN:
-            raise InvalidChannel(f"expected 'channel.open' on channel {channel_id}, got {frames.method_name(index)}")
+            raise InvalidChannel(
+                f"expected 'channel.open' on channel {channel_id}, got {frames.method_name(index)}"
+            )
         self._open_channel(channel_id)
 
     def _content_elsewhere(self, channel, channel_id, what):
-        """A content frame for a channel closing (dropped) or not open, or outside an open connection."""
+        """
+        A content frame for a channel closing (dropped) or not open, or outside
+        an open connection.
+        """
         state = self.handshake.state
         if state != OPEN:
             if state == CLOSING:
@@ -248,7 +270,8 @@ class AmqpServerProtocol(Protocol):
             )
         cancel_notify = bool(handshake.client_capabilities.get("consumer_cancel_notify"))
         self._channels[channel_id] = AmqpChannel(
-            channel_id, self, handshake.connection, handshake.gate, handshake.frame_max, cancel_notify
+            channel_id, self, handshake.connection, handshake.gate, handshake.frame_max,
+            cancel_notify,
         )
         self.writes.send(frames.method_frame(channel_id, commands.Channel.OpenOk()))
 
@@ -258,7 +281,10 @@ class AmqpServerProtocol(Protocol):
 
     @property
     def connection(self):
-        """The protocol-free L{brokerd.session.connection.Connection} once connection.open is done, else None."""
+        """
+        The protocol-free L{brokerd.session.connection.Connection} once
+        connection.open is done, else None.
+        """
         return self.handshake.connection
 
     # -- IFrameReader: what the handshake asks of us
@@ -282,20 +308,27 @@ class AmqpServerProtocol(Protocol):
 
     def forget_channels(self):
         for channel in self._channels.values():
-            channel.drop_content()  # the model's closed channel may outlive it: its body parts must not
+            # The model's closed channel may outlive it: its body parts must not.
+            channel.drop_content()
         self._channels.clear()
 
     # -- IPushProducer: the transport tells us when the client is not keeping up
 
     def pauseProducing(self):
-        """The transport's write buffer is full: no deliveries, and no requests read, until it drains."""
+        """
+        The transport's write buffer is full: no deliveries, and no requests
+        read, until it drains.
+        """
         self.writes.pause()
         self._flow.pauses.pause(SLOW_READER)
         if self.handshake.connection is not None:
             self.handshake.connection.pause_deliveries()
 
     def resumeProducing(self):
-        """The transport wrote everything: what waited in it is released, and the client is served again."""
+        """
+        The transport wrote everything: what waited in it is released, and the
+        client is served again.
+        """
         self.writes.resume()
         self._flow.pauses.resume(SLOW_READER)
         if self.handshake.connection is not None:
@@ -305,7 +338,10 @@ class AmqpServerProtocol(Protocol):
         self.writes.release()
 
     def _parse_held_back(self):
-        """Reading resumed: parse what was read but held back, on the next turn (not inside a release)."""
+        """
+        Reading resumed: parse what was read but held back, on the next turn
+        (not inside a release).
+        """
         self.clock.callLater(0, self._parse_now)
 
     def _parse_now(self):
@@ -314,11 +350,16 @@ class AmqpServerProtocol(Protocol):
 
     def _probe_paused_peer(self):
         """A heartbeat frame (clients take one whatever was negotiated) to a client we are not
-        reading and that holds memory, so that one that went away is noticed (L{brokerd.wire.hangup_watch}).
-        Only with heartbeats off (negotiated ones go on while we do not read), and not to a
-        client that does not read what we write, whose buffer would only grow."""
+        reading and that holds memory, so that one that went away is noticed
+        (L{brokerd.wire.hangup_watch}). Only with heartbeats off (negotiated ones go on while
+        we do not read), and not to a client that does not read what we write, whose buffer
+        would only grow."""
         handshake = self.handshake
-        if handshake.state not in (AWAITING_HEADER, CLOSING) and self.writes.idle and not handshake.heartbeat:
+        if (
+            handshake.state not in (AWAITING_HEADER, CLOSING)
+            and self.writes.idle
+            and not handshake.heartbeat
+        ):
             held = self._flow.body_bytes.size + self._read_buffer.partial_frame_bytes
             if handshake.connection is not None:
                 held += handshake.connection.held_bytes()

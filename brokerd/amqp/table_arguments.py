@@ -69,11 +69,16 @@ def decode_table_fields(data, start, end, depth=1):
     while offset < end:
         name_end = offset + 1 + data[offset]
         if name_end > end:
-            raise Malformed(f"has a field name of {data[offset]} bytes running past the end of its table")
+            raise Malformed(
+                f"has a field name of {data[offset]} bytes running past the end of its table"
+            )
         try:
             name = str(data[offset + 1 : name_end], "utf-8")
         except UnicodeDecodeError:
-            raise Malformed(f"has a field name that is not valid UTF-8: {bytes(data[offset + 1 : name_end])!r}") from None
+            raise Malformed(
+                "has a field name that is not valid UTF-8:"
+                f" {bytes(data[offset + 1 : name_end])!r}"
+            ) from None
         if name_end >= end:
             raise Malformed(f"field {name!r} has no value")
         try:
@@ -157,7 +162,9 @@ def _timestamp(seconds):
     try:
         return datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
     except (OverflowError, ValueError, OSError):
-        raise Unacceptable(f"has a timestamp {seconds:.0f} s past 1970, beyond the years 1-9999") from None
+        raise Unacceptable(
+            f"has a timestamp {seconds:.0f} s past 1970, beyond the years 1-9999"
+        ) from None
 
 
 # -- whole methods
@@ -195,7 +202,9 @@ def decode_method(index, data, start, end, refusal):
         try:
             method.unmarshal(bytes(data[start:end]))
         except Exception as problem:
-            raise FrameSyntaxError(f"{method_class.name} arguments cannot be decoded: {problem}") from None
+            raise FrameSyntaxError(
+                f"{method_class.name} arguments cannot be decoded: {problem}"
+            ) from None
         return method
     method_class, arguments = described
     method = method_class()
@@ -219,7 +228,10 @@ class _ArgumentError(Exception):
 
 
 def _unmarshal(method, arguments, data, offset, end):
-    """Sets C{method}'s arguments from C{data[offset:end]} the way pamqp's C{Frame.unmarshal} does."""
+    """
+    Sets C{method}'s arguments from C{data[offset:end]} the way pamqp's
+    C{Frame.unmarshal} does.
+    """
     bit = 8  # the position of the next bit in the current octet; 8: start a new octet
     bits = 0
     for name, kind in arguments:

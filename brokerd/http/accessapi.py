@@ -33,9 +33,12 @@ def vhost_info(api, name, unacked):
     vhost = broker.vhosts.get(name)
     ready = sum(queue.message_count for queue in vhost.queues.values()) if vhost is not None else 0
     pending = sum(count for (on, _), count in unacked.items() if on == name)
-    return {"name": name, "description": "", "tags": [], "default_queue_type": "classic", "tracing": False,
-            "messages": ready + pending, "messages_ready": ready, "messages_unacknowledged": pending,
-            "cluster_state": {api.context.node: "running" if vhost is not None else "stopped"}}
+    return {
+        "name": name, "description": "", "tags": [], "default_queue_type": "classic",
+        "tracing": False, "messages": ready + pending, "messages_ready": ready,
+        "messages_unacknowledged": pending,
+        "cluster_state": {api.context.node: "running" if vhost is not None else "stopped"},
+    }
 
 
 def list_vhosts(api):
@@ -49,10 +52,12 @@ def get_vhost(api, vhost):
 
 def put_vhost(api, vhost):
     """
-    Create vhost C{vhost} (201; one that exists is left as it is, 204). Besides RabbitMQ's fields, which
-    brokerd does not keep, the JSON body may carry brokerd's own C{"backend"}: a backend string (C{"sqlite"},
-    C{"chunked:chunk_size=64M"}) giving the new vhost a store of its own, as C{add-vhost --backend} does;
-    without it the vhost is on the broker's store. A backend string the broker cannot use is 400, in its words.
+    Create vhost C{vhost} (201; one that exists is left as it is, 204). Besides
+    RabbitMQ's fields, which brokerd does not keep, the JSON body may carry
+    brokerd's own C{"backend"}: a backend string (C{"sqlite"},
+    C{"chunked:chunk_size=64M"}) giving the new vhost a store of its own, as
+    C{add-vhost --backend} does; without it the vhost is on the broker's store.
+    A backend string the broker cannot use is 400, in its words.
     """
     body = json_body(api.request)
     backend = body.get("backend")
@@ -71,8 +76,10 @@ def delete_vhost(api, vhost):
 # -- users
 
 def user_info(user):
-    return {"name": user.name, "password_hash": user.password_hash or "", "hashing_algorithm": HASHING_ALGORITHM,
-            "tags": list(user.tags), "limits": {}}
+    return {
+        "name": user.name, "password_hash": user.password_hash or "",
+        "hashing_algorithm": HASHING_ALGORITHM, "tags": list(user.tags), "limits": {},
+    }
 
 
 def list_users(api):
@@ -114,7 +121,9 @@ def put_user(api, name):
     elif "password_hash" in body:
         algorithm = body.get("hashing_algorithm", HASHING_ALGORITHM)
         if algorithm != HASHING_ALGORITHM:
-            raise bad_request(f"hashing algorithm {algorithm!r} is not supported; use {HASHING_ALGORITHM}")
+            raise bad_request(
+                f"hashing algorithm {algorithm!r} is not supported; use {HASHING_ALGORITHM}"
+            )
         password_hash = body["password_hash"] or None
     elif created:
         raise bad_request("Must specify password or password_hash")  # RabbitMQ's words
@@ -126,8 +135,11 @@ def put_user(api, name):
         raise bad_request(str(problem)) from None
     except OSError as problem:
         raise bad_request(f"the change could not be saved: {problem}") from None
-    log.info("{what} user '{name}' with tags {tags} (by user '{acting_user}')", what="Created" if created else "Updated",
-             name=name, tags=format_tags(tags), acting_user=api.user)
+    log.info(
+        "{what} user '{name}' with tags {tags} (by user '{acting_user}')",
+        what="Created" if created else "Updated", name=name, tags=format_tags(tags),
+        acting_user=api.user,
+    )
     return defer.succeed(_answer(created))
 
 
@@ -139,14 +151,19 @@ def delete_user(api, name):
 # -- permissions
 
 def permission_info(user, vhost, permissions):
-    return {"user": user, "vhost": vhost, "configure": permissions.configure, "write": permissions.write,
-            "read": permissions.read}
+    return {
+        "user": user, "vhost": vhost, "configure": permissions.configure,
+        "write": permissions.write, "read": permissions.read,
+    }
 
 
 def _permissions(api, keep):
     api.check_administrator()
-    return [permission_info(user, vhost, permissions)
-            for (user, vhost), permissions in sorted(api.context.access.permissions.items()) if keep(user, vhost)]
+    return [
+        permission_info(user, vhost, permissions)
+        for (user, vhost), permissions in sorted(api.context.access.permissions.items())
+        if keep(user, vhost)
+    ]
 
 
 def list_permissions(api):
@@ -184,7 +201,9 @@ def put_permission(api, vhost, user):
     if not access.vhost_exists(vhost) or access.user(user) is None:
         raise not_found()
     created = access.permissions_of(user, vhost) is None
-    d = _run(api, "set_permissions", user, body["configure"], body["write"], body["read"], vhost=vhost)
+    d = _run(
+        api, "set_permissions", user, body["configure"], body["write"], body["read"], vhost=vhost
+    )
     return d.addCallback(lambda _: _answer(created))
 
 

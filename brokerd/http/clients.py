@@ -1,4 +1,5 @@
-"""C{/api/connections}, C{/api/channels} and C{/api/consumers}: who is connected, in RabbitMQ's shapes.
+"""C{/api/connections}, C{/api/channels} and C{/api/consumers}: who is
+connected, in RabbitMQ's shapes.
 
 As RabbitMQ's C{is_authorized_user}: monitoring and administrator users see
 every client of the vhosts they see, the others their own connections only.
@@ -70,7 +71,8 @@ def get_connection(api, name):
 def close_connection(api, name):
     connection = _connection(api, name)
     if connection.user != api.user and not api.is_administrator:
-        raise not_authorised("User not authorised to access object")  # monitors may close their own only
+        # Monitors may close their own only.
+        raise not_authorised("User not authorised to access object")
     reason = api.request.getHeader("x-reason") or DEFAULT_CLOSE_REASON
     connection.close_by_broker(ConnectionForced(reason))
 
@@ -84,14 +86,19 @@ def channel_info(api, channel):
         "state": "running" if channel.flow_active else "flow",
         "user": connection.user,
         "vhost": connection.vhost.name,
-        "connection_details": {"name": connection.name, "peer_host": (connection.peer or (None,))[0],
-                               "peer_port": (connection.peer or (None, None))[1]},
+        "connection_details": {
+            "name": connection.name,
+            "peer_host": (connection.peer or (None,))[0],
+            "peer_port": (connection.peer or (None, None))[1],
+        },
         "consumer_count": len(channel.consumers),
         "messages_unacknowledged": channel.unacked_count,
         "prefetch_count": channel.consumer_prefetch,
         "global_prefetch_count": channel.prefetch_count,
-        "message_stats": {"publish": channel.messages_published, "deliver_get": channel.messages_delivered,
-                          "redeliver": channel.messages_redelivered, "ack": channel.messages_acked},
+        "message_stats": {
+            "publish": channel.messages_published, "deliver_get": channel.messages_delivered,
+            "redeliver": channel.messages_redelivered, "ack": channel.messages_acked,
+        },
     }
 
 
@@ -128,4 +135,8 @@ def consumer_info(api, consumer):
 
 
 def list_consumers(api, vhost=None):
-    return [consumer_info(api, consumer) for connection in _connections(api, vhost) for consumer in connection.consumers()]
+    return [
+        consumer_info(api, consumer)
+        for connection in _connections(api, vhost)
+        for consumer in connection.consumers()
+    ]

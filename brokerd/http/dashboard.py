@@ -1,4 +1,5 @@
-"""The dashboard: its page at C{/} and its files under C{/static/}, shipped in C{brokerd/http/static}.
+"""The dashboard: its page at C{/} and its files under C{/static/}, shipped in
+C{brokerd/http/static}.
 
 The files are plain HTML, CSS and JavaScript modules served as they are (no
 build step, nothing fetched from elsewhere, so the page works on a broker
@@ -16,7 +17,8 @@ from twisted.web import http, pages, resource
 STATIC_DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 INDEX_NAME = "index.html"
 
-# Fixed types rather than the host's mime.types: browsers run modules only when served as JavaScript.
+# Fixed types rather than the host's mime.types: browsers run modules only when
+# served as JavaScript.
 CONTENT_TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
@@ -35,7 +37,10 @@ HEADERS = {
 
 
 class DashboardFile(resource.Resource):
-    """One file of the dashboard, read when asked (they are a few kilobytes), with its type and the headers above."""
+    """
+    One file of the dashboard, read when asked (they are a few kilobytes), with
+    its type and the headers above.
+    """
 
     isLeaf = True
 
@@ -59,7 +64,10 @@ class DashboardFile(resource.Resource):
 
 
 class DashboardFiles(resource.Resource):
-    """The files of a directory by name, those of the types above only; anything else is not found."""
+    """
+    The files of a directory by name, those of the types above only; anything
+    else is not found.
+    """
 
     def __init__(self, directory):
         super().__init__()
@@ -77,6 +85,9 @@ class DashboardFiles(resource.Resource):
 
 
 def add_dashboard(root, directory=STATIC_DIRECTORY):
-    """Put the dashboard's page at C{/} and its files at C{/static/} of the twisted.web resource C{root}."""
+    """
+    Put the dashboard's page at C{/} and its files at C{/static/} of the
+    twisted.web resource C{root}.
+    """
     root.putChild(b"", DashboardFile(os.path.join(directory, INDEX_NAME), CONTENT_TYPES[".html"]))
     root.putChild(b"static", DashboardFiles(directory))

@@ -8,7 +8,12 @@ C{set-policy}, and the vhost applies them at once.
 
 import json
 
-from brokerd.access.definitions import DefinitionsRefused, export_definitions, import_definitions, parse_definitions
+from brokerd.access.definitions import (
+    DefinitionsRefused,
+    export_definitions,
+    import_definitions,
+    parse_definitions,
+)
 from brokerd.http.routes import ApiError, Created, bad_request, json_body, not_found
 
 # -- definitions
@@ -21,7 +26,10 @@ def get_definitions(api, vhost=None):
 
 
 def post_definitions(api, vhost=None):
-    """Import the JSON body (as C{rabbitmqadmin import} and the management UI post it); 204 once done."""
+    """
+    Import the JSON body (as C{rabbitmqadmin import} and the management UI post
+    it); 204 once done.
+    """
     api.check_administrator()
     if vhost is not None:
         api.vhost_named(vhost)
@@ -42,8 +50,10 @@ def post_definitions(api, vhost=None):
 # -- policies
 
 def policy_info(policy):
-    return {"vhost": policy.vhost, "name": policy.name, "pattern": policy.pattern, "apply-to": policy.apply_to,
-            "definition": policy.definition, "priority": policy.priority}
+    return {
+        "vhost": policy.vhost, "name": policy.name, "pattern": policy.pattern,
+        "apply-to": policy.apply_to, "definition": policy.definition, "priority": policy.priority,
+    }
 
 
 def list_policies(api, vhost=None):
@@ -60,19 +70,26 @@ def get_policy(api, vhost, name):
 
 
 def put_policy(api, vhost, name):
-    """Create or replace a policy from RabbitMQ's body: pattern, definition, priority and apply-to."""
+    """
+    Create or replace a policy from RabbitMQ's body: pattern, definition,
+    priority and apply-to.
+    """
     api.vhost_named(vhost)
     body = json_body(api.request)
     if "pattern" not in body or "definition" not in body:
         raise bad_request("a policy needs a pattern and a definition")
     priority = body.get("priority", 0)
     created = all(policy.name != name for policy in api.context.access.policies(vhost))
-    arguments = (name, body["pattern"], json.dumps(body["definition"]), str(priority), body.get("apply-to", "all"))
+    arguments = (
+        name, body["pattern"], json.dumps(body["definition"]), str(priority),
+        body.get("apply-to", "all"),
+    )
     d = api.context.management.run(api.user, "set_policy", arguments, vhost=vhost)
     return d.addCallback(lambda _: Created() if created else None)
 
 
 def delete_policy(api, vhost, name):
     api.vhost_named(vhost)
-    return api.context.management.run(api.user, "clear_policy", (name,), vhost=vhost).addCallback(lambda _: None)
+    d = api.context.management.run(api.user, "clear_policy", (name,), vhost=vhost)
+    return d.addCallback(lambda _: None)
 

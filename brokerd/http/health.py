@@ -1,4 +1,5 @@
-"""Health checks in RabbitMQ's shapes: C{/api/health/checks/...}, C{/api/healthchecks/node}, C{/api/aliveness-test}.
+"""Health checks in RabbitMQ's shapes: C{/api/health/checks/...},
+C{/api/healthchecks/node}, C{/api/aliveness-test}.
 
 A check that passes answers 200 C{{"status": "ok", ...}}; one that fails
 answers 503 C{{"status": "failed", "reason": ...}} with what is missing, as
@@ -15,8 +16,10 @@ from brokerd.proto import messages_pb2
 HEALTH_CHECK_FAILURE_STATUS = 503
 ALIVENESS_QUEUE = "aliveness-test"
 ALIVENESS_MESSAGE = b"test_message"
-PROTOCOL_ALIASES = {"amqp091": "amqp", "amqp0.9.1": "amqp", "amqp0-9-1": "amqp", "amqp0_9_1": "amqp",
-                    "amqps": "amqp/ssl", "https": "https", "http": "http"}
+PROTOCOL_ALIASES = {
+    "amqp091": "amqp", "amqp0.9.1": "amqp", "amqp0-9-1": "amqp", "amqp0_9_1": "amqp",
+    "amqps": "amqp/ssl", "https": "https", "http": "http",
+}
 
 
 class HealthCheckFailed(ApiError):
@@ -91,7 +94,9 @@ def aliveness_test(api, vhost):
     """
     with management_channel(api, vhost) as channel:
         channel.queue_declare(ALIVENESS_QUEUE)
-        channel.basic_publish("", ALIVENESS_QUEUE, messages_pb2.BasicProperties(), ALIVENESS_MESSAGE)
+        channel.basic_publish(
+            "", ALIVENESS_QUEUE, messages_pb2.BasicProperties(), ALIVENESS_MESSAGE
+        )
         got = channel.basic_get(ALIVENESS_QUEUE, no_ack=True)
     if got is None or bytes(got[2].body) != ALIVENESS_MESSAGE:
         raise HealthCheckFailed("aliveness test message not received")

@@ -1,4 +1,5 @@
-"""The query parameters of RabbitMQ's management listings: columns, sort, pagination and the name filter.
+"""The query parameters of RabbitMQ's management listings: columns, sort,
+pagination and the name filter.
 
 As C{rabbit_mgmt_util}: C{columns=a,b.c} keeps only those (dotted) fields of
 each item; C{sort=KEY} (dotted) sorts by that key then the listing's default
@@ -58,7 +59,10 @@ class ListingQuery:
         return cls(request)
 
     def shape(self, body, default_sort=DEFAULT_SORT):
-        """The answer with these parameters applied: lists sorted, paged and cut to columns; objects cut."""
+        """
+        The answer with these parameters applied: lists sorted, paged and cut
+        to columns; objects cut.
+        """
         if isinstance(body, RawJson):
             body = json.loads(body.text)
         if isinstance(body, dict):
@@ -66,7 +70,9 @@ class ListingQuery:
         if not isinstance(body, list):
             return body
         items = body
-        if not self.explicitly_unsorted and (self.sort is not None or self.page is not None or self.reverse):
+        if not self.explicitly_unsorted and (
+            self.sort is not None or self.page is not None or self.reverse
+        ):
             keys = [self.sort] if self.sort is not None else []
             keys += [key for key in default_sort if key not in keys]
             items = sorted(items, key=lambda item: [_term_key(_dotted(item, key)) for key in keys])
@@ -106,8 +112,10 @@ def _pagination(request):
         number = size_number = None
     if number is None or number < 1 or not 0 < size_number <= MAX_PAGE_SIZE:
         shown_size = "undefined" if size is None else size  # Erlang's word for a missing parameter
-        raise bad_request(f"Invalid pagination parameters: page number {page}, page size {shown_size}",
-                          error="invalid_pagination_parameters")
+        raise bad_request(
+            f"Invalid pagination parameters: page number {page}, page size {shown_size}",
+            error="invalid_pagination_parameters",
+        )
     return number, size_number
 
 
@@ -125,7 +133,10 @@ def _extract(item, columns):
 
 
 def _dotted(item, key):
-    """The value at dotted C{key} in C{item}; 0 where there is none (sorts first, as in RabbitMQ)."""
+    """
+    The value at dotted C{key} in C{item}; 0 where there is none (sorts first,
+    as in RabbitMQ).
+    """
     value = item
     for part in key.split("."):
         if not isinstance(value, dict) or part not in value:
@@ -135,7 +146,10 @@ def _dotted(item, key):
 
 
 def _term_key(value):
-    """A sort key following Erlang's term order: numbers, atoms (booleans, null), maps, lists, binaries."""
+    """
+    A sort key following Erlang's term order: numbers, atoms (booleans, null),
+    maps, lists, binaries.
+    """
     if isinstance(value, bool) or value is None:
         return (1, 0, {False: "false", None: "null", True: "true"}[value])
     if isinstance(value, (int, float)):
@@ -161,7 +175,9 @@ def _name_filter(text, use_regex):
         kept = []
         for number, item in enumerate(items):
             if number % 256 == 255 and time.monotonic() > deadline:
-                raise bad_request("name filter regex took too long", error="invalid_pagination_parameters")
+                raise bad_request(
+                    "name filter regex took too long", error="invalid_pagination_parameters"
+                )
             if search(str(item.get("name", ""))):
                 kept.append(item)
         return kept
@@ -184,13 +200,19 @@ def compile_name_regex(text):
     items = list(parsed)
     anchored = bool(items) and str(items[0][0]) == "AT" and str(items[0][1]) == "AT_BEGINNING"
     if _repeat_cost(items) + (0 if anchored else 1) > 2:
-        raise bad_request("name filter regex is too complex: use at most two repeats of single characters,"
-                          " not nested, and no back-references", error="invalid_pagination_parameters")
+        raise bad_request(
+            "name filter regex is too complex: use at most two repeats of single characters,"
+            " not nested, and no back-references",
+            error="invalid_pagination_parameters",
+        )
     return compiled
 
 
 def _repeat_cost(items, inside_repeat=False):
-    """How many open-ended repeats C{items} holds; a large number for a shape that can backtrack without bound."""
+    """
+    How many open-ended repeats C{items} holds; a large number for a shape that
+    can backtrack without bound.
+    """
     cost = 0
     for op, argument in items:
         name = str(op)
@@ -204,7 +226,11 @@ def _repeat_cost(items, inside_repeat=False):
         elif name == "SUBPATTERN":
             cost += _repeat_cost(list(argument[-1]), inside_repeat)
         elif name == "BRANCH":
-            cost += max((_repeat_cost(list(branch), inside_repeat) for branch in argument[1]), default=0)
-        elif name in ("GROUPREF", "GROUPREF_EXISTS", "GROUPREF_IGNORE", "ASSERT", "ASSERT_NOT", "ATOMIC_GROUP"):
+            cost += max(
+                (_repeat_cost(list(branch), inside_repeat) for branch in argument[1]), default=0
+            )
+        elif name in (
+            "GROUPREF", "GROUPREF_EXISTS", "GROUPREF_IGNORE", "ASSERT", "ASSERT_NOT", "ATOMIC_GROUP"
+        ):
             return 100
     return cost

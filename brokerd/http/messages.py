@@ -1,4 +1,5 @@
-"""C{/api/exchanges/{vhost}/{name}/publish} and C{/api/queues/{vhost}/{name}/get}: messages over HTTP.
+"""C{/api/exchanges/{vhost}/{name}/publish} and
+C{/api/queues/{vhost}/{name}/get}: messages over HTTP.
 
 As RabbitMQ's management plugin: a publish answers C{{"routed": bool}}; a get
 takes up to C{count} messages and settles them as C{ackmode} says
@@ -23,8 +24,10 @@ ACK_MODES = {
     "reject_requeue_true": ("reject", True),
     "reject_requeue_false": ("reject", False),
 }
-TEXT_PROPERTIES = ("content_type", "content_encoding", "correlation_id", "reply_to", "expiration", "message_id",
-                   "type", "user_id", "app_id")
+TEXT_PROPERTIES = (
+    "content_type", "content_encoding", "correlation_id", "reply_to", "expiration", "message_id",
+    "type", "user_id", "app_id",
+)
 INTEGER_PROPERTIES = ("delivery_mode", "priority", "timestamp")
 
 
@@ -64,7 +67,10 @@ def properties_json(properties):
 
 def publish(api, vhost, name):
     body = json_body(api.request)
-    missing = [key for key in ("routing_key", "payload", "payload_encoding", "properties") if key not in body]
+    missing = [
+        key for key in ("routing_key", "payload", "payload_encoding", "properties")
+        if key not in body
+    ]
     if missing:
         raise bad_request("[" + ",".join("{key_missing," + key + "}" for key in missing) + "]")
     encoding = body["payload_encoding"]
@@ -72,7 +78,10 @@ def publish(api, vhost, name):
     if not isinstance(payload, str) or encoding not in ("string", "base64"):
         raise bad_request("payload_encoding must be string or base64, with a string payload")
     try:
-        raw = payload.encode("utf-8") if encoding == "string" else base64.b64decode(payload, validate=True)
+        if encoding == "string":
+            raw = payload.encode("utf-8")
+        else:
+            raw = base64.b64decode(payload, validate=True)
     except ValueError:
         raise bad_request("payload is not valid base64") from None
     if name not in api.model_vhost(vhost).exchanges and name != "amq.default":
@@ -80,8 +89,10 @@ def publish(api, vhost, name):
     exchange = "" if name == "amq.default" else name
     with management_channel(api, vhost) as channel:
         published = channel.messages_published
-        channel.basic_publish(exchange, str(body["routing_key"]), build_properties(body["properties"]), raw,
-                              mandatory=True)
+        channel.basic_publish(
+            exchange, str(body["routing_key"]), build_properties(body["properties"]), raw,
+            mandatory=True,
+        )
         routed = channel.messages_published > published and not channel.peer.returned_messages
     return {"routed": routed}
 

@@ -1,4 +1,5 @@
-"""A management request's changes made as a client's would be: on a channel, with the user's permissions.
+"""A management request's changes made as a client's would be: on a channel, with
+the user's permissions.
 
 L{management_channel} opens an in-process L{brokerd.session.connection.Connection}
 for the logged-in user on a vhost, with that user's
@@ -20,7 +21,10 @@ from brokerd.session.connection import Connection
 
 @implementer(IChannelPeer)
 class QuietPeer:
-    """The channel's client side for a management request: nothing is pushed to it (no consumers, no confirms)."""
+    """
+    The channel's client side for a management request: nothing is pushed to it
+    (no consumers, no confirms).
+    """
 
     def __init__(self):
         self.returned_messages = []
@@ -44,7 +48,9 @@ def management_channel(api, vhost_name):
     """
     access = api.resource_access(vhost_name)
     try:
-        connection = Connection(api.context.broker, vhost_name, "management API", user=api.user, access=access)
+        connection = Connection(
+            api.context.broker, vhost_name, "management API", user=api.user, access=access
+        )
     except BrokerError as problem:
         raise broker_error(problem) from None
     try:

@@ -66,7 +66,10 @@ class MessageTotals:
         return totals
 
     def message_stats(self, connections):
-        """RabbitMQ's C{message_stats}: C{publish}, C{deliver_get}, C{ack}... each with C{*_details.rate}."""
+        """
+        RabbitMQ's C{message_stats}: C{publish}, C{deliver_get}, C{ack}... each
+        with C{*_details.rate}.
+        """
         totals = self.totals(connections)
         now = self.clock.seconds()
         counts = tuple(totals[counter] for counter in STAT_NAMES)
@@ -76,7 +79,8 @@ class MessageTotals:
         for (counter, name), rate in zip(STAT_NAMES.items(), self._rates.rates(now, counts)):
             stats[name] = totals[counter]
             stats[f"{name}_details"] = {"rate": round(rate, 1)}
-        stats["deliver"] = stats["get"] = 0  # brokerd counts deliveries and gets together (deliver_get)
+        # brokerd counts deliveries and gets together (deliver_get).
+        stats["deliver"] = stats["get"] = 0
         stats["deliver_details"] = stats["get_details"] = {"rate": 0.0}
         stats["confirm"] = stats["publish"]
         stats["confirm_details"] = dict(stats["publish_details"])
@@ -99,7 +103,10 @@ def overview(api):
     broker = context.broker
     vhosts = [broker.vhosts[name] for name in api.visible_vhosts() if name in broker.vhosts]
     names = {vhost.name for vhost in vhosts}
-    connections = [c for c in broker.connections if c.vhost.name in names and (api.is_monitor or c.user == api.user)]
+    connections = [
+        c for c in broker.connections
+        if c.vhost.name in names and (api.is_monitor or c.user == api.user)
+    ]
     unacked = unacked_by_queue(broker)
     ready = sum(queue.message_count for vhost in vhosts for queue in vhost.queues.values())
     unacked_total = sum(count for (vhost, _), count in unacked.items() if vhost in names)
@@ -172,8 +179,10 @@ def node_info(context):
         "proc_used": 1,
         "disk_free_alarm": False,
         "processors": os.cpu_count() or 1,
-        "applications": [{"name": "brokerd", "description": "brokerd", "version": product_version()},
-                         {"name": "twisted", "description": "Twisted", "version": twisted.__version__}],
+        "applications": [
+            {"name": "brokerd", "description": "brokerd", "version": product_version()},
+            {"name": "twisted", "description": "Twisted", "version": twisted.__version__},
+        ],
         "host": socket.gethostname(),
     }
 

@@ -18,7 +18,12 @@ C{vhost} and C{queue}, as RabbitMQ's two endpoints.
 import resource
 
 from prometheus_client import generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+)
 from prometheus_client.registry import Collector, CollectorRegistry
 from twisted.web.resource import Resource
 from twisted.web.server import Site
@@ -31,20 +36,44 @@ CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
 # (metric name, help, counter name in MessageCounters.totals) -- RabbitMQ's global counters
 GLOBAL_COUNTERS = (
-    ("messages_received", "Total number of messages received from publishers", "messages_published"),
-    ("messages_received_confirm", "Total number of messages received from publishers expecting confirmations",
-     "messages_received_confirm"),
-    ("messages_unroutable_dropped",
-     "Total number of messages published as non-mandatory into an exchange and dropped as unroutable",
-     "messages_unroutable_dropped"),
-    ("messages_unroutable_returned",
-     "Total number of messages published as mandatory into an exchange and returned to the publisher as unroutable",
-     "messages_unroutable_returned"),
-    ("messages_confirmed", "Total number of messages confirmed to publishers", "messages_confirmed"),
-    ("messages_delivered", "Total number of messages delivered to consumers (basic.get included)",
-     "messages_delivered"),
-    ("messages_redelivered", "Total number of messages redelivered to consumers", "messages_redelivered"),
-    ("messages_acknowledged", "Total number of messages acknowledged by consumers", "messages_acked"),
+    (
+        "messages_received", "Total number of messages received from publishers",
+        "messages_published",
+    ),
+    (
+        "messages_received_confirm",
+        "Total number of messages received from publishers expecting confirmations",
+        "messages_received_confirm",
+    ),
+    (
+        "messages_unroutable_dropped",
+        "Total number of messages published as non-mandatory into an exchange"
+        " and dropped as unroutable",
+        "messages_unroutable_dropped",
+    ),
+    (
+        "messages_unroutable_returned",
+        "Total number of messages published as mandatory into an exchange"
+        " and returned to the publisher as unroutable",
+        "messages_unroutable_returned",
+    ),
+    (
+        "messages_confirmed", "Total number of messages confirmed to publishers",
+        "messages_confirmed",
+    ),
+    (
+        "messages_delivered",
+        "Total number of messages delivered to consumers (basic.get included)",
+        "messages_delivered",
+    ),
+    (
+        "messages_redelivered", "Total number of messages redelivered to consumers",
+        "messages_redelivered",
+    ),
+    (
+        "messages_acknowledged", "Total number of messages acknowledged by consumers",
+        "messages_acked",
+    ),
 )
 QUEUE_GAUGES = (
     ("rabbitmq_queue_messages_ready", "Messages ready to be delivered to consumers"),
@@ -86,8 +115,9 @@ class BrokerCollector(Collector):
         yield from self._memory(broker)
         yield from self._stores(broker)
         if self.access is not None:
-            failed = CounterMetricFamily("brokerd_failed_logins", "Logins refused, by the user name given",
-                                         labels=["user"])
+            failed = CounterMetricFamily(
+                "brokerd_failed_logins", "Logins refused, by the user name given", labels=["user"]
+            )
             for user, count in sorted(self.access.failed_logins.items()):
                 failed.add_metric([user], count)
             yield failed
@@ -126,8 +156,9 @@ class BrokerCollector(Collector):
         queue_count = alarmed = 0
         alarms = GaugeMetricFamily(
             "brokerd_queue_backlog_alarm",
-            "1 while a queue has more messages ready than its backlog alarm (x-backlog-alarm or the policy key"
-            " backlog-alarm) allows, per queue that has one; summed: how many queues are in alarm",
+            "1 while a queue has more messages ready than its backlog alarm"
+            " (x-backlog-alarm or the policy key backlog-alarm) allows, per queue that has one;"
+            " summed: how many queues are in alarm",
             labels=labels)
         for vhost in broker.vhosts.values():
             for queue in vhost.queues.values():
@@ -158,13 +189,21 @@ class BrokerCollector(Collector):
         consumers = sum(len(channel.consumers)
                         for connection in connections for channel in connection.channels.values())
         counters = broker.counters
-        yield GaugeMetricFamily("rabbitmq_connections", "Connections currently open", value=len(connections))
+        yield GaugeMetricFamily(
+            "rabbitmq_connections", "Connections currently open", value=len(connections)
+        )
         yield GaugeMetricFamily("rabbitmq_channels", "Channels currently open", value=channels)
-        yield GaugeMetricFamily("rabbitmq_consumers", "Consumers currently connected", value=consumers)
-        yield CounterMetricFamily("rabbitmq_connections_opened", "Total number of connections opened",
-                                  value=counters.connections_opened)
-        yield CounterMetricFamily("rabbitmq_connections_closed", "Total number of connections closed or terminated",
-                                  value=counters.connections_closed)
+        yield GaugeMetricFamily(
+            "rabbitmq_consumers", "Consumers currently connected", value=consumers
+        )
+        yield CounterMetricFamily(
+            "rabbitmq_connections_opened", "Total number of connections opened",
+            value=counters.connections_opened,
+        )
+        yield CounterMetricFamily(
+            "rabbitmq_connections_closed", "Total number of connections closed or terminated",
+            value=counters.connections_closed,
+        )
 
     def _global_counters(self, broker):
         totals = broker.counters.totals(broker.connections)
@@ -174,8 +213,10 @@ class BrokerCollector(Collector):
             for protocol in protocols:
                 family.add_metric([protocol], totals.get(protocol, {}).get(counter, 0))
             yield family
-        routed = CounterMetricFamily("rabbitmq_global_messages_routed", "Total number of messages routed to queues",
-                                     labels=["protocol"])
+        routed = CounterMetricFamily(
+            "rabbitmq_global_messages_routed", "Total number of messages routed to queues",
+            labels=["protocol"],
+        )
         for protocol in protocols:
             counts = totals.get(protocol, {})
             routed.add_metric([protocol], counts.get("messages_published", 0)
@@ -187,26 +228,40 @@ class BrokerCollector(Collector):
         watermark = broker.watermark
         yield GaugeMetricFamily("rabbitmq_process_resident_memory_bytes", "Memory used in bytes",
                                 value=resident_memory_bytes())
-        yield GaugeMetricFamily("rabbitmq_resident_memory_limit_bytes", "Memory high watermark in bytes",
-                                value=watermark.high)
-        yield GaugeMetricFamily("brokerd_memory_watermark_bytes",
-                                "Message bytes counted against the memory high watermark", value=watermark.queued_bytes)
-        yield GaugeMetricFamily("brokerd_memory_watermark_blocked", "1 while publishers are blocked by the watermark",
-                                value=1 if watermark.blocked else 0)
+        yield GaugeMetricFamily(
+            "rabbitmq_resident_memory_limit_bytes", "Memory high watermark in bytes",
+            value=watermark.high,
+        )
+        yield GaugeMetricFamily(
+            "brokerd_memory_watermark_bytes",
+            "Message bytes counted against the memory high watermark", value=watermark.queued_bytes,
+        )
+        yield GaugeMetricFamily(
+            "brokerd_memory_watermark_blocked", "1 while publishers are blocked by the watermark",
+            value=1 if watermark.blocked else 0,
+        )
 
     def _stores(self, broker):
-        labels = ["backend", "vhost"]  # vhost: "" for the broker's store, else the vhost that has its own
+        # vhost: "" for the broker's store, else the vhost that has its own
+        labels = ["backend", "vhost"]
         families = {
-            "commits": CounterMetricFamily("brokerd_store_commits", "Store commits (batches written)", labels=labels),
+            "commits": CounterMetricFamily(
+                "brokerd_store_commits", "Store commits (batches written)", labels=labels
+            ),
             "fsyncs": CounterMetricFamily("brokerd_store_fsyncs", "Store fsyncs", labels=labels),
-            "chunk_reads": CounterMetricFamily("brokerd_chunk_reads", "Message records read back from chunks",
-                                               labels=labels),
-            "cache_hit_ratio": GaugeMetricFamily("brokerd_cache_hit_ratio", "Hits of the store's read cache per lookup",
-                                                 labels=labels),
+            "chunk_reads": CounterMetricFamily(
+                "brokerd_chunk_reads", "Message records read back from chunks", labels=labels
+            ),
+            "cache_hit_ratio": GaugeMetricFamily(
+                "brokerd_cache_hit_ratio", "Hits of the store's read cache per lookup",
+                labels=labels,
+            ),
         }
-        histogram = HistogramMetricFamily("brokerd_store_commit_seconds",
-                                          "Time from a commit's hand-over to the writer thread until it is done",
-                                          labels=labels)
+        histogram = HistogramMetricFamily(
+            "brokerd_store_commit_seconds",
+            "Time from a commit's hand-over to the writer thread until it is done",
+            labels=labels,
+        )
         stores = [("", broker.store), *sorted(broker.own_stores.items())]
         for vhost, store in stores:
             key = [store.name, vhost]
@@ -245,14 +300,20 @@ class MetricsPage(Resource):
 
 
 def registry_for(broker, access=None, per_object=False):
-    """A private C{prometheus_client.CollectorRegistry} holding a L{BrokerCollector} of C{broker}."""
+    """
+    A private C{prometheus_client.CollectorRegistry} holding a
+    L{BrokerCollector} of C{broker}.
+    """
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BrokerCollector(broker, access, per_object))
     return registry
 
 
 class QuietSite(Site):
-    """A twisted.web Site that writes no access-log line per request (a scrape a second would flood the log)."""
+    """
+    A twisted.web Site that writes no access-log line per request (a scrape a
+    second would flood the log).
+    """
 
     def log(self, request):
         pass

@@ -22,12 +22,16 @@ class CounterRates:
         self._latest = (now, counts)
 
     def rates(self, now, counts):
-        """The counters' change per second up to C{now}, when they read C{counts}; a tuple of floats."""
+        """
+        The counters' change per second up to C{now}, when they read C{counts};
+        a tuple of floats.
+        """
         latest = self._latest
         if now - latest[0] >= SAMPLE_INTERVAL:
             self._previous, self._latest = latest, (now, counts)
         since, before = self._previous or latest
         elapsed = now - since
-        if elapsed <= 0 or counts == before:  # the common case of an idle queue, without the arithmetic
+        # The common case of an idle queue, without the arithmetic:
+        if elapsed <= 0 or counts == before:
             return (0.0,) * len(counts)
         return tuple([(count - old) / elapsed for count, old in zip(counts, before)])

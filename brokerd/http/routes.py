@@ -12,7 +12,8 @@ from urllib.parse import unquote
 
 from brokerd.errors import AccessRefused, NotAllowed, NotFound
 
-NOT_FOUND_BODY = {"error": "Object Not Found", "reason": "Not Found"}  # cowboy_rest's 404, as RabbitMQ sends it
+# cowboy_rest's 404, as RabbitMQ sends it
+NOT_FOUND_BODY = {"error": "Object Not Found", "reason": "Not Found"}
 
 
 class ApiError(Exception):
@@ -26,7 +27,10 @@ class ApiError(Exception):
 
 
 class Created:
-    """A handler's answer for a new object: 201, with a C{Location} header if given (RabbitMQ's binding POST)."""
+    """
+    A handler's answer for a new object: 201, with a C{Location} header if
+    given (RabbitMQ's binding POST).
+    """
 
     def __init__(self, location=None):
         self.location = location
@@ -43,17 +47,26 @@ def bad_request(reason, error="bad_request"):
 
 
 def not_authorised(reason):
-    """401 as RabbitMQ's C{rabbit_web_dispatch_access_control:not_authorised}: the client may log in again."""
-    return ApiError(401, "not_authorised", reason, {"WWW-Authenticate": 'Basic realm="RabbitMQ Management"'})
+    """
+    401 as RabbitMQ's C{rabbit_web_dispatch_access_control:not_authorised}: the
+    client may log in again.
+    """
+    return ApiError(
+        401, "not_authorised", reason, {"WWW-Authenticate": 'Basic realm="RabbitMQ Management"'}
+    )
 
 
 def broker_error(problem):
-    """A model refusal as RabbitMQ's management API answers it (C{rabbit_mgmt_util:with_channel})."""
+    """
+    A model refusal as RabbitMQ's management API answers it
+    (C{rabbit_mgmt_util:with_channel}).
+    """
     if isinstance(problem, NotFound):
         return not_found()
     if isinstance(problem, (AccessRefused, NotAllowed)):
         return not_authorised(problem.text)
-    return bad_request(str(problem))  # "406 PRECONDITION_FAILED - ...", as RabbitMQ's bad_request_exception
+    # "406 PRECONDITION_FAILED - ...", as RabbitMQ's bad_request_exception
+    return bad_request(str(problem))
 
 
 class Route:
@@ -88,7 +101,10 @@ class Router:
         self.routes = list(routes)
 
     def find(self, method, raw_path):
-        """C{(route, names)}; raises L{ApiError} 404 for an unknown path, 405 for a method it does not take."""
+        """
+        C{(route, names)}; raises L{ApiError} 404 for an unknown path, 405 for
+        a method it does not take.
+        """
         segments = [unquote(segment) for segment in raw_path.split("?", 1)[0].strip("/").split("/")]
         allowed = set()
         for route in self.routes:
@@ -105,7 +121,10 @@ class Router:
 
 
 def json_body(request):
-    """The request body decoded as a JSON object (an empty body is C{{}}), or 400 as RabbitMQ's C{decode}."""
+    """
+    The request body decoded as a JSON object (an empty body is C{{}}), or 400
+    as RabbitMQ's C{decode}.
+    """
     raw = request.content.read() if request.content is not None else b""
     if raw.strip() in (b"", b"null", b"undefined"):
         return {}

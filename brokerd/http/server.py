@@ -23,7 +23,15 @@ from brokerd.errors import BrokerError
 from brokerd.http.dashboard import add_dashboard
 from brokerd.http.listing import ListingQuery
 from brokerd.http.overview import MessageTotals
-from brokerd.http.routes import ApiError, Created, Router, broker_error, encode, not_authorised, not_found
+from brokerd.http.routes import (
+    ApiError,
+    Created,
+    Router,
+    broker_error,
+    encode,
+    not_authorised,
+    not_found,
+)
 from brokerd.http.urls import ROUTES
 
 log = Logger()
@@ -44,7 +52,9 @@ class ApiContext:
     management commands, the listeners (for the overview), and when it started.
     """
 
-    def __init__(self, broker, access, management, listeners=(), started_at=None, node="brokerd@localhost"):
+    def __init__(
+        self, broker, access, management, listeners=(), started_at=None, node="brokerd@localhost"
+    ):
         self.broker = broker
         self.access = access
         self.management = management
@@ -81,14 +91,22 @@ class ApiRequest:
             raise not_authorised(NOT_MONITOR)
 
     def visible_vhosts(self):
-        """The vhosts this user sees, in creation order: all for monitoring users, else those it may use."""
+        """
+        The vhosts this user sees, in creation order: all for monitoring users,
+        else those it may use.
+        """
         access = self.context.access
         if self.is_monitor:
             return list(access.vhosts)
-        return [name for name in access.vhosts if access.permissions_of(self.user, name) is not None]
+        return [
+            name for name in access.vhosts if access.permissions_of(self.user, name) is not None
+        ]
 
     def vhost_named(self, name):
-        """Vhost C{name} if it exists and this user sees it: 404 if it does not exist, 401 if hidden."""
+        """
+        Vhost C{name} if it exists and this user sees it: 404 if it does not
+        exist, 401 if hidden.
+        """
         if not self.context.access.vhost_exists(name):
             raise not_found()
         if name not in self.visible_vhosts():
@@ -104,7 +122,10 @@ class ApiRequest:
             raise broker_error(problem) from None
 
     def resource_access(self, name):
-        """This user's L{ResourceAccess} on vhost C{name}, to change or read its resources as over AMQP."""
+        """
+        This user's L{ResourceAccess} on vhost C{name}, to change or read its
+        resources as over AMQP.
+        """
         if not self.context.access.vhost_exists(name):
             raise not_found()
         permissions = self.context.access.permissions_of(self.user, name)
@@ -145,7 +166,10 @@ class ManagementApi(resource.Resource):
         return d.addCallback(_status_of)
 
     def _login(self, request):
-        """The name of the user the basic credentials name, checked as RabbitMQ's management plugin does."""
+        """
+        The name of the user the basic credentials name, checked as RabbitMQ's
+        management plugin does.
+        """
         name = request.getUser().decode("utf-8", "replace")
         password = request.getPassword()
         access = self.context.access
@@ -157,7 +181,10 @@ class ManagementApi(resource.Resource):
         if name in LOOPBACK_ONLY_USERS and not is_loopback(request.getClientAddress().host):
             raise not_authorised(LOCALHOST_ONLY)
         if not set(access.user(name).tags) & MANAGEMENT_TAGS:
-            log.warn("HTTP access denied: user '{user}' - {reason}", user=name, reason=NOT_MANAGEMENT_USER)
+            log.warn(
+                "HTTP access denied: user '{user}' - {reason}",
+                user=name, reason=NOT_MANAGEMENT_USER,
+            )
             raise not_authorised(NOT_MANAGEMENT_USER)
         return name
 
@@ -181,21 +208,31 @@ class ManagementApi(resource.Resource):
         if isinstance(problem, BrokerError):
             problem = broker_error(problem)
         if not isinstance(problem, ApiError):
-            log.failure("management API request {method} {uri} failed", failure, method=request.method,
-                        uri=request.uri)
-            problem = ApiError(500, "internal_server_error", failure.getErrorMessage() or failure.type.__name__)
+            log.failure(
+                "management API request {method} {uri} failed", failure, method=request.method,
+                uri=request.uri,
+            )
+            problem = ApiError(
+                500, "internal_server_error", failure.getErrorMessage() or failure.type.__name__
+            )
         self._send(request, gone, problem.status, problem.body, problem.headers)
 
 
 def _status_of(body):
-    """C{(status, body, headers)} of a handler's answer: 200 with JSON, 204 for None, 201 for L{Created}."""
+    """
+    C{(status, body, headers)} of a handler's answer: 200 with JSON, 204 for
+    None, 201 for L{Created}.
+    """
     if isinstance(body, Created):
         return 201, None, {"Location": body.location} if body.location else {}
     return (200, body, None) if body is not None else (204, None, None)
 
 
 def make_site(context):
-    """The twisted.web site of the management API over L{ApiContext} C{context}, and of the dashboard."""
+    """
+    The twisted.web site of the management API over L{ApiContext} C{context},
+    and of the dashboard.
+    """
     root = resource.Resource()
     add_dashboard(root)
     root.putChild(b"api", ManagementApi(context, ROUTES))

@@ -64,10 +64,12 @@ def policy_name(queue_or_exchange):
     return policy.name if policy is not None else None
 
 
-LISTED_TEMPLATE = ('{%s,"policy":%s,"state":"%s","messages":%d,"messages_ready":%d,"messages_unacknowledged":%d,'
-                   '"consumers":%d,'
-                   '"memory":%d,"message_stats":{"publish":%d,"publish_details":{"rate":%.1f},"deliver_get":%d,'
-                   '"deliver_get_details":{"rate":%.1f},"ack":%d,"ack_details":{"rate":%.1f}}}')
+LISTED_TEMPLATE = (
+    '{%s,"policy":%s,"state":"%s","messages":%d,"messages_ready":%d,'
+    '"messages_unacknowledged":%d,"consumers":%d,"memory":%d,'
+    '"message_stats":{"publish":%d,"publish_details":{"rate":%.1f},"deliver_get":%d,'
+    '"deliver_get_details":{"rate":%.1f},"ack":%d,"ack_details":{"rate":%.1f}}}'
+)
 
 
 class QueueListing:
@@ -92,7 +94,10 @@ def _counters(queue):
 
 
 class QueueListings:
-    """The L{QueueListing} of each queue looked at, by queue identity; entries of deleted queues are dropped."""
+    """
+    The L{QueueListing} of each queue looked at, by queue identity; entries of
+    deleted queues are dropped.
+    """
 
     def __init__(self):
         self._entries = {}
@@ -108,7 +113,9 @@ class QueueListings:
 
     def _drop_gone(self):
         """Forget deleted queues; the next pruning waits until the entries have doubled."""
-        self._entries = {key: entry for key, entry in self._entries.items() if entry.queue() is not None}
+        self._entries = {
+            key: entry for key, entry in self._entries.items() if entry.queue() is not None
+        }
         self._prune_above = max(1000, 2 * len(self._entries))
 
 
@@ -119,13 +126,20 @@ def _stats(entry, queue, now):
     """C{(publish, rate, deliver_get, rate, ack, rate)} of C{queue}, rates rounded as shown."""
     counts = _counters(queue)
     rates = entry.rates.rates(now, counts)
-    return (counts[0], round(rates[0], 1), counts[1], round(rates[1], 1), counts[2], round(rates[2], 1))
+    return (
+        counts[0], round(rates[0], 1), counts[1], round(rates[1], 1), counts[2],
+        round(rates[2], 1),
+    )
 
 
 def message_stats(queue, now):
-    publish, publish_rate, deliver, deliver_rate, ack, ack_rate = _stats(_listings.entry(queue, now), queue, now)
-    return {"publish": publish, "publish_details": {"rate": publish_rate}, "deliver_get": deliver,
-            "deliver_get_details": {"rate": deliver_rate}, "ack": ack, "ack_details": {"rate": ack_rate}}
+    entry = _listings.entry(queue, now)
+    publish, publish_rate, deliver, deliver_rate, ack, ack_rate = _stats(entry, queue, now)
+    return {
+        "publish": publish, "publish_details": {"rate": publish_rate},
+        "deliver_get": deliver, "deliver_get_details": {"rate": deliver_rate},
+        "ack": ack, "ack_details": {"rate": ack_rate},
+    }
 
 
 def queue_info(api, queue, unacked):
@@ -145,7 +159,10 @@ def queue_info(api, queue, unacked):
 
 
 def list_queues(api, vhost=None):
-    """Every visible queue as L{queue_info} gives it, built from cached parts (quick for thousands of queues)."""
+    """
+    Every visible queue as L{queue_info} gives it, built from cached parts
+    (quick for thousands of queues).
+    """
     unacked = unacked_by_queue(api.context.broker)
     now = api.context.broker.clock.seconds()
     entry_of = _listings.entry
@@ -159,14 +176,19 @@ def list_queues(api, vhost=None):
             pending = unacked.get(queue.key, 0)
             counts = _counters(queue)
             rates = entry.rates.rates(now, counts)
-            figures = (queue.applied_policy, "running" if queue.unavailable is None else "down", ready + pending,
-                       ready, pending, queue.consumer_count, queue.ready_bytes, counts, rates)
+            figures = (
+                queue.applied_policy, "running" if queue.unavailable is None else "down",
+                ready + pending, ready, pending, queue.consumer_count, queue.ready_bytes, counts,
+                rates,
+            )
             if figures != entry.figures:
                 if entry.fixed is None:
                     entry.fixed = encode_text(fixed_queue_info(api, queue))[1:-1]
                 entry.figures = figures
-                entry.line = LISTED_TEMPLATE % (entry.fixed, encode_text(policy_name(queue)), *figures[1:7], counts[0],
-                                                rates[0], counts[1], rates[1], counts[2], rates[2])
+                entry.line = LISTED_TEMPLATE % (
+                    entry.fixed, encode_text(policy_name(queue)), *figures[1:7], counts[0],
+                    rates[0], counts[1], rates[1], counts[2], rates[2],
+                )
             parts.append(entry.line)
     return RawJson("[" + ",".join(parts) + "]")
 
@@ -187,8 +209,10 @@ def put_queue(api, vhost, name):
     model = api.model_vhost(vhost)
     created = name not in model.queues
     with management_channel(api, vhost) as channel:
-        channel.queue_declare(name, durable=parse_bool(body.get("durable"), True),
-                              auto_delete=parse_bool(body.get("auto_delete")), arguments=_arguments(body))
+        channel.queue_declare(
+            name, durable=parse_bool(body.get("durable"), True),
+            auto_delete=parse_bool(body.get("auto_delete")), arguments=_arguments(body),
+        )
     return Created() if created else None
 
 
@@ -245,9 +269,11 @@ def put_exchange(api, vhost, name):
         raise bad_request("[{key_missing,type}]")  # RabbitMQ's with_decode complaint
     created = name not in api.model_vhost(vhost).exchanges
     with management_channel(api, vhost) as channel:
-        channel.exchange_declare(name, type_name, durable=parse_bool(body.get("durable"), True),
-                                 auto_delete=parse_bool(body.get("auto_delete")),
-                                 internal=parse_bool(body.get("internal")), arguments=_arguments(body))
+        channel.exchange_declare(
+            name, type_name, durable=parse_bool(body.get("durable"), True),
+            auto_delete=parse_bool(body.get("auto_delete")),
+            internal=parse_bool(body.get("internal")), arguments=_arguments(body),
+        )
     return Created() if created else None
 
 
@@ -279,19 +305,29 @@ def _quote_binding(text):
 
 
 def binding_info(vhost_name, source, destination, destination_type, routing_key, arguments):
-    return {"source": source, "vhost": vhost_name, "destination": destination, "destination_type": destination_type,
-            "routing_key": routing_key, "arguments": arguments, "properties_key": properties_key(routing_key,
-                                                                                                   arguments)}
+    return {
+        "source": source, "vhost": vhost_name, "destination": destination,
+        "destination_type": destination_type, "routing_key": routing_key, "arguments": arguments,
+        "properties_key": properties_key(routing_key, arguments),
+    }
 
 
 def _bindings(model):
-    """Every binding of a vhost as RabbitMQ lists them: the default exchange's implicit ones first."""
-    found = [binding_info(model.name, DEFAULT_EXCHANGE, name, "queue", name, {}) for name in sorted(model.queues)]
+    """
+    Every binding of a vhost as RabbitMQ lists them: the default exchange's
+    implicit ones first.
+    """
+    found = [
+        binding_info(model.name, DEFAULT_EXCHANGE, name, "queue", name, {})
+        for name in sorted(model.queues)
+    ]
     for exchange in sorted(model.exchanges.values(), key=lambda exchange: exchange.name):
         for binding in exchange.bindings.values():
             kind = "exchange" if binding.to_exchange else "queue"
-            found.append(binding_info(model.name, exchange.name, binding.destination.name, kind, binding.routing_key,
-                                      dict(binding.arguments or {})))
+            found.append(binding_info(
+                model.name, exchange.name, binding.destination.name, kind, binding.routing_key,
+                dict(binding.arguments or {}),
+            ))
     return found
 
 
@@ -301,7 +337,8 @@ def list_bindings(api, vhost=None):
 
 def _between(api, vhost, source, kind, destination):
     model = api.model_vhost(vhost)
-    if source not in model.exchanges or (destination not in (model.exchanges if kind == "exchange" else model.queues)):
+    destinations = model.exchanges if kind == "exchange" else model.queues
+    if source not in model.exchanges or destination not in destinations:
         raise not_found()
     return [binding for binding in _bindings(model) if binding["source"] == source
             and binding["destination"] == destination and binding["destination_type"] == kind]
@@ -341,7 +378,8 @@ def bind_exchange(api, vhost, source, destination):
 
 def _binding(api, vhost, source, kind, destination, props):
     for binding in _between(api, vhost, source, kind, destination):
-        # The key as it is (its segment quoted once more, as clients do) or as it comes in the Location header.
+        # The key as it is (its segment quoted once more, as clients do) or as
+        # it comes in the Location header.
         if props in (binding["properties_key"], unquote(binding["properties_key"])):
             return binding
     raise not_found()

@@ -3,7 +3,9 @@
 from brokerd.http import accessapi, clients, definitionsapi, health, messages, overview, topology
 from brokerd.http.routes import Route
 
-BINDING_SORT = ("vhost", "source", "destination_type", "destination", "routing_key", "properties_key")
+BINDING_SORT = (
+    "vhost", "source", "destination_type", "destination", "routing_key", "properties_key"
+)
 PERMISSION_SORT = ("vhost", "user")
 
 ROUTES = [
@@ -23,7 +25,10 @@ ROUTES = [
     Route("GET", "/api/vhosts/{vhost}", accessapi.get_vhost),
     Route("PUT", "/api/vhosts/{vhost}", accessapi.put_vhost),
     Route("DELETE", "/api/vhosts/{vhost}", accessapi.delete_vhost),
-    Route("GET", "/api/vhosts/{vhost}/permissions", accessapi.vhost_permissions, sort=PERMISSION_SORT),
+    Route(
+        "GET", "/api/vhosts/{vhost}/permissions", accessapi.vhost_permissions,
+        sort=PERMISSION_SORT,
+    ),
     Route("GET", "/api/users", accessapi.list_users, sort=("name",)),
     Route("GET", "/api/users/{name}", accessapi.get_user),
     Route("PUT", "/api/users/{name}", accessapi.put_user),
@@ -47,18 +52,42 @@ ROUTES = [
     Route("PUT", "/api/exchanges/{vhost}/{name}", topology.put_exchange),
     Route("DELETE", "/api/exchanges/{vhost}/{name}", topology.delete_exchange),
     Route("POST", "/api/exchanges/{vhost}/{name}/publish", messages.publish),
-    Route("GET", "/api/exchanges/{vhost}/{name}/bindings/source", topology.exchange_bindings_from, sort=BINDING_SORT),
-    Route("GET", "/api/exchanges/{vhost}/{name}/bindings/destination", topology.exchange_bindings_to, sort=BINDING_SORT),
+    Route(
+        "GET", "/api/exchanges/{vhost}/{name}/bindings/source", topology.exchange_bindings_from,
+        sort=BINDING_SORT,
+    ),
+    Route(
+        "GET", "/api/exchanges/{vhost}/{name}/bindings/destination",
+        topology.exchange_bindings_to, sort=BINDING_SORT,
+    ),
     Route("GET", "/api/bindings", topology.list_bindings, sort=BINDING_SORT),
     Route("GET", "/api/bindings/{vhost}", topology.list_bindings, sort=BINDING_SORT),
-    Route("GET", "/api/bindings/{vhost}/e/{source}/q/{destination}", topology.bindings_to_queue, sort=BINDING_SORT),
+    Route(
+        "GET", "/api/bindings/{vhost}/e/{source}/q/{destination}", topology.bindings_to_queue,
+        sort=BINDING_SORT,
+    ),
     Route("POST", "/api/bindings/{vhost}/e/{source}/q/{destination}", topology.bind_queue),
-    Route("GET", "/api/bindings/{vhost}/e/{source}/q/{destination}/{props}", topology.get_queue_binding, sort=BINDING_SORT),
-    Route("DELETE", "/api/bindings/{vhost}/e/{source}/q/{destination}/{props}", topology.unbind_queue),
-    Route("GET", "/api/bindings/{vhost}/e/{source}/e/{destination}", topology.bindings_to_exchange, sort=BINDING_SORT),
+    Route(
+        "GET", "/api/bindings/{vhost}/e/{source}/q/{destination}/{props}",
+        topology.get_queue_binding, sort=BINDING_SORT,
+    ),
+    Route(
+        "DELETE", "/api/bindings/{vhost}/e/{source}/q/{destination}/{props}",
+        topology.unbind_queue,
+    ),
+    Route(
+        "GET", "/api/bindings/{vhost}/e/{source}/e/{destination}", topology.bindings_to_exchange,
+        sort=BINDING_SORT,
+    ),
     Route("POST", "/api/bindings/{vhost}/e/{source}/e/{destination}", topology.bind_exchange),
-    Route("GET", "/api/bindings/{vhost}/e/{source}/e/{destination}/{props}", topology.get_exchange_binding, sort=BINDING_SORT),
-    Route("DELETE", "/api/bindings/{vhost}/e/{source}/e/{destination}/{props}", topology.unbind_exchange),
+    Route(
+        "GET", "/api/bindings/{vhost}/e/{source}/e/{destination}/{props}",
+        topology.get_exchange_binding, sort=BINDING_SORT,
+    ),
+    Route(
+        "DELETE", "/api/bindings/{vhost}/e/{source}/e/{destination}/{props}",
+        topology.unbind_exchange,
+    ),
     Route("GET", "/api/connections", clients.list_connections),
     Route("GET", "/api/vhosts/{vhost}/connections", clients.list_connections),
     Route("GET", "/api/connections/{name}", clients.get_connection),

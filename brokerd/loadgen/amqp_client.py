@@ -1,5 +1,5 @@
-"""A pipelining AMQP 0-9-1 client on non-blocking sockets, for the benchmarks, the crash tests and the
-cross-backend validation's workload.
+"""A pipelining AMQP 0-9-1 client on non-blocking sockets, for the benchmarks,
+the crash tests and the cross-backend validation's workload.
 
 It is meant to cost far less than the broker it drives: one selector for many
 connections, many publishes per write, and the hot frames (basic.publish with
@@ -51,8 +51,9 @@ class BrokerGone(BenchmarkError):
 
 
 class Delivery(NamedTuple):
-    """One whole basic.deliver: its channel, consumer tag, delivery tag, redelivered flag, the encoded
-    content properties (flags first, as L{message_properties} reads them) and the body."""
+    """One whole basic.deliver: its channel, consumer tag, delivery tag, redelivered flag,
+    the encoded content properties (flags first, as L{message_properties} reads them) and
+    the body."""
 
     channel: int
     consumer_tag: str
@@ -64,7 +65,8 @@ class Delivery(NamedTuple):
 
 class Connection:
     """
-    One AMQP connection with one channel (more may be opened with L{open_channel}), driven by L{Loop}.
+    One AMQP connection with one channel (more may be opened with
+    L{open_channel}), driven by L{Loop}.
 
     Deliveries and confirms of any channel go to C{on_delivery(delivery)} and
     C{on_confirm(channel, delivery_tag, multiple, ack)}; every other method from
@@ -79,7 +81,8 @@ class Connection:
                  product="brokerd benchmark client"):
         self.loop = loop
         self.name = name
-        self.username, self.password, self.virtual_host, self.product = username, password, virtual_host, product
+        self.username, self.password = username, password
+        self.virtual_host, self.product = virtual_host, product
         try:
             self.sock = socket.create_connection((host, port))
         except OSError as error:
@@ -95,40 +98,57 @@ class Connection:
         self.on_delivery = self.unexpected_delivery
         self.on_confirm = self.unexpected_confirm
         self.after_read = lambda: None
-        self._contents = {}  # channel -> [consumer tag, delivery tag, redelivered, properties, body pieces, left]
+        # channel -> [consumer tag, delivery tag, redelivered, properties, body pieces, left]
+        self._contents = {}
         loop.register(self)
 
     def unexpected_delivery(self, delivery):
-        raise BenchmarkError(f"{self.name}: delivery {delivery.delivery_tag} on channel {delivery.channel}"
-                             f" with no consumer")
+        raise BenchmarkError(
+            f"{self.name}: delivery {delivery.delivery_tag} on channel {delivery.channel}"
+            f" with no consumer"
+        )
 
     def unexpected_confirm(self, channel, delivery_tag, *_):
-        raise BenchmarkError(f"{self.name}: confirm {delivery_tag} on channel {channel} with no publisher")
+        raise BenchmarkError(
+            f"{self.name}: confirm {delivery_tag} on channel {channel} with no publisher"
+        )
 
     # -- the handshake and synchronous methods
 
     def open(self):
         self.write(pamqp_header.ProtocolHeader().marshal())
         start = self.expect(commands.Connection.Start)
-        mechanisms = start.mechanisms.decode() if isinstance(start.mechanisms, bytes) else start.mechanisms
+        mechanisms = start.mechanisms
+        if isinstance(mechanisms, bytes):
+            mechanisms = mechanisms.decode()
         if "PLAIN" not in mechanisms.split():
             raise BenchmarkError(f"{self.name}: the broker offers {mechanisms!r}, not PLAIN")
         properties = {
             "product": self.product,
             "connection_name": self.name,
-            "capabilities": {"publisher_confirms": True, "basic.nack": True, "consumer_cancel_notify": True},
+            "capabilities": {
+                "publisher_confirms": True, "basic.nack": True, "consumer_cancel_notify": True,
+            },
         }
         self.send_method(
-            commands.Connection.StartOk(client_properties=properties, mechanism="PLAIN",
-                                        response=f"\0{self.username}\0{self.password}", locale="en_US"),
+            commands.Connection.StartOk(
+                client_properties=properties, mechanism="PLAIN",
+                response=f"\0{self.username}\0{self.password}", locale="en_US",
+            ),
             channel=0,
         )
         tune = self.expect(commands.Connection.Tune)
         self.frame_max = tune.frame_max or 131072
         self.send_method(
-            commands.Connection.TuneOk(channel_max=tune.channel_max, frame_max=self.frame_max, heartbeat=0), channel=0
+            commands.Connection.TuneOk(
+                channel_max=tune.channel_max, frame_max=self.frame_max, heartbeat=0
+            ),
+            channel=0,
         )
-        self.rpc(commands.Connection.Open(virtual_host=self.virtual_host), commands.Connection.OpenOk, channel=0)
+        self.rpc(
+            commands.Connection.Open(virtual_host=self.virtual_host), commands.Connection.OpenOk,
+            channel=0,
+        )
         self.open_channel(self.CHANNEL)
 
     def open_channel(self, channel):
@@ -139,7 +159,9 @@ class Connection:
             return
         try:
             self.rpc(
-                commands.Connection.Close(reply_code=200, reply_text="benchmark done", class_id=0, method_id=0),
+                commands.Connection.Close(
+                    reply_code=200, reply_text="benchmark done", class_id=0, method_id=0
+                ),
                 commands.Connection.CloseOk,
                 channel=0,
             )
@@ -160,7 +182,9 @@ class Connection:
         return self.expect(reply_class)
 
     def expect(self, reply_class):
-        self.loop.run_until(lambda: self.replies, lambda: f"{self.name}: waiting for {reply_class.name}")
+        self.loop.run_until(
+            lambda: self.replies, lambda: f"{self.name}: waiting for {reply_class.name}"
+        )
         reply = self.replies.pop(0)
         if not isinstance(reply, reply_class):
             raise BenchmarkError(f"{self.name}: expected {reply_class.name}, got {reply!r}")
@@ -168,7 +192,9 @@ class Connection:
 
     # -- the hot methods
 
-    def publish(self, routing_key, body, channel=CHANNEL, properties=PERSISTENT_PROPERTIES, exchange=""):
+    def publish(
+        self, routing_key, body, channel=CHANNEL, properties=PERSISTENT_PROPERTIES, exchange=""
+    ):
         """Writes one basic.publish (no confirm bookkeeping: that is the caller's)."""
         self.write(publish_frames(channel, routing_key, body, properties, self.frame_max, exchange))
 
@@ -176,7 +202,9 @@ class Connection:
         self.write(settle_frame(channel, delivery_tag, BASIC_ACK, multiple=multiple))
 
     def nack(self, delivery_tag, multiple=False, requeue=True, channel=CHANNEL):
-        self.write(settle_frame(channel, delivery_tag, BASIC_NACK, multiple=multiple, requeue=requeue))
+        self.write(
+            settle_frame(channel, delivery_tag, BASIC_NACK, multiple=multiple, requeue=requeue)
+        )
 
     def reject(self, delivery_tag, requeue=False, channel=CHANNEL):
         self.write(settle_frame(channel, delivery_tag, BASIC_REJECT, requeue=requeue))
@@ -261,7 +289,9 @@ class Connection:
                 (index,) = METHOD_INDEX.unpack_from(data, start)
                 if index == BASIC_DELIVER:
                     if channel in contents:
-                        raise BenchmarkError(f"{self.name}: basic.deliver before the last content was complete")
+                        raise BenchmarkError(
+                            f"{self.name}: basic.deliver before the last content was complete"
+                        )
                     tag_at = start + 5 + data[start + 4]
                     consumer_tag = data[start + 5: tag_at].decode("utf-8", "replace")
                     (delivery_tag,) = LONG_LONG.unpack_from(data, tag_at)
@@ -269,7 +299,9 @@ class Connection:
                     whole = self._whole_content(data, end + 1, channel)
                     if whole is not None:  # the usual case: header and one body frame in this read
                         properties, body, offset = whole
-                        self.on_delivery(Delivery(channel, consumer_tag, delivery_tag, redelivered, properties, body))
+                        self.on_delivery(Delivery(
+                            channel, consumer_tag, delivery_tag, redelivered, properties, body
+                        ))
                         continue
                     contents[channel] = [consumer_tag, delivery_tag, redelivered, None, [], None]
                 elif index == BASIC_ACK or index == BASIC_NACK:
@@ -280,7 +312,9 @@ class Connection:
             elif frame_type == FRAME_HEADER:
                 content = contents.get(channel)
                 if content is None or content[3] is not None:
-                    raise BenchmarkError(f"{self.name}: unexpected content header on channel {channel}")
+                    raise BenchmarkError(
+                        f"{self.name}: unexpected content header on channel {channel}"
+                    )
                 (body_size,) = LONG_LONG.unpack_from(data, start + 4)
                 content[3] = bytes(data[start + 12: end])
                 content[5] = body_size
@@ -304,8 +338,13 @@ class Connection:
             return None
         frame_type, header_channel, length = FRAME_START.unpack_from(data, at)
         header_end = at + 7 + length
-        if frame_type != FRAME_HEADER or header_channel != channel or header_end >= size or length < 14 \
-                or data[header_end] != FRAME_END:
+        if (
+            frame_type != FRAME_HEADER
+            or header_channel != channel
+            or header_end >= size
+            or length < 14
+            or data[header_end] != FRAME_END
+        ):
             return None
         (body_size,) = LONG_LONG.unpack_from(data, at + 11)
         properties = data[at + 19: header_end]
@@ -316,21 +355,29 @@ class Connection:
             return None
         frame_type, body_channel, length = FRAME_START.unpack_from(data, body_at)
         body_end = body_at + 7 + length
-        if frame_type != FRAME_BODY or body_channel != channel or length != body_size or body_end >= size \
-                or data[body_end] != FRAME_END:
+        if (
+            frame_type != FRAME_BODY
+            or body_channel != channel
+            or length != body_size
+            or body_end >= size
+            or data[body_end] != FRAME_END
+        ):
             return None
         return properties, data[body_at + 7: body_end], body_end + 1
 
     def _complete(self, channel):
         consumer_tag, delivery_tag, redelivered, properties, pieces, _ = self._contents.pop(channel)
         body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-        self.on_delivery(Delivery(channel, consumer_tag, delivery_tag, redelivered, properties, body))
+        self.on_delivery(
+            Delivery(channel, consumer_tag, delivery_tag, redelivered, properties, body)
+        )
 
     def _method(self, encoded):
         _, channel, method = pamqp_frame.unmarshal(encoded)
         if isinstance(method, (commands.Connection.Close, commands.Channel.Close)):
             raise BenchmarkError(
-                f"{self.name}: the broker sent {method.name} {method.reply_code} {method.reply_text!r}"
+                f"{self.name}: the broker sent {method.name} {method.reply_code}"
+                f" {method.reply_text!r}"
                 f" (for class {method.class_id} method {method.method_id})"
             )
         if isinstance(method, (commands.Basic.Cancel, commands.Basic.Return)):

@@ -1,6 +1,7 @@
-"""The AMQP 0-9-1 frames and content properties the pipelining client (L{brokerd.loadgen.amqp_client}) packs and
-reads itself, with struct: basic.publish with its content, basic.deliver, confirms and settlements, and the
-message-id and headers of content properties; pamqp does the rest."""
+"""The AMQP 0-9-1 frames and content properties the pipelining client
+(L{brokerd.loadgen.amqp_client}) packs and reads itself, with struct:
+basic.publish with its content, basic.deliver, confirms and settlements, and
+the message-id and headers of content properties; pamqp does the rest."""
 
 import struct
 
@@ -22,11 +23,14 @@ BASIC_REJECT = 60 << 16 | 90
 BASIC_NACK = 60 << 16 | 120
 
 # Property flags of basic content headers, in the order their values follow the flags.
-CONTENT_TYPE, CONTENT_ENCODING, HEADERS, DELIVERY_MODE, PRIORITY = 0x8000, 0x4000, 0x2000, 0x1000, 0x0800
+CONTENT_TYPE, CONTENT_ENCODING, HEADERS = 0x8000, 0x4000, 0x2000
+DELIVERY_MODE, PRIORITY = 0x1000, 0x0800
 CORRELATION_ID, REPLY_TO, EXPIRATION, MESSAGE_ID, TIMESTAMP = 0x0400, 0x0200, 0x0100, 0x0080, 0x0040
 SHORT_STRING_PROPERTIES = (CONTENT_TYPE, CONTENT_ENCODING)
-TRANSIENT_PROPERTIES = struct.pack(">HB", DELIVERY_MODE, 1)  # property flags: delivery-mode present; mode 1
-PERSISTENT_PROPERTIES = struct.pack(">HB", DELIVERY_MODE, 2)  # the same with mode 2: stored by durable backends
+# Property flags: delivery-mode present; mode 1.
+TRANSIENT_PROPERTIES = struct.pack(">HB", DELIVERY_MODE, 1)
+# The same with mode 2: stored by durable backends.
+PERSISTENT_PROPERTIES = struct.pack(">HB", DELIVERY_MODE, 2)
 
 
 class BenchmarkError(Exception):
@@ -100,11 +104,14 @@ def publish_frames(channel, routing_key, body, properties, frame_max, exchange="
     method = frame(
         FRAME_METHOD,
         channel,
-        METHOD_INDEX.pack(BASIC_PUBLISH) + b"\x00\x00" + short_string(exchange) + short_string(routing_key) + b"\x00",
+        METHOD_INDEX.pack(BASIC_PUBLISH) + b"\x00\x00" + short_string(exchange)
+        + short_string(routing_key) + b"\x00",
     )
     header = frame(FRAME_HEADER, channel, CONTENT_HEAD.pack(60, 0, len(body)) + properties)
     largest = frame_max - 8
-    bodies = [frame(FRAME_BODY, channel, body[at: at + largest]) for at in range(0, len(body), largest)]
+    bodies = [
+        frame(FRAME_BODY, channel, body[at: at + largest]) for at in range(0, len(body), largest)
+    ]
     return b"".join([method, header, *bodies])
 
 
@@ -128,15 +135,19 @@ class PublishFramer:
         if method is None:
             method = self._methods[exchange, routing_key] = frame(
                 FRAME_METHOD, self.channel,
-                METHOD_INDEX.pack(BASIC_PUBLISH) + b"\x00\x00" + short_string(exchange) + short_string(routing_key)
-                + b"\x00")
+                METHOD_INDEX.pack(BASIC_PUBLISH) + b"\x00\x00" + short_string(exchange)
+                + short_string(routing_key) + b"\x00")
         size = len(body)
         if not size or size > self.largest:
-            return publish_frames(self.channel, routing_key, body, properties, self.frame_max, exchange)
+            return publish_frames(
+                self.channel, routing_key, body, properties, self.frame_max, exchange
+            )
         pack = FRAME_START.pack
-        return b"".join((method, pack(FRAME_HEADER, self.channel, CONTENT_HEAD.size + len(properties)),
-                         CONTENT_HEAD.pack(60, 0, size), properties, _FRAME_END_BYTE,
-                         pack(FRAME_BODY, self.channel, size), body, _FRAME_END_BYTE))
+        return b"".join((
+            method, pack(FRAME_HEADER, self.channel, CONTENT_HEAD.size + len(properties)),
+            CONTENT_HEAD.pack(60, 0, size), properties, _FRAME_END_BYTE,
+            pack(FRAME_BODY, self.channel, size), body, _FRAME_END_BYTE,
+        ))
 
 
 _FRAME_END_BYTE = bytes((FRAME_END,))
@@ -157,10 +168,15 @@ def publish_block(channel, routing_key, size, frame_max, properties=TRANSIENT_PR
 
 
 def settle_frame(channel, delivery_tag, kind=BASIC_ACK, multiple=False, requeue=False):
-    """The frame of a basic.ack (C{multiple}), basic.nack (C{multiple}, C{requeue}) or basic.reject (C{requeue})."""
+    """
+    The frame of a basic.ack (C{multiple}), basic.nack (C{multiple},
+    C{requeue}) or basic.reject (C{requeue}).
+    """
     if kind == BASIC_REJECT:
         bits = 1 if requeue else 0
     else:
         bits = (1 if multiple else 0) | (2 if requeue and kind == BASIC_NACK else 0)
-    return (FRAME_START.pack(FRAME_METHOD, channel, 13) + METHOD_INDEX.pack(kind) + LONG_LONG.pack(delivery_tag)
-            + bytes((bits, FRAME_END)))
+    return (
+        FRAME_START.pack(FRAME_METHOD, channel, 13) + METHOD_INDEX.pack(kind)
+        + LONG_LONG.pack(delivery_tag) + bytes((bits, FRAME_END))
+    )

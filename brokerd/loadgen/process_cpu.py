@@ -10,13 +10,18 @@ import os
 import time
 
 CLOCK_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
-# /proc/PID/stat fields after the ")" that closes the command name: state is the first (field 3 of proc(5))
+# /proc/PID/stat fields after the ")" that closes the command name:
+# state is the first (field 3 of proc(5))
 _PARENT = 1  # ppid, field 4
-_USER, _SYSTEM, _CHILDREN_USER, _CHILDREN_SYSTEM = 11, 12, 13, 14  # utime, stime, cutime, cstime: fields 14-17
+# utime, stime, cutime, cstime: fields 14-17
+_USER, _SYSTEM, _CHILDREN_USER, _CHILDREN_SYSTEM = 11, 12, 13, 14
 
 
 def _stat_fields(pid):
-    """The fields of /proc/PID/stat after the command name, or None when there is no such process."""
+    """
+    The fields of /proc/PID/stat after the command name, or None when there is
+    no such process.
+    """
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             text = stat.read()
@@ -88,7 +93,10 @@ class CpuWindow:
         return None if now is None else now - self.started_cpu
 
     def cores_busy(self):
-        """CPU seconds over wall seconds since L{start} (1.0 = one core busy throughout), or None."""
+        """
+        CPU seconds over wall seconds since L{start} (1.0 = one core busy
+        throughout), or None.
+        """
         if self.started_cpu is None:
             return None
         used = self.cpu_seconds()

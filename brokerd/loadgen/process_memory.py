@@ -13,7 +13,10 @@ KIB = 1024
 
 
 def resident_bytes(pid):
-    """Process C{pid}'s resident set (VmRSS), in bytes; None when it is gone (or a zombie without one)."""
+    """
+    Process C{pid}'s resident set (VmRSS), in bytes; None when it is gone (or a
+    zombie without one).
+    """
     try:
         with open(f"/proc/{pid}/status", "rb") as status:
             for line in status:
@@ -25,7 +28,10 @@ def resident_bytes(pid):
 
 
 def tree_resident_bytes(pid):
-    """The resident sets of C{pid} and its live descendants, added up, in bytes; None when C{pid} is gone."""
+    """
+    The resident sets of C{pid} and its live descendants, added up, in bytes;
+    None when C{pid} is gone.
+    """
     own = resident_bytes(pid)
     if own is None:
         return None

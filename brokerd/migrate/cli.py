@@ -28,8 +28,9 @@ DEPRECATION = f"{PROGRAM} is deprecated; use: {REPLACEMENT}"
 
 
 class LinePrefixes(NamedTuple):
-    """How the command's lines on stderr begin: C{progress} before progress and the stores' log lines,
-    C{error} before the one C{error: ...} line of a failure."""
+    """How the command's lines on stderr begin: C{progress} before progress and
+    the stores' log lines, C{error} before the one C{error: ...} line of a
+    failure."""
 
     progress: str
     error: str
@@ -45,20 +46,27 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(1, f"{PROGRAM}: error: {message} (see --help)\n")
 
 
-DESCRIPTION = ("Move a stopped broker's durable state (topology, persistent and delayed messages) from one storage"
-               " backend to another in the same data directory, then check the copy.")
+DESCRIPTION = (
+    "Move a stopped broker's durable state (topology, persistent and delayed messages)"
+    " from one storage backend to another in the same data directory, then check the copy."
+)
 
 
 def add_arguments(parser):
-    """The command's options, as C{python -m brokerd.migrate} takes them (C{brokerd-admin migrate} takes the same)."""
+    """
+    The command's options, as C{python -m brokerd.migrate} takes them
+    (C{brokerd-admin migrate} takes the same).
+    """
     parser.add_argument("--data-dir", required=True, help="the broker's --data-dir")
     parser.add_argument("--from", dest="source", required=True, metavar="BACKEND",
-                        help="the backend the data is in now, as --backend takes it (e.g. chunked:chunk_size=64M)")
+                        help="the backend the data is in now, as --backend takes it"
+                             " (e.g. chunked:chunk_size=64M)")
     parser.add_argument("--to", dest="target", required=True, metavar="BACKEND",
-                        help="the backend to move it to, as --backend takes it; its store must be empty")
+                        help="the backend to move it to, as --backend takes it;"
+                             " its store must be empty")
     parser.add_argument("--leave-quarantined", action="store_true",
-                        help="migrate even if the source holds quarantined or damaged records; they stay in the"
-                             " source alone and are listed")
+                        help="migrate even if the source holds quarantined or damaged records;"
+                             " they stay in the source alone and are listed")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
@@ -69,7 +77,10 @@ def parse_arguments(argv=None):
 
 
 class StoreLog:
-    """Shows what the stores log at warning level and above on stderr, one line each, and counts the errors."""
+    """
+    Shows what the stores log at warning level and above on stderr, one line
+    each, and counts the errors.
+    """
 
     def __init__(self, stream, prefix):
         self.stream = stream
@@ -98,27 +109,34 @@ def _say(stream, prefix):
 def report(arguments, figures):
     """The lines printed on success."""
     lines = [
-        f"migrated {arguments.data_dir} from {arguments.source} to {arguments.target}: {figures['topology']} topology"
-        f" records, {figures['queues']} queues, {figures['entries']} queued messages stored as {figures['messages']}"
+        f"migrated {arguments.data_dir} from {arguments.source} to {arguments.target}:"
+        f" {figures['topology']} topology records, {figures['queues']} queues,"
+        f" {figures['entries']} queued messages stored as {figures['messages']}"
         f" ({figures['bytes'] / 1e6:.1f} MB of bodies), {figures['delayed']} delayed messages",
-        f"copied in {figures['copy_seconds']:.2f} s, checked in {figures['verify_seconds']:.2f} s: the target holds"
-        " the same queues, messages (order, bodies, properties, flags, delivery counts) and delayed messages",
+        f"copied in {figures['copy_seconds']:.2f} s, checked in {figures['verify_seconds']:.2f} s:"
+        " the target holds the same queues, messages (order, bodies, properties, flags,"
+        " delivery counts) and delayed messages",
     ]
     for line in figures["left_behind"]:
         lines.append(f"left in the source only: {line}")
     if figures["source_problems"]:
-        lines.append(f"the stores logged {figures['source_problems']} errors (above): what they name is left in the"
-                     " source only")
+        lines.append(
+            f"the stores logged {figures['source_problems']} errors (above):"
+            " what they name is left in the source only"
+        )
     for path in figures["changed_source_files"]:
         lines.append(f"note: opening the source changed {path} (its own recovery)")
-    lines.append(f"start the broker with --backend={arguments.target} --data-dir={arguments.data_dir}; the"
-                 f" {arguments.source} files are left as they were and can be removed once it serves")
+    lines.append(
+        f"start the broker with --backend={arguments.target} --data-dir={arguments.data_dir};"
+        f" the {arguments.source} files are left as they were and can be removed once it serves"
+    )
     return lines
 
 
 def run(reactor, arguments, out=None, err=None, prefixes=DEPRECATED_PREFIXES):
-    """Migrate as C{arguments} say, the report to C{out} and progress and errors to C{err} (defaults: standard
-    output and error), each line on C{err} beginning as C{prefixes} say; a Deferred firing with the exit status."""
+    """Migrate as C{arguments} say, the report to C{out} and progress and
+    errors to C{err} (defaults: standard output and error), each line on C{err}
+    beginning as C{prefixes} say; a Deferred firing with the exit status."""
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     say, say_error = _say(err, prefixes.progress), _say(err, prefixes.error)
@@ -128,8 +146,10 @@ def run(reactor, arguments, out=None, err=None, prefixes=DEPRECATED_PREFIXES):
     store_log = StoreLog(err, prefixes.progress)
     globalLogBeginner.beginLoggingTo([store_log], redirectStandardIO=False)
     progress = None if arguments.quiet else say
-    running = migrate(arguments.data_dir, arguments.source, arguments.target, arguments.leave_quarantined,
-                      progress, lambda: store_log.errors, reactor=reactor)
+    running = migrate(
+        arguments.data_dir, arguments.source, arguments.target, arguments.leave_quarantined,
+        progress, lambda: store_log.errors, reactor=reactor,
+    )
 
     def succeeded(figures):
         try:
@@ -148,16 +168,24 @@ def run(reactor, arguments, out=None, err=None, prefixes=DEPRECATED_PREFIXES):
 
 
 def run_command(arguments, prefixes, out=None, err=None):
-    """Run the reactor for one migration as C{arguments} (as L{add_arguments} makes them) say; its exit status."""
+    """
+    Run the reactor for one migration as C{arguments} (as L{add_arguments}
+    makes them) say; its exit status.
+    """
     try:
-        task.react(lambda reactor: run(reactor, arguments, out, err, prefixes).addCallback(_exit_status))
+        task.react(
+            lambda reactor: run(reactor, arguments, out, err, prefixes).addCallback(_exit_status)
+        )
     except SystemExit as exit:
         return exit.code or 0
     return 0
 
 
 def main(argv=None):
-    """C{python -m brokerd.migrate}: the deprecation line, then the migration; exits with its status."""
+    """
+    C{python -m brokerd.migrate}: the deprecation line, then the migration;
+    exits with its status.
+    """
     print(DEPRECATION, file=sys.stderr, flush=True)
     sys.exit(run_command(parse_arguments(argv), DEPRECATED_PREFIXES))
 

@@ -15,13 +15,20 @@ import time
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
-from brokerd.interfaces import IDelayedMessageStore, IPagingStore, QuarantinedRecord, StoreCorrupted, UnreadableMessage
+from brokerd.interfaces import (
+    IDelayedMessageStore,
+    IPagingStore,
+    QuarantinedRecord,
+    StoreCorrupted,
+    UnreadableMessage,
+)
 from brokerd.migrate.digest import message_digest
 from brokerd.proto import messages_pb2
 
 FOREVER = (1 << 63) - 1  # the latest due time a delayed message can have
 READ_BATCH = 512  # messages read (their Deferreds outstanding) before they are appended
-SYNC_EVERY_MESSAGES = 20_000  # appends between two syncs of the target, which bound what it buffers ...
+# Appends between two syncs of the target, which bound what it buffers ...
+SYNC_EVERY_MESSAGES = 20_000
 SYNC_EVERY_BYTES = 32 << 20  # ... and body bytes between them
 DELAYED_WINDOW = 1000  # delayed messages per delayed_after call
 MEASURED_ENTRIES = 1000  # messages done before the progress lines give a time left
@@ -50,7 +57,10 @@ class SourceReader:
         self.records, self.quarantined = [], []
         self.queues, self.flags, self.damaged = {}, {}, {}
         for record in store.topology():
-            (self.quarantined if isinstance(record, QuarantinedRecord) else self.records).append(record)
+            if isinstance(record, QuarantinedRecord):
+                self.quarantined.append(record)
+            else:
+                self.records.append(record)
         for record in self.records:
             if isinstance(record, messages_pb2.QueueRecord):
                 self._scan((record.vhost, record.name))
@@ -61,7 +71,8 @@ class SourceReader:
                 self.queues[queue], self.flags[queue] = self.store.recovered_handles(queue), None
                 return
             handles, flags = [], []
-            for handle, _, redelivered in self.store.recover(queue):  # each record is dropped at once
+            # Each record is dropped at once.
+            for handle, _, redelivered in self.store.recover(queue):
                 handles.append(handle)
                 flags.append(redelivered)
             self.queues[queue], self.flags[queue] = handles, flags
@@ -131,7 +142,10 @@ class SourceReader:
         return True if flags is None else flags[position]
 
 class Progress:
-    """Lines on stderr, at most one per C{every} seconds: queue entries copied, rate, MB/s, time left."""
+    """
+    Lines on stderr, at most one per C{every} seconds: queue entries copied,
+    rate, MB/s, time left.
+    """
 
     def __init__(self, total, write=None, every=1.0, clock=time.monotonic, verb="copied"):
         self.total, self.write, self.every, self.clock, self.verb = total, write, every, clock, verb
@@ -149,10 +163,15 @@ class Progress:
     def line(self, now=None):
         elapsed = max((now or self.clock()) - self.started, 1e-9)
         rate = self.entries / elapsed
-        left = f"{(self.total - self.entries) / rate:.0f} s" if self.entries >= MEASURED_ENTRIES else "unknown yet"
+        if self.entries >= MEASURED_ENTRIES:
+            left = f"{(self.total - self.entries) / rate:.0f} s"
+        else:
+            left = "unknown yet"
         share = 100.0 * self.entries / self.total if self.total else 100.0
-        return (f"{self.verb} {self.entries}/{self.total} messages ({share:.0f}%), {rate:,.0f} msg/s,"
-                f" {self.bytes / elapsed / 1e6:.1f} MB/s, {elapsed:.0f} s elapsed, ETA {left}")
+        return (
+            f"{self.verb} {self.entries}/{self.total} messages ({share:.0f}%), {rate:,.0f} msg/s,"
+            f" {self.bytes / elapsed / 1e6:.1f} MB/s, {elapsed:.0f} s elapsed, ETA {left}"
+        )
 
 
 @defer.inlineCallbacks
@@ -189,9 +208,13 @@ def copy_store(reader, target, tallies, progress, skip_unreadable):
             if not ok:
                 if not result.check(UnreadableMessage) or not skip_unreadable:
                     what = ", ".join(f"{queue[1]!r} in vhost {queue[0]!r}" for queue, _ in holders)
-                    raise MigrationError(f"the source's message {handle} of queue {what} cannot be read:"
-                                         f" {result.getErrorMessage()}")
-                figures["unreadable"].append((handle, [queue for queue, _ in holders], result.getErrorMessage()))
+                    raise MigrationError(
+                        f"the source's message {handle} of queue {what} cannot be read:"
+                        f" {result.getErrorMessage()}"
+                    )
+                figures["unreadable"].append(
+                    (handle, [queue for queue, _ in holders], result.getErrorMessage())
+                )
                 continue
             message = result
             stored = target.append(message, [queue for queue, _ in holders])
@@ -218,7 +241,9 @@ def copy_store(reader, target, tallies, progress, skip_unreadable):
         if not window:
             break
         if not IDelayedMessageStore.providedBy(target):
-            raise MigrationError(f"the source holds delayed messages and the {target.name} store cannot keep them")
+            raise MigrationError(
+                f"the source holds delayed messages and the {target.name} store cannot keep them"
+            )
         for delayed in window:
             target.delay(delayed.record, delayed.exchange, delayed.due)
             tallies.add_delayed(delayed, delayed.record)
@@ -232,7 +257,10 @@ def copy_store(reader, target, tallies, progress, skip_unreadable):
 
 
 def _belongs_to(record, damaged):
-    """True for the record of a damaged queue, and for bindings to it: they stay behind with its messages."""
+    """
+    True for the record of a damaged queue, and for bindings to it: they stay
+    behind with its messages.
+    """
     if isinstance(record, messages_pb2.QueueRecord):
         return (record.vhost, record.name) in damaged
     if isinstance(record, messages_pb2.BindingRecord):
@@ -242,11 +270,17 @@ def _belongs_to(record, damaged):
 
 @defer.inlineCallbacks
 def tally_store(store, tallies, progress):
-    """Tally what an opened store holds (the target, reopened), the way L{copy_store} tallied the source."""
+    """
+    Tally what an opened store holds (the target, reopened), the way
+    L{copy_store} tallied the source.
+    """
     paging = IPagingStore.providedBy(store)
     for record in store.topology():
         if isinstance(record, QuarantinedRecord):
-            raise MigrationError(f"the target hands back a quarantined {record.kind} {record.name!r}: {record.reason}")
+            raise MigrationError(
+                f"the target hands back a quarantined {record.kind} {record.name!r}:"
+                f" {record.reason}"
+            )
         tallies.add_record(record)
         if not isinstance(record, messages_pb2.QueueRecord):
             continue
@@ -254,7 +288,9 @@ def tally_store(store, tallies, progress):
         counts = store.delivery_counts(queue)
         tally = tallies.queue(queue)
         if paging:
-            recovered = ((handle, store.load(handle), True) for handle in store.recovered_handles(queue))
+            recovered = (
+                (handle, store.load(handle), True) for handle in store.recovered_handles(queue)
+            )
         else:
             recovered = store.recover(queue)
         for handle, message, redelivered in recovered:
@@ -271,8 +307,8 @@ def tally_store(store, tallies, progress):
 
 
 def delayed_window(store, cursor):
-    """A Deferred firing with the next L{DELAYED_WINDOW} delayed messages after C{cursor} (none for a store
-    that keeps none)."""
+    """A Deferred firing with the next L{DELAYED_WINDOW} delayed messages after
+    C{cursor} (none for a store that keeps none)."""
     if not IDelayedMessageStore.providedBy(store):
         return defer.succeed([])
     return store.delayed_after(cursor, FOREVER, DELAYED_WINDOW)

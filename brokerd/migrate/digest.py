@@ -28,8 +28,10 @@ def message_digest(message):
     exchange, routing_key = message.exchange.encode(), message.routing_key.encode()
     properties = message.properties.SerializeToString(deterministic=True)
     published_at = -1 if message.published_at is None else message.published_at
-    hasher = hashlib.blake2b(_LENGTHS.pack(len(exchange), len(routing_key), len(properties), len(message.body),
-                                           published_at), digest_size=DIGEST_SIZE)
+    lengths = _LENGTHS.pack(
+        len(exchange), len(routing_key), len(properties), len(message.body), published_at
+    )
+    hasher = hashlib.blake2b(lengths, digest_size=DIGEST_SIZE)
     hasher.update(exchange + routing_key + properties)
     hasher.update(message.body)
     return hasher.digest()
@@ -46,14 +48,19 @@ class QueueTally:
 
     def add(self, digest, redelivered, delivery_count):
         self.count += 1
-        self._hasher.update(digest + bytes((1 if redelivered else 0,)) + delivery_count.to_bytes(8, "little"))
+        self._hasher.update(
+            digest + bytes((1 if redelivered else 0,)) + delivery_count.to_bytes(8, "little")
+        )
 
     def summary(self):
         return self.count, self._hasher.hexdigest()
 
 
 class Tallies:
-    """Everything compared after a migration: one L{QueueTally} per queue, the delayed messages, the topology."""
+    """
+    Everything compared after a migration: one L{QueueTally} per queue, the
+    delayed messages, the topology.
+    """
 
     def __init__(self):
         self.queues = {}  # queue key -> QueueTally
@@ -71,19 +78,26 @@ class Tallies:
 
     def add_delayed(self, delayed, message):
         prefix = f"{delayed.due}\0{delayed.exchange[0]}\0{delayed.exchange[1]}".encode()
-        self.delayed.add(hashlib.blake2b(prefix + message_digest(message), digest_size=DIGEST_SIZE).digest(), False, 0)
+        hasher = hashlib.blake2b(prefix + message_digest(message), digest_size=DIGEST_SIZE)
+        self.delayed.add(hasher.digest(), False, 0)
 
     def differences(self, other):
         """Lines naming each way C{other} (the target's) differs from these (the source's)."""
         lines = []
         if self.topology != other.topology:
-            lines.append(f"topology: {len(self.topology)} records in the source, {len(other.topology)} in the"
-                         f" target, {len(self.topology - other.topology)} of the source's missing or changed")
+            lines.append(
+                f"topology: {len(self.topology)} records in the source, {len(other.topology)}"
+                f" in the target, {len(self.topology - other.topology)} of the source's missing"
+                " or changed"
+            )
         for key in sorted(set(self.queues) | set(other.queues)):
             mine = self.queues.get(key, QueueTally()).summary()
             theirs = other.queues.get(key, QueueTally()).summary()
             if mine != theirs:
-                what = "checksums differ" if mine[0] == theirs[0] else f"{mine[0]} messages became {theirs[0]}"
+                if mine[0] == theirs[0]:
+                    what = "checksums differ"
+                else:
+                    what = f"{mine[0]} messages became {theirs[0]}"
                 lines.append(f"queue {key[1]!r} in vhost {key[0]!r}: {what}")
         if self.delayed.summary() != other.delayed.summary():
             mine, theirs = self.delayed.count, other.delayed.count
@@ -93,7 +107,10 @@ class Tallies:
 
 
 def snapshot(directory):
-    """Every file under C{directory}: path -> (size, mtime in ns); and every directory, path -> None."""
+    """
+    Every file under C{directory}: path -> (size, mtime in ns); and every
+    directory, path -> None.
+    """
     found = {}
     for root, directories, files in os.walk(directory):
         for name in directories:
@@ -110,18 +127,27 @@ def snapshot(directory):
 
 def changed_files(before, after):
     """The files of C{before} that are gone or whose size or modification time changed."""
-    return sorted(path for path, state in before.items() if state is not None and after.get(path) != state)
+    return sorted(
+        path for path, state in before.items()
+        if state is not None and after.get(path) != state
+    )
 
 
 def remove_new(before, directory):
-    """Remove the files and then the (emptied) directories under C{directory} that C{before} does not hold."""
+    """
+    Remove the files and then the (emptied) directories under C{directory} that
+    C{before} does not hold.
+    """
     now = snapshot(directory)
-    for path in sorted((path for path, state in now.items() if state is not None and path not in before)):
+    for path in sorted(
+        path for path, state in now.items() if state is not None and path not in before
+    ):
         try:
             os.unlink(path)
         except FileNotFoundError:
             pass
-    for path in sorted((path for path, state in now.items() if state is None and path not in before), reverse=True):
+    directories = (path for path, state in now.items() if state is None and path not in before)
+    for path in sorted(directories, reverse=True):
         try:
             os.rmdir(path)
         except OSError:

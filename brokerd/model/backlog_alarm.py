@@ -24,8 +24,8 @@ class BacklogAlarm:
 
     @ivar threshold: ready messages above which it goes off, or None (no alarm).
     @ivar alarmed: True while more messages are ready than the threshold allows.
-    @ivar above: a ready count above this turns the alarm on (C{NEVER}, one no queue reaches, while it is on or
-        without threshold).
+    @ivar above: a ready count above this turns the alarm on (C{NEVER}, one no
+        queue reaches, while it is on or without threshold).
     @ivar below: a ready count at or below this turns it off (-1 while it is off).
     """
 
@@ -37,24 +37,36 @@ class BacklogAlarm:
         self.follow(threshold, count)
 
     def follow(self, threshold, count):
-        """A new threshold (the queue's effective settings changed), C{count} messages being ready."""
+        """
+        A new threshold (the queue's effective settings changed), C{count}
+        messages being ready.
+        """
         self.threshold = threshold
         self.watch(count)
 
     def watch(self, count):
-        """Log the ready count C{count} crossing the threshold, once each way; watch for the next crossing."""
+        """
+        Log the ready count C{count} crossing the threshold, once each way;
+        watch for the next crossing.
+        """
         threshold = self.threshold
         alarmed = threshold is not None and count > threshold
         if alarmed != self.alarmed:
             self.alarmed = alarmed
             queue = self._queue
             if alarmed:
-                log.warn("queue {queue!r} in vhost {vhost!r} has {count} messages ready, above its backlog alarm of"
-                         " {threshold}", queue=queue.name, vhost=queue.vhost.name, count=count, threshold=threshold)
+                log.warn(
+                    "queue {queue!r} in vhost {vhost!r} has {count} messages ready,"
+                    " above its backlog alarm of {threshold}",
+                    queue=queue.name, vhost=queue.vhost.name, count=count, threshold=threshold,
+                )
             else:
-                log.info("queue {queue!r} in vhost {vhost!r} has {count} messages ready, no longer above its backlog"
-                         " alarm{of}", queue=queue.name, vhost=queue.vhost.name, count=count,
-                         of="" if threshold is None else f" of {threshold}")
+                log.info(
+                    "queue {queue!r} in vhost {vhost!r} has {count} messages ready,"
+                    " no longer above its backlog alarm{of}",
+                    queue=queue.name, vhost=queue.vhost.name, count=count,
+                    of="" if threshold is None else f" of {threshold}",
+                )
         if alarmed:
             self.above, self.below = NEVER, threshold
         else:

@@ -6,8 +6,9 @@ Routing never crosses vhosts, so a publish commits in its vhost's store alone.
 A vhost whose store cannot be opened is unavailable: L{Broker.vhost} refuses
 it with 530, naming the damage, while the other vhosts serve.
 
-Protocol adapters open L{connections<brokerd.session.connection.Connection>} on a broker; everything they do goes
-through the connection's channels to the virtual host they opened.
+Protocol adapters open L{connections<brokerd.session.connection.Connection>} on
+a broker; everything they do goes through the connection's channels to the
+virtual host they opened.
 """
 
 from twisted.logger import Logger
@@ -25,7 +26,9 @@ from brokerd.proto.exchange_types import EXCHANGE_TYPE_NAME
 from brokerd.proto.tables import table_to_dict
 
 DEFAULT_VHOST = "/"
-TOPOLOGY_RECORDS = (messages_pb2.ExchangeRecord, messages_pb2.QueueRecord, messages_pb2.BindingRecord)
+TOPOLOGY_RECORDS = (
+    messages_pb2.ExchangeRecord, messages_pb2.QueueRecord, messages_pb2.BindingRecord
+)
 
 log = Logger()
 
@@ -54,12 +57,14 @@ class Broker:
         self.vhosts = {}
         self.connections = set()
         self.counters = MessageCounters()
-        self.replies = ReplyConsumers()  # direct reply-to consumers, by the token in their reply name
+        # Direct reply-to consumers, by the token in their reply name:
+        self.replies = ReplyConsumers()
         self.delays = DelayScheduler(self)
         self.own_stores = {}
         self.unavailable_vhosts = {}
         self._own_delays = {}  # vhost name -> the DelayScheduler of its own store
-        self.vhost_stores = None  # an IVhostStores, given by the service: builds the vhosts' own stores
+        # An IVhostStores, given by the service: builds the vhosts' own stores.
+        self.vhost_stores = None
         for name in vhosts:
             self.add_vhost(name)
 
@@ -70,7 +75,9 @@ class Broker:
         """
         if name not in self.vhosts:
             if store is None or store is self.store:
-                vhost = self.vhosts[name] = VirtualHost(name, self.store, self.clock, self.watermark)
+                vhost = self.vhosts[name] = VirtualHost(
+                    name, self.store, self.clock, self.watermark
+                )
                 vhost.delays = self.delays
             else:
                 vhost = self.vhosts[name] = VirtualHost(name, store, self.clock, self.watermark)
@@ -79,7 +86,10 @@ class Broker:
         return self.vhosts[name]
 
     def mark_vhost_unavailable(self, name, reason):
-        """Vhost C{name} cannot be served: its store did not open. Connections to it are refused, saying C{reason}."""
+        """
+        Vhost C{name} cannot be served: its store did not open. Connections to
+        it are refused, saying C{reason}.
+        """
         self.unavailable_vhosts[name] = reason
 
     def forget_vhost(self, name):
@@ -98,7 +108,10 @@ class Broker:
         return [self.store, *self.own_stores.values()]
 
     def stop(self):
-        """Cancel every timer (queue expiry, x-expires, delayed delivery): the broker is shutting down."""
+        """
+        Cancel every timer (queue expiry, x-expires, delayed delivery): the
+        broker is shutting down.
+        """
         self.delays.stop()
         for delays in self._own_delays.values():
             delays.stop()
@@ -125,10 +138,10 @@ class Broker:
         """Enqueue a durable queue's stored messages; a damaged queue is marked unavailable."""
         store = queue.vhost.store
         try:
-            queue.restore_delivery_counts(store.delivery_counts(queue.key))
+            queue.recovery.restore_delivery_counts(store.delivery_counts(queue.key))
             if IPagingStore.providedBy(store):
                 handles = store.recovered_handles(queue.key)
-                queue.restore_paged(handles)
+                queue.recovery.restore_paged(handles)
                 return len(handles)
             recovered = [(Message.from_record(record), handle, redelivered)
                          for handle, record, redelivered in store.recover(queue.key)]
@@ -140,7 +153,7 @@ class Broker:
             queue.vhost.mark_unavailable(queue, str(damage))
             return 0
         for message, handle, redelivered in recovered:
-            queue.restore(message, handle, redelivered)
+            queue.recovery.restore(message, handle, redelivered)
         return len(recovered)
 
     def recover(self, store=None):
@@ -158,25 +171,38 @@ class Broker:
         @return: a dict with the numbers of exchanges, queues, bindings and
             messages recovered, and of records quarantined.
         """
-        counts = {"exchanges": 0, "queues": 0, "bindings": 0, "messages": 0, "unavailable": 0, "quarantined": 0}
+        counts = {
+            "exchanges": 0, "queues": 0, "bindings": 0, "messages": 0, "unavailable": 0,
+            "quarantined": 0,
+        }
         store = self.store if store is None else store
-        owner = next((name for name, own_store in self.own_stores.items() if own_store is store), None)
+        owner = next(
+            (name for name, own_store in self.own_stores.items() if own_store is store), None
+        )
         for record in store.topology():
             if isinstance(record, QuarantinedRecord):
                 self._quarantine(record)
                 counts["quarantined"] += 1
                 continue
             if not isinstance(record, TOPOLOGY_RECORDS):
-                raise TypeError(f"store {store.name!r} returned an unknown topology record: {record!r}")
-            if owner is not None and record.vhost != owner:  # a vhost's own store holds that vhost's records only
-                log.error("quarantined the {kind} {name!r} of vhost {other!r} found in the {backend} store of vhost"
-                          " {vhost!r}: it is not served; its record is kept on disk as it is", kind=_kind(record),
-                          name=_name(record), other=record.vhost, backend=store.name, vhost=owner)
+                raise TypeError(
+                    f"store {store.name!r} returned an unknown topology record: {record!r}"
+                )
+            # A vhost's own store holds that vhost's records only.
+            if owner is not None and record.vhost != owner:
+                log.error(
+                    "quarantined the {kind} {name!r} of vhost {other!r} found in the {backend}"
+                    " store of vhost {vhost!r}: it is not served;"
+                    " its record is kept on disk as it is",
+                    kind=_kind(record), name=_name(record), other=record.vhost, backend=store.name,
+                    vhost=owner,
+                )
                 counts["quarantined"] += 1
                 continue
             try:
                 self._restore(record, counts)
-            except Exception as problem:  # values the model cannot take: that record alone is lost to service
+            # Values the model cannot take: that record alone is lost to service.
+            except Exception as problem:
                 self._quarantine(_unrestorable(record, problem, store.name))
                 counts["quarantined"] += 1
         counts["unavailable"] = sum(len(vhost.unavailable_queues) for vhost in self.vhosts.values()
@@ -184,8 +210,9 @@ class Broker:
         if IDelayedMessageStore.providedBy(store):
             (self.delays if owner is None else self._own_delays[owner]).start()
         log.info(
-            "recovered {exchanges} exchanges, {queues} queues ({unavailable} unavailable), {bindings} bindings"
-            " and {messages} messages from the {backend} store{whose}; {quarantined} records quarantined",
+            "recovered {exchanges} exchanges, {queues} queues ({unavailable} unavailable),"
+            " {bindings} bindings and {messages} messages from the {backend} store{whose};"
+            " {quarantined} records quarantined",
             backend=store.name,
             whose="" if owner is None else f" of vhost {owner!r}",
             **counts,
@@ -193,7 +220,10 @@ class Broker:
         return counts
 
     def _restore(self, record, counts):
-        """Put one readable topology record back in its vhost (and a queue's messages in the queue)."""
+        """
+        Put one readable topology record back in its vhost (and a queue's
+        messages in the queue).
+        """
         vhost = self.add_vhost(record.vhost)
         if isinstance(record, messages_pb2.ExchangeRecord):
             vhost.restore_exchange(
@@ -205,21 +235,28 @@ class Broker:
             )
             counts["exchanges"] += 1
         elif isinstance(record, messages_pb2.QueueRecord):
-            queue = vhost.restore_queue(record.name, record.auto_delete, table_to_dict(record.arguments))
+            queue = vhost.restore_queue(
+                record.name, record.auto_delete, table_to_dict(record.arguments)
+            )
             counts["messages"] += self._recover_messages(queue)
             counts["queues"] += 1
         else:
             arguments = table_to_dict(record.arguments)
             destination = record.destination_exchange
-            if vhost.restore_binding(record.queue, record.exchange, record.routing_key, arguments, destination):
+            restored = vhost.restore_binding(
+                record.queue, record.exchange, record.routing_key, arguments, destination
+            )
+            if restored:
                 counts["bindings"] += 1
             else:
                 log.warn(
-                    "store {backend!r} holds a binding from {exchange!r} to {destination} in vhost {vhost!r}"
-                    " whose source or destination it does not hold; skipped",
+                    "store {backend!r} holds a binding from {exchange!r} to {destination}"
+                    " in vhost {vhost!r} whose source or destination it does not hold; skipped",
                     backend=vhost.store.name,
                     exchange=record.exchange,
-                    destination=f"exchange {destination!r}" if destination else f"queue {record.queue!r}",
+                    destination=(
+                        f"exchange {destination!r}" if destination else f"queue {record.queue!r}"
+                    ),
                     vhost=record.vhost,
                 )
 
@@ -232,9 +269,15 @@ class Broker:
         if name is None:
             what = f"a {kind} whose name cannot be read"
         elif kind == "binding" and len(name) > 3:
-            what = f"the binding of exchange {name[0]!r} to exchange {name[3]!r} with routing key {name[2]!r}"
+            what = (
+                f"the binding of exchange {name[0]!r} to exchange {name[3]!r}"
+                f" with routing key {name[2]!r}"
+            )
         elif kind == "binding":
-            what = f"the binding of exchange {name[0]!r} to queue {name[1]!r} with routing key {name[2]!r}"
+            what = (
+                f"the binding of exchange {name[0]!r} to queue {name[1]!r}"
+                f" with routing key {name[2]!r}"
+            )
         else:
             what = f"{kind} {name!r}"
         if vhost_name is not None:
@@ -245,13 +288,19 @@ class Broker:
             if queue is None:
                 queue = vhost.restore_queue(name, False, {})
             vhost.mark_unavailable(queue, f"its stored record cannot be read: {quarantined.reason}")
-            consequence = "it is unavailable (404) until deleted; its record and messages are kept on disk as they are"
+            consequence = (
+                "it is unavailable (404) until deleted;"
+                " its record and messages are kept on disk as they are"
+            )
         elif kind == "queue":
             consequence = "it is not served; its record and messages are kept on disk as they are"
         else:
             consequence = "it is not served; its record is kept on disk as it is"
-        log.error("quarantined {what}: its stored record ({where}) cannot be used: {reason}; {consequence}",
-                  what=what, where=quarantined.where, reason=quarantined.reason, consequence=consequence)
+        log.error(
+            "quarantined {what}: its stored record ({where}) cannot be used:"
+            " {reason}; {consequence}",
+            what=what, where=quarantined.where, reason=quarantined.reason, consequence=consequence,
+        )
 
 
 def vhost_down_text(name, user, damage):
@@ -279,4 +328,6 @@ def _name(record):
 def _unrestorable(record, problem, backend):
     """The L{QuarantinedRecord} of a record that parsed but whose values the model refused."""
     reason = f"its values cannot be taken ({problem})"
-    return QuarantinedRecord(_kind(record), record.vhost, _name(record), f"in the {backend} store", reason)
+    return QuarantinedRecord(
+        _kind(record), record.vhost, _name(record), f"in the {backend} store", reason
+    )

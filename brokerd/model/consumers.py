@@ -67,7 +67,9 @@ class QueueConsumers:
         be exclusive where others consume or a single active consumer is the
         rule (RabbitMQ refuses both alike).
         """
-        return self.exclusive is None and not (consumer.exclusive and (self.registered or self.single_active))
+        return self.exclusive is None and not (
+            consumer.exclusive and (self.registered or self.single_active)
+        )
 
     def add(self, consumer):
         """Register C{consumer} (that L{admits} it is the caller's to check)."""
@@ -108,7 +110,10 @@ class QueueConsumers:
         return consumers
 
     def next_with_room(self):
-        """The consumer the next message goes to, or None if every one that may get it is blocked."""
+        """
+        The consumer the next message goes to, or None if every one that may
+        get it is blocked.
+        """
         if self.single_active:
             active = self.active
             return active if active is not None and active.has_room() else None
@@ -135,17 +140,22 @@ def consumer_priority(arguments, queue):
     priority = arguments.get(CONSUMER_PRIORITY, 0)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise PreconditionFailed(
-            f"invalid arg {CONSUMER_PRIORITY!r} for {where}: \"expected integer, got {amqp_type_name(priority)}\""
+            f"invalid arg {CONSUMER_PRIORITY!r} for {where}:"
+            f" \"expected integer, got {amqp_type_name(priority)}\""
         )
     failover = arguments.get(CANCEL_ON_HA_FAILOVER, False)
     if not isinstance(failover, bool):
         raise PreconditionFailed(
-            f"invalid arg {CANCEL_ON_HA_FAILOVER!r} for {where}: {{unacceptable_type,{amqp_type_name(failover)}}}"
+            f"invalid arg {CANCEL_ON_HA_FAILOVER!r} for {where}:"
+            f" {{unacceptable_type,{amqp_type_name(failover)}}}"
         )
     if STREAM_OFFSET in arguments:
         raise PreconditionFailed(
-            f"invalid arg {STREAM_OFFSET!r} for {where} of queue type {queue.policy.rabbitmq_type_module}"
+            f"invalid arg {STREAM_OFFSET!r} for {where}"
+            f" of queue type {queue.policy.rabbitmq_type_module}"
         )
     if CREDIT in arguments:
-        raise PreconditionFailed(f"invalid arg {CREDIT!r} for {where}: credit flow control is not implemented")
+        raise PreconditionFailed(
+            f"invalid arg {CREDIT!r} for {where}: credit flow control is not implemented"
+        )
     return priority

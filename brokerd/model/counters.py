@@ -16,11 +16,15 @@ their publisher confirms (L{brokerd.session.channel.ROUTING_COUNTERS}).
 """
 
 
-PROTOCOL_LABELS = {"AMQP 0-9-1": "amqp091", "native": "native"}  # Connection.protocol -> RabbitMQ's label
+# Connection.protocol -> RabbitMQ's label
+PROTOCOL_LABELS = {"AMQP 0-9-1": "amqp091", "native": "native"}
 
 
 def protocol_label(connection):
-    """The protocol label of C{connection}: C{"amqp091"}, C{"native"}, or C{"internal"} (made in-process)."""
+    """
+    The protocol label of C{connection}: C{"amqp091"}, C{"native"}, or
+    C{"internal"} (made in-process).
+    """
     return PROTOCOL_LABELS.get(connection.protocol, "internal")
 
 

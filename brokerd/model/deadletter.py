@@ -15,7 +15,8 @@ A dead letter is not put into a queue it already died in with no rejection
 since (a cycle of expiries or overflows), as RabbitMQ: it would otherwise go
 round for ever; the other queues its route reaches still get it.
 
-A queue hands its dying entries to its L{QueueDeadLetters}.
+A queue hands its dying entries to its L{QueueDeadLetters}, which also
+pushes the oldest ones out of a drop-head queue over its length limits.
 """
 
 import datetime
@@ -51,7 +52,10 @@ class QueueDeadLetters:
         self._clock = clock
 
     def died(self, entry, reason):
-        """C{entry} died in the queue for C{reason}: dead-lettered if the queue says where, then forgotten."""
+        """
+        C{entry} died in the queue for C{reason}: dead-lettered if the queue
+        says where, then forgotten.
+        """
         queue = self._queue
         if queue.policy.dead_letter_exchange is not None:
             if entry.message is None and not self._load(entry):
@@ -64,18 +68,40 @@ class QueueDeadLetters:
         queue.forget(entry)
 
     def refused(self, message):
-        """A message the full queue refused: with x-overflow reject-publish-dlx it is dead-lettered."""
+        """
+        A message the full queue refused: with x-overflow reject-publish-dlx it
+        is dead-lettered.
+        """
         queue = self._queue
         if queue.policy.overflow == "reject-publish-dlx":
             dead_letter(queue, message, MAXLEN, self._clock.seconds())
 
+    def drop_overflow(self, ready):
+        """
+        x-overflow drop-head: a queue over its length limits loses its oldest
+        messages, the head of C{ready} (its L{brokerd.model.ready.ReadyList}).
+        """
+        policy = self._queue.policy
+        while ready and (
+            (policy.max_length is not None and len(ready) > policy.max_length)
+            or (policy.max_length_bytes is not None and ready.bytes > policy.max_length_bytes)
+        ):
+            # The head, as RabbitMQ drops: in a priority queue, the highest priority.
+            entry = ready.popleft()
+            self.died(entry, MAXLEN)
+
     def _load(self, entry):
-        """Load the message of a paged-out entry; False if it cannot be read (it is then forgotten)."""
+        """
+        Load the message of a paged-out entry; False if it cannot be read (it
+        is then forgotten).
+        """
         try:
             return self._pager.page_in(entry)
         except STORE_FAILURES as problem:
-            log.error("queue {queue!r}: a message to dead-letter cannot be read: {problem}; dropped",
-                      queue=self._queue.name, problem=problem)
+            log.error(
+                "queue {queue!r}: a message to dead-letter cannot be read: {problem}; dropped",
+                queue=self._queue.name, problem=problem,
+            )
             self._queue.forget(entry)
             return False
 
@@ -93,8 +119,11 @@ def dead_letter(queue, message, reason, now):
         return False
     vhost = queue.vhost
     if vhost.exchanges.get(policy.dead_letter_exchange) is None:
-        log.warn("queue {queue!r} in vhost {vhost!r}: dead-letter exchange {exchange!r} does not exist; message"
-                 " dropped", queue=queue.name, vhost=vhost.name, exchange=policy.dead_letter_exchange)
+        log.warn(
+            "queue {queue!r} in vhost {vhost!r}: dead-letter exchange {exchange!r} does not exist;"
+            " message dropped",
+            queue=queue.name, vhost=vhost.name, exchange=policy.dead_letter_exchange,
+        )
         return False
     headers = {field.name: field for field in message.properties.headers.fields}
     deaths = value_to_python(headers["x-death"].value) if "x-death" in headers else []
@@ -115,9 +144,14 @@ def dead_letter(queue, message, reason, now):
     if original_expiration is not None:
         death["original-expiration"] = original_expiration
     for earlier in deaths:
-        if isinstance(earlier, dict) and earlier.get("queue") == queue.name and earlier.get("reason") == reason:
-            # As RabbitMQ: the entry of an earlier death here for the same reason only counts one more
-            # (its exchange, routing keys, time and original expiration stay) and moves to the front.
+        if (
+            isinstance(earlier, dict)
+            and earlier.get("queue") == queue.name
+            and earlier.get("reason") == reason
+        ):
+            # As RabbitMQ: the entry of an earlier death here for the same
+            # reason only counts one more (its exchange, routing keys, time and
+            # original expiration stay) and moves to the front.
             death = dict(earlier, count=_count_of(earlier) + 1)
             deaths.remove(earlier)
             break
@@ -136,21 +170,29 @@ def dead_letter(queue, message, reason, now):
                         "x-last-death-exchange": message.exchange})
     dict_to_table(new_headers, properties.headers)
     routing_key = policy.dead_letter_routing_key
-    dead = Message(policy.dead_letter_exchange, message.routing_key if routing_key is None else routing_key,
-                   properties, message.body)
+    dead = Message(
+        policy.dead_letter_exchange,
+        message.routing_key if routing_key is None else routing_key,
+        properties,
+        message.body,
+    )
     exchange = vhost.exchanges[policy.dead_letter_exchange]
 
     def accepts(target):
         if _in_cycle(deaths, target.name):
-            log.warn("queue {queue!r} in vhost {vhost!r}: a message dead-lettered ({reason}) into queue {target!r},"
-                     " where it died before with no rejection since, is dropped there", queue=queue.name,
-                     vhost=vhost.name, reason=reason, target=target.name)
+            log.warn(
+                "queue {queue!r} in vhost {vhost!r}: a message dead-lettered ({reason})"
+                " into queue {target!r}, where it died before with no rejection since,"
+                " is dropped there",
+                queue=queue.name, vhost=vhost.name, reason=reason, target=target.name,
+            )
             return False
         return True
 
     if exchange.delayed:
         milliseconds = delay_of(dead)
-        if milliseconds is not None:  # held until due, as the delayed-message plugin's exchange holds a dead letter
+        # Held until due, as the delayed-message plugin's exchange holds a dead letter:
+        if milliseconds is not None:
             vhost.delays.delay(vhost, exchange, dead, milliseconds)
             return True
     vhost.route_now(exchange, dead, accepts)  # an internal exchange takes dead letters too
@@ -159,7 +201,8 @@ def dead_letter(queue, message, reason, now):
 
 def _count_of(death):
     """The count of an earlier x-death entry; a publisher may have written anything there, and a
-    count that is not a whole number reads as 0, and one at the 64-bit limit stays there, rather than failing."""
+    count that is not a whole number reads as 0, and one at the 64-bit limit stays there, rather
+    than failing."""
     count = death.get("count", 0)
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         return 0
@@ -170,7 +213,10 @@ _LARGEST_COUNT = 2**63 - 1  # a field-table long-long; one more would not fit
 
 
 def _in_cycle(deaths, queue_name):
-    """True if the message died in C{queue_name} (this death included) and no death since was a rejection."""
+    """
+    True if the message died in C{queue_name} (this death included) and no
+    death since was a rejection.
+    """
     for death in deaths:  # most recent first
         if not isinstance(death, dict):
             continue

@@ -62,10 +62,13 @@ log = Logger()
 TICK_SECONDS = 0.01
 WINDOW_MESSAGES = 1000  # delayed messages loaded from the store at a time
 WINDOW_MILLISECONDS = 60_000  # how far ahead one load looks
-LOAD_AHEAD_MILLISECONDS = 1_000  # the next window is loaded this long before the current one runs out
+# The next window is loaded this long before the current one runs out:
+LOAD_AHEAD_MILLISECONDS = 1_000
 LAST_HANDLE = 2**63
-_WHOLE_NUMBER = re.compile(r"[+-]?[0-9]{1,18}")  # a string x-delay the plugin reads as a number (longer: too long)
-LONGEST_DELAY = 2**32 - 1  # milliseconds (49.7 days), as RabbitMQ's delayed-message exchange; longer ones are not held
+# A string x-delay the plugin reads as a number (longer: too long):
+_WHOLE_NUMBER = re.compile(r"[+-]?[0-9]{1,18}")
+# Milliseconds (49.7 days), as RabbitMQ's delayed-message exchange; longer ones are not held:
+LONGEST_DELAY = 2**32 - 1
 
 
 def delay_of(message):
@@ -101,7 +104,8 @@ def fired(message):
     """
     properties = messages_pb2.BasicProperties()
     properties.CopyFrom(message.properties)
-    for field in reversed(properties.headers.fields):  # the last of a repeated name is the one that counts
+    # The last of a repeated name is the one that counts.
+    for field in reversed(properties.headers.fields):
         if field.name == "x-delay":
             delay = _held_for(value_to_python(field.value))
             if delay is None:
@@ -120,14 +124,18 @@ class DelayScheduler:
     """
 
     def __init__(self, broker, store=None):
-        """Keeps the delayed messages of C{store} (the broker's own by default: a vhost with its own has its own)."""
+        """
+        Keeps the delayed messages of C{store} (the broker's own by default: a
+        vhost with its own has its own).
+        """
         self._broker = broker
         self._store = broker.store if store is None else store
         self._clock = broker.clock
         self._soonest = []  # heap of (due, handle, vhost name, exchange name, message or record)
         self._in_soonest = set()  # the handles in it
         self._cursor = None  # (due, handle): every stored delay up to it is in _soonest or gone
-        self._bound = None  # delays due before this go straight into _soonest (covered by a load done or running)
+        # Delays due before this go straight into _soonest (covered by a load done or running):
+        self._bound = None
         self._loading = None  # the Deferred of a window being loaded
         self._tick = None
         self.fired = 0
@@ -172,7 +180,11 @@ class DelayScheduler:
             _, handle, vhost_name, exchange_name, message = heapq.heappop(soonest)
             self._in_soonest.discard(handle)
             self._route(handle, vhost_name, exchange_name, message)
-        if self._cursor is not None and self._loading is None and now + LOAD_AHEAD_MILLISECONDS >= self._cursor[0]:
+        if (
+            self._cursor is not None
+            and self._loading is None
+            and now + LOAD_AHEAD_MILLISECONDS >= self._cursor[0]
+        ):
             self._load()
 
     def _route(self, handle, vhost_name, exchange_name, message):
@@ -181,17 +193,24 @@ class DelayScheduler:
         vhost = self._broker.vhosts.get(vhost_name)
         exchange = vhost.exchanges.get(exchange_name) if vhost is not None else None
         if exchange is None:
-            log.warn("delayed message for exchange {exchange!r} in vhost {vhost!r} dropped: the exchange is gone",
-                     exchange=exchange_name, vhost=vhost_name)
+            log.warn(
+                "delayed message for exchange {exchange!r} in vhost {vhost!r} dropped:"
+                " the exchange is gone",
+                exchange=exchange_name, vhost=vhost_name,
+            )
             return
-        if type(message) is not Message:  # a record the store gave back, not the message as published
+        # A record the store gave back, not the message as published:
+        if type(message) is not Message:
             message = Message.from_record(message)
         message = fired(message)
         try:
             vhost.route_now(exchange, message)
         except Exception:
-            log.failure("a delayed message for exchange {exchange!r} in vhost {vhost!r} could not be routed",
-                        exchange=exchange_name, vhost=vhost_name)
+            log.failure(
+                "a delayed message for exchange {exchange!r} in vhost {vhost!r}"
+                " could not be routed",
+                exchange=exchange_name, vhost=vhost_name,
+            )
 
     def _load(self):
         until = self.now() + WINDOW_MILLISECONDS
@@ -203,7 +222,8 @@ class DelayScheduler:
     def _loaded(self, window, until):
         self._loading = None
         for delayed in window:
-            self._push(delayed.due, delayed.handle, delayed.exchange[0], delayed.exchange[1], delayed.record)
+            vhost_name, exchange_name = delayed.exchange
+            self._push(delayed.due, delayed.handle, vhost_name, exchange_name, delayed.record)
         if len(window) < WINDOW_MESSAGES:
             self._cursor = (until, LAST_HANDLE)
         else:
@@ -211,4 +231,7 @@ class DelayScheduler:
 
     def _load_failed(self, failure):
         self._loading = None
-        log.failure("delayed messages could not be loaded from the store; trying again at the next tick", failure)
+        log.failure(
+            "delayed messages could not be loaded from the store; trying again at the next tick",
+            failure,
+        )

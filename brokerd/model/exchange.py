@@ -41,11 +41,16 @@ class Binding:
     def durable(self):
         """Kept by the store: both ends are durable (a queue: kept by the store)."""
         destination = self.destination
-        return self.exchange.durable and (destination.durable if self.to_exchange else destination.persisted)
+        return self.exchange.durable and (
+            destination.durable if self.to_exchange else destination.persisted
+        )
 
     def __repr__(self):
         kind = "exchange" if self.to_exchange else "queue"
-        return f"<Binding {self.exchange.name!r} -> {kind} {self.destination.name!r} key={self.routing_key!r}>"
+        return (
+            f"<Binding {self.exchange.name!r} -> {kind} {self.destination.name!r}"
+            f" key={self.routing_key!r}>"
+        )
 
 
 class Exchange:
@@ -63,7 +68,9 @@ class Exchange:
     type_name = None
     delayed = False  # an x-delayed-message exchange holds messages with x-delay until they are due
 
-    def __init__(self, vhost, name, durable=False, auto_delete=False, internal=False, arguments=None):
+    def __init__(
+        self, vhost, name, durable=False, auto_delete=False, internal=False, arguments=None
+    ):
         self.vhost = vhost
         self.name = name
         self.durable = durable
@@ -75,7 +82,8 @@ class Exchange:
         self.applied_policy = None
         self.bindings = {}  # identity -> Binding, for every binding whose source this exchange is
         self.incoming = set()  # the bindings whose destination this exchange is
-        self.forwards = None  # an index of this type over the bindings to exchanges, while there are any
+        # An index of this type over the bindings to exchanges, while there are any:
+        self.forwards = None
         self._forward_count = 0
 
     def __repr__(self):
@@ -233,19 +241,25 @@ class HeadersExchange(Exchange):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._matchers = {}  # binding identity -> (queue, match_all, ((name, frozen value or None), ...))
+        # binding identity -> (queue, match_all, ((name, frozen value or None), ...))
+        self._matchers = {}
 
     @classmethod
     def check_binding_arguments(cls, arguments):
-        """As RabbitMQ's headers exchange, in its words: x-match must be a string naming one of L{MATCH_MODES}."""
+        """
+        As RabbitMQ's headers exchange, in its words: x-match must be a string
+        naming one of L{MATCH_MODES}.
+        """
         mode = arguments.get("x-match", "all")
         if not isinstance(mode, str):
             raise PreconditionFailed(
-                f"Invalid x-match field type {amqp_type_name(mode)} (value {erlang_term(mode)}); expected longstr"
+                f"Invalid x-match field type {amqp_type_name(mode)}"
+                f" (value {erlang_term(mode)}); expected longstr"
             )
         if mode not in cls.MATCH_MODES:
             raise PreconditionFailed(
-                f"Invalid x-match field value {erlang_term(mode)}; expected all, any, all-with-x, or any-with-x"
+                f"Invalid x-match field value {erlang_term(mode)};"
+                " expected all, any, all-with-x, or any-with-x"
             )
 
     def route(self, message):
@@ -305,7 +319,8 @@ class DefaultExchange(Exchange):
         return (queue,) if queue is not None else ()
 
 
-COMPARED_EXCHANGE_ARGUMENTS = frozenset({"alternate-exchange"})  # as RabbitMQ's rabbit_exchange:assert_args_equivalence
+# As RabbitMQ's rabbit_exchange:assert_args_equivalence:
+COMPARED_EXCHANGE_ARGUMENTS = frozenset({"alternate-exchange"})
 
 
 def comparable_exchange_arguments(received, current):
@@ -329,7 +344,9 @@ DELAYED_TYPE = "x-delayed-message"
 KNOWN_TYPES = (*EXCHANGE_TYPES, DELAYED_TYPE)
 
 
-def make_exchange(vhost, name, type_name, durable=False, auto_delete=False, internal=False, arguments=None):
+def make_exchange(
+    vhost, name, type_name, durable=False, auto_delete=False, internal=False, arguments=None
+):
     """
     A new exchange of C{type_name}. An C{x-delayed-message} exchange routes
     as the type its C{x-delayed-type} argument names, once a message is due.
@@ -342,8 +359,8 @@ def make_exchange(vhost, name, type_name, durable=False, auto_delete=False, inte
         cls = EXCHANGE_TYPES.get(inner) if isinstance(inner, str) else None
         if cls is None:
             raise PreconditionFailed(
-                f"invalid arg 'x-delayed-type' for exchange {name!r} in vhost {vhost.name!r}: {inner!r} is none of"
-                f" {', '.join(EXCHANGE_TYPES)}"
+                f"invalid arg 'x-delayed-type' for exchange {name!r} in vhost {vhost.name!r}:"
+                f" {inner!r} is none of {', '.join(EXCHANGE_TYPES)}"
             )
         exchange = cls(vhost, name, durable, auto_delete, internal, arguments)
         exchange.type_name = DELAYED_TYPE

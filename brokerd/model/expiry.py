@@ -1,4 +1,5 @@
-"""A queue's timers: messages that expire (x-message-ttl, expiration) and the queue itself (x-expires).
+"""A queue's timers: messages that expire (x-message-ttl, expiration) and the
+queue itself (x-expires).
 
 Expired messages are never delivered: the queue checks the head before every
 delivery. Those behind the head are taken out too, at their expiry time, so
@@ -27,7 +28,8 @@ class MessageExpiry:
         self._queue = queue
         self._clock = clock
         self.queue_ttl = queue_ttl
-        self._deadlines = []  # heap of (expires_at in ms, sequence); entries gone since are skipped lazily
+        # Heap of (expires_at in ms, sequence); entries gone since are skipped lazily.
+        self._deadlines = []
         self._call = None
         self._restored_at = None  # when recovered messages came back (see restored)
 
@@ -40,10 +42,14 @@ class MessageExpiry:
         return self._clock.seconds() * 1000.0
 
     def ttl_of(self, message):
-        """The message's time to live in this queue: the smaller of its own and the queue's, or None."""
+        """
+        The message's time to live in this queue: the smaller of its own and
+        the queue's, or None.
+        """
         try:
             own = message_ttl_of(message.properties)
-        except PreconditionFailed:  # refused at publish; one kept by an older broker has no TTL of its own
+        # Refused at publish; one kept by an older broker has no TTL of its own.
+        except PreconditionFailed:
             own = None
         queue_ttl = self.queue_ttl
         if own is None:
@@ -51,13 +57,19 @@ class MessageExpiry:
         return own if queue_ttl is None else min(own, queue_ttl)
 
     def start(self, entry, ttl):
-        """An entry just made lives C{ttl} ms from its message's publish time (from now if it has none)."""
+        """
+        An entry just made lives C{ttl} ms from its message's publish time
+        (from now if it has none).
+        """
         published = entry.message.published_at
         entry.expires_at = (self.now() if published is None else published) + ttl
         self.track(entry)
 
     def restored(self):
-        """Messages recovered at start come back now: the TTLs of those that kept no publish time count from now."""
+        """
+        Messages recovered at start come back now: the TTLs of those that kept
+        no publish time count from now.
+        """
         self._restored_at = self.now()
 
     def start_loaded(self, entry):
@@ -70,8 +82,10 @@ class MessageExpiry:
         if message.properties.HasField("expiration"):
             ttl = self.ttl_of(message)
             if ttl is not None:
-                published = message.published_at
-                entry.expires_at = (published if published is not None else self._restored_at or self.now()) + ttl
+                counted_from = message.published_at
+                if counted_from is None:
+                    counted_from = self._restored_at or self.now()
+                entry.expires_at = counted_from + ttl
 
     def track(self, entry):
         heapq.heappush(self._deadlines, (entry.expires_at, entry.sequence))
@@ -94,7 +108,9 @@ class MessageExpiry:
             ready.appendleft(entry)
             break
         if self._deadline_passed(now):
-            expired += ready.remove_where(lambda entry: entry.expires_at is not None and entry.expires_at <= now)
+            expired += ready.remove_where(
+                lambda entry: entry.expires_at is not None and entry.expires_at <= now
+            )
         return expired
 
     def _deadline_passed(self, now):

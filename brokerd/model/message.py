@@ -15,7 +15,10 @@ _counted_properties = {}
 
 
 def _with_delivery_count(properties, count):
-    """A copy of C{properties} whose headers say x-delivery-count: C{count}, replacing any such header."""
+    """
+    A copy of C{properties} whose headers say x-delivery-count: C{count},
+    replacing any such header.
+    """
     copy = messages_pb2.BasicProperties()
     copy.CopyFrom(properties)
     kept = [field for field in copy.headers.fields if field.name != "x-delivery-count"]
@@ -43,10 +46,14 @@ class Message:
         are; for other messages the AMQP adapter fills it on first delivery.
     """
 
-    __slots__ = ("exchange", "routing_key", "properties", "body", "persistent", "_headers", "encoded_properties",
-                 "published_at")
+    __slots__ = (
+        "exchange", "routing_key", "properties", "body", "persistent", "_headers",
+        "encoded_properties", "published_at",
+    )
 
-    def __init__(self, exchange, routing_key, properties, body, encoded_properties=None, published_at=None):
+    def __init__(
+        self, exchange, routing_key, properties, body, encoded_properties=None, published_at=None
+    ):
         self.exchange = exchange
         self.routing_key = routing_key
         self.properties = properties
@@ -77,7 +84,9 @@ class Message:
         if cached is None:
             if len(_counted_properties) >= COUNTED_CACHE_ENTRIES:
                 _counted_properties.clear()
-            cached = _counted_properties[key] = (self.properties, _with_delivery_count(self.properties, count))
+            cached = _counted_properties[key] = (
+                self.properties, _with_delivery_count(self.properties, count)
+            )
         return Message(self.exchange, self.routing_key, cached[1], self.body)
 
     @classmethod
@@ -91,10 +100,16 @@ class Message:
         """
         if type(record) is cls:
             return record
-        return cls(record.exchange, record.routing_key, record.properties, record.body, None, record.published_at)
+        return cls(
+            record.exchange, record.routing_key, record.properties, record.body, None,
+            record.published_at,
+        )
 
     def __repr__(self):
-        return f"<Message exchange={self.exchange!r} routing_key={self.routing_key!r} {len(self.body)} bytes>"
+        return (
+            f"<Message exchange={self.exchange!r} routing_key={self.routing_key!r}"
+            f" {len(self.body)} bytes>"
+        )
 
 
 class QueuedMessage:
@@ -111,7 +126,10 @@ class QueuedMessage:
     @ivar delivery_count: how often it was returned to the queue (x-delivery-count on redelivery).
     """
 
-    __slots__ = ("message", "queue", "sequence", "handle", "redelivered", "delivery_count", "consumer", "expires_at")
+    __slots__ = (
+        "message", "queue", "sequence", "handle", "redelivered", "delivery_count", "consumer",
+        "expires_at",
+    )
 
     def __init__(self, message, queue, sequence, handle=None, redelivered=False):
         self.message = message
@@ -121,4 +139,5 @@ class QueuedMessage:
         self.redelivered = redelivered
         self.delivery_count = 0
         self.consumer = None
-        self.expires_at = None  # milliseconds on the broker's clock, if the message has a time to live
+        # Milliseconds on the broker's clock, if the message has a time to live:
+        self.expires_at = None

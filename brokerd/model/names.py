@@ -26,14 +26,17 @@ def check_short_string(kind, value):
     size = len(value.encode("utf-8"))
     if size > MAX_SHORT_STRING_BYTES:
         raise PreconditionFailed(
-            f"{kind} is {size} bytes of UTF-8; the limit is {MAX_SHORT_STRING_BYTES}: {value[:40]!r}..."
+            f"{kind} is {size} bytes of UTF-8; the limit is {MAX_SHORT_STRING_BYTES}:"
+            f" {value[:40]!r}..."
         )
 
 
 def check_not_reserved(kind, name):
     """Raises AccessRefused if a client tries to create a name in the amq. namespace."""
     if name.startswith(RESERVED_PREFIX):
-        raise AccessRefused(f"{kind} name {name!r} starts with the reserved prefix {RESERVED_PREFIX!r}")
+        raise AccessRefused(
+            f"{kind} name {name!r} starts with the reserved prefix {RESERVED_PREFIX!r}"
+        )
 
 
 def _random_suffix():

@@ -1,4 +1,5 @@
-"""Paging: a persisted queue keeps some messages as store handles only and loads each when it reaches a consumer.
+"""Paging: a persisted queue keeps some messages as store handles only and loads
+each when it reaches a consumer.
 
 Over a store that can load messages at once (L{brokerd.interfaces.IPagingStore}),
 a deep queue keeps only the handle of each persistent message past its first
@@ -17,7 +18,8 @@ from brokerd.model.message import Message
 log = Logger()
 
 PAGE_OUT_DEPTH = 2000  # ready messages a queue keeps in memory before it keeps handles only
-STORE_FAILURES = (KeyError, StoreCorrupted)  # what a load raises when the store cannot serve the queue
+# What a load raises when the store cannot serve the queue:
+STORE_FAILURES = (KeyError, StoreCorrupted)
 
 
 class MessagePager:
@@ -44,15 +46,24 @@ class MessagePager:
         self.restored_counts = {}
 
     def follow(self, settings):
-        """The queue's effective settings changed: it pages from now on only if they need no message in memory."""
+        """
+        The queue's effective settings changed: it pages from now on only if
+        they need no message in memory.
+        """
         self.pages = self._store_pages and not settings.needs_messages
 
     def restore_delivery_counts(self, counts):
-        """How often recovered messages had come back before the restart (handle to count), given before they are."""
+        """
+        How often recovered messages had come back before the restart (handle
+        to count), given before they are.
+        """
         self.restored_counts = dict(counts)
 
     def delivery_count(self, handle):
-        """How often the recovered message of C{handle} had come back before the restart (asked once)."""
+        """
+        How often the recovered message of C{handle} had come back before the
+        restart (asked once).
+        """
         return self.restored_counts.pop(handle, 0)
 
     def load(self, handle):
@@ -115,11 +126,15 @@ class MessagePager:
             ready.extendleft(reversed(loaded))
 
     def _quarantine(self, handle, problem):
-        """A stored message that cannot be read: never delivered, named in the log, and acked so the queue forgets
-        it (the store has kept its record aside)."""
+        """A stored message that cannot be read: never delivered, named in the
+        log, and acked so the queue forgets it (the store has kept its record
+        aside)."""
         queue = self._queue
-        log.error("queue {queue!r} in vhost {vhost!r}: quarantined stored message {handle!r}, not delivered: {problem}",
-                  queue=queue.name, vhost=queue.vhost.name, handle=handle, problem=problem)
+        log.error(
+            "queue {queue!r} in vhost {vhost!r}: quarantined stored message {handle!r},"
+            " not delivered: {problem}",
+            queue=queue.name, vhost=queue.vhost.name, handle=handle, problem=problem,
+        )
         self.restored_counts.pop(handle, None)
         if not queue.deleted:
             self._store.ack(queue.key, handle)

@@ -57,7 +57,9 @@ _POLICY = "policy"  # the policy's value
 
 
 def _whole(smallest):
-    return lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= smallest
+    return lambda value: (
+        isinstance(value, int) and not isinstance(value, bool) and value >= smallest
+    )
 
 
 def _text(value):
@@ -68,7 +70,8 @@ def _overflow(value):
     return value in OVERFLOW_MODES
 
 
-# key -> (QueueArguments attribute, check of the policy's value, precedence on a classic queue, on a quorum queue)
+# key -> (QueueArguments attribute, check of the policy's value,
+# precedence on a classic queue, on a quorum queue)
 QUEUE_KEYS = {
     "message-ttl": ("message_ttl", _whole(0), _LOWER, _LOWER),
     "expires": ("expires", _whole(1), _LOWER, _POLICY),
@@ -82,13 +85,14 @@ QUEUE_KEYS = {
 }
 EXCHANGE_KEYS = {"alternate-exchange": _text}
 
-# Keys that make a whole policy inapplicable to a queue type (the types' capabilities/0 in RabbitMQ 3.10);
-# brokerd honours delivery-limit on classic queues too, so it does not stop a policy there.
+# Keys that make a whole policy inapplicable to a queue type (the types' capabilities/0 in
+# RabbitMQ 3.10); brokerd honours delivery-limit on classic queues too, so it does not stop a
+# policy there.
 _STREAM_KEYS = ("max-age", "stream-max-segment-size-bytes", "initial-cluster-size")
 UNSUPPORTED_BY_CLASSIC = frozenset((*_STREAM_KEYS, "queue-leader-locator", "dead-letter-strategy"))
 UNSUPPORTED_BY_QUORUM = frozenset((
-    *_STREAM_KEYS, "max-priority", "queue-mode", "single-active-consumer", "ha-mode", "ha-params", "ha-sync-mode",
-    "ha-promote-on-shutdown", "ha-promote-on-failure", "queue-master-locator",
+    *_STREAM_KEYS, "max-priority", "queue-mode", "single-active-consumer", "ha-mode", "ha-params",
+    "ha-sync-mode", "ha-promote-on-shutdown", "ha-promote-on-failure", "queue-master-locator",
 ))
 
 
@@ -106,9 +110,11 @@ class VhostPolicies:
             try:
                 pattern = re.compile(policy.pattern)
             except (re.error, TypeError) as problem:
-                log.warn("policy {policy!r} in vhost {vhost!r} is not applied: its pattern {pattern!r} is not a"
-                         " regular expression: {problem}", policy=policy.name, vhost=vhost_name,
-                         pattern=policy.pattern, problem=problem)
+                log.warn(
+                    "policy {policy!r} in vhost {vhost!r} is not applied: its pattern {pattern!r}"
+                    " is not a regular expression: {problem}",
+                    policy=policy.name, vhost=vhost_name, pattern=policy.pattern, problem=problem,
+                )
                 continue
             usable.append((policy, pattern))
         usable.sort(key=lambda pair: (-pair[0].priority, pair[0].name))
@@ -116,7 +122,10 @@ class VhostPolicies:
         self._ordered = usable
 
     def apply_to_all(self, queues, exchanges):
-        """Give each of C{queues} and C{exchanges} the policy that now applies to it, where that changed."""
+        """
+        Give each of C{queues} and C{exchanges} the policy that now applies to
+        it, where that changed.
+        """
         for queue in queues:
             policy = self.for_queue(queue.name, queue.policy.quorum)
             if policy != queue.applied_policy:
@@ -137,7 +146,10 @@ class VhostPolicies:
             apply_to_exchange(exchange, self.for_exchange(exchange.name))
 
     def for_queue(self, name, quorum):
-        """The policy that applies to the queue called C{name} (a quorum queue if C{quorum}), or None."""
+        """
+        The policy that applies to the queue called C{name} (a quorum queue if
+        C{quorum}), or None.
+        """
         unsupported = UNSUPPORTED_BY_QUORUM if quorum else UNSUPPORTED_BY_CLASSIC
         for policy, pattern in self._ordered:
             if (policy.apply_to in ("all", "queues") and pattern.search(name)
@@ -146,7 +158,10 @@ class VhostPolicies:
         return None
 
     def for_exchange(self, name):
-        """The policy that applies to the exchange called C{name}, or None (the default exchange has none)."""
+        """
+        The policy that applies to the exchange called C{name}, or None (the
+        default exchange has none).
+        """
         if name == "":
             return None
         for policy, pattern in self._ordered:
@@ -155,7 +170,8 @@ class VhostPolicies:
         return None
 
 
-# What RabbitMQ's validation says of a bad value (rabbit_policies:validate_policy0/2), for the keys applied here.
+# What RabbitMQ's validation says of a bad value
+# (rabbit_policies:validate_policy0/2), for the keys applied here.
 _REFUSALS = {
     "message-ttl": "is not a valid message TTL",
     "expires": "is not a valid queue expiry",
@@ -184,14 +200,17 @@ def definition_problem(definition):
 
 
 def unapplied_keys(policy):
-    """The keys of C{policy}'s definition that brokerd applies to none of the objects its apply-to names, or
-    whose value RabbitMQ would refuse, sorted."""
+    """The keys of C{policy}'s definition that brokerd applies to none of the
+    objects its apply-to names, or whose value RabbitMQ would refuse, sorted."""
     applied = {}
     if policy.apply_to in ("all", "queues"):
         applied.update((key, check) for key, (_, check, _, _) in QUEUE_KEYS.items())
     if policy.apply_to in ("all", "exchanges"):
         applied.update(EXCHANGE_KEYS)
-    return sorted(key for key, value in policy.definition.items() if key not in applied or not applied[key](value))
+    return sorted(
+        key for key, value in policy.definition.items()
+        if key not in applied or not applied[key](value)
+    )
 
 
 def queue_settings(own, arguments, definition):
@@ -223,7 +242,8 @@ def queue_settings(own, arguments, definition):
 def apply_to_queue(queue, policy):
     """Make C{policy} (or none) the queue's: its effective settings change now, if they differ."""
     queue.applied_policy = policy
-    settings = queue_settings(queue.own_settings, queue.arguments, None if policy is None else policy.definition)
+    definition = None if policy is None else policy.definition
+    settings = queue_settings(queue.own_settings, queue.arguments, definition)
     if vars(settings) != vars(queue.policy):
         queue.change_settings(settings)
 

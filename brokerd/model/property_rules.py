@@ -36,14 +36,17 @@ from brokerd.proto.tables import (
 
 SHORT_STRING_LIMIT = 255  # bytes of UTF-8 in an AMQP short string
 _SHORT_STRING_PROPERTIES = frozenset(
-    ("content_type", "content_encoding", "correlation_id", "reply_to", "expiration", "message_id", "type",
-     "user_id", "app_id")
+    (
+        "content_type", "content_encoding", "correlation_id", "reply_to", "expiration",
+        "message_id", "type", "user_id", "app_id",
+    )
 )
 _OCTET_PROPERTIES = frozenset(("priority", "delivery_mode"))
 _MOST_CHARACTERS_ALWAYS_SHORT = SHORT_STRING_LIMIT // 4  # UTF-8 takes at most 4 bytes a character
 
 _Kind = messages_pb2.IntegerKind
-# IntegerKind -> (smallest, largest) value AMQP carries for it ('L' is read signed, as pamqp reads it)
+# IntegerKind -> (smallest, largest) value AMQP carries for it
+# ('L' is read signed, as pamqp reads it)
 INTEGER_KIND_RANGES = {
     _Kind.INT8: (-(2**7), 2**7 - 1),
     _Kind.UINT8: (0, 2**8 - 1),
@@ -63,8 +66,9 @@ ARGUMENT = "arg"
 
 
 def table_too_deep(kind, name):
-    """The refusal of field C{name} of a headers (C{kind} L{HEADER}) or arguments (L{ARGUMENT}) table
-    whose tables and arrays nest deeper than L{MAX_TABLE_DEPTH}."""
+    """The refusal of field C{name} of a headers (C{kind} L{HEADER}) or
+    arguments (L{ARGUMENT}) table whose tables and arrays nest deeper than
+    L{MAX_TABLE_DEPTH}."""
     return PreconditionFailed(
         f"invalid {kind} {_short(name)}: field tables and arrays nest deeper than the limit of"
         f" {MAX_TABLE_DEPTH} levels"
@@ -128,7 +132,10 @@ def check_arguments(arguments):
 
 
 class _Refused(Exception):
-    """A field that breaks a rule; each enclosing table or array adds its name or index to C{path}."""
+    """
+    A field that breaks a rule; each enclosing table or array adds its name or
+    index to C{path}.
+    """
 
     def __init__(self, problem, too_deep=False):
         super().__init__(problem)
@@ -148,7 +155,8 @@ class _Refused(Exception):
         where = ""
         if len(self.path) > 1:
             location = top[:40] + "".join(
-                f"[{step}]" if isinstance(step, int) else f".{step[:20]}" for step in reversed(self.path[:-1])
+                f"[{step}]" if isinstance(step, int) else f".{step[:20]}"
+                for step in reversed(self.path[:-1])
             )
             where = f" (at {location[:100]})"
         return PreconditionFailed(f"invalid {kind} {_short(top)}{where}: {self.problem}")
@@ -172,7 +180,9 @@ def _check_name(name):
     if len(name) > _MOST_CHARACTERS_ALWAYS_SHORT:
         size = _utf8_size(name)
         if size > SHORT_STRING_LIMIT:
-            refused = _Refused(f"{size} bytes of UTF-8, longer than the limit of {SHORT_STRING_LIMIT} bytes")
+            refused = _Refused(
+                f"{size} bytes of UTF-8, longer than the limit of {SHORT_STRING_LIMIT} bytes"
+            )
             refused.name_too_long = True
             raise refused
 
@@ -213,7 +223,10 @@ def _check_value(value, depth):
         smallest, largest = limits
         if not smallest <= value.integer_value <= largest:
             kind_name = _Kind.Name(value.integer_kind)
-            raise _Refused(f"{value.integer_value} does not fit integer kind {kind_name} ({smallest}..{largest})")
+            raise _Refused(
+                f"{value.integer_value} does not fit integer kind {kind_name}"
+                f" ({smallest}..{largest})"
+            )
     elif kind == "decimal_value":
         _check_decimal(value.decimal_value.scale, value.decimal_value.value)
     elif kind == "timestamp_value":

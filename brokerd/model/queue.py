@@ -14,7 +14,11 @@ The queue runs its message paths and calls parts that each keep their own state:
     x-expires without use;
   - its L{BacklogAlarm} logs the ready count crossing x-backlog-alarm;
   - its L{QueueConsumers} pick the consumer each message goes to;
-  - its L{QueueDeadLetters} send the messages it gives up on to its dead-letter exchange.
+  - its L{QueueDeadLetters} send the messages it gives up on to its dead-letter
+    exchange;
+  - its L{QueueReturns} count the deliveries that come back and put them back
+    in order, or let them die;
+  - its L{QueueRecovery} takes its stored messages back at start.
 When its effective settings change (a policy starts or stops applying, see
 L{brokerd.model.policy_effects}), L{Queue.change_settings} gives each part its
 new setting at once, so the message paths only read plain attributes.
@@ -23,8 +27,6 @@ A queue counts the messages enqueued, delivered (or got) and acked since
 start, one integer increment each, for the management API's message_stats.
 """
 
-from operator import attrgetter
-
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -32,12 +34,14 @@ from brokerd.errors import AccessRefused, NotFound, PreconditionFailed, Resource
 from brokerd.interfaces import IExpiringQueue
 from brokerd.model.backlog_alarm import BacklogAlarm
 from brokerd.model.consumers import QueueConsumers
-from brokerd.model.deadletter import DELIVERY_LIMIT, EXPIRED, MAXLEN, REJECTED, QueueDeadLetters
+from brokerd.model.deadletter import EXPIRED, REJECTED, QueueDeadLetters
 from brokerd.model.expiry import MessageExpiry, UnusedExpiry
 from brokerd.model.message import QueuedMessage
 from brokerd.model.paging import PAGE_OUT_DEPTH, STORE_FAILURES, MessagePager
 from brokerd.model.queue_arguments import QueueArguments
 from brokerd.model.ready import PriorityReady, ReadyList
+from brokerd.model.recovery import QueueRecovery
+from brokerd.model.returns import QueueReturns
 
 log = Logger()
 
@@ -63,8 +67,9 @@ class Queue:
     """
 
     def __init__(self, vhost, name, durable=False, owner=None, auto_delete=False, arguments=None):
-        # 29 attributes: CPython 3.11 keeps up to 30 in an instance's compact shared-key table, where the message
-        # paths read them faster; with 34 a message published, delivered and acked cost ~1,900 more instructions.
+        # 29 attributes: CPython 3.11 keeps up to 30 in an instance's compact
+        # shared-key table, where the message paths read them faster; with 34 a
+        # message published, delivered and acked cost ~1,900 more instructions.
         self.vhost = vhost
         self.name = name
         self.key = (vhost.name, name)
@@ -73,26 +78,33 @@ class Queue:
         self.persisted = durable and owner is None
         self.auto_delete = auto_delete
         self.arguments = dict(arguments or {})
-        self.own_settings = self.policy = settings = QueueArguments(self.arguments, name, vhost.name)
+        self.own_settings = self.policy = settings = QueueArguments(
+            self.arguments, name, vhost.name
+        )
         self.applied_policy = None
         self.bindings = set()
         self.deleted = False
         self.unavailable = None  # why the store cannot serve this queue, if it cannot
         self._store = vhost.store
         self._watermark = vhost.watermark
-        self._clock = vhost.clock
         self._ready = self._new_ready()
         self._next_sequence = 0  # one per entry made: messages enqueued and recovered
-        self._recovered_count = 0  # of those, the recovered ones (not counted as published)
         # Since start, for the management API's message_stats: messages delivered or got, acked.
         self.messages_delivered = self.messages_acked = 0
         self._consumers = QueueConsumers(settings.single_active_consumer)
         self._expiry = MessageExpiry(self, vhost.clock, settings.message_ttl)
         self._pager = MessagePager(self, vhost.store, vhost.watermark, self._expiry, settings)
         self._dead_letters = QueueDeadLetters(self, self._pager, vhost.clock)
-        self._unused = UnusedExpiry(self, vhost.clock, settings.expires) if settings.expires else None
+        self._returns = QueueReturns(self, vhost.store, self._expiry, self._dead_letters)
+        # Of the entries made, the recovered ones (not counted as published):
+        self.recovery = QueueRecovery(self, self._pager, self._expiry)
+        self._unused = (
+            UnusedExpiry(self, vhost.clock, settings.expires) if settings.expires else None
+        )
         self._alarm = BacklogAlarm(self, settings.backlog_alarm, 0)
-        self._checks_after_enqueue = settings.limited or settings.backlog_alarm is not None  # see enqueue
+        self._checks_after_enqueue = (  # see enqueue
+            settings.limited or settings.backlog_alarm is not None
+        )
 
     def _new_ready(self):
         if self.policy.max_priority is not None:
@@ -114,13 +126,19 @@ class Queue:
 
     @property
     def ready_bytes(self):
-        """Body bytes of the ready messages in memory (paged-out ones not counted): the management API's C{memory}."""
+        """
+        Body bytes of the ready messages in memory (paged-out ones not
+        counted): the management API's C{memory}.
+        """
         return self._ready.bytes
 
     @property
     def messages_published(self):
-        """Messages enqueued since start (recovered ones not counted), for the management API's message_stats."""
-        return self._next_sequence - self._recovered_count
+        """
+        Messages enqueued since start (recovered ones not counted), for the
+        management API's message_stats.
+        """
+        return self._next_sequence - self.recovery.count
 
     @property
     def backlog_alarm(self):
@@ -136,15 +154,22 @@ class Queue:
         return f"<Queue {self.name!r} in vhost {self.vhost.name!r}>"
 
     def check_available(self):
-        """Raises NotFound (404, as RabbitMQ answers for a queue that is down) if the store lost it."""
+        """
+        Raises NotFound (404, as RabbitMQ answers for a queue that is down) if
+        the store lost it.
+        """
         if self.unavailable is not None:
-            raise NotFound(f"queue {self.name!r} in vhost {self.vhost.name!r} is unavailable: {self.unavailable}")
+            raise NotFound(
+                f"queue {self.name!r} in vhost {self.vhost.name!r} is unavailable:"
+                f" {self.unavailable}"
+            )
 
     def check_access(self, connection):
         """Raises ResourceLocked if C{connection} may not use this exclusive queue."""
         if self.owner is not None and self.owner is not connection:
             raise ResourceLocked(
-                f"cannot obtain exclusive access to locked queue {self.name!r} in vhost {self.vhost.name!r}"
+                f"cannot obtain exclusive access to locked queue {self.name!r}"
+                f" in vhost {self.vhost.name!r}"
             )
 
     # -- messages in
@@ -159,7 +184,10 @@ class Queue:
             return False
         if policy.max_length is not None and len(self._ready) >= policy.max_length:
             return True
-        return policy.max_length_bytes is not None and self._ready.bytes + len(message.body) > policy.max_length_bytes
+        return (
+            policy.max_length_bytes is not None
+            and self._ready.bytes + len(message.body) > policy.max_length_bytes
+        )
 
     def refused(self, message):
         """A message this queue refused: with reject-publish-dlx it is dead-lettered."""
@@ -171,7 +199,12 @@ class Queue:
         self._next_sequence = sequence + 1
         ttl = self._expiry.ttl_of(message)
         ready = self._ready
-        if handle is not None and ttl is None and ready.count >= PAGE_OUT_DEPTH and self._pager.pages:
+        if (
+            handle is not None
+            and ttl is None
+            and ready.count >= PAGE_OUT_DEPTH
+            and self._pager.pages
+        ):
             ready.append_paged((handle,), sequence, redelivered)
         else:
             entry = QueuedMessage(message, self, sequence, handle, redelivered)
@@ -189,9 +222,12 @@ class Queue:
             self.expire_due()
 
     def _check_after_enqueue(self, ttl):
-        """After an enqueue on a queue with a length limit or a backlog alarm: drop, expire, watch, in that order."""
+        """
+        After an enqueue on a queue with a length limit or a backlog alarm:
+        drop, expire, watch, in that order.
+        """
         if self.policy.limited:
-            self._drop_overflow()
+            self._dead_letters.drop_overflow(self._ready)
         if ttl == 0 and self._ready:
             self.expire_due()
         count = self._ready.count
@@ -202,23 +238,12 @@ class Queue:
         """
         Put delivered entries back near the head, each where its arrival order
         puts it, marked redelivered; one returned more often than the queue's
-        delivery limit allows dies instead.
+        delivery limit allows dies instead (see L{QueueReturns.requeue}).
         """
         if self.deleted:
             self._watermark.release(sum(map(_body_size, entries)))
             return
-        returned = []
-        now = self._expiry.now()
-        for entry in sorted(entries, key=_by_sequence):
-            entry.consumer = None
-            if not self.returned(entry):
-                continue
-            if entry.expires_at is not None and entry.expires_at <= now:
-                self._dead_letters.died(entry, EXPIRED)
-            else:
-                returned.append(entry)
-        if returned:
-            self._ready.put_back(returned)
+        if self._returns.requeue(entries, self._ready):
             self._alarm.watch(self._ready.count)
             self.dispatch()
 
@@ -227,15 +252,7 @@ class Queue:
         Count a return of a delivered entry (x-delivery-count); False if that
         was one more than the queue's delivery limit allows, and it died.
         """
-        entry.redelivered = True
-        entry.delivery_count += 1
-        limit = self.policy.delivery_limit
-        if limit is not None and entry.delivery_count > limit and not self.deleted:
-            self._dead_letters.died(entry, DELIVERY_LIMIT)
-            return False
-        if entry.handle is not None and not self.deleted:
-            self._store.returned(self.key, entry.handle, entry.delivery_count)
-        return True
+        return self._returns.returned(entry)
 
     # -- messages that die
 
@@ -255,16 +272,6 @@ class Queue:
         if alarm.alarmed and ready.count <= alarm.below:
             alarm.watch(ready.count)
 
-    def _drop_overflow(self):
-        """x-overflow drop-head: a queue over its length limits loses its oldest messages."""
-        policy, ready = self.policy, self._ready
-        while ready and (
-            (policy.max_length is not None and len(ready) > policy.max_length)
-            or (policy.max_length_bytes is not None and ready.bytes > policy.max_length_bytes)
-        ):
-            entry = ready.popleft()  # the head, as RabbitMQ drops: in a priority queue, the highest priority
-            self._dead_letters.died(entry, MAXLEN)
-
     # -- messages out
 
     def get(self):
@@ -280,7 +287,10 @@ class Queue:
         return None
 
     def _take(self):
-        """The next entry to deliver, its message loaded; expired ones on the way die; None if there is none."""
+        """
+        The next entry to deliver, its message loaded; expired ones on the way
+        die; None if there is none.
+        """
         ready = self._ready
         while ready:
             entry = ready.popleft()
@@ -290,9 +300,10 @@ class Queue:
                         continue  # unreadable: quarantined
                 except STORE_FAILURES as problem:
                     ready.appendleft(entry)
-                    self._store_failed(problem)
+                    self.store_failed(problem)
                     return None
-            # Strictly past: a message with a TTL of 0 still goes to a consumer that can take it now.
+            # Strictly past: a message with a TTL of 0 still goes to a consumer
+            # that can take it now.
             if entry.expires_at is not None and entry.expires_at < self._expiry.now():
                 self._dead_letters.died(entry, EXPIRED)
                 continue
@@ -300,10 +311,16 @@ class Queue:
             return entry
         return None
 
-    def _store_failed(self, problem):
-        """The store cannot give a message of this queue back: the queue is unavailable and its consumers go."""
-        log.error("queue {queue!r} in vhost {vhost!r} is unavailable: a stored message cannot be read: {problem}",
-                  queue=self.name, vhost=self.vhost.name, problem=problem)
+    def store_failed(self, problem):
+        """
+        The store cannot give a message of this queue back: the queue is
+        unavailable and its consumers go.
+        """
+        log.error(
+            "queue {queue!r} in vhost {vhost!r} is unavailable:"
+            " a stored message cannot be read: {problem}",
+            queue=self.name, vhost=self.vhost.name, problem=problem,
+        )
         self.vhost.mark_unavailable(self, f"a stored message cannot be read: {problem}")
         self._cancel_consumers()
 
@@ -314,7 +331,10 @@ class Queue:
             self._store.ack(self.key, entry.handle)
 
     def acked(self, entry):
-        """A delivered entry the client acked: counted, then done with as by L{forget} (inlined: the ack path)."""
+        """
+        A delivered entry the client acked: counted, then done with as by
+        L{forget} (inlined: the ack path).
+        """
         self.messages_acked += 1
         self._watermark.release(_body_size(entry))
         if entry.handle is not None and not self.deleted:
@@ -345,7 +365,9 @@ class Queue:
         consumer is the rule (as RabbitMQ, which refuses both alike).
         """
         if not self._consumers.admits(consumer):
-            raise AccessRefused(f"queue {self.name!r} in vhost {self.vhost.name!r} in exclusive use")
+            raise AccessRefused(
+                f"queue {self.name!r} in vhost {self.vhost.name!r} in exclusive use"
+            )
         self._consumers.add(consumer)  # the channel starts deliveries once the client knows the tag
         if self._unused is not None:
             self._unused.stop()
@@ -356,17 +378,20 @@ class Queue:
         if not consumers.remove(consumer):
             return
         if consumers.single_active and consumers and not consumer.unacked:
-            # The next consumer takes over. One that went holding deliveries lets it start when they
-            # are settled or come back (a closing channel puts them back just after), so they go to it
-            # first, redelivered, as RabbitMQ 3.10 hands them on.
-            self._clock.callLater(0, self.dispatch)
+            # The next consumer takes over. One that went holding deliveries lets it start
+            # when they are settled or come back (a closing channel puts them back just
+            # after), so they go to it first, redelivered, as RabbitMQ 3.10 hands them on.
+            self.vhost.clock.callLater(0, self.dispatch)
         if self.auto_delete and not consumers and not self.deleted:
             self.vhost.delete_queue(self.name)
         elif self._unused is not None and not consumers:
             self._unused.touch()
 
     def dispatch(self):
-        """Deliver ready messages to the consumers that may take them, highest priority first, round-robin."""
+        """
+        Deliver ready messages to the consumers that may take them, highest
+        priority first, round-robin.
+        """
         ready = self._ready
         next_with_room = self._consumers.next_with_room
         while ready:
@@ -388,42 +413,15 @@ class Queue:
 
     # -- recovery
 
-    def restore_delivery_counts(self, counts):
+    def append_handles(self, handles):
         """
-        How often recovered messages had come back before the restart (handle
-        to count), given before they are restored: each entry takes its count
-        when it is made, a paged one when it is loaded.
+        Add entries kept as store handles only (recovered at start, see
+        L{QueueRecovery}) at the tail, flagged redelivered.
         """
-        self._pager.restore_delivery_counts(counts)
-
-    def restore_paged(self, handles):
-        """
-        Add stored messages recovered at start, flagged redelivered: by handle
-        only (each loaded when delivered), unless the queue must see every
-        message (priority, TTL, byte limit), which loads them now.
-        """
-        self._expiry.restored()
-        if self.policy.needs_messages:
-            load = self._pager.load
-            for handle in handles:
-                try:
-                    message = load(handle)
-                except STORE_FAILURES as problem:
-                    self._store_failed(problem)
-                    return
-                if message is not None:  # else unreadable, and quarantined
-                    self.restore(message, handle, True)
-            return
         sequence = self._next_sequence
         self._ready.append_paged(handles, sequence, True)
         self._next_sequence = sequence + len(handles)
-        self._recovered_count += len(handles)
         self._alarm.watch(self._ready.count)
-
-    def restore(self, message, handle, redelivered):
-        """Add a stored message recovered at start, loaded (not counted as published since start)."""
-        self.enqueue(message, handle, redelivered)
-        self._recovered_count += 1
 
     # -- settings
 
@@ -440,16 +438,20 @@ class Queue:
         self._pager.follow(settings)
         self._expiry.follow(settings)
         if paged and settings.max_length_bytes is not None and previous.max_length_bytes is None:
-            try:  # a byte limit counts the messages kept as handles only: they are loaded, as when recovered
+            # A byte limit counts the messages kept as handles only: they are
+            # loaded, as when recovered.
+            try:
                 self._pager.load_backlog(self._ready)
             except STORE_FAILURES as problem:
-                self._store_failed(problem)
+                self.store_failed(problem)
         if settings.expires != previous.expires:
             if self._unused is not None:
                 self._unused.stop()
-            self._unused = UnusedExpiry(self, self._clock, settings.expires) if settings.expires else None
+            self._unused = (
+                UnusedExpiry(self, self.vhost.clock, settings.expires) if settings.expires else None
+            )
         if settings.limited and settings.overflow == "drop-head":
-            self._drop_overflow()
+            self._dead_letters.drop_overflow(self._ready)
         self._alarm.follow(settings.backlog_alarm, self._ready.count)
         self._checks_after_enqueue = settings.limited or settings.backlog_alarm is not None
 
@@ -468,7 +470,10 @@ class Queue:
             raise PreconditionFailed(f"queue {self.name!r} in vhost {self.vhost.name!r} not empty")
 
     def mark_deleted(self):
-        """Called by the vhost on delete: cancels consumers, drops messages; returns how many ready ones it dropped."""
+        """
+        Called by the vhost on delete: cancels consumers, drops messages;
+        returns how many ready ones it dropped.
+        """
         self.deleted = True
         count = len(self._ready)
         self._watermark.release(self._ready.bytes)
@@ -476,9 +481,6 @@ class Queue:
         self.stop_timers()
         self._cancel_consumers()
         return count
-
-
-_by_sequence = attrgetter("sequence")
 
 
 def _body_size(entry):

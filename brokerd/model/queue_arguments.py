@@ -21,7 +21,8 @@ class QueueArguments:
     """
     What a queue's declare arguments ask of it.
 
-    @ivar max_priority: highest priority (1-255) of a priority queue, else None (x-max-priority 0 too).
+    @ivar max_priority: highest priority (1-255) of a priority queue, else None
+        (x-max-priority 0 too).
     @ivar message_ttl: milliseconds a message may wait in the queue, or None.
     @ivar expires: milliseconds the queue may go unused before it is deleted, or None.
     @ivar dead_letter_exchange: where dead messages go, or None (they are dropped).
@@ -42,15 +43,21 @@ class QueueArguments:
         self.max_priority = self._max_priority(get("x-max-priority"))
         self.message_ttl = self._whole(get("x-message-ttl"), "x-message-ttl", 0)
         self.expires = self._whole(get("x-expires"), "x-expires", 1)
-        self.dead_letter_exchange = self._text(get("x-dead-letter-exchange"), "x-dead-letter-exchange")
-        self.dead_letter_routing_key = self._text(get("x-dead-letter-routing-key"), "x-dead-letter-routing-key")
+        self.dead_letter_exchange = self._text(
+            get("x-dead-letter-exchange"), "x-dead-letter-exchange"
+        )
+        self.dead_letter_routing_key = self._text(
+            get("x-dead-letter-routing-key"), "x-dead-letter-routing-key"
+        )
         if self.dead_letter_routing_key is not None and self.dead_letter_exchange is None:
             raise self._invalid("x-dead-letter-routing-key", "it needs x-dead-letter-exchange too")
         self.max_length = self._whole(get("x-max-length"), "x-max-length", 0)
         self.max_length_bytes = self._whole(get("x-max-length-bytes"), "x-max-length-bytes", 0)
         overflow = self._text(get("x-overflow"), "x-overflow")
         if overflow is not None and overflow not in OVERFLOW_MODES:
-            raise self._invalid("x-overflow", f"{overflow!r} is none of {', '.join(OVERFLOW_MODES)}")
+            raise self._invalid(
+                "x-overflow", f"{overflow!r} is none of {', '.join(OVERFLOW_MODES)}"
+            )
         self.overflow = overflow or "drop-head"
         self.delivery_limit = self._whole(get("x-delivery-limit"), "x-delivery-limit", 0)
         self.quorum = get("x-queue-type") == "quorum"
@@ -68,18 +75,30 @@ class QueueArguments:
 
     @property
     def needs_messages(self):
-        """True if the queue must see each message (priority, expiry, size) and so cannot page its backlog out."""
-        return self.max_priority is not None or self.message_ttl is not None or self.max_length_bytes is not None
+        """
+        True if the queue must see each message (priority, expiry, size) and so
+        cannot page its backlog out.
+        """
+        return (
+            self.max_priority is not None
+            or self.message_ttl is not None
+            or self.max_length_bytes is not None
+        )
 
     def _invalid(self, name, reason):
         return PreconditionFailed(f"invalid arg {name!r} for {self._where}: {reason}")
 
     def _max_priority(self, value):
-        """x-max-priority as RabbitMQ takes it, with its refusal texts: 0 is a queue without priorities."""
+        """
+        x-max-priority as RabbitMQ takes it, with its refusal texts: 0 is a
+        queue without priorities.
+        """
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self._invalid("x-max-priority", f'"expected integer, got {amqp_type_name(value)}"')
+            raise self._invalid(
+                "x-max-priority", f'"expected integer, got {amqp_type_name(value)}"'
+            )
         if value < 0:
             raise self._invalid("x-max-priority", f"{{value_negative,{value}}}")
         if value > MAX_PRIORITY:
@@ -121,7 +140,9 @@ def message_ttl_of(properties):
         return None
     text = properties.expiration
     if not text.isdigit() or not text.isascii():
-        raise PreconditionFailed(f"invalid expiration {text!r}: it must be milliseconds as a decimal string")
+        raise PreconditionFailed(
+            f"invalid expiration {text!r}: it must be milliseconds as a decimal string"
+        )
     return int(text)
 
 
@@ -162,7 +183,9 @@ def argument_difference(received, current):
 
 
 def _described(value):
-    return "none" if value is None else f"the value '{_shown(value)}' of type '{amqp_type_name(value)}'"
+    if value is None:
+        return "none"
+    return f"the value '{_shown(value)}' of type '{amqp_type_name(value)}'"
 
 
 def _shown(value):
@@ -194,7 +217,10 @@ def erlang_term(value):
     if isinstance(value, datetime.datetime):
         return str(int(value.timestamp()))
     if isinstance(value, dict):
-        fields = (f"{{{erlang_term(name)},{amqp_type_name(item)},{erlang_term(item)}}}" for name, item in value.items())
+        fields = (
+            f"{{{erlang_term(name)},{amqp_type_name(item)},{erlang_term(item)}}}"
+            for name, item in value.items()
+        )
         return f"[{','.join(fields)}]"
     if isinstance(value, (list, tuple)):
         return f"[{','.join(f'{{{amqp_type_name(item)},{erlang_term(item)}}}' for item in value)}]"
@@ -202,10 +228,14 @@ def erlang_term(value):
 
 
 def _erlang_binary(data, text=None):
-    """A binary as Erlang prints it: C{<<"text">>} if every byte is printable Latin-1, else its bytes in decimal."""
+    """
+    A binary as Erlang prints it: C{<<"text">>} if every byte is printable
+    Latin-1, else its bytes in decimal.
+    """
     if not data:
         return "<<>>"
     if all(32 <= byte <= 126 or byte >= 160 for byte in data):
-        shown = data.decode("latin-1") if text is None else text  # the same bytes on the wire as Erlang's
+        # The same bytes on the wire as Erlang's:
+        shown = data.decode("latin-1") if text is None else text
         return '<<"' + shown.replace("\\", "\\\\").replace('"', '\\"') + '">>'
     return f"<<{','.join(map(str, data))}>>"

@@ -24,15 +24,18 @@ QUEUE_TYPES = (CLASSIC, QUORUM)
 # RabbitMQ names a queue type by its Erlang module in the texts of its refusals.
 RABBITMQ_TYPE_MODULES = {CLASSIC: "rabbit_classic_queue", QUORUM: "rabbit_quorum_queue"}
 
-# Arguments a type does not take (RabbitMQ 3.10 refuses them "of queue type ..."); any x-stream-* too.
+# Arguments a type does not take (RabbitMQ 3.10 refuses them
+# "of queue type ..."); any x-stream-* too.
 STREAM_ARGUMENTS = ("x-max-age", "x-initial-cluster-size")
 REFUSED_BY_TYPE = {
     CLASSIC: frozenset((
         "x-quorum-initial-group-size", "x-max-in-memory-length", "x-max-in-memory-bytes",
         "x-dead-letter-strategy", "x-queue-leader-locator", *STREAM_ARGUMENTS,
     )),
-    QUORUM: frozenset(("x-max-priority", "x-queue-mode", "x-queue-master-locator", "x-queue-version",
-                       *STREAM_ARGUMENTS)),
+    QUORUM: frozenset((
+        "x-max-priority", "x-queue-mode", "x-queue-master-locator", "x-queue-version",
+        *STREAM_ARGUMENTS,
+    )),
 }
 
 # Arguments accepted without effect, each with the values RabbitMQ accepts: on one node with a store
@@ -40,17 +43,19 @@ REFUSED_BY_TYPE = {
 QUEUE_MODES = ("default", "lazy")
 MASTER_LOCATORS = ("min-masters", "client-local", "random")
 QUEUE_VERSIONS = (1, 2)
-DEAD_LETTER_STRATEGIES = ("at-most-once", "at-least-once")  # dead letters move in one step here: both hold
+# Dead letters move in one step here: both hold.
+DEAD_LETTER_STRATEGIES = ("at-most-once", "at-least-once")
 LEADER_LOCATORS = ("client-local", "balanced")
 
 
-# The arguments a redeclaration must repeat (RabbitMQ 3.10's list, and x-delivery-limit, which brokerd honours on
-# classic queues too); a redeclaration may leave out or change any other.
+# The arguments a redeclaration must repeat (RabbitMQ 3.10's list, and x-delivery-limit, which
+# brokerd honours on classic queues too); a redeclaration may leave out or change any other.
 COMPARED_ARGUMENTS = frozenset((
-    "x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-max-length",
-    "x-max-length-bytes", "x-max-in-memory-length", "x-max-in-memory-bytes", "x-max-priority", "x-overflow",
-    "x-queue-mode", "x-single-active-consumer", QUEUE_TYPE, "x-quorum-initial-group-size", "x-max-age",
-    "x-stream-max-segment-size-bytes", "x-initial-cluster-size", "x-queue-leader-locator", "x-queue-version",
+    "x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key",
+    "x-max-length", "x-max-length-bytes", "x-max-in-memory-length", "x-max-in-memory-bytes",
+    "x-max-priority", "x-overflow", "x-queue-mode", "x-single-active-consumer", QUEUE_TYPE,
+    "x-quorum-initial-group-size", "x-max-age", "x-stream-max-segment-size-bytes",
+    "x-initial-cluster-size", "x-queue-leader-locator", "x-queue-version",
     "x-queue-master-locator", "x-delivery-limit", "x-dead-letter-strategy",
 ))
 
@@ -73,11 +78,15 @@ def check_declaration(queue_name, vhost_name, durable, exclusive, auto_delete, a
     for name in arguments:
         if name in refused or name.startswith("x-stream-"):
             raise PreconditionFailed(
-                f"invalid arg {name!r} for {where} of queue type {RABBITMQ_TYPE_MODULES[queue_type]}"
+                f"invalid arg {name!r} for {where}"
+                f" of queue type {RABBITMQ_TYPE_MODULES[queue_type]}"
             )
     if queue_type == QUORUM:
-        for refused_property, present in (("auto-delete", auto_delete), ("exclusive-owner", exclusive),
-                                          ("non-durable", not durable)):
+        for refused_property, present in (
+            ("auto-delete", auto_delete),
+            ("exclusive-owner", exclusive),
+            ("non-durable", not durable),
+        ):
             if present:
                 raise PreconditionFailed(f"invalid property {refused_property!r} for {where}")
 

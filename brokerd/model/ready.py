@@ -65,7 +65,10 @@ class ReadyList:
         self.bytes += len(entry.message.body)
 
     def append_paged(self, handles, first_sequence, redelivered):
-        """Add entries by handle only, numbered from C{first_sequence}; they join the last run if they follow it."""
+        """
+        Add entries by handle only, numbered from C{first_sequence}; they join
+        the last run if they follow it.
+        """
         if not len(handles):
             return
         items = self._items
@@ -92,7 +95,9 @@ class ReadyList:
                 self.bytes -= len(message.body)
             return self._items.popleft()
         handle = item.handles[item.head]
-        entry = QueuedMessage(None, self._queue, item.first_sequence + item.head, handle, item.redelivered)
+        entry = QueuedMessage(
+            None, self._queue, item.first_sequence + item.head, handle, item.redelivered
+        )
         item.head += 1
         if item.head == len(item.handles):
             self._items.popleft()
@@ -127,7 +132,10 @@ class ReadyList:
         self.extendleft(reversed(returned))
 
     def remove_where(self, condition):
-        """Take out the entries kept as objects for which C{condition(entry)} holds; returns them in order."""
+        """
+        Take out the entries kept as objects for which C{condition(entry)}
+        holds; returns them in order.
+        """
         removed, kept = [], deque()
         for item in self._items:
             if type(item) is not PagedRun and condition(item):
@@ -176,7 +184,9 @@ class PriorityReady:
 
     def level_of(self, entry):
         properties = entry.message.properties
-        return min(properties.priority, self._max_priority) if properties.HasField("priority") else 0
+        return (
+            min(properties.priority, self._max_priority) if properties.HasField("priority") else 0
+        )
 
     def __len__(self):
         return self.count

@@ -27,11 +27,15 @@ log = Logger()
 REPLY_QUEUE = "amq.rabbitmq.reply-to"
 REPLY_PREFIX = REPLY_QUEUE + "."
 TOKEN_BYTES = 18  # 24 URL-safe characters: a reply name stays far below the 255 of a short string
-HELD_REPLY_BYTES = 16 * 1024 * 1024  # reply bodies held for a consumer that cannot take them now (flow, slow reader)
+# Reply bodies held for a consumer that cannot take them now (flow, slow reader):
+HELD_REPLY_BYTES = 16 * 1024 * 1024
 
 
 class _Classic:
-    """The queue policy the channel reads of a reply consumer's queue: none of a quorum queue's rules."""
+    """
+    The queue policy the channel reads of a reply consumer's queue: none of a
+    quorum queue's rules.
+    """
 
     quorum = False
 
@@ -79,7 +83,10 @@ class ReplyConsumerQueue:
         pass  # nothing is stored or held once delivered (the consumer is no-ack)
 
     def offer(self, message):
-        """Deliver a reply now if the consumer can take it, else hold it (within the limit) for L{dispatch}."""
+        """
+        Deliver a reply now if the consumer can take it, else hold it (within
+        the limit) for L{dispatch}.
+        """
         consumer = self.consumer
         if consumer is None:
             return
@@ -92,7 +99,8 @@ class ReplyConsumerQueue:
             if self._dropped == 1:
                 log.warn(
                     "dropping direct replies to {name!r}: its consumer is not taking them and"
-                    " {limit} bytes of replies wait already", name=self.name, limit=HELD_REPLY_BYTES,
+                    " {limit} bytes of replies wait already",
+                    name=self.name, limit=HELD_REPLY_BYTES,
                 )
             return
         self._held.append(message)
@@ -150,7 +158,10 @@ class ReplyConsumers:
             del self._by_channel[queue.channel]
 
     def with_reply_address(self, channel, message):
-        """C{message} (whose reply_to is C{amq.rabbitmq.reply-to}) addressed back to C{channel}'s reply consumer."""
+        """
+        C{message} (whose reply_to is C{amq.rabbitmq.reply-to}) addressed back
+        to C{channel}'s reply consumer.
+        """
         queue = self._by_channel.get(channel)
         if queue is None:
             raise PreconditionFailed("fast reply consumer does not exist")
@@ -161,7 +172,10 @@ class ReplyConsumers:
                        published_at=message.published_at)
 
     def deliver(self, vhost, message):
-        """A message published to the default exchange of C{vhost} under a reply name: to its consumer, if any."""
+        """
+        A message published to the default exchange of C{vhost} under a reply
+        name: to its consumer, if any.
+        """
         queue = self._by_token.get(message.routing_key[len(REPLY_PREFIX):])
         if queue is not None and queue.vhost is vhost:
             queue.offer(message)
@@ -175,7 +189,9 @@ class ReplyConsumers:
         @return: C{(name, message_count, consumer_count)}
         """
         if name != REPLY_QUEUE:
-            queue = self._by_token.get(name[len(REPLY_PREFIX):]) if name.startswith(REPLY_PREFIX) else None
+            queue = None
+            if name.startswith(REPLY_PREFIX):
+                queue = self._by_token.get(name[len(REPLY_PREFIX):])
             if queue is None or queue.vhost is not channel.vhost:
                 raise NotFound(f"no queue {name!r} in vhost {channel.vhost.name!r}")
         return name, 0, 1

@@ -1,4 +1,5 @@
-"""Where a published message goes in its vhost: through its exchanges to queues, into the store, into each queue.
+"""Where a published message goes in its vhost: through its exchanges to
+queues, into the store, into each queue.
 
 The vhost (L{brokerd.model.vhost.VirtualHost}) keeps the topology; this is
 the path a message takes through it once published: the exchange's own
@@ -48,9 +49,11 @@ def route_now(vhost, exchange, message, accepts=None):
             return len(delaying), True, refused
         return 0, False, refused
     if message.published_at is None and (
-        message.properties.HasField("expiration") or any(queue.policy.message_ttl is not None for queue in queues)
+        message.properties.HasField("expiration")
+        or any(queue.policy.message_ttl is not None for queue in queues)
     ):
-        message.published_at = int(vhost.clock.seconds() * 1000)  # kept with it: its TTL counts from now
+        # Kept with it: its TTL counts from now.
+        message.published_at = int(vhost.clock.seconds() * 1000)
     handle = None
     persistent = message.persistent
     # A quorum queue keeps every message, transient ones too, as RabbitMQ's do.
@@ -64,9 +67,13 @@ def route_now(vhost, exchange, message, accepts=None):
         try:
             handle = vhost.store.append(message, [queue.key for queue in keeping])
         except ValueError as problem:  # e.g. a message bigger than the store can keep in one piece
-            raise PreconditionFailed(f"the {vhost.store.name} store cannot keep this message: {problem}") from None
+            raise PreconditionFailed(
+                f"the {vhost.store.name} store cannot keep this message: {problem}"
+            ) from None
         for queue in queues:
-            queue.enqueue(message, handle if queue.persisted and (persistent or queue.policy.quorum) else None)
+            queue.enqueue(
+                message, handle if queue.persisted and (persistent or queue.policy.quorum) else None
+            )
     else:
         for queue in queues:
             queue.enqueue(message, None)

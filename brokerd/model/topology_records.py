@@ -26,7 +26,8 @@ def exchange_record(vhost_name, exchange):
 
 def queue_record(vhost_name, name, auto_delete, arguments):
     return messages_pb2.QueueRecord(
-        vhost=vhost_name, name=name, durable=True, auto_delete=auto_delete, arguments=dict_to_table(arguments)
+        vhost=vhost_name, name=name, durable=True, auto_delete=auto_delete,
+        arguments=dict_to_table(arguments),
     )
 
 

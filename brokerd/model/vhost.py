@@ -10,7 +10,13 @@ exchange to exchange (see L{brokerd.model.routing}). The vhost's policies
 declared and whenever the policies change (see L{brokerd.model.policy_effects}).
 """
 
-from brokerd.errors import AccessRefused, CommandInvalid, NotFound, PreconditionFailed, ResourceLocked
+from brokerd.errors import (
+    AccessRefused,
+    CommandInvalid,
+    NotFound,
+    PreconditionFailed,
+    ResourceLocked,
+)
 from brokerd.interfaces import IDelayedMessageStore
 from brokerd.model.delayeddelivery import delay_of
 from brokerd.model.exchange import (
@@ -28,7 +34,13 @@ from brokerd.model.queue import Queue
 from brokerd.model.queue_arguments import message_ttl_of
 from brokerd.model.queue_types import check_declaration, comparable_arguments
 from brokerd.model.routing import route_now
-from brokerd.model.topology_records import binding_record, check_equivalent, exchange_record, flags, queue_record
+from brokerd.model.topology_records import (
+    binding_record,
+    check_equivalent,
+    exchange_record,
+    flags,
+    queue_record,
+)
 from brokerd.model.watermark import MemoryWatermark
 from brokerd.proto.tables import freeze
 
@@ -39,7 +51,8 @@ PREDECLARED_EXCHANGES = {
     "amq.headers": "headers",
     "amq.match": "headers",
 }
-DEFAULT_EXCHANGE_REFUSAL = "operation not permitted on the default exchange"  # RabbitMQ's text, word for word
+# RabbitMQ's text, word for word:
+DEFAULT_EXCHANGE_REFUSAL = "operation not permitted on the default exchange"
 
 
 class VirtualHost:
@@ -65,7 +78,9 @@ class VirtualHost:
         self.delays = None  # the broker's DelayScheduler, for x-delayed-message exchanges
         self._policies = VhostPolicies(name)
         for exchange_name, type_name in PREDECLARED_EXCHANGES.items():
-            self.exchanges[exchange_name] = EXCHANGE_TYPES[type_name](self, exchange_name, durable=True)
+            self.exchanges[exchange_name] = EXCHANGE_TYPES[type_name](
+                self, exchange_name, durable=True
+            )
 
     def __repr__(self):
         return f"<VirtualHost {self.name!r}>"
@@ -113,7 +128,8 @@ class VirtualHost:
     # -- exchanges
 
     def declare_exchange(
-        self, name, type_name, passive=False, durable=False, auto_delete=False, internal=False, arguments=None
+        self, name, type_name, passive=False, durable=False, auto_delete=False, internal=False,
+        arguments=None,
     ):
         """Declare (or with C{passive}, check) an exchange; returns it."""
         check_short_string("exchange name", name)
@@ -157,7 +173,9 @@ class VirtualHost:
         if name == "":
             raise AccessRefused(DEFAULT_EXCHANGE_REFUSAL)
         if name.startswith("amq."):  # as RabbitMQ, whether it exists or not
-            raise AccessRefused(f"deletion of system exchange {name!r} in vhost {self.name!r} not allowed")
+            raise AccessRefused(
+                f"deletion of system exchange {name!r} in vhost {self.name!r} not allowed"
+            )
         exchange = self.exchanges.get(name)
         if exchange is None:
             return
@@ -192,8 +210,8 @@ class VirtualHost:
     # -- queues
 
     def declare_queue(
-        self, name, connection=None, passive=False, durable=False, exclusive=False, auto_delete=False, arguments=None,
-        server_named=False,
+        self, name, connection=None, passive=False, durable=False, exclusive=False,
+        auto_delete=False, arguments=None, server_named=False,
     ):
         """Declare (or with C{passive}, check) a queue; returns it.
 
@@ -211,14 +229,18 @@ class VirtualHost:
             if exclusive != existing.exclusive:
                 # As RabbitMQ: exclusivity is a lock, so a mismatch is 405, not 406.
                 raise ResourceLocked(
-                    f"cannot obtain exclusive access to locked queue {name!r} in vhost {self.name!r}:"
+                    f"cannot obtain exclusive access to locked queue {name!r}"
+                    f" in vhost {self.name!r}:"
                     f" it was declared {'exclusive' if existing.exclusive else 'not exclusive'}"
                 )
             check_equivalent(
                 self.name,
                 "queue",
                 name,
-                flags(durable=(durable, existing.durable), auto_delete=(auto_delete, existing.auto_delete)),
+                flags(
+                    durable=(durable, existing.durable),
+                    auto_delete=(auto_delete, existing.auto_delete),
+                ),
                 *comparable_arguments(arguments, existing.arguments),
             )
             existing.touch()
@@ -228,7 +250,9 @@ class VirtualHost:
         else:
             name = generate_queue_name()
         check_declaration(name, self.name, durable, exclusive, auto_delete, arguments)
-        queue = Queue(self, name, durable, connection if exclusive else None, auto_delete, arguments)
+        queue = Queue(
+            self, name, durable, connection if exclusive else None, auto_delete, arguments
+        )
         self.queues[name] = queue
         self._policies.apply_to_new_queue(queue)
         self.quorum_queues += queue.policy.quorum
@@ -374,8 +398,11 @@ class VirtualHost:
         if exchange is None:
             self.exchange(exchange_name)  # raises NotFound with the right text
         if exchange.internal:
-            raise AccessRefused(f"cannot publish to internal exchange {exchange_name!r} in vhost {self.name!r}")
-        message_ttl_of(message.properties)  # a malformed expiration is refused before anything is kept
+            raise AccessRefused(
+                f"cannot publish to internal exchange {exchange_name!r} in vhost {self.name!r}"
+            )
+        # A malformed expiration is refused before anything is kept.
+        message_ttl_of(message.properties)
         if exchange.delayed:
             milliseconds = delay_of(message)
             if milliseconds is not None:
@@ -412,7 +439,9 @@ class VirtualHost:
         self.quorum_queues += queue.policy.quorum
         return queue
 
-    def restore_binding(self, queue_name, exchange_name, routing_key, arguments, destination_exchange=""):
+    def restore_binding(
+        self, queue_name, exchange_name, routing_key, arguments, destination_exchange=""
+    ):
         """Re-adds a stored binding (to the exchange C{destination_exchange} if
         it names one, else to the queue); returns False if either end is missing."""
         if destination_exchange:

@@ -30,7 +30,10 @@ class MemoryWatermark:
     """
 
     def __init__(self, high=DEFAULT_HIGH_WATERMARK, low=None, on_unblocked=None):
-        """C{on_unblocked()}, if given, is called each time the broker unblocks (a burst is over)."""
+        """
+        C{on_unblocked()}, if given, is called each time the broker unblocks (a
+        burst is over).
+        """
         self.high = high
         self.low = int(high * LOW_WATERMARK_RATIO) if low is None else low
         self.queued_bytes = 0
@@ -43,7 +46,8 @@ class MemoryWatermark:
         if not self.blocked and self.queued_bytes > self.high:
             self.blocked = True
             log.warn(
-                "messages in memory hold {size} bytes, above the {high}-byte watermark: blocking publishers",
+                "messages in memory hold {size} bytes, above the {high}-byte watermark:"
+                " blocking publishers",
                 size=self.queued_bytes,
                 high=self.high,
             )
@@ -52,7 +56,10 @@ class MemoryWatermark:
         self.queued_bytes -= size
         if self.blocked and self.queued_bytes <= self.low:
             self.blocked = False
-            log.info("messages in memory down to {size} bytes: unblocking publishers", size=self.queued_bytes)
+            log.info(
+                "messages in memory down to {size} bytes: unblocking publishers",
+                size=self.queued_bytes,
+            )
             waiting, self._waiting = self._waiting, {}
             for resume in waiting:
                 resume()

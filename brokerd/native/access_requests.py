@@ -38,8 +38,10 @@ def answer_management_request(protocol, envelope, request):
     connection.channel(envelope.channel)  # 504 CHANNEL_ERROR unless the channel is open
     if protocol.management is None:
         raise AccessRefused("management is not served on this listener")
-    d = protocol.management.run(connection.user, request.command, list(request.arguments), request.vhost,
-                                request.backend or None)
+    d = protocol.management.run(
+        connection.user, request.command, list(request.arguments), request.vhost,
+        request.backend or None,
+    )
     d.addCallbacks(_answer, _refuse, callbackArgs=(protocol, envelope),
                    errbackArgs=(protocol, envelope, request.command))
 
@@ -47,7 +49,11 @@ def answer_management_request(protocol, envelope, request):
 def _still_open(protocol, envelope):
     """Whether the request's channel is still there to answer (the change may have closed it)."""
     connection = protocol.connection
-    return connection is not None and not protocol.stopped_reading and envelope.channel in connection.channels
+    return (
+        connection is not None
+        and not protocol.stopped_reading
+        and envelope.channel in connection.channels
+    )
 
 
 def _answer(table, protocol, envelope):
@@ -73,12 +79,16 @@ def _refuse(failure, protocol, envelope, command):
 
 
 def reply_parts(columns, rows, part_bytes=REPLY_PART_BYTES):
-    """The ManagementReply messages carrying a table: the first with the columns, all but the last with more."""
+    """
+    The ManagementReply messages carrying a table: the first with the columns,
+    all but the last with more.
+    """
     part = ManagementReply()
     part.columns.extend(columns)
     parts, size = [part], 0
     for values in rows:
-        row_size = sum(len(value.encode("utf-8")) + 4 for value in values) + 4  # near enough: tags, lengths
+        # Near enough: tags, lengths.
+        row_size = sum(len(value.encode("utf-8")) + 4 for value in values) + 4
         if size and size + row_size > part_bytes:
             part.more = True
             part = ManagementReply()

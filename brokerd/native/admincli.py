@@ -6,7 +6,8 @@ API) replaces them, and they go in the next release::
     python -m brokerd.native add-vhost team [--backend sqlite]
     python -m brokerd.native set-permissions --vhost team alice '^alice\\.' '^alice\\.' '.*'
     python -m brokerd.native list-permissions --vhost team
-    python -m brokerd.native set-policy --vhost team --apply-to queues ttl '^ttl\\.' '{"message-ttl":60000}'
+    python -m brokerd.native set-policy --vhost team --apply-to queues \\
+        ttl '^ttl\\.' '{"message-ttl":60000}'
     python -m brokerd.native list-policies --vhost team
     python -m brokerd.native export-definitions backup.json
     python -m brokerd.native import-definitions backup.json
@@ -48,7 +49,10 @@ REPLACEMENTS = {
     "set-permissions": "set-permissions [--vhost V] USER CONFIGURE WRITE READ",
     "clear-permissions": "clear-permissions [--vhost V] USER",
     "list-permissions": "list permissions --vhost V",
-    "set-policy": "set-policy [--vhost V] [--priority N] [--apply-to all|queues|exchanges] NAME PATTERN DEFINITION",
+    "set-policy": (
+        "set-policy [--vhost V] [--priority N] [--apply-to all|queues|exchanges]"
+        " NAME PATTERN DEFINITION"
+    ),
     "clear-policy": "clear-policy [--vhost V] NAME",
     "list-policies": "list policies --vhost V",
     "export-definitions": "export FILE",
@@ -65,18 +69,24 @@ def add_management_commands(commands):
     """Add the management commands to the C{commands} sub-parsers of L{brokerd.native.cli}."""
 
     def command(name, help, *positionals, per_vhost=False):
-        words = " ".join(word for word in REPLACEMENTS[name].split() if word.islower() and word[0].isalpha())
+        words = " ".join(
+            word for word in REPLACEMENTS[name].split() if word.islower() and word[0].isalpha()
+        )
         parser = commands.add_parser(name, help=f"{help} (deprecated: brokerd-admin {words})")
         if per_vhost:
-            parser.add_argument("-p", "--vhost", dest="permissions_vhost", default=DEFAULT_VHOST, metavar="VHOST",
-                                help=f"the vhost (default: {DEFAULT_VHOST})")
+            parser.add_argument(
+                "-p", "--vhost", dest="permissions_vhost", default=DEFAULT_VHOST, metavar="VHOST",
+                help=f"the vhost (default: {DEFAULT_VHOST})",
+            )
         for positional in positionals:  # dests apart from the login's --user and --password
             parser.add_argument(f"managed_{positional}", metavar=positional.upper())
         return parser
 
     add_vhost = command("add-vhost", "create a vhost (one that exists is left as it is)", "name")
-    add_vhost.add_argument("--backend", metavar="SPEC", help="the vhost's own message store, e.g. sqlite"
-                                                             " (default: the broker's --backend)")
+    add_vhost.add_argument(
+        "--backend", metavar="SPEC",
+        help="the vhost's own message store, e.g. sqlite (default: the broker's --backend)",
+    )
     command("delete-vhost", "delete a vhost with its queues, messages and permissions", "name")
     command("list-vhosts", "list the vhosts")
     command("add-user", "create a user (no tags, no permissions)", "name", "password")
@@ -84,20 +94,34 @@ def add_management_commands(commands):
     command("change-password", "change a user's password", "name", "password")
     command("list-users", "list the users and their tags")
     tags = command("set-user-tags", "replace a user's tags (none: no tags)", "name")
-    tags.add_argument("managed_tags", nargs="*", metavar="TAG", help="administrator, monitoring, management, policymaker")
-    command("set-permissions", "give a user three regular expressions on a vhost", "user", "configure", "write",
-            "read", per_vhost=True)
+    tags.add_argument(
+        "managed_tags", nargs="*", metavar="TAG",
+        help="administrator, monitoring, management, policymaker",
+    )
+    command(
+        "set-permissions", "give a user three regular expressions on a vhost",
+        "user", "configure", "write", "read", per_vhost=True,
+    )
     command("clear-permissions", "take a user's permissions on a vhost", "user", per_vhost=True)
     command("list-permissions", "list the permissions on a vhost", per_vhost=True)
-    policy = command("set-policy", "create or replace a policy on a vhost", "name", "pattern", "definition",
-                     per_vhost=True)
-    policy.add_argument("--priority", default="0", help="policies of higher priority win (default: 0)")
+    policy = command(
+        "set-policy", "create or replace a policy on a vhost", "name", "pattern", "definition",
+        per_vhost=True,
+    )
+    policy.add_argument(
+        "--priority", default="0", help="policies of higher priority win (default: 0)"
+    )
     policy.add_argument("--apply-to", default="all", choices=["all", "queues", "exchanges"],
                         help="what the policy applies to (default: all)")
     command("clear-policy", "delete a policy of a vhost", "name", per_vhost=True)
     command("list-policies", "list the policies of a vhost", per_vhost=True)
-    command("export-definitions", "write the broker's definitions (RabbitMQ's JSON) to FILE ('-': stdout)", "file")
-    command("import-definitions", "import definitions (RabbitMQ's JSON) from FILE ('-': stdin)", "file")
+    command(
+        "export-definitions",
+        "write the broker's definitions (RabbitMQ's JSON) to FILE ('-': stdout)", "file",
+    )
+    command(
+        "import-definitions", "import definitions (RabbitMQ's JSON) from FILE ('-': stdin)", "file"
+    )
 
 
 def _request(options):
@@ -110,12 +134,17 @@ def _request(options):
     if command == "set-user-tags":
         return [options.managed_name, *options.managed_tags]
     if command == "set-permissions":
-        return [options.managed_user, options.managed_configure, options.managed_write, options.managed_read]
+        return [
+            options.managed_user, options.managed_configure, options.managed_write,
+            options.managed_read,
+        ]
     if command == "clear-permissions":
         return [options.managed_user]
     if command == "set-policy":
-        return [options.managed_name, options.managed_pattern, options.managed_definition, options.priority,
-                options.apply_to]
+        return [
+            options.managed_name, options.managed_pattern, options.managed_definition,
+            options.priority, options.apply_to,
+        ]
     if command == "clear-policy":
         return [options.managed_name]
     return []
@@ -163,17 +192,24 @@ def _import_definitions(channel, options):
         return 1
     limit = getattr(channel.protocol, "server_max_frame_size", 0)
     if limit and len(data) + 4096 > limit:
-        print(f"error: {options.managed_file!r} is {len(data)} bytes: more than the broker's largest frame"
-              f" ({limit} bytes, its --native-max-frame) allows", file=sys.stderr)
+        print(
+            f"error: {options.managed_file!r} is {len(data)} bytes:"
+            f" more than the broker's largest frame ({limit} bytes, its --native-max-frame) allows",
+            file=sys.stderr,
+        )
         return 1
     yield channel.management("import_definitions", [text])
     return 0
 
 
 MANAGEMENT_COMMANDS = dict.fromkeys(
-    ["add-vhost", "delete-vhost", "list-vhosts", "add-user", "delete-user", "change-password", "list-users",
-     "set-user-tags", "set-permissions", "clear-permissions", "list-permissions", "set-policy", "clear-policy",
-     "list-policies"],
+    [
+        "add-vhost", "delete-vhost", "list-vhosts", "add-user", "delete-user", "change-password",
+        "list-users", "set-user-tags", "set-permissions", "clear-permissions", "list-permissions",
+        "set-policy", "clear-policy", "list-policies",
+    ],
     _run_management_command,
 )
-MANAGEMENT_COMMANDS.update({"export-definitions": _export_definitions, "import-definitions": _import_definitions})
+MANAGEMENT_COMMANDS.update(
+    {"export-definitions": _export_definitions, "import-definitions": _import_definitions}
+)

@@ -29,7 +29,10 @@ from brokerd.proto.tables import table_to_dict
 
 
 def exchange_type_name(request):
-    """The exchange type an ExchangeDeclare names (unset means AMQP's default, direct); 503 for an unknown one."""
+    """
+    The exchange type an ExchangeDeclare names (unset means AMQP's default,
+    direct); 503 for an unknown one.
+    """
     type_name = EXCHANGE_TYPE_NAME.get(request.type or messages_pb2.DIRECT)
     if type_name is None:
         raise CommandInvalid(f"unknown exchange type number {request.type}")
@@ -37,7 +40,10 @@ def exchange_type_name(request):
 
 
 def _arguments(message):
-    """A request's arguments as a dict, once they pass the rules every field table from a client meets."""
+    """
+    A request's arguments as a dict, once they pass the rules every field table
+    from a client meets.
+    """
     if not message.arguments.fields:
         return {}
     check_table(message.arguments, ARGUMENT)
@@ -99,16 +105,21 @@ class NativeChannel:
         self._send(ok_frame(envelope))
 
     def on_exchange_bind(self, envelope, request):
-        self.model.exchange_bind(request.destination, request.source, request.routing_key, _arguments(request))
+        self.model.exchange_bind(
+            request.destination, request.source, request.routing_key, _arguments(request)
+        )
         self._send(ok_frame(envelope))
 
     def on_exchange_unbind(self, envelope, request):
-        self.model.exchange_unbind(request.destination, request.source, request.routing_key, _arguments(request))
+        self.model.exchange_unbind(
+            request.destination, request.source, request.routing_key, _arguments(request)
+        )
         self._send(ok_frame(envelope))
 
     def on_queue_declare(self, envelope, request):
         name, messages, consumers = self.model.queue_declare(
-            request.queue, request.passive, request.durable, request.exclusive, request.auto_delete, _arguments(request)
+            request.queue, request.passive, request.durable, request.exclusive, request.auto_delete,
+            _arguments(request),
         )
         reply = reply_to(envelope)
         reply.queue_declare_ok.queue = name
@@ -117,18 +128,23 @@ class NativeChannel:
         self._send(reply.SerializeToString())
 
     def on_queue_bind(self, envelope, request):
-        self.model.queue_bind(request.queue, request.exchange, request.routing_key, _arguments(request))
+        self.model.queue_bind(
+            request.queue, request.exchange, request.routing_key, _arguments(request)
+        )
         self._send(ok_frame(envelope))
 
     def on_queue_unbind(self, envelope, request):
-        self.model.queue_unbind(request.queue, request.exchange, request.routing_key, _arguments(request))
+        self.model.queue_unbind(
+            request.queue, request.exchange, request.routing_key, _arguments(request)
+        )
         self._send(ok_frame(envelope))
 
     def on_queue_purge(self, envelope, request):
         self._send_message_count(envelope, self.model.queue_purge(request.queue))
 
     def on_queue_delete(self, envelope, request):
-        self._send_message_count(envelope, self.model.queue_delete(request.queue, request.if_unused, request.if_empty))
+        count = self.model.queue_delete(request.queue, request.if_unused, request.if_empty)
+        self._send_message_count(envelope, count)
 
     def _send_message_count(self, envelope, count):
         reply = reply_to(envelope)
@@ -143,7 +159,8 @@ class NativeChannel:
 
     def on_basic_consume(self, envelope, request):
         tag = self.model.basic_consume(
-            request.queue, request.consumer_tag, request.no_ack, request.exclusive, _arguments(request)
+            request.queue, request.consumer_tag, request.no_ack, request.exclusive,
+            _arguments(request),
         )
         reply = reply_to(envelope)
         reply.basic_consume_ok.consumer_tag = tag
@@ -155,7 +172,8 @@ class NativeChannel:
 
     def on_basic_publish(self, envelope, request):
         self.model.basic_publish(
-            request.exchange, request.routing_key, request.properties, request.body, request.mandatory
+            request.exchange, request.routing_key, request.properties, request.body,
+            request.mandatory,
         )
         if self._watermark.blocked:
             self._gate.check()
@@ -229,5 +247,7 @@ class NativeChannel:
 
 # request kind (the Envelope's payload field) -> the NativeChannel method that answers it
 CHANNEL_REQUESTS = {
-    name[len("on_") :]: function for name, function in vars(NativeChannel).items() if name.startswith("on_")
+    name[len("on_") :]: function
+    for name, function in vars(NativeChannel).items()
+    if name.startswith("on_")
 }

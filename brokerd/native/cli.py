@@ -1,5 +1,5 @@
-"""``brokerd-native`` (also ``python -m brokerd.native``): a small command line over the native client,
-the native protocol's demonstration::
+"""``brokerd-native`` (also ``python -m brokerd.native``): a small command line
+over the native client, the native protocol's demonstration::
 
     brokerd-native declare queue jobs --durable
     brokerd-native bind jobs amq.topic --routing-key 'jobs.#'
@@ -48,7 +48,8 @@ from brokerd.native.client import (
 from brokerd.wire.endpoints import endpoint_problem
 from brokerd.wire.stop_signals import ignore_further_stop_signals, stop_once_on_signals
 
-STOP_GRACE_SECONDS = 5  # how long a stop signal lets ``consume`` cancel and close before the connection is dropped
+# How long a stop signal lets ``consume`` cancel and close before the connection is dropped:
+STOP_GRACE_SECONDS = 5
 
 
 class ConsumerCancelled(Exception):
@@ -66,22 +67,34 @@ PROGRAM = "brokerd-native"
 
 
 def build_parser(prog=PROGRAM):
-    parser = argparse.ArgumentParser(prog=prog, description="A small command line over the native client.")
-    parser.add_argument("--connect", default=DEFAULT_ENDPOINT, help=f"broker endpoint (default: {DEFAULT_ENDPOINT})")
+    parser = argparse.ArgumentParser(
+        prog=prog, description="A small command line over the native client."
+    )
+    parser.add_argument(
+        "--connect", default=DEFAULT_ENDPOINT, help=f"broker endpoint (default: {DEFAULT_ENDPOINT})"
+    )
     parser.add_argument("--vhost", default="/", help="virtual host (default: /)")
     parser.add_argument("--user", default=os.environ.get("BROKERD_USER", DEFAULT_USER),
                         help=f"user to log in as (default: $BROKERD_USER, else {DEFAULT_USER})")
-    parser.add_argument("--password", default=os.environ.get("BROKERD_PASSWORD", DEFAULT_PASSWORD),
-                        help=f"that user's password (default: $BROKERD_PASSWORD, else {DEFAULT_PASSWORD})")
-    parser.add_argument("--external", action="store_true",
-                        help="log in as the user the TLS client certificate names (SASL EXTERNAL, if the broker"
-                             " enabled it); give certKey= and privateKey= in --connect")
+    parser.add_argument(
+        "--password", default=os.environ.get("BROKERD_PASSWORD", DEFAULT_PASSWORD),
+        help=f"that user's password (default: $BROKERD_PASSWORD, else {DEFAULT_PASSWORD})",
+    )
+    parser.add_argument(
+        "--external", action="store_true",
+        help=(
+            "log in as the user the TLS client certificate names (SASL EXTERNAL, if the broker"
+            " enabled it); give certKey= and privateKey= in --connect"
+        ),
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     declare = commands.add_parser("declare", help="declare an exchange or a queue")
     declare.add_argument("kind", choices=["exchange", "queue"])
     declare.add_argument("name", help="name ('' for a server-named queue)")
-    declare.add_argument("--type", default="direct", choices=["direct", "fanout", "topic", "headers"])
+    declare.add_argument(
+        "--type", default="direct", choices=["direct", "fanout", "topic", "headers"]
+    )
     declare.add_argument("--durable", action="store_true")
     declare.add_argument("--auto-delete", action="store_true")
     declare.add_argument("--passive", action="store_true", help="only check that it exists")
@@ -103,13 +116,16 @@ def build_parser(prog=PROGRAM):
     unbind.add_argument("--routing-key", default="")
 
     bind_exchange = commands.add_parser(
-        "bind-exchange", help="bind an exchange to another: what SOURCE routes goes on to DESTINATION too"
+        "bind-exchange",
+        help="bind an exchange to another: what SOURCE routes goes on to DESTINATION too",
     )
     bind_exchange.add_argument("destination")
     bind_exchange.add_argument("source")
     bind_exchange.add_argument("--routing-key", default="")
 
-    unbind_exchange = commands.add_parser("unbind-exchange", help="remove an exchange-to-exchange binding")
+    unbind_exchange = commands.add_parser(
+        "unbind-exchange", help="remove an exchange-to-exchange binding"
+    )
     unbind_exchange.add_argument("destination")
     unbind_exchange.add_argument("source")
     unbind_exchange.add_argument("--routing-key", default="")
@@ -117,19 +133,27 @@ def build_parser(prog=PROGRAM):
     purge = commands.add_parser("purge", help="drop a queue's ready messages")
     purge.add_argument("queue")
 
-    publish = commands.add_parser("publish", help="publish messages (one per body argument, '-' reads stdin)")
+    publish = commands.add_parser(
+        "publish", help="publish messages (one per body argument, '-' reads stdin)"
+    )
     publish.add_argument("bodies", nargs="+", metavar="BODY")
     publish.add_argument("--exchange", default="")
     publish.add_argument("--routing-key", default="")
     publish.add_argument("--persistent", action="store_true", help="delivery mode 2")
     publish.add_argument("--confirm", action="store_true", help="wait for publisher confirms")
-    publish.add_argument("--mandatory", action="store_true", help="fail if no queue takes the message")
+    publish.add_argument(
+        "--mandatory", action="store_true", help="fail if no queue takes the message"
+    )
     publish.add_argument("--content-type")
-    publish.add_argument("--header", action="append", type=_parse_header, default=[], metavar="NAME=VALUE")
+    publish.add_argument(
+        "--header", action="append", type=_parse_header, default=[], metavar="NAME=VALUE"
+    )
 
     consume = commands.add_parser("consume", help="print messages as they arrive, acking each")
     consume.add_argument("queue")
-    consume.add_argument("--count", type=int, default=0, help="stop after this many (default: run until killed)")
+    consume.add_argument(
+        "--count", type=int, default=0, help="stop after this many (default: run until killed)"
+    )
     consume.add_argument("--no-ack", action="store_true")
     consume.add_argument("--prefetch", type=int, default=100)
 
@@ -156,7 +180,8 @@ def run(reactor, options):
         status = yield _COMMANDS[options.command](channel, options)
     finally:
         yield client.close()
-    # A command fires with its exit status or None: never with a broker reply (which would become the status).
+    # A command fires with its exit status or None: never with a broker reply
+    # (which would become the status).
     return status if isinstance(status, int) else 0
 
 
@@ -226,23 +251,34 @@ def _publish(channel, options):
     for body in options.bodies:
         data = sys.stdin.buffer.read() if body == "-" else body.encode("utf-8")
         confirms.append(
-            channel.basic_publish(options.exchange, options.routing_key, data, properties, options.mandatory)
+            channel.basic_publish(
+                options.exchange, options.routing_key, data, properties, options.mandatory
+            )
         )
     if options.confirm or options.mandatory:
         yield _first_failure_raised(defer.gatherResults(confirms, consumeErrors=True))
-    # A publish the broker refuses (e.g. 404 for a missing exchange) closes the channel, and unconfirmed
-    # publishes get no answer: closing the channel is the round trip that reports the close, if there was one.
+    # A publish the broker refuses (e.g. 404 for a missing exchange) closes the
+    # channel, and unconfirmed publishes get no answer: closing the channel is
+    # the round trip that reports the close, if there was one.
     yield channel.close()
     if returned:
-        print(f"error: {len(returned)} message(s) returned: {returned[0].reply_code} {returned[0].reply_text}",
-              file=sys.stderr)
+        first = returned[0]
+        print(
+            f"error: {len(returned)} message(s) returned: {first.reply_code} {first.reply_text}",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
 
 def _first_failure_raised(gathered):
-    """C{gathered} (a gatherResults) failing with its first failure itself rather than a FirstError."""
-    return gathered.addErrback(lambda failure: failure.value.subFailure if failure.check(defer.FirstError) else failure)
+    """
+    C{gathered} (a gatherResults) failing with its first failure itself rather
+    than a FirstError.
+    """
+    return gathered.addErrback(
+        lambda failure: failure.value.subFailure if failure.check(defer.FirstError) else failure
+    )
 
 
 @defer.inlineCallbacks
@@ -265,8 +301,10 @@ def _consume(channel, options):
 
     def on_cancel(consumer_tag):
         if not finished.called:
-            finished.errback(ConsumerCancelled(f"the broker cancelled the consumer of queue {options.queue!r}"
-                                               " (the queue was deleted)"))
+            finished.errback(ConsumerCancelled(
+                f"the broker cancelled the consumer of queue {options.queue!r}"
+                " (the queue was deleted)"
+            ))
 
     channel.on_cancel = on_cancel
     tag = yield channel.basic_consume(options.queue, on_delivery, no_ack=options.no_ack)
@@ -308,7 +346,10 @@ _COMMANDS = {
 
 
 def main(argv=None, prog=PROGRAM):
-    """Run one command as C{prog} (the name usage lines and deprecation lines give); exits with its status."""
+    """
+    Run one command as C{prog} (the name usage lines and deprecation lines
+    give); exits with its status.
+    """
     options = build_parser(prog).parse_args(argv)
     if options.command in MANAGEMENT_COMMANDS:
         print(deprecation(prog, options.command), file=sys.stderr, flush=True)
@@ -316,7 +357,10 @@ def main(argv=None, prog=PROGRAM):
 
     problem = endpoint_problem(clientFromString, reactor, options.connect)
     if problem is not None:
-        print(f"error: --connect: {options.connect!r} is not a valid endpoint: {problem}", file=sys.stderr)
+        print(
+            f"error: --connect: {options.connect!r} is not a valid endpoint: {problem}",
+            file=sys.stderr,
+        )
         raise SystemExit(1)
 
     @defer.inlineCallbacks
@@ -336,7 +380,8 @@ def main(argv=None, prog=PROGRAM):
             """SIGINT or SIGTERM stops the reactor: let ``consume`` end cleanly first."""
             if done.called:
                 return None
-            ignore_further_stop_signals(reactor)  # a second Ctrl-C would make Twisted's handler fail loudly
+            # A second Ctrl-C would make Twisted's handler fail loudly.
+            ignore_further_stop_signals(reactor)
             options.interrupted.callback(None)
             if options.command != "consume":
                 return None
@@ -351,9 +396,13 @@ def main(argv=None, prog=PROGRAM):
                 print(f"error: {problem}", file=sys.stderr)
                 status = 1
             elif options.command == "consume":
-                status = 0  # the user stopped it; a connection that did not close in time is no error
+                # The user stopped it; a connection that did not close in time is no error.
+                status = 0
             else:
-                print(f"error: stopped by a signal before the {options.command} command finished", file=sys.stderr)
+                print(
+                    f"error: stopped by a signal before the {options.command} command finished",
+                    file=sys.stderr,
+                )
                 status = 1
         except ConnectError as problem:
             print(f"error: cannot connect to {options.connect}: {problem}", file=sys.stderr)

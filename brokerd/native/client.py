@@ -1,6 +1,8 @@
 """A Twisted client for brokerd's native protocol, with a Deferred API::
 
-    client = yield connect(reactor, "tcp:127.0.0.1:5673", username="alice", password="s3cret", vhost="/")
+    client = yield connect(
+        reactor, "tcp:127.0.0.1:5673", username="alice", password="s3cret", vhost="/"
+    )
     channel = yield client.channel()
     yield channel.queue_declare("jobs", durable=True)
     channel.basic_publish("", "jobs", b"hello", properties={"delivery_mode": 2})
@@ -65,13 +67,16 @@ class NativeClientProtocol(FrameReceiver):
         connection ends.
     """
 
-    def __init__(self, clock, vhost="/", client_name="brokerd-native-client", max_frame_size=2**31 - 1,
-                 username=DEFAULT_USER, password=DEFAULT_PASSWORD, mechanism=""):
+    def __init__(
+        self, clock, vhost="/", client_name="brokerd-native-client", max_frame_size=2**31 - 1,
+        username=DEFAULT_USER, password=DEFAULT_PASSWORD, mechanism="",
+    ):
         """
         @param mechanism: C{""} (PLAIN: C{username} and C{password}) or
             C{"EXTERNAL"} (the user the TLS client certificate names).
         """
-        FrameReceiver.__init__(self, clock)  # the reactor it connects with: its writes wait for that one's turns
+        # The reactor it connects with: its writes wait for that one's turns.
+        FrameReceiver.__init__(self, clock)
         self.vhost = vhost
         self.username = username
         self._password = password
@@ -122,9 +127,13 @@ class NativeClientProtocol(FrameReceiver):
     def connectionLost(self, reason):
         FrameReceiver.connectionLost(self, reason)
         if self.close_reason is None:
-            self.close_reason = ConnectionClosed(320, f"connection lost: {reason.getErrorMessage()}")
+            self.close_reason = ConnectionClosed(
+                320, f"connection lost: {reason.getErrorMessage()}"
+            )
         for channel in list(self._channels.values()):
-            channel._closed(ChannelClosed(self.close_reason.reply_code, self.close_reason.reply_text))
+            channel._closed(
+                ChannelClosed(self.close_reason.reply_code, self.close_reason.reply_text)
+            )
         if not self.ready.called:
             self.ready.errback(self.close_reason)
         self.closed.callback(self.close_reason)
@@ -156,8 +165,9 @@ def connect(reactor, endpoint=DEFAULT_ENDPOINT, vhost="/", client_name="brokerd-
     L{NativeClientProtocol}, or fails with L{ConnectionClosed} (403: login
     refused; 530: no such vhost, or no permissions on it).
     """
-    protocol = NativeClientProtocol(reactor, vhost, client_name, username=username, password=password,
-                                    mechanism=mechanism)
+    protocol = NativeClientProtocol(
+        reactor, vhost, client_name, username=username, password=password, mechanism=mechanism
+    )
     d = connectProtocol(clientFromString(reactor, endpoint), protocol)
     d.addCallback(lambda _: protocol.ready)
     return d

@@ -53,7 +53,8 @@ class PublishNacked(Exception):
 
 
 def make_properties(properties=None):
-    """A C{BasicProperties} (of C{brokerd.proto.messages_pb2}) from a BasicProperties, a dict of its fields, or None.
+    """A C{BasicProperties} (of C{brokerd.proto.messages_pb2}) from a
+    BasicProperties, a dict of its fields, or None.
 
     In a dict, C{headers} is a dict of Python values and C{delivery_mode} may be
     1, 2, or the enum value.
@@ -76,8 +77,10 @@ def make_properties(properties=None):
 class Delivery:
     """A message the broker delivered (or returned from basic.get)."""
 
-    def __init__(self, channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key, properties, body,
-                 message_count=None):
+    def __init__(
+        self, channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key, properties,
+        body, message_count=None,
+    ):
         self.channel = channel
         self.consumer_tag = consumer_tag
         self.delivery_tag = delivery_tag
@@ -125,7 +128,8 @@ class ClientChannel:
         self.on_return = None
         self.on_cancel = None
         self._pending = {}  # correlation id -> (Deferred, expected response kind)
-        self._reply_parts = {}  # correlation id -> the parts of a reply that comes in several frames
+        # correlation id -> the parts of a reply that comes in several frames
+        self._reply_parts = {}
         self._consumers = {}  # consumer tag -> callback
         self._unconfirmed = None  # publish sequence -> Deferred, once in confirm mode
         self._publish_sequence = 0
@@ -164,13 +168,15 @@ class ClientChannel:
 
     def _frame_received(self, envelope, kind):
         payload = getattr(envelope, kind)
-        # A channel_close answering a request is an error: _on_channel_close fails every pending request.
+        # A channel_close answering a request is an error: _on_channel_close
+        # fails every pending request.
         pending = None
         if envelope.correlation_id and kind != "channel_close":
             pending = self._pending.pop(envelope.correlation_id, None)
         if pending is not None:
             d, expected = pending
-            if kind == "management_reply" and payload.more:  # a part: the request stays pending for the rest
+            # A part: the request stays pending for the rest.
+            if kind == "management_reply" and payload.more:
                 self._pending[envelope.correlation_id] = pending
                 self._reply_parts.setdefault(envelope.correlation_id, []).append(payload)
             elif kind == expected or expected == "*":
@@ -205,7 +211,8 @@ class ClientChannel:
     def _on_basic_return(self, returned):
         if self.on_return is not None:
             delivery = Delivery(
-                self, "", 0, False, returned.exchange, returned.routing_key, returned.properties, returned.body
+                self, "", 0, False, returned.exchange, returned.routing_key, returned.properties,
+                returned.body,
             )
             delivery.reply_code = returned.reply_code
             delivery.reply_text = returned.reply_text
@@ -215,7 +222,9 @@ class ClientChannel:
         self._settle_publishes(ack.delivery_tag, ack.multiple, None)
 
     def _on_basic_nack(self, nack):
-        self._settle_publishes(nack.delivery_tag, nack.multiple, PublishNacked(f"publish {nack.delivery_tag} refused"))
+        self._settle_publishes(
+            nack.delivery_tag, nack.multiple, PublishNacked(f"publish {nack.delivery_tag} refused")
+        )
 
     def _settle_publishes(self, sequence, multiple, error):
         unconfirmed = self._unconfirmed
@@ -262,8 +271,10 @@ class ClientChannel:
 
     # -- topology
 
-    def exchange_declare(self, exchange, type="direct", passive=False, durable=False, auto_delete=False,
-                         internal=False, arguments=None):
+    def exchange_declare(
+        self, exchange, type="direct", passive=False, durable=False, auto_delete=False,
+        internal=False, arguments=None,
+    ):
         return self._request(
             "exchange_declare",
             exchange=exchange,
@@ -279,7 +290,10 @@ class ClientChannel:
         return self._request("exchange_delete", exchange=exchange, if_unused=if_unused)
 
     def exchange_bind(self, destination, source, routing_key="", arguments=None):
-        """Route what C{source} takes under C{routing_key} (and C{arguments}) on to exchange C{destination}."""
+        """
+        Route what C{source} takes under C{routing_key} (and C{arguments}) on
+        to exchange C{destination}.
+        """
         return self._request(
             "exchange_bind", destination=destination, source=source, routing_key=routing_key,
             arguments=arguments or {},
@@ -292,8 +306,10 @@ class ClientChannel:
             arguments=arguments or {},
         )
 
-    def queue_declare(self, queue="", passive=False, durable=False, exclusive=False, auto_delete=False,
-                      arguments=None):
+    def queue_declare(
+        self, queue="", passive=False, durable=False, exclusive=False, auto_delete=False,
+        arguments=None,
+    ):
         """Fires with a C{QueueDeclareOk} (C{queue}, C{message_count}, C{consumer_count})."""
         return self._request(
             "queue_declare",
@@ -308,12 +324,14 @@ class ClientChannel:
 
     def queue_bind(self, queue, exchange, routing_key="", arguments=None):
         return self._request(
-            "queue_bind", queue=queue, exchange=exchange, routing_key=routing_key, arguments=arguments or {}
+            "queue_bind", queue=queue, exchange=exchange, routing_key=routing_key,
+            arguments=arguments or {},
         )
 
     def queue_unbind(self, queue, exchange, routing_key="", arguments=None):
         return self._request(
-            "queue_unbind", queue=queue, exchange=exchange, routing_key=routing_key, arguments=arguments or {}
+            "queue_unbind", queue=queue, exchange=exchange, routing_key=routing_key,
+            arguments=arguments or {},
         )
 
     def queue_purge(self, queue):
@@ -323,7 +341,9 @@ class ClientChannel:
 
     def queue_delete(self, queue, if_unused=False, if_empty=False):
         """Fires with the number of messages deleted with the queue."""
-        d = self._request("queue_delete", "message_count", queue=queue, if_unused=if_unused, if_empty=if_empty)
+        d = self._request(
+            "queue_delete", "message_count", queue=queue, if_unused=if_unused, if_empty=if_empty
+        )
         return d.addCallback(lambda reply: reply.message_count)
 
     # -- publishing
@@ -370,7 +390,9 @@ class ClientChannel:
         # "global" is a Python keyword, hence the dict.
         return self._request("basic_qos", prefetch_count=prefetch_count, **{"global": global_})
 
-    def basic_consume(self, queue, callback, consumer_tag="", no_ack=False, exclusive=False, arguments=None):
+    def basic_consume(
+        self, queue, callback, consumer_tag="", no_ack=False, exclusive=False, arguments=None
+    ):
         """Start consuming; C{callback} gets each L{Delivery}. Fires with the consumer tag."""
         d = self._request(
             "basic_consume",
@@ -436,7 +458,8 @@ class ClientChannel:
 
         def table(reply):
             parts = reply if isinstance(reply, list) else [reply]
-            return tuple(parts[0].columns), [tuple(row.values) for part in parts for row in part.rows]
+            rows = [tuple(row.values) for part in parts for row in part.rows]
+            return tuple(parts[0].columns), rows
 
         return d.addCallback(table)
 

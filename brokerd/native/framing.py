@@ -35,7 +35,8 @@ _PREFIX = _LENGTH.size
 
 class FrameReceiver(Int32StringReceiver):
     """
-    Calls C{stringReceived(frame)} per frame; C{MAX_LENGTH} caps a frame (it may change between frames).
+    Calls C{stringReceived(frame)} per frame; C{MAX_LENGTH} caps a frame (it may
+    change between frames).
 
     @ivar writes: the connection's L{WriteBuffer}.
     @ivar sendFrame: queues one frame (its length, then it) for writing at
@@ -109,12 +110,18 @@ class FrameReceiver(Int32StringReceiver):
                 self._turns.end_turn()
 
     def _parse_held(self):
-        """Parse the frames kept for this turn, unless reading stopped meanwhile (a pause, a close)."""
+        """
+        Parse the frames kept for this turn, unless reading stopped meanwhile
+        (a pause, a close).
+        """
         if not self.stopped_reading and not self.read_pauses.reasons:
             self.dataReceived(b"")
 
     def partialFrameReceived(self):
-        """Part of a frame was kept for later (and counted against C{watermark}); a hook for servers."""
+        """
+        Part of a frame was kept for later (and counted against C{watermark});
+        a hook for servers.
+        """
 
     def closeAfterFlush(self):
         """Write what is queued, then close the connection once it is sent."""

@@ -29,17 +29,31 @@ login, and one that said hello gets an accepted and a closed line
 from zope.interface import Attribute, Interface
 
 import brokerd
-from brokerd.access.login import EXTERNAL, LOGIN_REFUSAL_DELAY, PASSWORD_MECHANISMS, PLAIN, AccessControl, LoginRefused
+from brokerd.access.login import (
+    EXTERNAL,
+    LOGIN_REFUSAL_DELAY,
+    PASSWORD_MECHANISMS,
+    PLAIN,
+    AccessControl,
+    LoginRefused,
+)
 from brokerd.errors import AccessRefused, CommandInvalid
 from brokerd.native.framing import PROTOCOL_VERSION
 from brokerd.native.replies import reply_to
 from brokerd.proto.native_pb2 import Envelope
 from brokerd.session.connection import HANDSHAKE_TIMEOUT, NATIVE, Connection
 from brokerd.wire.backpressure import PublisherGate
-from brokerd.wire.connection_log import ConnectionRecord, client_text, lost_reason, peer_address, peer_host
+from brokerd.wire.connection_log import (
+    ConnectionRecord,
+    client_text,
+    lost_reason,
+    peer_address,
+    peer_host,
+)
 from brokerd.wire.refusal_log import RefusalLog
 
-DEFAULT_MAX_FRAME_SIZE = 128 * 1024 * 1024 + 64 * 1024  # a 128 MiB body plus room for its properties
+# A 128 MiB body plus room for its properties:
+DEFAULT_MAX_FRAME_SIZE = 128 * 1024 * 1024 + 64 * 1024
 PRE_HELLO_MAX_FRAME_SIZE = 4096  # the largest frame before hello (AMQP's limit before tune-ok)
 DEFAULT_CHANNEL_MAX = 2047  # channels open at once on one connection (AMQP's default channel_max)
 
@@ -57,8 +71,10 @@ class NativeSettings:
     @ivar refusal_log: the listener's log of clients refused before hello, at a bounded rate.
     """
 
-    def __init__(self, authenticator=None, max_frame_size=DEFAULT_MAX_FRAME_SIZE, channel_max=DEFAULT_CHANNEL_MAX,
-                 refusal_delay=LOGIN_REFUSAL_DELAY):
+    def __init__(
+        self, authenticator=None, max_frame_size=DEFAULT_MAX_FRAME_SIZE,
+        channel_max=DEFAULT_CHANNEL_MAX, refusal_delay=LOGIN_REFUSAL_DELAY,
+    ):
         self.authenticator = authenticator if authenticator is not None else AccessControl()
         self.max_frame_size = max_frame_size
         self.channel_max = channel_max
@@ -73,7 +89,9 @@ class IEnvelopeReader(Interface):
     bytes and the frame limit.
     """
 
-    stopped_reading = Attribute("True once no more frames are read from the client: the connection is closing.")
+    stopped_reading = Attribute(
+        "True once no more frames are read from the client: the connection is closing."
+    )
 
     def limit_frames(max_frame_size):
         """Frames from now on may be C{max_frame_size} bytes long: hello is done."""
@@ -89,7 +107,8 @@ class NativeHandshake:
     protocol, which hands it the connection-level requests.
 
     @ivar connection: the model's L{Connection}, from hello until the connection is lost.
-    @ivar gate: the L{PublisherGate} that holds the client back while the broker is blocked, from hello on.
+    @ivar gate: the L{PublisherGate} that holds the client back while the broker is
+        blocked, from hello on.
     """
 
     def __init__(self, reader, broker, settings, writes):
@@ -108,7 +127,8 @@ class NativeHandshake:
         self.gate = None
         self._hello_timeout = None
         self._refusal_call = None  # a refused login's answer, waiting out the refusal delay
-        self._record = None  # the connection as logged once hello is answered (brokerd.wire.connection_log)
+        # The connection as logged once hello is answered (brokerd.wire.connection_log):
+        self._record = None
         self._close_reason = None  # why it ends, for its closing log line
 
     # -- transport events, from the reader
@@ -150,7 +170,8 @@ class NativeHandshake:
             raise CommandInvalid("hello was already received on this connection")
         if hello.protocol_version != PROTOCOL_VERSION:
             raise CommandInvalid(
-                f"client speaks native protocol version {hello.protocol_version}; this broker speaks {PROTOCOL_VERSION}"
+                f"client speaks native protocol version {hello.protocol_version};"
+                f" this broker speaks {PROTOCOL_VERSION}"
             )
         try:
             user = self._logged_in_user(hello)
@@ -160,8 +181,9 @@ class NativeHandshake:
         settings = self._settings
         vhost = hello.vhost or "/"
         access = settings.authenticator.check_vhost_access(user, vhost)
-        self.connection = Connection(self._broker, vhost, hello.client_name, NATIVE, self.transport, user,
-                                     access=access)
+        self.connection = Connection(
+            self._broker, vhost, hello.client_name, NATIVE, self.transport, user, access=access
+        )
         self._writes.counted = self.connection
         self.connection.closer = self.close
         self.gate = PublisherGate(self._broker.watermark, self.transport)
@@ -180,23 +202,32 @@ class NativeHandshake:
         )
 
     def _logged_in_user(self, hello):
-        """The user C{hello}'s credentials log in, by its mechanism (PLAIN unless it names EXTERNAL)."""
+        """
+        The user C{hello}'s credentials log in, by its mechanism (PLAIN unless
+        it names EXTERNAL).
+        """
         authenticator = self._settings.authenticator
-        # PLAIN is the native protocol's password login, allowed while AMQP allows one (PLAIN or AMQPLAIN).
+        # PLAIN is the native protocol's password login, allowed while AMQP
+        # allows one (PLAIN or AMQPLAIN).
         offered = [PLAIN] if not PASSWORD_MECHANISMS.isdisjoint(authenticator.mechanisms) else []
         if EXTERNAL in authenticator.mechanisms:
             offered.append(EXTERNAL)
         mechanism = hello.mechanism or PLAIN
         if mechanism not in offered:
-            raise LoginRefused(f"unsupported authentication mechanism {client_text(mechanism)!r}; use one of"
-                               f" {', '.join(offered)}")  # cut: a stranger's text goes into the log
+            raise LoginRefused(  # cut: a stranger's text goes into the log
+                f"unsupported authentication mechanism {client_text(mechanism)!r}; use one of"
+                f" {', '.join(offered)}"
+            )
         if mechanism == EXTERNAL:
             return authenticator.check_certificate_login(peer_host(self.transport), self.transport)
         return authenticator.check_password_login(PLAIN, hello.username, hello.password.encode(),
                                                   peer_host(self.transport))
 
     def _refuse_login(self, error):
-        """A refused login: nothing more is read, and C{error} is sent after the refusal delay, as AMQP's is."""
+        """
+        A refused login: nothing more is read, and C{error} is sent after the
+        refusal delay, as AMQP's is.
+        """
         self._reader.stop_reading()
         if self._hello_timeout is not None and self._hello_timeout.active():
             self._hello_timeout.cancel()
@@ -204,16 +235,23 @@ class NativeHandshake:
         self._refusal_call = self._clock.callLater(self._settings.refusal_delay, self.close, error)
 
     def _refused(self, error):
-        """A client refused before hello: logged at a bounded rate with every other (L{RefusalLog})."""
-        self._settings.refusal_log.refused(self._clock, peer_host(self.transport), peer_address(self.transport),
-                                           error)
+        """
+        A client refused before hello: logged at a bounded rate with every
+        other (L{RefusalLog}).
+        """
+        transport = self.transport
+        self._settings.refusal_log.refused(
+            self._clock, peer_host(transport), peer_address(transport), error
+        )
 
     # -- closing
 
     def on_connection_close(self, envelope, close):
         """The client closes the connection: answer close_ok and hang up once it is sent."""
         if self._close_reason is None:
-            self._close_reason = f"the client closed it: {close.reply_code} {client_text(close.reply_text)!r}"
+            self._close_reason = (
+                f"the client closed it: {close.reply_code} {client_text(close.reply_text)!r}"
+            )
         self._reader.stop_reading()
         reply = reply_to(envelope)
         reply.connection_close_ok.SetInParent()
@@ -242,7 +280,10 @@ class NativeHandshake:
         self._writes.flush_and_close()
 
     def shut_down(self, error):
-        """The broker stops: close with C{error} if the client said hello and is not closing already, else hang up."""
+        """
+        The broker stops: close with C{error} if the client said hello and is
+        not closing already, else hang up.
+        """
         if self.connection is not None and not self._reader.stopped_reading:
             self.close(error)
         else:

@@ -86,7 +86,8 @@ class NativeServerProtocol(FrameReceiver):
         self.handshake = NativeHandshake(self, broker, settings, self.writes)
         self._channel_max = settings.channel_max
         self._channels = {}  # channel id -> open NativeChannel
-        self._awaiting_close_ok = set()  # channels closed by us: their frames are dropped until channel_close_ok
+        # Channels closed by us: their frames are dropped until channel_close_ok.
+        self._awaiting_close_ok = set()
         self._resume_call = None
         # request kind -> what answers it, for the requests that are not an open channel's
         self._connection_requests = {
@@ -113,7 +114,9 @@ class NativeServerProtocol(FrameReceiver):
         read_in_large_pieces(self.transport)
         self.read_pauses = reading_pauses(self.transport)
         self.read_pauses.on_resume = self._parse_held_back
-        self.read_pauses.hangup_watch = HangupWatch(self.transport, self.clock, self._probe_paused_peer)
+        self.read_pauses.hangup_watch = HangupWatch(
+            self.transport, self.clock, self._probe_paused_peer
+        )
         self.transport.registerProducer(self, True)
         self.handshake.connection_made(self.transport)
 
@@ -131,7 +134,11 @@ class NativeServerProtocol(FrameReceiver):
         """An empty frame (an envelope with nothing in it, which clients ignore) to a client we are
         not reading and that holds memory, so that one that went away is noticed
         (L{brokerd.wire.hangup_watch}); not to one that does not read what we write."""
-        if self.writes.idle and SLOW_READER not in self.read_pauses.reasons and self.transport is not None:
+        if (
+            self.writes.idle
+            and SLOW_READER not in self.read_pauses.reasons
+            and self.transport is not None
+        ):
             held = self._read_buffer.partial_frame_bytes if self._read_buffer is not None else 0
             connection = self.handshake.connection
             if connection is not None:
@@ -148,11 +155,14 @@ class NativeServerProtocol(FrameReceiver):
     def lengthLimitExceeded(self, length):
         when = "" if self.handshake.connection is not None else " before hello"
         self.handshake.close(
-            FrameError(f"frame of {length} bytes is larger than the limit of {self.MAX_LENGTH} bytes{when}")
+            FrameError(
+                f"frame of {length} bytes is larger than the limit of {self.MAX_LENGTH} bytes{when}"
+            )
         )
 
     def partialFrameReceived(self):
-        # The start of a large frame holds memory: like a publish, it is gated while the broker is blocked.
+        # The start of a large frame holds memory: like a publish, it is gated
+        # while the broker is blocked.
         if (
             self.watermark.blocked
             and self.handshake.connection is not None
@@ -186,7 +196,10 @@ class NativeServerProtocol(FrameReceiver):
         self.writes.release()
 
     def _parse_held_back(self):
-        """Reading resumed: parse what was read but held back, on the next turn (not inside a release)."""
+        """
+        Reading resumed: parse what was read but held back, on the next turn
+        (not inside a release).
+        """
         if self._resume_call is None or not self._resume_call.active():
             self._resume_call = self.clock.callLater(0, self._parse_now)
 
@@ -202,7 +215,9 @@ class NativeServerProtocol(FrameReceiver):
         try:
             envelope.ParseFromString(frame)
         except DecodeError as problem:
-            self.handshake.close(FrameError(f"frame of {len(frame)} bytes is not a valid envelope: {problem}"))
+            self.handshake.close(
+                FrameError(f"frame of {len(frame)} bytes is not a valid envelope: {problem}")
+            )
             return
         kind = envelope.WhichOneof("payload")
         channel_id = envelope.channel
@@ -228,11 +243,16 @@ class NativeServerProtocol(FrameReceiver):
         except BrokerError as error:
             self.handshake.close(error)
         except Exception:
-            log.failure("native request {kind} on channel {channel} failed", kind=kind, channel=channel_id)
+            log.failure(
+                "native request {kind} on channel {channel} failed", kind=kind, channel=channel_id
+            )
             self.handshake.close(InternalError(f"the broker failed to handle {kind}; see its log"))
 
     def _connection_request(self, kind, envelope):
-        """A request that is not an open channel's: the handshake's, or opening, closing or management."""
+        """
+        A request that is not an open channel's: the handshake's, or opening,
+        closing or management.
+        """
         answer = self._connection_requests.get(kind)
         if answer is None:
             if kind is None:
@@ -247,8 +267,10 @@ class NativeServerProtocol(FrameReceiver):
         if self.handshake.connection is None:
             raise UnexpectedFrame(f"expected hello as the first frame, got {kind}")
         if kind == "exchange_declare":
-            exchange_type_name(envelope.exchange_declare)  # an unknown type is refused first, as it always was
-        raise InvalidChannel(f"channel {envelope.channel} is not open")  # the model's words (Connection.channel)
+            # An unknown type is refused first, as it always was.
+            exchange_type_name(envelope.exchange_declare)
+        # The model's words (Connection.channel):
+        raise InvalidChannel(f"channel {envelope.channel} is not open")
 
     # -- channels
 
@@ -258,7 +280,10 @@ class NativeServerProtocol(FrameReceiver):
             raise InvalidChannel("channel 0 is the connection itself and cannot be opened")
         opened = len(self._channels) + len(self._awaiting_close_ok)
         if opened >= self._channel_max and channel_id not in self._channels:
-            raise NotAllowed(f"number of channels opened ({opened}) has reached the channel_max ({self._channel_max})")
+            raise NotAllowed(
+                f"number of channels opened ({opened}) has reached the channel_max"
+                f" ({self._channel_max})"
+            )
         handshake = self.handshake
         self._channels[channel_id] = NativeChannel(
             channel_id, handshake.connection, self.sendFrame, handshake.gate, self.watermark
@@ -266,7 +291,10 @@ class NativeServerProtocol(FrameReceiver):
         self.sendFrame(ok_frame(envelope))
 
     def _close_channel_for_client(self, envelope, close):
-        """channel_close from the client: close the channel (if it is open) and answer channel_close_ok."""
+        """
+        channel_close from the client: close the channel (if it is open) and
+        answer channel_close_ok.
+        """
         self._channels.pop(envelope.channel, None)
         self.handshake.connection.close_channel(envelope.channel)
         reply = reply_to(envelope)
@@ -277,7 +305,10 @@ class NativeServerProtocol(FrameReceiver):
         pass  # only meaningful while we wait for it, handled in stringReceived
 
     def close_channel(self, channel_id, error, correlation_id=0):
-        """The broker closes channel C{channel_id} for C{error}; its frames are dropped until the client's close-ok."""
+        """
+        The broker closes channel C{channel_id} for C{error}; its frames are
+        dropped until the client's close-ok.
+        """
         log.debug("closing channel {channel}: {error}", channel=channel_id, error=error)
         self._channels.pop(channel_id, None)
         if self.handshake.connection is not None:
@@ -307,8 +338,10 @@ class NativeServerFactory(ServerFactory):
 
     noisy = False
 
-    def __init__(self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE, channel_max=DEFAULT_CHANNEL_MAX,
-                 authenticator=None, refusal_delay=LOGIN_REFUSAL_DELAY):
+    def __init__(
+        self, broker, max_frame_size=DEFAULT_MAX_FRAME_SIZE, channel_max=DEFAULT_CHANNEL_MAX,
+        authenticator=None, refusal_delay=LOGIN_REFUSAL_DELAY,
+    ):
         """
         @param authenticator: the broker's L{brokerd.access.interfaces.IAccessControl},
             the object AMQP logins use, so that one access database serves both

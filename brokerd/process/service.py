@@ -81,11 +81,16 @@ class Listener:
 
     def announce(self):
         address = self.port.getHost()
-        where = f"{address.host}:{address.port}" if hasattr(address, "port") else getattr(address, "name", address)
+        if hasattr(address, "port"):
+            where = f"{address.host}:{address.port}"
+        else:
+            where = getattr(address, "name", address)
         if isinstance(where, bytes):
             where = where.decode("utf-8", "replace")
-        log.info("{label} listening on {where} (--{option}={description})", label=self.label, where=where,
-                 option=self.option, description=self.description)
+        log.info(
+            "{label} listening on {where} (--{option}={description})",
+            label=self.label, where=where, option=self.option, description=self.description,
+        )
 
     def stop(self):
         port, self.port = self.port, None
@@ -134,40 +139,57 @@ class BrokerService(Service):
         self.store = store
         self.reactor = reactor
         # The end of a burst past the watermark is when the most memory has just been freed.
-        watermark = MemoryWatermark(memory_high_watermark, on_unblocked=FreedMemory(reactor).give_back_soon)
+        watermark = MemoryWatermark(
+            memory_high_watermark, on_unblocked=FreedMemory(reactor).give_back_soon
+        )
         self.broker = Broker(store, reactor, watermark=watermark)
         self.broker.vhost_stores = vhost_stores
         self.listeners = []
         if amqp_endpoint or amqps_endpoint:
-            factory = AmqpServerFactory(self.broker, amqp_settings)  # one factory: the same broker behind both
+            # One factory: the same broker behind both.
+            factory = AmqpServerFactory(self.broker, amqp_settings)
             for option, endpoint in (("amqp", amqp_endpoint), ("amqps", amqps_endpoint)):
                 if endpoint:
                     self.listeners.append(Listener(reactor, endpoint, factory, "AMQP", option))
         authenticator = amqp_settings.authenticator if amqp_settings is not None else None
-        if native_endpoint:  # the native protocol logs in against the same users, vhosts and permissions
-            factory = NativeServerFactory(self.broker, native_max_frame_size, native_channel_max, authenticator)
-            self.listeners.append(Listener(reactor, native_endpoint, factory, "native protocol", "native"))
+        # The native protocol logs in against the same users, vhosts and permissions.
+        if native_endpoint:
+            factory = NativeServerFactory(
+                self.broker, native_max_frame_size, native_channel_max, authenticator
+            )
+            self.listeners.append(
+                Listener(reactor, native_endpoint, factory, "native protocol", "native")
+            )
         self.startup_report = startup_report  # a StartupReport: what the start-up log says
         self.access = authenticator.access if authenticator is not None else None
         if prometheus_endpoint:
             site = metrics_site(self.broker, self.access)
-            self.listeners.append(Listener(reactor, prometheus_endpoint, site, "Prometheus metrics", "prometheus",
-                                           broker_clients=False))
+            self.listeners.append(Listener(
+                reactor, prometheus_endpoint, site, "Prometheus metrics", "prometheus",
+                broker_clients=False,
+            ))
         self.users_file = authenticator.users_file if authenticator is not None else None
         self.access_defaults = access_defaults
         self.definitions_file = definitions_file
         if http_endpoint:
-            self.listeners.append(Listener(reactor, http_endpoint, self._management_site(), "HTTP API", "http",
-                                           broker_clients=False))
+            self.listeners.append(Listener(
+                reactor, http_endpoint, self._management_site(), "HTTP API", "http",
+                broker_clients=False,
+            ))
         self.started = defer.Deferred()
         self._store_opened = False
         self._serving = False
         self._first_access_start = False  # True when this start made the access database
 
     def _management_site(self):
-        """The management API's site, over the same access database as the protocols (in memory without one)."""
+        """
+        The management API's site, over the same access database as the
+        protocols (in memory without one).
+        """
         access = self.access if self.access is not None else AccessControl().access
-        context = ApiContext(self.broker, access, AccessCommands(self.broker, access), self.listeners)
+        context = ApiContext(
+            self.broker, access, AccessCommands(self.broker, access), self.listeners
+        )
         return make_site(context)
 
     def startService(self):
@@ -181,12 +203,17 @@ class BrokerService(Service):
         d.addCallback(self._open_vhost_stores)
         d.addCallback(self._recovered)
         d.addCallback(lambda _: self._load_definitions())
-        d.addCallback(lambda _: defer.gatherResults([listener.start() for listener in self.listeners], consumeErrors=True))
+        d.addCallback(lambda _: defer.gatherResults(
+            [listener.start() for listener in self.listeners], consumeErrors=True
+        ))
         d.addCallback(lambda _: self.reactor.callWhenRunning(self._ready))
         d.addErrback(self._failed_to_start)
 
     def _open_access(self):
-        """Load the access database (made on the first start), import --users, and serve its vhosts."""
+        """
+        Load the access database (made on the first start), import --users, and
+        serve its vhosts.
+        """
         if self.access is None:
             return
         if self.access_defaults is not None:
@@ -200,12 +227,16 @@ class BrokerService(Service):
             except (OSError, ValueError) as problem:
                 raise ValueError(f"--users={self.users_file.path}: {problem}") from None
         for name in self.access.vhosts:
-            if self.access.vhost_backend(name) is None:  # a vhost with its own store is served once that opens
+            # A vhost with its own store is served once that opens.
+            if self.access.vhost_backend(name) is None:
                 self.broker.add_vhost(name)
 
     @defer.inlineCallbacks
     def _open_vhost_stores(self, counts):
-        """Open and recover each vhost's own store; one that fails takes down its vhost alone. Fires with C{counts}."""
+        """
+        Open and recover each vhost's own store; one that fails takes down its
+        vhost alone. Fires with C{counts}.
+        """
         if self.access is None:
             return counts
         for name in self.access.vhosts:
@@ -214,11 +245,15 @@ class BrokerService(Service):
                 continue
             try:
                 if self.broker.vhost_stores is None:
-                    raise VhostStoreFailed(name, "this broker has no data directory for vhosts' own stores")
+                    raise VhostStoreFailed(
+                        name, "this broker has no data directory for vhosts' own stores"
+                    )
                 store = yield self.broker.vhost_stores.open(name, backend)
             except VhostStoreFailed as failed:
-                log.error("vhost {vhost!r} is unavailable: its store cannot be opened: {problem}", vhost=name,
-                          problem=failed.problem)
+                log.error(
+                    "vhost {vhost!r} is unavailable: its store cannot be opened: {problem}",
+                    vhost=name, problem=failed.problem,
+                )
                 self.broker.mark_vhost_unavailable(name, failed.problem)
                 continue
             self.broker.add_vhost(name, store)
@@ -227,8 +262,10 @@ class BrokerService(Service):
             except Exception as problem:
                 self.broker.forget_vhost(name)
                 yield store.close()
-                log.error("vhost {vhost!r} is unavailable: its store cannot be recovered: {problem}", vhost=name,
-                          problem=problem)
+                log.error(
+                    "vhost {vhost!r} is unavailable: its store cannot be recovered: {problem}",
+                    vhost=name, problem=problem,
+                )
                 self.broker.mark_vhost_unavailable(name, str(problem) or type(problem).__name__)
         return counts
 
@@ -243,15 +280,22 @@ class BrokerService(Service):
 
     @defer.inlineCallbacks
     def _load_definitions(self):
-        """Import the --load-definitions file, then tell every vhost its policies; a bad file stops the start."""
+        """
+        Import the --load-definitions file, then tell every vhost its policies;
+        a bad file stops the start.
+        """
         if self.access is None:
             return
         if self.definitions_file is not None:
             try:
                 yield load_definitions_file(self.broker, self.access, self.definitions_file)
             except DefinitionsRefused as refusal:
-                raise DefinitionsRefused(f"--load-definitions={self.definitions_file}: {refusal}") from None
-            log.info("definitions imported from {path} (--load-definitions)", path=self.definitions_file)
+                raise DefinitionsRefused(
+                    f"--load-definitions={self.definitions_file}: {refusal}"
+                ) from None
+            log.info(
+                "definitions imported from {path} (--load-definitions)", path=self.definitions_file
+            )
         publish_all_policies(self.broker, self.access)
 
     def _adopt_recovered_vhosts(self):
@@ -265,7 +309,9 @@ class BrokerService(Service):
             self.access.add_vhost(name)
             if administrator is not None and self.access.user(administrator) is not None:
                 self.access.set_permissions(administrator, name, *FULL_PERMISSIONS)
-            log.info("vhost {vhost!r}, found in the store, added to the new access database", vhost=name)
+            log.info(
+                "vhost {vhost!r}, found in the store, added to the new access database", vhost=name
+            )
 
     def _ready(self):
         # Announced once the reactor runs (and has its signal handlers), so a
@@ -276,8 +322,12 @@ class BrokerService(Service):
         self.started.callback(self)
 
     def _failed_to_start(self, failure):
-        failure = failure.value.subFailure if isinstance(failure.value, defer.FirstError) else failure
-        log.critical("brokerd could not start: {problem}", problem=failure.getErrorMessage() or failure.type.__name__)
+        if isinstance(failure.value, defer.FirstError):
+            failure = failure.value.subFailure
+        log.critical(
+            "brokerd could not start: {problem}",
+            problem=failure.getErrorMessage() or failure.type.__name__,
+        )
         self.started.errback(failure)
         self.started.addErrback(lambda _: None)
         self.reactor.callWhenRunning(self._stop_after_failure)
@@ -293,14 +343,16 @@ class BrokerService(Service):
         for listener in self.listeners:
             yield listener.stop()
         if self._serving:
-            factories = list(dict.fromkeys(listener.factory for listener in self.listeners  # amqp, amqps share one
-                                           if listener.broker_clients))
+            factories = list(dict.fromkeys(  # amqp and amqps share one
+                listener.factory for listener in self.listeners if listener.broker_clients
+            ))
             yield close_clients(self.reactor, self.broker.stores(), factories)
         for connection in list(self.broker.connections):
             connection.close()
         self.broker.stop()
         if not self._store_opened:
-            # A store that failed to open may hold a lock or files it opened first; its stats mean nothing.
+            # A store that failed to open may hold a lock or files it opened
+            # first; its stats mean nothing.
             try:
                 yield self.store.close()
             except Exception as problem:
@@ -315,12 +367,15 @@ class BrokerService(Service):
         yield self.store.close()
         if not self._serving:
             return
-        log.info("store stats at stop: {stats}", stats=json.dumps(self.store.stats(), sort_keys=True))
+        log.info(
+            "store stats at stop: {stats}", stats=json.dumps(self.store.stats(), sort_keys=True)
+        )
         for name, store in own_stores.items():
             log.info("store stats of vhost {vhost!r} at stop: {stats}", vhost=name,
                      stats=json.dumps(store.stats(), sort_keys=True))
         if getattr(self.reactor, "_exitSignal", None) == signal.SIGTERM:
-            # twistd would end by re-raising SIGTERM (status "killed by SIGTERM"); a clean stop exits 0.
+            # twistd would end by re-raising SIGTERM (status
+            # "killed by SIGTERM"); a clean stop exits 0.
             self.reactor._exitSignal = None
         log.info("brokerd stopped cleanly")
 

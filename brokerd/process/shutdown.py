@@ -24,7 +24,8 @@ SHUTDOWN_REASON = "broker forced connection closure with reason 'shutdown'"  # R
 SHUTDOWN_GRACE_SECONDS = 1.0  # how long clients have to answer the close before they are dropped
 SHUTTING_DOWN = "shutting down"  # the reason the broker stops reading from every client
 _DISCONNECT_POLL_SECONDS = 0.02
-_COMMIT_ROUNDS = 2  # a confirm's sync may be requested in the same reactor turn as ours: wait for one more
+# A confirm's sync may be requested in the same reactor turn as ours: wait for one more.
+_COMMIT_ROUNDS = 2
 
 
 def _open_protocols(factories):
@@ -51,7 +52,8 @@ def close_clients(reactor, stores, factories, grace=SHUTDOWN_GRACE_SECONDS):
     for protocol in protocols:
         reading_pauses(protocol.transport).pause(SHUTTING_DOWN)
     for _ in range(_COMMIT_ROUNDS):
-        # A confirm-mode channel asks for its sync at the end of a turn; the sync made after it fires after it.
+        # A confirm-mode channel asks for its sync at the end of a turn; the
+        # sync made after it fires after it.
         yield deferLater(reactor, 0, lambda: None)
         try:
             yield defer.gatherResults([store.sync() for store in stores], consumeErrors=True)
@@ -69,7 +71,10 @@ def close_clients(reactor, stores, factories, grace=SHUTDOWN_GRACE_SECONDS):
         yield deferLater(reactor, _DISCONNECT_POLL_SECONDS, lambda: None)
     late = [protocol for protocol in protocols if _connected(protocol)]
     if late:
-        log.info("dropping {count} client connection(s) that did not answer the close within {seconds} s",
-                 count=len(late), seconds=grace)
+        log.info(
+            "dropping {count} client connection(s) that did not answer the close"
+            " within {seconds} s",
+            count=len(late), seconds=grace,
+        )
         for protocol in late:
             protocol.transport.abortConnection()

@@ -62,7 +62,8 @@ class StartupReport:
     def log_settings(self):
         name, options = self.backend_options()
         log.info(
-            "brokerd {version} starting: data directory {data_dir}, backend {backend}{options}, sync {sync}",
+            "brokerd {version} starting: data directory {data_dir},"
+            " backend {backend}{options}, sync {sync}",
             version=brokerd.__version__,
             data_dir=self.data_dir,
             backend=name,
@@ -71,19 +72,26 @@ class StartupReport:
         )
 
     def other_backends_data(self, store):
-        """C{(backend name, location)} of each other backend whose default location under the data directory
-        holds data."""
+        """C{(backend name, location)} of each other backend whose default
+        location under the data directory holds data."""
         own = _store_location(store)
         found = []
         for name in registry.available_backends():
             if name == store.name:
                 continue
             try:
-                other = registry.make_store(name, self.data_dir, self.sync_policy, reactor=self.reactor)
+                other = registry.make_store(
+                    name, self.data_dir, self.sync_policy, reactor=self.reactor
+                )
             except registry.BackendError:
                 continue
             location = _store_location(other)
-            if not other.durable or location is None or location == own or not os.path.exists(location):
+            if (
+                not other.durable
+                or location is None
+                or location == own
+                or not os.path.exists(location)
+            ):
                 continue
             if _holds_data(location):
                 found.append((name, location))
@@ -91,13 +99,16 @@ class StartupReport:
 
     def warn_of_other_backends_data(self, store, recovered):
         """After recovery: warn if the store came up empty beside another backend's data."""
-        if not store.durable or any(recovered.get(kind) for kind in ("exchanges", "queues", "quarantined")):
+        if not store.durable or any(
+            recovered.get(kind) for kind in ("exchanges", "queues", "quarantined")
+        ):
             return
         for name, location in self.other_backends_data(store):
             log.warn(
-                "the data directory holds the {other} backend's files ({location}), which the {backend} backend"
-                " does not read: this broker starts without what they hold (they are left untouched). To carry"
-                " their queues and messages over, stop the broker and run: {command}",
+                "the data directory holds the {other} backend's files ({location}),"
+                " which the {backend} backend does not read: this broker starts without"
+                " what they hold (they are left untouched). To carry their queues and"
+                " messages over, stop the broker and run: {command}",
                 other=name,
                 location=location,
                 backend=store.name,
@@ -106,5 +117,8 @@ class StartupReport:
 
 
 def migrate_command(data_dir, source, target):
-    """The command line that carries a data directory's C{source} backend's data over to C{target}."""
+    """
+    The command line that carries a data directory's C{source} backend's data
+    over to C{target}.
+    """
     return f"brokerd-admin migrate --data-dir {shlex.quote(data_dir)} --from {source} --to {target}"

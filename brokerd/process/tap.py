@@ -13,7 +13,12 @@ from twisted.python import usage
 
 from brokerd.access.database import DEFAULT_PASS, DEFAULT_USER, AccessDatabase
 from brokerd.amqp import auth
-from brokerd.amqp.handshake import DEFAULT_FRAME_MAX, DEFAULT_HEARTBEAT, DEFAULT_MAX_MESSAGE_SIZE, AmqpSettings
+from brokerd.amqp.settings import (
+    DEFAULT_FRAME_MAX,
+    DEFAULT_HEARTBEAT,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    AmqpSettings,
+)
 from brokerd.native.server import DEFAULT_CHANNEL_MAX as DEFAULT_NATIVE_CHANNEL_MAX
 from brokerd.native.server import DEFAULT_MAX_FRAME_SIZE
 from brokerd.process.service import BrokerService
@@ -29,7 +34,8 @@ MESSAGE_HEAD_ALLOWANCE = 1 << 20  # for a stored message's exchange, routing key
 DEFAULT_DATA_DIR = "./brokerd-data"
 DEFAULT_NATIVE = "tcp:5673:interface=127.0.0.1"
 DEFAULT_AMQP = "tcp:5672:interface=127.0.0.1"
-DEFAULT_PROMETHEUS = "tcp:15692:interface=127.0.0.1"  # the port of RabbitMQ's rabbitmq_prometheus plugin
+# The port of RabbitMQ's rabbitmq_prometheus plugin:
+DEFAULT_PROMETHEUS = "tcp:15692:interface=127.0.0.1"
 DEFAULT_HTTP = "tcp:15672:interface=127.0.0.1"  # RabbitMQ's management plugin's port
 
 
@@ -52,76 +58,86 @@ class Options(usage.Options):
             "memory-high-watermark",
             None,
             "1G",
-            "Message bytes in memory (queued bodies, bodies and transactions on their way in, replies clients"
-            " have not read) above which publishing connections are not read (AMQP clients get connection.blocked;"
-            " K, M, G suffixes); they resume below 80% of it.",
+            "Message bytes in memory (queued bodies, bodies and transactions on their way in,"
+            " replies clients have not read) above which publishing connections are not read"
+            " (AMQP clients get connection.blocked; K, M, G suffixes); they resume below 80%"
+            " of it.",
         ],
         [
             "data-dir",
             None,
             DEFAULT_DATA_DIR,
-            "Directory where durable backends keep their files, and the access database (access.json).",
+            "Directory where durable backends keep their files, and the access database"
+            " (access.json).",
         ],
         [
             "sync",
             None,
             "always",
-            "When publisher confirms go out for persistent messages: always (after the fsync covering them,"
-            " shared by many messages), interval:MS (fsync every MS ms), or none (after the write; unsafe on"
-            " power loss).",
+            "When publisher confirms go out for persistent messages: always (after the fsync"
+            " covering them, shared by many messages), interval:MS (fsync every MS ms), or none"
+            " (after the write; unsafe on power loss).",
         ],
-        ["amqp", None, DEFAULT_AMQP, "Endpoint for AMQP 0-9-1 clients (pika, kombu, aio-pika); 'none' to disable it."],
+        [
+            "amqp",
+            None,
+            DEFAULT_AMQP,
+            "Endpoint for AMQP 0-9-1 clients (pika, kombu, aio-pika); 'none' to disable it.",
+        ],
         [
             "amqps",
             None,
             None,
             "Endpoint for AMQP 0-9-1 over TLS, e.g. ssl:5671:privateKey=key.pem:certKey=cert.pem"
-            "[:extraCertChain=chain.pem][:caCerts=ca.pem]; with caCerts, clients must present a certificate"
-            " signed by one of those authorities. Default: none.",
+            "[:extraCertChain=chain.pem][:caCerts=ca.pem]; with caCerts, clients must present"
+            " a certificate signed by one of those authorities. Default: none.",
         ],
         [
             "native",
             None,
             DEFAULT_NATIVE,
-            "Endpoint for the native protobuf protocol (an ssl: endpoint as for --amqps serves it over TLS);"
-            " 'none' to disable it.",
+            "Endpoint for the native protobuf protocol (an ssl: endpoint as for --amqps serves it"
+            " over TLS); 'none' to disable it.",
         ],
         [
             "prometheus",
             None,
             DEFAULT_PROMETHEUS,
-            "Endpoint for Prometheus metrics, at /metrics (aggregated) and /metrics/per-object (per queue),"
-            " with the names of RabbitMQ's rabbitmq_prometheus plugin; 'none' to disable it.",
+            "Endpoint for Prometheus metrics, at /metrics (aggregated) and /metrics/per-object"
+            " (per queue), with the names of RabbitMQ's rabbitmq_prometheus plugin; 'none' to"
+            " disable it.",
         ],
         [
             "http",
             None,
             DEFAULT_HTTP,
-            "Endpoint for the HTTP management API (RabbitMQ's /api/..., basic authentication against the"
-            " broker's users); 'none' to disable it.",
+            "Endpoint for the HTTP management API (RabbitMQ's /api/..., basic authentication"
+            " against the broker's users); 'none' to disable it.",
         ],
         [
             "auth-mechanisms",
             None,
             ",".join(auth.MECHANISMS),
-            "SASL mechanisms AMQP clients may log in with, comma-separated, from PLAIN, AMQPLAIN and EXTERNAL"
-            " (EXTERNAL: the user named by the TLS client certificate's subject CN, offered on TLS connections"
-            " that presented one).",
+            "SASL mechanisms AMQP clients may log in with, comma-separated, from PLAIN, AMQPLAIN"
+            " and EXTERNAL (EXTERNAL: the user named by the TLS client certificate's subject CN,"
+            " offered on TLS connections that presented one).",
         ],
         [
             "users",
             None,
             None,
-            "File of UTF-8 user:password lines imported into the access database at start and whenever it"
-            " changes; its new users get every permission on vhost /. Given on the first start, it replaces guest.",
+            "File of UTF-8 user:password lines imported into the access database at start and"
+            " whenever it changes; its new users get every permission on vhost /. Given on the"
+            " first start, it replaces guest.",
         ],
         [
             "load-definitions",
             None,
             None,
-            "A definitions file in RabbitMQ's JSON format (users with their password hashes, vhosts, permissions,"
-            " policies, exchanges, queues, bindings) imported at every start, after recovery and before clients"
-            " are accepted (as RabbitMQ's load_definitions); what exists already is left as it is.",
+            "A definitions file in RabbitMQ's JSON format (users with their password hashes,"
+            " vhosts, permissions, policies, exchanges, queues, bindings) imported at every start,"
+            " after recovery and before clients are accepted (as RabbitMQ's load_definitions);"
+            " what exists already is left as it is.",
         ],
         [
             "default-user",
@@ -140,22 +156,22 @@ class Options(usage.Options):
             "heartbeat",
             None,
             str(DEFAULT_HEARTBEAT),
-            "AMQP heartbeat interval offered to clients in connection.tune, in seconds (0: off); a client silent"
-            " for two intervals is dropped.",
+            "AMQP heartbeat interval offered to clients in connection.tune, in seconds (0: off);"
+            " a client silent for two intervals is dropped.",
         ],
         [
             "frame-max",
             None,
             str(DEFAULT_FRAME_MAX),
-            "Largest AMQP frame offered to clients in connection.tune, in bytes (K, M suffixes); a larger frame"
-            " closes the connection with 501.",
+            "Largest AMQP frame offered to clients in connection.tune, in bytes (K, M suffixes);"
+            " a larger frame closes the connection with 501.",
         ],
         [
             "max-message-size",
             None,
             str(DEFAULT_MAX_MESSAGE_SIZE),
-            "Largest AMQP message body accepted, in bytes (K, M, G suffixes); a larger one closes its channel"
-            " with 406.",
+            "Largest AMQP message body accepted, in bytes (K, M, G suffixes); a larger one closes"
+            " its channel with 406.",
         ],
         [
             "native-max-frame",
@@ -168,8 +184,8 @@ class Options(usage.Options):
             "native-channel-max",
             None,
             str(DEFAULT_NATIVE_CHANNEL_MAX),
-            "Most channels one native-protocol connection may have open; opening one more closes the"
-            " connection with 530 NOT_ALLOWED.",
+            "Most channels one native-protocol connection may have open; opening one more closes"
+            " the connection with 530 NOT_ALLOWED.",
         ],
     ]
 
@@ -198,12 +214,15 @@ class Options(usage.Options):
                 raise ValueError
         except ValueError:
             raise usage.UsageError(
-                f"--native-channel-max: {self['native-channel-max']!r} is not a positive number of channels"
+                f"--native-channel-max: {self['native-channel-max']!r}"
+                " is not a positive number of channels"
             ) from None
         for name in ("native", "amqp", "amqps", "prometheus", "http"):
             self[name] = _endpoint_option(reactor, name, self[name])
         if self["amqps"] is not None and not is_tls(self["amqps"]):
-            raise usage.UsageError(f"--amqps: {self['amqps']!r} is not a TLS endpoint; use ssl:PORT:privateKey=...")
+            raise usage.UsageError(
+                f"--amqps: {self['amqps']!r} is not a TLS endpoint; use ssl:PORT:privateKey=..."
+            )
         self["amqp-settings"] = self._amqp_settings()
         try:
             self["memory-high-watermark"] = parse_size(self["memory-high-watermark"])
@@ -214,7 +233,9 @@ class Options(usage.Options):
         except ValueError as problem:
             raise usage.UsageError(f"--sync: {problem}") from None
         try:
-            self["store"] = registry.make_store(self["backend"], self["data-dir"], self["sync"], reactor=reactor)
+            self["store"] = registry.make_store(
+                self["backend"], self["data-dir"], self["sync"], reactor=reactor
+            )
         except registry.BackendError as problem:
             raise usage.UsageError(f"--backend: {problem}") from None
         self._check_message_fits(self["store"], self["amqp-settings"].max_message_size)
@@ -223,17 +244,23 @@ class Options(usage.Options):
                 with open(self["load-definitions"], "rb"):
                     pass
             except OSError as problem:
-                raise usage.UsageError(f"--load-definitions: cannot read {self['load-definitions']!r}:"
-                                       f" {problem.strerror}") from None
+                raise usage.UsageError(
+                    f"--load-definitions: cannot read {self['load-definitions']!r}:"
+                    f" {problem.strerror}"
+                ) from None
 
     @staticmethod
     def _check_message_fits(store, max_message_size):
-        """A store whose records have a size limit (the chunked one's chunks) must hold the largest message."""
+        """
+        A store whose records have a size limit (the chunked one's chunks) must
+        hold the largest message.
+        """
         capacity = getattr(store, "chunk_capacity", None)
         if capacity is not None and max_message_size + MESSAGE_HEAD_ALLOWANCE > capacity:
             raise usage.UsageError(
-                f"--max-message-size: a message of {max_message_size} bytes would not fit in the {store.name}"
-                f" backend's chunks of {capacity} bytes; raise its chunk_size or lower --max-message-size"
+                f"--max-message-size: a message of {max_message_size} bytes would not fit"
+                f" in the {store.name} backend's chunks of {capacity} bytes;"
+                " raise its chunk_size or lower --max-message-size"
             )
 
     def _amqp_settings(self):
@@ -242,7 +269,9 @@ class Options(usage.Options):
             if not 0 <= heartbeat <= 65535:
                 raise ValueError
         except ValueError:
-            raise usage.UsageError(f"--heartbeat: {self['heartbeat']!r} is not a number of seconds (0-65535)") from None
+            raise usage.UsageError(
+                f"--heartbeat: {self['heartbeat']!r} is not a number of seconds (0-65535)"
+            ) from None
         sizes = {}
         for name in ("frame-max", "max-message-size"):
             try:
@@ -259,7 +288,10 @@ class Options(usage.Options):
         )
 
     def _authenticator(self):
-        """The access database in --data-dir (opened at start) and the --users file to import into it."""
+        """
+        The access database in --data-dir (opened at start) and the --users
+        file to import into it.
+        """
         access = AccessDatabase.in_directory(self["data-dir"])
         users_file = None
         if self["users"] is not None:
@@ -267,18 +299,26 @@ class Options(usage.Options):
                 with open(self["users"], "rb"):
                     pass
             except OSError as problem:
-                raise usage.UsageError(f"--users: cannot read {self['users']!r}: {problem.strerror}") from None
+                raise usage.UsageError(
+                    f"--users: cannot read {self['users']!r}: {problem.strerror}"
+                ) from None
             users_file = auth.UsersFileImport(self["users"], access)
         default_user = self["default-user"] or os.environ.get("RABBITMQ_DEFAULT_USER")
         if default_user is None and users_file is None:
             default_user = DEFAULT_USER
-        self["access-defaults"] = (default_user, self["default-pass"] or os.environ.get("RABBITMQ_DEFAULT_PASS")
-                                   or DEFAULT_PASS)
-        mechanisms = tuple(name.strip().upper() for name in self["auth-mechanisms"].split(",") if name.strip())
+        default_pass = (
+            self["default-pass"] or os.environ.get("RABBITMQ_DEFAULT_PASS") or DEFAULT_PASS
+        )
+        self["access-defaults"] = (default_user, default_pass)
+        mechanisms = tuple(
+            name.strip().upper() for name in self["auth-mechanisms"].split(",") if name.strip()
+        )
         unknown = [name for name in mechanisms if name not in auth.ALL_MECHANISMS]
         if unknown or not mechanisms:
-            raise usage.UsageError(f"--auth-mechanisms: {self['auth-mechanisms']!r} must name some of"
-                                   f" {', '.join(auth.ALL_MECHANISMS)}")
+            raise usage.UsageError(
+                f"--auth-mechanisms: {self['auth-mechanisms']!r} must name some of"
+                f" {', '.join(auth.ALL_MECHANISMS)}"
+            )
         return auth.Authenticator(access, users_file=users_file, mechanisms=mechanisms)
 
 
@@ -300,7 +340,8 @@ def makeService(options):
 
     from brokerd.wire.stop_signals import stop_once_on_signals
 
-    reactor.callWhenRunning(stop_once_on_signals, reactor)  # two quick SIGTERMs stop it once, quietly
+    # Two quick SIGTERMs stop it once, quietly.
+    reactor.callWhenRunning(stop_once_on_signals, reactor)
     service = BrokerService(
         options["store"],
         reactor,
@@ -316,10 +357,13 @@ def makeService(options):
         http_endpoint=options["http"],
         memory_high_watermark=options["memory-high-watermark"],
         prometheus_endpoint=options["prometheus"],
-        startup_report=StartupReport(options["backend"], options["data-dir"], options["sync"], reactor),
+        startup_report=StartupReport(
+            options["backend"], options["data-dir"], options["sync"], reactor
+        ),
     )
-    # What exists before the store opens (modules, classes, functions: tens of thousands of objects that live
-    # as long as the process) leaves the cyclic collector's care, so that its full collections walk only what
-    # the broker made since: 67 ms each in a run of 100,000 paged deliveries, 2 ms frozen (5 % of the CPU).
+    # What exists before the store opens (modules, classes, functions: tens of thousands
+    # of objects that live as long as the process) leaves the cyclic collector's care,
+    # so that its full collections walk only what the broker made since: 67 ms each in a
+    # run of 100,000 paged deliveries, 2 ms frozen (5 % of the CPU).
     gc.freeze()
     return service

@@ -26,7 +26,8 @@ _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
-# The timestamps (seconds since the epoch) a datetime can hold: 0001-01-01 to 9999-12-31 23:59:59 UTC.
+# The timestamps (seconds since the epoch) a datetime can hold:
+# 0001-01-01 to 9999-12-31 23:59:59 UTC.
 FIRST_DATETIME_SECONDS = -62135596800
 LAST_DATETIME_SECONDS = 253402300799
 
@@ -104,7 +105,9 @@ def _fill_value(target, value, where):
         for index, item in enumerate(value):
             _fill_value(target.array_value.values.add(), item, f"{where}[{index}]")
     else:
-        raise TypeError(f"field {where!r} has a type field tables cannot carry: {type(value).__name__}")
+        raise TypeError(
+            f"field {where!r} has a type field tables cannot carry: {type(value).__name__}"
+        )
 
 
 def value_to_python(value):
@@ -124,7 +127,10 @@ def value_to_python(value):
 
 
 def decimal_value(scale, unscaled):
-    """C{unscaled * 10 ** -scale} as an exact Decimal, for any scale (no context, so no rounding or overflow)."""
+    """
+    C{unscaled * 10 ** -scale} as an exact Decimal, for any scale (no context,
+    so no rounding or overflow).
+    """
     digits = tuple(map(int, str(abs(unscaled))))
     return decimal.Decimal((1 if unscaled < 0 else 0, digits, -scale))
 

@@ -7,7 +7,8 @@ and recover. Protocol adapters translate frames into these calls and give the
 channel an L{IChannelPeer} to push deliveries, returns and confirms through.
 Errors are raised as L{brokerd.errors.BrokerError}s for the adapter to report.
 It is made of parts that each own their state: its consumers
-(L{brokerd.session.consumer.Consumer}), which its queues deliver to; its
+(L{brokerd.session.consumers.ChannelConsumers}, each a
+L{brokerd.session.consumer.Consumer}), which its queues deliver to; its
 L{brokerd.session.deliveries.Deliveries}, where they and basic.get take delivery
 tags and leave what the client must settle, and which hold every consumer back
 while the channel may not deliver; in confirm mode its
@@ -23,14 +24,14 @@ Every operation is checked against the user's permissions (L{brokerd.access.perm
 from twisted.logger import Logger
 
 from brokerd.access.permissions import UNCHECKED
-from brokerd.errors import MethodNotImplemented, NotAllowed, NotFound, PreconditionFailed
-from brokerd.model.consumers import consumer_priority
+from brokerd.errors import NotFound, PreconditionFailed
 from brokerd.model.message import Message
-from brokerd.model.names import check_short_string, generate_consumer_tag
+from brokerd.model.names import check_short_string
 from brokerd.model.property_rules import check_arguments, check_properties
 from brokerd.model.replyto import REPLY_PREFIX, REPLY_QUEUE
 from brokerd.session.confirms import PublisherConfirms
-from brokerd.session.consumer import Consumer, delivered_message
+from brokerd.session.consumer import delivered_message
+from brokerd.session.consumers import ChannelConsumers
 from brokerd.session.deliveries import Deliveries
 from brokerd.session.transactions import Transaction
 
@@ -38,27 +39,34 @@ log = Logger()
 
 # The message counters every channel keeps (and its connection adds up), as RabbitMQ's
 # message_stats: publish, deliver_get (consumer deliveries and basic.get), redeliver and ack.
-MESSAGE_COUNTERS = ("messages_published", "messages_delivered", "messages_redelivered", "messages_acked")
+MESSAGE_COUNTERS = (
+    "messages_published", "messages_delivered", "messages_redelivered", "messages_acked"
+)
 # What else a channel counts for the broker-wide metrics (RabbitMQ's global counters): unroutable
 # publishes dropped or returned (counted on that path only), and the publishes made and confirmed in
 # confirm mode (read from its publisher confirms, not counted per message).
-ROUTING_COUNTERS = ("messages_unroutable_dropped", "messages_unroutable_returned", "messages_received_confirm",
-                    "messages_confirmed")
+ROUTING_COUNTERS = (
+    "messages_unroutable_dropped", "messages_unroutable_returned", "messages_received_confirm",
+    "messages_confirmed",
+)
 
 
 class Channel:
     """
     One open channel of a connection.
 
-    @ivar consumers: consumer tag -> its L{Consumer}, in the order they started.
+    @ivar consumers: consumer tag -> its consumer, in the order they started
+        (L{ChannelConsumers}).
     @ivar deliveries: the channel's L{Deliveries}: delivery tags, un-acked
         deliveries, and what holds its consumers back.
     @ivar consumer_prefetch: the per-consumer limit given to consumers created
         from now on (basic.qos without global).
-    @ivar messages_published: messages the vhost took (routed or not), transactional ones once committed.
+    @ivar messages_published: messages the vhost took (routed or not), transactional
+        ones once committed.
     @ivar messages_acked: deliveries the client acked.
     @ivar messages_unroutable_dropped: publishes no queue took, not mandatory (dropped).
-    @ivar messages_unroutable_returned: mandatory publishes no queue took (returned to the publisher).
+    @ivar messages_unroutable_returned: mandatory publishes no queue took (returned to
+        the publisher).
     """
 
     def __init__(self, connection, channel_id, peer):
@@ -67,9 +75,10 @@ class Channel:
         self.peer = peer
         self.vhost = connection.vhost
         self.access = connection.access or UNCHECKED  # UNCHECKED: made in-process, without a login
-        self._writable_exchanges = None if connection.access is None else set()  # exchanges published to
+        # Exchanges published to:
+        self._writable_exchanges = None if connection.access is None else set()
         self.clock = connection.broker.clock
-        self.consumers = {}
+        self.consumers = ChannelConsumers(self)
         self.deliveries = Deliveries(connection)
         self.consumer_prefetch = 0
         self.closed = False
@@ -84,22 +93,34 @@ class Channel:
 
     @property
     def name(self):
-        """RabbitMQ's name for it, its connection's and its number: C{"127.0.0.1:54321 -> 127.0.0.1:5672 (1)"}."""
+        """
+        RabbitMQ's name for it, its connection's and its number:
+        C{"127.0.0.1:54321 -> 127.0.0.1:5672 (1)"}.
+        """
         return f"{self.connection.name} ({self.id})"
 
     @property
     def prefetch_count(self):
-        """The channel-wide limit of un-acked deliveries to consumers (basic.qos with global; 0: no limit)."""
+        """
+        The channel-wide limit of un-acked deliveries to consumers (basic.qos
+        with global; 0: no limit).
+        """
         return self.deliveries.prefetch_count
 
     @property
     def flow_active(self):
-        """False while the client has paused deliveries (channel.flow), and once the channel closed."""
+        """
+        False while the client has paused deliveries (channel.flow), and once
+        the channel closed.
+        """
         return self.deliveries.flowing
 
     @property
     def messages_delivered(self):
-        """Messages handed to consumers or taken by basic.get: as many as the delivery tags given out."""
+        """
+        Messages handed to consumers or taken by basic.get: as many as the
+        delivery tags given out.
+        """
         return self.deliveries.given
 
     @property
@@ -119,7 +140,10 @@ class Channel:
 
     @property
     def unacked_deliveries(self):
-        """Delivery tag -> un-acked entry, in tag order (read it; settle through the basic methods)."""
+        """
+        Delivery tag -> un-acked entry, in tag order (read it; settle through
+        the basic methods).
+        """
         return self.deliveries.unacked
 
     @property
@@ -135,13 +159,15 @@ class Channel:
     # -- topology
 
     def exchange_declare(
-        self, exchange, type_name="direct", passive=False, durable=False, auto_delete=False, internal=False,
-        arguments=None,
+        self, exchange, type_name="direct", passive=False, durable=False, auto_delete=False,
+        internal=False, arguments=None,
     ):
         check_arguments(arguments)
         if not passive and exchange:
             self.access.check_configure("exchange", exchange)
-        self.vhost.declare_exchange(exchange, type_name, passive, durable, auto_delete, internal, arguments)
+        self.vhost.declare_exchange(
+            exchange, type_name, passive, durable, auto_delete, internal, arguments
+        )
 
     def exchange_delete(self, exchange, if_unused=False):
         if exchange:
@@ -159,7 +185,10 @@ class Channel:
         self.access.check_binding("exchange", destination, source)
         self.vhost.unbind_exchange(destination, source, routing_key, arguments)
 
-    def queue_declare(self, queue="", passive=False, durable=False, exclusive=False, auto_delete=False, arguments=None):
+    def queue_declare(
+        self, queue="", passive=False, durable=False, exclusive=False, auto_delete=False,
+        arguments=None,
+    ):
         """Declare a queue; returns C{(name, message_count, consumer_count)}."""
         if queue.startswith(REPLY_QUEUE):  # direct reply-to's names (brokerd.model.replyto)
             declared = self.connection.broker.replies.declare(self, queue)
@@ -236,7 +265,9 @@ class Channel:
         if message.encoded_properties is None:
             check_properties(message.properties)
         writable = self._writable_exchanges  # None: unchecked; else exchanges checked already
-        if writable is not None and (message.exchange not in writable or message.properties.user_id):
+        if writable is not None and (
+            message.exchange not in writable or message.properties.user_id
+        ):
             self.access.check_publish(message, writable)
         if message.properties.reply_to == REPLY_QUEUE:
             message = self.connection.broker.replies.with_reply_address(self, message)
@@ -248,9 +279,11 @@ class Channel:
             sequence = confirms.next_sequence()
         routed, stored, refused = self.vhost.publish(message.exchange, message)
         self.messages_published += 1
-        if not routed:  # one test on the routed path, as before; the counting is on the unroutable one only
+        # One test on the routed path, as before; the counting is on the unroutable one only.
+        if not routed:
             if reply := message.routing_key.startswith(REPLY_PREFIX) and not message.exchange:
-                self.connection.broker.replies.deliver(self.vhost, message)  # and RabbitMQ returns it if mandatory
+                # And RabbitMQ returns it if mandatory:
+                self.connection.broker.replies.deliver(self.vhost, message)
             if mandatory and not refused:
                 self.messages_unroutable_returned += 1
                 self.peer.returned(312, "NO_ROUTE", message)
@@ -258,7 +291,8 @@ class Channel:
                 self.messages_unroutable_dropped += 1
         if confirms is not None:
             if refused:
-                confirms.confirm(sequence, ack=False)  # a full queue with x-overflow reject-publish said no
+                # A full queue with x-overflow reject-publish said no.
+                confirms.confirm(sequence, ack=False)
             elif stored:
                 confirms.confirm_after_sync(sequence)
             else:
@@ -283,45 +317,17 @@ class Channel:
         check_arguments(arguments)
         queue = self._queue_name(queue)
         if queue == REPLY_QUEUE:
-            target, arguments = self.connection.broker.replies.reply_queue(self, no_ack), None  # ignored
+            # The arguments are ignored.
+            target, arguments = self.connection.broker.replies.reply_queue(self, no_ack), None
         else:
             self.access.check_read("queue", queue)
             target = self.vhost.queue(queue, self.connection)
             target.check_available()
-        priority = consumer_priority(arguments, target)
-        if target.policy.quorum and self.prefetch_count:
-            raise MethodNotImplemented(
-                f"queue {target.name!r} in vhost {self.vhost.name!r} does not support global qos"
-            )
-        if consumer_tag:
-            check_short_string("consumer tag", consumer_tag)
-            if consumer_tag in self.consumers:
-                raise NotAllowed(f"attempt to reuse consumer tag {consumer_tag!r}")
-        else:
-            consumer_tag = generate_consumer_tag()
-        consumer = Consumer(
-            consumer_tag, target, self, no_ack, exclusive, self.consumer_prefetch, dict(arguments or {}), priority
-        )
-        target.add_consumer(consumer)
-        self.consumers[consumer_tag] = consumer
-        self.clock.callLater(0, target.dispatch)
-        return consumer_tag
+        return self.consumers.start(target, consumer_tag, no_ack, exclusive, arguments)
 
     def basic_cancel(self, consumer_tag):
         """Stop a consumer; its un-acked deliveries stay un-acked. Unknown tags are ignored."""
-        consumer = self.consumers.pop(consumer_tag, None)
-        if consumer is not None:
-            consumer.queue.remove_consumer(consumer)
-
-    def consumer_cancelled_by_broker(self, consumer):
-        """The consumer's queue went away: forget it, and tell the client on the next turn, after the
-        reply to what deleted the queue (RabbitMQ sends queue.delete-ok before the basic.cancel)."""
-        if self.consumers.pop(consumer.tag, None) is not None:
-            self.clock.callLater(0, self._tell_cancelled, consumer.tag)
-
-    def _tell_cancelled(self, tag):
-        if not self.closed:
-            self.peer.consumer_cancelled(tag)
+        self.consumers.cancel(consumer_tag)
 
     def basic_get(self, queue, no_ack=False):
         """
@@ -336,7 +342,8 @@ class Channel:
         source.check_available()
         entry = source.get()
         if entry is None:
-            source.check_available()  # the head could not be read from the store: not empty, unavailable
+            # The head could not be read from the store: not empty, unavailable.
+            source.check_available()
             return None
         if no_ack:
             tag = self.deliveries.give_tag(entry)
@@ -356,7 +363,9 @@ class Channel:
 
     def basic_ack(self, delivery_tag, multiple=False):
         if self._transaction is not None:
-            self._transaction.hold_settlement(self.basic_ack, (delivery_tag, multiple), delivery_tag, multiple)
+            self._transaction.hold_settlement(
+                self.basic_ack, (delivery_tag, multiple), delivery_tag, multiple
+            )
             return
         deliveries = self.deliveries
         entries = deliveries.take(delivery_tag, multiple)
@@ -375,7 +384,9 @@ class Channel:
 
     def basic_reject(self, delivery_tag, requeue=True):
         if self._transaction is not None:
-            self._transaction.hold_settlement(self.basic_reject, (delivery_tag, requeue), delivery_tag, False)
+            self._transaction.hold_settlement(
+                self.basic_reject, (delivery_tag, requeue), delivery_tag, False
+            )
             return
         self._settle_refused(self.deliveries.take(delivery_tag, False), requeue)
 
@@ -385,21 +396,10 @@ class Channel:
         C{requeue} false) redelivered to the consumer that had it, where it
         still exists.
         """
-        deliveries = self.deliveries
-        entries = deliveries.take_all()
-        if requeue:
-            self._settle_refused(entries, True)
-            return
-        back_to_queue = []
-        for entry in entries:
-            consumer = entry.consumer
-            if consumer is not None and self.consumers.get(consumer.tag) is consumer:
-                deliveries.release((entry,))
-                if entry.queue.returned(entry):  # False: past its delivery limit, it died
-                    consumer.deliver(entry)
-            else:
-                back_to_queue.append(entry)
-        self._settle_refused(back_to_queue, True)
+        entries = self.deliveries.take_all()
+        if not requeue:
+            entries = self.consumers.redeliver(entries, self.deliveries)
+        self._settle_refused(entries, True)
 
     def _settle_refused(self, entries, requeue):
         """
@@ -428,13 +428,13 @@ class Channel:
         until they are settled.
         """
         if self.deliveries.prefetch_count:
-            queues |= {consumer.queue for consumer in self.consumers.values()}
+            queues |= self.consumers.queues()
         for queue in queues:
             queue.dispatch()
 
     def dispatch_all(self):
         """Let every queue this channel consumes from deliver what it can."""
-        for queue in {consumer.queue for consumer in self.consumers.values()}:
+        for queue in self.consumers.queues():
             queue.dispatch()
 
     # -- transactions
@@ -447,7 +447,10 @@ class Channel:
             self._transaction = Transaction(self.vhost.watermark, self.deliveries)
 
     def tx_commit(self):
-        """Apply the transaction's publishes and settlements, in the order they came; a new one begins."""
+        """
+        Apply the transaction's publishes and settlements, in the order they
+        came; a new one begins.
+        """
         transaction = self._open_transaction()
         self._transaction = None  # what it kept runs now as it would have outside tx mode
         try:
@@ -456,7 +459,10 @@ class Channel:
             self._transaction = transaction
 
     def tx_rollback(self):
-        """Drop the transaction's publishes and settlements (the deliveries stay un-acked); a new one begins."""
+        """
+        Drop the transaction's publishes and settlements (the deliveries stay
+        un-acked); a new one begins.
+        """
         self._open_transaction().rollback()
 
     def _open_transaction(self):
@@ -467,14 +473,15 @@ class Channel:
     # -- closing
 
     def close(self):
-        """Cancel every consumer, requeue every un-acked delivery, roll back a transaction, stop confirming."""
+        """
+        Cancel every consumer, requeue every un-acked delivery, roll back a
+        transaction, stop confirming.
+        """
         if self.closed:
             return
         self.closed = True
         self.deliveries.flowing = False
-        consumers, self.consumers = list(self.consumers.values()), {}
-        for consumer in consumers:
-            consumer.queue.remove_consumer(consumer)
+        self.consumers.cancel_all()
         self._settle_refused(self.deliveries.take_all(), True)
         if self._transaction is not None:
             self._transaction.rollback()

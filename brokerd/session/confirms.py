@@ -13,7 +13,10 @@ log = Logger()
 
 
 class PublisherConfirms:
-    """The publisher confirms of one channel in confirm mode: its publishes' numbers and their outcomes."""
+    """
+    The publisher confirms of one channel in confirm mode: its publishes'
+    numbers and their outcomes.
+    """
 
     def __init__(self, peer, store, clock):
         """

@@ -36,7 +36,10 @@ _connection_numbers = itertools.count(1)
 
 
 def endpoint(address):
-    """C{(host, port)} of a Twisted transport address; C{(str(address), None)} for one without a port (UNIX)."""
+    """
+    C{(host, port)} of a Twisted transport address; C{(str(address), None)} for
+    one without a port (UNIX).
+    """
     if hasattr(address, "port"):
         return address.host, address.port
     return str(address), None
@@ -85,7 +88,8 @@ class Connection:
             peer and local addresses name the connection (None in-process).
         """
         self.broker = broker
-        self.vhost = broker.vhost(vhost_name, user)  # 530 for an unknown vhost or one whose store is down
+        # 530 for an unknown vhost or one whose store is down:
+        self.vhost = broker.vhost(vhost_name, user)
         self.client_name = client_name
         self.number = next(_connection_numbers)
         self.protocol = protocol
@@ -104,14 +108,19 @@ class Connection:
         self.channels = {}
         self.exclusive_queues = set()
         self.closed = False
-        self.closer = None  # set by the protocol server: tells the client why the broker closes (close_by_broker)
+        # Set by the protocol server: tells the client why the broker closes (close_by_broker).
+        self.closer = None
         self.deliveries_paused = False
-        self._closed_channel_counts = dict.fromkeys(MESSAGE_COUNTERS + ROUTING_COUNTERS, 0)  # closed channels' totals
+        # Closed channels' totals:
+        self._closed_channel_counts = dict.fromkeys(MESSAGE_COUNTERS + ROUTING_COUNTERS, 0)
         broker.connections.add(self)
         broker.counters.connections_opened += 1
 
     def __repr__(self):
-        return f"<Connection {self.number} {self.name} {self.client_name!r} on vhost {self.vhost.name!r}>"
+        return (
+            f"<Connection {self.number} {self.name} {self.client_name!r}"
+            f" on vhost {self.vhost.name!r}>"
+        )
 
     # -- channels
 
@@ -139,8 +148,15 @@ class Connection:
                 counts[counter] += getattr(channel, counter)
 
     def consumers(self):
-        """Every consumer of this connection's open channels, channel by channel in the order they started."""
-        return [consumer for channel in self.channels.values() for consumer in channel.consumers.values()]
+        """
+        Every consumer of this connection's open channels, channel by channel
+        in the order they started.
+        """
+        return [
+            consumer
+            for channel in self.channels.values()
+            for consumer in channel.consumers.values()
+        ]
 
     # -- counters
 
@@ -162,7 +178,10 @@ class Connection:
         return self._counts(ROUTING_COUNTERS)
 
     def _counts(self, counters):
-        """C{counters} (names of channel counters) -> the closed channels' totals and the open ones' added up."""
+        """
+        C{counters} (names of channel counters) -> the closed channels' totals
+        and the open ones' added up.
+        """
         closed = self._closed_channel_counts
         counts = {counter: closed[counter] for counter in counters}
         for channel in self.channels.values():
@@ -235,4 +254,5 @@ class Connection:
         for queue in list(self.exclusive_queues):
             self.vhost.delete_queue(queue.name)
         self.broker.connections.discard(self)
-        self.broker.counters.connection_closed(self)  # keeps its message counts in the broker's totals
+        # Keeps its message counts in the broker's totals.
+        self.broker.counters.connection_closed(self)

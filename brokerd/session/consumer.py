@@ -25,8 +25,11 @@ class Consumer:
         channel-wide (global) prefetch limit does not hold back, as in RabbitMQ.
     """
 
-    __slots__ = ("tag", "queue", "channel", "no_ack", "exclusive", "prefetch", "unacked", "arguments", "priority",
-                 "channel_limited", "_deliveries", "_peer", "_channel_limit_applies", "_from_quorum_queue")
+    __slots__ = (
+        "tag", "queue", "channel", "no_ack", "exclusive", "prefetch", "unacked", "arguments",
+        "priority", "channel_limited", "_deliveries", "_peer", "_channel_limit_applies",
+        "_from_quorum_queue",
+    )
 
     def __init__(self, tag, queue, channel, no_ack, exclusive, prefetch, arguments, priority=0):
         self.tag = tag
@@ -52,7 +55,10 @@ class Consumer:
         return self._deliveries.has_room(self._channel_limit_applies)
 
     def deliver(self, entry):
-        """Hand C{entry} to the client under the channel's next delivery tag; it stays un-acked unless no-ack."""
+        """
+        Hand C{entry} to the client under the channel's next delivery tag; it
+        stays un-acked unless no-ack.
+        """
         if self.no_ack:
             tag = self._deliveries.give_tag(entry)
             entry.queue.forget(entry)
@@ -60,7 +66,8 @@ class Consumer:
             self.unacked += 1
             tag = self._deliveries.hold_for_consumer(entry, self)
         message = entry.message
-        if entry.delivery_count or self._from_quorum_queue:  # what delivered_message does, the queue's type known
+        # What delivered_message does, the queue's type known:
+        if entry.delivery_count or self._from_quorum_queue:
             message = message.with_delivery_count(entry.delivery_count)
         self._peer.deliver(self.tag, tag, entry.redelivered, message)
 
@@ -75,15 +82,16 @@ class Consumer:
 
     def cancelled_by_broker(self):
         """Its queue went away: the channel forgets it and tells the client."""
-        self.channel.consumer_cancelled_by_broker(self)
+        self.channel.consumers.cancelled_by_broker(self)
 
     def __repr__(self):
         return f"<Consumer {self.tag!r} on {self.queue.name!r}>"
 
 
 def delivered_message(entry):
-    """The message as its consumer gets it: a redelivery says how often it was returned (x-delivery-count),
-    and so does every delivery from a quorum queue, its first with 0, as RabbitMQ's quorum queues do."""
+    """The message as its consumer gets it: a redelivery says how often it was
+    returned (x-delivery-count), and so does every delivery from a quorum
+    queue, its first with 0, as RabbitMQ's quorum queues do."""
     if entry.delivery_count or entry.queue.policy.quorum:
         return entry.message.with_delivery_count(entry.delivery_count)
     return entry.message

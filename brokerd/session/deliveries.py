@@ -1,4 +1,5 @@
-"""The deliveries of one channel: whether it may deliver now, the tags it gives out, what is not settled yet.
+"""The deliveries of one channel: whether it may deliver now, the tags it gives out,
+what is not settled yet.
 
 A channel delivers in two ways: its consumers (L{brokerd.session.consumer.Consumer})
 deliver on its behalf as their queues hand them messages, and basic.get delivers
@@ -33,8 +34,10 @@ class Deliveries:
         (channel.flow), and once the channel has closed; the channel sets it.
     """
 
-    __slots__ = ("unacked", "prefetch_count", "flowing", "_connection", "_next_tag", "_held_by_consumers",
-                 "_redelivered")
+    __slots__ = (
+        "unacked", "prefetch_count", "flowing", "_connection", "_next_tag", "_held_by_consumers",
+        "_redelivered",
+    )
 
     def __init__(self, connection):
         """
@@ -47,12 +50,16 @@ class Deliveries:
         self.prefetch_count = 0
         self.flowing = True
         self._next_tag = 1
-        self._held_by_consumers = 0  # what its consumers hold un-acked, cancelled ones' too: what the limit counts
+        # What its consumers hold un-acked, cancelled ones' too: what the limit counts.
+        self._held_by_consumers = 0
         self._redelivered = 0
 
     @property
     def given(self):
-        """Delivery tags given out so far: the messages handed to consumers or taken by basic.get."""
+        """
+        Delivery tags given out so far: the messages handed to consumers or
+        taken by basic.get.
+        """
         return self._next_tag - 1
 
     @property
@@ -75,7 +82,10 @@ class Deliveries:
         return not (limit and limited) or self._held_by_consumers < limit
 
     def give_tag(self, entry):
-        """The tag of a delivery of C{entry} that needs no ack (basic.get or consume with no-ack): counted, not kept."""
+        """
+        The tag of a delivery of C{entry} that needs no ack (basic.get or
+        consume with no-ack): counted, not kept.
+        """
         tag = self._next_tag
         self._next_tag = tag + 1
         if entry.redelivered:
@@ -83,7 +93,10 @@ class Deliveries:
         return tag
 
     def hold(self, entry):
-        """The tag of a delivery of C{entry} by basic.get that the client must settle; it is kept until then."""
+        """
+        The tag of a delivery of C{entry} by basic.get that the client must
+        settle; it is kept until then.
+        """
         tag = self._next_tag
         self._next_tag = tag + 1
         self.unacked[tag] = entry
@@ -92,7 +105,10 @@ class Deliveries:
         return tag
 
     def hold_for_consumer(self, entry, consumer):
-        """L{hold} for a delivery by C{consumer}, which holds it until released; counted against L{prefetch_count}."""
+        """
+        L{hold} for a delivery by C{consumer}, which holds it until released;
+        counted against L{prefetch_count}.
+        """
         tag = self._next_tag
         self._next_tag = tag + 1
         entry.consumer = consumer
@@ -124,7 +140,10 @@ class Deliveries:
                 return entries
 
     def take_all(self):
-        """Remove and return every un-acked entry, in tag order (basic.recover, the channel closing)."""
+        """
+        Remove and return every un-acked entry, in tag order (basic.recover,
+        the channel closing).
+        """
         entries = list(self.unacked.values())
         self.unacked.clear()
         return entries

@@ -30,7 +30,10 @@ class Transaction:
 
     @property
     def held_bytes(self):
-        """Body bytes of the publishes waiting, counted against the memory watermark until commit or rollback."""
+        """
+        Body bytes of the publishes waiting, counted against the memory
+        watermark until commit or rollback.
+        """
         return self._held_bytes
 
     def hold_publish(self, publish, arguments, size):
@@ -63,7 +66,10 @@ class Transaction:
             operation(*arguments)
 
     def rollback(self):
-        """Drop what was kept (the deliveries it would have settled stay un-acked); the next one begins empty."""
+        """
+        Drop what was kept (the deliveries it would have settled stay
+        un-acked); the next one begins empty.
+        """
         self._pending = []
         self._release_held_bytes()
 

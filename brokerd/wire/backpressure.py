@@ -33,7 +33,8 @@ class ReadingPauses:
     __slots__ = ("_transport", "reasons", "_held", "on_resume", "hangup_watch", "__weakref__")
 
     def __init__(self, transport):
-        self._transport = weakref.ref(transport)  # the registry's key: a strong reference would keep it alive
+        # The registry's key: a strong reference would keep it alive.
+        self._transport = weakref.ref(transport)
         self.reasons = set()
         self._held = False  # the socket is not read while what was read waits for the next turn
         self.on_resume = None
@@ -124,7 +125,10 @@ class PublisherGate:
         self.paused = False
 
     def check(self):
-        """After a publish, or bytes of one: stop reading from this connection if the broker is blocked."""
+        """
+        After a publish, or bytes of one: stop reading from this connection if
+        the broker is blocked.
+        """
         if self._watermark.blocked and not self.paused:
             self.paused = True
             self._reading.pause(BROKER_BLOCKED)
@@ -185,7 +189,8 @@ class ConnectionFlow:
 
     def __init__(self, watermark):
         self.pauses = None  # the transport's ReadingPauses, once connected
-        self.unsent = HeldBytes(watermark)  # written while the transport had paused us, until it drains
+        # Written while the transport had paused us, until it drains:
+        self.unsent = HeldBytes(watermark)
         self.body_bytes = HeldBytes(watermark)  # in the channels' unfinished contents
         self.received_at = 0.0
         self.refusing = False  # a refusal before login is on its way: nothing more is read

@@ -23,11 +23,15 @@ from twisted.logger import Logger
 
 log = Logger()
 
-MAX_CLIENT_TEXT = 80  # characters of one client-supplied value (product, version, name, close text) logged
+# Characters of one client-supplied value (product, version, name, close text) logged.
+MAX_CLIENT_TEXT = 80
 
 
 def client_text(value, limit=MAX_CLIENT_TEXT):
-    """A value a client sent, made fit for one log line: text, printable, at most C{limit} characters."""
+    """
+    A value a client sent, made fit for one log line: text, printable, at most
+    C{limit} characters.
+    """
     if isinstance(value, (bytes, bytearray)):
         value = bytes(value[: limit * 4]).decode("utf-8", "replace")
     if not isinstance(value, str):
@@ -38,7 +42,10 @@ def client_text(value, limit=MAX_CLIENT_TEXT):
 
 
 def describe_amqp_client(properties):
-    """The client an AMQP connection's client properties name: C{"pika 1.4.4"}, with its connection name if any."""
+    """
+    The client an AMQP connection's client properties name: C{"pika 1.4.4"},
+    with its connection name if any.
+    """
     product = client_text(properties.get("product")) or "unnamed client"
     version = client_text(properties.get("version"))
     name = client_text(properties.get("connection_name"))
@@ -54,7 +61,10 @@ def address(transport_address):
 
 
 def peer_address(transport):
-    """C{host:port} of the client at the other end of C{transport} (C{"None"} without a transport)."""
+    """
+    C{host:port} of the client at the other end of C{transport} (C{"None"}
+    without a transport).
+    """
     return address(transport.getPeer() if transport is not None else None)
 
 
@@ -91,8 +101,10 @@ class ConnectionRecord:
         self.accepted_at = now
         self.closed = False
         log.info(
-            "accepted {protocol} connection {peer} -> {local}: {who}, vhost {vhost!r}, client {client}",
-            protocol=protocol, peer=self.peer, local=self.local, who=self._who(), vhost=vhost, client=client,
+            "accepted {protocol} connection {peer} -> {local}: {who}, vhost {vhost!r},"
+            " client {client}",
+            protocol=protocol, peer=self.peer, local=self.local, who=self._who(), vhost=vhost,
+            client=client,
         )
 
     def _who(self):
@@ -104,8 +116,9 @@ class ConnectionRecord:
             return
         self.closed = True
         log.info(
-            "closed {protocol} connection {peer} -> {local} ({who}, vhost {vhost!r}, client {client})"
-            " after {seconds:.1f} s: {reason}",
-            protocol=self.protocol, peer=self.peer, local=self.local, who=self._who(), vhost=self.vhost,
-            client=self.client, seconds=max(0.0, now - self.accepted_at), reason=reason,
+            "closed {protocol} connection {peer} -> {local}"
+            " ({who}, vhost {vhost!r}, client {client}) after {seconds:.1f} s: {reason}",
+            protocol=self.protocol, peer=self.peer, local=self.local, who=self._who(),
+            vhost=self.vhost, client=self.client, seconds=max(0.0, now - self.accepted_at),
+            reason=reason,
         )

@@ -16,7 +16,10 @@ from twisted.python.filepath import FilePath
 TLS_ENDPOINT_TYPES = ("ssl", "tls")
 HIGHEST_PORT = 65535
 TLS_SERVER_PARAMETERS = frozenset(
-    {"port", "interface", "backlog", "privateKey", "certKey", "extraCertChain", "caCerts", "sslmethod", "dhParameters"}
+    {
+        "port", "interface", "backlog", "privateKey", "certKey", "extraCertChain", "caCerts",
+        "sslmethod", "dhParameters",
+    }
 )
 
 
@@ -39,7 +42,8 @@ def endpoint_problem(parse, reactor, description):
         return "TLS support is not installed (pip install 'twisted[tls]')"
     if kind.lower() == "tcp":
         for part in rest.split(":"):
-            # The port: the first positional part or port=N (a server endpoint), the second (a client's).
+            # The port: the first positional part or port=N (a server endpoint),
+            # the second (a client's).
             value = part.partition("=")[2] if part.startswith("port=") else part
             if value.isdigit() and int(value) > HIGHEST_PORT:
                 return f"port {value} is outside 0-{HIGHEST_PORT}"
@@ -53,7 +57,10 @@ def endpoint_problem(parse, reactor, description):
 
 
 class TlsFileProblem(ValueError):
-    """A key, certificate or CA file named in an C{ssl:} endpoint cannot be used; the text names the parameter."""
+    """
+    A key, certificate or CA file named in an C{ssl:} endpoint cannot be used;
+    the text names the parameter.
+    """
 
 
 def is_tls(description):
@@ -62,7 +69,10 @@ def is_tls(description):
 
 
 def _read_pem(parameter, path, load):
-    """What C{load} makes of the PEM file C{path}, or L{TlsFileProblem} naming C{parameter} and the path."""
+    """
+    What C{load} makes of the PEM file C{path}, or L{TlsFileProblem} naming
+    C{parameter} and the path.
+    """
     try:
         with open(path, "rb") as file:
             data = file.read()
@@ -70,13 +80,15 @@ def _read_pem(parameter, path, load):
         raise TlsFileProblem(f"cannot read {parameter} {path!r}: {problem.strerror}") from None
     try:
         return load(data)
-    except Exception:  # noqa: BLE001 - pyOpenSSL raises its own Error or ValueError for anything not PEM
+    # pyOpenSSL raises its own Error or ValueError for anything not PEM.
+    except Exception:  # noqa: BLE001
         raise TlsFileProblem(f"{parameter} {path!r} is not a PEM file of the right kind") from None
 
 
 def _tls_server_endpoint(reactor, description):
     """
-    An SSL4ServerEndpoint for C{ssl:PORT:privateKey=K[:certKey=C][:extraCertChain=F][:caCerts=F]...}.
+    An SSL4ServerEndpoint for
+    C{ssl:PORT:privateKey=K[:certKey=C][:extraCertChain=F][:caCerts=F]...}.
 
     Twisted's own parser takes the same parameters except C{caCerts}: a PEM file of
     the certificate authorities a client's certificate must come from. With it a
@@ -89,33 +101,46 @@ def _tls_server_endpoint(reactor, description):
 
     args, params = _parse(description)
     if len(args) > 2:
-        raise ValueError("too many positional parts; use ssl:PORT:privateKey=KEY.pem:certKey=CERT.pem")
+        raise ValueError(
+            "too many positional parts; use ssl:PORT:privateKey=KEY.pem:certKey=CERT.pem"
+        )
     unknown = set(params) - TLS_SERVER_PARAMETERS
     if unknown:
-        raise ValueError(f"unknown parameter {sorted(unknown)[0]!r}; known: {', '.join(sorted(TLS_SERVER_PARAMETERS))}")
+        known = ", ".join(sorted(TLS_SERVER_PARAMETERS))
+        raise ValueError(f"unknown parameter {sorted(unknown)[0]!r}; known: {known}")
     port = params.pop("port", args[1] if len(args) > 1 else None)
     if port is None or not str(port).isdigit() or int(port) > HIGHEST_PORT:
         raise ValueError(f"port {port!r} is not a number in 0-{HIGHEST_PORT}")
     key_path = params.get("privateKey", "server.pem")
     cert_path = params.get("certKey", key_path)
-    key = _read_pem("privateKey", key_path, lambda data: crypto.load_privatekey(crypto.FILETYPE_PEM, data))
-    cert = _read_pem("certKey", cert_path, lambda data: crypto.load_certificate(crypto.FILETYPE_PEM, data))
+    key = _read_pem(
+        "privateKey", key_path, lambda data: crypto.load_privatekey(crypto.FILETYPE_PEM, data)
+    )
+    cert = _read_pem(
+        "certKey", cert_path, lambda data: crypto.load_certificate(crypto.FILETYPE_PEM, data)
+    )
     options = {}
     if "extraCertChain" in params:
-        options["extraCertChain"] = _read_pem("extraCertChain", params["extraCertChain"], _load_certificates)
+        options["extraCertChain"] = _read_pem(
+            "extraCertChain", params["extraCertChain"], _load_certificates
+        )
     if "caCerts" in params:
         authorities = _read_pem("caCerts", params["caCerts"], _load_certificates)
         options.update(verify=True, requireCertificate=True, caCerts=authorities)
     if "sslmethod" in params:
         options["method"] = getattr(ssl.SSL, params["sslmethod"])
     if "dhParameters" in params:
-        options["dhParameters"] = ssl.DiffieHellmanParameters.fromFile(FilePath(params["dhParameters"]))
+        dh_file = FilePath(params["dhParameters"])
+        options["dhParameters"] = ssl.DiffieHellmanParameters.fromFile(dh_file)
     try:
         context = ssl.CertificateOptions(privateKey=key, certificate=cert, **options)
-        context.getContext()  # a key that does not match its certificate fails here, not at the first client
+        # A key that does not match its certificate fails here, not at the first client.
+        context.getContext()
     except Exception as problem:  # noqa: BLE001 - pyOpenSSL's errors are lists of OpenSSL reasons
-        raise TlsFileProblem(f"privateKey {key_path!r} and certKey {cert_path!r} do not make a TLS server:"
-                             f" {problem}") from None
+        raise TlsFileProblem(
+            f"privateKey {key_path!r} and certKey {cert_path!r} do not make a TLS server:"
+            f" {problem}"
+        ) from None
     return SSL4ServerEndpoint(reactor, int(port), context, backlog=int(params.get("backlog", 50)),
                               interface=params.get("interface", ""))
 
@@ -132,7 +157,10 @@ def _load_certificates(data):
 
 
 def server_endpoint(reactor, description):
-    """A server endpoint for C{description}: Twisted's, except that C{ssl:}/C{tls:} take C{caCerts=}."""
+    """
+    A server endpoint for C{description}: Twisted's, except that
+    C{ssl:}/C{tls:} take C{caCerts=}.
+    """
     from twisted.internet.endpoints import serverFromString
 
     if is_tls(description) and tls_installed():

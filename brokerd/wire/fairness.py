@@ -25,7 +25,10 @@ FRAMES_PER_CHECK = 16
 
 
 def turn_clock():
-    """The time turns are measured in: a monotonic clock, as they share the reactor thread's time."""
+    """
+    The time turns are measured in: a monotonic clock, as they share the
+    reactor thread's time.
+    """
     return time.perf_counter()
 
 
@@ -70,7 +73,9 @@ class TurnTaking:
     def _next_turn(self):
         self._call = None
         others = turn_clock() - self._ended_at  # what the rest of the pass took
-        self.seconds = min(self.seconds * 2, LONGEST_TURN) if others < self.seconds / 2 else TURN_SECONDS
+        self.seconds = (
+            min(self.seconds * 2, LONGEST_TURN) if others < self.seconds / 2 else TURN_SECONDS
+        )
         self._parse_held()
         if self._call is None:  # nothing whole is left: read the socket again
             self._pauses.release_reading()

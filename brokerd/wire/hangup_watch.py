@@ -46,7 +46,10 @@ def peer_hung_up(transport):
 
 
 class HangupWatch:
-    """Checks a paused connection's socket now and then; aborts the connection once its peer is gone."""
+    """
+    Checks a paused connection's socket now and then; aborts the connection
+    once its peer is gone.
+    """
 
     def __init__(self, transport, clock, probe=None, interval=HANGUP_CHECK_INTERVAL):
         """C{probe()}, if given, is called after each check that found the peer still there."""
@@ -68,7 +71,9 @@ class HangupWatch:
         if peer_hung_up(self._transport):
             self.stop()
             peer = self._transport.getPeer()
-            log.info("{peer} hung up while it was not being read: dropping its connection", peer=peer)
+            log.info(
+                "{peer} hung up while it was not being read: dropping its connection", peer=peer
+            )
             self._transport.abortConnection()
         elif self._probe is not None:
             self._probe()

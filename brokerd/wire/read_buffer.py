@@ -18,9 +18,13 @@ READ_SIZE = 256 * 1024
 
 
 def read_in_large_pieces(transport):
-    """Have the TCP or Unix socket under C{transport} (a TLS one's included) read up to L{READ_SIZE} bytes a time."""
+    """
+    Have the TCP or Unix socket under C{transport} (a TLS one's included) read
+    up to L{READ_SIZE} bytes a time.
+    """
     while transport is not None:
-        if hasattr(type(transport), "bufferSize"):  # the type's: a TLS wrapper hands unknown names to its protocol
+        # The type's: a TLS wrapper hands unknown names to its protocol.
+        if hasattr(type(transport), "bufferSize"):
             transport.bufferSize = READ_SIZE
             return
         transport = getattr(transport, "transport", None)
@@ -30,7 +34,8 @@ class ReadBuffer:
     __slots__ = ("_rest", "_rest_at", "_chunks", "_buffered", "_needed", "_watermark")
 
     def __init__(self, watermark=None):
-        self._rest = b""  # from _rest_at on: whole frames not parsed yet, then the start of one not complete
+        # From _rest_at on: whole frames not parsed yet, then the start of one not complete.
+        self._rest = b""
         self._rest_at = 0
         self._chunks = None  # the reads of a frame whose size is known
         self._buffered = 0  # bytes in _chunks, all counted in the watermark

@@ -37,10 +37,15 @@ class RefusalLog:
         self._last = None
 
     def refused(self, clock, host, peer, error):
-        """Log (now or in the next summary) that C{peer} (at C{host}) was refused with C{error}, an error or a text."""
+        """
+        Log (now or in the next summary) that C{peer} (at C{host}) was refused
+        with C{error}, an error or a text.
+        """
         if self._window is None:
-            log.info("refused {protocol} client {peer} before {before}: {error}", protocol=self.protocol, peer=peer,
-                     before=self.before, error=error)
+            log.info(
+                "refused {protocol} client {peer} before {before}: {error}",
+                protocol=self.protocol, peer=peer, before=self.before, error=error,
+            )
             self._window = clock.callLater(self.interval, self._summarise, clock)
             return
         if host in self._peers or len(self._peers) < REFUSAL_LOG_PEERS:
@@ -64,13 +69,14 @@ class RefusalLog:
             return
         hosts = ", ".join(f"{host} ({number})" for host, number in self._peers.most_common(5))
         if len(self._peers) > 5 or self._unlisted:
-            hosts += f" and {count - sum(number for _, number in self._peers.most_common(5))} from other addresses"
+            listed = sum(number for _, number in self._peers.most_common(5))
+            hosts += f" and {count - listed} from other addresses"
         peer, error = self._last
         log.info(
-            "refused {count} more {protocol} clients before {before} in the last {seconds:.0f} s, from {hosts};"
-            " the last, {peer}: {error}",
-            count=count, protocol=self.protocol, before=self.before, seconds=self.interval, hosts=hosts, peer=peer,
-            error=error,
+            "refused {count} more {protocol} clients before {before}"
+            " in the last {seconds:.0f} s, from {hosts}; the last, {peer}: {error}",
+            count=count, protocol=self.protocol, before=self.before, seconds=self.interval,
+            hosts=hosts, peer=peer, error=error,
         )
         self._peers.clear()
         self._unlisted = 0

@@ -33,9 +33,12 @@ def stop_once_on_signals(reactor):
 
 
 def ignore_further_stop_signals(reactor):
-    """When a signal is stopping the reactor, a second SIGTERM or SIGINT is logged and ignored (Twisted's
-    own handler would try to stop the stopping reactor and log a traceback); other stops change nothing."""
-    if getattr(reactor, "_exitSignal", None) is None or threading.current_thread() is not threading.main_thread():
+    """When a signal is stopping the reactor, a second SIGTERM or SIGINT is
+    logged and ignored (Twisted's own handler would try to stop the stopping
+    reactor and log a traceback); other stops change nothing."""
+    if getattr(reactor, "_exitSignal", None) is None:
+        return
+    if threading.current_thread() is not threading.main_thread():
         return
 
     def ignored(number, frame):

@@ -32,7 +32,10 @@ class WriteBuffer:
 
     FLUSH_BYTES = 256 * 1024
 
-    __slots__ = ("transport", "written_at", "counted", "_clock", "_unsent", "_paused", "_pieces", "_size", "_flush_call")
+    __slots__ = (
+        "transport", "written_at", "counted", "_clock", "_unsent", "_paused", "_pieces", "_size",
+        "_flush_call",
+    )
 
     def __init__(self, clock, unsent):
         """
@@ -76,7 +79,10 @@ class WriteBuffer:
             self.flush()
 
     def send_frame(self, frame):
-        """Queue C{frame} after its 4-byte big-endian length (native framing); counted towards L{FLUSH_BYTES}."""
+        """
+        Queue C{frame} after its 4-byte big-endian length (native framing);
+        counted towards L{FLUSH_BYTES}.
+        """
         pieces = self._pieces
         if pieces is None:
             pieces = self._pieces = []
@@ -103,7 +109,10 @@ class WriteBuffer:
                 self._unsent.add(len(data))  # waits in the transport until the client reads
 
     def write_now(self, data):
-        """Write C{data} at once, ahead of the turn's end; only while L{idle}, so frames keep their order."""
+        """
+        Write C{data} at once, ahead of the turn's end; only while L{idle}, so
+        frames keep their order.
+        """
         self.transport.write(data)
         self.written_at = self._clock.seconds()
         if self.counted is not None:

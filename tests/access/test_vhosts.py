@@ -12,7 +12,7 @@ from backends.memory.store import MemoryStore
 from brokerd.access.database import AccessChangeRefused, AccessDatabase
 from brokerd.access.vhosts import add_vhost, delete_vhost
 from brokerd.amqp.auth import Authenticator
-from brokerd.amqp.handshake import AmqpSettings
+from brokerd.amqp.settings import AmqpSettings
 from brokerd.amqp.server import AmqpServerFactory
 from brokerd.errors import NotAllowed
 from brokerd.model.broker import Broker

@@ -10,8 +10,10 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial import unittest
 
-from brokerd.amqp.handshake import HANDSHAKE_TIMEOUT, LOGIN_REFUSAL_DELAY, AmqpSettings
+from brokerd.access.login import LOGIN_REFUSAL_DELAY
 from brokerd.amqp.server import AmqpServerProtocol
+from brokerd.amqp.settings import AmqpSettings
+from brokerd.session.connection import HANDSHAKE_TIMEOUT
 from brokerd.wire.refusal_log import REFUSAL_LOG_INTERVAL
 from tests.support.broker import amqp_frames_in, make_broker
 

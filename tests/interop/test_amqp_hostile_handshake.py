@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("no_broker_tracebacks")
 
 unique = unique_names("amqp-hostile-handshake")
 
-REFUSAL_DELAY = 1.0  # brokerd.amqp.handshake.LOGIN_REFUSAL_DELAY, as a client sees it
+REFUSAL_DELAY = 1.0  # brokerd.access.login.LOGIN_REFUSAL_DELAY, as a client sees it
 MAX_TABLE_DEPTH = 24  # brokerd.proto.tables.MAX_TABLE_DEPTH
 START_OK = struct.pack(">HH", 10, 11)
 QUEUE_DECLARE = struct.pack(">HH", 50, 10)

@@ -1,18 +1,6 @@
-"""The contracts between brokerd's layers.
-
-Protocol adapters sit on top of L{brokerd.model} and L{brokerd.session.channel}; the model
-reaches storage only through L{IMessageStore}, and every store hands messages
-back as one neutral L{MessageRecord}; a storage backend is found by name
-through L{IStoreBackend}, and a vhost with a store of its own has it built
-and opened by L{IVhostStores}. L{IDelayedMessageStore} is the storage half of
-delayed delivery (the C{x-delayed-message} exchange type); a durable store's
-commit times, for the metrics, come through L{ITimedCommits}. L{IChannelPeer} is
-what a protocol adapter gives a channel so the channel can push deliveries,
-returns and confirms to its client. The model calls up only through named
-roles: a queue serves an L{IConsumer}, an exclusive queue belongs to an
-L{IQueueOwner} (a connection), and expiry timers call an L{IExpiringQueue}.
-Who may log in and do what is asked through the roles of
-L{brokerd.access.interfaces}.
+"""The storage contract (see L{brokerd.interfaces}): what the model asks of a
+message store, what a store gives back, how a backend is found by name, and
+the stores of vhosts that have one of their own.
 """
 
 from typing import Any, NamedTuple
@@ -55,9 +43,10 @@ class IMessageStore(Interface):
         The durable topology found by C{open}.
 
         @return: an iterable of C{ExchangeRecord}, C{QueueRecord} and
-            C{BindingRecord} protobuf messages (of C{brokerd.proto.messages_pb2}), exchanges and queues before the
-            bindings that refer to them (every exchange before any binding,
-            as a binding's destination may be an exchange).
+            C{BindingRecord} protobuf messages (of
+            C{brokerd.proto.messages_pb2}), exchanges and queues before the
+            bindings that refer to them (every exchange before any binding, as
+            a binding's destination may be an exchange).
         """
 
     def recover(queue):
@@ -79,10 +68,16 @@ class IMessageStore(Interface):
         """
 
     def delete_exchange(vhost, name):
-        """Forget a durable exchange and every binding whose source or destination exchange it is."""
+        """
+        Forget a durable exchange and every binding whose source or destination
+        exchange it is.
+        """
 
     def save_queue(record):
-        """Persist a durable queue (a C{brokerd.proto.messages_pb2.QueueRecord}), replacing one of the same name."""
+        """
+        Persist a durable queue (a C{brokerd.proto.messages_pb2.QueueRecord}),
+        replacing one of the same name.
+        """
 
     def delete_queue(queue):
         """Forget a durable queue, its bindings and every message held for it."""
@@ -90,14 +85,18 @@ class IMessageStore(Interface):
     def save_binding(record):
         """
         Persist a binding (a C{brokerd.proto.messages_pb2.BindingRecord})
-        between durable ends: to the queue C{queue} names, or, when C{destination_exchange} names one, to
-        that exchange (C{queue} then empty). Two bindings are the same when
-        vhost, source, destination, routing key and arguments (as a set of
-        fields) are; saving one again is not an error.
+        between durable ends: to the queue C{queue} names, or, when
+        C{destination_exchange} names one, to that exchange (C{queue} then
+        empty). Two bindings are the same when vhost, source, destination,
+        routing key and arguments (as a set of fields) are; saving one again is
+        not an error.
         """
 
     def delete_binding(record):
-        """Forget a binding equal to C{record} (see L{save_binding}); forgetting a missing one is not an error."""
+        """
+        Forget a binding equal to C{record} (see L{save_binding}); forgetting a
+        missing one is not an error.
+        """
 
     def append(message, queues):
         """
@@ -380,91 +379,16 @@ class IVhostStores(Interface):
     """
 
     def make(vhost, backend):
-        """The unopened L{IMessageStore} the backend string C{backend} describes for C{vhost}; raises ValueError."""
+        """
+        The unopened L{IMessageStore} the backend string C{backend} describes
+        for C{vhost}; raises ValueError.
+        """
 
     def open(vhost, backend):
-        """A Deferred firing with C{vhost}'s store opened, or failing with an error naming the vhost and the fault."""
+        """
+        A Deferred firing with C{vhost}'s store opened, or failing with an
+        error naming the vhost and the fault.
+        """
 
     def remove_files(vhost):
         """Delete the files of C{vhost}'s own store (closed already): the vhost is deleted."""
-
-
-class IChannelPeer(Interface):
-    """
-    The protocol side of one open channel: what the broker pushes to a client.
-
-    A I{message} here is a L{brokerd.model.message.Message}: it has
-    C{exchange}, C{routing_key}, C{properties} and C{body}.
-    """
-
-    def deliver(consumer_tag, delivery_tag, redelivered, message):
-        """Send a message to the consumer C{consumer_tag} of this channel."""
-
-    def returned(reply_code, reply_text, message):
-        """Send back a mandatory message that no queue took."""
-
-    def publish_confirmed(sequence, multiple, ack):
-        """
-        Tell a confirm-mode publisher the outcome of its publishes.
-
-        @param sequence: the publish sequence number (1 for the channel's
-            first publish after confirm-select).
-        @param multiple: True if every outstanding publish up to C{sequence}
-            has this outcome.
-        @param ack: True for safely taken (basic.ack), False for refused
-            (basic.nack).
-        """
-
-    def consumer_cancelled(consumer_tag):
-        """The broker cancelled a consumer, e.g. because its queue was deleted."""
-
-
-class IConsumer(Interface):
-    """
-    A subscription to one queue, as the queue serves it: the queue picks, by
-    priority and round-robin, a consumer with room, hands it entries, and tells
-    it when the broker cancels it. Everything else (delivery tags, un-acked
-    tracking, the client) is the business of the channel that made it.
-    """
-
-    tag = Attribute("The consumer tag (str), unique on its channel.")
-    priority = Attribute("Its x-priority (int): a queue serves higher priorities first.")
-    exclusive = Attribute("True if it asked to be the queue's only consumer.")
-    prefetch = Attribute("The most un-acked deliveries it may hold (int; 0 for no limit).")
-    unacked = Attribute(
-        "How many of its deliveries are un-acked now (int): a single-active-consumer queue lets the next"
-        " consumer take over at once only from one that holds none."
-    )
-
-    def has_room():
-        """True if one more delivery now stays within its limits and its channel's: the queue may hand it an entry."""
-
-    def deliver(entry):
-        """
-        Take C{entry} (a L{brokerd.model.message.QueuedMessage} the queue has
-        just taken out of its ready messages, its message loaded): the consumer
-        holds it until it is settled, or is done with it at once if it acks nothing.
-        """
-
-    def cancelled_by_broker():
-        """The queue can serve it no longer (deleted, or its stored messages lost) and has forgotten it."""
-
-
-class IQueueOwner(Interface):
-    """
-    What exclusive queues belong to (a client connection): only their owner
-    may use them, and they are deleted when it closes.
-    """
-
-    def own(queue):
-        """C{queue} was just declared exclusive by this owner."""
-
-    def disown(queue):
-        """C{queue}, declared exclusive by this owner, was deleted: forget it."""
-
-
-class IExpiringQueue(Interface):
-    """What the timer of a queue's message expiry (L{brokerd.model.expiry.MessageExpiry}) calls back."""
-
-    def expire_due():
-        """Take out (dead-lettering where the queue says so) every ready message whose time to live is over."""
