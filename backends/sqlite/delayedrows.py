@@ -1,9 +1,9 @@
 """The sqlite store's delayed messages as the reactor thread keeps them
 (L{DelayedRows}): which handles are kept, as a
 L{HandleMap<backends.common.handle_map.HandleMap>}, and the next handle to
-give out. A delay or a release is buffered in the store's batch; windows are
-read from the writer thread's table (L{backends.sqlite.delayed}), with the
-delays not yet handed to it.
+give out. A delay or a release is buffered in the batch the store gives it;
+windows are read from the writer thread's table (L{backends.sqlite.delayed}),
+with the delays not yet handed to it.
 """
 
 from twisted.internet import defer
@@ -31,16 +31,12 @@ class DelayedRows:
     @param writer_thread: the store's L{backends.common.writer_thread.WriterThread},
         which windows are read on.
     @param database: the store's L{backends.sqlite.database.Database}.
-    @param current_batch: C{current_batch()} is the
-        L{backends.sqlite.database.Batch} being filled, which delays and releases
-        are buffered in.
     """
 
-    def __init__(self, path, writer_thread, database, current_batch):
+    def __init__(self, path, writer_thread, database):
         self.path = path
         self._writer_thread = writer_thread
         self._database = database
-        self._current_batch = current_batch
         self._kept = HandleMap()  # the kept delayed handles
         self._next_handle = 1
 
@@ -53,8 +49,9 @@ class DelayedRows:
     def __len__(self):
         return len(self._kept)
 
-    def delay(self, message, exchange, due):
-        """Keep C{message} for C{exchange} until C{due}: a row in the next commit; its handle."""
+    def delay(self, batch, message, exchange, due):
+        """Keep C{message} for C{exchange} until C{due}, a row buffered in C{batch}; its
+        handle."""
         check_due(due)
         vhost, name = check_exchange(exchange)
         handle = self._next_handle
@@ -64,24 +61,28 @@ class DelayedRows:
             exchange=message.exchange, routing_key=message.routing_key,
             properties=message.properties,
         ).SerializeToString()
-        batch = self._current_batch()
         batch.delays[handle] = (due, handle, vhost, name, checksum(record, body), record, body)
         batch.next_delayed = self._next_handle
         self._kept.add(handle)
         return handle
 
-    def release(self, handle):
-        """Stop keeping C{handle}, if it is kept: its row is released in the next commit."""
+    def release(self, batch, handle):
+        """Stop keeping C{handle}, if it is kept: its row leaves C{batch} if it is buffered there,
+        else C{batch}'s commit releases it."""
         if type(handle) is not int or handle < 0 or self._kept.pop(handle) is None:
             return
-        batch = self._current_batch()
         if handle in batch.delays:
             del batch.delays[handle]  # never written
         else:
             batch.delay_releases.append(handle)
 
-    def delayed_after(self, cursor, until, limit):
-        """See L{brokerd.interfaces.IDelayedMessageStore.delayed_after}."""
+    def window(self, pending, cursor, until, limit):
+        """
+        A Deferred firing with the DelayedMessages of a window (see
+        L{brokerd.interfaces.IDelayedMessageStore.delayed_after}), C{pending}
+        the rows of delays not yet handed to the writer thread; or with None
+        if a row of it was quarantined, so that the window is asked for again.
+        """
         if self._writer_thread.state != "open":
             return defer.fail(RuntimeError(f"sqlite store {self.path} is not open"))
 
@@ -89,20 +90,19 @@ class DelayedRows:
             return self._writer_thread.call(self._database.delayed_after, position, bound, count)
 
         kept = self._kept.__contains__
-        pending = list(self._current_batch().delays.values())
         rows = delayed_window(fetch, pending, kept, cursor, until, limit)
-        return rows.addCallback(self._delayed_messages, cursor, until, limit)
+        return rows.addCallback(self._delayed_messages)
 
-    def _delayed_messages(self, rows, cursor, until, limit):
+    def _delayed_messages(self, rows):
         """
         The window's DelayedMessages. One whose record does not parse is
         quarantined: logged, no longer counted as kept (so the window asked
-        for again leaves it out), and its row kept as it is.
+        for again leaves it out), and its row kept as it is; then None.
         """
         found, quarantined = readable_messages(
             rows, lambda row: delayed_message(row, self.path, checksum), self._quarantine_delayed)
         if quarantined:
-            return self.delayed_after(cursor, until, limit)
+            return None
         return found
 
     def _quarantine_delayed(self, row, problem):

@@ -105,7 +105,7 @@ class SqliteStore:
         self._held = (0, 0)  # messages held and their bytes, as the last commit counted them
         self._next_id = self._next_queue_id = 1
         self._appends = self._acks = 0
-        self._delays = DelayedRows(path, self._writer_thread, self._db, lambda: self._batch)
+        self._delays = DelayedRows(path, self._writer_thread, self._db)
 
     @property
     def policy(self):
@@ -390,14 +390,21 @@ class SqliteStore:
 
     def delay(self, message, exchange, due):
         self._writable()
-        return self._delays.delay(message, exchange, due)
+        return self._delays.delay(self._batch, message, exchange, due)
 
     def release(self, handle):
         self._writable()
-        self._delays.release(handle)
+        self._delays.release(self._batch, handle)
 
     def delayed_after(self, cursor, until, limit):
-        return self._delays.delayed_after(cursor, until, limit)
+        window = self._delays.window(list(self._batch.delays.values()), cursor, until, limit)
+        return window.addCallback(self._delayed_window_read, cursor, until, limit)
+
+    def _delayed_window_read(self, found, cursor, until, limit):
+        """A window's DelayedMessages; the window again if a row of it was quarantined."""
+        if found is None:
+            return self.delayed_after(cursor, until, limit)
+        return found
 
     def stats(self):
         messages, held_bytes = self._held
