@@ -121,7 +121,8 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=1000, help="messages per sync")
     parser.add_argument("--sync", default="always")
     parser.add_argument("--compact-below", type=int, default=25)
-    parser.add_argument("--compact-after", type=int, default=1, help="compact_after_seconds (the option's default is 5)")
+    parser.add_argument("--compact-after", type=int, default=1,
+                        help="compact_after_seconds (the option's default is 5)")
     parser.add_argument("--compare", action="store_true", help="run with compaction off, then as configured")
     parser.add_argument("--json", action="store_true")
     arguments = parser.parse_args(argv)

@@ -50,7 +50,8 @@ def measure(arguments, reactor):
     store = registry.make_store(arguments.backend, data_dir, SyncPolicy.parse(arguments.sync), reactor=reactor)
     yield store.open()
     store.save_queue(messages_pb2.QueueRecord(vhost=QUEUE[0], name=QUEUE[1], durable=True))
-    properties = messages_pb2.BasicProperties(delivery_mode=messages_pb2.PERSISTENT, content_type="application/octet-stream")
+    properties = messages_pb2.BasicProperties(delivery_mode=messages_pb2.PERSISTENT,
+                                              content_type="application/octet-stream")
     message = Message("amq.direct", QUEUE[1], properties, b"x" * arguments.size)
     counts = [arguments.batch] * (arguments.messages // arguments.batch)
     handles = []
@@ -84,7 +85,8 @@ def main(reactor, argv=None):
         if arguments.json:
             print(json.dumps(results, indent=2))
             return
-        print(f"{results['messages']} messages of {results['size']} bytes, {results['backend']}, sync={results['sync']}:")
+        print(f"{results['messages']} messages of {results['size']} bytes, {results['backend']},"
+              f" sync={results['sync']}:")
         for phase in ("append", "ack"):
             print(
                 f"  {phase:<7} {results[phase + '_per_s']:>10,.0f} msg/s {results[phase + '_mb_per_s']:>9,.1f} MB/s"

@@ -116,7 +116,8 @@ def check_recovery(deliveries, run, confirmed, sent, durably_acked, acks_sent):
             problems.append(f"message {text} was never published")
         previous = last_sequence.get((message_run, publisher))
         if previous is not None and sequence <= previous:
-            problems.append(f"message {text} came back after {message_run}:{publisher}:{previous}: out of publish order")
+            problems.append(f"message {text} came back after {message_run}:{publisher}:{previous}:"
+                            " out of publish order")
         last_sequence[(message_run, publisher)] = sequence
     missing = []
     for publisher, ranges in sorted(confirmed.items()):

@@ -355,8 +355,11 @@ def build_parser():
 def main(argv=None):
     options = build_parser().parse_args(argv)
     workdir = pathlib.Path(options.workdir or tempfile.mkdtemp(prefix=f"brokerd-crash-{options.backend}-"))
+    def say(text):
+        print(text, file=sys.stderr if options.json else sys.stdout, flush=True)
+
     loop = CrashLoop(options.backend, workdir, options.seed, options.sync, options.max_kill_confirms,
-                     options.publishers, say=lambda text: print(text, file=sys.stderr if options.json else sys.stdout, flush=True))
+                     options.publishers, say=say)
     started = time.monotonic()
     try:
         results = loop.run(options.kills)

@@ -137,7 +137,8 @@ def test_no_arrow_runs_up_or_sideways(path):
 
 @pytest.mark.parametrize("path", sources("backends"), ids=lambda path: str(path.relative_to(ROOT)))
 def test_a_backend_sees_only_the_store_contract_and_durability(path):
-    wrong = [name for name in project_imports(path) if under(name, ("brokerd",)) and not under(name, BACKENDS_MAY_IMPORT)]
+    wrong = [name for name in project_imports(path)
+             if under(name, ("brokerd",)) and not under(name, BACKENDS_MAY_IMPORT)]
     assert wrong == [], f"{path.relative_to(ROOT)} imports {wrong}"
 
 

@@ -43,11 +43,13 @@ def encode_checkpoint(queue, mark, acked, delivery_counts=None):
 
 
 def decode_checkpoint(data, path):
-    """C{(queue key, low-water mark, acked entries, delivery counts)} of a checkpoint file's contents."""
+    """C{(queue key, low-water mark, acked entries, delivery counts)} of a checkpoint file's
+    contents."""
     magic = CHECKPOINT_MAGIC if data.startswith(CHECKPOINT_MAGIC) else CHECKPOINT_V1_MAGIC
     start = len(magic) + COUNT.size
     if not data.startswith(magic) or len(data) < start + COUNT.size:
-        raise StoreCorrupted(f"checkpoint {path} does not start with the checkpoint header", path, 0)
+        raise StoreCorrupted(f"checkpoint {path} does not start with the checkpoint header",
+                             path, 0)
     if zlib.crc32(data[:-4]) != COUNT.unpack_from(data, len(data) - 4)[0]:
         raise StoreCorrupted(f"checkpoint {path} is damaged (CRC mismatch)", path, 0)
     (key_length,) = COUNT.unpack_from(data, len(magic))
@@ -66,7 +68,8 @@ def decode_checkpoint(data, path):
 
 
 def encode_ack_records(acks, returns):
-    """One commit's records: C{returns} (entry -> delivery count) first, then C{acks} (an array of entries)."""
+    """One commit's records: C{returns} (entry -> delivery count) first, then C{acks}
+    (an array of entries)."""
     records = []
     if returns:
         counted = sorted(returns.items())
@@ -91,11 +94,13 @@ def decode_ack_log(data, path):
         (count,) = COUNT.unpack_from(data, offset)
         returns, count = bool(count & RETURNS), count & ~RETURNS
         end = offset + COUNT.size + (12 if returns else 8) * count + COUNT.size
-        if count == 0 or end > len(data) or zlib.crc32(data[offset : end - 4]) != COUNT.unpack_from(data, end - 4)[0]:
+        if (count == 0 or end > len(data)
+                or zlib.crc32(data[offset : end - 4]) != COUNT.unpack_from(data, end - 4)[0]):
             break
         entries = read_little_endian("Q", data, offset + COUNT.size, count)
         if returns:
-            delivery_counts.update(zip(entries, read_little_endian("I", data, offset + COUNT.size + 8 * count, count)))
+            counts = read_little_endian("I", data, offset + COUNT.size + 8 * count, count)
+            delivery_counts.update(zip(entries, counts))
         else:
             acked.extend(entries)
         offset = end

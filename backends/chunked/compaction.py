@@ -44,12 +44,13 @@ from collections import deque
 from twisted.internet import threads
 from twisted.logger import Logger
 
+from backends.chunked.chunkfiles import read_run
 from backends.chunked.format import RECORD_OVERHEAD
-from backends.chunked.messagelog import read_run
 
 log = Logger()
 
-SPAN_PER_SLICE = 8  # a slice's records are read in one pread of a span up to this many times its bytes
+# A slice's records are read in one pread of a span up to this many times its bytes.
+SPAN_PER_SLICE = 8
 
 
 class Compactor:
@@ -82,11 +83,13 @@ class Compactor:
         self.moving = {}
         self.compacted_chunks = 0
         self.compacted_bytes = 0
-        self._changed = True  # something was released or a chunk finished since the last look for a sparse chunk
+        # something was released or a chunk finished since the last look for a sparse chunk
+        self._changed = True
         self._pending = deque()  # handles of the chunk not yet handed out, in position order
         self._handed = []  # handles of the last slice handed out
         self._left_alone = set()  # chunks with a damaged record: never compacted
-        self._seen = {}  # chunk number -> (entries into it, since when, held bytes or None), of sparse ones
+        # chunk number -> (entries into it, since when, held bytes or None), of sparse ones
+        self._seen = {}
         self.due_in = 0.0  # seconds until a sparse chunk waiting to be quiet is, if one is (else 0)
 
     def look_again(self):
@@ -152,7 +155,8 @@ class Compactor:
         self.number = best
         self.moving = found
         self._pending = deque(sorted(found, key=lambda handle: moves.get(handle, handle)))
-        log.info("compacting message chunk {number}: {count} held records, about {held} of {size} bytes",
+        log.info("compacting message chunk {number}: {count} held records,"
+                 " about {held} of {size} bytes",
                  number=best, count=len(found), held=best_held, size=data_size)
 
     def _moved_into(self):
@@ -249,7 +253,8 @@ class Compactor:
         one whose slice could not be read (C{dropped}) leaves its chunk alone.
         """
         if dropped and self.number is not None:
-            log.error("message chunk {number} is not compacted: a record in it cannot be read", number=self.number)
+            log.error("message chunk {number} is not compacted: a record in it cannot be read",
+                      number=self.number)
             self._left_alone.add(self.number)
             self._drop()
             return []
@@ -314,12 +319,14 @@ class CompactionFollower:
         self._nudge = None  # the call that commits once a sparse chunk is due for compaction
 
     def recovered(self, moves, data_size):
-        """Take what the writer's open found: the moves of held messages, and the log's chunk data size."""
+        """Take what the writer's open found: the moves of held messages, and the log's chunk data
+        size."""
         self.moves = dict(moves)
         self._data_size = data_size
 
     def follow(self, written):
-        """Take in what a commit's L{BatchWritten<backends.chunked.handover.BatchWritten>} says of compaction."""
+        """Take in what a commit's L{BatchWritten<backends.chunked.handover.BatchWritten>} says
+        of compaction."""
         if written.moved:
             self.moves.update(written.moved)
         for handle in written.unmoved:
@@ -328,7 +335,8 @@ class CompactionFollower:
             self.reading = self._read_slice(written.compaction)
             self.reading.addCallbacks(self._slice_read, self._slice_unreadable)
         elif written.compaction_due_in and self._nudge is None:
-            self._nudge = self._reactor.callLater(written.compaction_due_in, self._commit_for_compaction)
+            self._nudge = self._reactor.callLater(written.compaction_due_in,
+                                                  self._commit_for_compaction)
 
     def _read_slice(self, pairs):
         """
@@ -340,8 +348,8 @@ class CompactionFollower:
         handles = [handle for handle, _ in pairs]
         positions = [position for _, position in pairs]
         reactor = self._reactor
-        reading = threads.deferToThreadPool(reactor, reactor.getThreadPool(), read_run, self._directory,
-                                            self._data_size, positions)
+        reading = threads.deferToThreadPool(reactor, reactor.getThreadPool(), read_run,
+                                            self._directory, self._data_size, positions)
         return reading.addCallback(lambda records: (handles, records))
 
     def _slice_read(self, read):
@@ -356,10 +364,12 @@ class CompactionFollower:
             self._drop_slice()  # the writer leaves their chunk alone
 
     def _commit_for_compaction(self):
-        """A sparse chunk is due for compaction: commit, even with nothing buffered, so that it starts."""
+        """A sparse chunk is due for compaction: commit, even with nothing buffered, so that it
+        starts."""
         self._nudge = None
         if self._writer_thread.state == "open":
-            self._writer_thread.sync().addErrback(lambda failure: None)  # a failed commit fails its own syncs too
+            # A failed commit fails its own syncs too.
+            self._writer_thread.sync().addErrback(lambda failure: None)
 
     def stop(self):
         """The store closes: no more commits for compaction."""

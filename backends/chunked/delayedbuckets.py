@@ -45,7 +45,8 @@ REWRITE_RELEASED = 1024  # ... and so is one with this many released entries, if
 
 
 def torn_block(data, offset, flushing):
-    """True if the bad block at C{offset}, the last of a file, can be a write of flush C{flushing} cut short."""
+    """True if the bad block at C{offset}, the last of a file, can be a write of flush
+    C{flushing} cut short."""
     if flushing is None:
         return False
     if len(data) - offset < BLOCK_HEAD.size:
@@ -56,7 +57,8 @@ def torn_block(data, offset, flushing):
 
 class ChunkedDelayedBucket:
     """
-    What the writer knows of one bucket of the chunked delayed index: its file's figures, memtable and view.
+    What the writer knows of one bucket of the chunked delayed index:
+    its file's figures, memtable and view.
 
     @ivar live: entries kept (not released), in the file and the memtable.
     @ivar flushed: C{(generation, covered)} of the file's last block: the
@@ -65,8 +67,8 @@ class ChunkedDelayedBucket:
     @ivar damage: the L{StoreCorrupted} its file's damage raises, or None.
     """
 
-    __slots__ = ("number", "path", "live", "file_entries", "file_released", "blocks", "flushed", "size",
-                 "memtable", "pending", "view", "released", "damage")
+    __slots__ = ("number", "path", "live", "file_entries", "file_released", "blocks", "flushed",
+                 "size", "memtable", "pending", "view", "released", "damage")
 
     def __init__(self, directory, number):
         self.number = number
@@ -109,17 +111,20 @@ class ChunkedDelayedBucket:
         try:
             number, found_width = decode_bucket_header(data)
             if (number, found_width) != (self.number, width):
-                raise DelayedFormatError(f"its header names bucket {number} of width {found_width}", 0)
+                raise DelayedFormatError(f"its header names bucket {number} of width"
+                                         f" {found_width}", 0)
         except DelayedFormatError as problem:
             raise self._damaged(str(problem), problem.offset) from None
         blocks, stop, problem = decode_blocks(data, BUCKET_HEADER.size)
         if problem is not None:
             if sound_block_after(data, stop):
-                raise self._damaged(f"the block at offset {stop} is bad ({problem}), yet sound blocks follow it", stop)
+                raise self._damaged(f"the block at offset {stop} is bad ({problem}),"
+                                    " yet sound blocks follow it", stop)
             if not torn_block(data, stop, flushing):
-                raise self._damaged(f"its last block, at offset {stop}, is bad ({problem}) though a flush synced it",
-                                    stop)
-            log.warn("delayed bucket {path}: dropped a torn tail of {size} bytes at offset {offset} ({problem})",
+                raise self._damaged(f"its last block, at offset {stop}, is bad ({problem})"
+                                    " though a flush synced it", stop)
+            log.warn("delayed bucket {path}: dropped a torn tail of {size} bytes"
+                     " at offset {offset} ({problem})",
                      path=self.path, size=len(data) - stop, offset=stop, problem=problem)
             with open(self.path, "r+b") as bucket_file:
                 bucket_file.truncate(stop)
@@ -140,7 +145,8 @@ class ChunkedDelayedBucket:
         return runs, released
 
     def _damaged(self, reason, offset):
-        self.damage = StoreCorrupted(f"delayed bucket {self.path} is damaged: {reason}", self.path, offset)
+        self.damage = StoreCorrupted(f"delayed bucket {self.path} is damaged: {reason}",
+                                     self.path, offset)
         return self.damage
 
     def load(self, width):

@@ -52,8 +52,8 @@ ENTRY_SIZES = {RUN: 8 * ENTRY_WORDS, RELEASES: 8}
 
 
 class DelayedFormatError(Exception):
-    """Bytes of a delayed journal or bucket file that are not what the format says; the text says how,
-    C{offset} where."""
+    """Bytes of a delayed journal or bucket file that are not what the format says;
+    the text says how, C{offset} where."""
 
     def __init__(self, text, offset):
         super().__init__(text)
@@ -67,7 +67,9 @@ def bucket_file_name(number):
 def bucket_number_of(name):
     """The bucket number a file name names, or None if it names no bucket file."""
     digits = name[len(BUCKET_PREFIX) :]
-    return int(digits) if name.startswith(BUCKET_PREFIX) and len(digits) == 20 and digits.isdigit() else None
+    if name.startswith(BUCKET_PREFIX) and len(digits) == 20 and digits.isdigit():
+        return int(digits)
+    return None
 
 
 # -- the journal
@@ -86,7 +88,8 @@ def decode_journal_header(data):
     if magic != JOURNAL_MAGIC or zlib.crc32(data[: JOURNAL_HEADER.size - 4]) != crc:
         raise DelayedFormatError("it does not start with a journal header", 0)
     if version != VERSION:
-        raise DelayedFormatError(f"it has format version {version}; this brokerd reads version {VERSION}", 0)
+        raise DelayedFormatError(f"it has format version {version}; this brokerd reads version"
+                                 f" {VERSION}", 0)
     return generation
 
 
@@ -119,7 +122,8 @@ def decode_journal_entries(data, start):
 
 
 def sound_entry_after(data, start):
-    """True if a sound journal entry starts at an entry boundary after C{start} (damage in the middle)."""
+    """True if a sound journal entry starts at an entry boundary after C{start}
+    (damage in the middle)."""
     size, offset = JOURNAL_ENTRY.size, start + JOURNAL_ENTRY.size
     while offset + size <= len(data):
         if any(data[offset : offset + size]) and zlib.crc32(data[offset : offset + size - 4]) == \
@@ -145,13 +149,14 @@ def decode_bucket_header(data):
     if magic != BUCKET_MAGIC or zlib.crc32(data[: BUCKET_HEADER.size - 4]) != crc:
         raise DelayedFormatError("it does not start with a bucket header", 0)
     if version != VERSION:
-        raise DelayedFormatError(f"it has format version {version}; this brokerd reads version {VERSION}", 0)
+        raise DelayedFormatError(f"it has format version {version}; this brokerd reads version"
+                                 f" {VERSION}", 0)
     return number, width
 
 
 def encode_run_block(flushed, run):
-    """A C{RUN} block of a sorted L{SortedRun} whose extra columns are positions and exchange numbers;
-    C{flushed} is C{(journal generation, entries covered)}."""
+    """A C{RUN} block of a sorted L{SortedRun} whose extra columns are positions and exchange
+    numbers; C{flushed} is C{(journal generation, entries covered)}."""
     words = array("Q", bytes(8 * ENTRY_WORDS * len(run)))
     words[0::4], words[1::4] = run.dues, run.handles
     words[2::4], words[3::4] = array("Q", run.extra[0]), array("Q", run.extra[1])
@@ -201,7 +206,8 @@ def handles_of(payload):
 
 
 def sound_block_after(data, start):
-    """True if a sound block starts anywhere after C{start}: the damage at C{start} is in the middle."""
+    """True if a sound block starts anywhere after C{start}: the damage at C{start} is in the
+    middle."""
     last = len(data) - BLOCK_HEAD.size - CRC.size
     for offset in range(start + 1, last + 1):
         if data[offset + 4] not in ENTRY_SIZES:

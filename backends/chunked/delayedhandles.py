@@ -35,7 +35,8 @@ class DelayedHandles:
         self._meta_changed = False
 
     def recovered(self, delayed):
-        """Take what the writer's open found (a L{ChunkedDelayedRecovery<backends.chunked.delayedindex.ChunkedDelayedRecovery>})."""
+        """Take what the writer's open found (a
+        L{ChunkedDelayedRecovery<backends.chunked.delayedindex.ChunkedDelayedRecovery>})."""
         self._kept = delayed.kept
         self._lease = HandleLease(delayed.next_handle)
         self._exchanges = list(delayed.exchanges)
@@ -46,7 +47,8 @@ class DelayedHandles:
     def unavailable(self):
         """The L{StoreCorrupted} to fail delayed calls with, while there is damage."""
         damage = self.damage
-        return StoreCorrupted(f"delayed messages are unavailable: {damage}", damage.path, damage.offset)
+        return StoreCorrupted(f"delayed messages are unavailable: {damage}", damage.path,
+                              damage.offset)
 
     def found_damage(self, damage):
         """A window found damage in the index: delayed messages are unavailable from now on."""
@@ -67,7 +69,8 @@ class DelayedHandles:
         return self._exchanges[number]
 
     def keep(self, due, chunk):
-        """A new handle, kept with its message's due time and the number of the chunk its record is in."""
+        """A new handle, kept with its message's due time and the number of the chunk its record is
+        in."""
         handle = self._lease.take()
         self._kept.add(handle, due, chunk)
         return handle
@@ -83,7 +86,8 @@ class DelayedHandles:
         return len(self._kept)
 
     def meta(self):
-        """The index's new L{Meta} if the lease's limit or the exchanges changed since the last call, else None."""
+        """The index's new L{Meta} if the lease's limit or the exchanges changed since the last
+        call, else None."""
         if self._lease.persist() is None and not self._meta_changed:
             return None
         self._meta_changed = False

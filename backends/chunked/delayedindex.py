@@ -103,7 +103,8 @@ class ChunkedDelayedIndex:
         self._journal_entries = 0
         self._unsynced = False
         self._directory_unsynced = False
-        self._loaded = OrderedDict()  # bucket numbers whose view is loaded, least recently used first
+        # bucket numbers whose view is loaded, least recently used first
+        self._loaded = OrderedDict()
 
     @property
     def damaged(self):
@@ -120,13 +121,15 @@ class ChunkedDelayedIndex:
         for name in os.listdir(self.directory):
             if name.endswith(TEMPORARY_SUFFIX):
                 os.unlink(os.path.join(self.directory, name))
-        numbers = sorted(number for number in map(bucket_number_of, os.listdir(self.directory)) if number is not None)
+        numbers = sorted(number for number in map(bucket_number_of, os.listdir(self.directory))
+                         if number is not None)
         opening = _Opening(kept, references, write_position, data_size, chunk_exists)
         try:
             meta = read_meta(self.meta_path, META_MAGIC)
             if meta is None:
                 if numbers or os.path.exists(self.journal_path):
-                    raise StoreCorrupted(f"delayed-message meta file {self.meta_path} is missing", self.meta_path)
+                    raise StoreCorrupted(f"delayed-message meta file {self.meta_path} is missing",
+                                         self.meta_path)
                 return ChunkedDelayedRecovery(kept, references, 1, [], self.width, None)
             if meta.bucket_width != self.width:
                 log.info("delayed buckets in {directory} are {found} ms wide; keeping that width",
@@ -137,26 +140,29 @@ class ChunkedDelayedIndex:
             for number in numbers:
                 self._open_bucket(number, opening, flushing)
             if entries is None:
-                self.generation = 1 + max([state.flushed[0] for state in self.buckets.values()] + [0])
+                generations = [state.flushed[0] for state in self.buckets.values()]
+                self.generation = 1 + max(generations + [0])
             else:
                 self._replay(entries, opening)
         except StoreCorrupted as damage:
-            log.error("{damage}; delayed messages are unavailable until it is repaired (the queues are not"
-                      " affected)", damage=damage)
+            log.error("{damage}; delayed messages are unavailable until it is repaired"
+                      " (the queues are not affected)", damage=damage)
             self.damage = damage
             self.buckets, self.numbers = {}, []
             if self._journal is not None:
                 os.close(self._journal)
                 self._journal = None
-            return ChunkedDelayedRecovery(HandleMap(KEPT_TYPECODES), Counter(), 1, [], self.width, damage)
+            return ChunkedDelayedRecovery(HandleMap(KEPT_TYPECODES), Counter(), 1, [], self.width,
+                                          damage)
         if opening.dropped:
-            log.warn("delayed index {directory}: {count} entries point past the end of the message log ({position}),"
-                     " which a crash cut short; they are dropped", directory=self.directory,
-                     count=opening.dropped, position=write_position)
+            log.warn("delayed index {directory}: {count} entries point past the end of the message"
+                     " log ({position}), which a crash cut short; they are dropped",
+                     directory=self.directory, count=opening.dropped, position=write_position)
         if any(state.touched for state in self.buckets.values()):
             self.flush()
         next_handle = max(meta.handle_limit, opening.highest + 1)
-        return ChunkedDelayedRecovery(kept, references, next_handle, meta.exchanges, self.width, None)
+        return ChunkedDelayedRecovery(kept, references, next_handle, meta.exchanges, self.width,
+                                      None)
 
     def _state(self, number):
         state = self.buckets.get(number)
@@ -171,7 +177,8 @@ class ChunkedDelayedIndex:
         self._loaded.pop(number, None)
 
     def _open_bucket(self, number, opening, flushing):
-        """Count a bucket file's kept entries into C{opening}, one bucket's arrays in memory at a time."""
+        """Count a bucket file's kept entries into C{opening}, one bucket's arrays in memory at a
+        time."""
         state = self._state(number)
         state.size = os.path.getsize(state.path)
         runs, released = state.read(self.width, flushing)
@@ -182,7 +189,8 @@ class ChunkedDelayedIndex:
                 continue
             opening.highest = max(opening.highest, max(run.handles))
             positions = run.extra[0]
-            if not released and max(positions) < end:  # the usual case: every entry kept, taken at C speed
+            # The usual case: every entry kept, taken at C speed.
+            if not released and max(positions) < end:
                 numbers = array("Q", map(data_size.__rfloordiv__, positions))
                 before = len(kept)
                 kept.add_many(run.handles, run.dues, numbers)
@@ -202,15 +210,16 @@ class ChunkedDelayedIndex:
                 state.live += 1
         missing = [chunk for chunk in chunks if not opening.chunk_exists(chunk)]
         if missing:
-            raise StoreCorrupted(f"delayed bucket {state.path} holds entries in message chunk {min(missing)},"
-                                 " which is missing", state.path)
+            raise StoreCorrupted(f"delayed bucket {state.path} holds entries in message chunk"
+                                 f" {min(missing)}, which is missing", state.path)
         opening.references.update(chunks)
         if state.live == 0 and not state.pending:
             state.remove()
             self._drop_state(number)
 
     def _read_journal(self):
-        """The journal's entries (a torn tail cut off), or None if there is no journal; opens it for appends."""
+        """The journal's entries (a torn tail cut off), or None if there is no journal;
+        opens it for appends."""
         if not os.path.exists(self.journal_path):
             return None
         with open(self.journal_path, "rb") as journal:
@@ -218,15 +227,17 @@ class ChunkedDelayedIndex:
         try:
             self.generation = decode_journal_header(data)
         except DelayedFormatError as problem:
-            raise StoreCorrupted(f"delayed journal {self.journal_path} is damaged: {problem}", self.journal_path,
-                                 problem.offset) from None
+            raise StoreCorrupted(f"delayed journal {self.journal_path} is damaged: {problem}",
+                                 self.journal_path, problem.offset) from None
         entries, stop, problem = decode_journal_entries(data, JOURNAL_HEADER.size)
         self._journal = os.open(self.journal_path, os.O_RDWR)
         if problem is not None:
             if sound_entry_after(data, stop):
-                raise StoreCorrupted(f"delayed journal {self.journal_path} is damaged: the entry at offset {stop} is"
-                                     f" bad ({problem}), yet sound entries follow it", self.journal_path, stop)
-            log.warn("delayed journal {path}: dropped a torn tail of {size} bytes at offset {offset} ({problem})",
+                raise StoreCorrupted(f"delayed journal {self.journal_path} is damaged:"
+                                     f" the entry at offset {stop} is bad ({problem}),"
+                                     " yet sound entries follow it", self.journal_path, stop)
+            log.warn("delayed journal {path}: dropped a torn tail of {size} bytes"
+                     " at offset {offset} ({problem})",
                      path=self.journal_path, size=len(data) - stop, offset=stop, problem=problem)
             os.ftruncate(self._journal, stop)
             os.fsync(self._journal)
@@ -235,7 +246,8 @@ class ChunkedDelayedIndex:
 
     def _replay(self, entries, opening):
         """Apply the journal's entries that no bucket file holds yet."""
-        kept, references, width, generation = opening.kept, opening.references, self.width, self.generation
+        kept, references = opening.kept, opening.references
+        width, generation = self.width, self.generation
         for index, (due, handle, position, exchange) in enumerate(entries):
             opening.highest = max(opening.highest, handle)
             number = due // width
@@ -249,14 +261,17 @@ class ChunkedDelayedIndex:
                 continue
             state = self.buckets.get(number)
             if state is not None and state.flushed > (generation, index):
-                continue  # a flush wrote it already (one a crash or an error cut short, or the journal is older)
+                # A flush wrote it already (one a crash or an error cut short, or the journal is
+                # older).
+                continue
             if position >= opening.write_position:
                 opening.dropped += 1
                 continue
             chunk = position // opening.data_size
             if not opening.chunk_exists(chunk):
-                raise StoreCorrupted(f"delayed journal {self.journal_path}: an entry points into message chunk"
-                                     f" {chunk}, which is missing", self.journal_path)
+                raise StoreCorrupted(f"delayed journal {self.journal_path}: an entry points into"
+                                     f" message chunk {chunk}, which is missing",
+                                     self.journal_path)
             state = self._state(number)
             state.memtable.add(due, handle, position, exchange)
             state.live += 1
@@ -318,7 +333,8 @@ class ChunkedDelayedIndex:
     def _open_journal(self):
         if self._journal is None:
             self._make_directory()
-            replace_file(self.journal_path, encode_journal_header(self.generation), sync_directory=True)
+            replace_file(self.journal_path, encode_journal_header(self.generation),
+                         sync_directory=True)
             self._journal = os.open(self.journal_path, os.O_RDWR)
             self._journal_size, self._journal_entries = JOURNAL_HEADER.size, 0
 
@@ -336,7 +352,8 @@ class ChunkedDelayedIndex:
             self.flush()
 
     def flush(self):
-        """Write every memtable and pending release to the bucket files, then start the journal over."""
+        """Write every memtable and pending release to the bucket files, then start the journal
+        over."""
         if self.damage is not None:
             return
         generation, directory_changed = self.generation, False
@@ -365,9 +382,11 @@ class ChunkedDelayedIndex:
     # -- reads
 
     def window(self, cursor, until, limit):
-        """Up to C{limit} C{(due, handle, position, exchange number)} after C{cursor}, due by C{until}, in order."""
+        """Up to C{limit} C{(due, handle, position, exchange number)} after C{cursor},
+        due by C{until}, in order."""
         if self.damage is not None:
-            raise StoreCorrupted(f"delayed messages are unavailable: {self.damage}", self.damage.path)
+            raise StoreCorrupted(f"delayed messages are unavailable: {self.damage}",
+                                 self.damage.path)
         found, numbers, last = [], self.numbers, until // self.width
         index = 0 if cursor is None else bisect_left(numbers, cursor[0] // self.width)
         while index < len(numbers) and numbers[index] <= last and len(found) < limit:
@@ -382,7 +401,8 @@ class ChunkedDelayedIndex:
         try:
             view = state.load(self.width)
         except StoreCorrupted as damage:
-            log.error("{damage}; delayed messages are unavailable until it is repaired", damage=damage)
+            log.error("{damage}; delayed messages are unavailable until it is repaired",
+                      damage=damage)
             self.damage = damage
             raise
         loaded = self._loaded

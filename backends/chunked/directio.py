@@ -43,7 +43,8 @@ class AlignedWriter:
 
     def __init__(self, descriptor, offset, tail=b""):
         if len(tail) != offset % BLOCK:
-            raise ValueError(f"the tail of a write at {offset} has {offset % BLOCK} bytes, not {len(tail)}")
+            raise ValueError(f"the tail of a write at {offset} has {offset % BLOCK} bytes,"
+                             f" not {len(tail)}")
         self.descriptor = descriptor
         self._buffer = mmap.mmap(-1, STAGING_SIZE)
         self._base = offset - len(tail)  # file offset of the buffer's first byte, block-aligned
@@ -81,7 +82,8 @@ class AlignedWriter:
         self._write_out(padded)
 
     def _write_out(self, size):
-        """Write the buffer's first C{size} bytes (whole blocks) and keep only the partial last block."""
+        """Write the buffer's first C{size} bytes (whole blocks) and keep only the partial last
+        block."""
         view = memoryview(self._buffer)
         try:
             written = 0

@@ -82,7 +82,8 @@ def message_id(handle):
 
 def handle_of_message_id(text):
     """The handle a L{message_id} names; ValueError if C{text} is not one."""
-    if not isinstance(text, str) or len(text) != 16 or not all(digit in HEX_DIGITS for digit in text):
+    if (not isinstance(text, str) or len(text) != 16
+            or not all(digit in HEX_DIGITS for digit in text)):
         raise ValueError(f"{text!r} is not a chunked message id (16 hex digits)")
     return int(text, 16)
 
@@ -98,7 +99,8 @@ def chunk_numbers(directory, prefix):
     """The numbers of the chunk files named C{prefix-NNNNNNNNN} in C{directory}, in order."""
     start = len(prefix) + 1
     return sorted(
-        int(name[start:]) for name in os.listdir(directory) if name.startswith(prefix + "-") and name[start:].isdigit()
+        int(name[start:]) for name in os.listdir(directory)
+        if name.startswith(prefix + "-") and name[start:].isdigit()
     )
 
 
@@ -108,7 +110,8 @@ def encode_header(kind, number, start, data_size):
 
 
 def decode_header(data, path):
-    """C{(kind, number, start, data size)} of a chunk header; FormatError naming C{path} if it is none."""
+    """C{(kind, number, start, data size)} of a chunk header;
+    FormatError naming C{path} if it is none."""
     if len(data) < HEADER.size:
         raise FormatError(f"chunk {path} is cut short inside its header ({len(data)} bytes)")
     magic, version, kind, number, start, data_size, crc = HEADER.unpack_from(data)
@@ -117,7 +120,8 @@ def decode_header(data, path):
     if zlib.crc32(data[: HEADER.size - 4]) != crc:
         raise FormatError(f"chunk {path} has a damaged header (CRC mismatch)")
     if version != VERSION:
-        raise FormatError(f"chunk {path} has format version {version}; this brokerd reads version {VERSION}")
+        raise FormatError(f"chunk {path} has format version {version}; this brokerd reads version"
+                          f" {VERSION}")
     return kind, number, start, data_size
 
 
@@ -141,7 +145,8 @@ def encode_progress(used, records):
 
 
 def decode_progress(data):
-    """C{(bytes of records, number of records)} of a whole progress block, or None if C{data} holds none."""
+    """C{(bytes of records, number of records)} of a whole progress block, or None if C{data} holds
+    none."""
     return _decode_end_block(PROGRESS_MAGIC, data)
 
 
@@ -163,7 +168,8 @@ def _decode_end_block(expected_magic, data):
 
 
 def encode_head(message):
-    """The C{StoredMessage} of a published message, without its body (the record keeps that apart)."""
+    """The C{StoredMessage} of a published message, without its body (the record keeps that
+    apart)."""
     stored = messages_pb2.StoredMessage(
         exchange=message.exchange, routing_key=message.routing_key, properties=message.properties
     )
@@ -223,7 +229,8 @@ def sound_records(buffer, offset, limit):
         while offset + head_size <= limit:
             length, kind, head_length = unpack_head(buffer, offset)
             end = offset + 4 + length
-            if length < 5 or end + tail_size > limit or kind != MESSAGE_RECORD or head_length > length - 5:
+            if (length < 5 or end + tail_size > limit or kind != MESSAGE_RECORD
+                    or head_length > length - 5):
                 break
             crc, trailing = unpack_tail(buffer, end)
             if trailing != length or crc32(view[offset + 4 : end]) != crc:
@@ -238,7 +245,8 @@ def full_record_size(buffer, offset):
     return LENGTH.unpack_from(buffer, offset)[0] + LENGTH.size + RECORD_TAIL.size
 
 
-SMALL_RECORD = 4096  # a record up to this length is copied out whole, then split; a larger one through a view
+# A record up to this length is copied out whole, then split; a larger one through a view.
+SMALL_RECORD = 4096
 
 
 def record_at(buffer, offset, limit, crc_checked=False):
@@ -255,7 +263,8 @@ def record_at(buffer, offset, limit, crc_checked=False):
         return None
     length, kind, head_length = RECORD_HEAD.unpack_from(buffer, offset)
     end = offset + 4 + length
-    if length < 5 or end + RECORD_TAIL.size > limit or kind != MESSAGE_RECORD or head_length > length - 5:
+    if (length < 5 or end + RECORD_TAIL.size > limit or kind != MESSAGE_RECORD
+            or head_length > length - 5):
         return None
     crc, trailing = RECORD_TAIL.unpack_from(buffer, end)
     if trailing != length:
@@ -274,10 +283,11 @@ def record_at(buffer, offset, limit, crc_checked=False):
 
 
 def record_damage(buffer, offset, limit, path, file_offset):
-    """The L{StoreCorrupted} naming the file and the data offset of the damaged record at C{offset}."""
+    """The L{StoreCorrupted} naming the file and the data offset of the damaged record at
+    C{offset}."""
     problem = record_problem(buffer, offset, limit) or "unreadable"
-    return StoreCorrupted(f"chunk {path}: the record at data offset {file_offset - HEADER_SIZE} is damaged"
-                          f" ({problem})", path, file_offset)
+    return StoreCorrupted(f"chunk {path}: the record at data offset {file_offset - HEADER_SIZE}"
+                          f" is damaged ({problem})", path, file_offset)
 
 
 def checked_record_parts(buffer, offset, limit, path, file_offset):
@@ -301,7 +311,8 @@ def decode_head(head):
 
 
 def encode_index_entry(position, body_length):
-    """An index entry: the message's position + 1 (so zero means unwritten), its body length and a CRC."""
+    """An index entry: the message's position + 1 (so zero means unwritten), its body length and a
+    CRC."""
     key = INDEX_KEY.pack(position + 1, body_length)
     return key + LENGTH_LE.pack(zlib.crc32(key))
 
@@ -320,7 +331,8 @@ def decode_index_entries(data):
     count = len(data) // INDEX_ENTRY_SIZE
     with memoryview(data) as whole:
         view = whole[: count * INDEX_ENTRY_SIZE]
-        words = array("I")  # four little-endian u32 an entry: position + 1 (low, high), body length, CRC
+        # Four little-endian u32 an entry: position + 1 (low, high), body length, CRC.
+        words = array("I")
         words.frombytes(view)
         positions_plus_one = array("Q")
         positions_plus_one.frombytes(view)
@@ -332,15 +344,18 @@ def decode_index_entries(data):
             stop = positions_plus_one.index(0)
         except ValueError:
             stop = count
-        computed = array("I", map(zlib.crc32, map(_first, _ENTRY_KEY.iter_unpack(view[: stop * INDEX_ENTRY_SIZE]))))
+        entry_keys = view[: stop * INDEX_ENTRY_SIZE]
+        computed = array("I", map(zlib.crc32, map(_first, _ENTRY_KEY.iter_unpack(entry_keys))))
         stored = words[3 : stop * 4 : 4]
     problem = None
     if computed != stored:
-        stop = next(index for index, (mine, theirs) in enumerate(zip(computed, stored)) if mine != theirs)
+        stop = next(index for index, (mine, theirs) in enumerate(zip(computed, stored))
+                    if mine != theirs)
         problem = "CRC mismatch"
     elif stop < count and (words[stop * 4 + 2] or words[stop * 4 + 3]):
         problem = "an entry with no position"
-    return array("Q", map(_minus_one, positions_plus_one[:stop])), words[2 : stop * 4 : 4], stop, problem
+    positions = array("Q", map(_minus_one, positions_plus_one[:stop]))
+    return positions, words[2 : stop * 4 : 4], stop, problem
 
 
 _first = itemgetter(0)

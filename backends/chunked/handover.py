@@ -18,8 +18,9 @@ class Batch:
     its C{messages} until the records are in the files).
     """
 
-    __slots__ = ("records", "messages", "appends", "acks", "returns", "shared", "deleted", "topology", "end",
-                 "delays", "delay_releases", "delayed_meta", "kept_aside", "moves", "slice_dropped")
+    __slots__ = ("records", "messages", "appends", "acks", "returns", "shared", "deleted",
+                 "topology", "end", "delays", "delay_releases", "delayed_meta", "kept_aside",
+                 "moves", "slice_dropped")
 
     def __init__(self):
         self.records = []  # (position, head, body), in position order
@@ -53,7 +54,8 @@ class BatchWritten(NamedTuple):
     write_position: int  # records below it are in the chunk files, and may be read from them
     flushed_position: int  # records below it are fsynced too
     deleted_chunks: tuple  # message chunk numbers whose files were removed by this commit
-    chunk_figures: dict  # chunk number -> (writes, bytes written), of the chunks created or written by it
+    # chunk number -> (writes, bytes written), of the chunks created or written by it
+    chunk_figures: dict
     held_messages: int  # messages some queue holds
     held_bytes: int  # and their body bytes
     delayed_flushes: int  # flushes of the delayed index so far
@@ -62,7 +64,8 @@ class BatchWritten(NamedTuple):
     compaction: tuple = ()  # (handle, position) of held records to copy to the head of the log
     compacted_chunks: int = 0  # chunks compacted so far
     compacted_bytes: int = 0  # and the bytes of records they moved
-    compaction_due_in: float = 0.0  # seconds until a sparse chunk is quiet enough to compact (0: none waits)
+    # seconds until a sparse chunk is quiet enough to compact (0: none waits)
+    compaction_due_in: float = 0.0
 
 
 class Recovery(NamedTuple):
@@ -74,6 +77,8 @@ class Recovery(NamedTuple):
     write_position: int
     data_size: int
     delayed: object = None  # the ChunkedDelayedRecovery of the delayed-message index
-    delivery_counts: dict = {}  # queue key -> {handle: delivery count}, for messages that came back unacked
-    written: BatchWritten = None  # the files as open leaves them: every chunk there is, with no writes yet
+    # queue key -> {handle: delivery count}, for messages that came back unacked
+    delivery_counts: dict = {}
+    # the files as open leaves them: every chunk there is, with no writes yet
+    written: BatchWritten = None
     moves: dict = {}  # handle -> position of the records compaction moved, for the messages held

@@ -14,6 +14,9 @@ Opening needs no checkpoint of the write position: every chunk's header is
 read, and only the last chunk is scanned, record by record, until a length or
 CRC check fails; the file is cut there (and grown back to its size, so the
 cut-off bytes read as zeros) and writing resumes at that point.
+
+The chunk files' paths, and reading records out of them with pread, are
+L{backends.chunked.chunkfiles}.
 """
 
 import os
@@ -21,6 +24,7 @@ import time
 
 from twisted.logger import Logger
 
+from backends.chunked.chunkfiles import PREFIX, chunk_path, header_never_written, read_records
 from backends.chunked.directio import BLOCK, AlignedWriter, open_for_writing, write_block
 from backends.chunked.format import (
     FOOTER_SIZE,
@@ -28,8 +32,6 @@ from backends.chunked.format import (
     LENGTH,
     MESSAGE_CHUNK,
     FormatError,
-    checked_record_parts,
-    chunk_file_name,
     chunk_numbers,
     decode_footer,
     decode_header,
@@ -48,12 +50,13 @@ from brokerd.interfaces import StoreCorrupted
 
 log = Logger()
 
-PREFIX = "message-chunk"
 SCAN_BLOCK = 8 << 20  # bytes read at a time when the last chunk is scanned
-TORN_CHECK_BYTES = 64 << 10  # non-zero bytes this close after the last whole record make it a torn tail
-RECORD_READ_AHEAD = 4096  # bytes read for a record at first: most records fit, bigger ones take a second read
-JOINED_BYTES = 1 << 20  # small records are joined into one write of up to this much (one call per record is slow)
-OWN_WRITE_BODY = 64 << 10  # a body this big is written on its own rather than copied once more by a join
+# Non-zero bytes this close after the last whole record make it a torn tail.
+TORN_CHECK_BYTES = 64 << 10
+# Small records are joined into one write of up to this much (one call per record is slow).
+JOINED_BYTES = 1 << 20
+# A body this big is written on its own rather than copied once more by a join.
+OWN_WRITE_BODY = 64 << 10
 
 
 class ChunkFigures:
@@ -114,27 +117,7 @@ class MessageLog:
         @raise KeyError: if a record's chunk is gone.
         @raise StoreCorrupted: if a record is damaged.
         """
-        records, descriptors = [], {}
-        try:
-            for position in positions:
-                number, offset = divmod(position, self.data_size)
-                descriptor = descriptors.get(number)
-                if descriptor is None:
-                    try:
-                        descriptor = descriptors[number] = os.open(self.path_of(number), os.O_RDONLY)
-                    except FileNotFoundError:
-                        raise KeyError(f"no record at {position}: message chunk {number} is gone") from None
-                offset += HEADER_SIZE
-                room = HEADER_SIZE + self.data_size - offset
-                data = os.pread(descriptor, min(RECORD_READ_AHEAD, room), offset)
-                size = min(full_record_size(data, 0), room) if len(data) >= LENGTH.size else 0
-                if size > len(data):
-                    data = os.pread(descriptor, size, offset)
-                records.append(checked_record_parts(data, 0, len(data), self.path_of(number), offset))
-        finally:
-            for descriptor in descriptors.values():
-                os.close(descriptor)
-        return records
+        return read_records(self.directory, self.data_size, positions)
 
     # -- open
 
@@ -142,8 +125,8 @@ class MessageLog:
         """Read every chunk's header, scan the last one and take up writing where it ends."""
         numbers = chunk_numbers(self.directory, PREFIX)
         if numbers and header_never_written(self.path_of(numbers[-1])):
-            log.warn("chunk {path} has no header: a crash came before it was written, so nothing in it was"
-                     " ever synced; removed", path=self.path_of(numbers[-1]))
+            log.warn("chunk {path} has no header: a crash came before it was written, so nothing"
+                     " in it was ever synced; removed", path=self.path_of(numbers[-1]))
             os.unlink(self.path_of(numbers.pop()))
         if numbers:
             self._adopt_data_size(numbers[0])
@@ -156,12 +139,12 @@ class MessageLog:
             return
         last = numbers[-1]
         with open(self.path_of(last), "r+b") as chunk:
-            footer = decode_footer(_pread(chunk.fileno(), FOOTER_SIZE, HEADER_SIZE + self.data_size))
+            footer = decode_footer(self._footer_block(chunk))
             if footer is not None:
                 self.write_position = (last + 1) * self.data_size
                 self.chunks[last].records = footer[1]
             else:
-                progress = decode_progress(_pread(chunk.fileno(), FOOTER_SIZE, HEADER_SIZE + self.data_size))
+                progress = decode_progress(self._footer_block(chunk))
                 if progress is not None and progress[0] > self.data_size:
                     progress = None
                 used, count = self._scan(chunk, last, *(progress or (0, 0)))
@@ -180,8 +163,13 @@ class MessageLog:
     def _records_in(self, number):
         """The records a finished chunk's footer counts (0 if it has none)."""
         with open(self.path_of(number), "rb") as chunk:
-            footer = decode_footer(_pread(chunk.fileno(), FOOTER_SIZE, HEADER_SIZE + self.data_size))
+            footer = decode_footer(self._footer_block(chunk))
         return footer[1] if footer is not None else 0
+
+    def _footer_block(self, chunk):
+        """The footer block of the open chunk file C{chunk}: a footer, a progress block or
+        zeros."""
+        return _pread(chunk.fileno(), FOOTER_SIZE, HEADER_SIZE + self.data_size)
 
     def _read_header(self, number):
         path = self.path_of(number)
@@ -193,12 +181,13 @@ class MessageLog:
             raise StoreCorrupted(f"{problem}; the message log cannot be read", path, 0) from None
 
     def _adopt_data_size(self, number):
-        """The chunk size a directory was made with holds for good: positions map to chunks by it."""
+        """The chunk size a directory was made with holds for good:
+        positions map to chunks by it."""
         data_size = self._read_header(number)[3]
         if data_size != self.data_size:
             log.warn(
-                "message chunks in {directory} hold {found} bytes each; keeping that size (the chunk_size"
-                " option applies to new stores only)",
+                "message chunks in {directory} hold {found} bytes each; keeping that size"
+                " (the chunk_size option applies to new stores only)",
                 directory=self.directory, found=data_size,
             )
             self.data_size = data_size
@@ -206,10 +195,11 @@ class MessageLog:
     def _check_header(self, number):
         path = self.path_of(number)
         kind, found_number, start, data_size = self._read_header(number)
-        if (kind, found_number, start, data_size) != (MESSAGE_CHUNK, number, number * self.data_size, self.data_size):
+        expected = (MESSAGE_CHUNK, number, number * self.data_size, self.data_size)
+        if (kind, found_number, start, data_size) != expected:
             raise StoreCorrupted(
-                f"chunk {path} has the header of another chunk (kind {kind}, number {found_number}, start {start},"
-                f" data size {data_size})", path, 0,
+                f"chunk {path} has the header of another chunk (kind {kind}, number"
+                f" {found_number}, start {start}, data size {data_size})", path, 0,
             )
 
     def _scan(self, chunk, number, start=0, records=0):
@@ -230,16 +220,17 @@ class MessageLog:
             offset += local
             count += found
             wanted = full_record_size(buffer, local) if local + LENGTH.size <= len(buffer) else 0
-            # Stopped because the read ended inside a record (read on from there), or at a record that is not whole?
-            if local + max(wanted, LENGTH.size) > len(buffer) and offset + wanted <= self.data_size \
-                    and (local or requested < wanted):
+            # Stopped because the read ended inside a record (read on from there), or at a record
+            # that is not whole?
+            if (local + max(wanted, LENGTH.size) > len(buffer) and offset + wanted <= self.data_size
+                    and (local or requested < wanted)):
                 continue
             problem = record_problem(buffer, local, len(buffer))
             break
         if problem is not None and any(buffer[local : local + TORN_CHECK_BYTES]):
             log.warn(
-                "chunk {path}: the record at data offset {offset} is torn ({problem}); the chunk is cut there"
-                " and writing resumes at that point",
+                "chunk {path}: the record at data offset {offset} is torn ({problem});"
+                " the chunk is cut there and writing resumes at that point",
                 path=path, offset=offset, problem=problem,
             )
             os.ftruncate(descriptor, HEADER_SIZE + offset)
@@ -291,10 +282,11 @@ class MessageLog:
             self._writer.write(parts[0] if len(parts) == 1 else b"".join(parts))
 
     def _skip_to(self, offset):
-        """Records of a batch follow one another; only a new chunk's first one may start further on."""
+        """Records of a batch follow one another; only a new chunk's first one may start further
+        on."""
         if self._writer.offset != offset:
-            raise RuntimeError(f"chunk {self._current}: a record at offset {offset}, the file ends at"
-                               f" {self._writer.offset}")
+            raise RuntimeError(f"chunk {self._current}: a record at offset {offset},"
+                               f" the file ends at {self._writer.offset}")
 
     def _flush_run(self, start, end):
         if start is None:
@@ -312,7 +304,8 @@ class MessageLog:
         """Finish the chunk being written (footer) and create chunk C{number}."""
         if self._current is not None:
             used = self.write_position - self._current * self.data_size
-            write_block(self._descriptor, HEADER_SIZE + self.data_size, encode_footer(used, self._records_in_current))
+            write_block(self._descriptor, HEADER_SIZE + self.data_size,
+                        encode_footer(used, self._records_in_current))
             if self._descriptor not in self._unsynced:
                 self._unsynced.append(self._descriptor)
             self._finished.append(self._descriptor)
@@ -322,7 +315,8 @@ class MessageLog:
         path = self.path_of(number)
         descriptor = open_for_writing(path, create=True)
         os.ftruncate(descriptor, self.file_size())
-        write_block(descriptor, 0, encode_header(MESSAGE_CHUNK, number, number * self.data_size, self.data_size))
+        write_block(descriptor, 0,
+                    encode_header(MESSAGE_CHUNK, number, number * self.data_size, self.data_size))
         self._current, self._descriptor, self._records_in_current = number, descriptor, 0
         self._synced_progress = self._written_progress = None
         self._writer = AlignedWriter(descriptor, HEADER_SIZE)
@@ -336,7 +330,8 @@ class MessageLog:
         if fsync:
             self._write_progress()
             for descriptor in self._unsynced:
-                os.fdatasync(descriptor)  # the file's size never changes: its data is all there is to sync
+                # The file's size never changes: its data is all there is to sync.
+                os.fdatasync(descriptor)
             if self._directory_unsynced:
                 fsync_directory(self.directory)
                 self._directory_unsynced = False
@@ -394,10 +389,12 @@ class MessageLog:
         """
         deleted, self._deleted = tuple(self._deleted), []
         touched, self._touched = self._touched, {}
-        return deleted, {number: (figures.writes, figures.bytes_written) for number, figures in touched.items()}
+        return deleted, {number: (figures.writes, figures.bytes_written)
+                         for number, figures in touched.items()}
 
     def completed_at(self, number):
-        """When chunk C{number}'s file was last changed (its footer written), in seconds since the epoch."""
+        """When chunk C{number}'s file was last changed (its footer written), in seconds since the
+        epoch."""
         try:
             return os.stat(self.path_of(number)).st_mtime
         except FileNotFoundError:
@@ -422,66 +419,6 @@ class MessageLog:
         for descriptor in self._finished:
             os.close(descriptor)
         self._finished = []
-
-
-def chunk_path(directory, number):
-    """The path of message chunk C{number} in a store's C{directory}."""
-    return os.path.join(directory, chunk_file_name(PREFIX, number))
-
-
-def read_run(directory, data_size, positions):
-    """
-    The C{(head, body)} of the records at C{positions}, ascending and all
-    in one finished chunk of the log in C{directory}, read with one pread of
-    the span they cover (a record running past it is read on its own). Any
-    thread may call it: the records of a finished chunk never change.
-
-    @raise KeyError: if their chunk is gone.
-    @raise StoreCorrupted: if a record is damaged.
-    """
-    number, first = divmod(positions[0], data_size)
-    path = chunk_path(directory, number)
-    try:
-        descriptor = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        raise KeyError(f"no record at {positions[0]}: message chunk {number} is gone") from None
-    try:
-        start = HEADER_SIZE + first
-        end = min(HEADER_SIZE + positions[-1] % data_size + RECORD_READ_AHEAD, HEADER_SIZE + data_size)
-        span = os.pread(descriptor, end - start, start)
-        records = []
-        for position in positions:
-            offset = HEADER_SIZE + position % data_size
-            local = offset - start
-            if local + LENGTH.size > len(span) or local + full_record_size(span, local) > len(span):
-                data = os.pread(descriptor, RECORD_READ_AHEAD, offset)
-                if len(data) >= LENGTH.size and full_record_size(data, 0) > len(data):
-                    data = os.pread(descriptor, full_record_size(data, 0), offset)
-                records.append(checked_record_parts(data, 0, len(data), path, offset))
-            else:
-                records.append(checked_record_parts(span, local, len(span), path, offset))
-    finally:
-        os.close(descriptor)
-    return records
-
-
-def bytes_on_disk(directory, numbers):
-    """The disk space the message chunks C{numbers} take (their files are sparse until written)."""
-    total = 0
-    for number in numbers:
-        try:
-            total += os.stat(chunk_path(directory, number)).st_blocks * 512
-        except FileNotFoundError:
-            pass
-    return total
-
-
-def header_never_written(path):
-    """True if the file at C{path} is shorter than a header or its header is all zeros: created, never
-    written. (A chunk's header is written before anything else in it, and synced with it.)"""
-    with open(path, "rb") as chunk:
-        header = chunk.read(HEADER_SIZE)
-    return len(header) < HEADER_SIZE or not any(header)
 
 
 def _pread(descriptor, size, offset):

@@ -42,8 +42,10 @@ REWRITE_AT_LEAST = 4096  # pairs written since the last rewrite before one is co
 
 def encode_moves(pairs):
     """One record of C{(handle, position)} pairs."""
-    body = b"".join((COUNT.pack(len(pairs)), little_endian_bytes(array("Q", (handle for handle, _ in pairs))),
-                     little_endian_bytes(array("Q", (position for _, position in pairs)))))
+    handles = array("Q", (handle for handle, _ in pairs))
+    positions = array("Q", (position for _, position in pairs))
+    body = b"".join((COUNT.pack(len(pairs)), little_endian_bytes(handles),
+                     little_endian_bytes(positions)))
     return body + COUNT.pack(zlib.crc32(body))
 
 
@@ -58,7 +60,8 @@ def decode_moves(data, path):
     while offset + COUNT.size <= len(data):
         (count,) = COUNT.unpack_from(data, offset)
         end = offset + COUNT.size + 16 * count + COUNT.size
-        if count == 0 or end > len(data) or zlib.crc32(data[offset : end - 4]) != COUNT.unpack_from(data, end - 4)[0]:
+        if (count == 0 or end > len(data)
+                or zlib.crc32(data[offset : end - 4]) != COUNT.unpack_from(data, end - 4)[0]):
             break
         handles = read_little_endian("Q", data, offset + COUNT.size, count)
         positions = read_little_endian("Q", data, offset + COUNT.size + 8 * count, count)
@@ -97,7 +100,8 @@ class MovesFile:
                           if position < end and position // data_size in chunks)
 
     def forget_unheld(self, indexes):
-        """Forget the pairs of the messages none of C{indexes} (every queue index there is) holds."""
+        """Forget the pairs of the messages none of C{indexes} (every queue index there is)
+        holds."""
         if self.pairs:
             for handle in [handle for handle in self.pairs if all(index.held_size(handle) is None
                                                                   for index in indexes)]:
@@ -114,7 +118,8 @@ class MovesFile:
         return unmoved
 
     def _read(self):
-        """The handle -> position pairs the file holds (an empty dict if there is none); a torn tail is cut off."""
+        """The handle -> position pairs the file holds (an empty dict if there is none);
+        a torn tail is cut off."""
         try:
             with open(self.path, "rb") as moves_file:
                 data = moves_file.read()
@@ -124,15 +129,17 @@ class MovesFile:
         self._descriptor = os.open(self.path, os.O_RDWR)
         self._size = end
         if end < len(data):
-            log.warn("moves file {path}: a torn record at offset {offset} ({size} bytes) is cut off; the records"
-                     " it names are still read where they were", path=self.path, offset=end, size=len(data) - end)
+            log.warn("moves file {path}: a torn record at offset {offset} ({size} bytes) is cut"
+                     " off; the records it names are still read where they were",
+                     path=self.path, offset=end, size=len(data) - end)
             os.ftruncate(self._descriptor, end)
             os.fsync(self._descriptor)
         self.written_pairs = len(moves)
         return moves
 
     def append(self, pairs):
-        """Add one record of C{(handle, position)} pairs, not fsynced yet (see L{sync}); they count from now on."""
+        """Add one record of C{(handle, position)} pairs, not fsynced yet (see L{sync});
+        they count from now on."""
         if self._descriptor is None:
             self._rewrite({})
         data = encode_moves(pairs)
@@ -143,13 +150,15 @@ class MovesFile:
         self.pairs.update(pairs)
 
     def sync(self):
-        """Make the records appended durable, whatever the sync policy: called before a chunk is deleted."""
+        """Make the records appended durable, whatever the sync policy:
+        called before a chunk is deleted."""
         if self.unsynced:
             os.fsync(self._descriptor)
             self.unsynced = False
 
     def rewrite_if_due(self):
-        """Replace the file by one holding only the pairs that count once most of its pairs are stale."""
+        """Replace the file by one holding only the pairs that count once most of its pairs are
+        stale."""
         if self.written_pairs >= self.rewrite_at_least and self.written_pairs > 2 * len(self.pairs):
             self._rewrite(self.pairs)
 

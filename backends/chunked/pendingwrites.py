@@ -33,10 +33,12 @@ class PendingWrites:
         self.batch = Batch()
         self.position = 0
         self.data_size = data_size
-        self._in_flight = []  # batches handed to the writer whose records may not be in the files yet
+        # batches handed to the writer whose records may not be in the files yet
+        self._in_flight = []
 
     def recovered(self, position, data_size):
-        """The writer's open found the log written up to C{position}, in chunks of C{data_size} bytes of records."""
+        """The writer's open found the log written up to C{position}, in chunks of
+        C{data_size} bytes of records."""
         self.position = position
         self.data_size = data_size
 
@@ -55,8 +57,8 @@ class PendingWrites:
         data_size = self.data_size
         if size > data_size:
             raise MessageTooLarge(
-                f"a message of {len(body)} bytes does not fit in a chunk of {data_size} bytes; raise the chunked"
-                " backend's chunk_size or lower --max-message-size"
+                f"a message of {len(body)} bytes does not fit in a chunk of {data_size} bytes;"
+                " raise the chunked backend's chunk_size or lower --max-message-size"
             )
         position = self.position
         room = data_size - position % data_size
@@ -82,11 +84,13 @@ class PendingWrites:
         self.position = position
 
     def drop_slice(self):
-        """The last compaction slice handed back could not be read: the writer leaves its chunk alone."""
+        """The last compaction slice handed back could not be read: the writer leaves its chunk
+        alone."""
         self.batch.slice_dropped = True
 
     def message(self, handle):
-        """The message appended as C{handle} while its record may not be in the files yet, or None."""
+        """The message appended as C{handle} while its record may not be in the files yet, or
+        None."""
         message = self.batch.messages.get(handle)
         if message is None:
             for batch in self._in_flight:

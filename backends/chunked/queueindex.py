@@ -4,7 +4,8 @@ Only the store's writer thread touches a L{QueueIndex}. Its directory holds:
 
   - index chunks (``index-chunk-NNNNNNNNN``): fixed 16-byte entries naming a
     message by its position in the message log, entry N at a place computed
-    from N alone (L{backends.chunked.format});
+    from N alone (L{backends.chunked.format}), read back at open by
+    L{backends.chunked.indexchunks};
   - ``acks``: an ack log, per commit a record of acks and one of delivery
     counts of entries that came back unacked, so neither rewrites the message
     log or the index;
@@ -37,21 +38,15 @@ from backends.chunked.format import (
     HEADER_SIZE,
     INDEX_CHUNK,
     INDEX_ENTRY_SIZE,
-    FormatError,
-    chunk_file_name,
-    chunk_numbers,
-    decode_header,
-    decode_index_entries,
     encode_header,
     encode_index_entry,
 )
-from backends.chunked.messagelog import header_never_written
+from backends.chunked.indexchunks import index_chunk_path, read_entries, zero_from
 from backends.common.fileio import TEMPORARY_SUFFIX, fsync_directory, replace_file, write_all
 from brokerd.interfaces import StoreCorrupted
 
 log = Logger()
 
-PREFIX = "index-chunk"
 ACK_LOG = "acks"
 CHECKPOINT = "checkpoint"
 CHECKPOINT_EVERY_ACK_BYTES = 1 << 20  # of ack log before a checkpoint empties it
@@ -80,12 +75,14 @@ class QueueIndex:
         self.entries_per_chunk = entries_per_chunk
         self.mark = 0
         self.next_entry = 0
-        self._window = array("Q")  # handles (log positions) of entries window_base .. next_entry - 1
+        # handles (log positions) of entries window_base .. next_entry - 1
+        self._window = array("Q")
         self._sizes = array("I")  # their body lengths
         self._window_base = 0
         self._acked = set()  # acked entry numbers at or above the mark
         self._new_acks = array("Q")  # acked since the last commit, for the ack log
-        self._delivery_counts = {}  # entry number -> how often it came back unacked, for entries not acked
+        # entry number -> how often it came back unacked, for entries not acked
+        self._delivery_counts = {}
         self._new_returns = {}  # entry number -> delivery count, changed since the last commit
         self._ack_log = None  # descriptor
         self._ack_log_size = 0
@@ -96,7 +93,7 @@ class QueueIndex:
         self._directory_unsynced = False
 
     def path_of(self, number):
-        return os.path.join(self.directory, chunk_file_name(PREFIX, number))
+        return index_chunk_path(self.directory, number)
 
     @property
     def held(self):
@@ -108,7 +105,8 @@ class QueueIndex:
     def create(self):
         """Make the files of a new, empty queue (the checkpoint names the queue)."""
         os.makedirs(self.directory, exist_ok=True)
-        replace_file(os.path.join(self.directory, CHECKPOINT), encode_checkpoint(self.queue, 0, ()), True)
+        replace_file(os.path.join(self.directory, CHECKPOINT), encode_checkpoint(self.queue, 0, ()),
+                     True)
         self._open_ack_log(create=True)
 
     def recover(self, write_position):
@@ -122,22 +120,29 @@ class QueueIndex:
         path = os.path.join(self.directory, CHECKPOINT)
         try:
             with open(path, "rb") as checkpoint:
-                queue, self.mark, self._acked, self._delivery_counts = decode_checkpoint(checkpoint.read(), path)
+                queue, self.mark, self._acked, self._delivery_counts = decode_checkpoint(
+                    checkpoint.read(), path)
         except FileNotFoundError:
-            raise StoreCorrupted(f"queue {self.queue!r} has index files but no checkpoint {path}", path) from None
+            raise StoreCorrupted(f"queue {self.queue!r} has index files but no checkpoint {path}",
+                                 path) from None
         if queue != self.queue:
-            raise StoreCorrupted(f"checkpoint {path} belongs to queue {queue!r}, not {self.queue!r}", path, 0)
+            raise StoreCorrupted(f"checkpoint {path} belongs to queue {queue!r}, not"
+                                 f" {self.queue!r}", path, 0)
         self._checkpointed_mark = self.mark
         self._acked.update(self._read_ack_log())
         self._window_base = self.mark
-        self._read_entries()
-        cut = self._cut_entries_from(bisect.bisect_left(self._window, write_position), write_position)
-        # Acks of entries past the end (cut off, or never written) must not ack the entries written there next.
+        self._window, self._sizes, self.next_entry, self.entries_per_chunk = read_entries(
+            self.directory, self.queue, self.entries_per_chunk, self.mark)
+        cut = self._cut_entries_from(bisect.bisect_left(self._window, write_position),
+                                     write_position)
+        # Acks of entries past the end (cut off, or never written) must not ack the entries
+        # written there next.
         stale = {entry for entry in self._acked if entry >= self.next_entry}
         self._acked = {entry for entry in self._acked if self.mark <= entry < self.next_entry}
         self._advance_mark()
-        self._delivery_counts = {entry: count for entry, count in self._delivery_counts.items()
-                                 if self.mark <= entry < self.next_entry and entry not in self._acked}
+        self._delivery_counts = {
+            entry: count for entry, count in self._delivery_counts.items()
+            if self.mark <= entry < self.next_entry and entry not in self._acked}
         if cut or stale:
             self.checkpoint(True, force=True)
 
@@ -149,7 +154,8 @@ class QueueIndex:
         self._ack_log = os.open(path, os.O_RDWR)
         self._ack_log_size = os.fstat(self._ack_log).st_size
         if os.pread(self._ack_log, len(ACK_LOG_MAGIC), 0) != ACK_LOG_MAGIC:
-            write_all(self._ack_log, ACK_LOG_MAGIC, 0)  # version 1 records read the same; returns follow
+            # version 1 records read the same; returns follow
+            write_all(self._ack_log, ACK_LOG_MAGIC, 0)
 
     def _read_ack_log(self):
         path = os.path.join(self.directory, ACK_LOG)
@@ -168,91 +174,25 @@ class QueueIndex:
             self._ack_log_size = offset
         return acked
 
-    def _read_entries(self):
-        """The window: every entry from the mark to the first unwritten one."""
-        numbers = chunk_numbers(self.directory, PREFIX)
-        if numbers and header_never_written(self.path_of(numbers[-1])):
-            log.warn("index chunk {path} has no header: a crash came before it was written, so no entry in it"
-                     " was ever synced; removed", path=self.path_of(numbers[-1]))
-            os.unlink(self.path_of(numbers.pop()))
-        if numbers:
-            self._adopt_chunk_size(numbers[0])
-        numbers = [number for number in numbers if number >= self.mark // self.entries_per_chunk]
-        entry = self.mark
-        for position, number in enumerate(numbers):
-            if number != entry // self.entries_per_chunk:
-                raise StoreCorrupted(
-                    f"queue {self.queue!r}: index chunk {self.path_of(entry // self.entries_per_chunk)} is missing",
-                    self.path_of(entry // self.entries_per_chunk),
-                )
-            path = self.path_of(number)
-            with open(path, "rb") as chunk:
-                header = chunk.read(HEADER_SIZE)
-                self._check_header(header, number, path)
-                first = entry % self.entries_per_chunk
-                chunk.seek(HEADER_SIZE + first * INDEX_ENTRY_SIZE)
-                data = chunk.read((self.entries_per_chunk - first) * INDEX_ENTRY_SIZE)
-            handles, sizes, stop, problem = decode_index_entries(data)
-            self._window.extend(handles)
-            self._sizes.extend(sizes)
-            entry += len(handles)
-            last = position == len(numbers) - 1
-            if problem is not None:
-                offset = HEADER_SIZE + (first + stop) * INDEX_ENTRY_SIZE
-                if not last or any(data[(stop + 1) * INDEX_ENTRY_SIZE :]):
-                    raise StoreCorrupted(f"index chunk {path}: the entry at offset {offset} is damaged ({problem})",
-                                         path, offset)
-                log.warn("index chunk {path}: a torn entry at offset {offset} is cut off", path=path, offset=offset)
-                self._zero_from(number, offset)
-            elif entry % self.entries_per_chunk and not last:
-                raise StoreCorrupted(f"index chunk {path} ends before its last entry, yet a later chunk exists", path)
-        self.next_entry = entry
-
-    def _adopt_chunk_size(self, number):
-        """The index chunk size a queue's index was made with holds for it: entry numbers map to chunks by it."""
-        path = self.path_of(number)
-        with open(path, "rb") as chunk:
-            header = chunk.read(HEADER_SIZE)
-        try:
-            size = decode_header(header, path)[3]
-        except FormatError as problem:
-            raise StoreCorrupted(str(problem), path, 0) from None
-        if size != self.entries_per_chunk * INDEX_ENTRY_SIZE and size and size % INDEX_ENTRY_SIZE == 0:
-            log.warn("queue {queue!r}: its index chunks hold {entries} entries each; keeping that size",
-                     queue=self.queue, entries=size // INDEX_ENTRY_SIZE)
-            self.entries_per_chunk = size // INDEX_ENTRY_SIZE
-
-    def _check_header(self, header, number, path):
-        try:
-            kind, found, start, size = decode_header(header, path)
-        except FormatError as problem:
-            raise StoreCorrupted(str(problem), path, 0) from None
-        expected = (INDEX_CHUNK, number, number * self.entries_per_chunk, self.entries_per_chunk * INDEX_ENTRY_SIZE)
-        if (kind, found, start, size) != expected:
-            raise StoreCorrupted(f"index chunk {path} has the header of another chunk", path, 0)
-
-    def _zero_from(self, number, offset):
-        """Cut index chunk C{number} at C{offset}, so what follows reads as zeros again."""
-        with open(self.path_of(number), "r+b") as chunk:
-            os.ftruncate(chunk.fileno(), offset)
-            os.ftruncate(chunk.fileno(), HEADER_SIZE + self.entries_per_chunk * INDEX_ENTRY_SIZE)
-
     def _cut_entries_from(self, index, write_position):
         """Drop window entries from C{index} on (they point past the message log's end)."""
         if index >= len(self._window):
             return False
         entry = self._window_base + index
         log.warn(
-            "queue {queue!r}: {count} index entries from entry {entry} point past the end of the message log"
-            " ({position}), which a crash cut short; they are dropped",
+            "queue {queue!r}: {count} index entries from entry {entry} point past the end of the"
+            " message log ({position}), which a crash cut short; they are dropped",
             queue=self.queue, count=len(self._window) - index, entry=entry, position=write_position,
         )
         del self._window[index:]
         del self._sizes[index:]
-        self._delivery_counts = {number: count for number, count in self._delivery_counts.items() if number < entry}
-        for number in range(entry // self.entries_per_chunk, (self.next_entry - 1) // self.entries_per_chunk + 1):
+        self._delivery_counts = {number: count for number, count in self._delivery_counts.items()
+                                 if number < entry}
+        last_chunk = (self.next_entry - 1) // self.entries_per_chunk
+        for number in range(entry // self.entries_per_chunk, last_chunk + 1):
             first = max(entry - number * self.entries_per_chunk, 0)
-            self._zero_from(number, HEADER_SIZE + first * INDEX_ENTRY_SIZE)
+            zero_from(self.path_of(number), HEADER_SIZE + first * INDEX_ENTRY_SIZE,
+                      self.entries_per_chunk)
         self.next_entry = entry
         return True
 
@@ -261,9 +201,11 @@ class QueueIndex:
         return self._unacked_of(self._window, "Q")
 
     def delivery_counts(self):
-        """How often entries not acked came back unacked: C{{handle: count}}, counts above 0 only."""
+        """How often entries not acked came back unacked:
+        C{{handle: count}}, counts above 0 only."""
         window, base = self._window, self._window_base
-        return {window[entry - base]: count for entry, count in self._delivery_counts.items() if count}
+        return {window[entry - base]: count for entry, count in self._delivery_counts.items()
+                if count}
 
     def unacked_sizes(self):
         """The body lengths of the entries not acked, in the order of L{unacked}."""
@@ -274,7 +216,8 @@ class QueueIndex:
         if not self._acked:
             return values[start:]
         acked = self._acked
-        return array(typecode, (value for number, value in enumerate(values[start:], self.mark) if number not in acked))
+        return array(typecode, (value for number, value in enumerate(values[start:], self.mark)
+                                if number not in acked))
 
     def unacked_positions_by_chunk(self, data_size, moves=None):
         """
@@ -289,7 +232,8 @@ class QueueIndex:
                 number = (moves.get(handle, handle) if moves else handle) // data_size
                 counts[number] = counts.get(number, 0) + 1
             return counts
-        # Entries are appended in log order, so the handles ascend: count each chunk's run by bisection.
+        # Entries are appended in log order, so the handles ascend: count each chunk's run by
+        # bisection.
         low = 0
         for number in range(handles[0] // data_size, handles[-1] // data_size + 1):
             high = bisect.bisect_left(handles, (number + 1) * data_size, low)
@@ -299,11 +243,13 @@ class QueueIndex:
         return counts
 
     def held_between(self, low, high):
-        """C{(handle, body length)} of the un-acked entries whose handles are in C{[low, high)}, in order."""
+        """C{(handle, body length)} of the un-acked entries whose handles are in C{[low, high)},
+        in order."""
         window, sizes, base, acked = self._window, self._sizes, self._window_base, self._acked
         start = bisect.bisect_left(window, low, self.mark - base)
         end = bisect.bisect_left(window, high, start)
-        return [(window[index], sizes[index]) for index in range(start, end) if base + index not in acked]
+        return [(window[index], sizes[index]) for index in range(start, end)
+                if base + index not in acked]
 
     def held_size(self, handle):
         """The body length of C{handle}'s un-acked entry, or None if the queue holds none for it."""
@@ -316,7 +262,8 @@ class QueueIndex:
     # -- commits
 
     def append(self, handles, sizes):
-        """Write entries for C{handles} (in position order; C{sizes} their body lengths) at the end of the index."""
+        """Write entries for C{handles} (in position order; C{sizes} their body lengths) at the end
+        of the index."""
         entries = b"".join(map(encode_index_entry, handles, sizes))
         entry, offset = self.next_entry, 0
         while offset < len(entries):
@@ -343,12 +290,14 @@ class QueueIndex:
             self._directory_unsynced = True
             size = self.entries_per_chunk * INDEX_ENTRY_SIZE
             os.ftruncate(descriptor, HEADER_SIZE + size)
-            write_all(descriptor, encode_header(INDEX_CHUNK, number, number * self.entries_per_chunk, size), 0)
+            header = encode_header(INDEX_CHUNK, number, number * self.entries_per_chunk, size)
+            write_all(descriptor, header, 0)
         self._chunk = (number, descriptor)
         return descriptor
 
     def ack(self, handle):
-        """Mark the entry of C{handle} acked; its body length, or None if the queue holds no un-acked entry for it."""
+        """Mark the entry of C{handle} acked; its body length, or None if the queue holds no
+        un-acked entry for it."""
         window, base = self._window, self._window_base
         index = bisect.bisect_left(window, handle, self.mark - base)
         if index == len(window) or window[index] != handle:
@@ -386,7 +335,8 @@ class QueueIndex:
         return sizes
 
     def returned(self, handle, count):
-        """Note the delivery count of C{handle}'s entry; ignored if the queue holds no un-acked entry for it."""
+        """Note the delivery count of C{handle}'s entry; ignored if the queue holds no
+        un-acked entry for it."""
         window, base = self._window, self._window_base
         index = bisect.bisect_left(window, handle, self.mark - base)
         if index == len(window) or window[index] != handle or base + index in self._acked:
@@ -439,19 +389,24 @@ class QueueIndex:
         the mark has passed an index chunk; then delete index chunks below the
         mark. Called after the commit's acks are durable.
         """
-        passed_chunk = self.mark // self.entries_per_chunk > self._checkpointed_mark // self.entries_per_chunk
+        entries_per_chunk = self.entries_per_chunk
+        passed_chunk = self.mark // entries_per_chunk > self._checkpointed_mark // entries_per_chunk
         if not passed_chunk and self._ack_log_size < CHECKPOINT_EVERY_ACK_BYTES:
             return
         self.checkpoint(sync_directory)
 
     def checkpoint(self, sync_directory, force=False):
-        if not force and self.mark == self._checkpointed_mark and self._ack_log_size <= len(ACK_LOG_MAGIC):
+        if (not force and self.mark == self._checkpointed_mark
+                and self._ack_log_size <= len(ACK_LOG_MAGIC)):
             return
         replace_file(os.path.join(self.directory, CHECKPOINT),
-                     encode_checkpoint(self.queue, self.mark, self._acked, self._delivery_counts), sync_directory)
+                     encode_checkpoint(self.queue, self.mark, self._acked, self._delivery_counts),
+                     sync_directory)
         os.ftruncate(self._ack_log, len(ACK_LOG_MAGIC))
         self._ack_log_size = len(ACK_LOG_MAGIC)
-        for number in range(self._checkpointed_mark // self.entries_per_chunk, self.mark // self.entries_per_chunk):
+        entries_per_chunk = self.entries_per_chunk
+        for number in range(self._checkpointed_mark // entries_per_chunk,
+                            self.mark // entries_per_chunk):
             if self._chunk is not None and self._chunk[0] == number:
                 os.close(self._chunk[1])
                 self._unsynced.discard(self._chunk[1])

@@ -35,7 +35,8 @@ class QueueIndexSet:
         self.entries_per_chunk = entries_per_chunk
         self._indexes = {}  # queue key -> QueueIndex
         self._damaged = set()  # queues whose index could not be read: what they point to is unknown
-        self._kept_queues = set()  # queues whose topology records are quarantined: their indexes are kept
+        # queues whose topology records are quarantined: their indexes are kept
+        self._kept_queues = set()
         self._unnamed_kept_queue = False  # a quarantined queue record's name could not be read
 
     def directory_of(self, queue):
@@ -74,7 +75,8 @@ class QueueIndexSet:
             handles of its un-acked entries, the L{StoreCorrupted} that makes
             it unavailable, its entries' delivery counts.
         """
-        queues = [(record.vhost, record.name) for record in topology if isinstance(record, messages_pb2.QueueRecord)]
+        queues = [(record.vhost, record.name) for record in topology
+                  if isinstance(record, messages_pb2.QueueRecord)]
         self._kept_queues, self._unnamed_kept_queue = kept_queue_names(topology)
         unacked, damaged, delivery_counts = {}, {}, {}
         for queue in [*queues, *sorted(self._kept_queues - set(queues))]:
@@ -96,7 +98,8 @@ class QueueIndexSet:
         if not os.path.isdir(directory):
             return []
         if creation_cut_short(directory):
-            log.warn("queue index {path}: its creation was cut short by a crash; the queue starts empty", path=directory)
+            log.warn("queue index {path}: its creation was cut short by a crash; the queue starts"
+                     " empty", path=directory)
             shutil.rmtree(directory)
             return []
         index = QueueIndex(directory, queue, self.entries_per_chunk)
@@ -117,17 +120,20 @@ class QueueIndexSet:
             if name not in expected:
                 path = os.path.join(self.directory, name)
                 if self._unnamed_kept_queue:
-                    log.warn("queue index {path} belongs to no readable queue of the topology; kept, as it may be"
-                             " the quarantined queue's whose name cannot be read", path=path)
+                    log.warn("queue index {path} belongs to no readable queue of the topology;"
+                             " kept, as it may be the quarantined queue's whose name cannot be"
+                             " read", path=path)
                     continue
-                log.warn("queue index {path} belongs to no queue of the topology; removed", path=path)
+                log.warn("queue index {path} belongs to no queue of the topology; removed",
+                         path=path)
                 shutil.rmtree(path, ignore_errors=True)
 
     # -- commits
 
     def create(self, queue):
         """The new, empty index of C{queue}, for its first entries."""
-        index = self._indexes[queue] = QueueIndex(self.directory_of(queue), queue, self.entries_per_chunk)
+        index = self._indexes[queue] = QueueIndex(self.directory_of(queue), queue,
+                                                  self.entries_per_chunk)
         index.create()
         return index
 
@@ -153,7 +159,8 @@ class QueueIndexSet:
             index.sync(fsync)
 
     def checkpoint_if_due(self, queues, fsync):
-        """Checkpoint the indexes of C{queues} (those a commit acked in) that are due, after the acks are durable."""
+        """Checkpoint the indexes of C{queues} (those a commit acked in) that are due,
+        after the acks are durable."""
         for queue in queues:
             index = self._indexes.get(queue)
             if index is not None:

@@ -1,4 +1,5 @@
-"""Bringing the chunk bytes just ahead of a queue's deliveries into the page cache, on a thread of its own.
+"""Bringing the chunk bytes just ahead of a queue's deliveries into the page
+cache, on a thread of its own.
 
 The reactor thread reads paged messages through maps of the chunk files. A
 record that is not in the page cache (chunks are written with direct I/O, so
@@ -31,7 +32,8 @@ from backends.chunked.format import sound_records
 log = Logger()
 
 READ_SIZE = 1 << 20  # bytes the thread reads at a time
-CHECK_AHEAD_BODY = 4096  # a read of a body this large asks the thread to check the CRCs of what it reads ahead
+# A read of a body this large asks the thread to check the CRCs of what it reads ahead.
+CHECK_AHEAD_BODY = 4096
 _STOP = None
 
 
@@ -78,7 +80,8 @@ class ReadAhead:
             return
         self.requested[number] = stop
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="chunked read-ahead", daemon=True)
+            self._thread = threading.Thread(target=self._run, name="chunked read-ahead",
+                                            daemon=True)
             self._thread.start()
         self._work.put((number, self.path_of(number), start, stop, offset if check else None))
 
@@ -88,7 +91,8 @@ class ReadAhead:
         self.checked.pop(number, None)
 
     def close(self):
-        """Stop the thread once it has done what it was asked (a chunk deleted meanwhile is skipped)."""
+        """Stop the thread once it has done what it was asked (a chunk deleted meanwhile is
+        skipped)."""
         thread, self._thread = self._thread, None
         if thread is not None:
             self._work.put(_STOP)

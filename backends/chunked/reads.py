@@ -6,28 +6,31 @@ are nothing the garbage collector walks, whereas a cache full of small
 messages held some 250,000 objects and made each full collection stop the
 reactor for over 100 ms.
 
-A chunk's file has its full size from the start, so one map serves it while
-it is written and after; the reactor reads only below the write position the
-last commit handed back, which the writer moves once the bytes are in the file. A body is copied out of
-the map once, as bytes (a small record whole, then split); the head is parsed on its own.
+A chunk's file has its full size from the start, so one map serves it while it
+is written and after; the reactor reads only below the write position the last
+commit handed back, which the writer moves once the bytes are in the file. A
+body is copied out of the map once, as bytes (a small record whole, then split);
+the head is parsed on its own.
 """
 
 import mmap
 import os
 from collections import OrderedDict
 
+from backends.chunked.chunkfiles import chunk_path
 from backends.chunked.format import HEADER_SIZE, decode_head, position_of, record_at, record_damage
-from backends.chunked.messagelog import chunk_path
 from backends.chunked.readahead import CHECK_AHEAD_BODY
 from brokerd.interfaces import MessageRecord
 
-CACHE_ENTRY_OVERHEAD = 200  # bytes a cached record costs beyond its head and body (dict slot, tuple, bytes headers)
+# Bytes a cached record costs beyond its head and body (dict slot, tuple, bytes headers).
+CACHE_ENTRY_OVERHEAD = 200
 _new_tuple = tuple.__new__
 HEAD_CACHE_ENTRIES = 256  # distinct message heads (exchange, routing key, properties) remembered
 
 
 class RingCache:
-    """The records (head, body) of the most recently appended messages, up to a byte budget, oldest dropped first."""
+    """The records (head, body) of the most recently appended messages, up to a byte budget,
+    oldest dropped first."""
 
     def __init__(self, capacity):
         self.capacity = capacity
@@ -83,9 +86,11 @@ class HeadCache:
                 self._kinds.clear()
             stored = decode_head(head)
             published = stored.published_at if stored.HasField("published_at") else None
-            kind = self._kinds[head] = (stored.exchange, stored.routing_key, stored.properties, published)
+            kind = self._kinds[head] = (stored.exchange, stored.routing_key, stored.properties,
+                                        published)
         exchange, routing_key, properties, published = kind
-        return _new_tuple(MessageRecord, (exchange, routing_key, properties, body, published))  # half a namedtuple's call
+        # Half a namedtuple's call.
+        return _new_tuple(MessageRecord, (exchange, routing_key, properties, body, published))
 
 
 class ChunkReader:
@@ -114,7 +119,8 @@ class ChunkReader:
         self.written = written
 
     def follow(self, written, deleted_chunks):
-        """A commit wrote records up to position C{written} and deleted the chunks numbered C{deleted_chunks}."""
+        """A commit wrote records up to position C{written} and deleted the chunks numbered
+        C{deleted_chunks}."""
         self.written = written
         for number in deleted_chunks:
             self.forget(number)
@@ -154,11 +160,14 @@ class ChunkReader:
             checked = read_ahead.checked.get(number)
             parts = record_at(chunk, offset, HEADER_SIZE + data_size,
                               checked is not None and checked[0] <= offset < checked[1])
-            if parts is not None and offset + read_ahead.half >= read_ahead.requested.get(number, 0):
-                read_ahead.ahead(number, offset, HEADER_SIZE + min(data_size, self.written - number * data_size),
+            if (parts is not None
+                    and offset + read_ahead.half >= read_ahead.requested.get(number, 0)):
+                written_end = HEADER_SIZE + min(data_size, self.written - number * data_size)
+                read_ahead.ahead(number, offset, written_end,
                                  check=len(parts[1]) >= CHECK_AHEAD_BODY)
         if parts is None:
-            raise record_damage(chunk, offset, HEADER_SIZE + data_size, chunk_path(self.directory, number), offset)
+            raise record_damage(chunk, offset, HEADER_SIZE + data_size,
+                                chunk_path(self.directory, number), offset)
         reads = self.reads
         reads[number] = reads.get(number, 0) + 1
         return parts
@@ -176,11 +185,13 @@ class ChunkReader:
         try:
             descriptor = os.open(chunk_path(self.directory, number), os.O_RDONLY)
         except FileNotFoundError:
-            raise KeyError(f"the chunked store holds no message with handle {handle!r} (its chunk is gone)") from None
+            raise KeyError(f"the chunked store holds no message with handle {handle!r}"
+                           " (its chunk is gone)") from None
         try:
             chunk = self._maps[number] = mmap.mmap(descriptor, 0, prot=mmap.PROT_READ)
             if hasattr(chunk, "madvise"):
-                chunk.madvise(mmap.MADV_SEQUENTIAL)  # queues are mostly read in log order: read ahead far
+                # Queues are mostly read in log order: read ahead far.
+                chunk.madvise(mmap.MADV_SEQUENTIAL)
         finally:
             os.close(descriptor)
         return chunk

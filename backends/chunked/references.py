@@ -25,7 +25,8 @@ class ChunkReferences:
         self.retain_chunks = retain_chunks
         self.retain_seconds = retain_seconds
         self._log = log
-        self._counts = {}  # message chunk number -> entries and kept delayed messages pointing into it
+        # message chunk number -> entries and kept delayed messages pointing into it
+        self._counts = {}
         self._delayed = {}  # message chunk number -> kept delayed messages in it (never compacted)
         self._consumed = set()  # finished chunks nothing points into, kept for retention
 
@@ -64,7 +65,10 @@ class ChunkReferences:
         """The entries of C{handles}, in log order and none moved by compaction, are gone."""
         data_size, counts = self._log.data_size, self._counts
         first, last = handles[0] // data_size, handles[-1] // data_size
-        chunks = {first: len(handles)} if first == last else Counter(handle // data_size for handle in handles)
+        if first == last:
+            chunks = {first: len(handles)}
+        else:
+            chunks = Counter(handle // data_size for handle in handles)
         for number, count in chunks.items():
             remaining = counts[number] - count
             counts[number] = remaining
@@ -80,7 +84,8 @@ class ChunkReferences:
             self.note_if_consumed(number)
 
     def move(self, old, new, entries):
-        """C{entries} entries point into chunk C{new} instead of C{old}: compaction moved their record."""
+        """C{entries} entries point into chunk C{new} instead of C{old}:
+        compaction moved their record."""
         counts = self._counts
         counts[old] -= entries
         counts[new] = counts.get(new, 0) + entries
@@ -107,7 +112,8 @@ class ChunkReferences:
                 self._consumed.discard(number)
                 continue
             kept_by_count = rank < self.retain_chunks
-            kept_by_age = self.retain_seconds and now - self._log.completed_at(number) < self.retain_seconds
+            kept_by_age = (self.retain_seconds
+                           and now - self._log.completed_at(number) < self.retain_seconds)
             if not (kept_by_count or kept_by_age):
                 gone.append(number)
         return gone
@@ -127,7 +133,8 @@ class Held:
     def __init__(self):
         self.messages = 0
         self.bytes = 0
-        self.shared = {}  # handle -> queues still holding it, for messages held by more than one queue
+        # handle -> queues still holding it, for messages held by more than one queue
+        self.shared = {}
 
     def count(self, indexes):
         """

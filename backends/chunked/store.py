@@ -33,21 +33,32 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from backends.chunked.chunkfiles import bytes_on_disk, chunk_path
 from backends.chunked.compaction import CompactionFollower
 from backends.chunked.delayedhandles import DelayedHandles
 from backends.chunked.format import decode_head, handle_of_message_id, message_id
 from backends.chunked.handover import BatchWritten
-from backends.chunked.messagelog import bytes_on_disk, chunk_path
 from backends.chunked.readahead import ReadAhead
 from backends.chunked.reads import ChunkReader, RingCache
 from backends.chunked.pendingwrites import PendingWrites
 from backends.chunked.writer import TOPOLOGY_MAGIC, ChunkedWriter
-from backends.common.delayed_requests import check_due, check_exchange, delayed_window, readable_messages
+from backends.common.delayed_requests import (
+    check_due,
+    check_exchange,
+    delayed_window,
+    readable_messages,
+)
 from backends.common.message_record import loaded_records, record_of, record_of_stored
 from backends.common.quarantine import QUARANTINE_DIRECTORY, RECORD_SUFFIX, unreadable_message
 from backends.common.topology_file import DurableTopology
 from backends.common.writer_thread import WriterThread
-from brokerd.interfaces import DelayedMessage, IDelayedMessageStore, IPagingStore, ITimedCommits, StoreCorrupted
+from brokerd.interfaces import (
+    DelayedMessage,
+    IDelayedMessageStore,
+    IPagingStore,
+    ITimedCommits,
+    StoreCorrupted,
+)
 from brokerd.storage.durability import SyncPolicy
 
 log = Logger()
@@ -63,28 +74,31 @@ class ChunkedStore:
     name = "chunked"
     durable = True
 
-    def __init__(self, directory, sync_policy=None, chunk_size=256 << 20, index_chunk_entries=1 << 20,
-                 cache_size=64 << 20, retain_chunks=0, retain_seconds=0.0, *, reactor, delayed_bucket_ms=60_000,
-                 delayed_flush_entries=1 << 16, compact_below=0.25, compact_bytes=256 << 10, compact_quiet=5.0,
-                 read_ahead=4 << 20):
+    def __init__(self, directory, sync_policy=None, chunk_size=256 << 20,
+                 index_chunk_entries=1 << 20, cache_size=64 << 20, retain_chunks=0,
+                 retain_seconds=0.0, *, reactor, delayed_bucket_ms=60_000,
+                 delayed_flush_entries=1 << 16, compact_below=0.25, compact_bytes=256 << 10,
+                 compact_quiet=5.0, read_ahead=4 << 20):
         self.directory = directory
         self.sync_policy = sync_policy or SyncPolicy()
         self._writer_thread = WriterThread(self.name, self.sync_policy, reactor, self._take_batch,
                                            self._close_files, self._batch_written)
-        self._writer = ChunkedWriter(directory, chunk_size, index_chunk_entries, retain_chunks, retain_seconds,
-                                     delayed_bucket_ms, delayed_flush_entries, compact_below, compact_bytes,
-                                     compact_quiet)
+        self._writer = ChunkedWriter(directory, chunk_size, index_chunk_entries, retain_chunks,
+                                     retain_seconds, delayed_bucket_ms, delayed_flush_entries,
+                                     compact_below, compact_bytes, compact_quiet)
         self._pending = PendingWrites(chunk_size)
-        self._compaction = CompactionFollower(reactor, directory, self._writer_thread, self._pending.place_copies,
-                                              self._pending.drop_slice)
+        self._compaction = CompactionFollower(reactor, directory, self._writer_thread,
+                                              self._pending.place_copies, self._pending.drop_slice)
         self._delays = DelayedHandles(delayed_bucket_ms)
         self._reader = ChunkReader(directory, chunk_size,
                                    ReadAhead(read_ahead, partial(chunk_path, directory))
                                    if read_ahead else None)
         self._cache = RingCache(cache_size)
         self._topology = DurableTopology(TOPOLOGY_MAGIC)
-        self._written = BatchWritten(0, 0, (), {}, 0, 0, 0)  # the last commit's result (the writer's figures)
-        self._chunk_figures = {}  # chunk number -> (writes, bytes written), of every chunk file there is
+        # the last commit's result (the writer's figures)
+        self._written = BatchWritten(0, 0, (), {}, 0, 0, 0)
+        # chunk number -> (writes, bytes written), of every chunk file there is
+        self._chunk_figures = {}
         self._recovered = {}  # queue key -> handles open found
         self._recovered_counts = {}  # queue key -> {handle: delivery count} open found
         self._damaged = {}  # queue key -> StoreCorrupted that open found
@@ -121,10 +135,12 @@ class ChunkedStore:
     def _check_available(self, queue):
         damage = self._damaged.get(queue)
         if damage is not None:
-            raise StoreCorrupted(f"queue {queue!r} is unavailable: {damage}", damage.path, damage.offset)
+            raise StoreCorrupted(f"queue {queue!r} is unavailable: {damage}", damage.path,
+                                 damage.offset)
 
     def recovered_handles(self, queue):
-        """The handles of the messages open found for C{queue}, in order, all possibly delivered before."""
+        """The handles of the messages open found for C{queue}, in order, all possibly delivered
+        before."""
         self._check_available(queue)
         return self._recovered.get(queue, ())
 
@@ -137,13 +153,15 @@ class ChunkedStore:
         is iterated; one that cannot be read is quarantined (logged, kept
         aside) and left out.
         """
-        return loaded_records(self.load, queue, self.recovered_handles(queue), "its record is kept aside")
+        return loaded_records(self.load, queue, self.recovered_handles(queue),
+                              "its record is kept aside")
 
     def sync(self):
         return self._writer_thread.sync()
 
     def close(self):
-        """Commit what is buffered (fsynced unless the policy is none), stop the writer thread and close the files."""
+        """Commit what is buffered (fsynced unless the policy is none), stop the writer
+        thread and close the files."""
         return self._writer_thread.close()
 
     def commit_times(self):
@@ -170,7 +188,8 @@ class ChunkedStore:
         self._topology.save_queue(record)
 
     def delete_queue(self, queue):
-        """Forget a queue, its bindings and its index (damaged or not); its share of the log is released."""
+        """Forget a queue, its bindings and its index (damaged or not);
+        its share of the log is released."""
         self._topology.delete_queue(queue)
         batch = self._pending.batch
         for handle in batch.appends.pop(queue, ()):
@@ -216,7 +235,8 @@ class ChunkedStore:
         self._acks += 1
 
     def returned(self, queue, handle, count):
-        """Buffered: the writer adds the count to the queue's ack log after this batch's entries and acks."""
+        """Buffered: the writer adds the count to the queue's ack log after this batch's entries and
+        acks."""
         batch = self._pending.batch
         returns = batch.returns.get(queue)
         if returns is None:
@@ -258,10 +278,13 @@ class ChunkedStore:
         return message
 
     def _keep_aside(self, handle, position, record, problem):
-        """Buffer a copy of an unparsable record for the quarantine directory; the UnreadableMessage to raise."""
+        """Buffer a copy of an unparsable record for the quarantine directory;
+        the UnreadableMessage to raise."""
         where = self._reader.where(position)
         name = f"message-{handle}"
-        self._pending.batch.kept_aside[name] = record if record is not None else self._reader.record(position)
+        if record is None:
+            record = self._reader.record(position)
+        self._pending.batch.kept_aside[name] = record
         copy = os.path.join(self.directory, QUARANTINE_DIRECTORY, name + RECORD_SUFFIX)
         return unreadable_message(f"{where} (copied to {copy})", problem)
 
@@ -278,7 +301,8 @@ class ChunkedStore:
         return message_id(handle)
 
     def lookup(self, text):
-        """Read the message a L{message_id} names without consuming it: a Deferred firing with its MessageRecord."""
+        """Read the message a L{message_id} names without consuming it:
+        a Deferred firing with its MessageRecord."""
         try:
             handle = handle_of_message_id(text)
             return defer.succeed(record_of(self.load(handle)))
@@ -304,7 +328,8 @@ class ChunkedStore:
         batch.records.append((position, head, body))
         batch.messages[position] = message
         batch.delays.append((due, handle, position, number))
-        # Not put in the ring cache: it is read back once due, long after the queues' recent messages.
+        # Not put in the ring cache: it is read back once due, long after the queues' recent
+        # messages.
         return handle
 
     def release(self, handle):
@@ -321,11 +346,14 @@ class ChunkedStore:
             return defer.fail(self._delays.unavailable())
 
         def fetch(position, bound, count):
-            # The writer thread reads the records too: the reactor thread never waits for the disk here.
+            # The writer thread reads the records too: the reactor thread never waits for the disk
+            # here.
             return self._writer_thread.call(self._writer.delayed_window, position, bound, count)
 
-        rows = delayed_window(fetch, list(self._pending.batch.delays), self._delays.is_kept, cursor, until, limit)
-        return rows.addCallbacks(self._delayed_messages, self._delayed_failed, (cursor, until, limit))
+        pending = list(self._pending.batch.delays)
+        rows = delayed_window(fetch, pending, self._delays.is_kept, cursor, until, limit)
+        return rows.addCallbacks(self._delayed_messages, self._delayed_failed,
+                                 (cursor, until, limit))
 
     def _delayed_messages(self, rows, cursor, until, limit):
         """
@@ -333,7 +361,8 @@ class ChunkedStore:
         delays not yet handed to it. A record that does not parse is kept
         aside and released, and the window is asked for again without it.
         """
-        found, quarantined = readable_messages(rows, self._delayed_message, self._quarantine_delayed)
+        found, quarantined = readable_messages(rows, self._delayed_message,
+                                               self._quarantine_delayed)
         if quarantined:
             return self.delayed_after(cursor, until, limit)
         return found
@@ -352,8 +381,9 @@ class ChunkedStore:
     def _quarantine_delayed(self, row, problem):
         due, handle, _, number = row[:4]
         vhost, exchange = self._delays.exchange(number)
-        log.error("delayed message {handle} for exchange {exchange!r} in vhost {vhost!r} (due {due}) is quarantined,"
-                  " not routed: {problem}", handle=handle, exchange=exchange, vhost=vhost, due=due, problem=problem)
+        log.error("delayed message {handle} for exchange {exchange!r} in vhost {vhost!r}"
+                  " (due {due}) is quarantined, not routed: {problem}",
+                  handle=handle, exchange=exchange, vhost=vhost, due=due, problem=problem)
         self.release(handle)
 
     def _delayed_failed(self, failure):
@@ -364,7 +394,8 @@ class ChunkedStore:
     # -- commits
 
     def _take_batch(self):
-        """Called by GroupCommit on the reactor thread: hand over what is buffered (the writer's from now on)."""
+        """Called by GroupCommit on the reactor thread: hand over what is buffered
+        (the writer's from now on)."""
         return self._pending.take(self._delays.meta(), self._topology.take_changes())
 
     def _batch_written(self, written):
@@ -398,6 +429,7 @@ class ChunkedStore:
         """The figures of the last commit (see L{BatchWritten}) and the reactor thread's own."""
         written, chunks = self._written, self._chunk_figures
         chunk_reads = sum(self._reader.reads.values())
+        read_ahead = self._reader.read_ahead
         return {
             **self._topology.figures(),
             **self._writer_thread.figures(),
@@ -408,8 +440,8 @@ class ChunkedStore:
             "chunks": len(chunks),
             "chunk_size": self._pending.data_size,
             "chunk_reads": chunk_reads,
-            "read_ahead_bytes": self._reader.read_ahead.bytes_read if self._reader.read_ahead else 0,
-            "read_ahead_checked_bytes": self._reader.read_ahead.bytes_checked if self._reader.read_ahead else 0,
+            "read_ahead_bytes": read_ahead.bytes_read if read_ahead else 0,
+            "read_ahead_checked_bytes": read_ahead.bytes_checked if read_ahead else 0,
             "chunk_writes": sum(writes for writes, _ in chunks.values()),
             "bytes_on_disk": bytes_on_disk(self.directory, chunks),
             "append_position": self._pending.position,
@@ -430,7 +462,8 @@ class ChunkedStore:
         """Per message chunk: records read back, writes made and bytes written, for metrics."""
         reads = self._reader.reads
         return {
-            number: {"reads": reads.get(number, 0), "writes": writes, "bytes_written": bytes_written}
+            number: {"reads": reads.get(number, 0), "writes": writes,
+                     "bytes_written": bytes_written}
             for number, (writes, bytes_written) in sorted(self._chunk_figures.items())
         }
 

@@ -60,9 +60,9 @@ class ChunkedWriter:
     @ivar compactor: the L{Compactor}.
     """
 
-    def __init__(self, directory, data_size, entries_per_chunk, retain_chunks=0, retain_seconds=0.0,
-                 delayed_bucket_ms=60_000, delayed_flush_entries=1 << 16, compact_below=0.25, compact_bytes=256 << 10,
-                 compact_quiet=5.0):
+    def __init__(self, directory, data_size, entries_per_chunk, retain_chunks=0,
+                 retain_seconds=0.0, delayed_bucket_ms=60_000, delayed_flush_entries=1 << 16,
+                 compact_below=0.25, compact_bytes=256 << 10, compact_quiet=5.0):
         self.directory = directory
         self.topology_path = os.path.join(directory, TOPOLOGY_FILE)
         self.log = MessageLog(directory, data_size)
@@ -71,8 +71,8 @@ class ChunkedWriter:
         self._indexes = QueueIndexSet(directory, entries_per_chunk)
         self._references = ChunkReferences(self.log, retain_chunks, retain_seconds)
         self._held = Held()
-        self.compactor = Compactor(self.log, self._references, self.moves_file, self._indexes, self._held,
-                                   compact_below, compact_bytes, compact_quiet)
+        self.compactor = Compactor(self.log, self._references, self.moves_file, self._indexes,
+                                   self._held, compact_below, compact_bytes, compact_quiet)
         self._lock = None
 
     def _knows_every_reference(self):
@@ -107,7 +107,8 @@ class ChunkedWriter:
         self._held.count(self._indexes.values())
         if self._indexes.complete:  # else any index may hold any moved message
             self.moves_file.forget_unheld(self._indexes.values())
-        delayed = self.delayed.open(self.log.write_position, self.log.data_size, self.log.chunks.__contains__)
+        delayed = self.delayed.open(self.log.write_position, self.log.data_size,
+                                    self.log.chunks.__contains__)
         for number, count in delayed.references.items():
             if count:
                 self._references.add_delayed(number, count)
@@ -115,9 +116,9 @@ class ChunkedWriter:
             self._references.note_if_consumed(number)
         self._delete_consumed()
         self.log.take_changes()
-        return Recovery(topology, unacked, damaged, self.log.write_position, self.log.data_size, delayed,
-                        delivery_counts, self._written(dict.fromkeys(self.log.chunks, (0, 0)), ()),
-                        dict(self.moves_file.pairs))
+        written = self._written(dict.fromkeys(self.log.chunks, (0, 0)), ())
+        return Recovery(topology, unacked, damaged, self.log.write_position, self.log.data_size,
+                        delayed, delivery_counts, written, dict(self.moves_file.pairs))
 
     def _count_entries(self, queue, index):
         """
@@ -130,8 +131,8 @@ class ChunkedWriter:
         if missing:
             path = self.log.path_of(missing[0])
             raise StoreCorrupted(
-                f"queue {queue!r} holds {counts[missing[0]]} un-acked messages in message chunk {path}, which is"
-                " missing", path,
+                f"queue {queue!r} holds {counts[missing[0]]} un-acked messages in message chunk"
+                f" {path}, which is missing", path,
             )
         for number, count in counts.items():
             self._references.add(number, count)
@@ -193,10 +194,11 @@ class ChunkedWriter:
 
     def _written(self, chunk_figures, deleted_chunks, moved=None, compaction=()):
         held, compactor = self._held, self.compactor
-        return BatchWritten(self.log.write_position, self.log.flushed_position, deleted_chunks, chunk_figures,
-                            held.messages, held.bytes, self.delayed.flushes, moved or {},
-                            self.moves_file.take_unmoved(), compaction, compactor.compacted_chunks,
-                            compactor.compacted_bytes, compactor.due_in)
+        return BatchWritten(self.log.write_position, self.log.flushed_position, deleted_chunks,
+                            chunk_figures, held.messages, held.bytes, self.delayed.flushes,
+                            moved or {}, self.moves_file.take_unmoved(), compaction,
+                            compactor.compacted_chunks, compactor.compacted_bytes,
+                            compactor.due_in)
 
     def _append(self, queue, handles, sizes, shared):
         index = self._indexes.get(queue)
@@ -226,7 +228,8 @@ class ChunkedWriter:
         index.write_acks()
 
     def delayed_window(self, cursor, until, limit):
-        """The rows of L{ChunkedDelayedIndex.window}, each followed by its record's head and body."""
+        """The rows of L{ChunkedDelayedIndex.window}, each followed by its record's head and
+        body."""
         rows = self.delayed.window(cursor, until, limit)
         records = self.log.read_records([position for _, _, position, _ in rows])
         return [(*row, head, body) for row, (head, body) in zip(rows, records)]
@@ -281,8 +284,8 @@ class ChunkedWriter:
             self.compactor.look_again()
         if not self._knows_every_reference():
             # A damaged queue index or delayed index, or the index of a quarantined queue whose name
-            # cannot be read, may still point into any chunk: keep them all until the damaged data is
-            # dropped or repaired by hand.
+            # cannot be read, may still point into any chunk: keep them all until the damaged data
+            # is dropped or repaired by hand.
             return
         for number in self._references.to_delete():
             self.moves_file.sync()  # the moves that emptied it are durable before it goes

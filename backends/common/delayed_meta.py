@@ -41,7 +41,8 @@ def encode_meta(magic, meta):
 
 
 def decode_meta(data, path, magic):
-    """The L{Meta} a file's contents hold; L{StoreCorrupted} naming C{path} if they are not a whole one."""
+    """The L{Meta} a file's contents hold; L{StoreCorrupted} naming C{path} if they are not a whole
+    one."""
 
     def damaged(reason, offset=None):
         return StoreCorrupted(f"delayed-message file {path} is damaged: {reason}", path, offset)
@@ -62,7 +63,8 @@ def decode_meta(data, path, magic):
         try:
             vhost, name = data[start:offset].decode("utf-8").split("\0")
         except ValueError:
-            raise damaged(f"the exchange key at offset {start - LENGTH.size} is not one", start) from None
+            raise damaged(f"the exchange key at offset {start - LENGTH.size} is not one",
+                          start) from None
         exchanges.append((vhost, name))
     if offset != end or not width:
         raise damaged("its fields do not add up", offset)

@@ -19,9 +19,11 @@ LEASE = 1 << 16  # handles reserved on disk at a time by the file-based stores
 
 
 def check_due(due):
-    """C{due} if it is an int of milliseconds a store can keep (0 <= due < 2**63); else ValueError."""
+    """C{due} if it is an int of milliseconds a store can keep (0 <= due < 2**63);
+    else ValueError."""
     if type(due) is not int or not 0 <= due <= MAX_DUE:
-        raise ValueError(f"a delayed message's due time is an int of milliseconds since the epoch, not {due!r}")
+        raise ValueError("a delayed message's due time is an int of milliseconds since the epoch,"
+                         f" not {due!r}")
     return due
 
 
@@ -100,8 +102,9 @@ def delayed_window(fetch, pending, kept, cursor, until, limit):
     cursor = check_cursor(cursor)
     if limit <= 0:
         return []
-    waiting = sorted((row for row in pending if (cursor is None or key_of(row) > cursor) and row[0] <= until),
-                     key=key_of)
+    waiting = sorted(
+        (row for row in pending if (cursor is None or key_of(row) > cursor) and row[0] <= until),
+        key=key_of)
     rows, position, exhausted = [], cursor, False
     while len(rows) < limit:
         fetched = yield fetch(position, until, limit)

@@ -18,7 +18,8 @@ LONGEST_HEX_NAME = 200  # file systems allow 255 bytes; longer keys are hashed
 
 
 class DirectoryInUse(StoreInUse):
-    """Another open store (most likely another broker on the same data directory) holds the files."""
+    """Another open store (most likely another broker on the same data directory) holds the
+    files."""
 
 
 def lock_directory(lock_path, backend):
@@ -33,8 +34,8 @@ def lock_directory(lock_path, backend):
     except BlockingIOError:
         os.close(descriptor)
         raise DirectoryInUse(
-            f"{os.path.dirname(lock_path)} is in use by another open {backend} store (another broker on the"
-            " same data directory?)"
+            f"{os.path.dirname(lock_path)} is in use by another open {backend} store"
+            " (another broker on the same data directory?)"
         ) from None
     return descriptor
 
@@ -144,8 +145,8 @@ def little_endian_bytes(numbers):
 
 
 def read_little_endian(typecode, data, offset=0, count=None):
-    """An array of C{typecode} read from little-endian bytes of C{data} (C{count} numbers from C{offset},
-    or all that follow), in the machine's byte order."""
+    """An array of C{typecode} read from little-endian bytes of C{data} (C{count} numbers from
+    C{offset}, or all that follow), in the machine's byte order."""
     numbers = array(typecode)
     end = None if count is None else offset + numbers.itemsize * count
     numbers.frombytes(data[offset:end])

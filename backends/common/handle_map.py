@@ -41,7 +41,8 @@ class _Sparse:
             offsets.append(start)
             start += 1
         self.offsets = offsets
-        self.values = [array(column.typecode, map(column.__getitem__, offsets)) for column in dense.values]
+        self.values = [array(column.typecode, map(column.__getitem__, offsets))
+                       for column in dense.values]
 
     def find(self, offset):
         offsets = self.offsets
@@ -113,7 +114,8 @@ class HandleMap:
             if type(block) is not _Dense:
                 if handle < 0:
                     raise ValueError(f"a handle is a natural number, not {handle!r}")
-                block = blocks[number] = _Dense(self.typecodes) if block is None else self._densify(block)
+                block = _Dense(self.typecodes) if block is None else self._densify(block)
+                blocks[number] = block
                 newest = max(newest, number)
             offset = handle & MASK
             present = block.present
@@ -188,5 +190,6 @@ class HandleMap:
             if type(block) is _Dense:
                 total += BLOCK + sum(column.itemsize * BLOCK for column in block.values)
             else:
-                total += 2 * len(block.offsets) + sum(column.itemsize * len(column) for column in block.values)
+                column_bytes = sum(column.itemsize * len(column) for column in block.values)
+                total += 2 * len(block.offsets) + column_bytes
         return total

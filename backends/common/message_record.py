@@ -15,11 +15,12 @@ log = Logger()
 
 
 def record_of(message):
-    """The record of C{message} if it is one, else of an object with a record's attributes (a message appended)."""
+    """The record of C{message} if it is one, else of an object with a record's
+    attributes (a message appended)."""
     if type(message) is MessageRecord:
         return message
-    return MessageRecord(message.exchange, message.routing_key, message.properties, bytes(message.body),
-                         message.published_at)
+    return MessageRecord(message.exchange, message.routing_key, message.properties,
+                         bytes(message.body), message.published_at)
 
 
 def record_of_stored(stored, body=None):
@@ -32,8 +33,8 @@ def record_of_stored(stored, body=None):
     properties = messages_pb2.BasicProperties()
     properties.CopyFrom(stored.properties)
     published_at = stored.published_at if stored.HasField("published_at") else None
-    return MessageRecord(stored.exchange, stored.routing_key, properties, stored.body if body is None else body,
-                         published_at)
+    return MessageRecord(stored.exchange, stored.routing_key, properties,
+                         stored.body if body is None else body, published_at)
 
 
 def loaded_records(load, queue, handles, kept, skip_missing=False):
@@ -52,7 +53,8 @@ def loaded_records(load, queue, handles, kept, skip_missing=False):
                 raise
             continue
         except UnreadableMessage as problem:
-            log.error("queue {queue!r} in vhost {vhost!r}: quarantined stored message {handle}, not delivered:"
-                      " {problem}; {kept}", queue=queue[1], vhost=queue[0], handle=handle, problem=problem, kept=kept)
+            log.error("queue {queue!r} in vhost {vhost!r}: quarantined stored message {handle},"
+                      " not delivered: {problem}; {kept}",
+                      queue=queue[1], vhost=queue[0], handle=handle, problem=problem, kept=kept)
             continue
         yield handle, record_of(message), True

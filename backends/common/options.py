@@ -7,7 +7,8 @@ def given_options(backend, options):
     """Every option of C{backend}, as given or defaulted; a ValueError names an unknown one."""
     unknown = sorted(set(options) - set(backend.options))
     if unknown:
-        raise ValueError(f"no option {unknown[0]!r}; the options are: {', '.join(sorted(backend.options))}")
+        known = ", ".join(sorted(backend.options))
+        raise ValueError(f"no option {unknown[0]!r}; the options are: {known}")
     return {name: options.get(name, default) for name, (default, _) in backend.options.items()}
 
 
@@ -18,7 +19,8 @@ def whole_number(name, text, smallest=1):
     except (TypeError, ValueError):
         value = smallest - 1
     if value < smallest:
-        raise ValueError(f"option {name} must be a whole number of at least {smallest}, not {text!r}")
+        raise ValueError(f"option {name} must be a whole number of at least {smallest},"
+                         f" not {text!r}")
     return value
 
 

@@ -44,7 +44,8 @@ def parse_or_none(record_type, data):
 
 
 def read_varint(data, offset, end):
-    """The protobuf varint at C{data[offset]} and where it ends; ValueError if it runs past C{end} or 10 bytes."""
+    """The protobuf varint at C{data[offset]} and where it ends;
+    ValueError if it runs past C{end} or 10 bytes."""
     value = shift = 0
     while offset < end and shift <= 63:
         byte = data[offset]
@@ -86,8 +87,10 @@ def top_level_strings(data, numbers):
     return found
 
 
-def quarantined_topology(record_type, data, where, reason="it does not parse (nested deeper than protobuf reads)"):
-    """The L{QuarantinedRecord} of the topology record C{data} of C{record_type} that did not parse."""
+def quarantined_topology(record_type, data, where,
+                         reason="it does not parse (nested deeper than protobuf reads)"):
+    """The L{QuarantinedRecord} of the topology record C{data} of C{record_type} that did not
+    parse."""
     vhost_field, name_fields = _NAME_FIELDS[record_type]
     fields = top_level_strings(data, {vhost_field, *name_fields, DESTINATION_EXCHANGE_FIELD})
     destination_exchange = None
@@ -108,7 +111,8 @@ def quarantined_topology(record_type, data, where, reason="it does not parse (ne
 
 
 def unreadable_message(where, problem):
-    """The L{UnreadableMessage} for a stored message at C{where} whose intact record does not parse."""
+    """The L{UnreadableMessage} for a stored message at C{where} whose intact record does not
+    parse."""
     return UnreadableMessage(f"the stored message at {where} does not parse ({problem})")
 
 
@@ -123,7 +127,8 @@ def parse_stored_message(record, where, what, path):
     except DecodeError as error:
         raise unreadable_message(where, error) from None
     except Exception as error:
-        raise StoreCorrupted(f"{what} cannot be read as a StoredMessage ({error})", path=path) from None
+        raise StoreCorrupted(f"{what} cannot be read as a StoredMessage ({error})",
+                             path=path) from None
 
 
 def keep_aside(directory, name, parts):

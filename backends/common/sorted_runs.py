@@ -22,11 +22,13 @@ from heapq import merge
 from itertools import count, repeat
 
 MAX_RUNS = 8  # a bucket with more runs is merged into one when read
-MERGE_RELEASED = 256  # ... and so is one with at least this many released entries, if they are half of it
+# ... and so is one with at least this many released entries, if they are half of it
+MERGE_RELEASED = 256
 
 
 class SortedRun:
-    """Entries sorted by C{(due, handle)}: arrays C{dues}, C{handles} and C{extra} columns, never changed."""
+    """Entries sorted by C{(due, handle)}: arrays C{dues}, C{handles} and C{extra} columns,
+    never changed."""
 
     __slots__ = ("dues", "handles", "extra")
 
@@ -39,7 +41,8 @@ class SortedRun:
         return len(self.dues)
 
     def start(self, cursor):
-        """The index of the first entry whose key is greater than C{cursor} (None: the first one)."""
+        """The index of the first entry whose key is greater than C{cursor}
+        (None: the first one)."""
         if cursor is None:
             return 0
         due, handle = cursor
@@ -49,7 +52,8 @@ class SortedRun:
 
     def entries(self, start=0, tag=0):
         """C{(due, handle, tag, index)} of the entries from C{start} on."""
-        return zip(memoryview(self.dues)[start:], memoryview(self.handles)[start:], repeat(tag), count(start))
+        return zip(memoryview(self.dues)[start:], memoryview(self.handles)[start:], repeat(tag),
+                   count(start))
 
 
 def empty_columns(typecodes):
@@ -64,8 +68,8 @@ def sorted_run(columns):
     """
     dues = columns[0]
     order = sorted(range(len(dues)), key=dues.__getitem__)
-    return SortedRun(*(array(column.typecode, map(column.__getitem__, order)) for column in columns[:2]),
-               [array(column.typecode, map(column.__getitem__, order)) for column in columns[2:]])
+    in_order = [array(column.typecode, map(column.__getitem__, order)) for column in columns]
+    return SortedRun(in_order[0], in_order[1], in_order[2:])
 
 
 def merge_runs(runs, released=None, typecodes=None):
@@ -81,7 +85,8 @@ def merge_runs(runs, released=None, typecodes=None):
     dues, handles, *extra = empty_columns(typecodes)
     add_due, add_handle = dues.append, handles.append
     sources = [run.entries(0, tag) for tag, run in enumerate(runs)]
-    for due, handle, tag, index in (merge(*sources) if len(sources) > 1 else sources[0] if sources else ()):
+    entries = merge(*sources) if len(sources) > 1 else sources[0] if sources else ()
+    for due, handle, tag, index in entries:
         if released is not None and released(handle):
             continue
         add_due(due)
@@ -142,7 +147,8 @@ class MemoryBucket:
         self.entries += 1
 
     def add_rows(self, rows):
-        """Add many C{(due, handle, *extra)} rows at once, a column at a time (faster than L{add} per row)."""
+        """Add many C{(due, handle, *extra)} rows at once, a column at a time
+        (faster than L{add} per row)."""
         for column, values in zip(self.tail, zip(*rows)):
             column.extend(values)
         self.entries += len(rows)
@@ -153,11 +159,13 @@ class MemoryBucket:
             self.entries += len(run)
 
     def view(self, released):
-        """The runs, the tail sorted into one of them, merged into one if there are many or much is released."""
+        """The runs, the tail sorted into one of them, merged into one if there are many or much is
+        released."""
         if self.tail[0]:
             self.runs.append(sorted_run(self.tail))
             self.tail = empty_columns(self.typecodes)
-        if len(self.runs) > MAX_RUNS or (self.released >= MERGE_RELEASED and 2 * self.released >= self.entries):
+        much_released = self.released >= MERGE_RELEASED and 2 * self.released >= self.entries
+        if len(self.runs) > MAX_RUNS or much_released:
             self.runs = [merge_runs(self.runs, released, self.typecodes)]
             self.entries, self.released = len(self.runs[0]), 0
         return self.runs

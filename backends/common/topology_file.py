@@ -26,7 +26,8 @@ TOPOLOGY_FILE = "topology"
 FILELOG_MAGIC = b"brokerd filelog topology 1\n"
 ENTRY = struct.Struct(">BI")
 CRC = struct.Struct(">I")
-RECORD_KINDS = {1: messages_pb2.ExchangeRecord, 2: messages_pb2.QueueRecord, 3: messages_pb2.BindingRecord}
+RECORD_KINDS = {1: messages_pb2.ExchangeRecord, 2: messages_pb2.QueueRecord,
+                3: messages_pb2.BindingRecord}
 KIND_OF = {record_type: kind for kind, record_type in RECORD_KINDS.items()}
 
 
@@ -45,9 +46,11 @@ class KeptEntry:
         self.kind, self.data, self.quarantined = kind, data, quarantined
 
     def names(self, kind_name, vhost, name):
-        """Whether this entry is the C{kind_name} (C{"exchange"}, C{"queue"}) C{name} of C{vhost}."""
+        """Whether this entry is the C{kind_name} (C{"exchange"}, C{"queue"}) C{name} of
+        C{vhost}."""
         quarantined = self.quarantined
-        return quarantined.kind == kind_name and quarantined.vhost == vhost and quarantined.name == name
+        return (quarantined.kind == kind_name and quarantined.vhost == vhost
+                and quarantined.name == name)
 
     def binds(self, vhost, exchange=None, queue=None):
         """Whether this entry is a binding of C{vhost} from or to C{exchange}, or to C{queue}."""
@@ -60,8 +63,8 @@ class KeptEntry:
 
 def binding_key(record):
     """What makes two bindings the same binding."""
-    return (record.vhost, record.exchange, record.queue, record.routing_key, freeze(table_to_dict(record.arguments)),
-            record.destination_exchange)
+    return (record.vhost, record.exchange, record.queue, record.routing_key,
+            freeze(table_to_dict(record.arguments)), record.destination_exchange)
 
 
 class Topology:
@@ -82,10 +85,13 @@ class Topology:
             else:
                 try:
                     self.save_binding(record)
-                except Exception as problem:  # arguments whose values cannot be read (table_to_dict)
+                except Exception as problem:
+                    # Arguments whose values cannot be read (table_to_dict).
                     data = record.SerializeToString()
-                    self.kept.append(KeptEntry(KIND_OF[type(record)], data, quarantined_topology(
-                        type(record), data, "in the topology file", f"its arguments cannot be read ({problem})")))
+                    quarantined = quarantined_topology(
+                        type(record), data, "in the topology file",
+                        f"its arguments cannot be read ({problem})")
+                    self.kept.append(KeptEntry(KIND_OF[type(record)], data, quarantined))
 
     def records(self):
         """
@@ -107,7 +113,8 @@ class Topology:
         self.exchanges.pop((vhost, name), None)
         for key in [key for key in self.bindings if key[0] == vhost and name in (key[1], key[5])]:
             del self.bindings[key]
-        self._drop_kept(lambda entry: entry.names("exchange", vhost, name) or entry.binds(vhost, exchange=name))
+        self._drop_kept(lambda entry: (entry.names("exchange", vhost, name)
+                                       or entry.binds(vhost, exchange=name)))
 
     def save_queue(self, record):
         self.queues[(record.vhost, record.name)] = record
@@ -118,7 +125,8 @@ class Topology:
         vhost, name = queue
         for key in [key for key in self.bindings if key[0] == vhost and key[2] == name]:
             del self.bindings[key]
-        self._drop_kept(lambda entry: entry.names("queue", vhost, name) or entry.binds(vhost, queue=name))
+        self._drop_kept(lambda entry: (entry.names("queue", vhost, name)
+                                       or entry.binds(vhost, queue=name)))
 
     def save_binding(self, record):
         self.bindings[binding_key(record)] = record
@@ -152,7 +160,8 @@ class DurableTopology:
         self._changed = False
 
     def recovered(self, records):
-        """Take the records the store's open read from its topology file (as L{decode_topology} gives them)."""
+        """Take the records the store's open read from its topology file (as
+        L{decode_topology} gives them)."""
         self._topology = Topology(records)
 
     def records(self):
@@ -184,7 +193,8 @@ class DurableTopology:
         self._changed = True
 
     def take_changes(self):
-        """The topology file's new contents if the topology changed since the last call, else None."""
+        """The topology file's new contents if the topology changed since the last call, else
+        None."""
         if not self._changed:
             return None
         self._changed = False
@@ -209,7 +219,8 @@ def decode_topology(data, path, magic=FILELOG_MAGIC):
     """
 
     def damaged(reason, offset=None):
-        return StoreCorrupted(f"topology file {path} is damaged: {reason}; the store cannot start without it", path, offset)
+        return StoreCorrupted(f"topology file {path} is damaged: {reason};"
+                              " the store cannot start without it", path, offset)
 
     if not data.startswith(magic):
         raise damaged(f"it does not start with the topology header {magic!r}", 0)

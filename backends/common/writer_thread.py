@@ -58,8 +58,8 @@ class WriterThread:
         if self.state != "new":
             raise RuntimeError(f"the {self.name} store was opened before")
         self.state = "opening"
-        self.commit = GroupCommit(self._take_batch, write_batch, self.policy, self._reactor, name=self.name,
-                                  on_written=self._on_written)
+        self.commit = GroupCommit(self._take_batch, write_batch, self.policy, self._reactor,
+                                  name=self.name, on_written=self._on_written)
         self.commit.start()
         try:
             found = yield self.commit.call(open_files)
@@ -86,11 +86,13 @@ class WriterThread:
         return self.commit.sync()
 
     def call(self, function, *args, **kwargs):
-        """Run C{function} on the writer thread, after every commit already started (a Deferred of its result)."""
+        """Run C{function} on the writer thread, after every commit already started
+        (a Deferred of its result)."""
         return self.commit.call(function, *args, **kwargs)
 
     def commit_times(self):
-        """The L{brokerd.storage.durability.CommitTimes} of the commits (None before the store opens)."""
+        """The L{brokerd.storage.durability.CommitTimes} of the commits (None before the store
+        opens)."""
         commit = self.commit
         return commit.commit_times if commit is not None else None
 
@@ -104,7 +106,8 @@ class WriterThread:
 
     @defer.inlineCallbacks
     def close(self):
-        """Commit what is buffered (fsynced unless the policy is none), stop the writer and close the files."""
+        """Commit what is buffered (fsynced unless the policy is none), stop the writer and close
+        the files."""
         if self.state == "opening":
             waiter = defer.Deferred()
             self._open_waiters.append(waiter)

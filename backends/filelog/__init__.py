@@ -22,12 +22,17 @@ SUBDIRECTORY = "filelog"
 @implementer(IStoreBackend)
 class FilelogBackend:
     name = "filelog"
-    description = "one append-only file per durable queue; an ack flips a flag in place; mostly-acked files are compacted"
+    description = ("one append-only file per durable queue; an ack flips a flag in place;"
+                   " mostly-acked files are compacted")
     options = {
-        "compact_min_records": ("2000", "compact a queue file only once it holds at least this many records"),
-        "compact_valid_ratio": ("0.5", "... and fewer than this fraction of them are un-acked (0 < ratio <= 1)"),
-        "delayed_bucket_ms": ("60000", "milliseconds of due time per bucket of the in-memory delayed-message index"),
-        "cache_size": ("64M", "bytes of records read ahead from the queue files and kept in memory for loads"),
+        "compact_min_records": ("2000", "compact a queue file only once it holds at least this"
+                                        " many records"),
+        "compact_valid_ratio": ("0.5", "... and fewer than this fraction of them are un-acked"
+                                       " (0 < ratio <= 1)"),
+        "delayed_bucket_ms": ("60000", "milliseconds of due time per bucket of the in-memory"
+                                       " delayed-message index"),
+        "cache_size": ("64M", "bytes of records read ahead from the queue files and kept in memory"
+                              " for loads"),
     }
 
     def make_store(self, data_dir, sync_policy=None, *, reactor, **options):

@@ -1,4 +1,5 @@
-"""The filelog store's delayed messages as its writer thread works on them: the log on disk, its index in memory.
+"""The filelog store's delayed messages as its writer thread works on them:
+the log on disk, its index in memory.
 
 ``delayed.dlog`` starts with ``DELAYED_MAGIC`` (which carries the format
 version); records follow, framed like a queue file's
@@ -74,7 +75,8 @@ def encode_delayed(message, exchange, due, handle):
     """The payload of a delayed record as C{(head, body)}; C{head + body} is the whole payload."""
     head, body = encode(message)  # the StoredMessage, its valid flag first
     vhost, name = (part.encode("utf-8") for part in exchange)
-    prefix = PREFIX.pack(due, handle) + KEY_LENGTH.pack(len(vhost)) + vhost + KEY_LENGTH.pack(len(name)) + name
+    prefix = (PREFIX.pack(due, handle) + KEY_LENGTH.pack(len(vhost)) + vhost
+              + KEY_LENGTH.pack(len(name)) + name)
     return head[:2] + prefix + head[2:], body
 
 
@@ -105,7 +107,8 @@ class FilelogDelayedRecovery(NamedTuple):
 
 
 class FilelogDelayedLog:
-    """The delayed log, its meta file and its in-memory index, under the filelog store's directory."""
+    """The delayed log, its meta file and its in-memory index, under the filelog store's
+    directory."""
 
     def __init__(self, directory, width, compact_min_records, compact_valid_ratio, figures):
         self.path = os.path.join(directory, DELAYED_LOG)
@@ -125,7 +128,8 @@ class FilelogDelayedLog:
     # -- open
 
     def open(self):
-        """Read the meta file and the log back; damage makes the delayed part unusable, nothing else."""
+        """Read the meta file and the log back; damage makes the delayed part unusable,
+        nothing else."""
         kept, highest = HandleMap(), 0
         try:
             meta = read_meta(self.meta_path, META_MAGIC)
@@ -145,24 +149,28 @@ class FilelogDelayedLog:
         if size < len(DELAYED_MAGIC):
             start = os.pread(self.descriptor, size, 0)
             if not DELAYED_MAGIC.startswith(start) and start.strip(b"\0"):
-                raise StoreCorrupted(f"delayed log {self.path} does not start with its header", self.path, 0)
+                raise StoreCorrupted(f"delayed log {self.path} does not start with its header",
+                                     self.path, 0)
             if size:
-                log.warn("delayed log {path}: dropped a torn header of {size} bytes", path=self.path, size=size)
+                log.warn("delayed log {path}: dropped a torn header of {size} bytes",
+                         path=self.path, size=size)
                 self._truncate(0)
             return 0
         highest, offset, add, index = 0, len(DELAYED_MAGIC), kept.add, self.index
         with mmap.mmap(self.descriptor, size, access=mmap.ACCESS_READ) as data:
             if data[: len(DELAYED_MAGIC)] != DELAYED_MAGIC:
-                raise StoreCorrupted(f"delayed log {self.path} does not start with its header", self.path, 0)
+                raise StoreCorrupted(f"delayed log {self.path} does not start with its header",
+                                     self.path, 0)
             while offset < size:
                 problem = record_problem(data, offset)
                 if problem is not None:
                     if find_record(data, offset + 1) is not None:
                         raise StoreCorrupted(
-                            f"delayed log {self.path} is damaged: the record at offset {offset} is bad ({problem}),"
-                            f" yet sound records follow it", self.path, offset,
+                            f"delayed log {self.path} is damaged: the record at offset {offset}"
+                            f" is bad ({problem}), yet sound records follow it", self.path, offset,
                         )
-                    log.warn("delayed log {path}: dropped a torn tail of {dropped} bytes at offset {offset} ({reason})",
+                    log.warn("delayed log {path}: dropped a torn tail of {dropped} bytes"
+                             " at offset {offset} ({reason})",
                              path=self.path, dropped=size - offset, offset=offset, reason=problem)
                     break
                 due, handle = PREFIX.unpack_from(data, offset + DUE_OFFSET)
@@ -254,15 +262,18 @@ class FilelogDelayedLog:
     # -- compaction
 
     def compact_if_worth_it(self):
-        if (self.damage is None and self.descriptor is not None and self.records >= self.compact_min_records
+        if (self.damage is None and self.descriptor is not None
+                and self.records >= self.compact_min_records
                 and len(self.index) < self.compact_valid_ratio * self.records):
             try:
                 self._compact()
             except OSError:
-                log.failure("compaction of delayed log {path} failed; the log stays as it was", path=self.path)
+                log.failure("compaction of delayed log {path} failed; the log stays as it was",
+                            path=self.path)
 
     def _compact(self):
-        """Copy the valid records, in log order, to a new log that replaces this one (always durable)."""
+        """Copy the valid records, in log order, to a new log that replaces this one
+        (always durable)."""
         temporary = self.path + COMPACT_SUFFIX
         descriptor = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         moved = []  # (handle, new offset)
@@ -285,8 +296,9 @@ class FilelogDelayedLog:
             os.unlink(temporary)
             raise
         os.close(self.descriptor)
-        log.info("compacted delayed log {path}: {records} records in {old_size} bytes to {valid} in {size}",
-                 path=self.path, records=self.records, old_size=self.size, valid=len(moved), size=size)
+        log.info("compacted delayed log {path}: {records} records in {old_size} bytes"
+                 " to {valid} in {size}", path=self.path, records=self.records,
+                 old_size=self.size, valid=len(moved), size=size)
         for handle, offset in moved:
             self.index.relocate(handle, offset)
         self.descriptor, self.size, self.records = descriptor, size, len(moved)
@@ -298,9 +310,11 @@ class FilelogDelayedLog:
     # -- reads
 
     def window(self, cursor, until, limit):
-        """Up to C{limit} C{(due, handle, exchange key, MessageRecord)} after C{cursor}, due by C{until}."""
+        """Up to C{limit} C{(due, handle, exchange key, MessageRecord)} after C{cursor}, due by
+        C{until}."""
         if self.damage is not None:
-            raise StoreCorrupted(f"delayed messages are unavailable: {self.damage}", self.damage.path)
+            raise StoreCorrupted(f"delayed messages are unavailable: {self.damage}",
+                                 self.damage.path)
         return [decode_delayed(self._read(offset), f"delayed log {self.path}, offset {offset}")
                 for _, _, offset in self.index.window(cursor, until, limit)]
 
@@ -313,8 +327,8 @@ class FilelogDelayedLog:
             record = record[:wanted]
         problem = record_problem(record)
         if problem is not None:
-            raise StoreCorrupted(f"delayed log {self.path}: the record at offset {offset} reads back damaged:"
-                                 f" {problem}", self.path, offset)
+            raise StoreCorrupted(f"delayed log {self.path}: the record at offset {offset} reads"
+                                 f" back damaged: {problem}", self.path, offset)
         return memoryview(record)[HEADER_SIZE:-LENGTH.size]
 
     def close(self):
@@ -372,7 +386,8 @@ class FilelogDelayedMemoryIndex:
         return handle not in self.where
 
     def window(self, cursor, until, limit):
-        """Up to C{limit} C{(due, handle, offset)} after C{cursor} and due by C{until}, in key order."""
+        """Up to C{limit} C{(due, handle, offset)} after C{cursor} and due by C{until}, in key
+        order."""
         found = []
         numbers, last = self._numbers, until // self.width
         index = 0 if cursor is None else bisect_left(numbers, cursor[0] // self.width)

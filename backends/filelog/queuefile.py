@@ -48,36 +48,6 @@ def queue_file_name(queue):
     return queue_key_name(queue) + DATA_SUFFIX
 
 
-class FiguresNow(NamedTuple):
-    """The L{Figures} at one moment, as a value the reactor thread may keep."""
-
-    file_bytes: int
-    writes: int
-    syncs: int
-    compactions: int
-    held: int = 0
-    held_bytes: int = 0
-
-
-class Figures:
-    """Counters of a store's files for its stats(), kept by the writer thread; L{now} gives them as a value.
-
-    @ivar held: valid message records in the queue files (a message kept for two queues counts twice).
-    @ivar held_bytes: their sizes, framing included.
-    """
-
-    def __init__(self):
-        self.file_bytes = 0
-        self.writes = 0
-        self.syncs = 0
-        self.compactions = 0
-        self.held = 0
-        self.held_bytes = 0
-
-    def now(self):
-        return FiguresNow(self.file_bytes, self.writes, self.syncs, self.compactions, self.held, self.held_bytes)
-
-
 class QueueUpdate(NamedTuple):
     """
     What the reactor thread learns of one queue file after a commit (or at
@@ -177,7 +147,8 @@ class QueueFile:
         return count
 
     def _sound_records(self):
-        """The L{Framing} of the file's sound records (None if it holds none), its torn tail cut off."""
+        """The L{Framing} of the file's sound records (None if it holds none), its torn tail cut
+        off."""
         header = file_header(self.queue)
         size = os.fstat(self.descriptor).st_size
         if size < len(header):
@@ -193,12 +164,13 @@ class QueueFile:
             return framing
         if not torn:
             raise self._damaged(
-                f"the record at offset {framing.end} is bad ({framing.problem}), yet sound records follow it"
-                f" ({size - framing.end} bytes from there on)",
+                f"the record at offset {framing.end} is bad ({framing.problem}), yet sound records"
+                f" follow it ({size - framing.end} bytes from there on)",
                 framing.end,
             )
         log.warn(
-            "queue file {path}: dropped a torn tail of {dropped} bytes at offset {offset} ({reason})",
+            "queue file {path}: dropped a torn tail of {dropped} bytes at offset {offset}"
+            " ({reason})",
             path=self.path, dropped=size - framing.end, offset=framing.end, reason=framing.problem,
         )
         self._truncate(framing.end)
@@ -212,7 +184,8 @@ class QueueFile:
         start = os.pread(self.descriptor, size, 0)
         if not header.startswith(start) and start.strip(b"\0"):
             raise self._damaged(f"it does not start with the header of {self.queue!r}", 0)
-        log.warn("queue file {path}: dropped a torn header of {size} bytes", path=self.path, size=size)
+        log.warn("queue file {path}: dropped a torn header of {size} bytes",
+                 path=self.path, size=size)
         self._truncate(0)
 
     def _truncate(self, size):
@@ -222,11 +195,13 @@ class QueueFile:
         self.figures.syncs += 1
 
     def _damaged(self, reason, offset):
-        self.mark_damaged(StoreCorrupted(f"queue file {self.path} is damaged: {reason}", self.path, offset))
+        self.mark_damaged(StoreCorrupted(f"queue file {self.path} is damaged: {reason}",
+                                         self.path, offset))
         return self.damage
 
     def mark_damaged(self, damage):
-        """Leave the file alone from now on (found damaged at open, or when a record was read back)."""
+        """Leave the file alone from now on (found damaged at open, or when a record was read
+        back)."""
         self.close()
         self.damage = damage
 
@@ -247,7 +222,8 @@ class QueueFile:
         if not offset:
             parts.append(file_header(self.queue))
             offset = len(parts[0])
-        add_handle, add_offset, add_size = self.handles.append, self.offsets.append, self.sizes.append
+        add_handle, add_offset = self.handles.append, self.offsets.append
+        add_size = self.sizes.append
         for handle in handles:
             head, body = payloads[handle][:2]
             framing = framings.get(handle)
@@ -325,7 +301,8 @@ class QueueFile:
             pass
 
     def ack(self, handles):
-        """Flip the valid byte of each record of C{handles} the file holds valid; returns how many it flipped."""
+        """Flip the valid byte of each record of C{handles} the file holds valid;
+        returns how many it flipped."""
         if self.damage is not None:
             return 0
         flipped = flipped_bytes = 0
@@ -359,7 +336,8 @@ class QueueFile:
         if self.damage is not None:
             return None
         if self._renewed:
-            update = QueueUpdate(self.handles[:], self.offsets[:], self.size, os.dup(self.descriptor))
+            update = QueueUpdate(self.handles[:], self.offsets[:], self.size,
+                                 os.dup(self.descriptor))
             self._renewed = False
         elif self._reported < len(self.handles):
             reported = self._reported
@@ -373,7 +351,8 @@ class QueueFile:
 
     def worth_compacting(self, min_records, valid_ratio):
         """At least C{min_records} records, and fewer than C{valid_ratio} of them valid."""
-        return self.damage is None and self.records >= min_records and self.held < valid_ratio * self.records
+        return (self.damage is None and self.records >= min_records
+                and self.held < valid_ratio * self.records)
 
     def compact(self):
         """
@@ -395,7 +374,8 @@ class QueueFile:
             raise
         os.close(self.descriptor)
         log.info(
-            "compacted queue file {path}: {records} records in {old_size} bytes to {valid} in {size}",
+            "compacted queue file {path}: {records} records in {old_size} bytes"
+            " to {valid} in {size}",
             path=self.path, records=self.records, old_size=self.size, valid=len(handles), size=size,
         )
         self.figures.file_bytes += size - self.size
@@ -410,8 +390,8 @@ class QueueFile:
         self.figures.syncs += 2
 
     def _copy_valid_records(self, descriptor):
-        """Copy the header and the valid records to C{descriptor}, reading runs of adjacent records at once:
-        C{(handles, offsets, sizes, size)} of the copy."""
+        """Copy the header and the valid records to C{descriptor}, reading runs of adjacent records
+        at once: C{(handles, offsets, sizes, size)} of the copy."""
         header = file_header(self.queue)
         handles = array("Q", compress(self.handles, self.valid))
         sizes = array("I", compress(self.sizes, self.valid))
@@ -429,7 +409,8 @@ class QueueFile:
         if start is not None:
             copy.add_range(start, end)
         if self.delivery_counts:
-            counts = {offsets[bisect_left(handles, handle)]: count for handle, count in self.delivery_counts.items()}
+            counts = {offsets[bisect_left(handles, handle)]: count
+                      for handle, count in self.delivery_counts.items()}
             for part in self._counts_record(counts):
                 copy.add(part)
                 size += len(part)

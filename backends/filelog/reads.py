@@ -29,14 +29,23 @@ from backends.common.checksum import crc32
 from backends.common.message_record import record_of_stored
 from backends.common.quarantine import read_varint, unreadable_message
 from backends.filelog.writer import ROUTE_BITS
-from backends.filelog.records import BODY_TAG, HEADER_SIZE, LENGTH, OVERHEAD, TRAILER_SIZE, VALID_TAG
+from backends.filelog.records import (
+    BODY_TAG,
+    HEADER_SIZE,
+    LENGTH,
+    OVERHEAD,
+    TRAILER_SIZE,
+    VALID_TAG,
+)
 from brokerd.interfaces import MessageRecord, StoreCorrupted
 from brokerd.proto import messages_pb2
 
 ROUTE_MASK = (1 << ROUTE_BITS) - 1
-READ_AHEAD_BYTES = 256 << 10  # one load reads the records following its own up to about this many bytes
+# One load reads the records following its own up to about this many bytes.
+READ_AHEAD_BYTES = 256 << 10
 RUNS_CACHED = 8  # ... or an eighth of the cache, so that the runs of several queues fit in it
-KNOWN_HEADS = 8  # distinct message heads (exchange, routing key, properties) a reader recognises without parsing
+# Distinct message heads (exchange, routing key, properties) a reader recognises without parsing.
+KNOWN_HEADS = 8
 _new_tuple = tuple.__new__
 _body_tag = BODY_TAG[0]
 
@@ -54,7 +63,8 @@ class Routes:
         self._single = {}  # queue key -> number of the route of that queue alone
 
     def number_recovered(self, queues):
-        """Number the routes anew from the durable queues open found, each alone, in order: queue i's is i + 1."""
+        """Number the routes anew from the durable queues open found, each alone, in order:
+        queue i's is i + 1."""
         self._queues, self._numbers, self._single = [()], {}, {}
         for queue in queues:
             self.single(queue)
@@ -109,7 +119,8 @@ class QueueReader:
         """What a commit reported: more records, or (with a descriptor) the file replaced whole."""
         if update.descriptor is not None:
             os.close(self.descriptor)
-            self.descriptor, self.handles, self.offsets = update.descriptor, update.handles, update.offsets
+            self.descriptor = update.descriptor
+            self.handles, self.offsets = update.handles, update.offsets
             self.cursor = 0
             self.run = None
         else:
@@ -163,10 +174,13 @@ class FileReads:
         self.run_bytes = min(READ_AHEAD_BYTES, cache_size // RUNS_CACHED)
         self.readers = {}  # queue key -> QueueReader
         self.routes = routes
-        self._kept = OrderedDict()  # queue key -> QueueReader whose run is kept, least recently read first
+        # queue key -> QueueReader whose run is kept, least recently read first
+        self._kept = OrderedDict()
         self.cache_bytes = 0
-        self._heads = []  # (head bytes from after the valid flag to the body's tag, its fields), latest first
-        self._route_readers = {}  # route number -> the readers of its queues, made again when readers change
+        # (head bytes from after the valid flag to the body's tag, its fields), latest first
+        self._heads = []
+        # route number -> the readers of its queues, made again when readers change
+        self._route_readers = {}
         self.records_read = 0
         self.read_calls = 0
 
@@ -229,14 +243,17 @@ class FileReads:
             length = LENGTH.unpack_from(data, at)[0] if at + OVERHEAD <= len(data) else -1
             end = at + OVERHEAD + length
             if length < 2 or end > len(data) or data[at + HEADER_SIZE] != VALID_TAG:
-                raise self._damaged(reader.queue, offset, "it is not a whole record where the index has one")
+                raise self._damaged(reader.queue, offset,
+                                    "it is not a whole record where the index has one")
             end -= TRAILER_SIZE
-            if crc32(memoryview(data)[at + HEADER_SIZE + 2 : end]) != LENGTH.unpack_from(data, end)[0]:
+            if (crc32(memoryview(data)[at + HEADER_SIZE + 2 : end])
+                    != LENGTH.unpack_from(data, end)[0]):
                 raise self._damaged(reader.queue, offset, "its CRC does not match")
             self.records_read += 1
             start = at + HEADER_SIZE
             for head, exchange, routing_key, properties, published_at in self._heads:
-                if data.startswith(head, start + 2):  # a head seen lately: only the body is copied out
+                # A head seen lately: only the body is copied out.
+                if data.startswith(head, start + 2):
                     at = start + 2 + len(head)
                     size = data[at] if at < end else 0x80
                     if size < 0x80:
@@ -247,7 +264,8 @@ class FileReads:
                         except ValueError:
                             size = -1
                     if at + size == end:
-                        return _new_tuple(MessageRecord, (exchange, routing_key, properties, data[at:end], published_at))
+                        return _new_tuple(MessageRecord, (exchange, routing_key, properties,
+                                                          data[at:end], published_at))
                     break
             return self._parsed(data, start, end, reader.queue, offset)
         raise KeyError(f"the filelog store holds no message with handle {handle!r}")
@@ -262,7 +280,8 @@ class FileReads:
         return found
 
     def _read_run(self, reader, row):
-        """Read the record at C{row} and the whole records after it within C{run_bytes}; keep them if they fit."""
+        """Read the record at C{row} and the whole records after it within C{run_bytes};
+        keep them if they fit."""
         offsets = reader.offsets
         start = offsets[row]
         following = max(bisect_right(offsets, start + self.run_bytes, row + 1) - 1, row + 1)
@@ -270,7 +289,8 @@ class FileReads:
         data = os.pread(reader.descriptor, end - start, start)
         self.read_calls += 1
         if len(data) < end - start:
-            raise self._damaged(reader.queue, start + len(data), f"the file ends {end - start - len(data)} bytes early")
+            raise self._damaged(reader.queue, start + len(data),
+                                f"the file ends {end - start - len(data)} bytes early")
         run = Run(start, data)
         self._drop_run(reader)
         if len(data) <= self.cache_size:
@@ -294,13 +314,15 @@ class FileReads:
         try:
             stored = messages_pb2.StoredMessage.FromString(data[start:end])
         except DecodeError as problem:
-            raise unreadable_message(f"queue file {self._path_of(queue)}, offset {offset}", problem) from None
+            raise unreadable_message(f"queue file {self._path_of(queue)}, offset {offset}",
+                                     problem) from None
         record = record_of_stored(stored)
         self._learn_head(data, start, end, record)
         return record
 
     def _learn_head(self, data, start, end, record):
-        """Remember the head of a record parsed whole if its body is its last field (as the store writes it)."""
+        """Remember the head of a record parsed whole if its body is its last field
+        (as the store writes it)."""
         size = len(record.body)
         if not size:
             return
@@ -311,7 +333,8 @@ class FileReads:
             value >>= 7
         length.append(value)
         tag_at = end - size - len(length) - 1
-        if tag_at < start + 2 or data[tag_at] != _body_tag or data[tag_at + 1 : end - size] != length:
+        if (tag_at < start + 2 or data[tag_at] != _body_tag
+                or data[tag_at + 1 : end - size] != length):
             return
         heads = self._heads
         heads.insert(0, (data[start + 2 : tag_at + 1], *record[:3], record.published_at))
@@ -319,7 +342,7 @@ class FileReads:
 
     def _damaged(self, queue, offset, reason):
         path = self._path_of(queue)
-        damage = StoreCorrupted(f"queue file {path}: the record at offset {offset} reads back damaged: {reason}",
-                                path, offset)
+        damage = StoreCorrupted(f"queue file {path}: the record at offset {offset} reads back"
+                                f" damaged: {reason}", path, offset)
         damage.queue = queue
         return damage

@@ -46,7 +46,8 @@ FLAG_OFFSET = HEADER_SIZE + 1  # of the valid flag, from the start of a record
 ACKED_FLAG = bytes([ACKED])
 QUEUE_MAGIC = b"brokerd filelog queue 1\n"
 BODY_TAG = bytes([5 << 3 | 2])  # StoredMessage.body: field 5, length-delimited
-TAIL_CHECK_BYTES = 32 << 10  # at open, the records that start this close to the end have their CRCs checked
+# At open, the records that start this close to the end have their CRCs checked.
+TAIL_CHECK_BYTES = 32 << 10
 
 
 def file_header(queue):
@@ -57,7 +58,8 @@ def file_header(queue):
 
 
 def queue_of_header(data):
-    """The queue key the header at the start of C{data} names, or None if C{data} starts with no whole header."""
+    """The queue key the header at the start of C{data} names, or None if C{data} starts with no
+    whole header."""
     start = len(QUEUE_MAGIC)
     if not data.startswith(QUEUE_MAGIC) or len(data) < start + LENGTH.size:
         return None
@@ -81,7 +83,8 @@ def encode(message):
     comes after the body), without copying the body.
     """
     stored = messages_pb2.StoredMessage(
-        valid=True, exchange=message.exchange, routing_key=message.routing_key, properties=message.properties
+        valid=True, exchange=message.exchange, routing_key=message.routing_key,
+        properties=message.properties,
     )
     if message.published_at is not None:
         stored.published_at = message.published_at
@@ -104,7 +107,8 @@ def _varint(value):
 def encode_returns(counts):
     """The payload of a delivery-counts record: C{counts} maps record offsets to counts."""
     offsets = sorted(counts)
-    return b"".join((bytes([VALID_TAG, RETURNS]), LENGTH.pack(len(offsets)), little_endian_bytes(array("Q", offsets)),
+    return b"".join((bytes([VALID_TAG, RETURNS]), LENGTH.pack(len(offsets)),
+                     little_endian_bytes(array("Q", offsets)),
                      little_endian_bytes(array("I", (counts[offset] for offset in offsets)))))
 
 
@@ -113,7 +117,8 @@ def decode_returns(payload):
     (count,) = LENGTH.unpack_from(payload, 2)
     start = 2 + LENGTH.size
     if len(payload) != start + 12 * count:
-        raise ValueError(f"a delivery-counts record of {count} entries is {len(payload)} bytes long")
+        raise ValueError(f"a delivery-counts record of {count} entries is {len(payload)} bytes"
+                         " long")
     offsets = read_little_endian("Q", payload, start, count)
     return dict(zip(offsets, read_little_endian("I", payload, start + 8 * count, count)))
 
@@ -137,7 +142,8 @@ def record_problem(data, offset=0):
     (length,) = LENGTH.unpack_from(data, offset)
     if OVERHEAD + length > available:
         return f"its length ({length} bytes) runs past the end of the file"
-    if length < 2 or data[offset + HEADER_SIZE] != VALID_TAG or data[offset + FLAG_OFFSET] not in FLAGS:
+    if (length < 2 or data[offset + HEADER_SIZE] != VALID_TAG
+            or data[offset + FLAG_OFFSET] not in FLAGS):
         return "it does not start with a valid flag"
     payload_end = offset + HEADER_SIZE + length
     (stored_crc,) = LENGTH.unpack_from(data, payload_end)
@@ -182,7 +188,8 @@ def walk(data, start, check_from):
         length = unpack(data, offset)[0]
         following = offset + OVERHEAD + length
         flag = data[offset + FLAG_OFFSET]
-        if following > size or length < 2 or data[offset + HEADER_SIZE] != VALID_TAG or offset >= check_from:
+        if (following > size or length < 2 or data[offset + HEADER_SIZE] != VALID_TAG
+                or offset >= check_from):
             problem = record_problem(data, offset)
             if problem is not None:
                 break

@@ -22,13 +22,19 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from backends.common.delayed_requests import HandleLease, check_due, check_exchange, delayed_window, readable_messages
+from backends.common.delayed_requests import (
+    HandleLease,
+    check_due,
+    check_exchange,
+    delayed_window,
+    readable_messages,
+)
 from backends.common.handle_map import HandleMap
 from backends.common.message_record import loaded_records, record_of
 from backends.common.topology_file import DurableTopology
 from backends.common.writer_thread import WriterThread
 from backends.filelog.delayedlog import decode_delayed, encode_delayed
-from backends.filelog.queuefile import FiguresNow
+from backends.filelog.figures import FiguresNow
 from backends.filelog.reads import FileReads, Routes
 from backends.filelog.records import encode
 from backends.filelog.writer import ROUTE_BITS, FilelogWriter
@@ -53,24 +59,26 @@ class Batch:
     can apply removals, then appends, then acks.
     """
 
-    __slots__ = ("records", "appends", "acks", "returns", "deleted", "damaged", "topology", "delays",
-                 "delay_releases", "delay_lease")
+    __slots__ = ("records", "appends", "acks", "returns", "deleted", "damaged", "topology",
+                 "delays", "delay_releases", "delay_lease")
 
     def __init__(self):
-        self.records = {}  # handle -> (head, body, message): the StoredMessage encoded, and what was appended
+        # handle -> (head, body, message): the StoredMessage encoded, and what was appended
+        self.records = {}
         self.appends = {}  # queue key -> {handle: None}, in append order
         self.acks = {}  # queue key -> [handle], of records already handed to the writer
         self.returns = {}  # queue key -> {handle: delivery count}, the latest count of each
         self.deleted = []  # queue keys whose files go before this batch's appends
-        self.damaged = {}  # queue key -> StoreCorrupted found reading its file: the writer leaves it alone
+        # queue key -> StoreCorrupted found reading its file: the writer leaves it alone
+        self.damaged = {}
         self.topology = None  # the new topology file's contents, if it changed
         self.delays = {}  # delayed handle -> (due, exchange key, head, body), in handle order
         self.delay_releases = []  # delayed handles handed to the writer before, released since
         self.delay_lease = None  # the handle limit to persist, if it moved
 
     def is_empty(self):
-        return not (self.records or self.acks or self.returns or self.deleted or self.damaged or self.delays
-                    or self.delay_releases or self.delay_lease is not None)
+        return not (self.records or self.acks or self.returns or self.deleted or self.damaged
+                    or self.delays or self.delay_releases or self.delay_lease is not None)
 
 
 @implementer(IPagingStore, IDelayedMessageStore, ITimedCommits)
@@ -90,24 +98,29 @@ class FilelogStore:
     name = "filelog"
     durable = True
 
-    def __init__(self, directory, sync_policy=None, compact_min_records=2000, compact_valid_ratio=0.5, *, reactor,
-                 delayed_bucket_ms=60_000, cache_size=64 << 20):
+    def __init__(self, directory, sync_policy=None, compact_min_records=2000,
+                 compact_valid_ratio=0.5, *, reactor, delayed_bucket_ms=60_000,
+                 cache_size=64 << 20):
         self.directory = directory
         self.sync_policy = sync_policy or SyncPolicy()
         self.compact_min_records = compact_min_records
         self.compact_valid_ratio = compact_valid_ratio
         self._writer_thread = WriterThread(self.name, self.sync_policy, reactor, self._take_batch,
                                            self._close_files, self._batch_written)
-        self._writer = FilelogWriter(directory, compact_min_records, compact_valid_ratio, delayed_bucket_ms)
-        self._routes = Routes()  # the sets of queues messages are appended to, numbered for their handles
+        self._writer = FilelogWriter(directory, compact_min_records, compact_valid_ratio,
+                                     delayed_bucket_ms)
+        # the sets of queues messages are appended to, numbered for their handles
+        self._routes = Routes()
         self._reads = FileReads(self._writer.path_of, cache_size, self._routes)
         self._topology = DurableTopology()
         self._batch = Batch()
-        self._in_flight = []  # batches handed to the writer whose records the reads do not know of yet
+        # batches handed to the writer whose records the reads do not know of yet
+        self._in_flight = []
         self._recovered = {}  # queue key -> range of the handles open found
         self._recovered_counts = {}  # queue key -> {handle: delivery count} that open found
         self._damaged = {}  # queue key -> StoreCorrupted found at open or reading its file
-        self._kept_in_place = set()  # handles of unparsable records: kept valid in their files, acks ignored
+        # handles of unparsable records: kept valid in their files, acks ignored
+        self._kept_in_place = set()
         self._next_sequence = 1
         self._appends = 0
         self._acks = 0
@@ -149,10 +162,12 @@ class FilelogStore:
     def _check_available(self, queue):
         damage = self._damaged.get(queue)
         if damage is not None:
-            raise StoreCorrupted(f"queue {queue!r} is unavailable: {damage}", damage.path, damage.offset)
+            raise StoreCorrupted(f"queue {queue!r} is unavailable: {damage}", damage.path,
+                                 damage.offset)
 
     def recovered_handles(self, queue):
-        """The handles of the messages open found for C{queue}, in queue order, all possibly delivered before."""
+        """The handles of the messages open found for C{queue}, in queue order, all
+        possibly delivered before."""
         damage = self._damaged.get(queue)
         if damage is not None:
             raise StoreCorrupted(str(damage), damage.path, damage.offset)
@@ -164,7 +179,8 @@ class FilelogStore:
         is iterated; one that cannot be parsed is quarantined (logged, kept
         in the file as it is) and left out.
         """
-        return loaded_records(self.load, queue, self.recovered_handles(queue), "it is kept in the file as it is")
+        return loaded_records(self.load, queue, self.recovered_handles(queue),
+                              "it is kept in the file as it is")
 
     def delivery_counts(self, queue):
         return dict(self._recovered_counts.get(queue, ()))
@@ -173,7 +189,8 @@ class FilelogStore:
         return self._writer_thread.sync()
 
     def close(self):
-        """Commit what is buffered (fsynced unless the policy is none), stop the writer thread and close the files."""
+        """Commit what is buffered (fsynced unless the policy is none), stop the writer
+        thread and close the files."""
         return self._writer_thread.close()
 
     def commit_times(self):
@@ -269,7 +286,8 @@ class FilelogStore:
         """Forget the buffered record of C{handle} once no queue's buffered appends hold it."""
         appends = self._batch.appends
         queues = self._routes.queues(handle)
-        if any(handle in appends.get(queue, ()) for queue in (appends if queues is None else queues)):
+        candidates = appends if queues is None else queues
+        if any(handle in appends.get(queue, ()) for queue in candidates):
             return
         self._batch.records.pop(handle, None)
 
@@ -316,9 +334,10 @@ class FilelogStore:
         return record[2]
 
     def _found_damage(self, queue, damage):
-        """A record of C{queue}'s file read back damaged: the queue is unavailable, its file left alone."""
-        log.error("queue {queue!r} in vhost {vhost!r} is unavailable: {damage}", queue=queue[1], vhost=queue[0],
-                  damage=damage)
+        """A record of C{queue}'s file read back damaged: the queue is unavailable, its file left
+        alone."""
+        log.error("queue {queue!r} in vhost {vhost!r} is unavailable: {damage}",
+                  queue=queue[1], vhost=queue[0], damage=damage)
         self._damaged[queue] = damage
         batch = self._batch
         batch.damaged[queue] = damage
@@ -345,7 +364,8 @@ class FilelogStore:
         exchange = check_exchange(exchange)
         if self._delayed_damage is not None:
             damage = self._delayed_damage
-            raise StoreCorrupted(f"delayed messages are unavailable: {damage}", damage.path, damage.offset)
+            raise StoreCorrupted(f"delayed messages are unavailable: {damage}", damage.path,
+                                 damage.offset)
         handle = self._lease.take()
         head, body = encode_delayed(message, exchange, due, handle)
         self._batch.delays[handle] = (due, exchange, head, body)
@@ -364,9 +384,10 @@ class FilelogStore:
     def delayed_after(self, cursor, until, limit):
         if self._writer_thread.state != "open":
             return defer.fail(RuntimeError("the filelog store is not open"))
-        if self._delayed_damage is not None:
-            return defer.fail(StoreCorrupted(f"delayed messages are unavailable: {self._delayed_damage}",
-                                             self._delayed_damage.path, self._delayed_damage.offset))
+        damage = self._delayed_damage
+        if damage is not None:
+            return defer.fail(StoreCorrupted(f"delayed messages are unavailable: {damage}",
+                                             damage.path, damage.offset))
 
         def fetch(position, bound, count):
             return self._writer_thread.call(self._writer.delayed_window, position, bound, count)
@@ -382,7 +403,8 @@ class FilelogStore:
         quarantined: logged, no longer counted as kept (so the window asked
         for again leaves it out), and kept in the log as it is.
         """
-        found, quarantined = readable_messages(rows, self._delayed_message, self._quarantine_delayed)
+        found, quarantined = readable_messages(rows, self._delayed_message,
+                                               self._quarantine_delayed)
         if quarantined:
             return self.delayed_after(cursor, until, limit)
         return found
@@ -390,7 +412,8 @@ class FilelogStore:
     @staticmethod
     def _delayed_message(row):
         due, handle, exchange, record = row
-        if type(record) is tuple:  # not written yet: still encoded as (head, body), not a MessageRecord
+        # Not written yet: still encoded as (head, body), not a MessageRecord.
+        if type(record) is tuple:
             record = decode_delayed(b"".join(record))[3]
         if isinstance(record, UnreadableMessage):
             raise record
@@ -398,8 +421,9 @@ class FilelogStore:
 
     def _quarantine_delayed(self, row, problem):
         due, handle, (vhost, exchange), _ = row
-        log.error("delayed message {handle} for exchange {exchange!r} in vhost {vhost!r} (due {due}) is quarantined,"
-                  " not routed, and kept in the delayed log as it is: {problem}",
+        log.error("delayed message {handle} for exchange {exchange!r} in vhost {vhost!r}"
+                  " (due {due}) is quarantined, not routed, and kept in the delayed log as it is:"
+                  " {problem}",
                   handle=handle, exchange=exchange, vhost=vhost, due=due, problem=problem)
         self._delayed.pop(handle)
 

@@ -1,11 +1,11 @@
 """What the filelog store's writer thread does to its files (L{FilelogWriter}):
 recovery at open, each commit's batch, the windows of delayed messages.
 
-Everything here runs on the store's one writer thread (L{GroupCommit}'s), one
-call at a time, so it needs no locks. The reactor thread reads none of its state: the L{Figures} and each
-queue file's L{QueueUpdate} (where its records are, and a descriptor of its
-own to read them with) reach it as values, in the L{Recovery} and in each
-commit's L{BatchWritten}.
+Everything here runs on the store's one writer thread (L{GroupCommit}'s),
+one call at a time, so it needs no locks. The reactor thread reads none of
+its state: the L{Figures} and each queue file's L{QueueUpdate} (where its
+records are, and a descriptor of its own to read them with) reach it as
+values, in the L{Recovery} and in each commit's L{BatchWritten}.
 
 Handles carry a route in their low C{ROUTE_BITS} bits (see
 L{backends.filelog.reads.Routes}); open numbers the valid records of the
@@ -25,7 +25,8 @@ from twisted.logger import Logger
 from backends.common.fileio import TEMPORARY_SUFFIX, fsync_directory, lock_directory, replace_file
 from backends.common.topology_file import TOPOLOGY_FILE, kept_queue_names, read_topology
 from backends.filelog.delayedlog import FilelogDelayedLog
-from backends.filelog.queuefile import COMPACT_SUFFIX, DATA_SUFFIX, Figures, QueueFile, queue_file_name
+from backends.filelog.figures import Figures
+from backends.filelog.queuefile import COMPACT_SUFFIX, DATA_SUFFIX, QueueFile, queue_file_name
 from backends.filelog.records import queue_of_header
 from brokerd.interfaces import StoreCorrupted
 from brokerd.proto import messages_pb2
@@ -38,16 +39,19 @@ ROUTE_BITS = 20  # the low bits of a handle: which queues its message was append
 
 
 class Recovery(NamedTuple):
-    """What L{FilelogWriter.open} found, for the store to serve C{topology}, C{recovered_handles} and loads from."""
+    """What L{FilelogWriter.open} found, for the store to serve C{topology},
+    C{recovered_handles} and loads from."""
 
     topology: list  # topology records in file order
     queues: list  # the durable queues' keys in topology order: queue i's handles carry route i + 1
-    recovered: dict  # queue key -> (first handle, count): its messages' handles, each 1 << ROUTE_BITS after the last
+    # queue key -> (first handle, count): its messages' handles, each 1 << ROUTE_BITS after the last
+    recovered: dict
     files: dict  # queue key -> QueueUpdate of its file (with a descriptor the receiver owns)
     damaged: dict  # queue key -> StoreCorrupted
     next_sequence: int  # the handle of the next message appended, shifted right by ROUTE_BITS
     delayed: object = None  # the FilelogDelayedRecovery of the delayed log
-    delivery_counts: dict = {}  # queue key -> {handle: delivery count}, for messages that came back unacked
+    # queue key -> {handle: delivery count}, for messages that came back unacked
+    delivery_counts: dict = {}
     figures: object = None  # the FiguresNow of the files as open leaves them
 
 
@@ -59,16 +63,18 @@ class BatchWritten(NamedTuple):
 
 
 class FilelogWriter:
-    """The topology file, the queue files and the delayed log under one directory, on the writer thread."""
+    """The topology file, the queue files and the delayed log under one directory, on the writer
+    thread."""
 
-    def __init__(self, directory, compact_min_records, compact_valid_ratio, delayed_bucket_ms=60_000):
+    def __init__(self, directory, compact_min_records, compact_valid_ratio,
+                 delayed_bucket_ms=60_000):
         self.directory = directory
         self.topology_path = os.path.join(directory, TOPOLOGY_FILE)
         self.compact_min_records = compact_min_records
         self.compact_valid_ratio = compact_valid_ratio
         self.figures = Figures()
-        self._delayed = FilelogDelayedLog(directory, delayed_bucket_ms, compact_min_records, compact_valid_ratio,
-                                         self.figures)
+        self._delayed = FilelogDelayedLog(directory, delayed_bucket_ms, compact_min_records,
+                                          compact_valid_ratio, self.figures)
         self._files = {}  # queue key -> QueueFile
         self._unsynced = set()  # QueueFile objects written to since their last fsync
         self._directory_unsynced = False  # files created, renamed or removed since the last fsync
@@ -91,7 +97,8 @@ class FilelogWriter:
         self._take_lock()
         self._remove_leftovers()
         topology = read_topology(self.topology_path)
-        queues = [(record.vhost, record.name) for record in topology if isinstance(record, messages_pb2.QueueRecord)]
+        queues = [(record.vhost, record.name) for record in topology
+                  if isinstance(record, messages_pb2.QueueRecord)]
         recovered, damaged, sequence = {}, {}, 1
         for route, queue in enumerate(queues, 1):
             first = sequence << ROUTE_BITS | route
@@ -110,11 +117,12 @@ class FilelogWriter:
             self._compact_if_worth_it(queue_file)
         delayed = self._delayed.open()
         files = self._reports(self._files.values())
-        return Recovery(topology, queues, recovered, files, damaged, sequence, delayed, delivery_counts,
-                        self.figures.now())
+        return Recovery(topology, queues, recovered, files, damaged, sequence, delayed,
+                        delivery_counts, self.figures.now())
 
     def _take_lock(self):
-        """Two stores writing the same files would corrupt them; the second to open fails instead."""
+        """Two stores writing the same files would corrupt them; the second to open fails
+        instead."""
         self._lock = lock_directory(os.path.join(self.directory, LOCK_FILE), "filelog")
 
     def _remove_leftovers(self):
@@ -131,7 +139,8 @@ class FilelogWriter:
         except FileNotFoundError:
             return 0  # nothing was ever written for the queue
         except OSError as problem:
-            raise StoreCorrupted(f"queue file {path} cannot be opened: {problem.strerror}", path) from None
+            raise StoreCorrupted(f"queue file {path} cannot be opened: {problem.strerror}",
+                                 path) from None
         queue_file = self._files[queue] = QueueFile(queue, path, descriptor, self.figures)
         return queue_file.recover(first_handle, 1 << ROUTE_BITS)
 
@@ -150,11 +159,13 @@ class FilelogWriter:
                 with open(path, "rb") as orphan:
                     queue = queue_of_header(orphan.read(HEADER_READ_SIZE))
                 if file_name in kept_names or unnamed:
-                    log.warn("queue file {path} (of queue {queue}) is kept as it is, unread: it may hold the messages"
-                             " of a quarantined queue", path=path, queue=repr(queue) if queue else "unknown")
+                    log.warn("queue file {path} (of queue {queue}) is kept as it is, unread:"
+                             " it may hold the messages of a quarantined queue",
+                             path=path, queue=repr(queue) if queue else "unknown")
                     continue
                 log.warn(
-                    "queue file {path} (of queue {queue}) belongs to no queue of the topology; ignored",
+                    "queue file {path} (of queue {queue}) belongs to no queue of the topology;"
+                    " ignored",
                     path=path, queue=repr(queue) if queue else "unknown: no whole header",
                 )
 
@@ -163,9 +174,10 @@ class FilelogWriter:
     def write_batch(self, batch, fsync):
         """
         Apply one L{Batch}, in the order that keeps a crash at any point
-        consistent: topology, removed queue files, appends (one write per
-        file), acks, delivery counts, compaction; then, if C{fsync}, make everything written durable.
-        Files found damaged by the reactor thread are left alone from then on.
+        consistent: topology, removed queue files, appends (one write per file),
+        acks, delivery counts, compaction; then, if C{fsync}, make everything
+        written durable. Files found damaged by the reactor thread are left
+        alone from then on.
 
         @return: the L{BatchWritten}, for the reactor thread.
         """
@@ -177,7 +189,8 @@ class FilelogWriter:
                     self._unsynced.discard(queue_file)
                     queue_file.mark_damaged(damage)
             if batch.topology is not None:
-                self.figures.syncs += replace_file(self.topology_path, batch.topology, sync_directory=fsync)
+                self.figures.syncs += replace_file(self.topology_path, batch.topology,
+                                                   sync_directory=fsync)
                 self._directory_unsynced = self._directory_unsynced or not fsync
             for queue in batch.deleted:
                 self._remove(queue)
@@ -209,7 +222,8 @@ class FilelogWriter:
         return BatchWritten(self.figures.now(), self._reports(touched))
 
     def delayed_window(self, cursor, until, limit):
-        """The rows of L{FilelogDelayedLog.window}: the delayed messages due in a window, from the log."""
+        """The rows of L{FilelogDelayedLog.window}: the delayed messages due in a window,
+        from the log."""
         return self._delayed.window(cursor, until, limit)
 
     @staticmethod
@@ -255,7 +269,8 @@ class FilelogWriter:
             try:
                 queue_file.compact()
             except OSError:
-                log.failure("compaction of queue file {path} failed; the file stays as it was", path=queue_file.path)
+                log.failure("compaction of queue file {path} failed; the file stays as it was",
+                            path=queue_file.path)
             else:
                 self._unsynced.discard(queue_file)  # the compacted file is fsynced whole
                 if touched is not None:

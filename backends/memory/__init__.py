@@ -16,7 +16,8 @@ class MemoryBackend:
     options = {}
 
     def make_store(self, data_dir, sync_policy=None, *, reactor, **options):
-        """A new L{MemoryStore}: it keeps no files and commits nothing, so it needs neither the policy nor the reactor."""
+        """A new L{MemoryStore}: it keeps no files and commits nothing, so it needs neither the
+        policy nor the reactor."""
         return MemoryStore()
 
 

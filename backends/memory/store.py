@@ -13,9 +13,10 @@ from brokerd.proto.tables import freeze, table_to_dict
 
 
 def _binding_key(record):
-    """What makes two bindings the same; the queue is empty for one to an exchange, the exchange for one to a queue."""
-    return (record.vhost, record.exchange, record.queue, record.routing_key, freeze(table_to_dict(record.arguments)),
-            record.destination_exchange)
+    """What makes two bindings the same; the queue is empty for one to an exchange, the
+    exchange for one to a queue."""
+    return (record.vhost, record.exchange, record.queue, record.routing_key,
+            freeze(table_to_dict(record.arguments)), record.destination_exchange)
 
 
 @implementer(IMessageStore, IDelayedMessageStore)

@@ -22,7 +22,8 @@ class SqliteBackend:
     description = "one SQLite database (WAL); a message routed to several queues is stored once"
     options = {
         "path": ("<data-dir>/sqlite/brokerd.sqlite", "database file"),
-        "cache_size": ("16M", "bytes of messages read ahead (the rows after the one delivered) kept in memory"),
+        "cache_size": ("16M", "bytes of messages read ahead (the rows after the one delivered)"
+                              " kept in memory"),
     }
 
     def make_store(self, data_dir, sync_policy=None, *, reactor, **options):

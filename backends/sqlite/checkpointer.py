@@ -36,15 +36,18 @@ class Checkpointer:
 
     def __init__(self, path, synchronous):
         self.path = path
-        self._db = sqlite3.connect(path, timeout=LOCK_WAIT_SECONDS, check_same_thread=False, isolation_level=None)
+        self._db = sqlite3.connect(path, timeout=LOCK_WAIT_SECONDS, check_same_thread=False,
+                                   isolation_level=None)
         self._db.execute(f"PRAGMA synchronous = {synchronous}")
         self._db.execute("PRAGMA wal_autocheckpoint = 0")
         self._wake = threading.Condition()
         self._grown = 0  # bytes committed since the last checkpoint started
         self._stopping = False
         self.log_bytes = 0  # length of the write-ahead log as the last checkpoint found it
-        self.behind = False  # the log is long and a checkpoint on the writer's connection would let it start over
-        self._thread = threading.Thread(target=self._run, name="brokerd-sqlite-checkpointer", daemon=True)
+        # The log is long and a checkpoint on the writer's connection would let it start over.
+        self.behind = False
+        self._thread = threading.Thread(target=self._run, name="brokerd-sqlite-checkpointer",
+                                        daemon=True)
         self._thread.start()
 
     def committed(self, size):
@@ -71,9 +74,11 @@ class Checkpointer:
                 before = None
                 for _ in range(CATCH_UP_ROUNDS):
                     try:
-                        busy, frames, copied = self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                        busy, frames, copied = self._db.execute(
+                            "PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                     except sqlite3.Error as error:
-                        log.warn("sqlite store {path}: checkpoint failed ({error})", path=self.path, error=error)
+                        log.warn("sqlite store {path}: checkpoint failed ({error})",
+                                 path=self.path, error=error)
                         break
                     self.log_bytes = max(frames, 0) * frame_bytes
                     if busy or self.log_bytes < RESTART_BYTES:

@@ -1,8 +1,9 @@
 """The writer thread's half of the sqlite store: one sqlite3 connection,
 opened and checked (the schema and its upgrades are L{backends.sqlite.schema}),
-finding at open what the broker needs at once (topology, each queue's message
-ids in order, delivery counts, the held-message books; no message is read) and
-applying each batch of buffered writes in one transaction.
+finding at open what the broker needs at once (L{backends.sqlite.loading}:
+topology, each queue's message ids in order, delivery counts, the
+held-message books; no message is read) and applying each batch of buffered
+writes in one transaction.
 
 Only L{brokerd.storage.durability.GroupCommit}'s writer thread calls into a
 L{Database}; the reactor thread never touches its connection (it reads
@@ -15,16 +16,14 @@ its own.
 import fcntl
 import os
 import sqlite3
-import sys
 import zlib
-from array import array
 
 from twisted.logger import Logger
 
 from backends.common.checksum import crc32
-from backends.common.quarantine import parse_or_none
 from backends.sqlite import delayed
 from backends.sqlite.checkpointer import LOCK_WAIT_SECONDS, Checkpointer
+from backends.sqlite.loading import load
 from backends.sqlite.schema import (
     ADD_HELD,
     APPLICATION_ID,
@@ -37,24 +36,15 @@ from backends.sqlite.schema import (
     create,
     upgrade,
 )
-from brokerd.interfaces import QuarantinedRecord, StoreCorrupted, StoreInUse
-from brokerd.proto import messages_pb2
+from brokerd.interfaces import StoreCorrupted, StoreInUse
 
 log = Logger()
 
 PAGE_SIZE = 65536  # set once, when the file is created: one overflow page holds a 64 KiB body
 CACHE_KIB = 16384  # page cache of the connection
-UNPARSABLE = "its record does not parse (nested deeper than protobuf reads)"
 SYNCHRONOUS = {"always": "FULL", "interval": "FULL", "none": "OFF"}
-TOPOLOGY_TABLES = ("exchanges", "queues", "bindings", "exchange_bindings", "shared", "held", "counters")
-# How many message ids each queue has, and its first and last: without a gap between them they are a range.
-QUEUE_COUNTS = "SELECT queue_id, count(*) FROM entries GROUP BY queue_id"
-LOWEST = "SELECT min(message_id) FROM entries WHERE queue_id = ?"
-HIGHEST = "SELECT max(message_id) FROM entries WHERE queue_id = ?"
-# Else a queue's message ids in order, as one text of 16 hex digits each: one row instead of one per
-# message, turned into an array by bytes.fromhex (two thirds of the time of fetching the rows).
-QUEUE_IDS = ("SELECT group_concat(printf('%016x', message_id), '')"
-             " FROM (SELECT message_id FROM entries WHERE queue_id = ? ORDER BY message_id)")
+TOPOLOGY_TABLES = ("exchanges", "queues", "bindings", "exchange_bindings", "shared", "held",
+                   "counters")
 
 
 def checksum(record, body):
@@ -85,40 +75,26 @@ class Batch:
 
     def __init__(self):
         self.topology = []  # (sql, parameters), in call order
-        # message id -> (the message appended, StoredMessage bytes without the body, body, entries holding it),
-        # in append order; the writer computes the CRC, and never touches the message
+        # message id -> (the message appended, StoredMessage bytes without the body, body, entries
+        # holding it), in append order; the writer computes the CRC, and never touches the message
         self.messages = {}
         self.entries = {}  # (queue id, message id) -> None, in append order
         self.returns = {}  # (queue id, message id) -> the entry's latest delivery count
-        self.acks = []  # (queue id, message id) of entries that may be in the file (a trigger drops the message)
+        # (queue id, message id) of entries that may be in the file (a trigger drops the message)
+        self.acks = []
         self.dropped_queues = []  # queue ids whose entries all go
-        self.delays = {}  # delayed handle -> row of the delayed table (see backends.sqlite.delayed), in call order
+        # delayed handle -> row of the delayed table (see backends.sqlite.delayed), in call order
+        self.delays = {}
         self.delay_releases = []  # delayed handles written by earlier batches, released since
         self.next_delayed = None  # the next delayed handle to give out, if delays were made
         self.final = False  # the store is closing: close the connection after this batch
 
     def __bool__(self):
         return bool(
-            self.topology or self.messages or self.entries or self.returns or self.acks or self.dropped_queues
-            or self.delays or self.delay_releases or self.next_delayed is not None
+            self.topology or self.messages or self.entries or self.returns or self.acks
+            or self.dropped_queues or self.delays or self.delay_releases
+            or self.next_delayed is not None
         )
-
-
-class Loaded:
-    """What L{Database.open} found, handed from the writer thread to the store."""
-
-    def __init__(self):
-        self.exchanges = []  # ExchangeRecord, in creation order
-        self.queues = []  # (queue id, vhost, name, QueueRecord or None), in creation order
-        self.bindings = []  # (canonical arguments, BindingRecord), in creation order
-        self.handles = {}  # queue id -> its message ids in queue order (an array), for queues holding any
-        self.delivery_counts = {}  # queue id -> {message id: delivery count}, for counts above 0
-        self.held = (0, 0)  # messages held and their body bytes
-        self.next_message_id = 1
-        self.next_queue_id = 1
-        self.delayed = None  # the kept delayed handles, a HandleMap set
-        self.next_delayed = 1
-        self.quarantined = []  # QuarantinedRecord of each topology row whose record does not parse
 
 
 class Database:
@@ -146,7 +122,8 @@ class Database:
         self.final_error = None  # why the commit of the final batch failed, if it did
 
     def open(self):
-        """Open (creating if need be), check and load the database; returns a L{Loaded}."""
+        """Open (creating if need be), check and load the database; returns a
+        L{backends.sqlite.loading.Loaded}."""
         try:
             return self._open()
         except sqlite3.DatabaseError as error:
@@ -160,8 +137,8 @@ class Database:
         code = getattr(error, "sqlite_errorname", "")
         if code in ("SQLITE_CORRUPT", "SQLITE_NOTADB") or type(error) is sqlite3.DatabaseError:
             return StoreCorrupted(
-                f"sqlite store {self.path} is damaged or not a database ({error}); restore it from a backup,"
-                f" or salvage what it holds with `sqlite3 {self.path} .recover`",
+                f"sqlite store {self.path} is damaged or not a database ({error}); restore it"
+                f" from a backup, or salvage what it holds with `sqlite3 {self.path} .recover`",
                 path=self.path,
             )
         hint = " (is another brokerd using it?)" if code in ("SQLITE_BUSY", "SQLITE_LOCKED") else ""
@@ -173,8 +150,8 @@ class Database:
         wal = self.path + "-wal"
         if os.path.exists(wal) and os.path.getsize(wal) > 0:
             log.info(
-                "sqlite store {path} was not closed cleanly: SQLite recovers the commits of its {size}-byte"
-                " write-ahead log and drops a torn tail",
+                "sqlite store {path} was not closed cleanly: SQLite recovers the commits of its"
+                " {size}-byte write-ahead log and drops a torn tail",
                 path=self.path,
                 size=os.path.getsize(wal),
             )
@@ -186,22 +163,24 @@ class Database:
         tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise StoreOpenError(
-                f"sqlite store {self.path} has schema version {version}, newer than version {SCHEMA_VERSION}"
-                " that this brokerd reads; run a newer brokerd or choose another file"
+                f"sqlite store {self.path} has schema version {version}, newer than version"
+                f" {SCHEMA_VERSION} that this brokerd reads;"
+                " run a newer brokerd or choose another file"
             )
         fresh = version == 0 and tables == 0
         if fresh:
             db.execute(f"PRAGMA page_size = {PAGE_SIZE}")
         elif version != SCHEMA_VERSION and version not in UPGRADABLE_VERSIONS:
             raise StoreOpenError(
-                f"sqlite store {self.path} has schema version {version}, not version {SCHEMA_VERSION}"
-                " that this brokerd reads; is it a brokerd store?"
+                f"sqlite store {self.path} has schema version {version}, not version"
+                f" {SCHEMA_VERSION} that this brokerd reads; is it a brokerd store?"
             )
         elif db.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
             raise StoreOpenError(f"{self.path} is an SQLite database but not a brokerd store")
         mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if mode.lower() != "wal":
-            raise StoreOpenError(f"sqlite store {self.path} cannot use write-ahead logging (journal mode {mode})")
+            raise StoreOpenError(f"sqlite store {self.path} cannot use write-ahead logging"
+                                 f" (journal mode {mode})")
         db.execute(f"PRAGMA synchronous = {self.synchronous}")
         db.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
         db.execute("PRAGMA wal_autocheckpoint = 0")  # the Checkpointer's thread does them
@@ -213,7 +192,7 @@ class Database:
                 self._check()
                 if version != SCHEMA_VERSION:
                     upgrade(db, version, self.path)
-            loaded = self._load()
+            loaded = load(db, self.path, self._delayed)
             self._held = loaded.held
             db.execute("COMMIT")
         except BaseException:
@@ -224,14 +203,16 @@ class Database:
         return loaded
 
     def _take_lock(self):
-        """Hold an exclusive C{flock} on C{<path>.lock} until L{close}; fail at once if another holds it."""
+        """Hold an exclusive C{flock} on C{<path>.lock} until L{close};
+        fail at once if another holds it."""
         lock = open(self.path + ".lock", "a+b")  # noqa: SIM115 - held until close
         try:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock.close()
             raise StoreLocked(
-                f"sqlite store {self.path} is locked by another process (is another brokerd using it?)"
+                f"sqlite store {self.path} is locked by another process"
+                " (is another brokerd using it?)"
             ) from None
         except BaseException:
             lock.close()
@@ -245,15 +226,17 @@ class Database:
         would read every message): damage in C{entries} fails open as it is
         read, damage in C{messages} is found when a message is read back.
         """
-        tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        tables = {row[0] for row in self._db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
         problems = []
         for table in TOPOLOGY_TABLES:
             if table in tables:
-                problems += [row[0] for row in self._db.execute(f"PRAGMA quick_check({table})") if row[0] != "ok"]
+                problems += [row[0] for row in self._db.execute(f"PRAGMA quick_check({table})")
+                             if row[0] != "ok"]
         if problems:
             raise StoreCorrupted(
-                f"sqlite store {self.path} is damaged: {'; '.join(problems[:5])}; restore it from a backup,"
-                f" or salvage what it holds with `sqlite3 {self.path} .recover`",
+                f"sqlite store {self.path} is damaged: {'; '.join(problems[:5])}; restore it"
+                f" from a backup, or salvage what it holds with `sqlite3 {self.path} .recover`",
                 path=self.path,
             )
         pages = self._db.execute("PRAGMA page_count").fetchone()[0]
@@ -261,111 +244,11 @@ class Database:
         extra = os.path.getsize(self.path) - pages * page_size
         if extra > 0:
             log.warn(
-                "sqlite store {path} has {extra} bytes after the end of its database; SQLite ignores them",
+                "sqlite store {path} has {extra} bytes after the end of its database;"
+                " SQLite ignores them",
                 path=self.path,
                 extra=extra,
             )
-
-    def _load(self):
-        db, loaded = self._db, Loaded()
-        self._load_topology(loaded)
-        queue_ids = {queue[0] for queue in loaded.queues}
-        spans = self._queue_spans()
-        stray = [span[0] for span in spans if span[0] not in queue_ids]
-        if stray:
-            dropped = sum(db.execute("DELETE FROM entries WHERE queue_id = ?", (queue_id,)).rowcount
-                          for queue_id in stray)
-            log.warn("sqlite store {path}: dropping {count} entries of unknown queues", path=self.path, count=dropped)
-        highest = db.execute("SELECT max(id) FROM messages").fetchone()[0] or 0
-        for queue_id, count, lowest, last in spans:
-            if queue_id in queue_ids:
-                loaded.handles[queue_id] = self._queue_handles(queue_id, count, lowest, last)
-                highest = max(highest, last)
-        for queue_id, message_id, count in db.execute(
-                "SELECT queue_id, message_id, delivery_count FROM entries WHERE delivery_count > 0"):
-            loaded.delivery_counts.setdefault(queue_id, {})[message_id] = count
-        loaded.held = db.execute(HELD).fetchone() or (0, 0)
-        loaded.next_message_id = highest + 1
-        loaded.delayed, loaded.next_delayed = self._delayed.load(db)
-        return loaded
-
-    def _queue_spans(self):
-        """
-        C{(queue id, entries, lowest message id, highest)} of each queue with
-        entries. Counting all entries is cheap (SQLite counts the cells of the
-        key's pages); counting a queue's walks its rows, so it is done only
-        when several queues hold entries. The lowest and highest are seeks.
-        """
-        db = self._db
-        (total,) = db.execute("SELECT count(*) FROM entries").fetchone()
-        if not total:
-            return []
-        (first,) = db.execute("SELECT min(queue_id) FROM entries").fetchone()
-        (last,) = db.execute("SELECT max(queue_id) FROM entries").fetchone()
-        counts = [(first, total)] if first == last else db.execute(QUEUE_COUNTS).fetchall()
-        return [(queue_id, count, db.execute(LOWEST, (queue_id,)).fetchone()[0],
-                 db.execute(HIGHEST, (queue_id,)).fetchone()[0]) for queue_id, count in counts]
-
-    def _queue_handles(self, queue_id, count, lowest, highest):
-        """The message ids of C{queue_id}'s C{count} entries, in queue order, as an array."""
-        if highest - lowest + 1 == count:  # no gap (ids are distinct): a range, read no further
-            return array("Q", range(lowest, highest + 1))
-        (text,) = self._db.execute(QUEUE_IDS, (queue_id,)).fetchone()
-        handles = array("Q", bytes.fromhex(text or ""))
-        if sys.byteorder == "little":
-            handles.byteswap()
-        return handles
-
-    def _load_topology(self, loaded):
-        db = self._db
-        for rowid, vhost, name, blob in db.execute("SELECT rowid, vhost, name, record FROM exchanges ORDER BY rowid"):
-            record = self._parse(messages_pb2.ExchangeRecord, blob, f"exchange {name!r} of vhost {vhost!r}")
-            if record is None:
-                loaded.quarantined.append(QuarantinedRecord(
-                    "exchange", vhost, name, f"sqlite store {self.path}, exchanges row {rowid}", UNPARSABLE))
-            else:
-                loaded.exchanges.append(record)
-        for queue_id, vhost, name, blob in db.execute("SELECT id, vhost, name, record FROM queues ORDER BY id"):
-            what = f"queue {name!r} of vhost {vhost!r}"
-            record = None if blob is None else self._parse(messages_pb2.QueueRecord, blob, what)
-            if blob is not None and record is None:
-                loaded.quarantined.append(QuarantinedRecord(
-                    "queue", vhost, name, f"sqlite store {self.path}, queues row {queue_id}", UNPARSABLE))
-            loaded.queues.append((queue_id, vhost, name, record))
-            loaded.next_queue_id = queue_id + 1
-        for rowid, vhost, exchange, queue, routing_key, arguments, blob in db.execute(
-                "SELECT rowid, vhost, exchange, queue, routing_key, arguments, record FROM bindings ORDER BY rowid"):
-            record = self._parse(messages_pb2.BindingRecord, blob, "a binding")
-            if record is None:
-                loaded.quarantined.append(QuarantinedRecord(
-                    "binding", vhost, (exchange, queue, routing_key), f"sqlite store {self.path}, bindings row {rowid}",
-                    UNPARSABLE))
-            else:
-                loaded.bindings.append((arguments, record))
-        for rowid, vhost, source, destination, routing_key, arguments, blob in db.execute(
-                "SELECT rowid, vhost, source, destination, routing_key, arguments, record FROM exchange_bindings"
-                " ORDER BY rowid"):
-            record = self._parse(messages_pb2.BindingRecord, blob, "a binding")
-            if record is None:
-                loaded.quarantined.append(QuarantinedRecord(
-                    "binding", vhost, (source, "", routing_key, destination),
-                    f"sqlite store {self.path}, exchange_bindings row {rowid}", UNPARSABLE))
-            else:
-                loaded.bindings.append((arguments, record))
-
-    def _parse(self, kind, blob, what):
-        """
-        The record of C{kind} in C{blob}; None if the blob does not parse
-        (its row is then quarantined: left as it is, and not served).
-
-        @raise StoreCorrupted: if C{blob} is not bytes at all.
-        """
-        if not isinstance(blob, bytes):
-            raise StoreCorrupted(
-                f"sqlite store {self.path}: the record of {what} is damaged (not a blob but {type(blob).__name__})",
-                path=self.path,
-            )
-        return parse_or_none(kind, blob)
 
     def write(self, batch, fsync):
         """
@@ -399,7 +282,8 @@ class Database:
             # while it ran: copy the rest here, so this transaction writes the log from its
             # start again rather than making it longer.
             busy = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[0]
-            checkpointer.behind = bool(busy)  # the Checkpointer was running again: try at the next commit
+            # The Checkpointer was running again: try at the next commit.
+            checkpointer.behind = bool(busy)
         db.execute("BEGIN IMMEDIATE")
         try:
             size = sum(self._apply(db, batch) for batch in batches)
@@ -425,21 +309,24 @@ class Database:
             rows = [(message_id, len(body), checksum(record, body), record, body)
                     for message_id, (_, record, body, _) in batch.messages.items()]
             db.executemany(INSERT_MESSAGE, rows)
-            shared = [(message_id, holders) for message_id, (_, _, _, holders) in batch.messages.items()
-                      if holders > 1]
+            shared = [(message_id, holders)
+                      for message_id, (_, _, _, holders) in batch.messages.items() if holders > 1]
             if shared:
                 db.executemany(INSERT_SHARED, shared)
             size = sum([row[1] for row in rows])
             db.execute(ADD_HELD, (len(rows), size))
             size += sum([len(row[3]) for row in rows])
         if batch.entries:
-            db.executemany("INSERT INTO entries (queue_id, message_id) VALUES (?, ?)", batch.entries)
+            db.executemany("INSERT INTO entries (queue_id, message_id) VALUES (?, ?)",
+                           batch.entries)
         if batch.returns:
-            db.executemany(SET_DELIVERY_COUNT, [(count, *entry) for entry, count in batch.returns.items()])
+            db.executemany(SET_DELIVERY_COUNT,
+                           [(count, *entry) for entry, count in batch.returns.items()])
         if batch.acks:  # the entry_removed trigger deletes a message with its last entry
             db.executemany("DELETE FROM entries WHERE queue_id = ? AND message_id = ?", batch.acks)
         if batch.dropped_queues:
-            db.executemany("DELETE FROM entries WHERE queue_id = ?", [(queue_id,) for queue_id in batch.dropped_queues])
+            db.executemany("DELETE FROM entries WHERE queue_id = ?",
+                           [(queue_id,) for queue_id in batch.dropped_queues])
         size += self._delayed.apply(db, batch)
         return size + 64 * (len(batch.topology) + len(batch.entries) + len(batch.acks))
 
@@ -454,11 +341,13 @@ class Database:
 
     def pragmas(self):
         """The connection's settings that matter for durability, by PRAGMA name."""
-        names = ("journal_mode", "synchronous", "locking_mode", "page_size", "user_version", "application_id")
+        names = ("journal_mode", "synchronous", "locking_mode", "page_size", "user_version",
+                 "application_id")
         return {name: self._db.execute(f"PRAGMA {name}").fetchone()[0] for name in names}
 
     def close(self):
-        """Stop the Checkpointer, copy the whole log into the database file, close, and let go of the lock."""
+        """Stop the Checkpointer, copy the whole log into the database file, close,
+        and let go of the lock."""
         try:
             if self._checkpointer is not None:
                 checkpointer, self._checkpointer = self._checkpointer, None
@@ -469,7 +358,8 @@ class Database:
                     if not db.in_transaction:
                         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 except sqlite3.Error as error:
-                    log.warn("sqlite store {path}: checkpoint at close failed ({error})", path=self.path, error=error)
+                    log.warn("sqlite store {path}: checkpoint at close failed ({error})",
+                             path=self.path, error=error)
                 finally:
                     db.close()
         finally:

@@ -1,7 +1,7 @@
 """Delayed messages in the sqlite store: the tables, their index and the writer
 thread's side (L{DelayedTable}, which L{backends.sqlite.database} drives in
-each group commit); the reactor side is L{backends.sqlite.store}, which reads
-rows back with L{delayed_message}.
+each group commit); the reactor side is L{backends.sqlite.delayedrows}, which
+reads rows back with L{delayed_message}.
 
 A delayed message is one row of ``delayed``: its handle (the row id), due
 time, exchange key, and the message as the ``messages`` table keeps one (a
@@ -41,18 +41,29 @@ CREATE TABLE IF NOT EXISTS delayed_released (handle INTEGER PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 """
 NEXT_HANDLE = "next_delayed_handle"
-INSERT_DELAYED = "INSERT INTO delayed (due, handle, vhost, exchange, crc, record, body) VALUES (?, ?, ?, ?, ?, ?, ?)"
+INSERT_DELAYED = (
+    "INSERT INTO delayed (due, handle, vhost, exchange, crc, record, body)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
 RELEASE_DELAYED = "INSERT OR IGNORE INTO delayed_released (handle) VALUES (?)"
 SAVE_NEXT_HANDLE = (
-    "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value"
+    "INSERT INTO counters (name, value) VALUES (?, ?)"
+    " ON CONFLICT (name) DO UPDATE SET value = excluded.value"
 )
 COLUMNS = "due, handle, vhost, exchange, crc, record, body"
 KEPT = "handle NOT IN (SELECT handle FROM delayed_released)"
-WINDOW_FROM_START = f"SELECT {COLUMNS} FROM delayed WHERE due <= ? AND {KEPT} ORDER BY due, handle LIMIT ?"
+WINDOW_FROM_START = (
+    f"SELECT {COLUMNS} FROM delayed WHERE due <= ? AND {KEPT} ORDER BY due, handle LIMIT ?"
+)
 # After a cursor: the rest of the cursor's due time, then later ones; two seeks in the index
 # (a row-value comparison would scan every row of the cursor's due time).
-WINDOW_SAME_DUE = f"SELECT {COLUMNS} FROM delayed WHERE due = ? AND handle > ? AND {KEPT} ORDER BY handle LIMIT ?"
-WINDOW_LATER = f"SELECT {COLUMNS} FROM delayed WHERE due > ? AND due <= ? AND {KEPT} ORDER BY due, handle LIMIT ?"
+WINDOW_SAME_DUE = (
+    f"SELECT {COLUMNS} FROM delayed WHERE due = ? AND handle > ? AND {KEPT} ORDER BY handle LIMIT ?"
+)
+WINDOW_LATER = (
+    f"SELECT {COLUMNS} FROM delayed WHERE due > ? AND due <= ? AND {KEPT}"
+    " ORDER BY due, handle LIMIT ?"
+)
 
 
 def create_tables(db):
@@ -62,14 +73,16 @@ def create_tables(db):
 
 
 class DelayedTable:
-    """The sqlite writer thread's side of the delayed tables: how many rows there are, and how many released."""
+    """The sqlite writer thread's side of the delayed tables: how many rows there are,
+    and how many released."""
 
     def __init__(self):
         self.rows = 0
         self.released = 0
 
     def load(self, db):
-        """Purge released rows; C{(kept handles as a HandleMap set, the next handle to give out)}."""
+        """Purge released rows;
+        C{(kept handles as a HandleMap set, the next handle to give out)}."""
         self.purge(db)
         kept, highest = HandleMap(), 0
         add = kept.add
@@ -82,7 +95,8 @@ class DelayedTable:
         return kept, max(highest + 1, row[0] if row else 1)
 
     def apply(self, db, batch):
-        """Write a batch's delayed rows, releases and next handle in the open transaction; about how many bytes."""
+        """Write a batch's delayed rows, releases and next handle in the open transaction;
+        about how many bytes."""
         size = 0
         if batch.delays:
             db.executemany(INSERT_DELAYED, batch.delays.values())
@@ -99,13 +113,15 @@ class DelayedTable:
         return size + 64 * len(batch.delays)
 
     def purge(self, db):
-        """Delete the released rows (in the open transaction); about how many bytes that rewrites. With none
-        released it writes nothing: a DELETE of every row rewrites the table's root page even when it is empty,
-        which would change the file of a store that was only opened (and read by a migration)."""
+        """Delete the released rows (in the open transaction); about how many bytes that
+        rewrites. With none released it writes nothing: a DELETE of every row rewrites the
+        table's root page even when it is empty, which would change the file of a store that was
+        only opened (and read by a migration)."""
         if db.execute("SELECT 1 FROM delayed_released LIMIT 1").fetchone() is None:
             self.released = 0
             return 0
-        purged = db.execute("DELETE FROM delayed WHERE handle IN (SELECT handle FROM delayed_released)").rowcount
+        purged = db.execute(
+            "DELETE FROM delayed WHERE handle IN (SELECT handle FROM delayed_released)").rowcount
         db.execute("DELETE FROM delayed_released")
         self.rows -= max(purged, 0)
         self.released = 0
@@ -125,7 +141,9 @@ class DelayedTable:
             rows = []
         else:
             due, handle = cursor
-            rows = db.execute(WINDOW_SAME_DUE, (due, min(handle, MAX_DUE), limit)).fetchall() if due >= 0 else []
+            rows = []
+            if due >= 0:
+                rows = db.execute(WINDOW_SAME_DUE, (due, min(handle, MAX_DUE), limit)).fetchall()
             if len(rows) < limit:
                 rows += db.execute(WINDOW_LATER, (due, until, limit - len(rows))).fetchall()
         extra = [row for batch in failed for row in batch.delays.values()
@@ -141,7 +159,8 @@ def delayed_message(row, path, checksum):
     due, handle, vhost, exchange, crc, record, body = row
     if checksum(record, body) != crc:
         raise StoreCorrupted(
-            f"sqlite store {path}: delayed message {handle} is damaged (its checksum does not match)", path=path
+            f"sqlite store {path}: delayed message {handle} is damaged"
+            " (its checksum does not match)", path=path
         )
     stored = parse_stored_message(record, f"sqlite store {path}, delayed row {handle}",
                                   f"sqlite store {path}: delayed message {handle}", path)

@@ -22,19 +22,22 @@ from backends.sqlite.database import checksum
 from brokerd.interfaces import MessageRecord, StoreCorrupted
 from brokerd.proto import messages_pb2
 
-ROW_OVERHEAD = 160  # bytes a cached row costs beyond its record and body (tuple, ints, bytes headers, dict slot)
-# A run of a queue's rows: (message id, crc, record, body, bytes the row takes in the cache); an entry whose
-# message row is missing comes with NULLs.
+# Bytes a cached row costs beyond its record and body (tuple, ints, bytes headers, dict slot).
+ROW_OVERHEAD = 160
+# A run of a queue's rows: (message id, crc, record, body, bytes the row takes in the cache);
+# an entry whose message row is missing comes with NULLs.
 RUN = ("SELECT e.message_id, m.crc, m.record, m.body,"
        f" coalesce(length(m.record) + length(m.body), 0) + {ROW_OVERHEAD}"
        " FROM entries e LEFT JOIN messages m ON m.id = e.message_id"
        " WHERE e.queue_id = ? AND e.message_id >= ? ORDER BY e.message_id LIMIT ?")
 # The queue of a message: one seek per queue in the entries' key (queue id, message id).
-QUEUE_OF = "SELECT queue_id FROM entries WHERE queue_id IN (SELECT id FROM queues) AND message_id = ? LIMIT 1"
+QUEUE_OF = ("SELECT queue_id FROM entries WHERE queue_id IN (SELECT id FROM queues)"
+            " AND message_id = ? LIMIT 1")
 RUN_BYTES = 1 << 20  # about how many bytes of rows one query reads ahead
 MOST_RUN_ROWS = 512  # ... and at most this many rows
 RECORD_BYTES = 64  # about what a row's record (exchange, routing key, properties) takes
-READER_CACHE_KIB = 2048  # SQLite's page cache of the reader (emptied by every commit of the writer anyway)
+# SQLite's page cache of the reader (emptied by every commit of the writer anyway).
+READER_CACHE_KIB = 2048
 HEAD_KINDS = 256  # distinct records (exchange, routing key, properties) remembered
 _new_tuple = tuple.__new__
 
@@ -44,7 +47,8 @@ class MessageReader:
     Reads message rows back for the store on the reactor thread.
 
     @param path: the database file (the writer's open created it).
-    @param cache_size: bytes of rows read ahead kept at most; 0 reads one row at a time and keeps none.
+    @param cache_size: bytes of rows read ahead kept at most; 0 reads one row at a time and
+        keeps none.
     """
 
     def __init__(self, path, cache_size):
@@ -94,12 +98,11 @@ class MessageReader:
                     self._read_run(queue_id, handle + 1)
         _, crc, record, body, _ = row
         if crc is None:
-            raise StoreCorrupted(f"sqlite store {self.path}: message {handle} is missing from the messages table",
-                                 path=self.path)
+            raise StoreCorrupted(f"sqlite store {self.path}: message {handle} is missing from the"
+                                 " messages table", path=self.path)
         if checksum(record, body) != crc:
-            raise StoreCorrupted(
-                f"sqlite store {self.path}: message {handle} is damaged (its checksum does not match)", path=self.path
-            )
+            raise StoreCorrupted(f"sqlite store {self.path}: message {handle} is damaged"
+                                 " (its checksum does not match)", path=self.path)
         kind = self._kinds.get(record)
         if kind is None:
             kind = self._kind(handle, record)
@@ -139,11 +142,13 @@ class MessageReader:
         return rows[0]
 
     def _read_run(self, queue_id, start):
-        """Read the entries of C{queue_id} from message id C{start} on with their rows; cache all but what
-        does not fit. Returns the rows (the first is C{start}'s)."""
+        """Read the entries of C{queue_id} from message id C{start} on with their rows;
+        cache all but what does not fit. Returns the rows (the first is C{start}'s)."""
         capacity = self.capacity
-        # At most half the cache, so that a run a little larger than guessed does not push its own first rows out.
-        count = max(1, min(MOST_RUN_ROWS, RUN_BYTES // self._row_bytes, capacity // (2 * self._row_bytes)))
+        # At most half the cache, so that a run a little larger than guessed does not push its own
+        # first rows out.
+        half_the_cache = capacity // (2 * self._row_bytes)
+        count = max(1, min(MOST_RUN_ROWS, RUN_BYTES // self._row_bytes, half_the_cache))
         rows = self._query(RUN, (queue_id, start, count))
         self.rows_read += len(rows)
         if not rows or capacity <= 0:
@@ -170,4 +175,5 @@ class MessageReader:
         try:
             return self._db.execute(sql, parameters).fetchall()
         except sqlite3.Error as error:
-            raise StoreCorrupted(f"sqlite store {self.path} cannot be read: {error}", path=self.path) from None
+            raise StoreCorrupted(f"sqlite store {self.path} cannot be read: {error}",
+                                 path=self.path) from None

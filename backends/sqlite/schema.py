@@ -21,7 +21,8 @@ from brokerd.proto import messages_pb2
 
 log = Logger()
 
-SCHEMA_VERSION = 6  # PRAGMA user_version of the files this code writes (and reads; 2 to 5 are upgraded)
+# PRAGMA user_version of the files this code writes (and reads; 2 to 5 are upgraded).
+SCHEMA_VERSION = 6
 UPGRADABLE_VERSIONS = (2, 3, 4, 5)
 APPLICATION_ID = 0x62726B64  # PRAGMA application_id, b"brkd": marks the file as a brokerd store
 SCHEMA = """
@@ -44,7 +45,8 @@ CREATE TABLE messages (
     body BLOB NOT NULL);
 CREATE TABLE entries (
     queue_id INTEGER NOT NULL, message_id INTEGER NOT NULL,
-    delivery_count INTEGER NOT NULL DEFAULT 0,  -- how often the message came back to the queue unacked
+    delivery_count INTEGER NOT NULL DEFAULT 0,  -- how often the message came back to the queue \
+unacked
     PRIMARY KEY (queue_id, message_id)) WITHOUT ROWID;
 """
 # Exchange-to-exchange bindings (schema version 5) have a table of their own, so that a file of an
@@ -63,7 +65,8 @@ BOOKS_SCHEMA = (
         message_id INTEGER PRIMARY KEY,
         holders INTEGER NOT NULL)  -- entries holding the message, while two or more do""",
     """CREATE TABLE IF NOT EXISTS held (
-        messages INTEGER NOT NULL, bytes INTEGER NOT NULL)  -- one row: messages held, their body bytes""",
+        messages INTEGER NOT NULL, bytes INTEGER NOT NULL)  -- one row: messages held, \
+their body bytes""",
     """CREATE TRIGGER IF NOT EXISTS entry_removed AFTER DELETE ON entries BEGIN
         DELETE FROM messages WHERE id = OLD.message_id
             AND NOT EXISTS (SELECT 1 FROM shared WHERE message_id = OLD.message_id);
@@ -75,7 +78,8 @@ BOOKS_SCHEMA = (
     END""",
 )
 COUNT_BOOKS = (
-    "DELETE FROM messages WHERE id NOT IN (SELECT message_id FROM entries)",  # an older version's strays
+    # An older version's strays.
+    "DELETE FROM messages WHERE id NOT IN (SELECT message_id FROM entries)",
     "DELETE FROM shared",
     "INSERT INTO shared (message_id, holders)"
     " SELECT message_id, count(*) FROM entries GROUP BY message_id HAVING count(*) > 1",
@@ -97,32 +101,40 @@ UPSERT_QUEUE = (
     "INSERT INTO queues (id, vhost, name, record) VALUES (?, ?, ?, ?)"
     " ON CONFLICT (id) DO UPDATE SET record = excluded.record"
 )
-ADD_QUEUE = "INSERT OR IGNORE INTO queues (id, vhost, name, record) VALUES (?, ?, ?, NULL)"  # no QueueRecord
+ADD_QUEUE = ("INSERT OR IGNORE INTO queues (id, vhost, name, record)"
+             " VALUES (?, ?, ?, NULL)")  # no QueueRecord
 DELETE_QUEUE = "DELETE FROM queues WHERE id = ?"
 DELETE_QUEUE_BINDINGS = "DELETE FROM bindings WHERE vhost = ? AND queue = ?"
 UPSERT_BINDING = (
-    "INSERT INTO bindings (vhost, exchange, queue, routing_key, arguments, record) VALUES (?, ?, ?, ?, ?, ?)"
-    " ON CONFLICT (vhost, exchange, queue, routing_key, arguments) DO UPDATE SET record = excluded.record"
+    "INSERT INTO bindings (vhost, exchange, queue, routing_key, arguments, record)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (vhost, exchange, queue, routing_key, arguments)"
+    " DO UPDATE SET record = excluded.record"
 )
 UPSERT_EXCHANGE_BINDING = (
     "INSERT INTO exchange_bindings (vhost, source, destination, routing_key, arguments, record)"
     " VALUES (?, ?, ?, ?, ?, ?)"
-    " ON CONFLICT (vhost, source, destination, routing_key, arguments) DO UPDATE SET record = excluded.record"
+    " ON CONFLICT (vhost, source, destination, routing_key, arguments)"
+    " DO UPDATE SET record = excluded.record"
 )
 DELETE_EXCHANGE_BINDING = (
-    "DELETE FROM exchange_bindings WHERE vhost = ? AND source = ? AND destination = ? AND routing_key = ?"
-    " AND arguments = ?"
+    "DELETE FROM exchange_bindings WHERE vhost = ? AND source = ? AND destination = ?"
+    " AND routing_key = ? AND arguments = ?"
 )
-DELETE_BINDINGS_OF_EXCHANGE = "DELETE FROM exchange_bindings WHERE vhost = ? AND (source = ? OR destination = ?)"
+DELETE_BINDINGS_OF_EXCHANGE = (
+    "DELETE FROM exchange_bindings WHERE vhost = ? AND (source = ? OR destination = ?)"
+)
 ADD_DELIVERY_COUNT = "ALTER TABLE entries ADD COLUMN delivery_count INTEGER NOT NULL DEFAULT 0"
 SET_DELIVERY_COUNT = "UPDATE entries SET delivery_count = ? WHERE queue_id = ? AND message_id = ?"
 DELETE_BINDING = (
-    "DELETE FROM bindings WHERE vhost = ? AND exchange = ? AND queue = ? AND routing_key = ? AND arguments = ?"
+    "DELETE FROM bindings WHERE vhost = ? AND exchange = ? AND queue = ? AND routing_key = ?"
+    " AND arguments = ?"
 )
 
 
 def create(db):
-    """Create every table of this schema version in a new file, in the open transaction, and mark the file."""
+    """Create every table of this schema version in a new file, in the open transaction, and mark
+    the file."""
     for statement in SCHEMA.split(";"):
         if statement.strip():
             db.execute(statement)
@@ -134,7 +146,8 @@ def create(db):
 
 
 def upgrade(db, version, path):
-    """Bring the file at C{path} of an older schema version up to this one, in the open transaction."""
+    """Bring the file at C{path} of an older schema version up to this one, in the open
+    transaction."""
     added = []
     if version < 3:
         delayed.create_tables(db)
@@ -154,7 +167,8 @@ def upgrade(db, version, path):
 
 
 def create_books(db):
-    """Create the tables and triggers that count held messages (if missing), and count what the file holds."""
+    """Create the tables and triggers that count held messages (if missing), and count what the file
+    holds."""
     for statement in (*BOOKS_SCHEMA, *COUNT_BOOKS):
         db.execute(statement)
 
@@ -168,16 +182,20 @@ def canonical_arguments(table):
 
 def binding_key(record, arguments):
     """What makes two bindings the same: (vhost, source, queue, routing key, canonical arguments,
-    destination exchange), the queue empty for a binding to an exchange and the exchange for one to a queue."""
-    return (record.vhost, record.exchange, record.queue, record.routing_key, arguments, record.destination_exchange)
+    destination exchange), the queue empty for a binding to an exchange and the exchange for one
+    to a queue."""
+    return (record.vhost, record.exchange, record.queue, record.routing_key, arguments,
+            record.destination_exchange)
 
 
 def binding_row(key):
-    """The key columns of a binding's row: in the bindings table, or in exchange_bindings for one to an exchange."""
+    """The key columns of a binding's row: in the bindings table, or in exchange_bindings
+    for one to an exchange."""
     vhost, source, queue, routing_key, arguments, destination_exchange = key
     return (vhost, source, destination_exchange or queue, routing_key, arguments)
 
 
 def binding_statement(record, to_queue, to_exchange):
-    """The statement of the two for C{record}'s table: C{to_exchange} for a binding to an exchange."""
+    """The statement of the two for C{record}'s table: C{to_exchange} for a binding to an
+    exchange."""
     return to_exchange if record.destination_exchange else to_queue

@@ -24,20 +24,18 @@ not written, and the next open finds it again.
 
 Delayed messages (L{IDelayedMessageStore}) are rows of a table indexed by
 C{(due, handle)} (see L{backends.sqlite.delayed}); the reactor thread keeps
-only which handles are kept, as a L{HandleMap}, and reads windows on the
-writer thread.
+only which handles are kept, as a L{HandleMap<backends.common.handle_map.HandleMap>}
+(L{backends.sqlite.delayedrows.DelayedRows}), and reads windows on the writer
+thread.
 """
 
 from twisted.internet import defer
-from twisted.logger import Logger
 from zope.interface import implementer
 
-from backends.common.delayed_requests import check_due, check_exchange, delayed_window, readable_messages
-from backends.common.handle_map import HandleMap
 from backends.common.message_record import loaded_records, record_of
 from backends.common.writer_thread import WriterThread
-from backends.sqlite.database import Batch, Database, checksum
-from backends.sqlite.delayed import delayed_message
+from backends.sqlite.database import Batch, Database
+from backends.sqlite.delayedrows import DelayedRows
 from backends.sqlite.reads import MessageReader
 from backends.sqlite.schema import (
     ADD_QUEUE,
@@ -57,13 +55,17 @@ from backends.sqlite.schema import (
     binding_statement,
     canonical_arguments,
 )
-from brokerd.interfaces import IDelayedMessageStore, IPagingStore, ITimedCommits, StoreCorrupted, UnreadableMessage
+from brokerd.interfaces import (
+    IDelayedMessageStore,
+    IPagingStore,
+    ITimedCommits,
+    StoreCorrupted,
+    UnreadableMessage,
+)
 from brokerd.proto import messages_pb2
 from brokerd.storage.durability import SyncPolicy
 
 DEFAULT_CACHE_SIZE = 16 << 20
-
-log = Logger()
 
 
 @implementer(IPagingStore, IDelayedMessageStore, ITimedCommits)
@@ -98,12 +100,12 @@ class SqliteStore:
         self._queue_ids = {}  # queue key -> queue id, for every queue with a row in the file
         self._recovered = {}  # queue id -> its message ids open found (an array), in queue order
         self._recovered_counts = {}  # queue id -> {message id: delivery count} found at open
-        self._quarantined_handles = set()  # messages whose records do not parse: kept in place, acks not written
+        # Messages whose records do not parse: kept in place, acks not written.
+        self._quarantined_handles = set()
         self._held = (0, 0)  # messages held and their bytes, as the last commit counted them
         self._next_id = self._next_queue_id = 1
         self._appends = self._acks = 0
-        self._delayed = HandleMap()  # the kept delayed handles
-        self._next_delayed = 1
+        self._delays = DelayedRows(path, self._writer_thread, self._db)
 
     @property
     def policy(self):
@@ -120,14 +122,16 @@ class SqliteStore:
         return self._writer_thread.sync()
 
     def close(self):
-        """Commit what is buffered (the final batch closes the database) and stop the writer thread."""
+        """Commit what is buffered (the final batch closes the database) and stop the writer
+        thread."""
         return self._writer_thread.close()
 
     def commit_times(self):
         return self._writer_thread.commit_times()
 
     def _loaded(self, loaded):
-        """Keep what the writer thread's open found (its L{Loaded}), and open the reader's connection."""
+        """Keep what the writer thread's open found (its L{backends.sqlite.loading.Loaded}), and
+        open the reader's connection."""
         self._reader.open(*loaded.held)
         for record in loaded.exchanges:
             self._exchanges[(record.vhost, record.name)] = record
@@ -142,12 +146,13 @@ class SqliteStore:
         self._held = loaded.held
         self._next_id = loaded.next_message_id
         self._next_queue_id = loaded.next_queue_id
-        self._delayed = loaded.delayed
-        self._next_delayed = loaded.next_delayed
-        self._quarantined = {(record.kind, record.vhost, record.name): record for record in loaded.quarantined}
+        self._delays.loaded(loaded.delayed, loaded.next_delayed)
+        self._quarantined = {(record.kind, record.vhost, record.name): record
+                             for record in loaded.quarantined}
 
     def _take_batch(self):
-        """Called by GroupCommit on the reactor thread: hand over what is buffered; the one taken at close is final."""
+        """Called by GroupCommit on the reactor thread: hand over what is buffered;
+        the one taken at close is final."""
         batch = self._batch
         final = self._writer_thread.state == "closing"
         if not batch and not final:
@@ -158,19 +163,22 @@ class SqliteStore:
         self._batch = Batch()
         batch.final = final
         if final:
-            # The writer's connection closes last, so that it can fold the log into the file and remove it.
+            # The writer's connection closes last, so that it can fold the log into the file and
+            # remove it.
             self._reader.close()
         if batch.messages:
             self._in_flight.append(batch)
         return batch
 
     def _batch_written(self, held):
-        """A commit succeeded: what the batches taken so far hold, the reader's connection now sees."""
+        """A commit succeeded: what the batches taken so far hold, the reader's connection now
+        sees."""
         self._held = held
         self._in_flight = []
 
     def _close_files(self):
-        """The final batch closed the connection, unless the writer thread died before it; its failure is close's."""
+        """The final batch closed the connection, unless the writer thread died before it;
+        its failure is close's."""
         self._reader.close()
         self._in_flight = []
         self._db.close()
@@ -178,13 +186,15 @@ class SqliteStore:
             raise self._db.final_error
 
     def pragmas(self):
-        """A Deferred firing with the connection's journal mode, synchronous setting and the like."""
+        """A Deferred firing with the connection's journal mode, synchronous setting and the
+        like."""
         return self._writer_thread.call(self._db.pragmas)
 
     # -- topology
 
     def topology(self):
-        """The records, with a QuarantinedRecord in place of each row whose record does not parse (kept as it is)."""
+        """The records, with a QuarantinedRecord in place of each row whose record does not
+        parse (kept as it is)."""
         return [*self._exchanges.values(), *self._queues.values(), *self._quarantined.values(),
                 *self._bindings.values()]
 
@@ -192,7 +202,8 @@ class SqliteStore:
         self._writable()
         self._exchanges[(record.vhost, record.name)] = record
         self._quarantined.pop(("exchange", record.vhost, record.name), None)
-        self._batch.topology.append((UPSERT_EXCHANGE, (record.vhost, record.name, record.SerializeToString())))
+        self._batch.topology.append(
+            (UPSERT_EXCHANGE, (record.vhost, record.name, record.SerializeToString())))
 
     def delete_exchange(self, vhost, name):
         self._writable()
@@ -200,7 +211,8 @@ class SqliteStore:
         for key in [key for key in self._bindings if key[0] == vhost and name in (key[1], key[5])]:
             del self._bindings[key]
         self._forget_quarantined(vhost, exchange=name)
-        self._batch.topology += [(DELETE_EXCHANGE, (vhost, name)), (DELETE_EXCHANGE_BINDINGS, (vhost, name)),
+        self._batch.topology += [(DELETE_EXCHANGE, (vhost, name)),
+                                 (DELETE_EXCHANGE_BINDINGS, (vhost, name)),
                                  (DELETE_BINDINGS_OF_EXCHANGE, (vhost, name, name))]
 
     def save_queue(self, record):
@@ -211,7 +223,8 @@ class SqliteStore:
             queue_id = self._new_queue_id(key)
         self._queues[key] = record
         self._quarantined.pop(("queue", *key), None)
-        self._batch.topology.append((UPSERT_QUEUE, (queue_id, record.vhost, record.name, record.SerializeToString())))
+        self._batch.topology.append(
+            (UPSERT_QUEUE, (queue_id, record.vhost, record.name, record.SerializeToString())))
 
     def delete_queue(self, queue):
         self._writable()
@@ -236,18 +249,19 @@ class SqliteStore:
         self._writable()
         key = binding_key(record, canonical_arguments(record.arguments))
         self._bindings[key] = record
-        self._batch.topology.append((binding_statement(record, UPSERT_BINDING, UPSERT_EXCHANGE_BINDING),
-                                     (*binding_row(key), record.SerializeToString())))
+        statement = binding_statement(record, UPSERT_BINDING, UPSERT_EXCHANGE_BINDING)
+        self._batch.topology.append((statement, (*binding_row(key), record.SerializeToString())))
 
     def delete_binding(self, record):
         self._writable()
         key = binding_key(record, canonical_arguments(record.arguments))
         self._bindings.pop(key, None)
-        self._batch.topology.append((binding_statement(record, DELETE_BINDING, DELETE_EXCHANGE_BINDING),
-                                     binding_row(key)))
+        statement = binding_statement(record, DELETE_BINDING, DELETE_EXCHANGE_BINDING)
+        self._batch.topology.append((statement, binding_row(key)))
 
     def _forget_quarantined(self, vhost, exchange=None, queue=None):
-        """The exchange or queue is deleted: so are its quarantined rows and those of its bindings."""
+        """The exchange or queue is deleted: so are its quarantined rows and those of its
+        bindings."""
         if not self._quarantined:
             return
         kind, name = ("exchange", exchange) if exchange is not None else ("queue", queue)
@@ -257,7 +271,10 @@ class SqliteStore:
                 continue
             if record_kind == "binding":
                 # (source, queue, routing key), or (source, "", routing key, destination exchange)
-                ends = (record_name[0], *record_name[3:]) if exchange is not None else record_name[1:2]
+                if exchange is not None:
+                    ends = (record_name[0], *record_name[3:])
+                else:
+                    ends = record_name[1:2]
                 if name in ends:
                     del self._quarantined[key]
             elif record_kind == kind and record_name == name:
@@ -318,7 +335,8 @@ class SqliteStore:
             self.ack(queue, handle)
 
     def returned(self, queue, handle, count):
-        """Keep the entry's delivery count: one UPDATE in the next commit, the latest count winning."""
+        """Keep the entry's delivery count: one UPDATE in the next commit, the latest count
+        winning."""
         self._writable()
         queue_id = self._queue_ids.get(queue)
         if queue_id is not None:
@@ -328,7 +346,8 @@ class SqliteStore:
         return dict(self._recovered_counts.get(self._queue_ids.get(queue), ()))
 
     def recovered_handles(self, queue):
-        """The message ids open found for C{queue}, in queue order (an array), all possibly delivered before."""
+        """The message ids open found for C{queue}, in queue order (an array), all possibly
+        delivered before."""
         return self._recovered.get(self._queue_ids.get(queue), ())
 
     def load(self, handle):
@@ -364,66 +383,28 @@ class SqliteStore:
 
         @raise StoreCorrupted: if one is damaged or missing.
         """
-        return list(loaded_records(self.load, queue, self.recovered_handles(queue), "its row is kept as it is",
-                                   skip_missing=True))
+        return list(loaded_records(self.load, queue, self.recovered_handles(queue),
+                                   "its row is kept as it is", skip_missing=True))
 
     # -- delayed messages
 
     def delay(self, message, exchange, due):
         self._writable()
-        check_due(due)
-        vhost, name = check_exchange(exchange)
-        handle = self._next_delayed
-        self._next_delayed = handle + 1
-        body = bytes(message.body)
-        record = messages_pb2.StoredMessage(
-            exchange=message.exchange, routing_key=message.routing_key, properties=message.properties
-        ).SerializeToString()
-        batch = self._batch
-        batch.delays[handle] = (due, handle, vhost, name, checksum(record, body), record, body)
-        batch.next_delayed = self._next_delayed
-        self._delayed.add(handle)
-        return handle
+        return self._delays.delay(self._batch, message, exchange, due)
 
     def release(self, handle):
         self._writable()
-        if type(handle) is not int or handle < 0 or self._delayed.pop(handle) is None:
-            return
-        batch = self._batch
-        if handle in batch.delays:
-            del batch.delays[handle]  # never written
-        else:
-            batch.delay_releases.append(handle)
+        self._delays.release(self._batch, handle)
 
     def delayed_after(self, cursor, until, limit):
-        if self._writer_thread.state != "open":
-            return defer.fail(RuntimeError(f"sqlite store {self.path} is not open"))
+        window = self._delays.window(list(self._batch.delays.values()), cursor, until, limit)
+        return window.addCallback(self._delayed_window_read, cursor, until, limit)
 
-        def fetch(position, bound, count):
-            return self._writer_thread.call(self._db.delayed_after, position, bound, count)
-
-        kept = self._delayed.__contains__
-        rows = delayed_window(fetch, list(self._batch.delays.values()), kept, cursor, until, limit)
-        return rows.addCallback(self._delayed_messages, cursor, until, limit)
-
-    def _delayed_messages(self, rows, cursor, until, limit):
-        """
-        The window's DelayedMessages. One whose record does not parse is
-        quarantined: logged, no longer counted as kept (so the window asked
-        for again leaves it out), and its row kept as it is.
-        """
-        found, quarantined = readable_messages(
-            rows, lambda row: delayed_message(row, self.path, checksum), self._quarantine_delayed)
-        if quarantined:
+    def _delayed_window_read(self, found, cursor, until, limit):
+        """A window's DelayedMessages; the window again if a row of it was quarantined."""
+        if found is None:
             return self.delayed_after(cursor, until, limit)
         return found
-
-    def _quarantine_delayed(self, row, problem):
-        due, handle, vhost, exchange = row[:4]
-        log.error("delayed message {handle} for exchange {exchange!r} in vhost {vhost!r} (due {due}) is quarantined,"
-                  " not routed, and its row kept as it is: {problem}",
-                  handle=handle, exchange=exchange, vhost=vhost, due=due, problem=problem)
-        self._delayed.pop(handle)
 
     def stats(self):
         messages, held_bytes = self._held
@@ -437,7 +418,7 @@ class SqliteStore:
             "appends": self._appends,
             "acks": self._acks,
             **self._writer_thread.figures(),
-            "delayed": len(self._delayed),
+            "delayed": len(self._delays),
             "message_reads": reader.rows_read,
             "read_queries": reader.queries,
             "cache_hits": reader.hits,
@@ -459,7 +440,8 @@ class SqliteStore:
 
     @staticmethod
     def _cancel_entry(batch, entry):
-        """Take an entry out of the batch that would write it; its message too, if no other entry holds it."""
+        """Take an entry out of the batch that would write it; its message too, if no other entry
+        holds it."""
         del batch.entries[entry]
         handle = entry[1]
         message, record, body, holders = batch.messages[handle]

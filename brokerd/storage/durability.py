@@ -64,7 +64,8 @@ class SyncPolicy:
                 if milliseconds <= 0:
                     raise ValueError
             except ValueError:
-                raise ValueError(f"interval needs a positive number of milliseconds, not {argument!r}") from None
+                raise ValueError("interval needs a positive number of milliseconds,"
+                                 f" not {argument!r}") from None
             return cls("interval", milliseconds / 1000.0)
         if argument:
             raise ValueError(f"sync mode {mode!r} takes no argument")
@@ -155,7 +156,8 @@ class GroupCommit:
         return threads.deferToThreadPool(self._reactor, self._pool, function, *args, **kwargs)
 
     def sync(self):
-        """A Deferred firing once every write made before this call is as safe as the policy says."""
+        """A Deferred firing once every write made before this call is as safe as the policy
+        says."""
         if self._stopped:
             return defer.fail(RuntimeError("the store is closed"))
         waiter = defer.Deferred()
@@ -174,7 +176,8 @@ class GroupCommit:
 
     def _commit(self):
         scheduled, self._scheduled = self._scheduled, None
-        if scheduled is not None and scheduled.active():  # an overdue idle tick came first: it commits for both
+        # An overdue idle tick came first: it commits for both.
+        if scheduled is not None and scheduled.active():
             scheduled.cancel()
         waiters, self._waiting = self._waiting, []
         batch = self._take_batch()
@@ -197,7 +200,8 @@ class GroupCommit:
             except BaseException:
                 result = Failure()
         if isinstance(result, Failure):
-            log.failure("store commit failed; {count} syncs fail with it", result, count=len(waiters))
+            log.failure("store commit failed; {count} syncs fail with it", result,
+                        count=len(waiters))
             for waiter in waiters:
                 waiter.errback(result)
         else:
@@ -209,7 +213,8 @@ class GroupCommit:
 
     @defer.inlineCallbacks
     def stop(self):
-        """Commit what is buffered (with fsync unless the policy is none), then end the writer thread."""
+        """Commit what is buffered (with fsync unless the policy is none), then end the writer
+        thread."""
         if self._stopped:
             return
         self._stopped = True

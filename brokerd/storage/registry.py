@@ -38,7 +38,8 @@ def load_backend(name):
     try:
         verifyObject(IStoreBackend, backend)
     except Invalid as problem:
-        raise BackendError(f"backend {name!r} ({entry.value}) does not provide IStoreBackend: {problem}") from None
+        raise BackendError(f"backend {name!r} ({entry.value}) does not provide IStoreBackend:"
+                           f" {problem}") from None
     return backend
 
 
@@ -81,15 +82,18 @@ def make_store(text, data_dir, sync_policy=None, *, reactor):
     unknown = sorted(set(options) - set(backend.options))
     if unknown:
         known = ", ".join(sorted(backend.options)) or "none"
-        raise BackendError(f"backend {name!r} has no option {unknown[0]!r}; its options are: {known}")
+        raise BackendError(f"backend {name!r} has no option {unknown[0]!r};"
+                           f" its options are: {known}")
     try:
-        store = backend.make_store(data_dir, sync_policy or SyncPolicy(), reactor=reactor, **options)
+        store = backend.make_store(data_dir, sync_policy or SyncPolicy(), reactor=reactor,
+                                   **options)
     except ValueError as problem:
         raise BackendError(f"backend {name!r}: {problem}") from None
     try:
         verifyObject(IMessageStore, store)
     except Invalid as problem:
-        raise BackendError(f"backend {name!r} made a store that does not provide IMessageStore: {problem}") from None
+        raise BackendError(f"backend {name!r} made a store that does not provide IMessageStore:"
+                           f" {problem}") from None
     return store
 
 

@@ -26,7 +26,8 @@ log = Logger()
 
 
 class VhostStoreFailed(Exception):
-    """A vhost's own store cannot be built or opened; the message names the vhost and the problem."""
+    """A vhost's own store cannot be built or opened; the message names the vhost and the
+    problem."""
 
     def __init__(self, vhost, problem):
         Exception.__init__(self, f"the store of vhost '{vhost}' cannot be opened: {problem}")
@@ -35,9 +36,11 @@ class VhostStoreFailed(Exception):
 
 
 def directory_name(vhost):
-    """The directory a vhost's own store keeps its files in, under C{vhosts/}: its name, percent-encoded."""
+    """The directory a vhost's own store keeps its files in, under C{vhosts/}:
+    its name, percent-encoded."""
     name = quote(vhost, safe="")
-    return name.replace(".", "%2E") if set(name) == {"."} else name  # "." and ".." are not directories of their own
+    # "." and ".." are not directories of their own
+    return name.replace(".", "%2E") if set(name) == {"."} else name
 
 
 @implementer(IVhostStores)
@@ -57,8 +60,10 @@ class VhostStores:
         return os.path.join(self.data_dir, VHOSTS_DIRECTORY, directory_name(vhost))
 
     def make(self, vhost, backend):
-        """The (unopened) store C{backend} describes for C{vhost}; raises L{registry.BackendError}."""
-        return registry.make_store(backend, self.directory(vhost), self.sync_policy, reactor=self.reactor)
+        """The (unopened) store C{backend} describes for C{vhost}; raises
+        L{registry.BackendError}."""
+        return registry.make_store(backend, self.directory(vhost), self.sync_policy,
+                                   reactor=self.reactor)
 
     @defer.inlineCallbacks
     def open(self, vhost, backend):
@@ -77,11 +82,12 @@ class VhostStores:
             try:
                 yield defer.maybeDeferred(store.close)
             except Exception as closing:
-                log.debug("closing the store of vhost {vhost!r} that failed to open: {problem!r}", vhost=vhost,
-                          problem=closing)
+                log.debug("closing the store of vhost {vhost!r} that failed to open:"
+                          " {problem!r}", vhost=vhost, problem=closing)
             raise VhostStoreFailed(vhost, str(problem) or type(problem).__name__) from None
         return store
 
     def remove_files(self, vhost):
-        """Delete the directory of C{vhost}'s own store (the vhost is deleted and its store closed)."""
+        """Delete the directory of C{vhost}'s own store (the vhost is deleted and its store
+        closed)."""
         shutil.rmtree(self.directory(vhost), ignore_errors=True)

@@ -83,7 +83,8 @@ class RefusalTests(unittest.SynchronousTestCase):
 
         protocol.connectionLost(None)
 
-        self.assertEqual([call for call in self.clock.getDelayedCalls() if call.func != self.settings.refusal_log._summarise], [])
+        summarise = self.settings.refusal_log._summarise
+        self.assertEqual([call for call in self.clock.getDelayedCalls() if call.func != summarise], [])
 
     def test_refusals_are_logged_once_then_summarised_once_per_interval(self):
         for number in range(30):

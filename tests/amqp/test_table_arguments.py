@@ -22,7 +22,8 @@ from brokerd.proto.tables import MAX_TABLE_DEPTH
 
 ARGUMENT_TABLES = {
     "empty": {},
-    "rabbitmq": {"x-message-ttl": 60000, "x-dead-letter-exchange": "dlx", "x-max-priority": 10, "x-queue-type": "classic"},
+    "rabbitmq": {"x-message-ttl": 60000, "x-dead-letter-exchange": "dlx", "x-max-priority": 10,
+                 "x-queue-type": "classic"},
     "every encodable type": {
         "bool": True,
         "false": False,
@@ -82,7 +83,8 @@ def decoded_by_both(method, refusal=PreconditionFailed):
 def table_methods(table):
     """One of each method that carries a table, the table in its table argument."""
     return [
-        commands.Connection.StartOk(client_properties=table, mechanism="AMQPLAIN", response="\0a\0p€", locale="de_DE"),
+        commands.Connection.StartOk(client_properties=table, mechanism="AMQPLAIN", response="\0a\0p€",
+                                    locale="de_DE"),
         commands.Exchange.Declare(exchange="ex", exchange_type="headers", durable=True, internal=True, arguments=table),
         commands.Exchange.Bind(destination="d", source="s", routing_key="r.#", nowait=True, arguments=table),
         commands.Exchange.Unbind(destination="d", source="s", routing_key="", arguments=table),
@@ -117,11 +119,13 @@ def test_bit_arguments_decode_as_pamqp_decodes_them(bits):
             exchange="x", passive=passive, durable=durable, auto_delete=auto_delete, internal=exclusive, nowait=nowait
         )
     )
-    decoded_by_both(commands.Basic.Consume(queue="q", no_local=passive, no_ack=durable, exclusive=exclusive, nowait=nowait))
+    decoded_by_both(commands.Basic.Consume(queue="q", no_local=passive, no_ack=durable, exclusive=exclusive,
+                                           nowait=nowait))
 
 
 def test_a_response_that_is_not_utf8_stays_bytes_as_in_pamqp():
-    payload = struct.pack(">HH", 10, 11) + b"\0\0\0\0" + b"\x05PLAIN" + struct.pack(">I", 3) + b"\0\xe4\0" + b"\x05en_US"
+    payload = (struct.pack(">HH", 10, 11) + b"\0\0\0\0" + b"\x05PLAIN" + struct.pack(">I", 3) + b"\0\xe4\0"
+               + b"\x05en_US")
     frame_bytes = struct.pack(">BHI", 1, 0, len(payload)) + payload + b"\xce"
     _, expected = pamqp_unmarshal(frame_bytes)
     decoded = decode_method(expected.index, frame_bytes, 11, len(frame_bytes) - 1, FrameSyntaxError)
@@ -189,7 +193,8 @@ def decode_declare(frame_bytes, refusal=PreconditionFailed):
 
 
 def test_every_truncation_of_a_method_is_a_syntax_error_not_a_crash():
-    frame_bytes = pamqp_frame.marshal(commands.Queue.Declare(queue="q", arguments=ARGUMENT_TABLES["every encodable type"]), 1)
+    declare = commands.Queue.Declare(queue="q", arguments=ARGUMENT_TABLES["every encodable type"])
+    frame_bytes = pamqp_frame.marshal(declare, 1)
     for end in range(11, len(frame_bytes) - 1):
         with pytest.raises(FrameSyntaxError) as raised:
             decode_method(commands.Queue.Declare.index, frame_bytes, 11, end, PreconditionFailed)

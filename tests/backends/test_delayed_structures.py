@@ -41,7 +41,8 @@ class HandleMapTests(unittest.TestCase):
         self.assertIs(type(kept._blocks[0]), _Sparse)
         kept.add(5, 55)
         self.assertIs(type(kept._blocks[0]), _Dense)
-        self.assertEqual([(handle, values) for handle, values in kept.items() if handle < BLOCK], [(0, (0,)), (5, (55,))])
+        self.assertEqual([(handle, values) for handle, values in kept.items() if handle < BLOCK],
+                         [(0, (0,)), (5, (55,))])
 
     def test_the_newest_block_stays_dense(self):
         kept = HandleMap()
@@ -91,7 +92,8 @@ class SortedRunTests(unittest.TestCase):
 
     def test_a_sorted_run_keeps_handle_order_among_equal_due_times(self):
         run = sorted_run((array("Q", [5, 3, 5, 3]), array("Q", [1, 2, 3, 4]), array("Q", [10, 20, 30, 40])))
-        self.assertEqual(list(zip(run.dues, run.handles, run.extra[0])), [(3, 2, 20), (3, 4, 40), (5, 1, 10), (5, 3, 30)])
+        self.assertEqual(list(zip(run.dues, run.handles, run.extra[0])),
+                         [(3, 2, 20), (3, 4, 40), (5, 1, 10), (5, 3, 30)])
         self.assertEqual(run.start((3, 2)), 1)
         self.assertEqual(run.start((4, 0)), 2)
         self.assertEqual(SortedRun(array("Q"), array("Q")).start((1, 1)), 0)

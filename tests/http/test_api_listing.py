@@ -109,8 +109,8 @@ def test_rabbitmqadmin_sorts_and_picks_columns_through_the_same_parameters(broke
     if RABBITMQADMIN is None:
         pytest.skip("rabbitmqadmin is not installed (.ci/run fetches it from Debian's rabbitmq-server package)")
     _, port = broker.wait_address("HTTP API")
-    listed = subprocess.run([sys.executable, RABBITMQADMIN, "-H", "127.0.0.1", "-P", str(port), "-f", "raw_json", "list", "queues",
-                             "name", "messages", "--sort", "messages", "--sort-reverse"],
+    listed = subprocess.run([sys.executable, RABBITMQADMIN, "-H", "127.0.0.1", "-P", str(port), "-f", "raw_json",
+                             "list", "queues", "name", "messages", "--sort", "messages", "--sort-reverse"],
                             capture_output=True, text=True, timeout=30, check=True)
     assert json.loads(listed.stdout) == [{"name": name, "messages": depth} for name, depth in sorted(
         QUEUES.items(), key=lambda item: item[1], reverse=True)]

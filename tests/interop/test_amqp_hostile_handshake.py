@@ -301,7 +301,8 @@ def test_queue_arguments_nested_deeper_than_the_limit_close_only_the_channel_wit
         client.send(declare_frame(1, queue, at_limit))
         client.wait_for(commands.Queue.DeclareOk)
 
-        for channel, table in ((2, pamqp_encode.field_table(nested_arguments(MAX_TABLE_DEPTH + 1))), (3, deep_arrays(3000))):
+        too_deep = pamqp_encode.field_table(nested_arguments(MAX_TABLE_DEPTH + 1))
+        for channel, table in ((2, too_deep), (3, deep_arrays(3000))):
             client.open_channel(channel)
             client.send(declare_frame(channel, unique("deeper"), table))
             close = client.expect_channel_close(channel, 406, "PRECONDITION_FAILED", "'x-a'", str(MAX_TABLE_DEPTH))

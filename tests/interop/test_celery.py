@@ -15,7 +15,8 @@ pytest.importorskip("celery")
 from celery import chain, group  # noqa: E402
 from kombu import Connection  # noqa: E402
 
-from tests.support.celery_worker import RESULT_TIMEOUT, celery_setup, tasks  # noqa: E402, F401 (celery_setup, tasks: fixtures)
+from tests.support.celery_worker import RESULT_TIMEOUT  # noqa: E402
+from tests.support.celery_worker import celery_setup, tasks  # noqa: E402, F401 (celery_setup, tasks: fixtures)
 
 
 def test_add_round_trip(tasks):

@@ -26,7 +26,8 @@ ALICE_REFUSED = "ACCESS_REFUSED - access to queue 'bob.q' in vhost '/' refused f
 
 
 def make_access_database(data_dir):
-    """guest (the first start's defaults), alice limited to ^alice\\. on /, a UTF-8 user, and a vhost only guest may use."""
+    """guest (the first start's defaults), alice limited to ^alice\\. on /, a UTF-8 user, and a
+    vhost only guest may use."""
     access = AccessDatabase.in_directory(data_dir)
     access.open()
     access.add_user("alice", "alice-pass")
@@ -48,8 +49,8 @@ class NativeAccessTests(unittest.TestCase):
         cls.directory = tempfile.mkdtemp(prefix="native-access-")
         data_dir = os.path.join(cls.directory, "data")
         make_access_database(data_dir)
-        cls.process = BrokerProcess(["--backend=memory", "--data-dir", data_dir, "--native", "tcp:0:interface=127.0.0.1"],
-                                    cwd=cls.directory)
+        cls.process = BrokerProcess(["--backend=memory", "--data-dir", data_dir,
+                                     "--native", "tcp:0:interface=127.0.0.1"], cwd=cls.directory)
         cls.endpoint = cls.process.wait_listening("native protocol")
 
     @classmethod
@@ -91,7 +92,8 @@ class NativeAccessTests(unittest.TestCase):
                          (403, "ACCESS_REFUSED - PLAIN login refused: user 'alice' - invalid credentials"))
         self.assertGreaterEqual(time.monotonic() - started, LOGIN_REFUSAL_DELAY * 0.9)
         unknown = yield self.refusal(username="mallory", password="")
-        self.assertEqual(unknown.reply_text, "ACCESS_REFUSED - PLAIN login refused: user 'mallory' - invalid credentials")
+        self.assertEqual(unknown.reply_text,
+                         "ACCESS_REFUSED - PLAIN login refused: user 'mallory' - invalid credentials")
 
     @defer.inlineCallbacks
     def test_an_unknown_vhost_or_one_without_permissions_is_rabbitmqs_530(self):
@@ -121,7 +123,8 @@ class NativeAccessTests(unittest.TestCase):
         with self.assertRaises(ChannelClosed) as refused:
             yield channel.basic_publish("alice.x", "k", b"forged", {"user_id": "bob"})
         self.assertEqual((refused.exception.reply_code, refused.exception.reply_text),
-                         (406, "PRECONDITION_FAILED - user_id property set to 'bob' but authenticated user was 'alice'"))
+                         (406, "PRECONDITION_FAILED - user_id property set to 'bob' but authenticated user"
+                               " was 'alice'"))
 
     @defer.inlineCallbacks
     def test_a_utf8_password_logs_in(self):

@@ -41,8 +41,8 @@ def files(tmp_path_factory, ca):
 def broker(files):
     native = f"ssl:0:interface=127.0.0.1:privateKey={files / 'key.pem'}:certKey={files / 'cert.pem'}"
     amqps = f"{native}:caCerts={files / 'ca.pem'}"
-    process = BrokerProcess(["--backend=memory", "--amqp", "tcp:0:interface=127.0.0.1", "--amqps", amqps, "--native", native,
-                             "--auth-mechanisms", "PLAIN,AMQPLAIN,EXTERNAL"], cwd=files)
+    process = BrokerProcess(["--backend=memory", "--amqp", "tcp:0:interface=127.0.0.1", "--amqps", amqps,
+                             "--native", native, "--auth-mechanisms", "PLAIN,AMQPLAIN,EXTERNAL"], cwd=files)
     yield process
     process.stop()
 

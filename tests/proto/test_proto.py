@@ -86,7 +86,8 @@ def test_generated_code_is_not_newer_than_the_oldest_protobuf_runtime_allowed():
     allowed = re.search(r'"protobuf>=([\d.]+)', setup_py).group(1)
     for module in ("messages_pb2.py", "native_pb2.py"):
         generated = re.search(r"# Protobuf Python Version: ([\d.]+)", (PROTO_DIR / module).read_text()).group(1)
-        assert _version(generated) <= _version(allowed), f"{module} needs protobuf {generated}, setup.py allows {allowed}"
+        assert _version(generated) <= _version(allowed), (
+            f"{module} needs protobuf {generated}, setup.py allows {allowed}")
 
 
 def _version(text):

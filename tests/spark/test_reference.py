@@ -103,7 +103,8 @@ def reference(tmp_path_factory):
 
 
 def reference_arguments(broker):
-    restart = f"{shlex.quote(sys.executable)} -m tests.support.reference_broker restart {shlex.quote(str(broker.state_dir))}"
+    restart = (f"{shlex.quote(sys.executable)} -m tests.support.reference_broker restart"
+               f" {shlex.quote(str(broker.state_dir))}")
     return ["--backends", "sqlite", "--reference", f"{RESTARTED}={broker.url}",
             "--reference-restart", f"{RESTARTED}={restart}", "--reference", f"{UNRESTARTED}={broker.url}",
             "--messages", "300", "--crash-every", "150"]

@@ -15,7 +15,8 @@ from brokerd.storage.durability import IDLE_COMMIT_SECONDS, GroupCommit, SyncPol
 
 @pytest.mark.parametrize(
     "text, mode, interval",
-    [("always", "always", 0.1), ("none", "none", 0.1), ("interval", "interval", 0.1), ("interval:250", "interval", 0.25)],
+    [("always", "always", 0.1), ("none", "none", 0.1), ("interval", "interval", 0.1),
+     ("interval:250", "interval", 0.25)],
 )
 def test_sync_policies_parse(text, mode, interval):
     policy = SyncPolicy.parse(text)

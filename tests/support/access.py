@@ -63,7 +63,8 @@ def rabbitmq_definitions():
         "product_version": "3.10.8",
         "users": [
             {"name": "alice", "password_hash": RABBITMQ_UTF8_HASH,
-             "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": ["management", "policymaker"], "limits": {"max-connections": 5}},
+             "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": ["management", "policymaker"],
+             "limits": {"max-connections": 5}},
             {"name": "guest", "password_hash": RABBITMQ_GUEST_HASH,
              "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": ["administrator"], "limits": {}},
         ],

@@ -158,7 +158,8 @@ def celery_worker(amqp_broker, directory, queue, queue_type="classic"):
 @pytest.fixture(scope="module")
 def celery_setup(amqp_broker, tmp_path_factory):
     """(tasks module, worker): a worker consuming from the module's broker, and the same tasks here."""
-    with celery_worker(amqp_broker, tmp_path_factory.mktemp("celery"), f"celery-interop-{uuid.uuid4().hex[:12]}") as setup:
+    name = f"celery-interop-{uuid.uuid4().hex[:12]}"
+    with celery_worker(amqp_broker, tmp_path_factory.mktemp("celery"), name) as setup:
         yield setup
 
 

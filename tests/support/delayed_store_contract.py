@@ -346,7 +346,8 @@ class DelayedStoreContract(OpensStores):
             elif roll < 0.83:
                 store = yield self.restarted(store, crash=store.durable and rolls.random() < 0.5)
             else:
-                cursor = None if rolls.random() < 0.3 else (NOW + rolls.randrange(40) * 250, rolls.randrange(number + 2))
+                cursor = None if rolls.random() < 0.3 else (NOW + rolls.randrange(40) * 250,
+                                                             rolls.randrange(number + 2))
                 until, limit = NOW + rolls.randrange(45) * 250, rolls.randrange(1, 30)
                 found = yield store.delayed_after(cursor, until, limit)
                 self.assertEqual([(item.due, item.handle, item.record.body) for item in found],
@@ -367,7 +368,8 @@ class DelayedStoreContract(OpensStores):
         self.assertIsNot(reopened, store)
         after = yield self.everything(reopened)
         self.assertEqual(keys(after), sorted(made))
-        self.assertEqual([(item.exchange, item.record) for item in after], [(item.exchange, item.record) for item in before])
+        self.assertEqual([(item.exchange, item.record) for item in after],
+                         [(item.exchange, item.record) for item in before])
 
     @defer.inlineCallbacks
     def test_close_keeps_delays_made_without_a_sync(self):

@@ -14,8 +14,8 @@ import time
 from twisted.internet import defer, reactor, task
 from twisted.trial import unittest
 
+from backends.chunked.chunkfiles import bytes_on_disk
 from backends.chunked.format import HEADER_SIZE, RECORD_OVERHEAD, record_size
-from backends.chunked.messagelog import bytes_on_disk
 from backends.chunked.movesfile import MOVES_FILE, MOVES_MAGIC
 from tests.support.chunked_compaction import (
     BODY,

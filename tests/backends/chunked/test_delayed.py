@@ -368,6 +368,7 @@ class DelayedBenchmarkTests(unittest.TestCase):
         done = yield threads.deferToThread(subprocess.run, command, cwd=root, capture_output=True, timeout=100)
         self.assertEqual(done.returncode, 0, done.stderr.decode())
         results = json.loads(done.stdout)
-        self.assertEqual((results["paged"], results["delayed_after_reopen"], results["delayed_at_end"]), (2000, 2000, 0))
+        self.assertEqual((results["paged"], results["delayed_after_reopen"], results["delayed_at_end"]),
+                         (2000, 2000, 0))
         for figure in ("delay_per_s", "reopen_s", "page_per_s", "peak_rss_mib"):
             self.assertGreater(results[figure], 0)

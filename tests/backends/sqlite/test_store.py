@@ -50,10 +50,10 @@ class SqliteBackendTests(unittest.TestCase):
         self.assertEqual(set(backend.options), {"path", "cache_size"})
 
     def test_keeps_its_file_under_the_data_directory_unless_told_otherwise(self):
-        self.assertEqual(
-            registry.make_store("sqlite", "/var/lib/brokerd", reactor=reactor).path, "/var/lib/brokerd/sqlite/brokerd.sqlite"
-        )
-        self.assertEqual(registry.make_store("sqlite:path=/srv/b.db", "/var/lib/brokerd", reactor=reactor).path, "/srv/b.db")
+        self.assertEqual(registry.make_store("sqlite", "/var/lib/brokerd", reactor=reactor).path,
+                         "/var/lib/brokerd/sqlite/brokerd.sqlite")
+        self.assertEqual(registry.make_store("sqlite:path=/srv/b.db", "/var/lib/brokerd", reactor=reactor).path,
+                         "/srv/b.db")
 
     def test_a_path_that_is_no_file_name_is_refused(self):
         directory = temporary_directory(self)
