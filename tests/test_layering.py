@@ -13,7 +13,8 @@ functions too):
     imports tests;
   - a test imports neither a conftest.py nor another test module: what tests share is in
     tests/support;
-  - no module is over 500 lines.
+  - no module is over 500 lines, no line of shipped code over 100 characters, none of the tools'
+    or the tests' over 120.
 """
 
 import ast
@@ -252,3 +253,16 @@ def test_no_module_is_over_500_lines():
             if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
     listed = "\n".join(f"{path}: {lines}" for path, lines in sorted(long.items()))
     assert long == {}, f"modules over {MAX_MODULE_LINES} lines:\n{listed}"
+
+
+LINE_LIMITS = {"brokerd": 100, "backends": 100, "spark_jobs": 100, "benchmarks": 120, "fuzz": 120,
+               "crashloop": 120, "tests": 120}
+
+
+@pytest.mark.parametrize("folder", sorted(LINE_LIMITS))
+def test_no_line_is_longer_than_its_folders_limit(folder):
+    """Long lines are the other face of squeezing a module under its limit; wrap, do not cram."""
+    limit = LINE_LIMITS[folder]
+    long = [f"{path.relative_to(ROOT)}:{number}" for path in sources(folder)
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if len(line) > limit]
+    assert long == [], f"lines over {limit} characters:\n" + "\n".join(long)
