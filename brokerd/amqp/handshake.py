@@ -21,6 +21,8 @@ read from such a connection, other clients are served meanwhile, and the
 refusals are logged at a bounded rate (L{brokerd.wire.refusal_log.RefusalLog}).
 """
 
+from functools import partial
+
 from pamqp import commands
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
@@ -29,6 +31,7 @@ from zope.interface import Interface
 import brokerd
 from brokerd.amqp import frames
 from brokerd.amqp.auth import LoginRefused
+from brokerd.amqp.blocked_notice import MEMORY_ALARM, OVER_SHARE, BlockedNotice
 from brokerd.amqp.settings import SERVER_CAPABILITIES
 from brokerd.amqp.table_arguments import decode_method
 from brokerd.errors import (
@@ -111,11 +114,14 @@ class AmqpHandshake:
     @ivar client_capabilities: the capabilities table among them.
     """
 
-    def __init__(self, reader, broker, settings, writes):
+    def __init__(self, reader, broker, settings, writes, inbound=None):
         """
         @param reader: the L{IFrameReader} holding this handshake.
         @param writes: the connection's L{brokerd.wire.write_buffer.WriteBuffer}.
+        @param inbound: the connection's L{brokerd.wire.connection_memory.ConnectionMemory}.
         """
+        self._inbound = inbound
+        self._blocked = BlockedNotice(writes)
         self._reader = reader
         self.broker = broker
         self._clock = broker.clock
@@ -179,16 +185,11 @@ class AmqpHandshake:
         self.transport.write(frames.PROTOCOL_HEADER)
         self.transport.loseConnection()
 
-    def _blocked_changed(self, blocked):
+    def _blocked_changed(self, blocked, reason=MEMORY_ALARM):
         """Tell a client that understands connection.blocked why its publishes stall."""
-        if not self.client_capabilities.get("connection.blocked") or self.state != OPEN:
-            return
-        if blocked:
-            blocked_method = commands.Connection.Blocked(reason="low on memory")
-            self._writes.send(frames.method_frame(0, blocked_method))
-        else:
-            self._writes.send(frames.method_frame(0, commands.Connection.Unblocked()))
-        self._writes.flush()
+        if self.client_capabilities.get("connection.blocked") and self.state == OPEN:
+            self._blocked.change(reason, blocked)
+
 
     # -- the connection handshake and close
 
@@ -309,6 +310,9 @@ class AmqpHandshake:
             resource_access,
         )
         self._writes.counted = self.connection
+        if self._inbound is not None:  # its transactions count against the connection's share
+            self.connection.inbound = self._inbound
+            self._inbound.on_blocked = partial(self._blocked_changed, reason=OVER_SHARE)
         self.connection.closer = self.close
         self.gate = PublisherGate(self.broker.watermark, self.transport, self._blocked_changed)
         self.state = OPEN

@@ -116,6 +116,7 @@ class BrokerService(Service):
         amqp_settings=None,
         amqps_endpoint=None,
         memory_high_watermark=DEFAULT_HIGH_WATERMARK,
+        connection_memory=None,
         startup_report=None,
         access_defaults=None,
         vhost_stores=None,
@@ -124,6 +125,8 @@ class BrokerService(Service):
         http_endpoint=None,
     ):
         """
+        @param connection_memory: the L{brokerd.model.watermark.ConnectionMemoryLimits}
+            every client connection is held to (None: shares of the watermark).
         @param prometheus_endpoint: where to serve the Prometheus metrics
             (L{brokerd.http.prometheus}), or None.
         @param vhost_stores: the L{brokerd.interfaces.IVhostStores} that
@@ -143,6 +146,8 @@ class BrokerService(Service):
             memory_high_watermark, on_unblocked=FreedMemory(reactor).give_back_soon
         )
         self.broker = Broker(store, reactor, watermark=watermark)
+        if connection_memory is not None:
+            self.broker.connection_memory = connection_memory
         self.broker.vhost_stores = vhost_stores
         self.listeners = []
         if amqp_endpoint or amqps_endpoint:

@@ -21,6 +21,7 @@ from brokerd.amqp.settings import (
 )
 from brokerd.native.server import DEFAULT_CHANNEL_MAX as DEFAULT_NATIVE_CHANNEL_MAX
 from brokerd.native.server import DEFAULT_MAX_FRAME_SIZE
+from brokerd.process.resource_options import connection_memory_limits
 from brokerd.process.service import BrokerService
 from brokerd.process.startup_report import StartupReport
 from brokerd.storage import registry
@@ -62,6 +63,23 @@ class Options(usage.Options):
             " replies clients have not read) above which publishing connections are not read"
             " (AMQP clients get connection.blocked; K, M, G suffixes); they resume below 80%"
             " of it.",
+        ],
+        [
+            "connection-memory-share",
+            None,
+            "0.25",
+            "What one client connection may hold on its way in (unfinished message bodies,"
+            " publishes of uncommitted transactions, partial frames) before that connection"
+            " alone is blocked (AMQP clients get connection.blocked and it is read a step a"
+            " second): a fraction of --memory-high-watermark (0.25) or a size (K, M, G).",
+        ],
+        [
+            "connection-memory-limit",
+            None,
+            "0.5",
+            "What one client connection may hold on its way in before it is closed with"
+            " 530 NOT_ALLOWED naming the limit: a fraction of --memory-high-watermark (0.5)"
+            " or a size (K, M, G); above --connection-memory-share.",
         ],
         [
             "data-dir",
@@ -229,6 +247,13 @@ class Options(usage.Options):
         except ValueError as problem:
             raise usage.UsageError(f"--memory-high-watermark: {problem}") from None
         try:
+            self["connection-memory"] = connection_memory_limits(
+                self["memory-high-watermark"], self["connection-memory-share"],
+                self["connection-memory-limit"],
+            )
+        except ValueError as problem:
+            raise usage.UsageError(f"--connection-memory-share/-limit: {problem}") from None
+        try:
             self["sync"] = SyncPolicy.parse(self["sync"])
         except ValueError as problem:
             raise usage.UsageError(f"--sync: {problem}") from None
@@ -356,6 +381,7 @@ def makeService(options):
         definitions_file=options["load-definitions"],
         http_endpoint=options["http"],
         memory_high_watermark=options["memory-high-watermark"],
+        connection_memory=options["connection-memory"],
         prometheus_endpoint=options["prometheus"],
         startup_report=StartupReport(
             options["backend"], options["data-dir"], options["sync"], reactor

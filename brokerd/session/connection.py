@@ -77,6 +77,9 @@ class Connection:
     @ivar bytes_sent: bytes written to the client since it was opened.
     @ivar channels: channel id -> open L{Channel}.
     @ivar exclusive_queues: the exclusive queues this connection declared.
+    @ivar inbound: what the bodies of its uncommitted transactions count
+        against: the broker's watermark, or the protocol's
+        L{brokerd.wire.connection_memory.ConnectionMemory}, which counts them there too.
     @ivar deliveries_paused: True while the transport's write buffer is full;
         consumers of this connection then get nothing more.
     """
@@ -111,6 +114,7 @@ class Connection:
         # Set by the protocol server: tells the client why the broker closes (close_by_broker).
         self.closer = None
         self.deliveries_paused = False
+        self.inbound = broker.watermark
         # Closed channels' totals:
         self._closed_channel_counts = dict.fromkeys(MESSAGE_COUNTERS + ROUTING_COUNTERS, 0)
         broker.connections.add(self)

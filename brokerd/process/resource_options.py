@@ -1,0 +1,39 @@
+"""Command-line values of the limits one client is held to: the share of memory a
+connection may hold on its way in.
+
+Each parser raises C{ValueError} with a sentence naming the problem, which
+L{brokerd.process.tap} prefixes with the option's name.
+"""
+
+from brokerd.model.watermark import ConnectionMemoryLimits
+from brokerd.units import parse_size
+
+
+def parse_amount(text):
+    """
+    A part of the memory watermark: a fraction with a decimal point (C{0.25}, as a
+    float) or a size (C{256M}, as an int of bytes).
+    """
+    if "." in text:
+        try:
+            fraction = float(text)
+        except ValueError:
+            fraction = None
+        if fraction is None or not 0 < fraction <= 1:
+            raise ValueError(
+                f"{text!r} is not a fraction of the watermark above 0 and at most 1 (e.g. 0.25)"
+            )
+        return fraction
+    try:
+        return parse_size(text)
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is neither a fraction of the watermark (e.g. 0.25) nor a size"
+            " (bytes, optionally with K, M or G)"
+        ) from None
+
+
+def connection_memory_limits(high, share_text, limit_text):
+    """The L{ConnectionMemoryLimits} of the two options' texts, for a watermark of C{high} bytes."""
+    share, limit = parse_amount(share_text), parse_amount(limit_text)
+    return ConnectionMemoryLimits.of_watermark(high, share, limit)
