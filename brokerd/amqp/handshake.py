@@ -94,6 +94,9 @@ class IFrameReader(Interface):
     def forget_channels():
         """The connection closed: its channels, with the contents they were assembling, are gone."""
 
+    def close_channel(channel_id, error):
+        """The broker closes channel C{channel_id} for C{error} (a delivery not acked in time)."""
+
 
 class AmqpHandshake:
     """
@@ -314,6 +317,7 @@ class AmqpHandshake:
             self.connection.inbound = self._inbound
             self._inbound.on_blocked = partial(self._blocked_changed, reason=OVER_SHARE)
         self.connection.closer = self.close
+        self.connection.channel_closer = self._reader.close_channel
         self.gate = PublisherGate(self.broker.watermark, self.transport, self._blocked_changed)
         self.state = OPEN
         if self._timeout_call is not None and self._timeout_call.active():

@@ -283,6 +283,13 @@ class AmqpServerProtocol(Protocol):
         )
         self.writes.send(frames.method_frame(channel_id, commands.Channel.OpenOk()))
 
+    def close_channel(self, channel_id, error):
+        """The broker closes channel C{channel_id} for C{error}, which no method of the client's
+        raised (a delivery not acked in time)."""
+        channel = self._channels.get(channel_id)
+        if channel is not None and not channel.closing:
+            channel.close(error, 0)
+
     def forget_channel(self, channel_id):
         """Channel C{channel_id} is closed at both ends: its number is free again."""
         del self._channels[channel_id]

@@ -1,5 +1,5 @@
 """Command-line values of the limits one client is held to: the share of memory a
-connection may hold on its way in.
+connection may hold on its way in, and how long a delivery may stay un-acked.
 
 Each parser raises C{ValueError} with a sentence naming the problem, which
 L{brokerd.process.tap} prefixes with the option's name.
@@ -7,6 +7,8 @@ L{brokerd.process.tap} prefixes with the option's name.
 
 from brokerd.model.watermark import ConnectionMemoryLimits
 from brokerd.units import parse_size
+
+OFF = ("0", "none", "off")
 
 
 def parse_amount(text):
@@ -37,3 +39,16 @@ def connection_memory_limits(high, share_text, limit_text):
     """The L{ConnectionMemoryLimits} of the two options' texts, for a watermark of C{high} bytes."""
     share, limit = parse_amount(share_text), parse_amount(limit_text)
     return ConnectionMemoryLimits.of_watermark(high, share, limit)
+
+
+def parse_consumer_timeout(text):
+    """Milliseconds a delivery may stay un-acked, or None for no limit (C{0}, C{none}, C{off})."""
+    if text.strip().lower() in OFF:
+        return None
+    try:
+        milliseconds = int(text)
+    except ValueError:
+        milliseconds = -1
+    if milliseconds < 0:
+        raise ValueError(f"{text!r} is not a number of milliseconds (0 or none: no timeout)")
+    return milliseconds

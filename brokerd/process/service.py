@@ -41,6 +41,7 @@ from brokerd.model.watermark import DEFAULT_HIGH_WATERMARK, MemoryWatermark
 from brokerd.native.server import DEFAULT_CHANNEL_MAX, DEFAULT_MAX_FRAME_SIZE, NativeServerFactory
 from brokerd.process.memory_trim import FreedMemory
 from brokerd.process.shutdown import close_clients
+from brokerd.session.ack_timeouts import DEFAULT_CONSUMER_TIMEOUT, AckTimeouts
 from brokerd.storage.vhost_stores import VhostStoreFailed
 from brokerd.wire.endpoints import is_tls, server_endpoint
 from brokerd.wire.stop_signals import ignore_further_stop_signals
@@ -117,6 +118,7 @@ class BrokerService(Service):
         amqps_endpoint=None,
         memory_high_watermark=DEFAULT_HIGH_WATERMARK,
         connection_memory=None,
+        consumer_timeout=DEFAULT_CONSUMER_TIMEOUT,
         startup_report=None,
         access_defaults=None,
         vhost_stores=None,
@@ -127,6 +129,8 @@ class BrokerService(Service):
         """
         @param connection_memory: the L{brokerd.model.watermark.ConnectionMemoryLimits}
             every client connection is held to (None: shares of the watermark).
+        @param consumer_timeout: milliseconds a delivery may stay un-acked before its
+            channel is closed, unless its queue says otherwise; None: no limit.
         @param prometheus_endpoint: where to serve the Prometheus metrics
             (L{brokerd.http.prometheus}), or None.
         @param vhost_stores: the L{brokerd.interfaces.IVhostStores} that
@@ -148,6 +152,7 @@ class BrokerService(Service):
         self.broker = Broker(store, reactor, watermark=watermark)
         if connection_memory is not None:
             self.broker.connection_memory = connection_memory
+        self.ack_timeouts = AckTimeouts(self.broker, consumer_timeout)
         self.broker.vhost_stores = vhost_stores
         self.listeners = []
         if amqp_endpoint or amqps_endpoint:
@@ -208,6 +213,7 @@ class BrokerService(Service):
         d.addCallback(self._open_vhost_stores)
         d.addCallback(self._recovered)
         d.addCallback(lambda _: self._load_definitions())
+        d.addCallback(lambda _: self.ack_timeouts.start())
         d.addCallback(lambda _: defer.gatherResults(
             [listener.start() for listener in self.listeners], consumeErrors=True
         ))
@@ -345,6 +351,7 @@ class BrokerService(Service):
     def stopService(self):
         Service.stopService(self)
         ignore_further_stop_signals(self.reactor)
+        self.ack_timeouts.stop()
         for listener in self.listeners:
             yield listener.stop()
         if self._serving:

@@ -21,9 +21,10 @@ from brokerd.amqp.settings import (
 )
 from brokerd.native.server import DEFAULT_CHANNEL_MAX as DEFAULT_NATIVE_CHANNEL_MAX
 from brokerd.native.server import DEFAULT_MAX_FRAME_SIZE
-from brokerd.process.resource_options import connection_memory_limits
+from brokerd.process.resource_options import connection_memory_limits, parse_consumer_timeout
 from brokerd.process.service import BrokerService
 from brokerd.process.startup_report import StartupReport
+from brokerd.session.ack_timeouts import DEFAULT_CONSUMER_TIMEOUT
 from brokerd.storage import registry
 from brokerd.storage.durability import SyncPolicy
 from brokerd.storage.vhost_stores import VhostStores
@@ -80,6 +81,15 @@ class Options(usage.Options):
             "What one client connection may hold on its way in before it is closed with"
             " 530 NOT_ALLOWED naming the limit: a fraction of --memory-high-watermark (0.5)"
             " or a size (K, M, G); above --connection-memory-share.",
+        ],
+        [
+            "consumer-timeout",
+            None,
+            str(DEFAULT_CONSUMER_TIMEOUT),
+            "Milliseconds a delivery (to a consumer or by basic.get) may stay un-acked before"
+            " its channel is closed with 406 PRECONDITION_FAILED and the message requeued, as"
+            " RabbitMQ's consumer_timeout; 0 or none: no limit. A queue's x-consumer-timeout"
+            " argument or consumer-timeout policy key overrides it.",
         ],
         [
             "data-dir",
@@ -254,6 +264,10 @@ class Options(usage.Options):
         except ValueError as problem:
             raise usage.UsageError(f"--connection-memory-share/-limit: {problem}") from None
         try:
+            self["consumer-timeout"] = parse_consumer_timeout(self["consumer-timeout"])
+        except ValueError as problem:
+            raise usage.UsageError(f"--consumer-timeout: {problem}") from None
+        try:
             self["sync"] = SyncPolicy.parse(self["sync"])
         except ValueError as problem:
             raise usage.UsageError(f"--sync: {problem}") from None
@@ -382,6 +396,7 @@ def makeService(options):
         http_endpoint=options["http"],
         memory_high_watermark=options["memory-high-watermark"],
         connection_memory=options["connection-memory"],
+        consumer_timeout=options["consumer-timeout"],
         prometheus_endpoint=options["prometheus"],
         startup_report=StartupReport(
             options["backend"], options["data-dir"], options["sync"], reactor

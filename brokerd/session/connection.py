@@ -113,6 +113,9 @@ class Connection:
         self.closed = False
         # Set by the protocol server: tells the client why the broker closes (close_by_broker).
         self.closer = None
+        # Set by the protocol server: closes one channel for an error of the broker's
+        # (channel_id, error), as close_channel_by_broker asks.
+        self.channel_closer = None
         self.deliveries_paused = False
         self.inbound = broker.watermark
         # Closed channels' totals:
@@ -236,6 +239,16 @@ class Connection:
         self.deliveries_paused = False
         for channel in list(self.channels.values()):
             channel.dispatch_all()
+
+    def close_channel_by_broker(self, channel_id, error):
+        """
+        The broker closes one channel (a delivery on it was not acked in time):
+        the protocol server sends C{error} to the client through
+        C{channel_closer}, and the channel closes, requeueing its un-acked deliveries.
+        """
+        if self.channel_closer is not None:
+            self.channel_closer(channel_id, error)
+        self.close_channel(channel_id)
 
     def close_by_broker(self, error):
         """
