@@ -111,13 +111,13 @@ class AmqpServerProtocol(Protocol):
         self.handshake.connection_made(self.transport)
 
     def connectionLost(self, reason):
+        self._inbound.close()  # before the channels release what they held through it
         self.handshake.connection_lost(reason)
         self.writes.connection_lost()
         self._read_buffer.clear()
         if self._turns is not None:
             self._turns.stop()
         self._flow.body_bytes.release()  # of channels the connection's close has already forgotten
-        self._inbound.close()
         if self._flow.pauses is not None:
             self._flow.pauses.close()
         self.forget_channels()

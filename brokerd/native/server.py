@@ -125,8 +125,8 @@ class NativeServerProtocol(FrameReceiver):
         self.handshake.connection_made(self.transport)
 
     def connectionLost(self, reason):
+        self.inbound.close()  # before what the connection held is released through it
         FrameReceiver.connectionLost(self, reason)
-        self.inbound.close()
         self.handshake.connection_lost(reason)
         if self._resume_call is not None and self._resume_call.active():
             self._resume_call.cancel()

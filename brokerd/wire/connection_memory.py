@@ -105,11 +105,14 @@ class ConnectionMemory:
             self._unblock()
 
     def close(self):
-        """The connection is gone: no more steps, and nothing more to tell."""
+        """The connection is gone: no more steps, nothing more to tell, and its transport is
+        not to be paused or resumed any more (what it held is still released through here)."""
         if self._step_call is not None and self._step_call.active():
             self._step_call.cancel()
         self._step_call = None
         self.on_blocked = self.on_limit = None
+        self._pauses = None
+        self.blocked = False
 
     def _over(self):
         limits = self._limits
@@ -160,7 +163,12 @@ class ConnectionMemory:
 
     def _close(self):
         """Close the connection; then read it again, for the client's close-ok (a closing
-        connection drops what else it reads)."""
+        connection drops what else it reads). What it releases meanwhile unblocks nothing."""
+        self.on_blocked = None
+        self.blocked = False
+        if self._step_call is not None and self._step_call.active():
+            self._step_call.cancel()
+        self._step_call = None
         if self.on_limit is not None:
             self.on_limit(
                 NotAllowed(
@@ -169,9 +177,6 @@ class ConnectionMemory:
                     " (connection memory limit)"
                 )
             )
-        if self._step_call is not None and self._step_call.active():
-            self._step_call.cancel()
-        self._step_call = None
         if self._paused:
             self._paused = False
             self._resume(OVER_SHARE)
