@@ -36,9 +36,20 @@ def parse_amount(text):
 
 
 def connection_memory_limits(high, share_text, limit_text):
-    """The L{ConnectionMemoryLimits} of the two options' texts, for a watermark of C{high} bytes."""
-    share, limit = parse_amount(share_text), parse_amount(limit_text)
-    return ConnectionMemoryLimits.of_watermark(high, share, limit)
+    """
+    The L{ConnectionMemoryLimits} of the two options' texts, for a watermark of
+    C{high} bytes; the C{ValueError}'s text begins with the option at fault.
+    """
+    amounts = []
+    for option, text in (("share", share_text), ("limit", limit_text)):
+        try:
+            amounts.append(parse_amount(text))
+        except ValueError as problem:
+            raise ValueError(f"--connection-memory-{option}: {problem}") from None
+    try:
+        return ConnectionMemoryLimits.of_watermark(high, *amounts)
+    except ValueError as problem:
+        raise ValueError(f"--connection-memory-share: {problem}") from None
 
 
 def parse_consumer_timeout(text):

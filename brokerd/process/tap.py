@@ -262,7 +262,7 @@ class Options(usage.Options):
                 self["connection-memory-limit"],
             )
         except ValueError as problem:
-            raise usage.UsageError(f"--connection-memory-share/-limit: {problem}") from None
+            raise usage.UsageError(str(problem)) from None
         try:
             self["consumer-timeout"] = parse_consumer_timeout(self["consumer-timeout"])
         except ValueError as problem:

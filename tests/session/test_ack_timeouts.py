@@ -4,6 +4,7 @@ channel holding an un-acked delivery is closed, relative to when the delivery wa
 import pytest
 
 from brokerd.errors import PreconditionFailed
+from brokerd.process.resource_options import parse_consumer_timeout
 from brokerd.session.ack_timeouts import AckTimeouts
 from brokerd.session.deliveries import MAX_TAG_MARKS
 from tests.support.broker import make_broker, open_channel, properties
@@ -91,3 +92,16 @@ def test_a_channel_keeps_a_bounded_number_of_marks(broker):
         run_for(clock, 0.05)
     assert len(channel.deliveries._tag_marks) <= MAX_TAG_MARKS
     assert not closed
+
+
+@pytest.mark.parametrize("text", ["0", "none", "off"])
+def test_no_broker_timeout_leaves_deliveries_held_unless_their_queue_has_one(text):
+    broker, clock = make_broker()
+    timeouts = AckTimeouts(broker, parse_consumer_timeout(text))
+    timeouts.start()
+    channel, closed = consuming_channel(broker, "q")
+    channel.basic_publish("", "q", properties(), b"held for ever")
+    clock.advance(0)
+    run_for(clock, 180, step=1)
+    assert not closed
+    timeouts.stop()
