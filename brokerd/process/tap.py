@@ -47,6 +47,15 @@ class Options(usage.Options):
         " (e.g. tcp:5673:interface=0.0.0.0, unix:/run/brokerd.sock)."
     )
 
+    optFlags = [
+        [
+            "http-access-log",
+            None,
+            "Log a line per request to the HTTP API and dashboard (off by default, as"
+            " RabbitMQ's management listener: an open dashboard polls every few seconds).",
+        ],
+    ]
+
     optParameters = [
         [
             "backend",
@@ -355,6 +364,7 @@ def makeService(options):
         vhost_stores=VhostStores(options["data-dir"], options["sync"], reactor),
         definitions_file=options["load-definitions"],
         http_endpoint=options["http"],
+        http_access_log=options["http-access-log"],
         memory_high_watermark=options["memory-high-watermark"],
         prometheus_endpoint=options["prometheus"],
         startup_report=StartupReport(
