@@ -7,8 +7,6 @@ so the broker never sees the user's login). Twisted's ``ssl:`` client form, whic
 unless ``--insecure-skip-verify`` is given, and then it connects with a warning line.
 """
 
-import time
-
 import pytest
 import trustme
 
@@ -17,7 +15,6 @@ from brokerd.testing import BrokerProcess, native_cli
 
 pytestmark = pytest.mark.long_module(seconds=10)  # started early (tests/conftest.py)
 
-DEADLINE_SECONDS = 30
 USERS = ("alice", "bob", "carol", "dave", "erin", "frank")
 
 
@@ -55,22 +52,11 @@ def as_user(name):
     return ["--user", name, "--password", f"{name}-secret"]
 
 
-def wait_for_line(broker, *words):
-    """The first line of the broker's output holding every one of C{words}, waiting up to the deadline."""
-    deadline = time.monotonic() + DEADLINE_SECONDS
-    while time.monotonic() < deadline:
-        for line in list(broker.output):
-            if all(word in line for word in words):
-                return line
-        time.sleep(0.05)
-    raise AssertionError(f"no broker line with {words} in:\n" + "\n".join(broker.output))
-
-
 def test_the_right_name_from_the_trusted_ca_connects(broker, files):
     declared = native_cli(verified(broker, files, "broker.test"), *as_user("bob"), "declare", "queue", "names.ok")
     assert (declared.returncode, declared.stderr) == (0, b"")
     assert declared.stdout.startswith(b"names.ok\t")
-    wait_for_line(broker, "accepted native connection", "'bob'")
+    broker.wait_for_output(r"accepted native connection .*user 'bob'")
 
 
 def test_a_certificate_for_another_name_is_refused_before_the_login_is_sent(broker, files):
@@ -82,7 +68,7 @@ def test_a_certificate_for_another_name_is_refused_before_the_login_is_sent(brok
     # The broker answers connections in order: once a later client's login is logged, alice's hello would have
     # been too, had it been sent.
     native_cli(verified(broker, files, "broker.test"), *as_user("carol"), "declare", "queue", "names.later")
-    wait_for_line(broker, "accepted native connection", "'carol'")
+    broker.wait_for_output(r"accepted native connection .*user 'carol'")
     assert not [line for line in broker.output if "alice" in line]
 
 
@@ -96,7 +82,7 @@ def test_a_broker_whose_certificate_comes_from_an_authority_not_trusted_is_refus
         1, f"error: cannot connect to {endpoint}: the TLS handshake failed: certificate verify failed"
            " (the login was not sent)\n")
     native_cli(verified(broker, files, "broker.test"), *as_user("dave"), "declare", "queue", "names.later")
-    wait_for_line(broker, "accepted native connection", "'dave'")
+    broker.wait_for_output(r"accepted native connection .*user 'dave'")
     assert not [line for line in broker.output if "erin" in line]
 
 
@@ -123,7 +109,7 @@ def test_the_ssl_form_with_the_opt_out_connects_with_a_warning(broker, files):
         " whoever answers at that address receives the password\n"
     ).encode()
     assert taken.stdout.startswith(b"names.skip\t")
-    wait_for_line(broker, "accepted native connection", "'frank'")  # the login went to a broker.test certificate
+    broker.wait_for_output(r"accepted native connection .*user 'frank'")  # the login went to a broker.test certificate
 
 
 def test_the_client_library_refuses_the_ssl_form_unless_told():

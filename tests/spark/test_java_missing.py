@@ -36,7 +36,8 @@ def test_java_home_naming_no_directory_is_one_line_and_status_4_before_any_run(t
     result = validate(tmp_path, {**os.environ, "JAVA_HOME": str(missing)})
     assert time.monotonic() - started < FAST_SECONDS
     assert (result.returncode, result.stdout) == (NO_JAVA, "")
-    assert result.stderr == f"the Spark job needs Java 17 or later: JAVA_HOME is {str(missing)!r}, which has no bin/java" + HINT
+    assert result.stderr == (f"the Spark job needs Java 17 or later: JAVA_HOME is {str(missing)!r},"
+                             " which has no bin/java" + HINT)
     assert not (tmp_path / "out").exists()
 
 
