@@ -185,13 +185,6 @@ class AccessControl:
             raise NotAllowed(f"access to vhost '{vhost}' refused for user '{user}'")
         return ResourceAccess(user, vhost, permissions)
 
-    def check_new_secret(self, username, secret):
-        """Raises L{LoginRefused} unless C{secret} (bytes) is still C{username}'s password."""
-        utf8(secret, "the new secret")
-        self._refresh_users_file()
-        if not self.access.check_password(username, secret):
-            raise LoginRefused(f"the new secret of user {username!r} was refused")
-
     def _admitted_from(self, mechanism, name, peer_host):
         """
         A known user's login, refused as RabbitMQ's loopback_users rule says if

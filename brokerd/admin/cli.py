@@ -80,6 +80,9 @@ def build_parser():
     parser.add_argument("--password", default=os.environ.get("BROKERD_PASSWORD", DEFAULT_PASSWORD),
                         help="that user's password"
                              f" (default: $BROKERD_PASSWORD, else {DEFAULT_PASSWORD})")
+    parser.add_argument("--ssl-ca-cert-file", default=None, metavar="FILE",
+                        help="PEM file of the authorities an https --url's certificate must"
+                             " come from (default: the system's); its name is checked too")
     parser.add_argument("--vhost", default=None, metavar="V",
                         help="the vhost of a per-vhost command, as its own --vhost"
                              " (default: every vhost for list, / for the others)")
@@ -97,8 +100,9 @@ def main(argv=None, out=None):
     """Run one command; the exit status (0 done, 1 not done, with one line on standard error)."""
     arguments = build_parser().parse_args(argv)
     out = out if out is not None else sys.stdout
-    client = ManagementClient(arguments.url, arguments.user, arguments.password)
     try:
+        client = ManagementClient(arguments.url, arguments.user, arguments.password,
+                                  arguments.ssl_ca_cert_file)
         status = COMMANDS[arguments.command].run(client, arguments, out)
         out.flush()
     except AdminError as error:

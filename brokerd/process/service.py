@@ -122,8 +122,11 @@ class BrokerService(Service):
         definitions_file=None,
         prometheus_endpoint=None,
         http_endpoint=None,
+        http_access_log=False,
     ):
         """
+        @param http_access_log: log a line per request to the HTTP API and
+            dashboard (C{--http-access-log}; off by default, as RabbitMQ's).
         @param prometheus_endpoint: where to serve the Prometheus metrics
             (L{brokerd.http.prometheus}), or None.
         @param vhost_stores: the L{brokerd.interfaces.IVhostStores} that
@@ -171,6 +174,7 @@ class BrokerService(Service):
         self.users_file = authenticator.users_file if authenticator is not None else None
         self.access_defaults = access_defaults
         self.definitions_file = definitions_file
+        self.http_access_log = http_access_log
         if http_endpoint:
             self.listeners.append(Listener(
                 reactor, http_endpoint, self._management_site(), "HTTP API", "http",
@@ -190,7 +194,7 @@ class BrokerService(Service):
         context = ApiContext(
             self.broker, access, AccessCommands(self.broker, access), self.listeners
         )
-        return make_site(context)
+        return make_site(context, self.http_access_log)
 
     def startService(self):
         Service.startService(self)

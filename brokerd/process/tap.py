@@ -37,6 +37,9 @@ DEFAULT_AMQP = "tcp:5672:interface=127.0.0.1"
 # The port of RabbitMQ's rabbitmq_prometheus plugin:
 DEFAULT_PROMETHEUS = "tcp:15692:interface=127.0.0.1"
 DEFAULT_HTTP = "tcp:15672:interface=127.0.0.1"  # RabbitMQ's management plugin's port
+# twistd's own default pid file, in the working directory; brokerd's is in --data-dir:
+TWISTD_DEFAULT_PIDFILE = "twistd.pid"
+PIDFILE_NAME = "brokerd.pid"
 
 
 class Options(usage.Options):
@@ -46,6 +49,15 @@ class Options(usage.Options):
         " chosen storage backend. Endpoint options take Twisted endpoint strings"
         " (e.g. tcp:5673:interface=0.0.0.0, unix:/run/brokerd.sock)."
     )
+
+    optFlags = [
+        [
+            "http-access-log",
+            None,
+            "Log a line per request to the HTTP API and dashboard (off by default, as"
+            " RabbitMQ's management listener: an open dashboard polls every few seconds).",
+        ],
+    ]
 
     optParameters = [
         [
@@ -239,6 +251,7 @@ class Options(usage.Options):
         except registry.BackendError as problem:
             raise usage.UsageError(f"--backend: {problem}") from None
         self._check_message_fits(self["store"], self["amqp-settings"].max_message_size)
+        self._pidfile_in_data_dir()
         if self["load-definitions"] is not None:
             try:
                 with open(self["load-definitions"], "rb"):
@@ -248,6 +261,24 @@ class Options(usage.Options):
                     f"--load-definitions: cannot read {self['load-definitions']!r}:"
                     f" {problem.strerror}"
                 ) from None
+
+    def _pidfile_in_data_dir(self):
+        """
+        twistd's pid file, unless C{--pidfile} named another, goes into the
+        data directory (as RabbitMQ's does) instead of C{./twistd.pid}, so
+        brokers with their own data directories can start in one directory,
+        and a second broker on the same data directory is refused.
+        """
+        parent = getattr(self, "parent", None)  # twistd's options; None when parsed alone
+        if parent is None or parent.get("pidfile") != TWISTD_DEFAULT_PIDFILE:
+            return
+        try:
+            os.makedirs(self["data-dir"], exist_ok=True)
+        except OSError as problem:
+            raise usage.UsageError(
+                f"--data-dir: cannot create {self['data-dir']!r}: {problem.strerror}"
+            ) from None
+        parent["pidfile"] = os.path.join(self["data-dir"], PIDFILE_NAME)
 
     @staticmethod
     def _check_message_fits(store, max_message_size):
@@ -355,6 +386,7 @@ def makeService(options):
         vhost_stores=VhostStores(options["data-dir"], options["sync"], reactor),
         definitions_file=options["load-definitions"],
         http_endpoint=options["http"],
+        http_access_log=options["http-access-log"],
         memory_high_watermark=options["memory-high-watermark"],
         prometheus_endpoint=options["prometheus"],
         startup_report=StartupReport(
