@@ -176,7 +176,11 @@ def record_backends(migration_plan, now=time.gmtime):
     changes = {move.vhost: move.target for move in migration_plan.moves if move.vhost is not None}
     if access is None or not changes:
         return None
-    backup = access.path + BACKUP_SUFFIX + time.strftime("%Y%m%dT%H%M%SZ", now())
+    backup = first = access.path + BACKUP_SUFFIX + time.strftime("%Y%m%dT%H%M%SZ", now())
+    number = 1
+    while os.path.exists(backup):  # a run within the same second keeps the earlier copy
+        number += 1
+        backup = f"{first}-{number}"
     shutil.copyfile(access.path, backup)
     with open(backup, "rb") as copy:
         os.fsync(copy.fileno())

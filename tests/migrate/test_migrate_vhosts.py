@@ -3,15 +3,20 @@
 not named keeps its store, and the access database records the new backends; a real broker on
 the result serves every vhost to pika as a broker on an untouched copy of the source does. A
 damaged vhost store stops the run naming the vhost and the file, with nothing written; the
-refusals of the vhost options are one line each."""
+refusals of the vhost options are one line each, and a running broker is refused. In process:
+--vhost-backend's parsing, and the new backends recorded in one change of the access database."""
 
 import json
 import shutil
+import time
 
 import pytest
 
 from backends.filelog.queuefile import queue_file_name
+from brokerd.access.database import AccessDatabase
+from brokerd.migrate import MigrationError
 from brokerd.migrate.digest import changed_files, snapshot
+from brokerd.migrate.vhosts import MigrationPlan, StoreMove, parse_vhost_backend, record_backends
 from tests.support import migrate_vhosts as data
 from tests.support.admin_cli import admin
 from tests.support.client_broker import TRACEBACK_MARKS
@@ -45,10 +50,12 @@ def make_broker_data(tmp_path, data_dir):
     assert vhost_backends(data_dir) == {"/": None, "plain": None, **OWN_BACKENDS}
 
 
-def serve(tmp_path, backend, data_dir):
-    """What a broker on C{backend} and C{data_dir} serves in every vhost of the set."""
+def serve(tmp_path, backend, data_dir, while_running=lambda: None):
+    """What a broker on C{backend} and C{data_dir} serves in every vhost of the set (C{while_running}
+    called first)."""
     running, _ = data.start_with_api(tmp_path, backend, data_dir)
     try:
+        while_running()
         found = {vhost: data.served(running, vhost) for vhost in FILLED}
         found["v3"] = data.served_idle(running, "v3")
     finally:
@@ -103,7 +110,14 @@ def test_every_vhost_goes_to_the_backend_named_for_it_and_a_broker_serves_them_a
     for vhost, backend in (("v1", "filelog"), ("v2", "chunked"), ("v3", "filelog")):
         assert (data_dir / "vhosts" / vhost / backend).is_dir()
 
-    assert serve(tmp_path, "sqlite", data_dir) == expected
+    def refused_while_running():
+        """A vhost's store is not moved under a running broker either: its own store's lock says so."""
+        status, out, errors = migrate_lines(data_dir, "--quiet", "--vhost-backend", "kept=chunked")
+        assert (status, out, len(errors)) == (1, "", 1), (out, errors)
+        assert errors[0].startswith("error: vhost 'kept' (its sqlite store): the broker seems to be running on"), errors
+        assert not (data_dir / "vhosts" / "kept" / "chunked").exists()  # (the running broker writes the rest)
+
+    assert serve(tmp_path, "sqlite", data_dir, refused_while_running) == expected
 
 
 def damage_a_record(path):
@@ -158,3 +172,31 @@ def test_a_damaged_vhost_store_stops_the_migration_naming_the_vhost_and_file_and
     assert "queue 'jobs' in vhost 'v2'" in errors[-1] and str(damaged) in errors[-1], errors
     assert snapshot(str(data_dir)) == files  # no target left, the access database as it was
     assert vhost_backends(data_dir)["v2"] == "filelog"
+
+
+def test_a_vhost_backend_splits_at_its_first_unescaped_equals_sign():
+    assert parse_vhost_backend("team=sqlite:cache=64M") == ("team", "sqlite:cache=64M")
+    assert parse_vhost_backend(r"a\=b=chunked") == ("a=b", "chunked")
+    assert parse_vhost_backend(r"back\\slash=filelog") == ("back\\slash", "filelog")
+    for text in ("team", "=sqlite", "team=", r"a\=b"):
+        with pytest.raises(MigrationError, match="is not of the form VHOST=BACKEND"):
+            parse_vhost_backend(text)
+
+
+def test_the_new_backends_are_recorded_in_one_change_the_database_as_it_was_kept_beside_it(tmp_path):
+    access = AccessDatabase.in_directory(str(tmp_path))
+    access.open()
+    access.add_vhost("team", "sqlite")
+    access.add_vhost("audit", "filelog")
+    earlier = (tmp_path / "access.json").read_bytes()
+    moves = [StoreMove(None, "chunked", "sqlite", str(tmp_path)), StoreMove("team", "sqlite", "filelog", "team"),
+             StoreMove("audit", "filelog", "chunked", "audit")]
+    same_second = lambda: time.gmtime(1_800_000_000)  # noqa: E731 (two runs within one second)
+    first = record_backends(MigrationPlan(moves[:2], {}, access), same_second)
+    second = record_backends(MigrationPlan(moves[2:], {}, access), same_second)
+    assert first == str(tmp_path / "access.json.before-migration-20270115T080000Z") and second == first + "-2"
+    assert open(first, "rb").read() == earlier
+    reopened = AccessDatabase.in_directory(str(tmp_path))
+    reopened.open()
+    assert reopened.vhost_backends == {"team": "filelog", "audit": "chunked"}
+    assert record_backends(MigrationPlan(moves[:1], {}, None)) is None  # the broker's store alone: nothing to record
