@@ -252,6 +252,17 @@ class AccessDatabase:
         """The backend string of vhost C{name}'s own store, or None: it is on the broker's store."""
         return self.vhost_backends.get(name)
 
+    def set_vhost_backends(self, backends):
+        """
+        Record new backend strings for vhosts with stores of their own (vhost
+        name -> backend string), in one change: a migration moved their stores.
+        """
+        for name in backends:
+            self._existing_vhost(name)
+            if name not in self.vhost_backends:
+                raise AccessChangeRefused(f"vhost '{name}' has no store of its own")
+        self._change(lambda: self.vhost_backends.update(backends))
+
     def delete_vhost(self, name):
         """
         Forget a vhost with every permission on it (its queues and exchanges
