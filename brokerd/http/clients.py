@@ -46,6 +46,7 @@ def connection_info(api, connection):
         "ssl": False,
         "auth_mechanism": "PLAIN",
         "message_counts": counts,
+        **connection.tuning,
     }
 
 

@@ -100,6 +100,12 @@ def test_the_channel_says_it_is_in_confirm_mode(answers):
     assert (channel["confirm"], channel["transactional"], channel["messages_unconfirmed"]) == (True, False, 0)
 
 
+def test_a_connection_shows_the_tuning_its_client_negotiated(answers):
+    [connection] = answers["connections"]
+    # pika asks for 2047 channels, 131072-byte frames and the server's heartbeat (brokerd's 60 s, as RabbitMQ's)
+    assert (connection["channel_max"], connection["frame_max"], connection["timeout"]) == (2047, 131072, 60)
+
+
 def test_a_channel_in_tx_mode_counts_the_publishes_waiting_for_commit(broker, client):
     connection = amqp(broker)
     try:
