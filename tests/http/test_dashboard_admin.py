@@ -7,6 +7,7 @@ column marks a queue's flags, arguments and policy as RabbitMQ's management UI d
 Args, the policy's name), each titled with what it stands for.
 """
 
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select
@@ -62,8 +63,19 @@ def rows(page, table, attribute="name"):
         f"return Array.from(document.querySelectorAll('#{table} tbody tr'), row => row.dataset.{attribute})")
 
 
+def click_in_table(page, selector):
+    """Click what C{selector} finds in a table, again if the table was redrawn (it is, every second) meanwhile."""
+    def clicked(driver):
+        try:
+            driver.find_element(By.CSS_SELECTOR, selector).click()
+        except StaleElementReferenceException:
+            return False
+        return True
+    wait_until(page, clicked, lambda: f"{selector} could not be clicked")
+
+
 def delete_row(page, table, attributes, confirm):
-    page.find_element(By.CSS_SELECTOR, cell(table, attributes, "actions") + " button").click()
+    click_in_table(page, cell(table, attributes, "actions") + " button")
     wait_until(page, expected_conditions.visibility_of_element_located((By.ID, confirm)))
     page.find_element(By.CSS_SELECTOR, f"#{confirm} .confirm-yes").click()
 
@@ -88,6 +100,10 @@ def test_the_features_column_marks_flags_arguments_and_policy_as_rabbitmq_does(p
                       ["Pri", "x-max-priority: 5"], ["Args", "x-custom: kept"],
                       [HOSTILE_POLICY, f"Policy: {HOSTILE_POLICY}"]]
     assert page.execute_script("return document.querySelectorAll(arguments[0] + ' i').length", features) == 0
+    click_in_table(page, row_selector("/", "featured", "name") + " a")  # the queue's page
+    wait_for_text(page, '#queue-figures [data-figure="policy"] dd', HOSTILE_POLICY)
+    assert text_of(page, '#queue-figures [data-figure="features"] dd') == f"D TTL Lim DLX DLK Pri Args {HOSTILE_POLICY}"
+    assert text_of(page, '#queue-figures [data-figure="effective_policy_definition"] dd') == '{"max-length":100}'
 
 
 def test_a_user_added_with_tags_gets_permissions_and_is_deleted(page, api):
