@@ -247,7 +247,8 @@ def purge_queue(api, vhost, name):
 # -- exchanges
 
 def exchange_info(exchange):
-    return {
+    """An exchange as RabbitMQ lists it: C{policy} only when one applies (a queue has null)."""
+    info = {
         "name": exchange.name,
         "vhost": exchange.vhost.name,
         "type": exchange.type_name,
@@ -256,8 +257,10 @@ def exchange_info(exchange):
         "internal": exchange.internal,
         "arguments": exchange.arguments,
         "user_who_performed_action": "",
-        "policy": policy_name(exchange),
     }
+    if exchange.applied_policy is not None:
+        info["policy"] = exchange.applied_policy.name
+    return info
 
 
 def list_exchanges(api, vhost=None):

@@ -95,6 +95,12 @@ def test_the_queue_fields_for_a_policy_are_rabbitmqs(answers):
     assert answers["queue_with_policy"]["effective_policy_definition"] == api_types.POLICY_DEFINITION
 
 
+def test_an_exchange_names_its_policy_and_leaves_the_field_out_without_one(answers):
+    by_name = {exchange["name"]: exchange for exchange in answers["exchanges"]}
+    assert by_name[api_types.EXCHANGE]["policy"] == api_types.EXCHANGE_POLICY
+    assert "policy" not in by_name["amq.direct"]  # as RabbitMQ 3.10, where a queue has "policy": null
+
+
 def test_the_channel_says_it_is_in_confirm_mode(answers):
     [channel] = answers["channels"]
     assert (channel["confirm"], channel["transactional"], channel["messages_unconfirmed"]) == (True, False, 0)
@@ -185,3 +191,10 @@ def test_rabbitmqadmin_lists_queues_with_their_policy_in_every_column(admin):
     assert {"name": api_types.POLICY_QUEUE, "policy": api_types.POLICY} in listed
     for output in ("long", "kvp", "raw_json"):  # every field of every queue, as deep as it goes
         assert api_types.POLICY_QUEUE in admin("-f", output, "-d", "3", "list", "queues")
+
+
+def test_rabbitmqadmin_lists_exchanges_with_their_policy_in_a_table(admin):
+    # An exchange without a policy has no policy field in RabbitMQ 3.10 (not null), so the table shows it empty.
+    table = admin("list", "exchanges", "name", "policy").splitlines()
+    cells = [[cell.strip() for cell in line.split("|")[1:3]] for line in table if line.startswith("|")]
+    assert ["amq.direct", ""] in cells and [api_types.EXCHANGE, api_types.EXCHANGE_POLICY] in cells

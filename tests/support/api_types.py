@@ -2,8 +2,8 @@
 
 The same objects are made on either broker through its management API and
 one pika connection (L{make_objects}): a vhost, a queue without a policy and
-one with, a direct exchange bound to the first, a consumer on it that got and
-acked a message, a message waiting in the second. L{ENDPOINTS} are the pages
+one with, a direct exchange with a policy bound to the first, a consumer on
+it that got and acked a message, a message waiting in the second. L{ENDPOINTS} are the pages
 fetched; L{field_types} turns an answer into C{{dotted path: {JSON type: count}}}
 (C{a.b}, C{a[].b} for the items of a list), not looking inside maps whose keys
 are data (arguments, client properties, policy definitions).
@@ -31,6 +31,7 @@ import pika
 VHOST = "i31-apitypes"
 PLAIN_QUEUE, POLICY_QUEUE, EXCHANGE, POLICY = "typed-plain", "typed-policy", "typed-x", "typed-policy"
 POLICY_DEFINITION = {"max-length": 1000}
+EXCHANGE_POLICY, EXCHANGE_POLICY_DEFINITION = "typed-x-policy", {"alternate-exchange": "amq.fanout"}
 STATS_WAIT_SECONDS = 30.0  # RabbitMQ shows a new object's figures after its next statistics round (5 s)
 
 # name -> path, with {vhost}, {node}, {connection}, {channel}, {amqp_port} filled in
@@ -178,6 +179,9 @@ def make_objects(client, amqp_port):
     client.put(f"/api/policies/{vhost}/{POLICY}", {
         "pattern": f"^{POLICY_QUEUE}$", "definition": POLICY_DEFINITION, "apply-to": "queues",
         "priority": 0})
+    client.put(f"/api/policies/{vhost}/{EXCHANGE_POLICY}", {
+        "pattern": f"^{EXCHANGE}$", "definition": EXCHANGE_POLICY_DEFINITION, "apply-to": "exchanges",
+        "priority": 0})
     for queue in (PLAIN_QUEUE, POLICY_QUEUE):
         client.put(f"/api/queues/{vhost}/{queue}", {"durable": True, "arguments": {}})
     client.put(f"/api/exchanges/{vhost}/{EXCHANGE}", {"type": "direct", "durable": True})
@@ -237,16 +241,19 @@ def _holders(path):
 def compare(reference, answer, not_provided):
     """
     The differences of C{answer} from the C{reference} fields of one endpoint,
-    as lines: a type RabbitMQ never gives there, or a field RabbitMQ always
-    gives that is missing and not in C{not_provided} ({pattern: reason}).
-    Fields brokerd adds are not compared.
+    as lines: a type RabbitMQ never gives there, a null where RabbitMQ leaves
+    the field out, or a field RabbitMQ always gives that is missing and not in
+    C{not_provided} ({pattern: reason}). Other fields brokerd adds are not compared.
     """
     found = field_types(answer)
+    known_holders = {"", "[]", *reference}
     problems = []
     for path, counts in sorted(found.items()):
         wanted = reference.get(path)
         if path and wanted is not None and not set(counts) <= set(wanted["types"]):
             problems.append(f"{path}: {sorted(counts)}, RabbitMQ gives {wanted['types']}")
+        elif path and wanted is None and "null" in counts and parent_of(path) in known_holders:
+            problems.append(f"{path}: null, RabbitMQ leaves it out")
     for path, wanted in sorted(reference.items()):
         holder = parent_of(path)
         holder_present = "object" in found.get(holder, {})
@@ -261,13 +268,14 @@ def remove_objects(client):
 
 
 def _stats_shown(client):
-    """True once RabbitMQ lists the figures of the queue, the connection and the channel."""
+    """True once RabbitMQ lists the figures of the queue, the connection and the channel, idle."""
     vhost = segment(VHOST)
     queue = client.get(f"/api/queues/{vhost}/{PLAIN_QUEUE}")
     connections = client.get(f"/api/vhosts/{vhost}/connections")
     channels = client.get(f"/api/vhosts/{vhost}/channels")
-    return ("ack" in queue.get("message_stats", {}) and connections and "recv_oct" in connections[0]
-            and channels and "ack" in channels[0].get("message_stats", {}))
+    return ("ack" in queue.get("message_stats", {}) and "idle_since" in queue and connections
+            and "recv_oct" in connections[0] and channels and "ack" in channels[0].get("message_stats", {})
+            and "idle_since" in channels[0])
 
 
 def capture(base, amqp_port, output):
