@@ -309,6 +309,9 @@ class AmqpHandshake:
             self.broker, vhost, str(name), AMQP_0_9_1, self.transport, self.user, properties,
             resource_access,
         )
+        self.connection.tuning = {
+            "channel_max": self.channel_max, "frame_max": self.frame_max, "timeout": self.heartbeat,
+        }
         self._writes.counted = self.connection
         self.connection.closer = self.close
         self.gate = PublisherGate(self.broker.watermark, self.transport, self._blocked_changed)

@@ -35,6 +35,7 @@ def vhost_info(api, name, unacked):
     pending = sum(count for (on, _), count in unacked.items() if on == name)
     return {
         "name": name, "description": "", "tags": [], "default_queue_type": "classic",
+        "metadata": {"description": "", "tags": []},
         "tracing": False, "messages": ready + pending, "messages_ready": ready,
         "messages_unacknowledged": pending,
         "cluster_state": {api.context.node: "running" if vhost is not None else "stopped"},

@@ -14,6 +14,7 @@ import socket
 import twisted
 from brokerd.http.rates import CounterRates
 from brokerd.http.routes import not_found
+from brokerd.model.exchange import DELAYED_TYPE, EXCHANGE_TYPES
 from brokerd.session.channel import MESSAGE_COUNTERS
 
 MANAGEMENT_VERSION = "3.10.8"  # the RabbitMQ management API whose shapes this follows
@@ -131,7 +132,21 @@ def overview(api):
         },
         "listeners": listeners(context),
         "contexts": [],
+        "exchange_types": exchange_types(),
+        "disable_stats": False,
+        "enable_queue_totals": False,  # RabbitMQ's setting for when stats are disabled
     }
+
+
+def exchange_types():
+    """The exchange types one may declare, as RabbitMQ lists them (name, description, enabled)."""
+    found = [
+        {"name": name, "description": f"AMQP {name} exchange, as per the AMQP specification",
+         "enabled": True}
+        for name in sorted(EXCHANGE_TYPES)
+    ]
+    found.append({"name": DELAYED_TYPE, "description": "Delayed Message Exchange", "enabled": True})
+    return found
 
 
 def listeners(context):
@@ -184,6 +199,9 @@ def node_info(context):
             {"name": "twisted", "description": "Twisted", "version": twisted.__version__},
         ],
         "host": socket.gethostname(),
+        "exchange_types": exchange_types(),
+        "partitions": [],  # one node: never partitioned
+        "rates_mode": "basic",
     }
 
 

@@ -139,6 +139,15 @@ class Channel:
         return self._confirms.confirmed if self._confirms is not None else 0
 
     @property
+    def in_confirm_mode(self):
+        return self._confirms is not None
+
+    @property
+    def transaction(self):
+        """The L{Transaction} in tx mode (to read), else None."""
+        return self._transaction
+
+    @property
     def unacked_deliveries(self):
         """
         Delivery tag -> un-acked entry, in tag order (read it; settle through

@@ -102,6 +102,7 @@ class Connection:
         self.user = user
         self.access = access
         self.client_properties = dict(client_properties or {})
+        self.tuning = {}  # AMQP's channel_max, frame_max and timeout (heartbeat) once negotiated
         self.connected_at = int(broker.clock.seconds() * 1000)
         self.bytes_received = 0
         self.bytes_sent = 0
