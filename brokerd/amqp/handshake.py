@@ -301,12 +301,15 @@ class AmqpHandshake:
         connection's channels check every operation against those.
         """
         vhost = method.virtual_host or "/"
-        resource_access = self._settings.authenticator.check_vhost_access(self.user, vhost)
+        authenticator = self._settings.authenticator
+        resource_access = authenticator.check_vhost_access(
+            self.user, vhost, self.broker.connections
+        )
         properties = self.client_properties
         name = properties.get("connection_name") or properties.get("product") or ""
         self.connection = Connection(
             self.broker, vhost, str(name), AMQP_0_9_1, self.transport, self.user, properties,
-            resource_access,
+            resource_access, limits=authenticator.limits,
         )
         self._writes.counted = self.connection
         self.connection.closer = self.close

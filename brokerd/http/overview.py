@@ -12,6 +12,7 @@ import resource as os_resource
 import socket
 
 import twisted
+from brokerd.access.parameters import CLUSTER_NAME
 from brokerd.http.rates import CounterRates
 from brokerd.http.routes import not_found
 from brokerd.session.channel import MESSAGE_COUNTERS
@@ -116,7 +117,8 @@ def overview(api):
         "rabbitmq_version": MANAGEMENT_VERSION,
         "product_version": product_version(),
         "product_name": PRODUCT_NAME,
-        "cluster_name": context.node,
+        # As RabbitMQ: the cluster_name global parameter, the node's name without one.
+        "cluster_name": context.access.runtime.global_parameters.get(CLUSTER_NAME, context.node),
         "node": context.node,
         "erlang_version": "n/a",
         "message_stats": context.totals.message_stats(broker.connections),

@@ -32,6 +32,7 @@ from brokerd.access.commands import AccessCommands
 from brokerd.access.database import FULL_PERMISSIONS, AccessDatabaseDamaged
 from brokerd.access.definitions import DefinitionsRefused, load_definitions_file
 from brokerd.access.login import AccessControl
+from brokerd.access.limits import publish_all_limits
 from brokerd.access.policies import publish_all_policies
 from brokerd.amqp.server import AmqpServerFactory
 from brokerd.http.prometheus import metrics_site
@@ -297,6 +298,7 @@ class BrokerService(Service):
                 "definitions imported from {path} (--load-definitions)", path=self.definitions_file
             )
         publish_all_policies(self.broker, self.access)
+        publish_all_limits(self.broker, self.access)
 
     def _adopt_recovered_vhosts(self):
         """
