@@ -63,7 +63,9 @@ def checked_parameters(entries, global_entries, in_vhost):
             value = check_parameter(component, name, entry["value"])
         except ParameterRefused as refusal:
             problem = str(refusal).strip()
-            raise ParametersRefused(f"parameters: {problem} ({on}/{component}/{name})") from None
+            raise ParametersRefused(
+                f"parameters: {problem} ({component} '{name}' in vhost '{on}')"
+            ) from None
         parameters.append((on, component, name, value))
     global_parameters = []
     for entry in global_entries:
