@@ -115,7 +115,8 @@ def test_a_vhost_at_max_queues_refuses_a_new_queue_with_406(broker, api, limits)
             channel.queue_declare("", exclusive=True)  # server-named ones too
         assert closed.value.reply_code == 406 and "amq.gen-" in closed.value.reply_text
         status, body, _ = api.request("PUT", "/api/queues/tenant/q3", {"durable": True})
-        assert status == 400 and "cannot declare queue 'q3': queue limit in vhost 'tenant' (1) is reached" in body["reason"]
+        assert status == 400
+        assert "cannot declare queue 'q3': queue limit in vhost 'tenant' (1) is reached" in body["reason"]
         assert api.delete("/api/vhost-limits/tenant/max-queues") == (204, None)
         channel = connection.channel()
         channel.queue_declare("q2")  # lifted at once

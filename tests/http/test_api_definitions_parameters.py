@@ -31,7 +31,8 @@ def test_a_rabbitmq_export_with_limits_and_parameters_loads_and_its_limits_hold(
     broker, api = fresh
     document = json.loads(RABBITMQ_EXPORT.read_text())
     assert api.post("/api/definitions", document) == (204, None)
-    assert api.get("/api/vhost-limits") == [{"vhost": "i31-limits-v", "value": {"max-connections": 7, "max-queues": 20}}]
+    assert api.get("/api/vhost-limits") == [
+        {"vhost": "i31-limits-v", "value": {"max-connections": 7, "max-queues": 20}}]
     assert api.get("/api/user-limits") == [{"user": "i31-limits-u", "value": {"max-channels": 4, "max-connections": 3}}]
     # RabbitMQ's internal_cluster_id names the cluster it came from: not taken over
     assert api.get("/api/global-parameters") == [{"name": "i31-limits-g", "value": {"x": [1, 3]}}]

@@ -33,7 +33,8 @@ def test_parameter_refusals_in_rabbitmqs_words(api):
         assert status == 400 and answer["error"] == "bad_request", answer
         return answer["reason"]
 
-    assert refusal("/api/parameters/nosuch/%2F/x", {"value": {"a": 1}}) == "Validation failed\n\ncomponent nosuch not found\n"
+    assert refusal("/api/parameters/nosuch/%2F/x", {"value": {"a": 1}}) == (
+        "Validation failed\n\ncomponent nosuch not found\n")
     # brokerd runs no shovels or federation yet: refused as by a RabbitMQ without those plugins
     assert refusal("/api/parameters/shovel/%2F/x", {"value": {}}) == "Validation failed\n\ncomponent shovel not found\n"
     assert refusal("/api/parameters/policy/%2F/x", {"value": {}}) == "policies may not be set using this method"
@@ -57,9 +58,11 @@ def test_vhost_limits_one_at_a_time(api):
     assert api.put("/api/vhosts/vlimits", {}) == (201, None)
     assert api.put("/api/vhost-limits/vlimits/max-connections", {"value": 7}) == (204, None)
     assert api.put("/api/vhost-limits/vlimits/max-queues", {"value": -1}) == (204, None)
-    assert api.get("/api/vhost-limits/vlimits") == [{"vhost": "vlimits", "value": {"max-connections": 7, "max-queues": -1}}]
+    assert api.get("/api/vhost-limits/vlimits") == [
+        {"vhost": "vlimits", "value": {"max-connections": 7, "max-queues": -1}}]
     status, answer, _ = api.request("PUT", "/api/vhost-limits/vlimits/max-connections", {"value": "x"})
-    assert (status, answer["reason"]) == (400, 'Validation failed\n\nmax-connections should be a number, actually was <<"x">>\n')
+    assert (status, answer["reason"]) == (
+        400, 'Validation failed\n\nmax-connections should be a number, actually was <<"x">>\n')
     status, answer, _ = api.request("PUT", "/api/vhost-limits/vlimits/foo", {"value": 7})
     assert (status, answer["reason"]) == (400, 'Validation failed\n\nUnrecognised terms [{<<"foo">>,7}] in limits\n')
     assert api.request("PUT", "/api/vhost-limits/vlimits/max-queues", {})[:2] == (
