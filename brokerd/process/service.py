@@ -43,6 +43,7 @@ from brokerd.native.server import DEFAULT_CHANNEL_MAX, DEFAULT_MAX_FRAME_SIZE, N
 from brokerd.process.memory_trim import FreedMemory
 from brokerd.process.shutdown import close_clients
 from brokerd.storage.vhost_stores import VhostStoreFailed
+from brokerd.wire.connection_ceiling import CeilingFactory, ConnectionCeiling
 from brokerd.wire.endpoints import is_tls, server_endpoint
 from brokerd.wire.stop_signals import ignore_further_stop_signals
 
@@ -61,6 +62,7 @@ class Listener:
     @ivar broker_clients: whether its factory's connections are broker clients
         that a stop closes after their commits (AMQP, native), rather than
         HTTP requests, which end with the reactor.
+    @ivar ceiling: the L{ConnectionCeiling} its connections count against, or None.
     """
 
     def __init__(self, reactor, description, factory, label, option, broker_clients=True):
@@ -71,11 +73,15 @@ class Listener:
         self.label = f"{label} over TLS" if is_tls(description) else label
         self.option = option
         self.port = None
+        self.ceiling = None
 
     @defer.inlineCallbacks
     def start(self):
         try:
-            self.port = yield server_endpoint(self.reactor, self.description).listen(self.factory)
+            factory = self.factory
+            if self.ceiling is not None:
+                factory = CeilingFactory(factory, self.ceiling)
+            self.port = yield server_endpoint(self.reactor, self.description).listen(factory)
         except Exception as problem:
             raise ListenFailed(f"--{self.option}={self.description}: {problem}") from None
         return self.port
@@ -192,6 +198,18 @@ class BrokerService(Service):
             self.broker, access, AccessCommands(self.broker, access), self.listeners
         )
         return make_site(context)
+
+    def limit_client_connections(self, maximum):
+        """
+        Accept at most C{maximum} connections over all the client listeners
+        together (C{--connection-max}; None: no ceiling); call before starting.
+        """
+        if maximum is None:
+            return
+        ceiling = ConnectionCeiling(maximum, self.reactor)
+        for listener in self.listeners:
+            if listener.broker_clients:
+                listener.ceiling = ceiling
 
     def startService(self):
         Service.startService(self)
