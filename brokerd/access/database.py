@@ -5,7 +5,9 @@ whatever message store the broker runs on, in the shape of RabbitMQ's
 definitions (C{users} with C{password_hash}, C{hashing_algorithm} and
 C{tags}; C{vhosts}; C{permissions} with C{configure}, C{write}, C{read};
 C{policies} with C{vhost}, C{name}, C{pattern}, C{apply-to}, C{definition},
-C{priority}: a file written before policies were kept has none).
+C{priority}: a file written before policies were kept has none), runtime
+C{parameters} and C{global_parameters} in RabbitMQ's shapes, and each user's
+C{limits} (L{brokerd.access.parameters}).
 A vhost made with a store of its own records its backend string in its
 entry (C{"backend"}); an entry without one is on the broker's C{--backend}
 store, as every vhost of a database written before that field was.
@@ -27,6 +29,12 @@ from zope.interface import implementer
 
 from brokerd.access.interfaces import IAccessDatabase
 from brokerd.access.passwords import HASHING_ALGORITHM, hash_password, password_matches
+from brokerd.access.parameters import (
+    ParameterRefused,
+    RuntimeParameters,
+    check_parameter,
+    check_user_limits,
+)
 from brokerd.access.policies import PolicyRefused, check_policy
 from brokerd.model.policy_effects import Policy
 
@@ -54,15 +62,16 @@ class AccessChangeRefused(ValueError):
 class User:
     """
     One user: its name, its password hash (RabbitMQ's format; None: no password
-    login) and its tags.
+    login), its tags and its limits (C{max-connections}, C{max-channels}).
     """
 
-    __slots__ = ("name", "password_hash", "tags")
+    __slots__ = ("name", "password_hash", "tags", "limits")
 
-    def __init__(self, name, password_hash, tags=()):
+    def __init__(self, name, password_hash, tags=(), limits=None):
         self.name = name
         self.password_hash = password_hash
         self.tags = tuple(tags)
+        self.limits = dict(limits or {})
 
     def __repr__(self):
         return f"<User {self.name!r} tags={list(self.tags)}>"
@@ -102,6 +111,7 @@ class AccessDatabase:
     @ivar permissions: C{(user name, vhost name)} -> L{Permissions}.
     @ivar policy_records: C{(vhost name, policy name)} -> L{Policy}.
     @ivar failed_logins: user name -> how many logins as that user were refused since start.
+    @ivar runtime: the L{RuntimeParameters}: runtime and global parameters.
     """
 
     def __init__(self, path=None):
@@ -112,6 +122,7 @@ class AccessDatabase:
         self.permissions = {}
         self.policy_records = {}
         self.failed_logins = {}
+        self.runtime = RuntimeParameters()
 
     @classmethod
     def in_memory(cls, default_user=DEFAULT_USER, default_pass=DEFAULT_PASS):
@@ -203,10 +214,15 @@ class AccessDatabase:
         user = self._existing_user(name)
         self._change(lambda: setattr(user, "password_hash", hash_password(password)))
 
-    def set_password_hash(self, name, password_hash, tags=()):
-        """Create or update a user from a hash made elsewhere (RabbitMQ's definitions)."""
+    def set_password_hash(self, name, password_hash, tags=(), limits=None):
+        """
+        Create or update a user from a hash made elsewhere (RabbitMQ's
+        definitions); without C{limits}, a user that exists keeps its own.
+        """
         _check_name("user", name)
-        user = User(name, password_hash, _tags(tags))
+        if limits is None:
+            limits = self.users[name].limits if name in self.users else {}
+        user = User(name, password_hash, _tags(tags), _user_limits(limits))
         self._change(lambda: self.users.__setitem__(name, user))
 
     def set_user_tags(self, name, tags):
@@ -277,6 +293,7 @@ class AccessDatabase:
                 del self.permissions[key]
             for key in [key for key in self.policy_records if key[0] == name]:
                 del self.policy_records[key]
+            self.runtime.forget_vhost(name)
 
         self._change(delete)
 
@@ -321,6 +338,40 @@ class AccessDatabase:
             raise AccessChangeRefused("Parameter does not exist")
         self._change(lambda: self.policy_records.pop((vhost, name)))
 
+    # -- parameters and limits
+
+    def set_parameter(self, vhost, component, name, value):
+        """Set parameter C{name} of C{component} on C{vhost} (rabbitmqctl's C{set_parameter})."""
+        self._existing_vhost(vhost)
+        try:
+            value = check_parameter(component, name, value)
+        except ParameterRefused as refusal:
+            raise AccessChangeRefused(str(refusal)) from None
+        self._change(lambda: self.runtime.parameters.__setitem__((vhost, component, name), value))
+
+    def clear_parameter(self, vhost, component, name):
+        """Delete a runtime parameter; refuses (as RabbitMQ) one that does not exist."""
+        if (vhost, component, name) not in self.runtime.parameters:
+            raise AccessChangeRefused("Parameter does not exist")
+        self._change(lambda: self.runtime.parameters.pop((vhost, component, name)))
+
+    def set_global_parameter(self, name, value):
+        """Set global parameter C{name} to C{value} (any JSON value, as RabbitMQ takes)."""
+        if not isinstance(name, str) or not name:
+            raise AccessChangeRefused("a global parameter needs a name")
+        self._change(lambda: self.runtime.global_parameters.__setitem__(name, value))
+
+    def clear_global_parameter(self, name):
+        if name not in self.runtime.global_parameters:
+            raise AccessChangeRefused("Parameter does not exist")
+        self._change(lambda: self.runtime.global_parameters.pop(name))
+
+    def set_user_limits(self, name, limits):
+        """Replace user C{name}'s limits (C{{}}: none; RabbitMQ's C{set_user_limits})."""
+        user = self._existing_user(name)
+        limits = _user_limits(limits)
+        self._change(lambda: setattr(user, "limits", limits))
+
     # -- the document on disk
 
     def document(self):
@@ -332,6 +383,7 @@ class AccessDatabase:
                 {
                     "name": user.name, "password_hash": user.password_hash or "",
                     "hashing_algorithm": HASHING_ALGORITHM, "tags": list(user.tags),
+                    "limits": dict(user.limits),
                 }
                 for user in self.users.values()
             ],
@@ -355,6 +407,7 @@ class AccessDatabase:
                 }
                 for policy in self.policy_records.values()
             ],
+            **self.runtime.document(),
         }
 
     def _take_document(self, document):
@@ -367,7 +420,8 @@ class AccessDatabase:
                     f"user {entry['name']!r} has a hash made by {entry['hashing_algorithm']!r}"
                 )
             users[entry["name"]] = User(
-                entry["name"], entry["password_hash"] or None, entry["tags"]
+                entry["name"], entry["password_hash"] or None, entry["tags"],
+                entry.get("limits"),  # none in a file from before limits
             )
         self.users = users
         self.vhosts = [entry["name"] for entry in document["vhosts"]]
@@ -387,6 +441,7 @@ class AccessDatabase:
             )
             for entry in document.get("policies", ())  # none in a file from before policies
         }
+        self.runtime.take_document(document)
 
     def _change(self, apply):
         """Apply a change in memory and save it; if it cannot be saved, undo it and raise."""
@@ -437,3 +492,10 @@ def _tags(tags):
         if not tag or "," in tag:
             raise AccessChangeRefused(f"{tag!r} is not a user tag (known: {', '.join(USER_TAGS)})")
     return tags
+
+
+def _user_limits(limits):
+    try:
+        return check_user_limits(limits)
+    except ParameterRefused as refusal:
+        raise AccessChangeRefused(str(refusal)) from None

@@ -31,7 +31,7 @@ import argparse
 import os
 import sys
 
-from brokerd.admin import access, listing, migration, operations
+from brokerd.admin import access, listing, migration, operations, parameters
 from brokerd.admin.client import AdminError, ManagementClient
 
 DEFAULT_URL = "http://127.0.0.1:15672"
@@ -46,6 +46,8 @@ TASKS = [
     ("vhosts", access.VHOST_COMMANDS),
     ("permissions", access.PERMISSION_COMMANDS),
     ("policies", access.POLICY_COMMANDS),
+    ("parameters", parameters.PARAMETER_COMMANDS),
+    ("limits", parameters.LIMIT_COMMANDS),
     ("definitions", operations.DEFINITION_COMMANDS),
     ("queues", operations.QUEUE_COMMANDS),
     ("connections", operations.CONNECTION_COMMANDS),

@@ -43,6 +43,10 @@ LISTINGS = {
                            ["user", "vhost", "configure", "write", "read"]),
     "policies": Listing("/api/policies", "/api/policies/{vhost}",
                         ["vhost", "name", "pattern", "apply-to", "definition", "priority"]),
+    "parameters": Listing("/api/parameters", None, ["vhost", "component", "name", "value"]),
+    "global-parameters": Listing("/api/global-parameters", None, ["name", "value"]),
+    "vhost-limits": Listing("/api/vhost-limits", "/api/vhost-limits/{vhost}", ["vhost", "value"]),
+    "user-limits": Listing("/api/user-limits", None, ["user", "value"]),
 }
 
 

@@ -302,12 +302,15 @@ class AmqpHandshake:
         connection's channels check every operation against those.
         """
         vhost = method.virtual_host or "/"
-        resource_access = self._settings.authenticator.check_vhost_access(self.user, vhost)
+        authenticator = self._settings.authenticator
+        resource_access = authenticator.check_vhost_access(
+            self.user, vhost, self.broker.connections
+        )
         properties = self.client_properties
         name = properties.get("connection_name") or properties.get("product") or ""
         self.connection = Connection(
             self.broker, vhost, str(name), AMQP_0_9_1, self.transport, self.user, properties,
-            resource_access,
+            resource_access, limits=authenticator.limits,
         )
         self.connection.tuning = {
             "channel_max": self.channel_max, "frame_max": self.frame_max, "timeout": self.heartbeat,

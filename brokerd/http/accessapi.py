@@ -79,7 +79,8 @@ def delete_vhost(api, vhost):
 def user_info(user):
     return {
         "name": user.name, "password_hash": user.password_hash or "",
-        "hashing_algorithm": HASHING_ALGORITHM, "tags": list(user.tags), "limits": {},
+        "hashing_algorithm": HASHING_ALGORITHM, "tags": list(user.tags),
+        "limits": dict(user.limits),
     }
 
 

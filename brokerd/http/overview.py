@@ -12,6 +12,7 @@ import resource as os_resource
 import socket
 
 import twisted
+from brokerd.access.parameters import CLUSTER_NAME
 from brokerd.http.rates import CounterRates
 from brokerd.http.routes import not_found
 from brokerd.model.exchange import DELAYED_TYPE, EXCHANGE_TYPES
@@ -117,7 +118,8 @@ def overview(api):
         "rabbitmq_version": MANAGEMENT_VERSION,
         "product_version": product_version(),
         "product_name": PRODUCT_NAME,
-        "cluster_name": context.node,
+        # As RabbitMQ: the cluster_name global parameter, the node's name without one.
+        "cluster_name": context.access.runtime.global_parameters.get(CLUSTER_NAME, context.node),
         "node": context.node,
         "erlang_version": "n/a",
         "message_stats": context.totals.message_stats(broker.connections),

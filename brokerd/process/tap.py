@@ -193,6 +193,14 @@ class Options(usage.Options):
             " a larger one closes that client's connection.",
         ],
         [
+            "connection-max",
+            None,
+            "infinity",
+            "Most client connections (AMQP, AMQPS and native together) open at once, as"
+            " RabbitMQ's connection_max; one more is closed before a byte is read. infinity:"
+            " no ceiling.",
+        ],
+        [
             "native-channel-max",
             None,
             str(DEFAULT_NATIVE_CHANNEL_MAX),
@@ -229,6 +237,7 @@ class Options(usage.Options):
                 f"--native-channel-max: {self['native-channel-max']!r}"
                 " is not a positive number of channels"
             ) from None
+        self["connection-max"] = _connection_max(self["connection-max"])
         for name in ("native", "amqp", "amqps", "prometheus", "http"):
             self[name] = _endpoint_option(reactor, name, self[name])
         if self["amqps"] is not None and not is_tls(self["amqps"]):
@@ -366,6 +375,21 @@ def _endpoint_option(reactor, name, value):
     return value
 
 
+def _connection_max(value):
+    """C{--connection-max}: None for infinity, else a number of connections (0 or more)."""
+    if value == "infinity":
+        return None
+    try:
+        maximum = int(value)
+        if maximum < 0:
+            raise ValueError
+    except ValueError:
+        raise usage.UsageError(
+            f"--connection-max: {value!r} is neither infinity nor a number of connections"
+        ) from None
+    return maximum
+
+
 def makeService(options):
     from twisted.internet import reactor
 
@@ -393,6 +417,7 @@ def makeService(options):
             options["backend"], options["data-dir"], options["sync"], reactor
         ),
     )
+    service.limit_client_connections(options["connection-max"])
     # What exists before the store opens (modules, classes, functions: tens of thousands
     # of objects that live as long as the process) leaves the cyclic collector's care,
     # so that its full collections walk only what the broker made since: 67 ms each in a
