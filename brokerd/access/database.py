@@ -5,7 +5,9 @@ whatever message store the broker runs on, in the shape of RabbitMQ's
 definitions (C{users} with C{password_hash}, C{hashing_algorithm} and
 C{tags}; C{vhosts}; C{permissions} with C{configure}, C{write}, C{read};
 C{policies} with C{vhost}, C{name}, C{pattern}, C{apply-to}, C{definition},
-C{priority}: a file written before policies were kept has none).
+C{priority}: a file written before policies were kept has none;
+C{topic_permissions} with C{user}, C{vhost}, C{exchange}, C{write}, C{read}:
+none in a file written before they were kept).
 A vhost made with a store of its own records its backend string in its
 entry (C{"backend"}); an entry without one is on the broker's C{--backend}
 store, as every vhost of a database written before that field was.
@@ -28,6 +30,11 @@ from zope.interface import implementer
 from brokerd.access.interfaces import IAccessDatabase
 from brokerd.access.passwords import HASHING_ALGORITHM, hash_password, password_matches
 from brokerd.access.policies import PolicyRefused, check_policy
+from brokerd.access.topic_permissions import (
+    TopicPermission,
+    TopicPermissions,
+    invalid_expression,
+)
 from brokerd.model.policy_effects import Policy
 
 ACCESS_FILE = "access.json"
@@ -101,6 +108,7 @@ class AccessDatabase:
         for the vhosts that have one.
     @ivar permissions: C{(user name, vhost name)} -> L{Permissions}.
     @ivar policy_records: C{(vhost name, policy name)} -> L{Policy}.
+    @ivar topic_permissions: the L{TopicPermissions} of every user on every vhost.
     @ivar failed_logins: user name -> how many logins as that user were refused since start.
     """
 
@@ -111,6 +119,7 @@ class AccessDatabase:
         self.vhost_backends = {}
         self.permissions = {}
         self.policy_records = {}
+        self.topic_permissions = TopicPermissions()
         self.failed_logins = {}
 
     @classmethod
@@ -189,6 +198,13 @@ class AccessDatabase:
         ]
         return sorted(found, key=lambda policy: (policy.vhost, -policy.priority, policy.name))
 
+    def topic_rules(self, user, vhost):
+        """
+        C{user}'s compiled topic permissions on C{vhost}, a dict kept up to date
+        (L{TopicPermissions.rules}).
+        """
+        return self.topic_permissions.rules(user, vhost)
+
     # -- changes, each durable before it returns
 
     def add_user(self, name, password, tags=()):
@@ -222,6 +238,7 @@ class AccessDatabase:
             del self.users[name]
             for key in [key for key in self.permissions if key[0] == name]:
                 del self.permissions[key]
+            self.topic_permissions.forget(user=name)
 
         self._change(delete)
 
@@ -266,6 +283,7 @@ class AccessDatabase:
                 del self.permissions[key]
             for key in [key for key in self.policy_records if key[0] == name]:
                 del self.policy_records[key]
+            self.topic_permissions.forget(vhost=name)
 
         self._change(delete)
 
@@ -287,6 +305,25 @@ class AccessDatabase:
         self._existing_user(user)
         self._existing_vhost(vhost)
         self._change(lambda: self.permissions.pop((user, vhost), None))
+
+    def set_topic_permissions(self, user, vhost, exchange, write, read):
+        """
+        Give C{user} the C{write} and C{read} expressions for topic exchange
+        C{exchange} on C{vhost} (RabbitMQ's C{set_topic_permissions}).
+        """
+        self._existing_user(user)
+        self._existing_vhost(vhost)
+        problem = invalid_expression(write=write, read=read)
+        if problem is not None:
+            raise AccessChangeRefused(problem)
+        permission = TopicPermission(exchange, write, read)
+        self._change(lambda: self.topic_permissions.set(user, vhost, permission))
+
+    def clear_topic_permissions(self, user, vhost, exchange=None):
+        """Take C{user}'s topic permissions for C{exchange} (None: every exchange) on C{vhost}."""
+        self._existing_user(user)
+        self._existing_vhost(vhost)
+        self._change(lambda: self.topic_permissions.clear(user, vhost, exchange))
 
     def set_policy(self, vhost, name, pattern, definition, priority=0, apply_to="all"):
         """Create or replace policy C{name} of C{vhost} (RabbitMQ's C{set_policy}); returns the
@@ -344,6 +381,7 @@ class AccessDatabase:
                 }
                 for policy in self.policy_records.values()
             ],
+            "topic_permissions": self.topic_permissions.document(),
         }
 
     def _take_document(self, document):
@@ -376,6 +414,8 @@ class AccessDatabase:
             )
             for entry in document.get("policies", ())  # none in a file from before policies
         }
+        # None in a file from before topic permissions:
+        self.topic_permissions.load(document.get("topic_permissions", ()))
 
     def _change(self, apply):
         """Apply a change in memory and save it; if it cannot be saved, undo it and raise."""

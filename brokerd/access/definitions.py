@@ -21,9 +21,9 @@ hashes, so they log in with their old passwords), vhosts, permissions and
 policies in the access database, declares exchanges, queues (one that
 exists is left as it is, as RabbitMQ does) and bindings (exchange-to-exchange
 ones too) in the running broker, and hands each vhost its policies. Importing
-the same document again changes nothing. Topic permissions, parameters and
-global parameters are not kept by brokerd: they are read past, and exported
-empty.
+the same document again changes nothing. Topic permissions are kept with the
+permissions (L{brokerd.access.topic_permissions}). Parameters and global
+parameters are not kept by brokerd: they are read past, and exported empty.
 """
 
 import datetime
@@ -37,6 +37,7 @@ from brokerd.access import vhosts as vhost_changes
 from brokerd.access.database import AccessChangeRefused
 from brokerd.access.passwords import HASHING_ALGORITHM, hash_password
 from brokerd.access.policies import PolicyRefused, check_policy, publish_all_policies
+from brokerd.access.topic_permissions import TopicPermission, checked_topic_permissions
 from brokerd.errors import BrokerError
 from brokerd.interfaces import IDelayedMessageStore
 from brokerd.model.exchange import DELAYED_TYPE, EXCHANGE_TYPES, KNOWN_TYPES
@@ -46,7 +47,7 @@ from brokerd.proto.tables import TimestampSeconds
 
 RABBIT_VERSION = "3.10.8"  # the RabbitMQ release whose definitions format this follows
 PRODUCT_NAME = "brokerd"
-IGNORED_SECTIONS = ("topic_permissions", "parameters", "global_parameters")
+IGNORED_SECTIONS = ("parameters", "global_parameters")
 
 
 class DefinitionsRefused(ValueError):
@@ -95,7 +96,7 @@ def export_definitions(broker, access, vhost=None):
             }
             for (user, on), permissions in sorted(access.permissions.items())
         ],
-        "topic_permissions": [],
+        "topic_permissions": access.topic_permissions.document(),
         "parameters": [],
         "global_parameters": [],
         "policies": policies,
@@ -209,7 +210,7 @@ def _check(broker, access, document, vhost):
         raise DefinitionsRefused("not a definitions document: a JSON object is expected at the top")
     sections = {}
     for section in ("users", "vhosts", "permissions", "policies", "queues", "exchanges", "bindings",
-                    *IGNORED_SECTIONS):
+                    "topic_permissions", *IGNORED_SECTIONS):
         entries = document.get(section, [])
         if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
             raise DefinitionsRefused(f"{section}: a list of JSON objects is expected")
@@ -219,7 +220,7 @@ def _check(broker, access, document, vhost):
             raise DefinitionsRefused(
                 f'Please create virtual host "{vhost}" prior to importing definitions.'
             )
-        sections.update(users=[], vhosts=[], permissions=[])
+        sections.update(users=[], vhosts=[], permissions=[], topic_permissions=[])
         for section in ("policies", "queues", "exchanges", "bindings"):
             sections[section] = [{**entry, "vhost": vhost} for entry in sections[section]]
     users = [_user(entry) for entry in sections["users"]]
@@ -251,6 +252,9 @@ def _check(broker, access, document, vhost):
             raise DefinitionsRefused(f"permissions: User {user} does not exist")
         expressions = (_text(entry, kind, "permissions") for kind in ("configure", "write", "read"))
         permissions.append((user, on, *expressions))
+    permissions += checked_topic_permissions(
+        sections["topic_permissions"], known_users, in_vhost, DefinitionsRefused
+    )
     policies = []
     for entry in sections["policies"]:
         on = in_vhost(entry, "policies")
@@ -397,8 +401,11 @@ def _apply(checked, broker, access, vhost):
             access.set_password_hash(name, password_hash, tags)
         for name in new_vhosts:
             yield defer.maybeDeferred(vhost_changes.add_vhost, broker, access, name)
-        for user, on, configure, write, read in permissions:
-            access.set_permissions(user, on, configure, write, read)
+        for user, on, *expressions in permissions:
+            if isinstance(expressions[0], TopicPermission):  # a topic permission
+                access.set_topic_permissions(user, on, *expressions[0].as_tuple())
+            else:
+                access.set_permissions(user, on, *expressions)
         for policy in policies:
             access.set_policy(*policy)
     except AccessChangeRefused as refusal:

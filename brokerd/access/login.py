@@ -183,7 +183,7 @@ class AccessControl:
         permissions = access.permissions_of(user, vhost)
         if permissions is None:
             raise NotAllowed(f"access to vhost '{vhost}' refused for user '{user}'")
-        return ResourceAccess(user, vhost, permissions)
+        return ResourceAccess(user, vhost, permissions, access.topic_rules(user, vhost))
 
     def check_new_secret(self, username, secret):
         """Raises L{LoginRefused} unless C{secret} (bytes) is still C{username}'s password."""

@@ -31,7 +31,7 @@ import argparse
 import os
 import sys
 
-from brokerd.admin import access, listing, migration, operations
+from brokerd.admin import access, listing, migration, operations, topic_access
 from brokerd.admin.client import AdminError, ManagementClient
 
 DEFAULT_URL = "http://127.0.0.1:15672"
@@ -45,6 +45,7 @@ TASKS = [
     ("users", access.USER_COMMANDS),
     ("vhosts", access.VHOST_COMMANDS),
     ("permissions", access.PERMISSION_COMMANDS),
+    ("topic permissions", topic_access.TOPIC_PERMISSION_COMMANDS),
     ("policies", access.POLICY_COMMANDS),
     ("definitions", operations.DEFINITION_COMMANDS),
     ("queues", operations.QUEUE_COMMANDS),

@@ -77,6 +77,7 @@ class Channel:
         self.access = connection.access or UNCHECKED  # UNCHECKED: made in-process, without a login
         # Exchanges published to:
         self._writable_exchanges = None if connection.access is None else set()
+        self._topic_rules = self.access.topic_rules  # empty while the user has no topic permission
         self.clock = connection.broker.clock
         self.consumers = ChannelConsumers(self)
         self.deliveries = Deliveries(connection)
@@ -177,12 +178,12 @@ class Channel:
     def exchange_bind(self, destination, source, routing_key="", arguments=None):
         """exchange.bind: what C{source} routes under this binding goes on to C{destination}."""
         check_arguments(arguments)
-        self.access.check_binding("exchange", destination, source)
+        self.access.check_binding("exchange", destination, source, routing_key, self.vhost)
         self.vhost.bind_exchange(destination, source, routing_key, arguments)
 
     def exchange_unbind(self, destination, source, routing_key="", arguments=None):
         check_arguments(arguments)
-        self.access.check_binding("exchange", destination, source)
+        self.access.check_binding("exchange", destination, source, routing_key, self.vhost)
         self.vhost.unbind_exchange(destination, source, routing_key, arguments)
 
     def queue_declare(
@@ -212,13 +213,13 @@ class Channel:
     def queue_bind(self, queue, exchange, routing_key="", arguments=None):
         check_arguments(arguments)
         queue = self._queue_name(queue)
-        self.access.check_binding("queue", queue, exchange)
+        self.access.check_binding("queue", queue, exchange, routing_key, self.vhost)
         self.vhost.bind(queue, exchange, routing_key, arguments, self.connection)
 
     def queue_unbind(self, queue, exchange, routing_key="", arguments=None):
         check_arguments(arguments)
         queue = self._queue_name(queue)
-        self.access.check_binding("queue", queue, exchange)
+        self.access.check_binding("queue", queue, exchange, routing_key, self.vhost)
         self.vhost.unbind(queue, exchange, routing_key, arguments, self.connection)
 
     def queue_purge(self, queue):
@@ -269,6 +270,8 @@ class Channel:
             message.exchange not in writable or message.properties.user_id
         ):
             self.access.check_publish(message, writable)
+        if self._topic_rules:
+            self.access.check_topic_write(self.vhost, message)
         if message.properties.reply_to == REPLY_QUEUE:
             message = self.connection.broker.replies.with_reply_address(self, message)
         if self._transaction is not None:
