@@ -25,7 +25,7 @@ import re
 from twisted.internet import defer
 from zope.interface import implementer
 
-from brokerd.access import topic_commands, vhosts
+from brokerd.access import topic_commands, tracing_commands, vhosts
 from brokerd.access.command_results import DONE, Table
 from brokerd.access.command_results import done as _done
 from brokerd.access.database import DEFAULT_VHOST, AccessChangeRefused
@@ -369,7 +369,10 @@ PER_VHOST = (
     "set_permissions", "clear_permissions", "list_permissions", "set_policy", "clear_policy",
     "list_policies",
 )
-PER_VHOST += ("set_topic_permissions", "clear_topic_permissions", "list_topic_permissions")
+PER_VHOST += (
+    "set_topic_permissions", "clear_topic_permissions", "list_topic_permissions", "trace_on",
+    "trace_off",
+)
 
 # command -> (method, fewest and most positional arguments (None: any number), what they are)
 COMMANDS = {
@@ -393,3 +396,4 @@ COMMANDS = {
     "import_definitions": (AccessCommands.import_definitions, 1, 1, "DEFINITIONS_JSON"),
 }
 COMMANDS.update(topic_commands.COMMANDS)
+COMMANDS.update(tracing_commands.COMMANDS)

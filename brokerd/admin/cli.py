@@ -50,6 +50,7 @@ TASKS = [
     ("definitions", operations.DEFINITION_COMMANDS),
     ("queues", operations.QUEUE_COMMANDS),
     ("connections", operations.CONNECTION_COMMANDS),
+    ("tracing", topic_access.TRACING_COMMANDS),
     ("migration (broker stopped; no API)", migration.COMMANDS),
 ]
 COMMANDS = {command.name: command for _, commands in TASKS for command in commands}

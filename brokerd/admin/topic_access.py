@@ -1,11 +1,14 @@
-"""C{brokerd-admin}'s topic permissions: rabbitmqctl's C{set_topic_permissions} and
-C{clear_topic_permissions}, as requests to RabbitMQ's management API::
+"""C{brokerd-admin}'s topic permissions and tracing: rabbitmqctl's C{set_topic_permissions},
+C{clear_topic_permissions}, C{trace_on} and C{trace_off}, as requests to RabbitMQ's
+management API::
 
     set-topic-permissions [--vhost V] USER EXCHANGE WRITE READ
                                   PUT /api/topic-permissions/V/USER
     clear-topic-permissions [--vhost V] USER [EXCHANGE]
                                   DELETE /api/topic-permissions/V/USER[/EXCHANGE]
                                   (a user without any there: nothing to do, as rabbitmqctl)
+    trace-on [--vhost V]          PUT /api/vhosts/V {"tracing": true}
+    trace-off [--vhost V]         PUT /api/vhosts/V {"tracing": false}
 
 C{brokerd-admin list topic_permissions [--vhost V]} lists them.
 """
@@ -57,6 +60,27 @@ def clear_topic_permissions(client, arguments, out):
               f" in vhost {vhost}")
 
 
+def _trace_arguments(parser):
+    add_vhost_option(parser)
+
+
+def _tracing(client, arguments, out, on):
+    vhost = vhost_of(arguments)
+    path = f"/api/vhosts/{segment(vhost)}"
+    if client.get_json_if_any(path) is None:
+        raise AdminError(f"Virtual host '{vhost}' does not exist")
+    client.send_json("PUT", path, {"tracing": on})
+    done(out, f"Tracing {'enabled' if on else 'disabled'} for vhost {vhost}")
+
+
+def trace_on(client, arguments, out):
+    _tracing(client, arguments, out, True)
+
+
+def trace_off(client, arguments, out):
+    _tracing(client, arguments, out, False)
+
+
 TOPIC_PERMISSION_COMMANDS = [
     Command("set-topic-permissions",
             "give a user two regular expressions for the routing keys of a topic exchange",
@@ -64,4 +88,9 @@ TOPIC_PERMISSION_COMMANDS = [
     Command("clear-topic-permissions",
             "take a user's topic permissions on a vhost (one exchange's, or all)",
             _clear_arguments, clear_topic_permissions),
+]
+TRACING_COMMANDS = [
+    Command("trace-on", "copy every message published and delivered in a vhost to its"
+            " amq.rabbitmq.trace exchange", _trace_arguments, trace_on),
+    Command("trace-off", "stop the tracing of a vhost", _trace_arguments, trace_off),
 ]

@@ -30,7 +30,7 @@ from brokerd.model.names import check_short_string
 from brokerd.model.property_rules import check_arguments, check_properties
 from brokerd.model.replyto import REPLY_PREFIX, REPLY_QUEUE
 from brokerd.session.confirms import PublisherConfirms
-from brokerd.session.consumer import delivered_message
+from brokerd.session.consumer import delivered_message, trace_delivery
 from brokerd.session.consumers import ChannelConsumers
 from brokerd.session.deliveries import Deliveries
 from brokerd.session.transactions import Transaction
@@ -282,6 +282,8 @@ class Channel:
             sequence = confirms.next_sequence()
         routed, stored, refused = self.vhost.publish(message.exchange, message)
         self.messages_published += 1
+        if (firehose := self.vhost.firehose) is not None:
+            firehose.published(message, self.connection.name, self.id, self.connection.user or "")
         # One test on the routed path, as before; the counting is on the unroutable one only.
         if not routed:
             if reply := message.routing_key.startswith(REPLY_PREFIX) and not message.exchange:
@@ -353,7 +355,10 @@ class Channel:
             source.forget(entry)
         else:
             tag = self.deliveries.hold(entry)
-        return tag, entry.redelivered, delivered_message(entry), source.message_count
+        message = delivered_message(entry)
+        if (firehose := self.vhost.firehose) is not None:
+            trace_delivery(firehose, self, queue, entry.redelivered, message)
+        return tag, entry.redelivered, message, source.message_count
 
     def flow(self, active):
         """Pause (False) or resume (True) deliveries to this channel's consumers."""
