@@ -11,8 +11,10 @@ C{routing_keys} (an array), C{properties} (a table of the original's
 properties, integers as signed 32-bit, its headers as they came), C{node},
 then for a delivery C{redelivered} (0 or 1), then C{vhost}, C{connection},
 C{channel}, C{user}, and for a publish C{routed_queues} (the queues its
-routing reached). A message published to the trace exchange itself is never
-copied, so a consumer of the copies does not feed the firehose.
+routing reached; through the default exchange, the queue its routing key
+names, whether or not it exists, as RabbitMQ). A message published to the
+trace exchange itself is never copied, so a consumer of the copies does not
+feed the firehose.
 
 A vhost's C{firehose} is None while tracing is off, so a publish or a
 delivery pays one test for it. As in RabbitMQ, tracing is not kept across a
@@ -58,16 +60,21 @@ class Firehose:
             return
         vhost = self.vhost
         exchange = vhost.exchanges.get(message.exchange)
-        routed = []
-        if exchange is not None and not exchange.delayed:
-            routed, _ = route_onwards(exchange, message, exchange.route(message), vhost.exchanges)
+        if not message.exchange:
+            # RabbitMQ's default exchange names the queue whether or not it exists.
+            routed = [message.routing_key]
+        elif exchange is not None and not exchange.delayed:
+            queues, _ = route_onwards(exchange, message, exchange.route(message), vhost.exchanges)
+            routed = [queue.name for queue in queues]
+        else:
+            routed = []
         properties = self._copied_properties(message)
         headers = properties.headers
         _add_text(headers, "vhost", vhost.name)
         _add_text(headers, "connection", connection_name)
         _add_integer(headers, "channel", channel_number)
         _add_text(headers, "user", user)
-        _add_texts(headers, "routed_queues", [queue.name for queue in routed])
+        _add_texts(headers, "routed_queues", routed)
         self._send("publish." + message.exchange, properties, message.body)
 
     def delivered(self, queue_name, redelivered, message, connection_name, channel_number, user):

@@ -37,6 +37,11 @@ def test_the_copies_headers_have_rabbitmqs_amqp_types(broker):
     assert copied["priority"].integer_kind == messages_pb2.INT32
     assert copied["timestamp"].integer_kind == messages_pb2.INT64  # too late for 32 bits
     assert copied["content_type"].string_value == "t"
+    channel.basic_publish("", "no-such-queue", properties(), b"y")
+    channel.basic_publish("amq.topic", "nowhere", properties(), b"z")
+    routed = [[value.string_value for value in fields(copy.properties.headers)["routed_queues"].array_value.values]
+              for _, _, copy, _ in (channel.basic_get("trace", no_ack=True), channel.basic_get("trace", no_ack=True))]
+    assert routed == [["no-such-queue"], []]  # as RabbitMQ 3.10.8: the default exchange names the key's queue
 
 
 def test_deliveries_are_copied_but_copies_are_not_and_nothing_once_tracing_is_off(broker, clock):
