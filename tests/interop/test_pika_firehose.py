@@ -13,7 +13,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from brokerd.testing import BrokerProcess
+from brokerd.testing import BrokerProcess, native_cli
 from tests.support.admin_cli import admin, http_url
 from tests.support.httpapi import RABBITMQADMIN, Api, amqp
 
@@ -23,7 +23,8 @@ TRACE = "amq.rabbitmq.trace"
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    process = BrokerProcess(["--backend=memory", "--native", "none"], cwd=tmp_path_factory.mktemp("broker"))
+    process = BrokerProcess(["--backend=memory", "--native", "tcp:0:interface=127.0.0.1"],
+                            cwd=tmp_path_factory.mktemp("broker"))
     yield process
     assert process.stop() == 0
     assert not any("Traceback" in line for line in process.output)
@@ -110,6 +111,28 @@ def test_with_tracing_on_publishes_and_deliveries_are_copied_with_rabbitmqs_head
         ("redelivered", 0), ("vhost", VHOST), ("connection", connection_name), ("channel", 1), ("user", "guest")]
     assert copies[4][1].headers["redelivered"] == 1
     assert copies[5][1].headers["routing_keys"] == ["fh.work"]
+
+
+def test_native_protocol_publishes_and_gets_are_traced_too_and_other_vhosts_are_not(broker, api):
+    assert api.put(f"/api/vhosts/{VHOST}", {"tracing": True}) == (204, None)
+    endpoint = broker.wait_listening("native protocol")
+    with amqp(broker, vhost=VHOST) as traced_vhost, amqp(broker) as other_vhost:
+        channel = traced_vhost.channel()
+        channel.queue_declare("fh.native.trace", exclusive=True)
+        channel.queue_bind("fh.native.trace", TRACE, "#")
+        channel.queue_declare("fh.native", auto_delete=True)
+        other = other_vhost.channel()
+        other.queue_declare("fh.other.trace", exclusive=True)
+        other.queue_bind("fh.other.trace", TRACE, "#")
+        other.confirm_delivery()
+        other.basic_publish("", "fh.other.trace", b"in /")
+        assert native_cli(endpoint, "--vhost", VHOST, "publish", "--routing-key", "fh.native", "--confirm",
+                          "native").returncode == 0
+        assert native_cli(endpoint, "--vhost", VHOST, "get", "fh.native").returncode == 0
+        copies = traced(channel, "fh.native.trace")
+        assert [(key, body, properties.headers["user"]) for key, properties, body in copies] == [
+            ("publish.", b"native", "guest"), ("deliver.fh.native", b"native", "guest")]
+        assert [body for _, _, body in traced(other, "fh.other.trace")] == [b"in /"]  # / is not traced
 
 
 def test_with_tracing_off_nothing_is_copied(broker, api):
