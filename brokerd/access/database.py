@@ -5,9 +5,11 @@ whatever message store the broker runs on, in the shape of RabbitMQ's
 definitions (C{users} with C{password_hash}, C{hashing_algorithm} and
 C{tags}; C{vhosts}; C{permissions} with C{configure}, C{write}, C{read};
 C{policies} with C{vhost}, C{name}, C{pattern}, C{apply-to}, C{definition},
-C{priority}: a file written before policies were kept has none), runtime
-C{parameters} and C{global_parameters} in RabbitMQ's shapes, and each user's
-C{limits} (L{brokerd.access.parameters}).
+C{priority}: a file written before policies were kept has none;
+C{topic_permissions} with C{user}, C{vhost}, C{exchange}, C{write}, C{read}:
+none in a file written before they were kept), runtime C{parameters} and
+C{global_parameters} in RabbitMQ's shapes, and each user's C{limits}
+(L{brokerd.access.parameters}).
 A vhost made with a store of its own records its backend string in its
 entry (C{"backend"}); an entry without one is on the broker's C{--backend}
 store, as every vhost of a database written before that field was.
@@ -29,73 +31,33 @@ from zope.interface import implementer
 
 from brokerd.access.interfaces import IAccessDatabase
 from brokerd.access.passwords import HASHING_ALGORITHM, hash_password, password_matches
-from brokerd.access.parameters import (
-    ParameterRefused,
-    RuntimeParameters,
-    check_parameter,
-    check_user_limits,
-)
+from brokerd.access.parameters import ParameterRefused, RuntimeParameters, check_parameter
 from brokerd.access.policies import PolicyRefused, check_policy
+from brokerd.access.records import (  # noqa: F401 (re-exported: the database's own names)
+    DEFAULT_PASS,
+    DEFAULT_USER,
+    DEFAULT_VHOST,
+    FULL_PERMISSIONS,
+    USER_TAGS,
+    AccessChangeRefused,
+    Permissions,
+    User,
+    check_name,
+    checked_tags,
+    checked_user_limits,
+)
+from brokerd.access.topic_permissions import (
+    TopicPermission,
+    TopicPermissions,
+    invalid_expression,
+)
 from brokerd.model.policy_effects import Policy
 
 ACCESS_FILE = "access.json"
 FORMAT = "brokerd access database"
 FORMAT_VERSION = 1
-DEFAULT_VHOST = "/"
-DEFAULT_USER = "guest"
-DEFAULT_PASS = "guest"
-USER_TAGS = ("administrator", "monitoring", "management", "policymaker")
-FULL_PERMISSIONS = (".*", ".*", ".*")
-
-
 class AccessDatabaseDamaged(Exception):
     """The access database file cannot be read; the message names the file and the fault."""
-
-
-class AccessChangeRefused(ValueError):
-    """
-    A change names an unknown user or vhost, or a bad tag or expression; the
-    message says which.
-    """
-
-
-class User:
-    """
-    One user: its name, its password hash (RabbitMQ's format; None: no password
-    login), its tags and its limits (C{max-connections}, C{max-channels}).
-    """
-
-    __slots__ = ("name", "password_hash", "tags", "limits")
-
-    def __init__(self, name, password_hash, tags=(), limits=None):
-        self.name = name
-        self.password_hash = password_hash
-        self.tags = tuple(tags)
-        self.limits = dict(limits or {})
-
-    def __repr__(self):
-        return f"<User {self.name!r} tags={list(self.tags)}>"
-
-
-class Permissions:
-    """
-    A user's three regular expressions on one vhost, as RabbitMQ's
-    C{set_permissions} takes them.
-    """
-
-    __slots__ = ("configure", "write", "read")
-
-    def __init__(self, configure, write, read):
-        self.configure, self.write, self.read = configure, write, read
-
-    def __eq__(self, other):
-        return isinstance(other, Permissions) and self.as_tuple() == other.as_tuple()
-
-    def as_tuple(self):
-        return self.configure, self.write, self.read
-
-    def __repr__(self):
-        return f"Permissions{self.as_tuple()!r}"
 
 
 @implementer(IAccessDatabase)
@@ -110,6 +72,7 @@ class AccessDatabase:
         for the vhosts that have one.
     @ivar permissions: C{(user name, vhost name)} -> L{Permissions}.
     @ivar policy_records: C{(vhost name, policy name)} -> L{Policy}.
+    @ivar topic_permissions: the L{TopicPermissions} of every user on every vhost.
     @ivar failed_logins: user name -> how many logins as that user were refused since start.
     @ivar runtime: the L{RuntimeParameters}: runtime and global parameters.
     """
@@ -121,6 +84,7 @@ class AccessDatabase:
         self.vhost_backends = {}
         self.permissions = {}
         self.policy_records = {}
+        self.topic_permissions = TopicPermissions()
         self.failed_logins = {}
         self.runtime = RuntimeParameters()
 
@@ -200,14 +164,21 @@ class AccessDatabase:
         ]
         return sorted(found, key=lambda policy: (policy.vhost, -policy.priority, policy.name))
 
+    def topic_rules(self, user, vhost):
+        """
+        C{user}'s compiled topic permissions on C{vhost}, a dict kept up to date
+        (L{TopicPermissions.rules}).
+        """
+        return self.topic_permissions.rules(user, vhost)
+
     # -- changes, each durable before it returns
 
     def add_user(self, name, password, tags=()):
         """Create a user (RabbitMQ's C{add_user}); it has no permissions until given some."""
-        _check_name("user", name)
+        check_name("user", name)
         if name in self.users:
             raise AccessChangeRefused(f"user '{name}' already exists")
-        user = User(name, hash_password(password), _tags(tags))
+        user = User(name, hash_password(password), checked_tags(tags))
         self._change(lambda: self.users.__setitem__(name, user))
 
     def set_password(self, name, password):
@@ -219,15 +190,15 @@ class AccessDatabase:
         Create or update a user from a hash made elsewhere (RabbitMQ's
         definitions); without C{limits}, a user that exists keeps its own.
         """
-        _check_name("user", name)
+        check_name("user", name)
         if limits is None:
             limits = self.users[name].limits if name in self.users else {}
-        user = User(name, password_hash, _tags(tags), _user_limits(limits))
+        user = User(name, password_hash, checked_tags(tags), checked_user_limits(limits))
         self._change(lambda: self.users.__setitem__(name, user))
 
     def set_user_tags(self, name, tags):
         user = self._existing_user(name)
-        tags = _tags(tags)
+        tags = checked_tags(tags)
         self._change(lambda: setattr(user, "tags", tags))
 
     def delete_user(self, name):
@@ -238,6 +209,7 @@ class AccessDatabase:
             del self.users[name]
             for key in [key for key in self.permissions if key[0] == name]:
                 del self.permissions[key]
+            self.topic_permissions.forget(user=name)
 
         self._change(delete)
 
@@ -260,7 +232,7 @@ class AccessDatabase:
         Raise AccessChangeRefused unless C{name} may be a new vhost's name
         (valid, and not one already).
         """
-        _check_name("vhost", name)
+        check_name("vhost", name)
         if name in self.vhosts:
             raise AccessChangeRefused(f"vhost '{name}' already exists")
 
@@ -294,6 +266,7 @@ class AccessDatabase:
             for key in [key for key in self.policy_records if key[0] == name]:
                 del self.policy_records[key]
             self.runtime.forget_vhost(name)
+            self.topic_permissions.forget(vhost=name)
 
         self._change(delete)
 
@@ -315,6 +288,25 @@ class AccessDatabase:
         self._existing_user(user)
         self._existing_vhost(vhost)
         self._change(lambda: self.permissions.pop((user, vhost), None))
+
+    def set_topic_permissions(self, user, vhost, exchange, write, read):
+        """
+        Give C{user} the C{write} and C{read} expressions for topic exchange
+        C{exchange} on C{vhost} (RabbitMQ's C{set_topic_permissions}).
+        """
+        self._existing_user(user)
+        self._existing_vhost(vhost)
+        problem = invalid_expression(write=write, read=read)
+        if problem is not None:
+            raise AccessChangeRefused(problem)
+        permission = TopicPermission(exchange, write, read)
+        self._change(lambda: self.topic_permissions.set(user, vhost, permission))
+
+    def clear_topic_permissions(self, user, vhost, exchange=None):
+        """Take C{user}'s topic permissions for C{exchange} (None: every exchange) on C{vhost}."""
+        self._existing_user(user)
+        self._existing_vhost(vhost)
+        self._change(lambda: self.topic_permissions.clear(user, vhost, exchange))
 
     def set_policy(self, vhost, name, pattern, definition, priority=0, apply_to="all"):
         """Create or replace policy C{name} of C{vhost} (RabbitMQ's C{set_policy}); returns the
@@ -369,7 +361,7 @@ class AccessDatabase:
     def set_user_limits(self, name, limits):
         """Replace user C{name}'s limits (C{{}}: none; RabbitMQ's C{set_user_limits})."""
         user = self._existing_user(name)
-        limits = _user_limits(limits)
+        limits = checked_user_limits(limits)
         self._change(lambda: setattr(user, "limits", limits))
 
     # -- the document on disk
@@ -408,6 +400,7 @@ class AccessDatabase:
                 for policy in self.policy_records.values()
             ],
             **self.runtime.document(),
+            "topic_permissions": self.topic_permissions.document(),
         }
 
     def _take_document(self, document):
@@ -442,6 +435,8 @@ class AccessDatabase:
             for entry in document.get("policies", ())  # none in a file from before policies
         }
         self.runtime.take_document(document)
+        # None in a file from before topic permissions:
+        self.topic_permissions.load(document.get("topic_permissions", ()))
 
     def _change(self, apply):
         """Apply a change in memory and save it; if it cannot be saved, undo it and raise."""
@@ -479,23 +474,3 @@ class AccessDatabase:
         if name not in self.vhosts:
             raise AccessChangeRefused(f"no vhost '{name}'")
 
-
-def _check_name(kind, name):
-    if not name or len(name.encode()) > 255:
-        raise AccessChangeRefused(f"a {kind} name must be 1 to 255 bytes of UTF-8")
-
-
-def _tags(tags):
-    """Tags as RabbitMQ keeps them: any words, the known ones among them meaning something here."""
-    tags = tuple(tags)
-    for tag in tags:
-        if not tag or "," in tag:
-            raise AccessChangeRefused(f"{tag!r} is not a user tag (known: {', '.join(USER_TAGS)})")
-    return tags
-
-
-def _user_limits(limits):
-    try:
-        return check_user_limits(limits)
-    except ParameterRefused as refusal:
-        raise AccessChangeRefused(str(refusal)) from None

@@ -21,9 +21,10 @@ hashes, so they log in with their old passwords), vhosts, permissions and
 policies in the access database, declares exchanges, queues (one that
 exists is left as it is, as RabbitMQ does) and bindings (exchange-to-exchange
 ones too) in the running broker, and hands each vhost its policies. Importing
-the same document again changes nothing. Runtime parameters, global parameters
-and users' limits are L{brokerd.access.definition_parameters}'. Topic
-permissions are not kept by brokerd: they are read past, and exported empty.
+the same document again changes nothing. Topic permissions are kept with the
+permissions (L{brokerd.access.topic_permissions}); runtime parameters, global
+parameters and users' limits are read and written by
+L{brokerd.access.definition_parameters}.
 """
 
 import datetime
@@ -39,6 +40,7 @@ from brokerd.access.database import AccessChangeRefused
 from brokerd.access.limits import publish_all_limits
 from brokerd.access.passwords import HASHING_ALGORITHM, hash_password
 from brokerd.access.policies import PolicyRefused, check_policy, publish_all_policies
+from brokerd.access.topic_permissions import TopicPermission, checked_topic_permissions
 from brokerd.errors import BrokerError
 from brokerd.interfaces import IDelayedMessageStore
 from brokerd.model.exchange import DELAYED_TYPE, EXCHANGE_TYPES, KNOWN_TYPES
@@ -48,7 +50,6 @@ from brokerd.proto.tables import TimestampSeconds
 
 RABBIT_VERSION = "3.10.8"  # the RabbitMQ release whose definitions format this follows
 PRODUCT_NAME = "brokerd"
-IGNORED_SECTIONS = ("topic_permissions",)
 PARAMETER_SECTIONS = ("parameters", "global_parameters")
 
 
@@ -101,7 +102,7 @@ def export_definitions(broker, access, vhost=None):
             }
             for (user, on), permissions in sorted(access.permissions.items())
         ],
-        "topic_permissions": [],
+        "topic_permissions": access.topic_permissions.document(),
         "parameters": parameter_sections.exported_parameters(access),
         "global_parameters": parameter_sections.exported_global_parameters(access),
         "policies": policies,
@@ -215,7 +216,7 @@ def _check(broker, access, document, vhost):
         raise DefinitionsRefused("not a definitions document: a JSON object is expected at the top")
     sections = {}
     for section in ("users", "vhosts", "permissions", "policies", "queues", "exchanges", "bindings",
-                    *PARAMETER_SECTIONS, *IGNORED_SECTIONS):
+                    "topic_permissions", *PARAMETER_SECTIONS):
         entries = document.get(section, [])
         if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
             raise DefinitionsRefused(f"{section}: a list of JSON objects is expected")
@@ -225,7 +226,9 @@ def _check(broker, access, document, vhost):
             raise DefinitionsRefused(
                 f'Please create virtual host "{vhost}" prior to importing definitions.'
             )
-        sections.update(users=[], vhosts=[], permissions=[], global_parameters=[])
+        sections.update(
+            users=[], vhosts=[], permissions=[], topic_permissions=[], global_parameters=[]
+        )
         for section in ("policies", "queues", "exchanges", "bindings", "parameters"):
             sections[section] = [{**entry, "vhost": vhost} for entry in sections[section]]
     users = [_user(entry) for entry in sections["users"]]
@@ -257,6 +260,9 @@ def _check(broker, access, document, vhost):
             raise DefinitionsRefused(f"permissions: User {user} does not exist")
         expressions = (_text(entry, kind, "permissions") for kind in ("configure", "write", "read"))
         permissions.append((user, on, *expressions))
+    permissions += checked_topic_permissions(
+        sections["topic_permissions"], known_users, in_vhost, DefinitionsRefused
+    )
     policies = []
     for entry in sections["policies"]:
         on = in_vhost(entry, "policies")
@@ -414,8 +420,11 @@ def _apply(checked, broker, access, vhost):
             access.set_password_hash(name, password_hash, tags, limits)
         for name in new_vhosts:
             yield defer.maybeDeferred(vhost_changes.add_vhost, broker, access, name)
-        for user, on, configure, write, read in permissions:
-            access.set_permissions(user, on, configure, write, read)
+        for user, on, *expressions in permissions:
+            if isinstance(expressions[0], TopicPermission):  # a topic permission
+                access.set_topic_permissions(user, on, *expressions[0].as_tuple())
+            else:
+                access.set_permissions(user, on, *expressions)
         for policy in policies:
             access.set_policy(*policy)
         parameter_sections.apply_parameters(access, *parameters)

@@ -65,6 +65,12 @@ class IAccessDatabase(Interface):
         of every vhost), highest priority first.
         """
 
+    def topic_rules(user, vhost):
+        """
+        C{user}'s compiled topic permissions on C{vhost}: a dict (exchange name
+        -> rule) that later changes update in place, empty while there are none.
+        """
+
 
 class IAccessCommands(Interface):
     """rabbitmqctl's user, vhost, permission and policy commands, and

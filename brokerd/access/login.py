@@ -190,7 +190,7 @@ class AccessControl:
         permissions = access.permissions_of(user, vhost)
         if permissions is None:
             raise NotAllowed(f"access to vhost '{vhost}' refused for user '{user}'")
-        return ResourceAccess(user, vhost, permissions)
+        return ResourceAccess(user, vhost, permissions, access.topic_rules(user, vhost))
 
     def _admitted_from(self, mechanism, name, peer_host):
         """

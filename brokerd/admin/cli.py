@@ -31,7 +31,7 @@ import argparse
 import os
 import sys
 
-from brokerd.admin import access, listing, migration, operations, parameters
+from brokerd.admin import access, listing, migration, operations, parameters, topic_access
 from brokerd.admin.client import AdminError, ManagementClient
 
 DEFAULT_URL = "http://127.0.0.1:15672"
@@ -45,12 +45,14 @@ TASKS = [
     ("users", access.USER_COMMANDS),
     ("vhosts", access.VHOST_COMMANDS),
     ("permissions", access.PERMISSION_COMMANDS),
+    ("topic permissions", topic_access.TOPIC_PERMISSION_COMMANDS),
     ("policies", access.POLICY_COMMANDS),
     ("parameters", parameters.PARAMETER_COMMANDS),
     ("limits", parameters.LIMIT_COMMANDS),
     ("definitions", operations.DEFINITION_COMMANDS),
     ("queues", operations.QUEUE_COMMANDS),
     ("connections", operations.CONNECTION_COMMANDS),
+    ("tracing", topic_access.TRACING_COMMANDS),
     ("migration (broker stopped; no API)", migration.COMMANDS),
 ]
 COMMANDS = {command.name: command for _, commands in TASKS for command in commands}

@@ -41,6 +41,8 @@ LISTINGS = {
     "users": Listing("/api/users", None, ["name", "tags"]),
     "permissions": Listing("/api/permissions", "/api/vhosts/{vhost}/permissions",
                            ["user", "vhost", "configure", "write", "read"]),
+    "topic_permissions": Listing("/api/topic-permissions", "/api/vhosts/{vhost}/topic-permissions",
+                                 ["user", "vhost", "exchange", "write", "read"]),
     "policies": Listing("/api/policies", "/api/policies/{vhost}",
                         ["vhost", "name", "pattern", "apply-to", "definition", "priority"]),
     "parameters": Listing("/api/parameters", None, ["vhost", "component", "name", "value"]),

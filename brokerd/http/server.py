@@ -131,7 +131,9 @@ class ApiRequest:
         permissions = self.context.access.permissions_of(self.user, name)
         if permissions is None:
             raise not_authorised(VHOST_REFUSED)
-        return ResourceAccess(self.user, name, permissions)
+        return ResourceAccess(
+            self.user, name, permissions, self.context.access.topic_rules(self.user, name)
+        )
 
 
 class ManagementApi(resource.Resource):

@@ -2,6 +2,7 @@
 
 from brokerd.http import accessapi, clients, definitionsapi, health, messages, overview, topology
 from brokerd.http import parametersapi
+from brokerd.http import topicpermissionsapi as topics
 from brokerd.http.routes import Route
 
 BINDING_SORT = (
@@ -33,6 +34,7 @@ PARAMETER_ROUTES = [
     Route("PUT", "/api/user-limits/{user}/{name}", parametersapi.put_user_limit),
     Route("DELETE", "/api/user-limits/{user}/{name}", parametersapi.delete_user_limit),
 ]
+TOPIC_PERMISSION_SORT = ("vhost", "user", "exchange")
 
 ROUTES = [
     Route("GET", "/api/overview", overview.overview),
@@ -64,6 +66,26 @@ ROUTES = [
     Route("GET", "/api/permissions/{vhost}/{user}", accessapi.get_permission, sort=PERMISSION_SORT),
     Route("PUT", "/api/permissions/{vhost}/{user}", accessapi.put_permission),
     Route("DELETE", "/api/permissions/{vhost}/{user}", accessapi.delete_permission),
+    Route("GET", "/api/topic-permissions", topics.list_all, sort=TOPIC_PERMISSION_SORT),
+    Route(
+        "GET", "/api/topic-permissions/{vhost}/{user}", topics.get_entries,
+        sort=TOPIC_PERMISSION_SORT,
+    ),
+    Route("PUT", "/api/topic-permissions/{vhost}/{user}", topics.put_entry),
+    Route("DELETE", "/api/topic-permissions/{vhost}/{user}", topics.delete_entries),
+    Route(
+        "GET", "/api/topic-permissions/{vhost}/{user}/{exchange}", topics.get_entries,
+        sort=TOPIC_PERMISSION_SORT,
+    ),
+    Route("PUT", "/api/topic-permissions/{vhost}/{user}/{exchange}", topics.put_entry),
+    Route("DELETE", "/api/topic-permissions/{vhost}/{user}/{exchange}", topics.delete_entries),
+    Route(
+        "GET", "/api/users/{name}/topic-permissions", topics.of_user, sort=TOPIC_PERMISSION_SORT
+    ),
+    Route(
+        "GET", "/api/vhosts/{vhost}/topic-permissions", topics.of_vhost,
+        sort=TOPIC_PERMISSION_SORT,
+    ),
     Route("GET", "/api/queues", topology.list_queues),
     Route("GET", "/api/queues/{vhost}", topology.list_queues),
     Route("GET", "/api/queues/{vhost}/{name}", topology.get_queue),

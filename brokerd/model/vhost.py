@@ -28,6 +28,7 @@ from brokerd.model.exchange import (
     comparable_exchange_arguments,
     make_exchange,
 )
+from brokerd.model.firehose import TRACE_EXCHANGE
 from brokerd.model.names import check_not_reserved, check_short_string, generate_queue_name
 from brokerd.model.policy_effects import VhostPolicies, unapplied_keys
 from brokerd.model.queue import Queue
@@ -50,6 +51,7 @@ PREDECLARED_EXCHANGES = {
     "amq.topic": "topic",
     "amq.headers": "headers",
     "amq.match": "headers",
+    TRACE_EXCHANGE: "topic",  # internal: only the firehose publishes to it
 }
 # RabbitMQ's text, word for word:
 DEFAULT_EXCHANGE_REFUSAL = "operation not permitted on the default exchange"
@@ -78,10 +80,11 @@ class VirtualHost:
         self.unavailable_queues = set()  # durable queues whose stored data is damaged
         self.delays = None  # the broker's DelayScheduler, for x-delayed-message exchanges
         self.queue_limit = None
+        self.firehose = None  # while tracing is on, its Firehose (brokerd.model.firehose)
         self._policies = VhostPolicies(name)
         for exchange_name, type_name in PREDECLARED_EXCHANGES.items():
             self.exchanges[exchange_name] = EXCHANGE_TYPES[type_name](
-                self, exchange_name, durable=True
+                self, exchange_name, durable=True, internal=exchange_name == TRACE_EXCHANGE
             )
 
     def __repr__(self):
