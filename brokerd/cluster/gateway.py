@@ -173,19 +173,20 @@ class Gateway:
                 b"POST", url, Headers({b"content-type": [b"application/json"]}),
                 FileBodyProducer(BytesIO(body)),
             )
-            if timeout:
-                attempt.addTimeout(timeout, self._reactor)
+            timer = self._reactor.callLater(timeout, attempt.cancel) if timeout else None
             try:
                 response = yield attempt
             except NOT_CONNECTED as failure:
                 failures.append(f"{url.decode()}: {describe_failure(failure)}")
                 continue
-            except defer.TimeoutError:
-                self._first = (index + 1) % len(self.urls)
-                raise EtcdUnavailable(f"etcd at {url.decode()} did not answer within {timeout} s")
             except Exception as failure:
                 self._first = (index + 1) % len(self.urls)
+                if timer is not None and not timer.active():
+                    raise EtcdUnavailable(f"etcd at {url.decode()} did not answer within {timeout} s")
                 raise EtcdUnavailable(f"etcd at {url.decode()} failed: {describe_failure(failure)}")
+            finally:
+                if timer is not None and timer.active():
+                    timer.cancel()
             self._first = index
             return url, response
         raise EtcdUnavailable("no etcd endpoint answered: " + "; ".join(failures))
@@ -211,5 +212,5 @@ def describe_failure(failure):
     """A short reason for a connection's failure (Twisted's exceptions, or the ones Agent wraps)."""
     reasons = getattr(failure, "reasons", None)
     if reasons:
-        return "; ".join(reason.getErrorMessage() for reason in reasons)
+        return "; ".join(describe_failure(reason.value) for reason in reasons)
     return str(failure) or type(failure).__name__
