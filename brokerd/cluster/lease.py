@@ -128,6 +128,10 @@ class LeaseKeeper:
             # A timer may run a hair early (float rounding; the reactor's clock is not this one).
             self._arm_fence()
 
+    def gone(self, reason):
+        """Told by another call that etcd no longer has the lease: it is lost now."""
+        self._lose(reason)
+
     def _lose(self, reason):
         for call in (self._renewal, self._fence):
             if call is not None and call.active():
