@@ -123,4 +123,5 @@ def key_value(value, what):
 
 def key_values(obj, what):
     """The L{KeyValue}s of a range answer's C{kvs}."""
-    return [key_value(kv, f"{what} kvs[{index}]") for index, kv in enumerate(array(obj, "kvs", what))]
+    return [key_value(kv, f"{what} kvs[{index}]")
+            for index, kv in enumerate(array(obj, "kvs", what))]

@@ -72,10 +72,12 @@ class VerifiedTLS:
         if ca_file is None:
             self._trust = None
         else:
-            with open(ca_file, "rb") as pem:
-                self._trust = ssl.trustRootFromCertificates(
-                    [ssl.Certificate.loadPEM(block) for block in split_pem(pem.read())]
-                )
+            try:
+                with open(ca_file, "rb") as pem:
+                    certificates = [ssl.Certificate.loadPEM(block) for block in split_pem(pem.read())]
+            except (OSError, ValueError, ssl.SSL.Error) as error:
+                raise ValueError(f"etcd CA file {ca_file}: {error}") from None
+            self._trust = ssl.trustRootFromCertificates(certificates)
 
     def creatorForNetloc(self, hostname, port):
         return ssl.optionsForClientTLS(hostname.decode("ascii"), trustRoot=self._trust)
@@ -122,7 +124,8 @@ class BoundedBody(protocol.Protocol):
         self._stop()
         if not self.done.called:
             self.done.errback(MalformedResponse(
-                f"etcd at {self._url.decode()} {what}: over the {self._limit} bytes an answer may take"
+                f"etcd at {self._url.decode()} {what}: over the {self._limit} bytes an answer "
+                "may take"
             ))
 
     def connectionLost(self, reason=protocol.connectionDone):
@@ -182,7 +185,8 @@ class Gateway:
             except Exception as failure:
                 self._first = (index + 1) % len(self.urls)
                 if timer is not None and not timer.active():
-                    raise EtcdUnavailable(f"etcd at {url.decode()} did not answer within {timeout} s")
+                    raise EtcdUnavailable(
+                        f"etcd at {url.decode()} did not answer within {timeout} s")
                 raise EtcdUnavailable(f"etcd at {url.decode()} failed: {describe_failure(failure)}")
             finally:
                 if timer is not None and timer.active():
@@ -204,7 +208,8 @@ class Gateway:
         try:
             data = yield reader.done
         except defer.TimeoutError:
-            raise EtcdUnavailable(f"etcd at {url.decode()} did not finish its answer in {timeout} s")
+            raise EtcdUnavailable(
+                f"etcd at {url.decode()} did not finish its answer in {timeout} s")
         return url, response.code, data
 
 
@@ -213,4 +218,6 @@ def describe_failure(failure):
     reasons = getattr(failure, "reasons", None)
     if reasons:
         return "; ".join(describe_failure(reason.value) for reason in reasons)
+    if type(failure).__module__.startswith(("OpenSSL", "service_identity")):
+        return f"the TLS check of the server failed: {failure}"
     return str(failure) or type(failure).__name__

@@ -173,7 +173,8 @@ class Candidate:
         self._campaigning = True
         leader = self._keys.leader
         attempt = self._client.txn(
-            [etcd.key_absent(leader), etcd.mod_revision_is(self._keys.isr, self.view.in_sync_revision)],
+            [etcd.key_absent(leader),
+             etcd.mod_revision_is(self._keys.isr, self.view.in_sync_revision)],
             [etcd.put_request(leader, self.node.to_json(), self.lease.id)],
             [etcd.range_request(leader)],
         )

@@ -70,7 +70,8 @@ class WatchLines(protocol.Protocol):
         try:
             if self._status != 200:
                 shown = line[:200].decode("utf-8", "replace")
-                raise EtcdError(f"etcd at {self._url} refused the watch (HTTP {self._status}): {shown}")
+                raise EtcdError(
+                    f"etcd at {self._url} refused the watch (HTTP {self._status}): {shown}")
             answer = decode.parse_json_object(line, where)
             if "error" in answer:
                 detail = answer["error"]
@@ -96,7 +97,8 @@ class WatchLines(protocol.Protocol):
         if self.done.called:
             return
         if self._status != 200:
-            self.done.errback(EtcdError(f"etcd at {self._url} refused the watch (HTTP {self._status})"))
+            self.done.errback(
+                EtcdError(f"etcd at {self._url} refused the watch (HTTP {self._status})"))
         else:
             self.done.callback(None)
 

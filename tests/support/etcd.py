@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import urllib.error
@@ -37,7 +38,12 @@ class EtcdProcess:
     @ivar data_dir: its data directory, kept across L{restart}s, removed by L{stop}.
     """
 
-    def __init__(self):
+    def __init__(self, tls=None):
+        """
+        @param tls: None for plain HTTP, or (certificate chain file, key file, CA file) to serve its
+            clients over TLS only (the CA file is what the health check trusts).
+        """
+        self._tls = tls
         self._root = tempfile.mkdtemp(prefix="brokerd-etcd-")
         self.data_dir = os.path.join(self._root, "data")
         self._log_path = os.path.join(self._root, "etcd.log")
@@ -61,7 +67,7 @@ class EtcdProcess:
 
     def _launch(self):
         client, peer = self._ports
-        self.url = f"http://127.0.0.1:{client}"
+        self.url = f"{'https' if self._tls else 'http'}://127.0.0.1:{client}"
         peer_url = f"http://127.0.0.1:{peer}"
         command = [
             ETCD, "--name", "test", "--data-dir", self.data_dir,
@@ -69,6 +75,8 @@ class EtcdProcess:
             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
             "--initial-cluster", f"test={peer_url}", "--log-level", "warn",
         ]
+        if self._tls:
+            command += ["--cert-file", self._tls[0], "--key-file", self._tls[1]]
         with open(self._log_path, "ab") as log:
             log.write(f"--- {' '.join(command)}\n".encode())
             self._log_start = log.tell()
@@ -77,6 +85,9 @@ class EtcdProcess:
             poll_until(self._healthy, START_SECONDS, f"healthy etcd at {self.url}")
         except PortTaken:
             return False
+        except AssertionError as error:
+            self.kill()
+            raise AssertionError(f"{error}; its last lines:\n{self.tail()}") from None
         return True
 
     def _healthy(self):
@@ -85,7 +96,10 @@ class EtcdProcess:
                 raise PortTaken()
             raise AssertionError(f"etcd exited with status {self.process.returncode}:\n{self.tail()}")
         try:
-            with urllib.request.urlopen(self.url + "/health", timeout=1) as answer:
+            context = ssl.create_default_context(cafile=self._tls[2]) if self._tls else None
+            # The test certificates name localhost; the URL names the address.
+            health = self.url.replace("127.0.0.1", "localhost") if self._tls else self.url
+            with urllib.request.urlopen(health + "/health", timeout=1, context=context) as answer:
                 return True if json.load(answer).get("health") == "true" else None
         except (OSError, ValueError, urllib.error.URLError):
             return None
