@@ -74,7 +74,8 @@ class VerifiedTLS:
         else:
             try:
                 with open(ca_file, "rb") as pem:
-                    certificates = [ssl.Certificate.loadPEM(block) for block in split_pem(pem.read())]
+                    blocks = split_pem(pem.read())
+                certificates = [ssl.Certificate.loadPEM(block) for block in blocks]
             except (OSError, ValueError, ssl.SSL.Error) as error:
                 raise ValueError(f"etcd CA file {ca_file}: {error}") from None
             self._trust = ssl.trustRootFromCertificates(certificates)
@@ -160,17 +161,17 @@ class Gateway:
         return ", ".join(url.decode() for url in self.urls)
 
     @defer.inlineCallbacks
-    def request(self, path, body, timeout=None):
+    def request(self, path, body, timeout=None, endpoint=None):
         """
-        POSTs C{body} (bytes) to C{path} on the first endpoint that takes the connection; fires
-        with (url, response), the response's body still to read, or L{EtcdUnavailable} naming every
-        endpoint tried and why. C{timeout} (default the gateway's) bounds each attempt until the
-        response's headers; None in a call means the default, 0 means none (a watch).
+        POSTs C{body} (bytes) to C{path} on the first endpoint that takes the connection (only
+        C{endpoint}, one of L{urls}, when given); fires with (url, response), the response's body
+        still to read, or L{EtcdUnavailable} naming every endpoint tried and why. C{timeout}
+        (default the gateway's) bounds each attempt until the response's headers.
         """
         timeout = self._timeout if timeout is None else timeout
         failures = []
-        for offset in range(len(self.urls)):
-            index = (self._first + offset) % len(self.urls)
+        order = [(self._first + offset) % len(self.urls) for offset in range(len(self.urls))]
+        for index in order if endpoint is None else [self.urls.index(endpoint)]:
             url = self.urls[index] + path
             attempt = self._agent.request(
                 b"POST", url, Headers({b"content-type": [b"application/json"]}),
@@ -196,10 +197,10 @@ class Gateway:
         raise EtcdUnavailable("no etcd endpoint answered: " + "; ".join(failures))
 
     @defer.inlineCallbacks
-    def post(self, path, body, limit, timeout=None):
+    def post(self, path, body, limit, timeout=None, endpoint=None):
         """C{request}, then the whole body of at most C{limit} bytes: fires with (url, status,
         body)."""
-        url, response = yield self.request(path, body, timeout)
+        url, response = yield self.request(path, body, timeout, endpoint)
         reader = BoundedBody(url, limit, response.length)
         response.deliverBody(reader)
         timeout = self._timeout if timeout is None else timeout

@@ -90,8 +90,13 @@ class Candidate:
             yield self._keeper.revoke()
             raise
         self._watch = KeyWatch(self._client, self._clock, self._keys.root, self._snapshot,
-                               self._changed, prefix=True, retry_seconds=self._retry_seconds)
-        yield self._watch.start()
+                               self._changed, prefix=True, retry_seconds=self._retry_seconds,
+                               probe_seconds=self._keeper.keepalive_interval)
+        watching = self._watch.start()
+        yield defer.DeferredList([watching, self.ended], fireOnOneCallback=True)
+        if not watching.called:
+            raise LeadershipLost(f"{self.node.name} lost its lease before it could read the "
+                                 f"cluster's keys: {self.ended.result}")
 
     @defer.inlineCallbacks
     def _join(self, lease_id):

@@ -18,6 +18,9 @@ from brokerd.cluster.etcd import key_range
 # A watch line holds one batch of events; the cluster's keys are small, so is a batch.
 MAX_LINE_BYTES = 1024 * 1024
 RETRY_SECONDS = 0.5
+# A stream silent this long has its endpoint probed: etcd sends nothing while nothing changes,
+# and a partitioned endpoint may never close the connection.
+PROBE_SECONDS = 5.0
 
 log = Logger()
 
@@ -109,15 +112,22 @@ class KeyWatch:
     key as read at C{revision}, then C{on_events(events)} for each batch of L{WatchEvent}s after
     it, in revision order. After a disconnect it reconnects (the endpoints in turn) and resumes
     after the last revision seen; if etcd compacted that history away, it reads the keys again
-    and calls C{on_snapshot} anew. It stops only at L{stop}.
+    and calls C{on_snapshot} anew. When the stream has been silent for C{probe_seconds}, it asks
+    the stream's endpoint for its status, and drops the stream for another endpoint when that
+    fails (a silent stream and a dead endpoint look alike otherwise). It stops only at L{stop}.
     """
 
     def __init__(self, client, clock, key, on_snapshot, on_events, prefix=False,
-                 retry_seconds=RETRY_SECONDS, max_line=MAX_LINE_BYTES):
+                 retry_seconds=RETRY_SECONDS, max_line=MAX_LINE_BYTES,
+                 probe_seconds=PROBE_SECONDS):
         self._client, self._clock = client, clock
         self._key, self._prefix = key, prefix
         self._on_snapshot, self._on_events = on_snapshot, on_events
         self._retry_seconds, self._max_line = retry_seconds, max_line
+        self._probe_seconds = probe_seconds
+        self._probe = None  # the delayed call or Deferred of the stream's liveness probe
+        self._heard = 0.0  # when the stream last said something
+        self.probes_failed = 0
         self._next_revision = None  # the first revision not yet delivered; None: read first
         self._pending = None  # the Deferred or delayed call of the current step
         self._lines = None
@@ -138,11 +148,11 @@ class KeyWatch:
         if self._lines is not None:
             self._lines.stop()
         pending, self._pending = self._pending, None
-        if pending is not None:
-            if isinstance(pending, defer.Deferred):
-                pending.cancel()
-            elif pending.active():
-                pending.cancel()
+        if isinstance(pending, defer.Deferred):
+            pending.cancel()
+        elif pending is not None and pending.active():
+            pending.cancel()
+        self._drop_probe()
 
     @property
     def revision(self):
@@ -171,7 +181,9 @@ class KeyWatch:
         request = {"create_request": dict(key_range(self._key, self._prefix),
                                           start_revision=str(self._next_revision))}
         body = json.dumps(request).encode("utf-8")
-        self._pending = opening = self._client.gateway.request(b"/v3/watch", body, timeout=0)
+        # The timeout bounds the wait for the stream's headers (etcd sends them at once), not
+        # the stream.
+        self._pending = opening = self._client.gateway.request(b"/v3/watch", body)
         opening.addCallbacks(self._stream, self._retry_later)
 
     def _stream(self, opened):
@@ -179,10 +191,47 @@ class KeyWatch:
         if self._stopped:
             response.deliverBody(protocol.Protocol())
             return
-        self._lines = lines = WatchLines(url.decode(), self._result, self._max_line, response.code)
+        self._lines = lines = WatchLines(url.decode(), self._heard_from, self._max_line,
+                                         response.code)
         response.deliverBody(lines)
         self._pending = lines.done
         lines.done.addCallbacks(self._ended, self._retry_later)
+        self._heard = self._clock.seconds()
+        self._schedule_probe(url[:-len(b"/v3/watch")], lines, self._probe_seconds)
+
+    def _heard_from(self, result):
+        self._heard = self._clock.seconds()
+        self._result(result)
+
+    def _schedule_probe(self, endpoint, lines, delay):
+        self._probe = self._clock.callLater(delay, self._check_stream, endpoint, lines)
+
+    def _check_stream(self, endpoint, lines):
+        """Probes the stream's endpoint if the stream has been silent for C{probe_seconds}."""
+        self._probe = None
+        if self._stopped or lines is not self._lines:
+            return
+        silent = self._clock.seconds() - self._heard
+        if silent < self._probe_seconds:
+            self._schedule_probe(endpoint, lines, self._probe_seconds - silent)
+            return
+        self._probe = probing = self._client.gateway.post(
+            b"/v3/maintenance/status", b"{}", MAX_LINE_BYTES, endpoint=endpoint)
+
+        def alive(_):
+            if lines is self._lines:
+                self._heard = self._clock.seconds()
+                self._schedule_probe(endpoint, lines, self._probe_seconds)
+
+        def dead(failure):
+            if failure.check(defer.CancelledError) or lines is not self._lines:
+                return
+            self.probes_failed += 1
+            log.warn("watch of {key!r}: its endpoint does not answer ({error}); reconnecting",
+                     key=self._key, error=failure.value)
+            lines.stop()
+
+        probing.addCallbacks(alive, dead)
 
     def _result(self, result):
         where = "watch result"
@@ -217,8 +266,16 @@ class KeyWatch:
         except Exception:
             log.failure("the watcher of {key!r} failed on what it was given", key=self._key)
 
+    def _drop_probe(self):
+        probe, self._probe = self._probe, None
+        if isinstance(probe, defer.Deferred):
+            probe.cancel()
+        elif probe is not None and probe.active():
+            probe.cancel()
+
     def _ended(self, _):
         self._lines = None
+        self._drop_probe()
         if self._stopped:
             return
         if self._next_revision is None:
@@ -228,6 +285,7 @@ class KeyWatch:
 
     def _retry_later(self, failure):
         self._lines = None
+        self._drop_probe()
         if self._stopped:
             return None
         error = getattr(failure, "value", failure)

@@ -6,8 +6,7 @@ from twisted.trial import unittest
 
 from brokerd.cluster import etcd
 from brokerd.cluster.errors import EtcdRefused, EtcdUnavailable, LeaseNotFound
-from tests.support.broker import wait_until
-from tests.support.etcd import EtcdProcess, free_port, needs_etcd
+from tests.support.etcd import EtcdProcess, eventually, free_port, needs_etcd
 
 
 @needs_etcd
@@ -88,15 +87,8 @@ class KeyTests(unittest.TestCase):
         self.assertEqual(found.kvs[0].lease, lease.id)
         left = yield self.client.lease_time_to_live(lease.id)
         self.assertIn(left, (1, 2))
-        gone = []
-
-        @defer.inlineCallbacks
-        def look():
-            result = yield self.client.range(self.key + b"member")
-            gone.append(result.kvs == [])
-
         # etcd expires leases on its own schedule: look until the key is gone, within TTL + 3 s.
-        yield wait_until(lambda: (look(), gone and gone[-1])[1], timeout=5.0, interval=0.2)
+        yield eventually(lambda: self.client.range(self.key + b"member"), lambda found: found.kvs == [], timeout=5.0)
         with self.assertRaises(LeaseNotFound):
             yield self.client.lease_keepalive(lease.id)
         with self.assertRaises(LeaseNotFound):

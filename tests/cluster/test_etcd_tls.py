@@ -10,7 +10,8 @@ from twisted.trial import unittest
 
 from brokerd.cluster.errors import EtcdUnavailable
 from brokerd.cluster.etcd import EtcdClient
-from tests.support.etcd import EtcdProcess, needs_etcd
+from tests.support.broker import wait_until
+from tests.support.etcd import EtcdProcess, connections_to, needs_etcd
 
 
 @needs_etcd
@@ -32,6 +33,9 @@ class TLSTests(unittest.TestCase):
     def tearDownClass(cls):
         cls.etcd.stop()
         shutil.rmtree(cls.directory, ignore_errors=True)
+
+    def tearDown(self):
+        return wait_until(lambda: not connections_to(self.etcd.url))
 
     @defer.inlineCallbacks
     def test_a_server_whose_chain_and_name_check_out_is_used(self):

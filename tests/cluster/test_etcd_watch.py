@@ -2,6 +2,7 @@
 restarted, and a fresh read when etcd compacted the history a resumed watch needed."""
 
 from twisted.internet import defer, reactor
+from twisted.internet.protocol import Protocol
 from twisted.protocols.portforward import ProxyFactory
 from twisted.trial import unittest
 
@@ -26,16 +27,18 @@ class Seen:
 
 class CuttableRelay:
     """A TCP relay to etcd on a fixed loopback port, which a test can cut (every connection dropped,
-    no new one taken) and mend, as a network partition would."""
+    no new one taken) and mend, or freeze (connections stay open and new ones are taken, but nothing
+    passes any more), as network partitions would."""
 
     def __init__(self, target_url):
         host, _, port = target_url.rpartition("/")[2].partition(":")
         self._factory = ProxyFactory(host, int(port))
         self._protocols = []
+        self._frozen = False
         original = self._factory.buildProtocol
 
         def build(addr):
-            proto = original(addr)
+            proto = Protocol() if self._frozen else original(addr)
             self._protocols.append(proto)
             return proto
 
@@ -43,9 +46,18 @@ class CuttableRelay:
         self._port = reactor.listenTCP(0, self._factory, interface="127.0.0.1")
         self.url = f"http://127.0.0.1:{self._port.getHost().port}"
 
+    def freeze(self):
+        self._frozen = True
+        for proto in self._protocols:
+            for side in (proto, getattr(proto, "peer", None)):
+                if side is not None and side.transport is not None:
+                    side.transport.pauseProducing()
+
     def cut(self):
         for proto in self._protocols:
-            proto.transport.abortConnection()
+            for side in (proto, getattr(proto, "peer", None)):
+                if side is not None and side.transport is not None:
+                    side.transport.abortConnection()
         self._protocols.clear()
         return self._port.stopListening()
 
@@ -63,9 +75,9 @@ class WatchTests(unittest.TestCase):
         self.client = etcd.EtcdClient(reactor, self.etcd.url)
         self.seen = Seen()
 
-    def watch(self, key, client=None, prefix=True):
+    def watch(self, key, client=None, prefix=True, probe_seconds=5.0):
         watch = KeyWatch(client or self.client, reactor, key, self.seen.snapshot, self.seen.changed, prefix=prefix,
-                         retry_seconds=0.1)
+                         retry_seconds=0.1, probe_seconds=probe_seconds)
         self.addCleanup(watch.stop)
         return watch
 
@@ -122,6 +134,23 @@ class WatchTests(unittest.TestCase):
         yield self.client.put(b"/k/c", b"4")
         yield wait_until(lambda: len(self.seen.events) == 2)
         self.assertEqual(self.seen.events[1][:3], (False, b"/k/c", b"4"))
+
+    @defer.inlineCallbacks
+    def test_a_watch_on_an_endpoint_gone_silent_moves_to_the_next_and_resumes(self):
+        relay = CuttableRelay(self.etcd.url)
+        self.addCleanup(relay.close)
+        client = etcd.EtcdClient(reactor, f"{relay.url},{self.etcd.url}", timeout=1.0)
+        watch = self.watch(b"/p/", client=client, probe_seconds=0.5)
+        yield watch.start()
+        yield self.client.put(b"/p/1", b"one")
+        yield wait_until(lambda: len(self.seen.events) == 1)
+        relay.freeze()  # the stream stays open and says nothing, as a partitioned endpoint's would
+        yield self.client.put(b"/p/2", b"two")
+        yield wait_until(lambda: len(self.seen.events) == 2, timeout=10)
+        self.assertEqual([event[:3] for event in self.seen.events],
+                         [(False, b"/p/1", b"one"), (False, b"/p/2", b"two")])
+        self.assertGreaterEqual(watch.probes_failed, 1)
+        self.assertEqual(watch.snapshots, 1)
 
     @defer.inlineCallbacks
     def test_a_single_key_watch_ignores_keys_that_only_share_its_prefix(self):

@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from twisted.internet import defer, task
 
 from brokerd.testing import poll_until
 
@@ -142,4 +143,30 @@ def start_etcd(testcase):
     etcd = EtcdProcess()
     testcase.addCleanup(etcd.stop)
     return etcd.start()
+
+
+def connections_to(url):
+    """The sockets of this process's reactor connected to C{url}'s port: a test waits for them to be
+    gone (a TLS connection takes a few turns of the reactor to close) before trial checks it is clean."""
+    from twisted.internet import reactor
+
+    port = int(url.rpartition(":")[2])
+    return [selectable for selectable in set(reactor.getReaders()) | set(reactor.getWriters())
+            if getattr(getattr(selectable, "getPeer", lambda: None)(), "port", None) == port]
+
+
+@defer.inlineCallbacks
+def eventually(read, predicate, timeout=10.0, interval=0.1):
+    """Calls C{read()} (a Deferred) every C{interval} seconds until C{predicate} holds for what it gave,
+    and gives that; fails after C{timeout} seconds. One read at a time, none left running."""
+    from twisted.internet import reactor
+
+    deadline = reactor.seconds() + timeout
+    while True:
+        value = yield read()
+        if predicate(value):
+            return value
+        if reactor.seconds() > deadline:
+            raise AssertionError(f"not so within {timeout} s: {value!r}")
+        yield task.deferLater(reactor, interval, lambda: None)
 
