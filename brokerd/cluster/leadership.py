@@ -116,21 +116,23 @@ class Candidate:
             holders = [] if result.succeeded else result.responses[0].kvs
             if result.succeeded or (holders and holders[0].lease == lease_id):
                 return
-            if not holders:
-                continue  # it went between the compare and the read
-            holder = holders[0].lease
-            try:
-                left = 0 if holder == 0 else (yield self._client.lease_time_to_live(holder))
-            except LeaseNotFound:
-                continue
+            holder = holders[0].lease if holders else None  # None: it went meanwhile
+            left = 0
+            if holder:
+                try:
+                    left = yield self._client.lease_time_to_live(holder)
+                except LeaseNotFound:
+                    pass  # expired: etcd deletes the key on its next tick
             now = self._clock.seconds()
             deadline = now + left + EXPIRY_SLACK if deadline is None else deadline
-            if holder == 0 or (waited and left > 0) or now > deadline:
+            if holder == 0 or (holder and (waited and left > 0 or now > deadline)):
                 raise DuplicateNodeName(
                     f"node name {self.node.name!r} is taken in cluster {self._keys.cluster!r}: "
                     f"its member key is held by a live node (lease {holder:x}); give each node "
                     "its own name"
                 )
+            if now > deadline:
+                raise EtcdError(f"the member key of {self.node.name!r} could not be created")
             if left > 0:
                 log.info("node name {name!r} is held by lease {lease:x} for {left} s more; "
                          "waiting for it to expire", name=self.node.name, lease=holder, left=left)

@@ -116,7 +116,7 @@ class LeadershipTests(unittest.TestCase):
         self.flushLoggedErrors()
 
     @defer.inlineCallbacks
-    def test_an_in_sync_set_changed_while_campaigning_is_read_again(self):
+    def test_the_leader_writes_the_in_sync_set(self):
         (a,) = yield self.started("a")
         self.assertTrue(a.is_leader())
         yield a.put_in_sync_set(["a"])
@@ -135,6 +135,14 @@ class LeadershipTests(unittest.TestCase):
         # The refused node gave its lease back: nothing of it is left in etcd.
         members = yield self.client.range(self.keys.members, prefix=True)
         self.assertEqual([kv.lease for kv in members.kvs], [first.lease.id])
+
+    @defer.inlineCallbacks
+    def test_a_member_key_kept_without_a_lease_is_refused_at_once(self):
+        yield self.client.put(self.keys.member("n1"), NodeInfo("n1").to_json())
+        node = self.candidate("n1", ttl=10)
+        with self.assertRaises(DuplicateNodeName) as raised:
+            yield node.start()
+        self.assertIn("'n1'", str(raised.exception))
 
     @defer.inlineCallbacks
     def test_a_leader_that_loses_the_leader_key_steps_down_and_campaigns_again(self):
