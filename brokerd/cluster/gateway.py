@@ -156,10 +156,6 @@ class Gateway:
         self._agent = Agent(reactor, contextFactory=VerifiedTLS(ca_file), connectTimeout=timeout)
         self._first = 0
 
-    def describe(self):
-        """The endpoints, for messages."""
-        return ", ".join(url.decode() for url in self.urls)
-
     @defer.inlineCallbacks
     def request(self, path, body, timeout=None, endpoint=None):
         """

@@ -133,6 +133,7 @@ class KeyWatch:
         self._lines = None
         self._stopped = False
         self.snapshots = 0  # how many times it read the keys: 1 unless history was compacted
+        self._first = None  # the Deferred L{start} gave, until the first snapshot
 
     def start(self):
         """Starts following; fires once the first snapshot was delivered (until etcd answers, the
@@ -169,13 +170,13 @@ class KeyWatch:
         self.snapshots += 1
         self._next_revision = found.revision + 1
         self._deliver(self._on_snapshot, found.kvs, found.revision)
-        self._fire_first(None)
+        self._fire_first()
         self._open()
 
-    def _fire_first(self, error):
+    def _fire_first(self):
         first, self._first = self._first, None
         if first is not None:
-            first.callback(error)
+            first.callback(None)
 
     def _open(self):
         request = {"create_request": dict(key_range(self._key, self._prefix),
@@ -188,12 +189,12 @@ class KeyWatch:
 
     def _stream(self, opened):
         url, response = opened
-        if self._stopped:
-            response.deliverBody(protocol.Protocol())
-            return
-        self._lines = lines = WatchLines(url.decode(), self._heard_from, self._max_line,
-                                         response.code)
+        lines = WatchLines(url.decode(), self._heard_from, self._max_line, response.code)
         response.deliverBody(lines)
+        if self._stopped:
+            lines.stop()  # ends the stream the server just opened
+            return
+        self._lines = lines
         self._pending = lines.done
         lines.done.addCallbacks(self._ended, self._retry_later)
         self._heard = self._clock.seconds()
