@@ -43,6 +43,7 @@ class Candidate:
     its lease is not to be trusted); C{on_leader(info)} whenever the cluster's leader changes
     (a L{NodeInfo}, or None while there is none).
 
+    @ivar keeper: the L{LeaseKeeper} of this node's lease (its fencing deadline, keepalives).
     @ivar view: the cluster as this node last read it (L{ClusterView}).
     @ivar ended: a Deferred firing once, with the reason, when this node can no longer take part
         (its lease is lost, or L{stop} was called). The broker should then stop serving.
@@ -51,7 +52,7 @@ class Candidate:
     def __init__(self, client, clock, keys, node, ttl=DEFAULT_TTL, on_elected=ignore,
                  on_stepped_down=ignore, on_leader=ignore, retry_seconds=RETRY_SECONDS):
         self._client, self._clock, self._keys, self.node = client, clock, keys, node
-        self._keeper = LeaseKeeper(client, clock, ttl)
+        self.keeper = LeaseKeeper(client, clock, ttl)
         self._on_elected, self._on_stepped_down, self._on_leader = (
             on_elected, on_stepped_down, on_leader)
         self._retry_seconds = retry_seconds
@@ -68,12 +69,12 @@ class Candidate:
     def is_leader(self):
         """Whether this node leads now: it won the leader key and its lease is still trusted.
         Ask before every act only a leader may do (a confirm); the answer is never stale."""
-        return self._leading and self._keeper.valid()
+        return self._leading and self.keeper.valid()
 
     @property
     def lease(self):
         """The lease this node's keys live under (None before L{start})."""
-        return self._keeper.lease
+        return self.keeper.lease
 
     @defer.inlineCallbacks
     def start(self):
@@ -82,16 +83,16 @@ class Candidate:
         this node knows the cluster (its first reading of the keys); fails with the etcd
         client's error when etcd cannot be reached, or L{DuplicateNodeName}.
         """
-        lease = yield self._keeper.start()
-        self._keeper.lost.addCallback(self._lease_lost)
+        lease = yield self.keeper.start()
+        self.keeper.lost.addCallback(self._lease_lost)
         try:
             yield self._join(lease.id)
         except BaseException:
-            yield self._keeper.revoke()
+            yield self.keeper.revoke()
             raise
         self._watch = KeyWatch(self._client, self._clock, self._keys.root, self._snapshot,
                                self._changed, prefix=True, retry_seconds=self._retry_seconds,
-                               probe_seconds=self._keeper.keepalive_interval)
+                               probe_seconds=self.keeper.keepalive_interval)
         watching = self._watch.start()
         yield defer.DeferredList([watching, self.ended], fireOnOneCallback=True)
         if not watching.called:
@@ -175,7 +176,7 @@ class Candidate:
                 self._waiting_logged = True
             return
         self._waiting_logged = False
-        if not self._keeper.valid():
+        if not self.keeper.valid():
             return
         self._campaigning = True
         leader = self._keys.leader
@@ -193,7 +194,7 @@ class Candidate:
             return
         holders = [] if result.succeeded else result.responses[0].kvs
         if result.succeeded or (holders and holders[0].lease == self.lease.id):
-            if self._keeper.valid():
+            if self.keeper.valid():
                 self._leading = True
                 self._won_revision = result.revision
                 log.info("{name} leads cluster {cluster}", name=self.node.name,
@@ -208,7 +209,7 @@ class Candidate:
         self._campaigning = False
         failure.trap(EtcdError)
         if failure.check(LeaseNotFound):
-            self._keeper.gone(f"etcd no longer has lease {self.lease.id:x}: {failure.value}")
+            self.keeper.gone(f"etcd no longer has lease {self.lease.id:x}: {failure.value}")
             return
         log.warn("campaign for the lead failed: {error}", error=failure.value)
         self._retry_later()
@@ -257,5 +258,5 @@ class Candidate:
         key (if it was this node's) and the member key go at once."""
         self._step_down("stopping")
         self._end("stopped")
-        yield self._keeper.revoke()
+        yield self.keeper.revoke()
 

@@ -153,6 +153,19 @@ class LeadershipTests(unittest.TestCase):
         self.assertEqual(a.events.seen.count(("elected",)), 2)
 
     @defer.inlineCallbacks
+    def test_leadership_outlives_a_short_etcd_restart_and_takeover_still_follows(self):
+        a, b = yield self.started("a", "b", ttl=10)
+        self.etcd.kill()
+        self.etcd.restart()
+        # Keepalives and watches carry on through the restart: a still leads when its next keepalives are answered.
+        sent = a.keeper.keepalives_sent
+        yield wait_until(lambda: a.keeper.keepalives_sent > sent + 1, timeout=10)
+        self.assertTrue(a.is_leader())
+        self.assertFalse(b.is_leader())
+        yield self.client.lease_revoke(a.lease.id)
+        yield wait_until(b.is_leader, timeout=5)
+
+    @defer.inlineCallbacks
     def test_a_follower_cannot_write_the_in_sync_set(self):
         a, b = yield self.started("a", "b")
         with self.assertRaises(LeadershipLost):
