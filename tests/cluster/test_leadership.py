@@ -5,6 +5,7 @@ writes."""
 import json
 
 from twisted.internet import defer, reactor
+from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial import unittest
 
 from brokerd.cluster.clock import SteadyClock
@@ -86,10 +87,27 @@ class LeadershipTests(unittest.TestCase):
         yield wait_until(b.is_leader, timeout=2)
         self.assertEqual(a.events.seen[-1], ("stepped-down", "stopping"))
 
+    def waiting_lines(self):
+        """The log lines of candidates waiting to be admitted to the in-sync set, as they come."""
+        lines = []
+
+        def observe(event):
+            if event.get("log_namespace") == "brokerd.cluster.leadership":
+                text = formatEvent(event)
+                if text.startswith("not in the in-sync set"):
+                    lines.append(text)
+
+        globalLogPublisher.addObserver(observe)
+        self.addCleanup(globalLogPublisher.removeObserver, observe)
+        return lines
+
     @defer.inlineCallbacks
     def test_only_a_member_of_the_in_sync_set_may_take_the_lead(self):
+        waiting = self.waiting_lines()
         yield self.client.put(self.keys.isr, json.dumps(["b"]))
         (a,) = yield self.started_without_leader("a")
+        # a read the cluster and chose not to campaign: no transaction of its is on its way.
+        self.assertEqual(waiting, ["not in the in-sync set ['b']: waiting to be admitted before taking the lead"])
         self.assertFalse(a.is_leader())
         b = self.candidate("b")
         yield b.start()
@@ -109,8 +127,12 @@ class LeadershipTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def test_a_damaged_in_sync_set_admits_nobody(self):
+        waiting = self.waiting_lines()
         yield self.client.put(self.keys.isr, b'{"not": "a list"}')
         (a,) = yield self.started_without_leader("a")
+        self.assertEqual(len(waiting), 1)
+        found = yield self.client.range(self.keys.leader)
+        self.assertEqual(found.kvs, [])
         yield self.client.put(self.keys.isr, b"[]")
         yield wait_until(a.is_leader)
         self.flushLoggedErrors()
