@@ -133,14 +133,19 @@ class EtcdClient:
         body = json.dumps(request).encode("utf-8")
         url, status, data = yield self.gateway.post(path, body, self._max_answer, timeout)
         where = f"etcd at {url.decode()}"
-        answer = decode.parse_json_object(data, where) if data or status != 200 else {}
         if status != 200:
+            try:
+                answer = decode.parse_json_object(data, where)
+            except MalformedResponse:
+                # Not the gateway's error object: a wrong path or something else than etcd.
+                shown = data[:100].decode("utf-8", "replace").strip() or "no message"
+                raise EtcdRefused(url.decode(), status, 0, shown) from None
             code = decode.integer(answer, "code", where)
             detail = decode.text(answer, "message", where) or decode.text(answer, "error", where)
             if code == GRPC_NOT_FOUND and "lease not found" in detail:
                 raise LeaseNotFound(f"{where}: {detail}")
             raise EtcdRefused(url.decode(), status, code, detail[:200] or "no message")
-        return answer
+        return decode.parse_json_object(data, where) if data else {}
 
     @defer.inlineCallbacks
     def range(self, key, prefix=False):

@@ -135,6 +135,13 @@ class HostileServerTests(unittest.TestCase):
         self.assertLess(len(str(error)), 400)
 
     @defer.inlineCallbacks
+    def test_an_error_status_from_something_else_than_etcd_is_a_refusal_showing_its_start(self):
+        self.hostile.status = 404
+        error = yield self.refused(b"404 page not found\n" + b"x" * 5000, EtcdRefused, ["HTTP 404", "page not found"])
+        self.assertEqual(error.code, 0)
+        self.assertLess(len(str(error)), 300)
+
+    @defer.inlineCallbacks
     def test_a_server_that_never_answers_times_out(self):
         yield self.refused(lambda request: request, EtcdUnavailable, ["did not answer within 3.0 s"])
 
