@@ -8,7 +8,9 @@ from twisted.internet import defer, reactor, task
 from twisted.trial import unittest
 
 from brokerd.cluster import etcd
+from brokerd.cluster.leadership import Candidate
 from brokerd.cluster.lease import LeaseKeeper
+from brokerd.cluster.view import ClusterKeys, NodeInfo
 from tests.support.broker import wait_until
 from tests.support.etcd import needs_etcd, start_etcd
 
@@ -115,6 +117,38 @@ class FencingTests(unittest.TestCase):
         found = yield self.client.range(b"/fence/k")
         self.assertEqual(found.kvs, [])
         self.assertEqual(self.lost[0][1], "revoked")
+
+
+@needs_etcd
+class LeaderFencingTests(unittest.TestCase):
+    """The same rule seen from a leader: it steps down, and says so, when its deadline passes."""
+
+    @defer.inlineCallbacks
+    def test_a_leader_whose_keepalives_go_unanswered_steps_down_before_its_lease_could_expire(self):
+        etcd_process = start_etcd(self)
+        client = etcd.EtcdClient(reactor, etcd_process.url, timeout=2.0)
+        clock = task.Clock()
+        stepped_down = []
+        leader = Candidate(client, clock, ClusterKeys("fence"), NodeInfo("a"), ttl=TTL,
+                           on_stepped_down=lambda reason: stepped_down.append((clock.seconds(), reason)))
+        self.addCleanup(leader.stop)
+        yield leader.start()
+        yield wait_until(leader.is_leader)
+        yield wait_until(lambda: leader.keeper.deadline == TTL * 2 / 3)
+        clock.advance(3)  # the keepalive at 3 is answered
+        yield wait_until(lambda: leader.keeper.deadline == 3 + TTL * 2 / 3)
+        etcd_process.pause()
+        self.addCleanup(etcd_process.resume)
+        clock.advance(5.9)  # the keepalive at 6 goes out and gets no answer
+        self.assertTrue(leader.is_leader())
+        self.assertEqual(stepped_down, [])
+        clock.advance(0.1)
+        self.assertFalse(leader.is_leader())
+        self.assertEqual(len(stepped_down), 1)
+        self.assertEqual(stepped_down[0][0], 3 + TTL * 2 / 3)  # the last answered keepalive went out at 3
+        self.assertLess(stepped_down[0][0], 3 + TTL)  # etcd keeps the lease until then at least
+        self.assertIn("no keepalive", stepped_down[0][1])
+        self.assertIn("no keepalive", leader.ended.result)
 
 
 class LeaseOptionTests(unittest.SynchronousTestCase):
