@@ -127,7 +127,7 @@ class KeyWatch:
         self._probe_seconds = probe_seconds
         self._probe = None  # the delayed call or Deferred of the stream's liveness probe
         self._heard = 0.0  # when the stream last said something
-        self.probes_failed = 0
+        self.probes_answered = self.probes_failed = 0
         self._next_revision = None  # the first revision not yet delivered; None: read first
         self._pending = None  # the Deferred or delayed call of the current step
         self._lines = None
@@ -220,6 +220,7 @@ class KeyWatch:
             b"/v3/maintenance/status", b"{}", MAX_LINE_BYTES, endpoint=endpoint)
 
         def alive(_):
+            self.probes_answered += 1
             if lines is self._lines:
                 self._heard = self._clock.seconds()
                 self._schedule_probe(endpoint, lines, self._probe_seconds)

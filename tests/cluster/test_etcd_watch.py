@@ -144,6 +144,8 @@ class WatchTests(unittest.TestCase):
         yield watch.start()
         yield self.client.put(b"/p/1", b"one")
         yield wait_until(lambda: len(self.seen.events) == 1)
+        yield wait_until(lambda: watch.probes_answered >= 1)  # a live endpoint answers the probe
+        self.assertEqual(watch.probes_failed, 0)
         relay.freeze()  # the stream stays open and says nothing, as a partitioned endpoint's would
         yield self.client.put(b"/p/2", b"two")
         yield wait_until(lambda: len(self.seen.events) == 2, timeout=10)
