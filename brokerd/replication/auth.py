@@ -1,0 +1,36 @@
+"""Both ends of a replication link prove they hold the cluster's shared secret.
+
+Challenge-response with HMAC-SHA256: each end sends a fresh random nonce and
+answers the other's with an HMAC over both nonces and what it claims (role,
+cluster id, node name, resume point), so an answer cannot be replayed on
+another connection nor reflected back in the other role. The secret itself
+never travels; answers are compared in constant time.
+"""
+
+import hashlib
+import hmac
+import os
+
+from brokerd.replication.codec import NONCE_SIZE, SEQUENCE, pack_name
+
+
+def nonce():
+    return os.urandom(NONCE_SIZE)
+
+
+def follower_proof(secret, leader_nonce, follower_nonce, cluster_id, node_name, resume):
+    """What a follower sends to show it holds C{secret}."""
+    message = (b"brokerd follower\0" + leader_nonce + follower_nonce + pack_name(cluster_id)
+               + pack_name(node_name) + SEQUENCE.pack(resume))
+    return hmac.new(secret, message, hashlib.sha256).digest()
+
+
+def leader_proof(secret, leader_nonce, follower_nonce, cluster_id):
+    """What a leader sends back to show it holds C{secret} too."""
+    message = b"brokerd leader\0" + follower_nonce + leader_nonce + pack_name(cluster_id)
+    return hmac.new(secret, message, hashlib.sha256).digest()
+
+
+def same(expected, given):
+    """Constant-time comparison of two proofs."""
+    return hmac.compare_digest(expected, given)

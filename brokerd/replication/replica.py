@@ -1,0 +1,121 @@
+"""What a follower keeps in its own stores besides the leader's data, and how it reads them back.
+
+A follower's store holds two things of replication's own, both through the
+store contract, so that they are as durable as the data they describe, in
+every backend, and need no file beside the store:
+
+  - each message carries its replication id in a header of its properties
+    (L{ID_HEADER}), so the follower's id-to-handle map is rebuilt at open
+    from C{recover} and C{delayed_after};
+  - a state record, an exchange record in a vhost no client can name
+    (L{STATE_VHOST}), holds the cluster id and the last sequence number the
+    store's commits cover; it is written before every commit.
+
+L{ReplicaReader} reads a follower's store as the leader's: without the state
+record and with each message's properties as the leader stored them.
+"""
+
+from twisted.internet import defer
+
+from brokerd.interfaces import DelayedMessage, MessageRecord
+from brokerd.proto import messages_pb2
+from brokerd.proto.tables import dict_to_table, table_to_dict
+
+ID_HEADER = "x-brokerd-replication-id"
+# AMQP vhost names are short strings; one starting with NUL cannot come from a client.
+STATE_VHOST = "\x00brokerd-replication"
+STATE_NAME = "state"
+FOREVER = 2 ** 63 - 1
+DELAYED_WINDOW = 1000
+
+
+def with_replication_id(encoded_properties, replication_id):
+    """
+    The leader's serialised properties, decoded, with the id header added
+    last. The value holds the id times two, plus one when the leader's
+    properties had no headers table, so that stripping it gives them back equal.
+    """
+    properties = messages_pb2.BasicProperties.FromString(encoded_properties)
+    absent = not properties.HasField("headers")
+    field = properties.headers.fields.add()
+    field.name = ID_HEADER
+    field.value.integer_value = replication_id * 2 + absent
+    return properties
+
+
+def split_replication_id(record):
+    """
+    C{(replication id, record as the leader stored it)} of a record a
+    follower's store gave back; C{(None, record)} for one stored otherwise.
+    """
+    fields = record.properties.headers.fields
+    if not fields or fields[-1].name != ID_HEADER:
+        return None, record
+    value = fields[-1].value.integer_value
+    properties = messages_pb2.BasicProperties()
+    properties.CopyFrom(record.properties)
+    del properties.headers.fields[-1]
+    if value & 1:
+        properties.ClearField("headers")
+    return value >> 1, MessageRecord(record.exchange, record.routing_key, properties,
+                                     record.body, record.published_at)
+
+
+def state_record(cluster_id, sequence):
+    """The exchange record that holds a follower store's replication state."""
+    record = messages_pb2.ExchangeRecord(vhost=STATE_VHOST, name=STATE_NAME,
+                                         type=messages_pb2.DIRECT, durable=True)
+    dict_to_table({"cluster": cluster_id, "sequence": sequence}, record.arguments)
+    return record
+
+
+def read_state(record):
+    """C{(cluster id, sequence)} of a L{state_record}."""
+    values = table_to_dict(record.arguments)
+    return str(values.get("cluster", "")), int(values.get("sequence", 0))
+
+
+def is_state(item):
+    return isinstance(item, messages_pb2.ExchangeRecord) and item.vhost == STATE_VHOST
+
+
+class ReplicaReader:
+    """
+    Reads an opened follower store as the leader's store would read: its
+    topology without the state record, its messages without their ids. A
+    follower that takes over opens its stores through this view.
+    """
+
+    def __init__(self, store):
+        self._store = store
+
+    def topology(self):
+        return [item for item in self._store.topology() if not is_state(item)]
+
+    def recover(self, queue):
+        """C{(handle, record, redelivered, replication id)} of C{queue}, in queue order."""
+        found = []
+        for handle, record, redelivered in self._store.recover(queue):
+            replication_id, record = split_replication_id(record)
+            found.append((handle, record, redelivered, replication_id))
+        return found
+
+    def delivery_counts(self, queue):
+        return self._store.delivery_counts(queue)
+
+    @defer.inlineCallbacks
+    def delayed(self):
+        """
+        A Deferred firing with every kept delayed message, as
+        C{(DelayedMessage, replication id)}, the message's id taken off.
+        """
+        found, cursor = [], None
+        while True:
+            window = yield self._store.delayed_after(cursor, FOREVER, DELAYED_WINDOW)
+            for item in window:
+                replication_id, record = split_replication_id(item.record)
+                found.append((DelayedMessage(item.due, item.handle, item.exchange, record),
+                              replication_id))
+            if len(window) < DELAYED_WINDOW:
+                return found
+            cursor = (window[-1].due, window[-1].handle)

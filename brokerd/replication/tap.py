@@ -1,0 +1,193 @@
+"""The leader's side of replication: a store that records what it is asked to change."""
+
+from zope.interface import alsoProvides, implementer, providedBy
+
+from brokerd.interfaces import IDelayedMessageStore, IMessageStore
+from brokerd.proto import replication_pb2
+from brokerd.replication import codec
+
+
+def _key(queue):
+    return replication_pb2.QueueKey(vhost=queue[0], name=queue[1])
+
+
+@implementer(IMessageStore, IDelayedMessageStore)
+class StoreTap:
+    """
+    Wraps one of the leader's stores (any backend) and records each mutating
+    call into an L{OutboundStream} after making it, so that followers can make
+    the same calls on stores of their own. It provides every interface the
+    wrapped store provides (paging, timed commits), passing reads through.
+
+    A message stored through the tap gets a I{replication id}: the sequence
+    number of the append (or delay) that stored it. Handles are the backend's
+    own and mean nothing to a follower, so acks, returns, purges and releases
+    travel by replication id; the tap keeps a handle-to-id map per queue (and
+    one for delayed messages) for the messages stored through it. A call on a
+    handle the tap never stored (a message recovered at open, which a new
+    follower would receive by a snapshot) is made but not streamed, and
+    counted in C{unreplicated}.
+    """
+
+    def __init__(self, store, stream, store_name=""):
+        """
+        @param store: the wrapped L{IMessageStore} (opened or not).
+        @param stream: the leader's L{OutboundStream}.
+        @param store_name: the vhost whose own store this is, or C{""} for the shared store.
+        """
+        self._store = store
+        self._stream = stream
+        self._name = store_name
+        self._ids = {}  # queue -> {handle: replication id}
+        self._delayed = {}  # delay handle -> replication id
+        self._properties = (None, None)  # the last properties encoded, and their bytes
+        self.unreplicated = 0
+        alsoProvides(self, *providedBy(store))
+
+    @property
+    def name(self):
+        return self._store.name
+
+    @property
+    def durable(self):
+        return self._store.durable
+
+    def _operation(self, **fields):
+        return replication_pb2.ReplicatedOperation(store=self._name, **fields)
+
+    def _record(self, operation, record, body=b""):
+        return self._stream.record(operation, record.SerializeToString(), body)
+
+    def _encoded_properties(self, properties):
+        # Messages published alike share one properties object: encode it once.
+        last, encoded = self._properties
+        if last is not properties:
+            encoded = properties.SerializeToString()
+            self._properties = (properties, encoded)
+        return encoded
+
+    def _message(self, message, **fields):
+        operation = self._operation(
+            message_exchange=message.exchange, routing_key=message.routing_key,
+            properties=self._encoded_properties(message.properties), **fields)
+        if message.published_at is not None:
+            operation.published_at = int(message.published_at)
+        return operation
+
+    # Reads and lifecycle pass through.
+
+    def open(self):
+        return self._store.open()
+
+    def topology(self):
+        return self._store.topology()
+
+    def recover(self, queue):
+        return self._store.recover(queue)
+
+    def delivery_counts(self, queue):
+        return self._store.delivery_counts(queue)
+
+    def read(self, handle):
+        return self._store.read(handle)
+
+    def sync(self):
+        return self._store.sync()
+
+    def close(self):
+        return self._store.close()
+
+    def stats(self):
+        return self._store.stats()
+
+    def recovered_handles(self, queue):
+        return self._store.recovered_handles(queue)
+
+    def load(self, handle):
+        return self._store.load(handle)
+
+    def commit_times(self):
+        return self._store.commit_times()
+
+    def delayed_after(self, cursor, until, limit):
+        return self._store.delayed_after(cursor, until, limit)
+
+    # Topology.
+
+    def save_exchange(self, record):
+        self._store.save_exchange(record)
+        self._record(codec.SAVE_EXCHANGE, self._operation(exchange=record))
+
+    def delete_exchange(self, vhost, name):
+        self._store.delete_exchange(vhost, name)
+        self._record(codec.DELETE_EXCHANGE, self._operation(target=_key((vhost, name))))
+
+    def save_queue(self, record):
+        self._store.save_queue(record)
+        self._ids.setdefault((record.vhost, record.name), {})
+        self._record(codec.SAVE_QUEUE, self._operation(queue_record=record))
+
+    def delete_queue(self, queue):
+        self._store.delete_queue(queue)
+        self._ids.pop(queue, None)
+        self._record(codec.DELETE_QUEUE, self._operation(queues=[_key(queue)]))
+
+    def save_binding(self, record):
+        self._store.save_binding(record)
+        self._record(codec.SAVE_BINDING, self._operation(binding=record))
+
+    def delete_binding(self, record):
+        self._store.delete_binding(record)
+        self._record(codec.DELETE_BINDING, self._operation(binding=record))
+
+    # Messages.
+
+    def append(self, message, queues):
+        handle = self._store.append(message, queues)
+        operation = self._message(message, queues=[_key(queue) for queue in queues])
+        replication_id = self._record(codec.APPEND, operation, message.body)
+        for queue in queues:
+            self._ids.setdefault(queue, {})[handle] = replication_id
+        return handle
+
+    def ack(self, queue, handle):
+        self._store.ack(queue, handle)
+        replication_id = self._ids.get(queue, {}).pop(handle, None)
+        if replication_id is None:
+            self.unreplicated += 1
+            return
+        self._record(codec.ACK_MESSAGE,
+                     self._operation(queues=[_key(queue)], messages=[replication_id]))
+
+    def returned(self, queue, handle, count):
+        self._store.returned(queue, handle, count)
+        replication_id = self._ids.get(queue, {}).get(handle)
+        if replication_id is None:
+            self.unreplicated += 1
+            return
+        self._record(codec.RETURNED, self._operation(
+            queues=[_key(queue)], messages=[replication_id], count=count))
+
+    def purge(self, queue, handles):
+        handles = list(handles)
+        self._store.purge(queue, handles)
+        known = self._ids.get(queue, {})
+        found = [known.pop(handle, None) for handle in handles]
+        ids = [replication_id for replication_id in found if replication_id is not None]
+        self.unreplicated += len(found) - len(ids)
+        if ids:
+            self._record(codec.PURGE, self._operation(queues=[_key(queue)], messages=ids))
+
+    def delay(self, message, exchange, due):
+        handle = self._store.delay(message, exchange, due)
+        operation = self._message(message, target=_key(exchange), due=due)
+        self._delayed[handle] = self._record(codec.DELAY, operation, message.body)
+        return handle
+
+    def release(self, handle):
+        self._store.release(handle)
+        replication_id = self._delayed.pop(handle, None)
+        if replication_id is None:
+            self.unreplicated += 1
+            return
+        self._record(codec.RELEASE, self._operation(messages=[replication_id]))
