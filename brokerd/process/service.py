@@ -64,6 +64,9 @@ class Listener:
         that a stop closes after their commits (AMQP, native), rather than
         HTTP requests, which end with the reactor.
     @ivar ceiling: the L{ConnectionCeiling} its connections count against, or None.
+    @ivar switch: a L{brokerd.wire.switching_factory.SwitchingFactory} already
+        listening on this option's endpoint (a cluster node's port), which start and
+        stop point at this listener's factory instead of listening; or None.
     """
 
     def __init__(self, reactor, description, factory, label, option, broker_clients=True):
@@ -75,6 +78,7 @@ class Listener:
         self.option = option
         self.port = None
         self.ceiling = None
+        self.switch = None
 
     @defer.inlineCallbacks
     def start(self):
@@ -82,6 +86,10 @@ class Listener:
             factory = self.factory
             if self.ceiling is not None:
                 factory = CeilingFactory(factory, self.ceiling)
+            if self.switch is not None:
+                self.switch.use(factory)
+                self.port = self.switch.port
+                return self.port
             self.port = yield server_endpoint(self.reactor, self.description).listen(factory)
         except Exception as problem:
             raise ListenFailed(f"--{self.option}={self.description}: {problem}") from None
@@ -102,6 +110,9 @@ class Listener:
 
     def stop(self):
         port, self.port = self.port, None
+        if self.switch is not None:
+            self.switch.use(None)
+            return None
         return port.stopListening() if port is not None else None
 
 
@@ -141,6 +152,9 @@ class BrokerService(Service):
             channel is closed, unless its queue says otherwise; None: no limit.
         @param http_access_log: log a line per request to the HTTP API and
             dashboard (C{--http-access-log}; off by default, as RabbitMQ's).
+        @param bound_ports: option name -> a listening
+            L{brokerd.wire.switching_factory.SwitchingFactory} that serves that
+            option's listener instead of a port of its own (a cluster node's).
         @param prometheus_endpoint: where to serve the Prometheus metrics
             (L{brokerd.http.prometheus}), or None.
         @param vhost_stores: the L{brokerd.interfaces.IVhostStores} that
@@ -197,6 +211,8 @@ class BrokerService(Service):
                 reactor, http_endpoint, self._management_site(), "HTTP API", "http",
                 broker_clients=False,
             ))
+        for listener in self.listeners:
+            listener.switch = (bound_ports or {}).get(listener.option)
         self.started = defer.Deferred()
         self._store_opened = False
         self._serving = False

@@ -1,0 +1,235 @@
+"""One node of a replicated cluster: a follower copying the leader's stores until etcd makes it
+the leader, then the broker itself.
+
+L{ClusterNode} listens on the node's ports once (L{SwitchingFactory}), reads the cluster's
+identity from etcd (a node that cannot reach etcd at its first start stops, in one line),
+opens its store as a follower's (L{StoreApplier}) and takes part in the election
+(L{Candidate}). While another node leads, it applies that leader's replication stream and
+its client ports are closed to clients or relayed to the leader. Once elected, it turns
+its stores into the leader's (the broker recovers them as a restart does), streams their
+changes to the followers, keeps the in-sync set in etcd (L{InSyncSet}), and holds every
+confirm until that set has the message durably. A node that stops leading (its lease
+could not be renewed, or the leader key went to another) confirms nothing more: it closes
+its clients and starts again as a follower, from scratch, in the same process.
+"""
+
+import os
+import sys
+
+from twisted.application.service import Service
+from twisted.internet import defer
+from twisted.logger import Logger
+
+from brokerd.cluster.errors import DuplicateNodeName, EtcdError
+from brokerd.cluster.etcd import EtcdClient
+from brokerd.cluster.identity import cluster_identity
+from brokerd.cluster.leadership import Candidate
+from brokerd.cluster.view import ClusterKeys, NodeInfo
+from brokerd.process.cluster_follower import FollowerLink
+from brokerd.process.cluster_leader import LeaderRole
+from brokerd.replication.applier import StoreApplier
+from brokerd.wire.endpoints import server_endpoint
+from brokerd.wire.switching_factory import SwitchingFactory
+
+log = Logger()
+
+REJOIN_ENVIRONMENT = "BROKERD_CLUSTER_REJOIN"
+RETRY_SECONDS = 1.0
+CLIENT_OPTIONS = ("amqp", "amqps", "native", "http", "prometheus")
+
+
+def advertised_address(port, advertise_host):
+    """C{tcp:HOST:PORT} other nodes reach a listening C{port} at."""
+    address = port.getHost()
+    host = advertise_host or address.host
+    if host in ("0.0.0.0", "::", ""):
+        import socket
+
+        host = socket.getfqdn()
+    if ":" in host:
+        host = host.replace(":", "\\:")
+    return f"tcp:{host}:{address.port}"
+
+
+class ClusterNode(Service):
+    """
+    A cluster node's life (see the module's description).
+
+    @param make_store: makes this node's (unopened) store.
+    @param make_broker: C{make_broker(store, bound_ports)} makes the L{BrokerService}
+        that serves clients once this node leads.
+    @param endpoints: option name -> endpoint string of the client listeners.
+    @param pidfile: the pid file to remove before the process starts again.
+    """
+
+    def __init__(self, reactor, settings, make_store, make_broker, endpoints, data_dir,
+                 access, pidfile=None, rejoin=None):
+        self.reactor = reactor
+        self.settings = settings
+        self.make_store = make_store
+        self.make_broker = make_broker
+        self.endpoints = {name: value for name, value in endpoints.items() if value}
+        self.data_dir = data_dir
+        self.access = access
+        self.pidfile = pidfile
+        self.rejoin = os.environ.get(REJOIN_ENVIRONMENT) == "1" if rejoin is None else rejoin
+        self.keys = ClusterKeys(settings.cluster_name)
+        self.switches = {}
+        self.replication_switch = SwitchingFactory("replication")
+        self.store = None
+        self.applier = None
+        self.candidate = None
+        self.identity = None
+        self.follower = None
+        self.leader = None
+        self.started = defer.Deferred()
+        self._restarting = False
+
+    # -- start
+
+    def startService(self):
+        Service.startService(self)
+        d = self._start()
+        d.addCallbacks(lambda _: self.started.callback(self), self._failed_to_start)
+
+    @defer.inlineCallbacks
+    def _start(self):
+        addresses = yield self._listen()
+        client = EtcdClient(self.reactor, list(self.settings.etcd_urls),
+                            ca_file=self.settings.etcd_ca)
+        self.identity = yield self._identity(client)
+        self.store = self.make_store()
+        yield self.store.open()
+        self.applier = StoreApplier({"": self.store}, access_sink=self._access_document)
+        yield self.applier.open()
+        if self.applier.cluster_id and self.applier.cluster_id != self.identity.cluster_id:
+            raise EtcdError(
+                f"--data-dir={self.data_dir} holds data of cluster {self.applier.cluster_id},"
+                f" not of cluster {self.settings.cluster_name!r} ({self.identity.cluster_id}):"
+                " give this node an empty data directory")
+        self.follower = FollowerLink(self.reactor, self.applier, self.identity.secret,
+                                     self.settings.node_name)
+        self.candidate = Candidate(
+            client, self.reactor, self.keys, NodeInfo(self.settings.node_name, addresses),
+            ttl=self.settings.lease_ttl, on_elected=self._elected,
+            on_stepped_down=self._stepped_down, on_leader=self._leader_changed)
+        yield self.candidate.start()
+        self.candidate.ended.addCallback(self._lease_ended)
+        log.info("node {node} joined cluster {cluster} ({addresses})",
+                 node=self.settings.node_name, cluster=self.settings.cluster_name,
+                 addresses=" ".join(f"{k}={v}" for k, v in sorted(addresses.items())))
+
+    @defer.inlineCallbacks
+    def _listen(self):
+        """Listen on every port once; fires with the addresses other nodes reach them at."""
+        addresses = {}
+        wanted = dict(self.endpoints, replication=self.settings.replication)
+        for option, description in wanted.items():
+            switch = (self.replication_switch if option == "replication"
+                      else SwitchingFactory(option))
+            try:
+                switch.port = yield server_endpoint(self.reactor, description).listen(switch)
+            except Exception as problem:
+                raise EtcdError(f"--{option}={description}: {problem}") from None
+            if option != "replication":
+                self.switches[option] = switch
+            addresses[option] = advertised_address(switch.port, self.settings.advertise_host)
+        return addresses
+
+    @defer.inlineCallbacks
+    def _identity(self, client):
+        while True:
+            try:
+                identity = yield cluster_identity(client, self.keys)
+                return identity
+            except EtcdError as problem:
+                if not self.rejoin or isinstance(problem, DuplicateNodeName):
+                    raise
+                log.warn("etcd does not answer ({problem}); trying again", problem=problem)
+                yield self._pause(RETRY_SECONDS)
+
+    def _pause(self, seconds):
+        waiting = defer.Deferred()
+        self.reactor.callLater(seconds, waiting.callback, None)
+        return waiting
+
+    def _failed_to_start(self, failure):
+        log.critical("brokerd could not join cluster {cluster}: {problem}",
+                     cluster=self.settings.cluster_name,
+                     problem=failure.getErrorMessage() or failure.type.__name__)
+        self.started.errback(failure)
+        self.started.addErrback(lambda _: None)
+        self.reactor.callWhenRunning(self._exit, 1)
+
+    # -- roles
+
+    def _access_document(self, data):
+        self.access.replace_document(data)
+
+    def _leader_changed(self, info):
+        if info is None or info.name == self.settings.node_name:
+            self.follower.follow(None)
+            return
+        log.info("following {leader}", leader=info.name)
+        self.follower.follow(info.addresses.get("replication"))
+
+    def _elected(self):
+        self.follower.follow(None)
+        self.leader = LeaderRole(self)
+        self.leader.start().addErrback(self._leading_failed)
+
+    def _leading_failed(self, failure):
+        log.failure("this node could not take the lead", failure)
+        self.restart("it could not take the lead")
+
+    def _stepped_down(self, reason):
+        self.restart(f"it stopped leading: {reason}")
+
+    def _lease_ended(self, reason):
+        self.restart(f"its etcd lease ended: {reason}")
+
+    def restart(self, reason):
+        """
+        Confirm nothing more, close every client, and start this process again as a new
+        follower (its pid file removed first, so that the new start does not refuse it).
+        """
+        if self._restarting or not self.running:
+            return
+        self._restarting = True
+        log.warn("node {node} starts again as a follower: {reason}",
+                 node=self.settings.node_name, reason=reason)
+        for switch in self.switches.values():
+            switch.use(None)
+        self.replication_switch.use(None)
+        if self.leader is not None:
+            self.leader.abandon()
+        os.environ[REJOIN_ENVIRONMENT] = "1"
+        if self.pidfile and os.path.exists(self.pidfile):
+            os.remove(self.pidfile)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, *sys.argv])
+
+    # -- stop
+
+    @defer.inlineCallbacks
+    def stopService(self):
+        Service.stopService(self)
+        if self.leader is not None:
+            yield self.leader.stop()
+        if self.follower is not None:
+            yield self.follower.stop()
+        if self.candidate is not None:
+            try:
+                yield self.candidate.stop()
+            except EtcdError as problem:
+                log.warn("leaving the cluster: {problem}", problem=problem)
+        for switch in [*self.switches.values(), self.replication_switch]:
+            if switch.port is not None:
+                yield switch.port.stopListening()
+        if self.store is not None and (self.leader is None or not self.leader.serving):
+            yield self.store.close()
+
+    def _exit(self, status):
+        self.reactor.addSystemEventTrigger("after", "shutdown", os._exit, status)
+        self.reactor.stop()
