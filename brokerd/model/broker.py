@@ -9,12 +9,18 @@ it with 530, naming the damage, while the other vhosts serve.
 Protocol adapters open L{connections<brokerd.session.connection.Connection>} on
 a broker; everything they do goes through the connection's channels to the
 virtual host they opened.
+
+A store commit that fails (a full disk) nacks the publishes it covers; the
+broker takes the messages it lost out of their queues before anyone sees them
+(L{brokerd.interfaces.ICommitFailures}).
 """
 
 from twisted.logger import Logger
 
 from brokerd.errors import NotAllowed
-from brokerd.interfaces import IDelayedMessageStore, IPagingStore, QuarantinedRecord, StoreCorrupted
+from brokerd.interfaces import (
+    ICommitFailures, IDelayedMessageStore, IPagingStore, QuarantinedRecord, StoreCorrupted,
+)
 from brokerd.model.counters import MessageCounters
 from brokerd.model.delayeddelivery import DelayScheduler
 from brokerd.model.message import Message
@@ -65,6 +71,7 @@ class Broker:
         self._own_delays = {}  # vhost name -> the DelayScheduler of its own store
         # An IVhostStores, given by the service: builds the vhosts' own stores.
         self.vhost_stores = None
+        self._watch_commit_failures(store)
         for name in vhosts:
             self.add_vhost(name)
 
@@ -82,8 +89,25 @@ class Broker:
             else:
                 vhost = self.vhosts[name] = VirtualHost(name, store, self.clock, self.watermark)
                 self.own_stores[name] = store
+                self._watch_commit_failures(store)
                 vhost.delays = self._own_delays[name] = DelayScheduler(self, store)
         return self.vhosts[name]
+
+    def _watch_commit_failures(self, store):
+        if ICommitFailures.providedBy(store):
+            store.watch_commit_failures(self._commit_failed)
+
+    def _commit_failed(self, failure, lost):
+        """A store commit failed: the messages of C{lost} (C{(queue key, handle)}) leave their
+        queues."""
+        by_queue = {}
+        for key, handle in lost:
+            by_queue.setdefault(key, set()).add(handle)
+        for (vhost_name, queue_name), handles in by_queue.items():
+            vhost = self.vhosts.get(vhost_name)
+            queue = vhost.queues.get(queue_name) if vhost is not None else None
+            if queue is not None and not queue.deleted:
+                queue.drop_unstored(handles)
 
     def mark_vhost_unavailable(self, name, reason):
         """
