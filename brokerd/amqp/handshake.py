@@ -179,12 +179,16 @@ class AmqpHandshake:
         self.transport.write(frames.PROTOCOL_HEADER)
         self.transport.loseConnection()
 
-    def _blocked_changed(self, blocked):
-        """Tell a client that understands connection.blocked why its publishes stall."""
+    def _blocked_changed(self, blocked_by):
+        """
+        Tell a client that understands connection.blocked why its publishes
+        stall, in RabbitMQ's words ("low on memory", "low on disk", "low on
+        memory & disk").
+        """
         if not self.client_capabilities.get("connection.blocked") or self.state != OPEN:
             return
-        if blocked:
-            blocked_method = commands.Connection.Blocked(reason="low on memory")
+        if blocked_by:
+            blocked_method = commands.Connection.Blocked(reason="low on " + " & ".join(blocked_by))
             self._writes.send(frames.method_frame(0, blocked_method))
         else:
             self._writes.send(frames.method_frame(0, commands.Connection.Unblocked()))
@@ -310,7 +314,8 @@ class AmqpHandshake:
         )
         self._writes.counted = self.connection
         self.connection.closer = self.close
-        self.gate = PublisherGate(self.broker.watermark, self.transport, self._blocked_changed)
+        self.gate = PublisherGate(self.broker.watermark, self.transport, self._blocked_changed,
+                                  self.broker.disk_alarm)
         self.state = OPEN
         if self._timeout_call is not None and self._timeout_call.active():
             self._timeout_call.cancel()

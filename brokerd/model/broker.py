@@ -23,6 +23,7 @@ from brokerd.interfaces import (
 )
 from brokerd.model.counters import MessageCounters
 from brokerd.model.delayeddelivery import DelayScheduler
+from brokerd.model.disk_alarm import DiskAlarm
 from brokerd.model.message import Message
 from brokerd.model.replyto import ReplyConsumers
 from brokerd.model.vhost import VirtualHost
@@ -54,12 +55,18 @@ class Broker:
         each with its client's facts, channels, consumers and counters.
     @ivar counters: the L{MessageCounters}: connections opened and closed, and
         the message counts of closed connections, for totals since start.
+    @ivar disk_alarm: the L{DiskAlarm}, which blocks publishers beside the
+        memory C{watermark} (never raised unless something measures the disk).
+    @ivar on_commit_failed: if set, called with the failure of each failed
+        store commit, after its lost messages left their queues.
     """
 
-    def __init__(self, store, clock, vhosts=(DEFAULT_VHOST,), watermark=None):
+    def __init__(self, store, clock, vhosts=(DEFAULT_VHOST,), watermark=None, disk_alarm=None):
         self.store = store
         self.clock = clock
         self.watermark = watermark if watermark is not None else MemoryWatermark()
+        self.disk_alarm = disk_alarm if disk_alarm is not None else DiskAlarm()
+        self.on_commit_failed = None
         self.vhosts = {}
         self.connections = set()
         self.counters = MessageCounters()
@@ -108,6 +115,8 @@ class Broker:
             queue = vhost.queues.get(queue_name) if vhost is not None else None
             if queue is not None and not queue.deleted:
                 queue.drop_unstored(handles)
+        if self.on_commit_failed is not None:
+            self.on_commit_failed(failure)
 
     def mark_vhost_unavailable(self, name, reason):
         """
