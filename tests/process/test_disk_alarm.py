@@ -121,6 +121,10 @@ def test_a_publisher_filling_the_disk_is_nacked_blocked_and_resumes_once_space_i
             acked.add(number)
             poll_until(lambda: alarm_health(api)[0] == 200 or None, WAIT, "the alarm to clear")
             assert sorted(drain(consumer)) == [late, number]
+            number += 1
+            kept = number  # confirmed after the episode, left in the queue: it must survive the restart
+            confirmed.basic_publish("", QUEUE, body(kept), pika.BasicProperties(delivery_mode=2))
+            acked.add(kept)
             consumer.close()
             publisher.close()
 
@@ -140,6 +144,7 @@ def test_a_publisher_filling_the_disk_is_nacked_blocked_and_resumes_once_space_i
             consumer.close()
             assert not set(recovered) & nacked, f"nacked messages came back: {sorted(set(recovered) & nacked)}"
             assert set(recovered) <= acked | {late}
+            assert kept in recovered
         finally:
             broker.kill()
         lines = broker.output
