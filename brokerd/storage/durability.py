@@ -282,7 +282,9 @@ class GroupCommit:
             except BaseException:
                 result = Failure()
         if isinstance(result, Failure):
-            lost = self._lost_in(batch) if self._lost_in is not None and batch is not None else []
+            # The final commit of a stop: its messages go with the broker, nothing is acked.
+            lost = (self._lost_in(batch) if self._lost_in is not None and batch is not None
+                    and not self._stopped else [])
             self.failures.commit_failed(result, lost)
             for waiter in waiters:
                 waiter.errback(result)

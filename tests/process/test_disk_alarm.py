@@ -151,6 +151,47 @@ def test_a_publisher_filling_the_disk_is_nacked_blocked_and_resumes_once_space_i
         assert not any("Traceback" in line for line in lines)
 
 
+def publish_until_nacked(channel, nacks=2):
+    """Confirmed publishes of numbered bodies until C{nacks} are nacked: (acked, nacked) numbers."""
+    acked, nacked = set(), set()
+    number = 0
+    while len(nacked) < nacks:
+        number += 1
+        assert number < 200, "the disk never filled"
+        try:
+            channel.basic_publish("", QUEUE, body(number), pika.BasicProperties(delivery_mode=2))
+            acked.add(number)
+        except pika.exceptions.NackError:
+            nacked.add(number)
+    return acked, nacked
+
+
+@pytest.mark.parametrize("backend", ["chunked", "filelog", "sqlite"])
+def test_a_broker_stopped_with_its_disk_full_brings_back_every_confirmed_message_and_no_nacked_one(
+        tmp_path, backend):
+    with small_filesystem(tmp_path / "disk", "4m") as disk:
+        broker = BrokerProcess(["--backend", backend, "--data-dir", str(disk / "data"), "--native", "none",
+                                "--disk-free-limit", "1"], cwd=tmp_path)
+        try:
+            publisher = connect(broker)
+            channel = publisher.channel()
+            channel.queue_declare(QUEUE, durable=True)
+            channel.confirm_delivery()
+            acked, nacked = publish_until_nacked(channel)
+            # Stopped as it is: the publisher is blocked (its close would not be read), the disk full.
+            broker.stop()
+            assert not any("Traceback" in line for line in broker.output)
+            (disk / "data" / "room").write_bytes(b"")  # nothing is freed: it restarts on the full disk
+            broker.restart()
+            consumer = connect(broker)
+            recovered = drain(consumer)
+            consumer.close()
+            assert not set(recovered) & nacked, f"nacked messages came back: {sorted(set(recovered) & nacked)}"
+            assert set(recovered) == acked
+        finally:
+            broker.kill()
+
+
 def test_free_space_below_the_limit_blocks_publishers_until_it_is_back(tmp_path):
     with small_filesystem(tmp_path / "disk", "4m") as disk:
         broker = BrokerProcess(["--backend", "chunked", "--data-dir", str(disk / "data"), "--native", "none",
