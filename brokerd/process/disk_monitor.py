@@ -92,6 +92,8 @@ class FreeSpaceMonitor:
     def start(self):
         """Measure now, and from then on as the alarm asks."""
         self._check()
+        log.info("disk free limit {limit} bytes (--disk-free-limit); {free} bytes free in {directory}",
+                 limit=self.alarm.limit, free=self.alarm.free, directory=self.directory)
 
     def stop(self):
         if self._call is not None and self._call.active():
