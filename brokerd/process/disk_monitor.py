@@ -92,8 +92,10 @@ class FreeSpaceMonitor:
     def start(self):
         """Measure now, and from then on as the alarm asks."""
         self._check()
-        log.info("disk free limit {limit} bytes (--disk-free-limit); {free} bytes free in {directory}",
-                 limit=self.alarm.limit, free=self.alarm.free, directory=self.directory)
+        log.info(
+            "disk free limit {limit} bytes (--disk-free-limit); {free} bytes free in {directory}",
+            limit=self.alarm.limit, free=self.alarm.free, directory=self.directory,
+        )
 
     def stop(self):
         if self._call is not None and self._call.active():
