@@ -15,11 +15,14 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select
 
-from tests.http.test_dashboard_admin import click_in_table, fill, logged_in, open_admin
 from tests.support.dashboard import (  # noqa: F401 (browser, page: fixtures)
     NEEDS_BROWSER,
     browser,
+    click_in_table,
     css_string,
+    fill,
+    logged_in,
+    open_admin,
     page,
     text_of,
     wait_for_text,
