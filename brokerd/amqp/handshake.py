@@ -414,8 +414,8 @@ class AmqpHandshake:
         self.state = CLOSING
         self._reader.drop_unread()
         close = commands.Connection.Close(
-            reply_code=error.reply_code, reply_text=error.reply_text[:255], class_id=index >> 16,
-            method_id=index & 0xFFFF,
+            reply_code=error.reply_code, reply_text=frames.short_reply_text(error.reply_text),
+            class_id=index >> 16, method_id=index & 0xFFFF,
         )
         self._writes.send(frames.method_frame(0, close))
         self._writes.flush()
