@@ -140,6 +140,7 @@ class AmqpHandshake:
         self.channel_max = settings.channel_max
         self.heartbeat = 0
         self.client_properties = {}
+        self.auth_mechanism = None  # the SASL mechanism of start-ok
         self.client_capabilities = {}
         self._timeout_call = None
         self._heartbeat_loop = None
@@ -247,6 +248,7 @@ class AmqpHandshake:
         self.client_capabilities = capabilities if isinstance(capabilities, dict) else {}
         self.state = AUTHENTICATING
         response = method.response
+        self.auth_mechanism = method.mechanism
         if isinstance(response, str):
             response = response.encode()  # pamqp decoded these bytes as UTF-8: the same bytes again
         d = self._settings.authenticator.login(
@@ -314,7 +316,7 @@ class AmqpHandshake:
         name = properties.get("connection_name") or properties.get("product") or ""
         self.connection = Connection(
             self.broker, vhost, str(name), AMQP_0_9_1, self.transport, self.user, properties,
-            resource_access, limits=authenticator.limits,
+            resource_access, limits=authenticator.limits, auth_mechanism=self.auth_mechanism,
         )
         self.connection.tuning = {
             "channel_max": self.channel_max, "frame_max": self.frame_max, "timeout": self.heartbeat,
@@ -422,8 +424,8 @@ class AmqpHandshake:
         self.state = CLOSING
         self._reader.drop_unread()
         close = commands.Connection.Close(
-            reply_code=error.reply_code, reply_text=error.reply_text[:255], class_id=index >> 16,
-            method_id=index & 0xFFFF,
+            reply_code=error.reply_code, reply_text=frames.short_reply_text(error.reply_text),
+            class_id=index >> 16, method_id=index & 0xFFFF,
         )
         self._writes.send(frames.method_frame(0, close))
         self._writes.flush()

@@ -43,8 +43,8 @@ def connection_info(api, connection):
         "recv_oct": connection.bytes_received,
         "send_oct": connection.bytes_sent,
         "connected_at": connection.connected_at,
-        "ssl": False,
-        "auth_mechanism": "PLAIN",
+        **connection.tls,
+        "auth_mechanism": connection.auth_mechanism,
         "message_counts": counts,
         **connection.tuning,
     }
@@ -66,7 +66,15 @@ def _connection(api, name):
 
 
 def get_connection(api, name):
-    return connection_info(api, _connection(api, name))
+    """
+    One connection; as RabbitMQ 3.10, its TLS details are empty strings where
+    the listing has null (no TLS, or no client certificate).
+    """
+    info = connection_info(api, _connection(api, name))
+    for key, value in info.items():
+        if value is None and key.startswith(("ssl_", "peer_cert_")):
+            info[key] = ""
+    return info
 
 
 def close_connection(api, name):

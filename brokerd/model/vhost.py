@@ -15,7 +15,6 @@ from brokerd.errors import (
     CommandInvalid,
     NotFound,
     PreconditionFailed,
-    ResourceLocked,
 )
 from brokerd.interfaces import IDelayedMessageStore
 from brokerd.model.delayeddelivery import delay_of
@@ -33,7 +32,7 @@ from brokerd.model.names import check_not_reserved, check_short_string, generate
 from brokerd.model.policy_effects import VhostPolicies, unapplied_keys
 from brokerd.model.queue import Queue
 from brokerd.model.queue_arguments import message_ttl_of
-from brokerd.model.queue_types import check_declaration, comparable_arguments
+from brokerd.model.queue_types import check_declaration, comparable_arguments, locked_queue
 from brokerd.model.routing import route_now
 from brokerd.model.topology_records import (
     binding_record,
@@ -233,11 +232,7 @@ class VirtualHost:
             existing.check_access(connection)
             if exclusive != existing.exclusive:
                 # As RabbitMQ: exclusivity is a lock, so a mismatch is 405, not 406.
-                raise ResourceLocked(
-                    f"cannot obtain exclusive access to locked queue {name!r}"
-                    f" in vhost {self.name!r}:"
-                    f" it was declared {'exclusive' if existing.exclusive else 'not exclusive'}"
-                )
+                raise locked_queue(name, self.name)
             check_equivalent(
                 self.name,
                 "queue",

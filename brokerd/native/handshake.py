@@ -187,7 +187,7 @@ class NativeHandshake:
         access = authenticator.check_vhost_access(user, vhost, self._broker.connections)
         self.connection = Connection(
             self._broker, vhost, hello.client_name, NATIVE, self.transport, user, access=access,
-            limits=authenticator.limits,
+            limits=authenticator.limits, auth_mechanism=hello.mechanism or PLAIN,
         )
         self._writes.counted = self.connection
         self.connection.closer = self.close

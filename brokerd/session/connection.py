@@ -26,6 +26,7 @@ from zope.interface import implementer
 from brokerd.errors import InvalidChannel
 from brokerd.interfaces import IQueueOwner
 from brokerd.session.channel import MESSAGE_COUNTERS, ROUTING_COUNTERS, Channel
+from brokerd.wire.tls_details import NO_TLS, tls_details
 
 AMQP_0_9_1 = "AMQP 0-9-1"  # the protocol names RabbitMQ's management API gives
 NATIVE = "native"
@@ -87,10 +88,13 @@ class Connection:
     """
 
     def __init__(self, broker, vhost_name, client_name="", protocol=None, transport=None, user=None,
-                 client_properties=None, access=None, limits=None):
+                 client_properties=None, access=None, limits=None, auth_mechanism=None):
         """
         @param transport: the transport the client is connected over, whose
-            peer and local addresses name the connection (None in-process).
+            peer and local addresses name the connection (None in-process),
+            and whose TLS, if any, is described in C{tls}.
+        @param auth_mechanism: the SASL mechanism the client logged in with
+            (C{PLAIN}, C{AMQPLAIN}, C{EXTERNAL}), for the connection listings.
         """
         self.broker = broker
         # 530 for an unknown vhost or one whose store is down:
@@ -104,6 +108,8 @@ class Connection:
         else:
             self.peer = self.local = None
             self.name = f"in-process connection {self.number}"
+        self.tls = tls_details(transport) if transport is not None else dict(NO_TLS)
+        self.auth_mechanism = auth_mechanism
         self.user = user
         self.access = access
         self.limits = limits
