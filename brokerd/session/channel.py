@@ -16,7 +16,7 @@ L{brokerd.session.confirms.PublisherConfirms}; in tx mode its
 L{brokerd.session.transactions.Transaction}, which keeps publishes and
 settlements for tx.commit.
 Each channel counts the messages it publishes, delivers and has acked
-(L{MESSAGE_COUNTERS}), one integer increment each, for its connection's totals,
+(L{brokerd.session.counters}), one integer increment each, for its connection's totals,
 and the unroutable publishes it drops or returns (counted on that path only).
 Every operation is checked against the user's permissions (L{brokerd.access.permissions}).
 """
@@ -37,19 +37,6 @@ from brokerd.session.transactions import Transaction
 
 log = Logger()
 
-# The message counters every channel keeps (and its connection adds up), as RabbitMQ's
-# message_stats: publish, deliver_get (consumer deliveries and basic.get), redeliver and ack.
-MESSAGE_COUNTERS = (
-    "messages_published", "messages_delivered", "messages_redelivered", "messages_acked"
-)
-# What else a channel counts for the broker-wide metrics (RabbitMQ's global counters): unroutable
-# publishes dropped or returned (counted on that path only), and the publishes made and confirmed in
-# confirm mode (read from its publisher confirms, not counted per message).
-ROUTING_COUNTERS = (
-    "messages_unroutable_dropped", "messages_unroutable_returned", "messages_received_confirm",
-    "messages_confirmed",
-)
-
 
 class Channel:
     """
@@ -67,6 +54,9 @@ class Channel:
     @ivar messages_unroutable_dropped: publishes no queue took, not mandatory (dropped).
     @ivar messages_unroutable_returned: mandatory publishes no queue took (returned to
         the publisher).
+    @ivar messages_got_manual_ack: messages taken by basic.get to be acked.
+    @ivar messages_got_no_ack: messages taken by basic.get with no-ack.
+    @ivar gets_empty: basic.gets that found nothing to take.
     """
 
     def __init__(self, connection, channel_id, peer):
@@ -84,6 +74,7 @@ class Channel:
         self.closed = False
         self.messages_published = self.messages_acked = 0
         self.messages_unroutable_dropped = self.messages_unroutable_returned = 0
+        self.messages_got_manual_ack = self.messages_got_no_ack = self.gets_empty = 0
         self._last_queue_name = None
         self._confirms = None  # PublisherConfirms in confirm mode
         self._transaction = None  # Transaction in tx mode
@@ -122,6 +113,17 @@ class Channel:
         delivery tags given out.
         """
         return self.deliveries.given
+
+    @property
+    def messages_delivered_no_ack(self):
+        """Messages handed to consumers that need no ack (basic.consume with no-ack)."""
+        return self.deliveries.given_no_ack - self.messages_got_no_ack
+
+    @property
+    def messages_delivered_manual_ack(self):
+        """Messages handed to consumers that ack them."""
+        deliveries = self.deliveries
+        return deliveries.given - deliveries.given_no_ack - self.messages_got_manual_ack
 
     @property
     def messages_redelivered(self):
@@ -344,11 +346,14 @@ class Channel:
         if entry is None:
             # The head could not be read from the store: not empty, unavailable.
             source.check_available()
+            self.gets_empty += 1
             return None
         if no_ack:
+            self.messages_got_no_ack += 1
             tag = self.deliveries.give_tag(entry)
             source.forget(entry)
         else:
+            self.messages_got_manual_ack += 1
             tag = self.deliveries.hold(entry)
         return tag, entry.redelivered, delivered_message(entry), source.message_count
 

@@ -25,7 +25,8 @@ from zope.interface import implementer
 
 from brokerd.errors import InvalidChannel
 from brokerd.interfaces import IQueueOwner
-from brokerd.session.channel import MESSAGE_COUNTERS, ROUTING_COUNTERS, Channel
+from brokerd.session.channel import Channel
+from brokerd.session.counters import DELIVERY_COUNTERS, MESSAGE_COUNTERS, ROUTING_COUNTERS
 
 AMQP_0_9_1 = "AMQP 0-9-1"  # the protocol names RabbitMQ's management API gives
 NATIVE = "native"
@@ -112,7 +113,9 @@ class Connection:
         self.closer = None
         self.deliveries_paused = False
         # Closed channels' totals:
-        self._closed_channel_counts = dict.fromkeys(MESSAGE_COUNTERS + ROUTING_COUNTERS, 0)
+        self._closed_channel_counts = dict.fromkeys(
+            MESSAGE_COUNTERS + ROUTING_COUNTERS + DELIVERY_COUNTERS, 0
+        )
         broker.connections.add(self)
         broker.counters.connections_opened += 1
 
@@ -129,6 +132,7 @@ class Connection:
         if channel_id in self.channels:
             raise InvalidChannel(f"channel {channel_id} is already open")
         channel = self.channels[channel_id] = Channel(self, channel_id, peer)
+        self.broker.counters.channels_opened += 1
         return channel
 
     def channel(self, channel_id):
@@ -143,6 +147,7 @@ class Connection:
         channel = self.channels.pop(channel_id, None)
         if channel is not None:
             channel.close()
+            self.broker.counters.channels_closed += 1
             counts = self._closed_channel_counts
             for counter in counts:
                 counts[counter] += getattr(channel, counter)
@@ -171,11 +176,19 @@ class Connection:
 
     def routing_counts(self):
         """
-        The connection's other counters (L{brokerd.session.channel.ROUTING_COUNTERS}),
+        The connection's other counters (L{brokerd.session.counters.ROUTING_COUNTERS}),
         open and closed channels added up: unroutable publishes dropped and
         returned, publishes made and confirmed in confirm mode.
         """
         return self._counts(ROUTING_COUNTERS)
+
+    def delivery_counts(self):
+        """
+        How the connection's deliveries went out (L{brokerd.session.counters.DELIVERY_COUNTERS}),
+        open and closed channels added up: to consumers with and without acks, by basic.get
+        with and without, and the basic.gets that found nothing.
+        """
+        return self._counts(DELIVERY_COUNTERS)
 
     def _counts(self, counters):
         """

@@ -36,7 +36,7 @@ class Deliveries:
 
     __slots__ = (
         "unacked", "prefetch_count", "flowing", "_connection", "_next_tag", "_held_by_consumers",
-        "_redelivered",
+        "_redelivered", "_given_no_ack",
     )
 
     def __init__(self, connection):
@@ -53,6 +53,7 @@ class Deliveries:
         # What its consumers hold un-acked, cancelled ones' too: what the limit counts.
         self._held_by_consumers = 0
         self._redelivered = 0
+        self._given_no_ack = 0
 
     @property
     def given(self):
@@ -61,6 +62,11 @@ class Deliveries:
         taken by basic.get.
         """
         return self._next_tag - 1
+
+    @property
+    def given_no_ack(self):
+        """Of the tags given out, those of deliveries needing no ack (L{give_tag})."""
+        return self._given_no_ack
 
     @property
     def redelivered(self):
@@ -88,6 +94,7 @@ class Deliveries:
         """
         tag = self._next_tag
         self._next_tag = tag + 1
+        self._given_no_ack += 1
         if entry.redelivered:
             self._redelivered += 1
         return tag
