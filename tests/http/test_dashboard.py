@@ -284,7 +284,8 @@ def test_a_refused_permission_is_shown_and_the_user_stays_logged_in(page, api, p
 COINCIDING_SERIES = """
 const done = arguments[arguments.length - 1];
 import("./static/chart.js").then(({ LineChart }) => {
-  const series = [{ key: "publish", label: "Published", color: "#d9822b" }, { key: "deliver", label: "Delivered", color: "#2b7bd9" },
+  const series = [{ key: "publish", label: "Published", color: "#d9822b" },
+                  { key: "deliver", label: "Delivered", color: "#2b7bd9" },
                   { key: "ack", label: "Acknowledged", color: "#3a9a4a" }];
   const chart = new LineChart({ id: "chart-coinciding", title: "Coinciding", series, format: String });
   document.body.append(chart.element);
@@ -298,7 +299,7 @@ import("./static/chart.js").then(({ LineChart }) => {
     const wanted = [1, 3, 5].map((start) => parseInt(line.color.slice(start, start + 2), 16));
     let count = 0;
     for (let index = 0; index < pixels.length; index += 4) {
-      const distance = Math.hypot(pixels[index] - wanted[0], pixels[index + 1] - wanted[1], pixels[index + 2] - wanted[2]);
+      const distance = Math.hypot(...wanted.map((channel, offset) => pixels[index + offset] - channel));
       if (pixels[index + 3] > 200 && distance < 40) count += 1;
     }
     return count;

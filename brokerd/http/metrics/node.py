@@ -4,6 +4,7 @@ C{rabbitmq_build_info} and C{rabbitmq_identity_info} that every RabbitMQ dashboa
 joins its queries on.
 """
 
+import functools
 import os
 import resource
 import sys
@@ -99,6 +100,7 @@ def identity(node):
     return [build, info]
 
 
+@functools.cache  # importlib.metadata reads the installed distributions: milliseconds
 def _client_version():
     try:
         from importlib.metadata import version
