@@ -4,11 +4,12 @@ The frame receiver (L{brokerd.amqp.server.AmqpServerProtocol}) holds one
 L{AmqpHandshake} per connection and hands it every channel-0 frame: start /
 start-ok (credentials checked by L{brokerd.amqp.auth}) / tune / tune-ok / open
 (the vhost and the user's permissions on it checked by L{brokerd.access.login}),
-update-secret (the new secret re-checked), connection.close in both directions,
-and connection.blocked / unblocked while the broker holds publishers back. The
-handshake also owns the connection's timers (the handshake timeout, the
-refusal delay, the wait for close-ok, heartbeats both ways), the model's
-L{Connection} it creates on connection.open, and the connection's log lines.
+update-secret (accepted, as RabbitMQ's internal users backend does),
+connection.close in both directions, and connection.blocked / unblocked while
+the broker holds publishers back. The handshake also owns the connection's
+timers (the handshake timeout, the refusal delay, the wait for close-ok,
+heartbeats both ways), the model's L{Connection} it creates on
+connection.open, and the connection's log lines.
 What it asks of the receiver is L{IFrameReader}: when the client last sent
 bytes, the frame limit, and dropping unread bytes and channels on close.
 
@@ -301,13 +302,19 @@ class AmqpHandshake:
         connection's channels check every operation against those.
         """
         vhost = method.virtual_host or "/"
-        resource_access = self._settings.authenticator.check_vhost_access(self.user, vhost)
+        authenticator = self._settings.authenticator
+        resource_access = authenticator.check_vhost_access(
+            self.user, vhost, self.broker.connections
+        )
         properties = self.client_properties
         name = properties.get("connection_name") or properties.get("product") or ""
         self.connection = Connection(
             self.broker, vhost, str(name), AMQP_0_9_1, self.transport, self.user, properties,
-            resource_access,
+            resource_access, limits=authenticator.limits,
         )
+        self.connection.tuning = {
+            "channel_max": self.channel_max, "frame_max": self.frame_max, "timeout": self.heartbeat,
+        }
         self._writes.counted = self.connection
         self.connection.closer = self.close
         self.gate = PublisherGate(self.broker.watermark, self.transport, self._blocked_changed)
@@ -324,35 +331,14 @@ class AmqpHandshake:
     def on_update_secret(self, method):
         """
         connection.update-secret (pika and aiormq use it to refresh credentials):
-        the new secret is checked as the password of the user who logged in.
-        A refused one closes the connection with RabbitMQ's 530, which RabbitMQ
-        sends when an authentication backend refuses the new secret.
+        answered update-secret-ok, as RabbitMQ's internal users backend answers
+        any new secret: a password cannot expire, so there is nothing to re-check
+        on a connection that already logged in.
         """
-        secret = method.new_secret
-        if isinstance(secret, str):
-            secret = secret.encode()  # pamqp decoded these bytes as UTF-8: the same bytes again
-        d = self._settings.authenticator.check_secret(self.user, secret)
-        d.addCallbacks(self._secret_updated, self._secret_refused, callbackArgs=(method.reason,))
-
-    def _secret_updated(self, user, reason):
-        if self.state != OPEN:
-            return
         log.debug("AMQP connection {peer}: user {user!r} updated secret, reason: {reason!r}",
-                  peer=peer_address(self.transport), user=self.user, reason=reason)
+                  peer=peer_address(self.transport), user=self.user,
+                  reason=client_text(method.reason))
         self._writes.send(frames.method_frame(0, commands.Connection.UpdateSecretOk()))
-
-    def _secret_refused(self, failure):
-        if self.state != OPEN:
-            return
-        if failure.check(LoginRefused):
-            error = NotAllowed("New secret was refused by one of the backends")
-        else:
-            log.failure(
-                "checking the new secret of {peer} failed", failure,
-                peer=peer_address(self.transport),
-            )
-            error = NotAllowed("Secret update failed")
-        self.close(error, _CONNECTION_UPDATE_SECRET)
 
     def on_close(self, method):
         self._ending(

@@ -46,6 +46,7 @@ def connection_info(api, connection):
         "ssl": False,
         "auth_mechanism": "PLAIN",
         "message_counts": counts,
+        **connection.tuning,
     }
     # As RabbitMQ: the client's connection_name property, when it gave one as a string.
     provided = connection.client_properties.get("connection_name")
@@ -84,13 +85,21 @@ def close_connection(api, name):
 
 def channel_info(api, channel):
     connection = channel.connection
+    transaction = channel.transaction
     return {
         "name": channel.name,
         "number": channel.id,
         "node": api.context.node,
         "state": "running" if channel.flow_active else "flow",
         "user": connection.user,
+        "user_who_performed_action": connection.user,
         "vhost": connection.vhost.name,
+        "confirm": channel.in_confirm_mode,
+        "transactional": transaction is not None,
+        "messages_unconfirmed": channel.messages_received_confirm - channel.messages_confirmed,
+        "messages_uncommitted": transaction.held_publishes if transaction is not None else 0,
+        "acks_uncommitted": transaction.held_settlements if transaction is not None else 0,
+        "pending_raft_commands": 0,
         "connection_details": {
             "name": connection.name,
             "peer_host": (connection.peer or (None,))[0],

@@ -14,8 +14,10 @@ import resource as os_resource
 import socket
 
 import twisted
+from brokerd.access.parameters import CLUSTER_NAME
 from brokerd.http.rates import CounterRates
 from brokerd.http.routes import not_found
+from brokerd.model.exchange import DELAYED_TYPE, EXCHANGE_TYPES
 
 MANAGEMENT_VERSION = "3.10.8"  # the RabbitMQ management API whose shapes this follows
 PRODUCT_NAME = "brokerd"
@@ -111,7 +113,8 @@ def overview(api):
         "rabbitmq_version": MANAGEMENT_VERSION,
         "product_version": product_version(),
         "product_name": PRODUCT_NAME,
-        "cluster_name": context.node,
+        # As RabbitMQ: the cluster_name global parameter, the node's name without one.
+        "cluster_name": context.access.runtime.global_parameters.get(CLUSTER_NAME, context.node),
         "node": context.node,
         "erlang_version": "n/a",
         "message_stats": context.totals.message_stats(),
@@ -126,7 +129,21 @@ def overview(api):
         },
         "listeners": listeners(context),
         "contexts": [],
+        "exchange_types": exchange_types(),
+        "disable_stats": False,
+        "enable_queue_totals": False,  # RabbitMQ's setting for when stats are disabled
     }
+
+
+def exchange_types():
+    """The exchange types one may declare, as RabbitMQ lists them (name, description, enabled)."""
+    found = [
+        {"name": name, "description": f"AMQP {name} exchange, as per the AMQP specification",
+         "enabled": True}
+        for name in sorted(EXCHANGE_TYPES)
+    ]
+    found.append({"name": DELAYED_TYPE, "description": "Delayed Message Exchange", "enabled": True})
+    return found
 
 
 def listeners(context):
@@ -179,6 +196,9 @@ def node_info(context):
             {"name": "twisted", "description": "Twisted", "version": twisted.__version__},
         ],
         "host": socket.gethostname(),
+        "exchange_types": exchange_types(),
+        "partitions": [],  # one node: never partitioned
+        "rates_mode": "basic",
     }
 
 

@@ -132,7 +132,9 @@ class ApiRequest:
         permissions = self.context.access.permissions_of(self.user, name)
         if permissions is None:
             raise not_authorised(VHOST_REFUSED)
-        return ResourceAccess(self.user, name, permissions)
+        return ResourceAccess(
+            self.user, name, permissions, self.context.access.topic_rules(self.user, name)
+        )
 
 
 class ManagementApi(resource.Resource):
@@ -229,15 +231,32 @@ def _status_of(body):
     return (200, body, None) if body is not None else (204, None, None)
 
 
-def make_site(context):
+class ManagementSite(server.Site):
+    """
+    The management listener's site: one access-log line per request only when
+    C{access_log} is true (C{--http-access-log}). Off by default, as RabbitMQ's
+    management listener logs no requests unless configured to: an open
+    dashboard polls the API every few seconds.
+    """
+
+    def __init__(self, root, access_log=False):
+        server.Site.__init__(self, root)
+        self.access_log = access_log
+
+    def log(self, request):
+        if self.access_log:
+            server.Site.log(self, request)
+
+
+def make_site(context, access_log=False):
     """
     The twisted.web site of the management API over L{ApiContext} C{context},
-    and of the dashboard.
+    and of the dashboard; C{access_log}: log a line per request.
     """
     root = resource.Resource()
     add_dashboard(root)
     root.putChild(b"api", ManagementApi(context, ROUTES))
-    site = server.Site(root)
+    site = ManagementSite(root, access_log)
     site.displayTracebacks = False
     site.noisy = False
     return site

@@ -29,6 +29,7 @@ from brokerd.model.exchange import (
     comparable_exchange_arguments,
     make_exchange,
 )
+from brokerd.model.firehose import TRACE_EXCHANGE
 from brokerd.model.names import check_not_reserved, check_short_string, generate_queue_name
 from brokerd.model.policy_effects import VhostPolicies, unapplied_keys
 from brokerd.model.queue import Queue
@@ -51,6 +52,7 @@ PREDECLARED_EXCHANGES = {
     "amq.topic": "topic",
     "amq.headers": "headers",
     "amq.match": "headers",
+    TRACE_EXCHANGE: "topic",  # internal: only the firehose publishes to it
 }
 # RabbitMQ's text, word for word:
 DEFAULT_EXCHANGE_REFUSAL = "operation not permitted on the default exchange"
@@ -65,6 +67,7 @@ class VirtualHost:
     @ivar exchanges: name -> exchange, the default exchange under C{""}.
     @ivar queues: name -> queue.
     @ivar policies: its L{brokerd.model.policy_effects.Policy} records, highest priority first.
+    @ivar queue_limit: how many queues it may hold (its C{max-queues}), or None: no limit.
     """
 
     def __init__(self, name, store, clock, watermark=None):
@@ -78,10 +81,12 @@ class VirtualHost:
         self.unavailable_queues = set()  # durable queues whose stored data is damaged
         self.delays = None  # the broker's DelayScheduler, for x-delayed-message exchanges
         self.queue_churn = QueueChurn()  # the broker gives every vhost its own, shared one
+        self.queue_limit = None
+        self.firehose = None  # while tracing is on, its Firehose (brokerd.model.firehose)
         self._policies = VhostPolicies(name)
         for exchange_name, type_name in PREDECLARED_EXCHANGES.items():
             self.exchanges[exchange_name] = EXCHANGE_TYPES[type_name](
-                self, exchange_name, durable=True
+                self, exchange_name, durable=True, internal=exchange_name == TRACE_EXCHANGE
             )
 
     def __repr__(self):
@@ -252,6 +257,11 @@ class VirtualHost:
             check_not_reserved("queue", name)
         else:
             name = generate_queue_name()
+        if self.queue_limit is not None and len(self.queues) >= self.queue_limit:
+            raise PreconditionFailed(  # RabbitMQ's words, which say vhost, not virtual host
+                f"cannot declare queue '{name}': queue limit in vhost '{self.name}'"
+                f" ({self.queue_limit}) is reached"
+            )
         check_declaration(name, self.name, durable, exclusive, auto_delete, arguments)
         queue = Queue(
             self, name, durable, connection if exclusive else None, auto_delete, arguments

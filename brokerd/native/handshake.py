@@ -180,9 +180,11 @@ class NativeHandshake:
             return
         settings = self._settings
         vhost = hello.vhost or "/"
-        access = settings.authenticator.check_vhost_access(user, vhost)
+        authenticator = settings.authenticator
+        access = authenticator.check_vhost_access(user, vhost, self._broker.connections)
         self.connection = Connection(
-            self._broker, vhost, hello.client_name, NATIVE, self.transport, user, access=access
+            self._broker, vhost, hello.client_name, NATIVE, self.transport, user, access=access,
+            limits=authenticator.limits,
         )
         self._writes.counted = self.connection
         self.connection.closer = self.close

@@ -32,6 +32,7 @@ from brokerd.access.commands import AccessCommands
 from brokerd.access.database import FULL_PERMISSIONS, AccessDatabaseDamaged
 from brokerd.access.definitions import DefinitionsRefused, load_definitions_file
 from brokerd.access.login import AccessControl
+from brokerd.access.limits import publish_all_limits
 from brokerd.access.policies import publish_all_policies
 from brokerd.amqp.server import AmqpServerFactory
 from brokerd.http.prometheus import metrics_site
@@ -42,6 +43,7 @@ from brokerd.native.server import DEFAULT_CHANNEL_MAX, DEFAULT_MAX_FRAME_SIZE, N
 from brokerd.process.memory_trim import FreedMemory
 from brokerd.process.shutdown import close_clients
 from brokerd.storage.vhost_stores import VhostStoreFailed
+from brokerd.wire.connection_ceiling import CeilingFactory, ConnectionCeiling
 from brokerd.wire.endpoints import is_tls, server_endpoint
 from brokerd.wire.stop_signals import ignore_further_stop_signals
 
@@ -60,6 +62,7 @@ class Listener:
     @ivar broker_clients: whether its factory's connections are broker clients
         that a stop closes after their commits (AMQP, native), rather than
         HTTP requests, which end with the reactor.
+    @ivar ceiling: the L{ConnectionCeiling} its connections count against, or None.
     """
 
     def __init__(self, reactor, description, factory, label, option, broker_clients=True):
@@ -70,11 +73,15 @@ class Listener:
         self.label = f"{label} over TLS" if is_tls(description) else label
         self.option = option
         self.port = None
+        self.ceiling = None
 
     @defer.inlineCallbacks
     def start(self):
         try:
-            self.port = yield server_endpoint(self.reactor, self.description).listen(self.factory)
+            factory = self.factory
+            if self.ceiling is not None:
+                factory = CeilingFactory(factory, self.ceiling)
+            self.port = yield server_endpoint(self.reactor, self.description).listen(factory)
         except Exception as problem:
             raise ListenFailed(f"--{self.option}={self.description}: {problem}") from None
         return self.port
@@ -122,8 +129,11 @@ class BrokerService(Service):
         definitions_file=None,
         prometheus_endpoint=None,
         http_endpoint=None,
+        http_access_log=False,
     ):
         """
+        @param http_access_log: log a line per request to the HTTP API and
+            dashboard (C{--http-access-log}; off by default, as RabbitMQ's).
         @param prometheus_endpoint: where to serve the Prometheus metrics
             (L{brokerd.http.prometheus}), or None.
         @param vhost_stores: the L{brokerd.interfaces.IVhostStores} that
@@ -171,6 +181,7 @@ class BrokerService(Service):
         self.users_file = authenticator.users_file if authenticator is not None else None
         self.access_defaults = access_defaults
         self.definitions_file = definitions_file
+        self.http_access_log = http_access_log
         if http_endpoint:
             self.listeners.append(Listener(
                 reactor, http_endpoint, self._management_site(), "HTTP API", "http",
@@ -190,7 +201,19 @@ class BrokerService(Service):
         context = ApiContext(
             self.broker, access, AccessCommands(self.broker, access), self.listeners
         )
-        return make_site(context)
+        return make_site(context, self.http_access_log)
+
+    def limit_client_connections(self, maximum):
+        """
+        Accept at most C{maximum} connections over all the client listeners
+        together (C{--connection-max}; None: no ceiling); call before starting.
+        """
+        if maximum is None:
+            return
+        ceiling = ConnectionCeiling(maximum, self.reactor)
+        for listener in self.listeners:
+            if listener.broker_clients:
+                listener.ceiling = ceiling
 
     def startService(self):
         Service.startService(self)
@@ -297,6 +320,7 @@ class BrokerService(Service):
                 "definitions imported from {path} (--load-definitions)", path=self.definitions_file
             )
         publish_all_policies(self.broker, self.access)
+        publish_all_limits(self.broker, self.access)
 
     def _adopt_recovered_vhosts(self):
         """

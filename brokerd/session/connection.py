@@ -80,10 +80,12 @@ class Connection:
     @ivar exclusive_queues: the exclusive queues this connection declared.
     @ivar deliveries_paused: True while the transport's write buffer is full;
         consumers of this connection then get nothing more.
+    @ivar limits: what checks its user's channel limit before a channel opens
+        (L{brokerd.access.limits.ClientLimits}), or None: no limit.
     """
 
     def __init__(self, broker, vhost_name, client_name="", protocol=None, transport=None, user=None,
-                 client_properties=None, access=None):
+                 client_properties=None, access=None, limits=None):
         """
         @param transport: the transport the client is connected over, whose
             peer and local addresses name the connection (None in-process).
@@ -102,7 +104,9 @@ class Connection:
             self.name = f"in-process connection {self.number}"
         self.user = user
         self.access = access
+        self.limits = limits
         self.client_properties = dict(client_properties or {})
+        self.tuning = {}  # AMQP's channel_max, frame_max and timeout (heartbeat) once negotiated
         self.connected_at = int(broker.clock.seconds() * 1000)
         self.bytes_received = 0
         self.bytes_sent = 0
@@ -128,9 +132,14 @@ class Connection:
     # -- channels
 
     def open_channel(self, channel_id, peer):
-        """Open channel C{channel_id}; it is a connection error (504) if it is open already."""
+        """
+        Open channel C{channel_id}; it is a connection error if it is open
+        already (504) or its user is at its channel limit (530).
+        """
         if channel_id in self.channels:
             raise InvalidChannel(f"channel {channel_id} is already open")
+        if self.limits is not None and self.user is not None:
+            self.limits.check_channel(self.user, self.broker.connections)
         channel = self.channels[channel_id] = Channel(self, channel_id, peer)
         self.broker.counters.channels_opened += 1
         return channel

@@ -10,97 +10,30 @@ module is skipped.
 """
 
 import http.client
-import shutil
 from urllib.parse import quote
 
 import pika
 import pytest
-from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
-from selenium.webdriver.support.ui import Select, WebDriverWait
+from selenium.webdriver.support.ui import Select
 
+from tests.support.dashboard import (  # noqa: F401 (browser, page: fixtures)
+    NEEDS_BROWSER,
+    browser,
+    log_in,
+    page,
+    row_selector,
+    text_of,
+    wait_for_text,
+    wait_until,
+)
 from tests.support.httpapi import api, broker, segment  # noqa: F401 (api, broker: the module's fixtures)
 
-BROWSER = next(filter(None, map(shutil.which, ("chromium", "chromium-browser"))), None)
-DRIVER = shutil.which("chromedriver")
-WAIT_SECONDS = 10  # for the page to show what the broker has (it polls every second in these tests)
-POLL_SECONDS = 0.05  # how often a wait looks at the page (Selenium's default, 0.5 s, would add up)
-
-pytestmark = pytest.mark.skipif(
-    BROWSER is None or DRIVER is None,
-    reason="the dashboard tests need Chromium and chromedriver (Debian: apt-get install chromium chromium-driver)",
-)
+pytestmark = NEEDS_BROWSER
 
 # A queue name that would be markup if the page wrote it as HTML, with a '/' to URL-encode.
 QUEUE = "dash <b>jobs</b> & /1"
-
-
-def start_browser(width=1280, height=800):
-    """A headless Chromium driven by chromedriver, its window C{width} x C{height}."""
-    options = webdriver.ChromeOptions()
-    options.binary_location = BROWSER
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     f"--window-size={width},{height}", "--disable-extensions", "--no-first-run",
-                     "--disable-background-networking", "--disable-component-update", "--disable-sync"):
-        options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the page's console, for failures
-    return webdriver.Chrome(service=Service(DRIVER), options=options)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    driver = start_browser()
-    yield driver
-    driver.quit()
-
-
-@pytest.fixture
-def page(browser, api):
-    """The browser on the dashboard's page, logged out, refreshing every second."""
-    browser.get(api.base + "/")
-    browser.execute_script("sessionStorage.clear(); localStorage.setItem('brokerd.dashboard.refresh', '1');")
-    browser.refresh()  # the page starts again without the login saved in this tab
-    wait_until(browser, lambda driver: driver.find_element(By.ID, "login-username").is_displayed())
-    return browser
-
-
-def wait_until(browser, condition, describe=lambda: "the page did not get there"):
-    """What C{condition(browser)} gives once true; if it is not within the wait, a failure that
-    says C{describe()} (then) and what the page's console has."""
-    try:
-        return WebDriverWait(browser, WAIT_SECONDS, poll_frequency=POLL_SECONDS).until(condition)
-    except TimeoutException:
-        console = "\n".join(entry["message"] for entry in browser.get_log("browser")) or "(nothing)"
-        raise AssertionError(f"{describe()} within {WAIT_SECONDS} s; the page's console:\n{console}") from None
-
-
-def text_of(browser, selector):
-    """The text of the element C{selector} finds, or None while there is none."""
-    return browser.execute_script("const found = document.querySelector(arguments[0]);"
-                                  "return found ? found.innerText.trim() : null", selector)
-
-
-def wait_for_text(browser, selector, expected):
-    wait_until(browser, lambda driver: text_of(driver, selector) == expected,
-               lambda: f"{selector} did not show {expected!r} (it shows {text_of(browser, selector)!r})")
-
-
-def log_in(browser, user, password):
-    browser.find_element(By.ID, "login-username").send_keys(user)
-    browser.find_element(By.ID, "login-password").send_keys(password)
-    browser.find_element(By.ID, "login-button").click()
-
-
-def row_selector(vhost, name, column):
-    row = f'#queues-table tr[data-vhost="{css_string(vhost)}"][data-name="{css_string(name)}"]'
-    return f'{row} td[data-column="{column}"]'
-
-
-def css_string(text):
-    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 @pytest.fixture(scope="module")

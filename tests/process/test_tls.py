@@ -26,7 +26,7 @@ def ca():
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory, ca):
-    """The server's key, certificate and CA as PEM files, and a directory holding only the CA (for caCertsDir)."""
+    """The server's key, certificate and CA as PEM files, and a directory holding only the CA (for trustRoots)."""
     directory = tmp_path_factory.mktemp("tls")
     server = ca.issue_cert("127.0.0.1", "localhost")
     server.private_key_pem.write_to_path(str(directory / "key.pem"))
@@ -152,7 +152,7 @@ def test_external_is_not_offered_on_the_plain_listener(broker):
 
 def test_the_native_command_line_over_tls(broker, files):
     _, port = broker.wait_address("native protocol over TLS")
-    endpoint = f"ssl:host=127.0.0.1:port={port}:caCertsDir={files / 'authorities'}"
+    endpoint = f"tls:127.0.0.1:{port}:trustRoots={files / 'authorities'}"
     declared = native_cli(endpoint, "declare", "queue", "tls.native")
     assert declared.returncode == 0, declared.stderr
     assert native_cli(endpoint, "publish", "--routing-key", "tls.native", "--confirm", "native TLS").returncode == 0
@@ -162,7 +162,7 @@ def test_the_native_command_line_over_tls(broker, files):
 
 def test_the_native_login_over_tls_is_checked(broker, files):
     _, port = broker.wait_address("native protocol over TLS")
-    endpoint = f"ssl:host=127.0.0.1:port={port}:caCertsDir={files / 'authorities'}"
+    endpoint = f"tls:127.0.0.1:{port}:trustRoots={files / 'authorities'}"
     refused = native_cli(endpoint, "--user", "guest", "--password", "wrong", "get", "tls.native")
     assert (refused.returncode, refused.stderr) == (
         1, b"error: 403 ACCESS_REFUSED - PLAIN login refused: user 'guest' - invalid credentials\n")
@@ -179,8 +179,8 @@ def test_native_external_logs_in_the_user_the_certificate_names(tmp_path, files,
         results = {}
         for name in ("guest", "mallory"):
             ca.issue_cert(name, common_name=name).private_key_and_cert_chain_pem.write_to_path(str(tmp_path / name))
-            endpoint = (f"ssl:host=127.0.0.1:port={port}:caCertsDir={files / 'authorities'}"
-                        f":certKey={tmp_path / name}:privateKey={tmp_path / name}")
+            endpoint = (f"tls:127.0.0.1:{port}:trustRoots={files / 'authorities'}"
+                        f":certificate={tmp_path / name}:privateKey={tmp_path / name}")
             results[name] = native_cli(endpoint, "--external", "--user", "nobody", "declare", "queue", "tls.external")
     finally:
         process.stop()

@@ -2,6 +2,7 @@
 
 import { apiPath } from "./api.js";
 import { el, exchangeLabel, formatBytes, formatCount, formatJson, formatRate, formatTime, queueHref, rateOf } from "./dom.js";
+import { featuresCell, featuresText } from "./features.js";
 import { ListView } from "./listview.js";
 
 const count = (id, label, value) => ({
@@ -21,9 +22,7 @@ const rate = (id, label, stat) => ({
 const text = (id, label, value) => ({ id, label, value: (row) => value(row) ?? "" });
 const vhost = text("vhost", "Virtual host", (row) => row.vhost);
 
-function flags(row) {
-  return [row.durable && "D", row.auto_delete && "AD", row.exclusive && "Excl", row.internal && "I"].filter(Boolean).join(" ");
-}
+const features = { id: "features", label: "Features", value: featuresText, cell: featuresCell };
 
 export function queuesView(filters) {
   return new ListView({
@@ -35,7 +34,8 @@ export function queuesView(filters) {
     columns: [
       text("vhost", "Virtual host", (row) => row.vhost),
       { id: "name", label: "Name", value: (row) => row.name, cell: (row) => el("a", { href: queueHref(row.vhost, row.name) }, row.name) },
-      text("features", "Features", flags),
+      text("type", "Type", (row) => row.type),
+      features,
       text("state", "State", (row) => row.state),
       count("messages_ready", "Ready", (row) => row.messages_ready),
       count("messages_unacknowledged", "Unacked", (row) => row.messages_unacknowledged),
@@ -121,7 +121,7 @@ export function exchangesView(filters) {
       vhost,
       text("name", "Name", (row) => exchangeLabel(row.name)),
       text("type", "Type", (row) => row.type),
-      text("features", "Features", flags),
+      features,
       text("arguments", "Arguments", (row) => formatJson(row.arguments)),
     ],
   });
