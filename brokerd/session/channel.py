@@ -54,9 +54,6 @@ class Channel:
     @ivar messages_unroutable_dropped: publishes no queue took, not mandatory (dropped).
     @ivar messages_unroutable_returned: mandatory publishes no queue took (returned to
         the publisher).
-    @ivar messages_got_manual_ack: messages taken by basic.get to be acked.
-    @ivar messages_got_no_ack: messages taken by basic.get with no-ack.
-    @ivar gets_empty: basic.gets that found nothing to take.
     """
 
     def __init__(self, connection, channel_id, peer):
@@ -75,7 +72,6 @@ class Channel:
         self.closed = False
         self.messages_published = self.messages_acked = 0
         self.messages_unroutable_dropped = self.messages_unroutable_returned = 0
-        self.messages_got_manual_ack = self.messages_got_no_ack = self.gets_empty = 0
         self._last_queue_name = None
         self._confirms = None  # PublisherConfirms in confirm mode
         self._transaction = None  # Transaction in tx mode
@@ -114,17 +110,6 @@ class Channel:
         delivery tags given out.
         """
         return self.deliveries.given
-
-    @property
-    def messages_delivered_no_ack(self):
-        """Messages handed to consumers that need no ack (basic.consume with no-ack)."""
-        return self.deliveries.given_no_ack - self.messages_got_no_ack
-
-    @property
-    def messages_delivered_manual_ack(self):
-        """Messages handed to consumers that ack them."""
-        deliveries = self.deliveries
-        return deliveries.given - deliveries.given_no_ack - self.messages_got_manual_ack
 
     @property
     def messages_redelivered(self):
@@ -360,15 +345,11 @@ class Channel:
         if entry is None:
             # The head could not be read from the store: not empty, unavailable.
             source.check_available()
-            self.gets_empty += 1
+            self.deliveries.found_none()
             return None
+        tag = self.deliveries.give_got(entry, no_ack)
         if no_ack:
-            self.messages_got_no_ack += 1
-            tag = self.deliveries.give_tag(entry)
             source.forget(entry)
-        else:
-            self.messages_got_manual_ack += 1
-            tag = self.deliveries.hold(entry)
         message = delivered_message(entry)
         if (firehose := self.vhost.firehose) is not None:
             trace_delivery(firehose, self, queue, entry.redelivered, message)

@@ -26,7 +26,13 @@ from zope.interface import implementer
 from brokerd.errors import InvalidChannel
 from brokerd.interfaces import IQueueOwner
 from brokerd.session.channel import Channel
-from brokerd.session.counters import DELIVERY_COUNTERS, MESSAGE_COUNTERS, ROUTING_COUNTERS
+from brokerd.session.counters import (
+    COUNTERS,
+    DELIVERY_COUNTERS,
+    MESSAGE_COUNTERS,
+    ROUTING_COUNTERS,
+    channel_count,
+)
 
 AMQP_0_9_1 = "AMQP 0-9-1"  # the protocol names RabbitMQ's management API gives
 NATIVE = "native"
@@ -117,9 +123,7 @@ class Connection:
         self.closer = None
         self.deliveries_paused = False
         # Closed channels' totals:
-        self._closed_channel_counts = dict.fromkeys(
-            MESSAGE_COUNTERS + ROUTING_COUNTERS + DELIVERY_COUNTERS, 0
-        )
+        self._closed_channel_counts = dict.fromkeys(COUNTERS, 0)
         broker.connections.add(self)
         broker.counters.connections_opened += 1
 
@@ -159,7 +163,7 @@ class Connection:
             self.broker.counters.channels_closed += 1
             counts = self._closed_channel_counts
             for counter in counts:
-                counts[counter] += getattr(channel, counter)
+                counts[counter] += channel_count(channel, counter)
 
     def consumers(self):
         """
@@ -208,7 +212,7 @@ class Connection:
         counts = {counter: closed[counter] for counter in counters}
         for channel in self.channels.values():
             for counter in counters:
-                counts[counter] += getattr(channel, counter)
+                counts[counter] += channel_count(channel, counter)
         return counts
 
     @property

@@ -36,7 +36,8 @@ class Deliveries:
 
     __slots__ = (
         "unacked", "prefetch_count", "flowing", "_connection", "_next_tag", "_held_by_consumers",
-        "_redelivered", "_given_no_ack",
+        "_redelivered", "_given_no_ack", "messages_got_manual_ack", "messages_got_no_ack",
+        "gets_empty",
     )
 
     def __init__(self, connection):
@@ -54,6 +55,9 @@ class Deliveries:
         self._held_by_consumers = 0
         self._redelivered = 0
         self._given_no_ack = 0
+        # basic.get's, counted by give_got and found_none, for RabbitMQ's get, get_no_ack and
+        # get_empty; read them.
+        self.messages_got_manual_ack = self.messages_got_no_ack = self.gets_empty = 0
 
     @property
     def given(self):
@@ -64,9 +68,14 @@ class Deliveries:
         return self._next_tag - 1
 
     @property
-    def given_no_ack(self):
-        """Of the tags given out, those of deliveries needing no ack (L{give_tag})."""
-        return self._given_no_ack
+    def messages_delivered_no_ack(self):
+        """Messages handed to consumers that need no ack (basic.consume with no-ack)."""
+        return self._given_no_ack - self.messages_got_no_ack
+
+    @property
+    def messages_delivered_manual_ack(self):
+        """Messages handed to consumers that ack them."""
+        return self._next_tag - 1 - self._given_no_ack - self.messages_got_manual_ack
 
     @property
     def redelivered(self):
@@ -98,6 +107,21 @@ class Deliveries:
         if entry.redelivered:
             self._redelivered += 1
         return tag
+
+    def give_got(self, entry, no_ack):
+        """
+        The tag of C{entry} taken by basic.get: kept until settled unless C{no_ack}
+        (L{hold}, L{give_tag}); counted as a get.
+        """
+        if no_ack:
+            self.messages_got_no_ack += 1
+            return self.give_tag(entry)
+        self.messages_got_manual_ack += 1
+        return self.hold(entry)
+
+    def found_none(self):
+        """A basic.get found nothing to take: counted."""
+        self.gets_empty += 1
 
     def hold(self, entry):
         """

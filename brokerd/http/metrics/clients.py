@@ -10,6 +10,7 @@ nothing away from a rate.
 """
 
 from brokerd.http.metrics.families import COUNTER, GAUGE, Family
+from brokerd.session.counters import channel_count
 
 CHANNEL_LABELS = ("vhost", "channel")
 
@@ -55,7 +56,7 @@ def _counter_family(name, metrics):
     def objects(broker, vhosts):
         for connection, channel in _channels(broker):
             yield (connection.vhost.name, channel.name), [
-                getattr(channel, counter) for counter in counters
+                channel_count(channel, counter) for counter in counters
             ]
 
     return Family(
