@@ -36,8 +36,8 @@ class Deliveries:
 
     __slots__ = (
         "unacked", "prefetch_count", "flowing", "_connection", "_next_tag", "_held_by_consumers",
-        "_redelivered", "_given_no_ack", "messages_got_manual_ack", "messages_got_no_ack",
-        "gets_empty",
+        "_redelivered", "messages_delivered_no_ack", "messages_got_manual_ack",
+        "messages_got_no_ack", "gets_empty",
     )
 
     def __init__(self, connection):
@@ -54,9 +54,9 @@ class Deliveries:
         # What its consumers hold un-acked, cancelled ones' too: what the limit counts.
         self._held_by_consumers = 0
         self._redelivered = 0
-        self._given_no_ack = 0
-        # basic.get's, counted by give_got and found_none, for RabbitMQ's get, get_no_ack and
-        # get_empty; read them.
+        # For RabbitMQ's deliver_no_ack (counted by give_tag), get, get_no_ack (give_got) and
+        # get_empty (found_none); read them.
+        self.messages_delivered_no_ack = 0
         self.messages_got_manual_ack = self.messages_got_no_ack = self.gets_empty = 0
 
     @property
@@ -68,14 +68,10 @@ class Deliveries:
         return self._next_tag - 1
 
     @property
-    def messages_delivered_no_ack(self):
-        """Messages handed to consumers that need no ack (basic.consume with no-ack)."""
-        return self._given_no_ack - self.messages_got_no_ack
-
-    @property
     def messages_delivered_manual_ack(self):
-        """Messages handed to consumers that ack them."""
-        return self._next_tag - 1 - self._given_no_ack - self.messages_got_manual_ack
+        """Messages handed to consumers that ack them: the tags given out but the others."""
+        return (self._next_tag - 1 - self.messages_delivered_no_ack - self.messages_got_manual_ack
+                - self.messages_got_no_ack)
 
     @property
     def redelivered(self):
@@ -98,26 +94,30 @@ class Deliveries:
 
     def give_tag(self, entry):
         """
-        The tag of a delivery of C{entry} that needs no ack (basic.get or
-        consume with no-ack): counted, not kept.
+        The tag of a delivery of C{entry} to a consumer with no-ack: counted,
+        not kept.
         """
         tag = self._next_tag
         self._next_tag = tag + 1
-        self._given_no_ack += 1
+        self.messages_delivered_no_ack += 1
         if entry.redelivered:
             self._redelivered += 1
         return tag
 
     def give_got(self, entry, no_ack):
         """
-        The tag of C{entry} taken by basic.get: kept until settled unless C{no_ack}
-        (L{hold}, L{give_tag}); counted as a get.
+        The tag of C{entry} taken by basic.get, counted as a get: kept until
+        settled (L{hold}) unless C{no_ack}.
         """
-        if no_ack:
-            self.messages_got_no_ack += 1
-            return self.give_tag(entry)
-        self.messages_got_manual_ack += 1
-        return self.hold(entry)
+        if not no_ack:
+            self.messages_got_manual_ack += 1
+            return self.hold(entry)
+        tag = self._next_tag
+        self._next_tag = tag + 1
+        self.messages_got_no_ack += 1
+        if entry.redelivered:
+            self._redelivered += 1
+        return tag
 
     def found_none(self):
         """A basic.get found nothing to take: counted."""
