@@ -22,6 +22,8 @@ read from such a connection, other clients are served meanwhile, and the
 refusals are logged at a bounded rate (L{brokerd.wire.refusal_log.RefusalLog}).
 """
 
+from functools import partial
+
 from pamqp import commands
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
@@ -30,6 +32,7 @@ from zope.interface import Interface
 import brokerd
 from brokerd.amqp import frames
 from brokerd.amqp.auth import LoginRefused
+from brokerd.amqp.blocked_notice import MEMORY_ALARM, OVER_SHARE, BlockedNotice
 from brokerd.amqp.settings import SERVER_CAPABILITIES
 from brokerd.amqp.table_arguments import decode_method
 from brokerd.errors import (
@@ -92,6 +95,9 @@ class IFrameReader(Interface):
     def forget_channels():
         """The connection closed: its channels, with the contents they were assembling, are gone."""
 
+    def close_channel(channel_id, error):
+        """The broker closes channel C{channel_id} for C{error} (a delivery not acked in time)."""
+
 
 class AmqpHandshake:
     """
@@ -112,11 +118,14 @@ class AmqpHandshake:
     @ivar client_capabilities: the capabilities table among them.
     """
 
-    def __init__(self, reader, broker, settings, writes):
+    def __init__(self, reader, broker, settings, writes, inbound=None):
         """
         @param reader: the L{IFrameReader} holding this handshake.
         @param writes: the connection's L{brokerd.wire.write_buffer.WriteBuffer}.
+        @param inbound: the connection's L{brokerd.wire.connection_memory.ConnectionMemory}.
         """
+        self._inbound = inbound
+        self._blocked = BlockedNotice(writes)
         self._reader = reader
         self.broker = broker
         self._clock = broker.clock
@@ -180,16 +189,11 @@ class AmqpHandshake:
         self.transport.write(frames.PROTOCOL_HEADER)
         self.transport.loseConnection()
 
-    def _blocked_changed(self, blocked):
+    def _blocked_changed(self, blocked, reason=MEMORY_ALARM):
         """Tell a client that understands connection.blocked why its publishes stall."""
-        if not self.client_capabilities.get("connection.blocked") or self.state != OPEN:
-            return
-        if blocked:
-            blocked_method = commands.Connection.Blocked(reason="low on memory")
-            self._writes.send(frames.method_frame(0, blocked_method))
-        else:
-            self._writes.send(frames.method_frame(0, commands.Connection.Unblocked()))
-        self._writes.flush()
+        if self.client_capabilities.get("connection.blocked") and self.state == OPEN:
+            self._blocked.change(reason, blocked)
+
 
     # -- the connection handshake and close
 
@@ -316,7 +320,11 @@ class AmqpHandshake:
             "channel_max": self.channel_max, "frame_max": self.frame_max, "timeout": self.heartbeat,
         }
         self._writes.counted = self.connection
+        if self._inbound is not None:  # its transactions count against the connection's share
+            self.connection.inbound = self._inbound
+            self._inbound.on_blocked = partial(self._blocked_changed, reason=OVER_SHARE)
         self.connection.closer = self.close
+        self.connection.channel_closer = self._reader.close_channel
         self.gate = PublisherGate(self.broker.watermark, self.transport, self._blocked_changed)
         self.state = OPEN
         if self._timeout_call is not None and self._timeout_call.active():

@@ -20,7 +20,7 @@ from brokerd.model.delayeddelivery import DelayScheduler
 from brokerd.model.message import Message
 from brokerd.model.replyto import ReplyConsumers
 from brokerd.model.vhost import VirtualHost
-from brokerd.model.watermark import MemoryWatermark
+from brokerd.model.watermark import ConnectionMemoryLimits, MemoryWatermark
 from brokerd.proto import messages_pb2
 from brokerd.proto.exchange_types import EXCHANGE_TYPE_NAME
 from brokerd.proto.tables import table_to_dict
@@ -48,12 +48,16 @@ class Broker:
         each with its client's facts, channels, consumers and counters.
     @ivar counters: the L{MessageCounters}: connections opened and closed, and
         the message counts of closed connections, for totals since start.
+    @ivar connection_memory: the L{ConnectionMemoryLimits} every client
+        connection is held to (a share of the watermark by default).
     """
 
     def __init__(self, store, clock, vhosts=(DEFAULT_VHOST,), watermark=None):
         self.store = store
         self.clock = clock
         self.watermark = watermark if watermark is not None else MemoryWatermark()
+        # What each client connection may hold on its way in (brokerd.wire.connection_memory):
+        self.connection_memory = ConnectionMemoryLimits.of_watermark(self.watermark.high)
         self.vhosts = {}
         self.connections = set()
         self.counters = MessageCounters()

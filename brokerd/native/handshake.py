@@ -99,6 +99,9 @@ class IEnvelopeReader(Interface):
     def stop_reading():
         """Read no more frames: the connection is closing, or a refusal is on its way."""
 
+    def close_channel(channel_id, error):
+        """The broker closes channel C{channel_id} for C{error} (a delivery not acked in time)."""
+
 
 class NativeHandshake:
     """
@@ -188,6 +191,7 @@ class NativeHandshake:
         )
         self._writes.counted = self.connection
         self.connection.closer = self.close
+        self.connection.channel_closer = self._reader.close_channel
         self.gate = PublisherGate(self._broker.watermark, self.transport)
         self._reader.limit_frames(settings.max_frame_size)
         if self._hello_timeout is not None and self._hello_timeout.active():

@@ -42,6 +42,7 @@ from brokerd.model.watermark import DEFAULT_HIGH_WATERMARK, MemoryWatermark
 from brokerd.native.server import DEFAULT_CHANNEL_MAX, DEFAULT_MAX_FRAME_SIZE, NativeServerFactory
 from brokerd.process.memory_trim import FreedMemory
 from brokerd.process.shutdown import close_clients
+from brokerd.session.ack_timeouts import DEFAULT_CONSUMER_TIMEOUT, AckTimeouts
 from brokerd.storage.vhost_stores import VhostStoreFailed
 from brokerd.wire.connection_ceiling import CeilingFactory, ConnectionCeiling
 from brokerd.wire.endpoints import is_tls, server_endpoint
@@ -123,6 +124,8 @@ class BrokerService(Service):
         amqp_settings=None,
         amqps_endpoint=None,
         memory_high_watermark=DEFAULT_HIGH_WATERMARK,
+        connection_memory=None,
+        consumer_timeout=DEFAULT_CONSUMER_TIMEOUT,
         startup_report=None,
         access_defaults=None,
         vhost_stores=None,
@@ -132,6 +135,10 @@ class BrokerService(Service):
         http_access_log=False,
     ):
         """
+        @param connection_memory: the L{brokerd.model.watermark.ConnectionMemoryLimits}
+            every client connection is held to (None: shares of the watermark).
+        @param consumer_timeout: milliseconds a delivery may stay un-acked before its
+            channel is closed, unless its queue says otherwise; None: no limit.
         @param http_access_log: log a line per request to the HTTP API and
             dashboard (C{--http-access-log}; off by default, as RabbitMQ's).
         @param prometheus_endpoint: where to serve the Prometheus metrics
@@ -153,6 +160,9 @@ class BrokerService(Service):
             memory_high_watermark, on_unblocked=FreedMemory(reactor).give_back_soon
         )
         self.broker = Broker(store, reactor, watermark=watermark)
+        if connection_memory is not None:
+            self.broker.connection_memory = connection_memory
+        self.ack_timeouts = AckTimeouts(self.broker, consumer_timeout)
         self.broker.vhost_stores = vhost_stores
         self.listeners = []
         if amqp_endpoint or amqps_endpoint:
@@ -226,6 +236,7 @@ class BrokerService(Service):
         d.addCallback(self._open_vhost_stores)
         d.addCallback(self._recovered)
         d.addCallback(lambda _: self._load_definitions())
+        d.addCallback(lambda _: self.ack_timeouts.start())
         d.addCallback(lambda _: defer.gatherResults(
             [listener.start() for listener in self.listeners], consumeErrors=True
         ))
@@ -364,6 +375,7 @@ class BrokerService(Service):
     def stopService(self):
         Service.stopService(self)
         ignore_further_stop_signals(self.reactor)
+        self.ack_timeouts.stop()
         for listener in self.listeners:
             yield listener.stop()
         if self._serving:

@@ -21,8 +21,10 @@ from brokerd.amqp.settings import (
 )
 from brokerd.native.server import DEFAULT_CHANNEL_MAX as DEFAULT_NATIVE_CHANNEL_MAX
 from brokerd.native.server import DEFAULT_MAX_FRAME_SIZE
+from brokerd.process.resource_options import connection_memory_limits, parse_consumer_timeout
 from brokerd.process.service import BrokerService
 from brokerd.process.startup_report import StartupReport
+from brokerd.session.ack_timeouts import DEFAULT_CONSUMER_TIMEOUT
 from brokerd.storage import registry
 from brokerd.storage.durability import SyncPolicy
 from brokerd.storage.vhost_stores import VhostStores
@@ -74,6 +76,32 @@ class Options(usage.Options):
             " replies clients have not read) above which publishing connections are not read"
             " (AMQP clients get connection.blocked; K, M, G suffixes); they resume below 80%"
             " of it.",
+        ],
+        [
+            "connection-memory-share",
+            None,
+            "0.25",
+            "What one client connection may hold on its way in (unfinished message bodies,"
+            " publishes of uncommitted transactions, partial frames) before that connection"
+            " alone is blocked (AMQP clients get connection.blocked and it is read a step a"
+            " second): a fraction of --memory-high-watermark (0.25) or a size (K, M, G).",
+        ],
+        [
+            "connection-memory-limit",
+            None,
+            "0.5",
+            "What one client connection may hold on its way in before it is closed with"
+            " 530 NOT_ALLOWED naming the limit: a fraction of --memory-high-watermark (0.5)"
+            " or a size (K, M, G); above --connection-memory-share.",
+        ],
+        [
+            "consumer-timeout",
+            None,
+            str(DEFAULT_CONSUMER_TIMEOUT),
+            "Milliseconds a delivery (to a consumer or by basic.get) may stay un-acked before"
+            " its channel is closed with 406 PRECONDITION_FAILED and the message requeued, as"
+            " RabbitMQ's consumer_timeout; 0 or none: no limit. A queue's x-consumer-timeout"
+            " argument or consumer-timeout policy key overrides it.",
         ],
         [
             "data-dir",
@@ -250,6 +278,17 @@ class Options(usage.Options):
         except ValueError as problem:
             raise usage.UsageError(f"--memory-high-watermark: {problem}") from None
         try:
+            self["connection-memory"] = connection_memory_limits(
+                self["memory-high-watermark"], self["connection-memory-share"],
+                self["connection-memory-limit"],
+            )
+        except ValueError as problem:
+            raise usage.UsageError(str(problem)) from None
+        try:
+            self["consumer-timeout"] = parse_consumer_timeout(self["consumer-timeout"])
+        except ValueError as problem:
+            raise usage.UsageError(f"--consumer-timeout: {problem}") from None
+        try:
             self["sync"] = SyncPolicy.parse(self["sync"])
         except ValueError as problem:
             raise usage.UsageError(f"--sync: {problem}") from None
@@ -412,6 +451,8 @@ def makeService(options):
         http_endpoint=options["http"],
         http_access_log=options["http-access-log"],
         memory_high_watermark=options["memory-high-watermark"],
+        connection_memory=options["connection-memory"],
+        consumer_timeout=options["consumer-timeout"],
         prometheus_endpoint=options["prometheus"],
         startup_report=StartupReport(
             options["backend"], options["data-dir"], options["sync"], reactor

@@ -447,7 +447,7 @@ class Channel:
         if self._confirms is not None:
             raise PreconditionFailed("cannot switch from confirm to tx mode")
         if self._transaction is None:
-            self._transaction = Transaction(self.vhost.watermark, self.deliveries)
+            self._transaction = Transaction(self.connection.inbound, self.deliveries)
 
     def tx_commit(self):
         """

@@ -84,6 +84,9 @@ class Connection:
     @ivar bytes_sent: bytes written to the client since it was opened.
     @ivar channels: channel id -> open L{Channel}.
     @ivar exclusive_queues: the exclusive queues this connection declared.
+    @ivar inbound: what the bodies of its uncommitted transactions count
+        against: the broker's watermark, or the protocol's
+        L{brokerd.wire.connection_memory.ConnectionMemory}, which counts them there too.
     @ivar deliveries_paused: True while the transport's write buffer is full;
         consumers of this connection then get nothing more.
     @ivar limits: what checks its user's channel limit before a channel opens
@@ -121,7 +124,11 @@ class Connection:
         self.closed = False
         # Set by the protocol server: tells the client why the broker closes (close_by_broker).
         self.closer = None
+        # Set by the protocol server: closes one channel for an error of the broker's
+        # (channel_id, error), as close_channel_by_broker asks.
+        self.channel_closer = None
         self.deliveries_paused = False
+        self.inbound = broker.watermark
         # Closed channels' totals:
         self._closed_channel_counts = dict.fromkeys(COUNTERS, 0)
         broker.connections.add(self)
@@ -258,6 +265,16 @@ class Connection:
         self.deliveries_paused = False
         for channel in list(self.channels.values()):
             channel.dispatch_all()
+
+    def close_channel_by_broker(self, channel_id, error):
+        """
+        The broker closes one channel (a delivery on it was not acked in time):
+        the protocol server sends C{error} to the client through
+        C{channel_closer}, and the channel closes, requeueing its un-acked deliveries.
+        """
+        if self.channel_closer is not None:
+            self.channel_closer(channel_id, error)
+        self.close_channel(channel_id)
 
     def close_by_broker(self, error):
         """

@@ -18,8 +18,9 @@ class Transaction:
 
     def __init__(self, watermark, deliveries):
         """
-        @param watermark: the vhost's L{brokerd.model.watermark.MemoryWatermark},
-            which the bodies waiting count against.
+        @param watermark: what the bodies waiting count against: the broker's
+            L{brokerd.model.watermark.MemoryWatermark}, or the connection's account
+            of what it holds (L{brokerd.session.connection.Connection.inbound}).
         @param deliveries: the channel's L{brokerd.session.deliveries.Deliveries},
             whose un-acked deliveries a settlement must name when it is kept.
         """
