@@ -25,7 +25,7 @@ def connection_info(api, connection):
     peer_host, peer_port = connection.peer or (None, None)
     host, port = connection.local or (None, None)
     counts = connection.message_counts()
-    return {
+    info = {
         "name": connection.name,
         "node": api.context.node,
         "type": "network",
@@ -48,6 +48,11 @@ def connection_info(api, connection):
         "message_counts": counts,
         **connection.tuning,
     }
+    # As RabbitMQ: the client's connection_name property, when it gave one as a string.
+    provided = connection.client_properties.get("connection_name")
+    if isinstance(provided, str):
+        info["user_provided_name"] = provided
+    return info
 
 
 def list_connections(api, vhost=None):

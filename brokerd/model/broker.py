@@ -87,6 +87,7 @@ class Broker:
                 vhost = self.vhosts[name] = VirtualHost(name, store, self.clock, self.watermark)
                 self.own_stores[name] = store
                 vhost.delays = self._own_delays[name] = DelayScheduler(self, store)
+            vhost.queue_churn = self.counters.queues
         return self.vhosts[name]
 
     def mark_vhost_unavailable(self, name, reason):

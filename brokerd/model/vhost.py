@@ -17,6 +17,7 @@ from brokerd.errors import (
     PreconditionFailed,
 )
 from brokerd.interfaces import IDelayedMessageStore
+from brokerd.model.counters import QueueChurn
 from brokerd.model.delayeddelivery import delay_of
 from brokerd.model.exchange import (
     DELAYED_TYPE,
@@ -78,6 +79,7 @@ class VirtualHost:
         self.quorum_queues = 0  # how many: transient messages are stored only if some queue is one
         self.unavailable_queues = set()  # durable queues whose stored data is damaged
         self.delays = None  # the broker's DelayScheduler, for x-delayed-message exchanges
+        self.queue_churn = QueueChurn()  # the broker gives every vhost its own, shared one
         self.queue_limit = None
         self.firehose = None  # while tracing is on, its Firehose (brokerd.model.firehose)
         self._policies = VhostPolicies(name)
@@ -226,6 +228,7 @@ class VirtualHost:
         check_short_string("queue name", name)
         if passive:
             return self.queue(name, connection)
+        self.queue_churn.declared += 1
         arguments = dict(arguments or {})
         existing = self.queues.get(name) if name else None
         if existing is not None:
@@ -259,6 +262,7 @@ class VirtualHost:
             self, name, durable, connection if exclusive else None, auto_delete, arguments
         )
         self.queues[name] = queue
+        self.queue_churn.created += 1
         self._policies.apply_to_new_queue(queue)
         self.quorum_queues += queue.policy.quorum
         if exclusive and connection is not None:
@@ -280,6 +284,7 @@ class VirtualHost:
             queue.check_access(connection)
         queue.check_delete(if_unused, if_empty)
         del self.queues[name]
+        self.queue_churn.deleted += 1
         self.quorum_queues -= queue.policy.quorum
         self.unavailable_queues.discard(queue)
         for binding in list(queue.bindings):
@@ -440,6 +445,7 @@ class VirtualHost:
     def restore_queue(self, name, auto_delete, arguments):
         queue = Queue(self, name, durable=True, auto_delete=auto_delete, arguments=arguments)
         self.queues[name] = queue
+        self.queue_churn.created += 1
         self._policies.apply_to_new_queue(queue)
         self.quorum_queues += queue.policy.quorum
         return queue
