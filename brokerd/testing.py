@@ -83,7 +83,7 @@ class BrokerProcess:
         client endpoint string C{tcp:HOST:PORT} it printed.
     """
 
-    def __init__(self, args, cwd, env=None, twistd_args=(), log=None):
+    def __init__(self, args, cwd, env=None, twistd_args=(), log=None, pidfile=""):
         """
         @param args: the options of the brokerd subcommand; without an
             C{--amqp} option AMQP listens on a free loopback port, never on the
@@ -94,6 +94,8 @@ class BrokerProcess:
         @param twistd_args: options of twistd itself (e.g. C{--profile=FILE}).
         @param log: an open text file that receives every line of every
             incarnation as it arrives (flushed when the broker exits).
+        @param pidfile: twistd's C{--pidfile} (default none); None gives no
+            C{--pidfile}, so the broker's default applies (in its data directory).
         """
         if not any(arg.startswith("--amqp") for arg in args):
             args = [*args, "--amqp", "tcp:0:interface=127.0.0.1"]
@@ -102,7 +104,8 @@ class BrokerProcess:
             args = [*args, "--prometheus", "none"]
         if not any(arg.startswith("--http") for arg in args):
             args = [*args, "--http", "tcp:0:interface=127.0.0.1"]
-        self.command = [*twistd_command(), *twistd_args, "-n", "--pidfile=", "brokerd", *args]
+        pid_option = [] if pidfile is None else [f"--pidfile={pidfile}"]
+        self.command = [*twistd_command(), *twistd_args, "-n", *pid_option, "brokerd", *args]
         self._cwd = cwd
         # Unbuffered: brokerd exits 0 on SIGTERM, but twistd ends by re-raising
         # SIGINT, and a SIGKILL ends it at once; either would drop buffered log lines.

@@ -25,7 +25,10 @@ is gone, or generated ones such as C{benchmarks.synthetic_runs} writes).
 
 Exit status: 0 when every check passes, 1 when any fails (the summary's
 verdict is "fail"), 2 for a bad command line, 3 when the validation could not
-be carried out (a run, export or input failed; the message names it).
+be carried out (a run, export or input failed; the message names it), 4 when
+no Java runtime the Spark job can start is found (one line says what is
+needed and how to install it; checked before any run starts,
+L{spark_jobs.java_runtime}).
 """
 
 import shutil
@@ -34,18 +37,28 @@ import time
 
 from spark_jobs import events
 from spark_jobs.brokers import parse_amqp_url
+from spark_jobs.java_runtime import (
+    is_gateway_failure,
+    java_command,
+    java_problem,
+    missing_java_line,
+)
 from spark_jobs.progress import ProgressPrinter
 from spark_jobs.settings import WorkloadSettings, settings_from_arguments
 from spark_jobs.validation_options import PROGRAM, parse_arguments, run_labels
 
 # In --out: with --quiet, what the Spark JVM says on stderr goes here instead.
 SPARK_LOG = "spark.log"
-PASSED, FAILED, USAGE_ERROR, NOT_CARRIED_OUT = 0, 1, 2, 3
+PASSED, FAILED, USAGE_ERROR, NOT_CARRIED_OUT, NO_JAVA = 0, 1, 2, 3, 4
 NOT_APPLICABLE = "n/a"
 
 
 class ValidationError(Exception):
     """A step of the validation could not be carried out."""
+
+
+class JavaMissing(Exception):
+    """Spark's JVM could not be started; C{str()} says why."""
 
 
 def _progress_printer(quiet):
@@ -156,7 +169,13 @@ def analyse(arguments, settings, progress, timings):
         progress(f"Spark job: {name} done in {seconds:.1f} s")
 
     started = time.monotonic()
-    spark = create_session(arguments.master, arguments.driver_memory)
+    try:
+        spark = create_session(arguments.master, arguments.driver_memory)
+    except Exception as problem:  # noqa: BLE001 - pyspark's errors share no narrower base
+        if is_gateway_failure(problem):
+            raise JavaMissing(java_problem() or f"{java_command() or 'java'} did not start"
+                              " Spark's JVM (what it said is above, or in spark.log)") from None
+        raise
     step_done("session", time.monotonic() - started)
     try:
         return analyse_runs(spark, arguments.out, run_labels(arguments), settings, step_done)
@@ -223,6 +242,10 @@ def timings_line(timings):
 def main(argv=None, prog=PROGRAM):
     """Run the validation as C{prog} (the name its usage lines give); the exit status."""
     arguments = parse_arguments(argv, prog)
+    problem = java_problem()
+    if problem is not None:  # before the workload: the Spark job at its end could not run
+        print(missing_java_line(problem), file=sys.stderr)
+        return NO_JAVA
     progress = _progress_printer(arguments.quiet)
     timings = {}
     try:
@@ -246,6 +269,9 @@ def main(argv=None, prog=PROGRAM):
         # Printed; summary.json is written by then.
         timings["report_seconds"] = round(time.monotonic() - started, 3)
         progress(f"report written in {timings['report_seconds']:.1f} s")
+    except JavaMissing as problem:
+        print(missing_java_line(problem), file=sys.stderr)
+        return NO_JAVA
     except (ValidationError, OSError) as problem:
         print(f"validation not carried out: {problem}", file=sys.stderr)
         return NOT_CARRIED_OUT

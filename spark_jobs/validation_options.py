@@ -125,7 +125,8 @@ def build_parser(prog=PROGRAM):
                     " that every backend kept its promises and that they all agree; writes"
                     " summary.json, report.html and charts.",
         epilog="Exit status: 0 every check passed, 1 a check failed, 2 bad command line,"
-               " 3 a run, export or the analysis could not be carried out.",
+               " 3 a run, export or the analysis could not be carried out,"
+               " 4 no Java runtime for Spark (Java 17+; Debian: openjdk-17-jre-headless).",
     )
     parser.add_argument("--backends", default=DEFAULT_BACKENDS,
                         help="backend strings, comma-separated (NAME[:key=value...];"

@@ -34,7 +34,7 @@ BASE = ("brokerd", "brokerd.interfaces", "brokerd.errors", "brokerd.units", "bro
 LAYERS = (
     {"base": BASE},
     {"brokerd.model": ("brokerd.model",), "brokerd.storage": ("brokerd.storage",),
-     "brokerd.wire": ("brokerd.wire",)},
+     "brokerd.wire": ("brokerd.wire",), "brokerd.cluster": ("brokerd.cluster",)},
     {"brokerd.access": ("brokerd.access",)},
     {"brokerd.session": ("brokerd.session",)},
     {"brokerd.amqp": ("brokerd.amqp",), "brokerd.native": ("brokerd.native",), "brokerd.http": ("brokerd.http",)},

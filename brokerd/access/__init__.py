@@ -8,5 +8,7 @@ operation against a user's configure / write / read expressions in one place
 for every protocol; L{brokerd.access.vhosts} creates and deletes vhosts in the
 database and the running broker together; L{brokerd.access.commands} carries
 out rabbitmqctl's user, vhost and permission commands for an administrator;
-L{brokerd.access.interfaces} names their roles.
+L{brokerd.access.parameters} keeps runtime and global parameters and checks
+limits in RabbitMQ's words, L{brokerd.access.limits} enforces the vhosts' and
+users' limits; L{brokerd.access.interfaces} names their roles.
 """

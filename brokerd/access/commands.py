@@ -21,13 +21,13 @@ L{Table}s of text as C{rabbitmqctl --quiet} prints them, sorted by name.
 
 import json
 import re
-from typing import NamedTuple
 
 from twisted.internet import defer
-from twisted.logger import Logger
 from zope.interface import implementer
 
-from brokerd.access import vhosts
+from brokerd.access import topic_commands, tracing_commands, vhosts
+from brokerd.access.command_results import DONE, Table
+from brokerd.access.command_results import done as _done
 from brokerd.access.database import DEFAULT_VHOST, AccessChangeRefused
 from brokerd.access.definitions import (
     DefinitionsRefused,
@@ -59,18 +59,6 @@ MANAGEMENT_TAGS = ("administrator", "monitoring", "policymaker", "management")
 NOT_AUTHORISED_OBJECT = "User not authorised to access object"
 # rabbit_mgmt_util:is_authorized_vhost
 NOT_AUTHORISED_VHOST = "User not authorised to access virtual host"
-
-
-class Table(NamedTuple):
-    """A command's answer: column names and rows of text (both empty for a change)."""
-
-    columns: tuple
-    rows: list
-
-
-DONE = Table((), [])
-
-log = Logger()
 
 
 def format_tags(tags):
@@ -366,15 +354,6 @@ class AccessCommands:
         return result
 
 
-def _done(user, what, **fields):
-    """
-    Log a change that was made, in the words of RabbitMQ's log lines and with
-    who made it; returns L{DONE}.
-    """
-    log.info(what + " (by user '{acting_user}')", acting_user=user, **fields)
-    return DONE
-
-
 def _refusal(problem):
     if isinstance(problem, OSError):
         return InternalError(f"the change could not be saved: {problem}")
@@ -389,6 +368,10 @@ def _refused_later(failure):
 PER_VHOST = (
     "set_permissions", "clear_permissions", "list_permissions", "set_policy", "clear_policy",
     "list_policies",
+)
+PER_VHOST += (
+    "set_topic_permissions", "clear_topic_permissions", "list_topic_permissions", "trace_on",
+    "trace_off",
 )
 
 # command -> (method, fewest and most positional arguments (None: any number), what they are)
@@ -412,3 +395,5 @@ COMMANDS = {
     "export_definitions": (AccessCommands.export_definitions, 0, 0, "no arguments"),
     "import_definitions": (AccessCommands.import_definitions, 1, 1, "DEFINITIONS_JSON"),
 }
+COMMANDS.update(topic_commands.COMMANDS)
+COMMANDS.update(tracing_commands.COMMANDS)

@@ -5,7 +5,11 @@ whatever message store the broker runs on, in the shape of RabbitMQ's
 definitions (C{users} with C{password_hash}, C{hashing_algorithm} and
 C{tags}; C{vhosts}; C{permissions} with C{configure}, C{write}, C{read};
 C{policies} with C{vhost}, C{name}, C{pattern}, C{apply-to}, C{definition},
-C{priority}: a file written before policies were kept has none).
+C{priority}: a file written before policies were kept has none;
+C{topic_permissions} with C{user}, C{vhost}, C{exchange}, C{write}, C{read}:
+none in a file written before they were kept), runtime C{parameters} and
+C{global_parameters} in RabbitMQ's shapes, and each user's C{limits}
+(L{brokerd.access.parameters}).
 A vhost made with a store of its own records its backend string in its
 entry (C{"backend"}); an entry without one is on the broker's C{--backend}
 store, as every vhost of a database written before that field was.
@@ -27,66 +31,33 @@ from zope.interface import implementer
 
 from brokerd.access.interfaces import IAccessDatabase
 from brokerd.access.passwords import HASHING_ALGORITHM, hash_password, password_matches
+from brokerd.access.parameters import ParameterRefused, RuntimeParameters, check_parameter
 from brokerd.access.policies import PolicyRefused, check_policy
+from brokerd.access.records import (  # noqa: F401 (re-exported: the database's own names)
+    DEFAULT_PASS,
+    DEFAULT_USER,
+    DEFAULT_VHOST,
+    FULL_PERMISSIONS,
+    USER_TAGS,
+    AccessChangeRefused,
+    Permissions,
+    User,
+    check_name,
+    checked_tags,
+    checked_user_limits,
+)
+from brokerd.access.topic_permissions import (
+    TopicPermission,
+    TopicPermissions,
+    invalid_expression,
+)
 from brokerd.model.policy_effects import Policy
 
 ACCESS_FILE = "access.json"
 FORMAT = "brokerd access database"
 FORMAT_VERSION = 1
-DEFAULT_VHOST = "/"
-DEFAULT_USER = "guest"
-DEFAULT_PASS = "guest"
-USER_TAGS = ("administrator", "monitoring", "management", "policymaker")
-FULL_PERMISSIONS = (".*", ".*", ".*")
-
-
 class AccessDatabaseDamaged(Exception):
     """The access database file cannot be read; the message names the file and the fault."""
-
-
-class AccessChangeRefused(ValueError):
-    """
-    A change names an unknown user or vhost, or a bad tag or expression; the
-    message says which.
-    """
-
-
-class User:
-    """
-    One user: its name, its password hash (RabbitMQ's format; None: no password
-    login) and its tags.
-    """
-
-    __slots__ = ("name", "password_hash", "tags")
-
-    def __init__(self, name, password_hash, tags=()):
-        self.name = name
-        self.password_hash = password_hash
-        self.tags = tuple(tags)
-
-    def __repr__(self):
-        return f"<User {self.name!r} tags={list(self.tags)}>"
-
-
-class Permissions:
-    """
-    A user's three regular expressions on one vhost, as RabbitMQ's
-    C{set_permissions} takes them.
-    """
-
-    __slots__ = ("configure", "write", "read")
-
-    def __init__(self, configure, write, read):
-        self.configure, self.write, self.read = configure, write, read
-
-    def __eq__(self, other):
-        return isinstance(other, Permissions) and self.as_tuple() == other.as_tuple()
-
-    def as_tuple(self):
-        return self.configure, self.write, self.read
-
-    def __repr__(self):
-        return f"Permissions{self.as_tuple()!r}"
 
 
 @implementer(IAccessDatabase)
@@ -101,7 +72,9 @@ class AccessDatabase:
         for the vhosts that have one.
     @ivar permissions: C{(user name, vhost name)} -> L{Permissions}.
     @ivar policy_records: C{(vhost name, policy name)} -> L{Policy}.
+    @ivar topic_permissions: the L{TopicPermissions} of every user on every vhost.
     @ivar failed_logins: user name -> how many logins as that user were refused since start.
+    @ivar runtime: the L{RuntimeParameters}: runtime and global parameters.
     """
 
     def __init__(self, path=None):
@@ -111,7 +84,9 @@ class AccessDatabase:
         self.vhost_backends = {}
         self.permissions = {}
         self.policy_records = {}
+        self.topic_permissions = TopicPermissions()
         self.failed_logins = {}
+        self.runtime = RuntimeParameters()
 
     @classmethod
     def in_memory(cls, default_user=DEFAULT_USER, default_pass=DEFAULT_PASS):
@@ -189,29 +164,41 @@ class AccessDatabase:
         ]
         return sorted(found, key=lambda policy: (policy.vhost, -policy.priority, policy.name))
 
+    def topic_rules(self, user, vhost):
+        """
+        C{user}'s compiled topic permissions on C{vhost}, a dict kept up to date
+        (L{TopicPermissions.rules}).
+        """
+        return self.topic_permissions.rules(user, vhost)
+
     # -- changes, each durable before it returns
 
     def add_user(self, name, password, tags=()):
         """Create a user (RabbitMQ's C{add_user}); it has no permissions until given some."""
-        _check_name("user", name)
+        check_name("user", name)
         if name in self.users:
             raise AccessChangeRefused(f"user '{name}' already exists")
-        user = User(name, hash_password(password), _tags(tags))
+        user = User(name, hash_password(password), checked_tags(tags))
         self._change(lambda: self.users.__setitem__(name, user))
 
     def set_password(self, name, password):
         user = self._existing_user(name)
         self._change(lambda: setattr(user, "password_hash", hash_password(password)))
 
-    def set_password_hash(self, name, password_hash, tags=()):
-        """Create or update a user from a hash made elsewhere (RabbitMQ's definitions)."""
-        _check_name("user", name)
-        user = User(name, password_hash, _tags(tags))
+    def set_password_hash(self, name, password_hash, tags=(), limits=None):
+        """
+        Create or update a user from a hash made elsewhere (RabbitMQ's
+        definitions); without C{limits}, a user that exists keeps its own.
+        """
+        check_name("user", name)
+        if limits is None:
+            limits = self.users[name].limits if name in self.users else {}
+        user = User(name, password_hash, checked_tags(tags), checked_user_limits(limits))
         self._change(lambda: self.users.__setitem__(name, user))
 
     def set_user_tags(self, name, tags):
         user = self._existing_user(name)
-        tags = _tags(tags)
+        tags = checked_tags(tags)
         self._change(lambda: setattr(user, "tags", tags))
 
     def delete_user(self, name):
@@ -222,6 +209,7 @@ class AccessDatabase:
             del self.users[name]
             for key in [key for key in self.permissions if key[0] == name]:
                 del self.permissions[key]
+            self.topic_permissions.forget(user=name)
 
         self._change(delete)
 
@@ -244,13 +232,24 @@ class AccessDatabase:
         Raise AccessChangeRefused unless C{name} may be a new vhost's name
         (valid, and not one already).
         """
-        _check_name("vhost", name)
+        check_name("vhost", name)
         if name in self.vhosts:
             raise AccessChangeRefused(f"vhost '{name}' already exists")
 
     def vhost_backend(self, name):
         """The backend string of vhost C{name}'s own store, or None: it is on the broker's store."""
         return self.vhost_backends.get(name)
+
+    def set_vhost_backends(self, backends):
+        """
+        Record new backend strings for vhosts with stores of their own (vhost
+        name -> backend string), in one change: a migration moved their stores.
+        """
+        for name in backends:
+            self._existing_vhost(name)
+            if name not in self.vhost_backends:
+                raise AccessChangeRefused(f"vhost '{name}' has no store of its own")
+        self._change(lambda: self.vhost_backends.update(backends))
 
     def delete_vhost(self, name):
         """
@@ -266,6 +265,8 @@ class AccessDatabase:
                 del self.permissions[key]
             for key in [key for key in self.policy_records if key[0] == name]:
                 del self.policy_records[key]
+            self.runtime.forget_vhost(name)
+            self.topic_permissions.forget(vhost=name)
 
         self._change(delete)
 
@@ -287,6 +288,25 @@ class AccessDatabase:
         self._existing_user(user)
         self._existing_vhost(vhost)
         self._change(lambda: self.permissions.pop((user, vhost), None))
+
+    def set_topic_permissions(self, user, vhost, exchange, write, read):
+        """
+        Give C{user} the C{write} and C{read} expressions for topic exchange
+        C{exchange} on C{vhost} (RabbitMQ's C{set_topic_permissions}).
+        """
+        self._existing_user(user)
+        self._existing_vhost(vhost)
+        problem = invalid_expression(write=write, read=read)
+        if problem is not None:
+            raise AccessChangeRefused(problem)
+        permission = TopicPermission(exchange, write, read)
+        self._change(lambda: self.topic_permissions.set(user, vhost, permission))
+
+    def clear_topic_permissions(self, user, vhost, exchange=None):
+        """Take C{user}'s topic permissions for C{exchange} (None: every exchange) on C{vhost}."""
+        self._existing_user(user)
+        self._existing_vhost(vhost)
+        self._change(lambda: self.topic_permissions.clear(user, vhost, exchange))
 
     def set_policy(self, vhost, name, pattern, definition, priority=0, apply_to="all"):
         """Create or replace policy C{name} of C{vhost} (RabbitMQ's C{set_policy}); returns the
@@ -310,6 +330,40 @@ class AccessDatabase:
             raise AccessChangeRefused("Parameter does not exist")
         self._change(lambda: self.policy_records.pop((vhost, name)))
 
+    # -- parameters and limits
+
+    def set_parameter(self, vhost, component, name, value):
+        """Set parameter C{name} of C{component} on C{vhost} (rabbitmqctl's C{set_parameter})."""
+        self._existing_vhost(vhost)
+        try:
+            value = check_parameter(component, name, value)
+        except ParameterRefused as refusal:
+            raise AccessChangeRefused(str(refusal)) from None
+        self._change(lambda: self.runtime.parameters.__setitem__((vhost, component, name), value))
+
+    def clear_parameter(self, vhost, component, name):
+        """Delete a runtime parameter; refuses (as RabbitMQ) one that does not exist."""
+        if (vhost, component, name) not in self.runtime.parameters:
+            raise AccessChangeRefused("Parameter does not exist")
+        self._change(lambda: self.runtime.parameters.pop((vhost, component, name)))
+
+    def set_global_parameter(self, name, value):
+        """Set global parameter C{name} to C{value} (any JSON value, as RabbitMQ takes)."""
+        if not isinstance(name, str) or not name:
+            raise AccessChangeRefused("a global parameter needs a name")
+        self._change(lambda: self.runtime.global_parameters.__setitem__(name, value))
+
+    def clear_global_parameter(self, name):
+        if name not in self.runtime.global_parameters:
+            raise AccessChangeRefused("Parameter does not exist")
+        self._change(lambda: self.runtime.global_parameters.pop(name))
+
+    def set_user_limits(self, name, limits):
+        """Replace user C{name}'s limits (C{{}}: none; RabbitMQ's C{set_user_limits})."""
+        user = self._existing_user(name)
+        limits = checked_user_limits(limits)
+        self._change(lambda: setattr(user, "limits", limits))
+
     # -- the document on disk
 
     def document(self):
@@ -321,6 +375,7 @@ class AccessDatabase:
                 {
                     "name": user.name, "password_hash": user.password_hash or "",
                     "hashing_algorithm": HASHING_ALGORITHM, "tags": list(user.tags),
+                    "limits": dict(user.limits),
                 }
                 for user in self.users.values()
             ],
@@ -344,6 +399,8 @@ class AccessDatabase:
                 }
                 for policy in self.policy_records.values()
             ],
+            **self.runtime.document(),
+            "topic_permissions": self.topic_permissions.document(),
         }
 
     def _take_document(self, document):
@@ -356,7 +413,8 @@ class AccessDatabase:
                     f"user {entry['name']!r} has a hash made by {entry['hashing_algorithm']!r}"
                 )
             users[entry["name"]] = User(
-                entry["name"], entry["password_hash"] or None, entry["tags"]
+                entry["name"], entry["password_hash"] or None, entry["tags"],
+                entry.get("limits"),  # none in a file from before limits
             )
         self.users = users
         self.vhosts = [entry["name"] for entry in document["vhosts"]]
@@ -376,6 +434,9 @@ class AccessDatabase:
             )
             for entry in document.get("policies", ())  # none in a file from before policies
         }
+        self.runtime.take_document(document)
+        # None in a file from before topic permissions:
+        self.topic_permissions.load(document.get("topic_permissions", ()))
 
     def _change(self, apply):
         """Apply a change in memory and save it; if it cannot be saved, undo it and raise."""
@@ -413,16 +474,3 @@ class AccessDatabase:
         if name not in self.vhosts:
             raise AccessChangeRefused(f"no vhost '{name}'")
 
-
-def _check_name(kind, name):
-    if not name or len(name.encode()) > 255:
-        raise AccessChangeRefused(f"a {kind} name must be 1 to 255 bytes of UTF-8")
-
-
-def _tags(tags):
-    """Tags as RabbitMQ keeps them: any words, the known ones among them meaning something here."""
-    tags = tuple(tags)
-    for tag in tags:
-        if not tag or "," in tag:
-            raise AccessChangeRefused(f"{tag!r} is not a user tag (known: {', '.join(USER_TAGS)})")
-    return tags

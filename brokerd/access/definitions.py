@@ -21,9 +21,10 @@ hashes, so they log in with their old passwords), vhosts, permissions and
 policies in the access database, declares exchanges, queues (one that
 exists is left as it is, as RabbitMQ does) and bindings (exchange-to-exchange
 ones too) in the running broker, and hands each vhost its policies. Importing
-the same document again changes nothing. Topic permissions, parameters and
-global parameters are not kept by brokerd: they are read past, and exported
-empty.
+the same document again changes nothing. Topic permissions are kept with the
+permissions (L{brokerd.access.topic_permissions}); runtime parameters, global
+parameters and users' limits are read and written by
+L{brokerd.access.definition_parameters}.
 """
 
 import datetime
@@ -33,10 +34,13 @@ import json
 from twisted.internet import defer
 
 import brokerd
+from brokerd.access import definition_parameters as parameter_sections
 from brokerd.access import vhosts as vhost_changes
 from brokerd.access.database import AccessChangeRefused
+from brokerd.access.limits import publish_all_limits
 from brokerd.access.passwords import HASHING_ALGORITHM, hash_password
 from brokerd.access.policies import PolicyRefused, check_policy, publish_all_policies
+from brokerd.access.topic_permissions import TopicPermission, checked_topic_permissions
 from brokerd.errors import BrokerError
 from brokerd.interfaces import IDelayedMessageStore
 from brokerd.model.exchange import DELAYED_TYPE, EXCHANGE_TYPES, KNOWN_TYPES
@@ -46,7 +50,7 @@ from brokerd.proto.tables import TimestampSeconds
 
 RABBIT_VERSION = "3.10.8"  # the RabbitMQ release whose definitions format this follows
 PRODUCT_NAME = "brokerd"
-IGNORED_SECTIONS = ("topic_permissions", "parameters", "global_parameters")
+PARAMETER_SECTIONS = ("parameters", "global_parameters")
 
 
 class DefinitionsRefused(ValueError):
@@ -72,7 +76,9 @@ def export_definitions(broker, access, vhost=None):
         for entry in (*queues, *exchanges, *bindings):
             del entry["vhost"]
         return {
-            "rabbit_version": RABBIT_VERSION, "parameters": [], "policies": policies,
+            "rabbit_version": RABBIT_VERSION,
+            "parameters": parameter_sections.exported_parameters(access, vhost),
+            "policies": policies,
             "queues": queues, "exchanges": exchanges, "bindings": bindings,
         }
     return {
@@ -83,7 +89,8 @@ def export_definitions(broker, access, vhost=None):
         "users": [
             {
                 "name": user.name, "password_hash": user.password_hash or "",
-                "hashing_algorithm": HASHING_ALGORITHM, "tags": list(user.tags), "limits": {},
+                "hashing_algorithm": HASHING_ALGORITHM, "tags": list(user.tags),
+                "limits": dict(user.limits),
             }
             for user in sorted(access.users.values(), key=_name)
         ],
@@ -95,9 +102,9 @@ def export_definitions(broker, access, vhost=None):
             }
             for (user, on), permissions in sorted(access.permissions.items())
         ],
-        "topic_permissions": [],
-        "parameters": [],
-        "global_parameters": [],
+        "topic_permissions": access.topic_permissions.document(),
+        "parameters": parameter_sections.exported_parameters(access),
+        "global_parameters": parameter_sections.exported_global_parameters(access),
         "policies": policies,
         "queues": queues,
         "exchanges": exchanges,
@@ -209,7 +216,7 @@ def _check(broker, access, document, vhost):
         raise DefinitionsRefused("not a definitions document: a JSON object is expected at the top")
     sections = {}
     for section in ("users", "vhosts", "permissions", "policies", "queues", "exchanges", "bindings",
-                    *IGNORED_SECTIONS):
+                    "topic_permissions", *PARAMETER_SECTIONS):
         entries = document.get(section, [])
         if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
             raise DefinitionsRefused(f"{section}: a list of JSON objects is expected")
@@ -219,8 +226,10 @@ def _check(broker, access, document, vhost):
             raise DefinitionsRefused(
                 f'Please create virtual host "{vhost}" prior to importing definitions.'
             )
-        sections.update(users=[], vhosts=[], permissions=[])
-        for section in ("policies", "queues", "exchanges", "bindings"):
+        sections.update(
+            users=[], vhosts=[], permissions=[], topic_permissions=[], global_parameters=[]
+        )
+        for section in ("policies", "queues", "exchanges", "bindings", "parameters"):
             sections[section] = [{**entry, "vhost": vhost} for entry in sections[section]]
     users = [_user(entry) for entry in sections["users"]]
     new_vhosts = []
@@ -251,6 +260,9 @@ def _check(broker, access, document, vhost):
             raise DefinitionsRefused(f"permissions: User {user} does not exist")
         expressions = (_text(entry, kind, "permissions") for kind in ("configure", "write", "read"))
         permissions.append((user, on, *expressions))
+    permissions += checked_topic_permissions(
+        sections["topic_permissions"], known_users, in_vhost, DefinitionsRefused
+    )
     policies = []
     for entry in sections["policies"]:
         on = in_vhost(entry, "policies")
@@ -306,7 +318,14 @@ def _check(broker, access, document, vhost):
                 raise DefinitionsRefused(f"bindings: {refusal.reply_text}") from None
         routing_key = _text(entry, "routing_key", "bindings", "")
         bindings.append((on, source, destination, kind, routing_key, arguments))
-    return users, new_vhosts, permissions, policies, exchanges, queues, bindings
+    try:
+        parameters = parameter_sections.checked_parameters(
+            sections["parameters"], sections["global_parameters"], in_vhost
+        )
+        parameter_sections.check_queue_limits(broker, access, queues)
+    except parameter_sections.ParametersRefused as refusal:
+        raise DefinitionsRefused(str(refusal)) from None
+    return users, new_vhosts, permissions, policies, exchanges, queues, bindings, parameters
 
 
 def _user(entry):
@@ -323,13 +342,17 @@ def _user(entry):
         raise DefinitionsRefused(
             f"users: both_password_and_password_hash_are_provided (user '{name}')"
         )
+    try:
+        limits = parameter_sections.user_limits(entry, name)
+    except parameter_sections.ParametersRefused as refusal:
+        raise DefinitionsRefused(str(refusal)) from None
     if "password" in entry:
-        return name, hash_password(_text(entry, "password", "users")), tags
+        return name, hash_password(_text(entry, "password", "users")), tags, limits
     algorithm = entry.get("hashing_algorithm", HASHING_ALGORITHM)
     if algorithm != HASHING_ALGORITHM:
         raise DefinitionsRefused(f"users: user '{name}' has a password hash made by {algorithm!r};"
                                  f" only {HASHING_ALGORITHM} hashes can be checked here")
-    return name, _text(entry, "password_hash", "users", "") or None, tags
+    return name, _text(entry, "password_hash", "users", "") or None, tags, limits
 
 
 def _text(entry, key, section, default=None):
@@ -391,16 +414,20 @@ def _served_type(broker, vhost_name, exchange_name):
 
 @defer.inlineCallbacks
 def _apply(checked, broker, access, vhost):
-    users, new_vhosts, permissions, policies, exchanges, queues, bindings = checked
+    users, new_vhosts, permissions, policies, exchanges, queues, bindings, parameters = checked
     try:
-        for name, password_hash, tags in users:
-            access.set_password_hash(name, password_hash, tags)
+        for name, password_hash, tags, limits in users:
+            access.set_password_hash(name, password_hash, tags, limits)
         for name in new_vhosts:
             yield defer.maybeDeferred(vhost_changes.add_vhost, broker, access, name)
-        for user, on, configure, write, read in permissions:
-            access.set_permissions(user, on, configure, write, read)
+        for user, on, *expressions in permissions:
+            if isinstance(expressions[0], TopicPermission):  # a topic permission
+                access.set_topic_permissions(user, on, *expressions[0].as_tuple())
+            else:
+                access.set_permissions(user, on, *expressions)
         for policy in policies:
             access.set_policy(*policy)
+        parameter_sections.apply_parameters(access, *parameters)
     except AccessChangeRefused as refusal:
         raise DefinitionsRefused(str(refusal)) from None
     try:
@@ -428,6 +455,7 @@ def _apply(checked, broker, access, vhost):
         raise DefinitionsRefused(f"{refusal.reply_code} {refusal.reply_text}") from None
     finally:
         publish_all_policies(broker, access)
+        publish_all_limits(broker, access)
     return None
 
 

@@ -25,8 +25,11 @@ class IAccessControl(Interface):
     def check_certificate_login(peer_host, transport):
         """EXTERNAL: the user the TLS client certificate's CN names; raises LoginRefused."""
 
-    def check_vhost_access(user, vhost):
-        """The user's ResourceAccess on C{vhost}; raises NotAllowed (530) with RabbitMQ's texts."""
+    limits = Attribute("the ClientLimits checked on new connections and channels")
+
+    def check_vhost_access(user, vhost, connections=None):
+        """The user's ResourceAccess on C{vhost}; raises NotAllowed (530) with RabbitMQ's texts,
+        also when the vhost or the user is at its connection limit among C{connections}."""
 
 
 class IAccessDatabase(Interface):
@@ -60,6 +63,12 @@ class IAccessDatabase(Interface):
         """
         The L{brokerd.model.policy_effects.Policy} records of C{vhost} (None:
         of every vhost), highest priority first.
+        """
+
+    def topic_rules(user, vhost):
+        """
+        C{user}'s compiled topic permissions on C{vhost}: a dict (exchange name
+        -> rule) that later changes update in place, empty while there are none.
         """
 
 

@@ -15,8 +15,9 @@ enables EXTERNAL, a TLS client that presented a certificate may log in as the
 user its subject CN names, if that user exists (RabbitMQ's
 rabbitmq_auth_mechanism_ssl with C{ssl_cert_login_from = common_name}). A
 user who logged in may open a vhost that exists and on which it has
-permissions (530 NOT_ALLOWED in RabbitMQ's words otherwise); its channels
-then check every operation against a L{ResourceAccess}.
+permissions (530 NOT_ALLOWED in RabbitMQ's words otherwise), unless the vhost
+or the user is at its connection limit (L{brokerd.access.limits}); its
+channels then check every operation against a L{ResourceAccess}.
 """
 
 import ipaddress
@@ -26,6 +27,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from brokerd.access.database import FULL_PERMISSIONS, AccessDatabase
+from brokerd.access.limits import ClientLimits
 from brokerd.access.permissions import ResourceAccess
 from brokerd.errors import NotAllowed
 from brokerd.access.interfaces import IAccessControl
@@ -122,6 +124,7 @@ class AccessControl:
 
     @ivar access: the broker's L{IAccessDatabase}.
     @ivar mechanisms: the login mechanisms the operator enabled (C{--auth-mechanisms}).
+    @ivar limits: the L{ClientLimits} of C{access}, checked on connections and channels.
     """
 
     def __init__(
@@ -136,6 +139,7 @@ class AccessControl:
         self.loopback_only_users = loopback_only_users
         self.users_file = users_file
         self.mechanisms = tuple(mechanisms)
+        self.limits = ClientLimits(self.access)
 
     def user_exists(self, name):
         """
@@ -171,26 +175,22 @@ class AccessControl:
             raise self._refused(EXTERNAL, name, "invalid credentials")
         return self._admitted_from(EXTERNAL, name, peer_host)
 
-    def check_vhost_access(self, user, vhost):
+    def check_vhost_access(self, user, vhost, connections=None):
         """
         The L{ResourceAccess} of C{user} on C{vhost}, which must exist and on
         which the user must have permissions; raises L{NotAllowed} (530) with
-        RabbitMQ's texts otherwise.
+        RabbitMQ's texts otherwise. With C{connections} (the broker's open
+        ones), the vhost's and the user's connection limits are checked first.
         """
         access = self.access
         if not access.vhost_exists(vhost):
             raise NotAllowed(f"vhost {vhost} not found")
+        if connections is not None:
+            self.limits.check_connection(user, vhost, connections)
         permissions = access.permissions_of(user, vhost)
         if permissions is None:
             raise NotAllowed(f"access to vhost '{vhost}' refused for user '{user}'")
-        return ResourceAccess(user, vhost, permissions)
-
-    def check_new_secret(self, username, secret):
-        """Raises L{LoginRefused} unless C{secret} (bytes) is still C{username}'s password."""
-        utf8(secret, "the new secret")
-        self._refresh_users_file()
-        if not self.access.check_password(username, secret):
-            raise LoginRefused(f"the new secret of user {username!r} was refused")
+        return ResourceAccess(user, vhost, permissions, access.topic_rules(user, vhost))
 
     def _admitted_from(self, mechanism, name, peer_host):
         """

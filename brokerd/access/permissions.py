@@ -6,15 +6,20 @@ its channels (L{brokerd.session.channel.Channel}). The meaning is RabbitMQ's
 (C{rabbit_auth_backend_internal}): an expression is searched for anywhere in
 the resource's name (anchor it with C{^} and C{$}), an empty one allows
 nothing, and the default exchange is matched as C{amq.default}. A refusal is
-403 ACCESS_REFUSED in RabbitMQ's words (C{rabbit_access_control}).
+403 ACCESS_REFUSED in RabbitMQ's words (C{rabbit_access_control}). The
+user's topic permissions on the vhost (L{brokerd.access.topic_permissions})
+come with it, and are checked on topic exchanges' publishes and bindings.
 """
 
 import re
+import types
 
+from brokerd.access.topic_permissions import check_topic_read, check_topic_write
 from brokerd.errors import AccessRefused, PreconditionFailed
 from brokerd.model.names import generate_queue_name
 
 DEFAULT_EXCHANGE_RESOURCE = "amq.default"
+NO_TOPIC_RULES = types.MappingProxyType({})
 
 
 class ResourceAccess:
@@ -23,37 +28,44 @@ class ResourceAccess:
 
     @ivar user: the user's name.
     @ivar vhost: the vhost's name.
+    @ivar topic_rules: the user's compiled topic permissions on the vhost, kept up
+        to date by the access database: exchange name -> rule, empty while none.
     """
 
-    __slots__ = ("user", "vhost", "_configure", "_write", "_read")
+    __slots__ = ("user", "vhost", "topic_rules", "_configure", "_write", "_read")
 
-    def __init__(self, user, vhost, permissions):
+    def __init__(self, user, vhost, permissions, topic_rules=NO_TOPIC_RULES):
         """
         @param permissions: the user's L{brokerd.access.database.Permissions} on C{vhost}.
+        @param topic_rules: the access database's C{topic_rules(user, vhost)}.
         """
         self.user = user
         self.vhost = vhost
+        self.topic_rules = topic_rules
         self._configure = _compiled(permissions.configure)
         self._write = _compiled(permissions.write)
         self._read = _compiled(permissions.read)
 
     def check_configure(self, kind, name):
         """Declaring or deleting the C{kind} (exchange, queue) called C{name}."""
-        if self._configure.search(name or DEFAULT_EXCHANGE_RESOURCE) is None:
-            raise self._refusal("configure", kind, name)
+        resource = name or DEFAULT_EXCHANGE_RESOURCE
+        if self._configure.search(resource) is None:
+            raise self._refusal("configure", kind, resource)
 
     def check_write(self, kind, name):
         """Publishing to an exchange; binding to a queue or exchange (the destination)."""
-        if self._write.search(name or DEFAULT_EXCHANGE_RESOURCE) is None:
-            raise self._refusal("write", kind, name)
+        resource = name or DEFAULT_EXCHANGE_RESOURCE
+        if self._write.search(resource) is None:
+            raise self._refusal("write", kind, resource)
 
     def check_read(self, kind, name):
         """
         Consuming from, getting from or purging a queue; binding from an
         exchange (the source).
         """
-        if self._read.search(name or DEFAULT_EXCHANGE_RESOURCE) is None:
-            raise self._refusal("read", kind, name)
+        resource = name or DEFAULT_EXCHANGE_RESOURCE
+        if self._read.search(resource) is None:
+            raise self._refusal("read", kind, resource)
 
     def queue_to_declare(self, name, passive, arguments=None):
         """
@@ -79,13 +91,28 @@ class ResourceAccess:
             self.check_write("exchange", dead_letter_exchange)
         return name, server_named
 
-    def check_binding(self, destination_kind, destination, source):
+    def check_binding(self, destination_kind, destination, source, routing_key="", vhost=None):
         """
         A binding needs write on its destination and read on its source
-        exchange (RabbitMQ's order).
+        exchange (RabbitMQ's order), then, if the source is a topic exchange of
+        C{vhost} (the L{brokerd.model.vhost.VirtualHost}) with a topic
+        permission, a C{routing_key} its C{read} expression matches.
         """
         self.check_write(destination_kind, destination)
         self.check_read("exchange", source)
+        if self.topic_rules and vhost is not None:
+            check_topic_read(self.topic_rules, vhost, source, routing_key, self.user)
+
+    def check_topic_write(self, vhost, message):
+        """
+        A publish to a topic exchange of C{vhost} with a topic permission needs a
+        routing key its C{write} expression matches (RabbitMQ checks it after the
+        exchange's write permission; the channel asks only while C{topic_rules}
+        is not empty).
+        """
+        check_topic_write(
+            self.topic_rules, vhost, message.exchange, message.routing_key, self.user
+        )
 
     def check_publish(self, message, writable):
         """
@@ -129,6 +156,7 @@ class UncheckedAccess:
     """
 
     __slots__ = ()
+    topic_rules = NO_TOPIC_RULES
 
     def check_configure(self, kind, name):
         pass
@@ -138,7 +166,10 @@ class UncheckedAccess:
     def queue_to_declare(self, name, passive, arguments=None):
         return name, False
 
-    def check_binding(self, destination_kind, destination, source):
+    def check_binding(self, destination_kind, destination, source, routing_key="", vhost=None):
+        pass
+
+    def check_topic_write(self, vhost, message):
         pass
 
     def check_publish(self, message, writable):

@@ -31,7 +31,7 @@ import argparse
 import os
 import sys
 
-from brokerd.admin import access, listing, migration, operations
+from brokerd.admin import access, listing, migration, operations, parameters, topic_access
 from brokerd.admin.client import AdminError, ManagementClient
 
 DEFAULT_URL = "http://127.0.0.1:15672"
@@ -45,10 +45,14 @@ TASKS = [
     ("users", access.USER_COMMANDS),
     ("vhosts", access.VHOST_COMMANDS),
     ("permissions", access.PERMISSION_COMMANDS),
+    ("topic permissions", topic_access.TOPIC_PERMISSION_COMMANDS),
     ("policies", access.POLICY_COMMANDS),
+    ("parameters", parameters.PARAMETER_COMMANDS),
+    ("limits", parameters.LIMIT_COMMANDS),
     ("definitions", operations.DEFINITION_COMMANDS),
     ("queues", operations.QUEUE_COMMANDS),
     ("connections", operations.CONNECTION_COMMANDS),
+    ("tracing", topic_access.TRACING_COMMANDS),
     ("migration (broker stopped; no API)", migration.COMMANDS),
 ]
 COMMANDS = {command.name: command for _, commands in TASKS for command in commands}
@@ -80,6 +84,9 @@ def build_parser():
     parser.add_argument("--password", default=os.environ.get("BROKERD_PASSWORD", DEFAULT_PASSWORD),
                         help="that user's password"
                              f" (default: $BROKERD_PASSWORD, else {DEFAULT_PASSWORD})")
+    parser.add_argument("--ssl-ca-cert-file", default=None, metavar="FILE",
+                        help="PEM file of the authorities an https --url's certificate must"
+                             " come from (default: the system's); its name is checked too")
     parser.add_argument("--vhost", default=None, metavar="V",
                         help="the vhost of a per-vhost command, as its own --vhost"
                              " (default: every vhost for list, / for the others)")
@@ -97,8 +104,9 @@ def main(argv=None, out=None):
     """Run one command; the exit status (0 done, 1 not done, with one line on standard error)."""
     arguments = build_parser().parse_args(argv)
     out = out if out is not None else sys.stdout
-    client = ManagementClient(arguments.url, arguments.user, arguments.password)
     try:
+        client = ManagementClient(arguments.url, arguments.user, arguments.password,
+                                  arguments.ssl_ca_cert_file)
         status = COMMANDS[arguments.command].run(client, arguments, out)
         out.flush()
     except AdminError as error:

@@ -1,5 +1,9 @@
 """The management API as C{brokerd-admin} calls it: basic authentication over C{urllib.request}.
 
+An C{https} URL is checked as Python's default TLS context checks it: the
+certificate must come from a trusted authority (the system's, or those of
+C{--ssl-ca-cert-file}) and name the URL's host, before the credentials go out.
+
 Every failure becomes an L{AdminError} carrying the one line the command prints:
 an HTTP error as C{HTTP 401 not_authorised - Login failed} (the status and the
 API's C{error} and C{reason}), an unreachable broker as a line naming the URL.
@@ -7,6 +11,7 @@ API's C{error} and C{reason}), an unreachable broker as a line naming the URL.
 
 import base64
 import json
+import ssl
 import urllib.error
 import urllib.request
 from urllib.parse import quote
@@ -54,10 +59,27 @@ class ManagementClient:
     C{http://127.0.0.1:15672}) as one user.
     """
 
-    def __init__(self, url, user, password):
+    def __init__(self, url, user, password, ca_file=None):
+        """
+        @param ca_file: a PEM file of the authorities an C{https} URL's
+            certificate must come from (None: the system's); either way the
+            certificate must name the URL's host, or nothing is sent.
+        """
         self.url = url.rstrip("/")
         credentials = base64.b64encode(f"{user}:{password}".encode()).decode()
         self._authorization = f"Basic {credentials}"
+        self._tls = None
+        if ca_file is not None:
+            try:
+                self._tls = ssl.create_default_context(cafile=ca_file)
+            except ssl.SSLError:  # an OSError too: first
+                raise AdminError(
+                    f"--ssl-ca-cert-file: {ca_file!r} holds no PEM certificate"
+                ) from None
+            except OSError as error:
+                raise AdminError(
+                    f"--ssl-ca-cert-file: cannot read {ca_file!r}: {error.strerror or error}"
+                ) from None
 
     def request(self, method, path, body=None, headers=None):
         """The answer's body as bytes (empty for 204); raises L{AdminError}."""
@@ -68,7 +90,8 @@ class ManagementClient:
         for name, value in (headers or {}).items():
             request.add_header(name, value)
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:
+            with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS,
+                                        context=self._tls) as response:
                 return response.read()
         except urllib.error.HTTPError as error:
             raise AdminError(_http_error_line(error), error.code) from None

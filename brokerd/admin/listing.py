@@ -41,8 +41,14 @@ LISTINGS = {
     "users": Listing("/api/users", None, ["name", "tags"]),
     "permissions": Listing("/api/permissions", "/api/vhosts/{vhost}/permissions",
                            ["user", "vhost", "configure", "write", "read"]),
+    "topic_permissions": Listing("/api/topic-permissions", "/api/vhosts/{vhost}/topic-permissions",
+                                 ["user", "vhost", "exchange", "write", "read"]),
     "policies": Listing("/api/policies", "/api/policies/{vhost}",
                         ["vhost", "name", "pattern", "apply-to", "definition", "priority"]),
+    "parameters": Listing("/api/parameters", None, ["vhost", "component", "name", "value"]),
+    "global-parameters": Listing("/api/global-parameters", None, ["name", "value"]),
+    "vhost-limits": Listing("/api/vhost-limits", "/api/vhost-limits/{vhost}", ["vhost", "value"]),
+    "user-limits": Listing("/api/user-limits", None, ["user", "value"]),
 }
 
 

@@ -110,15 +110,3 @@ class Authenticator(AccessControl):
             )
         except LoginRefused:
             return defer.fail()
-
-    def check_secret(self, username, secret):
-        """
-        A Deferred firing with C{username} if C{secret} (bytes) is still that
-        user's password, for connection.update-secret, or failing with
-        L{LoginRefused}.
-        """
-        try:
-            self.check_new_secret(username, secret)
-        except LoginRefused:
-            return defer.fail()
-        return defer.succeed(username)

@@ -295,8 +295,8 @@ class AmqpChannel:
         self.publish = self.properties = self.parts = None
         self.release_content()
         close = commands.Channel.Close(
-            reply_code=error.reply_code, reply_text=error.reply_text[:255], class_id=index >> 16,
-            method_id=index & 0xFFFF,
+            reply_code=error.reply_code, reply_text=frames.short_reply_text(error.reply_text),
+            class_id=index >> 16, method_id=index & 0xFFFF,
         )
         self.writes.send(frames.method_frame(self.id, close))
 

@@ -4,11 +4,12 @@ The frame receiver (L{brokerd.amqp.server.AmqpServerProtocol}) holds one
 L{AmqpHandshake} per connection and hands it every channel-0 frame: start /
 start-ok (credentials checked by L{brokerd.amqp.auth}) / tune / tune-ok / open
 (the vhost and the user's permissions on it checked by L{brokerd.access.login}),
-update-secret (the new secret re-checked), connection.close in both directions,
-and connection.blocked / unblocked while the broker holds publishers back. The
-handshake also owns the connection's timers (the handshake timeout, the
-refusal delay, the wait for close-ok, heartbeats both ways), the model's
-L{Connection} it creates on connection.open, and the connection's log lines.
+update-secret (accepted, as RabbitMQ's internal users backend does),
+connection.close in both directions, and connection.blocked / unblocked while
+the broker holds publishers back. The handshake also owns the connection's
+timers (the handshake timeout, the refusal delay, the wait for close-ok,
+heartbeats both ways), the model's L{Connection} it creates on
+connection.open, and the connection's log lines.
 What it asks of the receiver is L{IFrameReader}: when the client last sent
 bytes, the frame limit, and dropping unread bytes and channels on close.
 
@@ -21,6 +22,8 @@ read from such a connection, other clients are served meanwhile, and the
 refusals are logged at a bounded rate (L{brokerd.wire.refusal_log.RefusalLog}).
 """
 
+from functools import partial
+
 from pamqp import commands
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
@@ -29,6 +32,7 @@ from zope.interface import Interface
 import brokerd
 from brokerd.amqp import frames
 from brokerd.amqp.auth import LoginRefused
+from brokerd.amqp.blocked_notice import MEMORY_ALARM, OVER_SHARE, BlockedNotice, alarm_reason
 from brokerd.amqp.settings import SERVER_CAPABILITIES
 from brokerd.amqp.table_arguments import decode_method
 from brokerd.errors import (
@@ -91,6 +95,9 @@ class IFrameReader(Interface):
     def forget_channels():
         """The connection closed: its channels, with the contents they were assembling, are gone."""
 
+    def close_channel(channel_id, error):
+        """The broker closes channel C{channel_id} for C{error} (a delivery not acked in time)."""
+
 
 class AmqpHandshake:
     """
@@ -111,11 +118,15 @@ class AmqpHandshake:
     @ivar client_capabilities: the capabilities table among them.
     """
 
-    def __init__(self, reader, broker, settings, writes):
+    def __init__(self, reader, broker, settings, writes, inbound=None):
         """
         @param reader: the L{IFrameReader} holding this handshake.
         @param writes: the connection's L{brokerd.wire.write_buffer.WriteBuffer}.
+        @param inbound: the connection's L{brokerd.wire.connection_memory.ConnectionMemory}.
         """
+        self._inbound = inbound
+        self._blocked = BlockedNotice(writes)
+        self._alarm_reason = None  # what the broker's alarms told the client
         self._reader = reader
         self.broker = broker
         self._clock = broker.clock
@@ -130,6 +141,7 @@ class AmqpHandshake:
         self.channel_max = settings.channel_max
         self.heartbeat = 0
         self.client_properties = {}
+        self.auth_mechanism = None  # the SASL mechanism of start-ok
         self.client_capabilities = {}
         self._timeout_call = None
         self._heartbeat_loop = None
@@ -179,20 +191,16 @@ class AmqpHandshake:
         self.transport.write(frames.PROTOCOL_HEADER)
         self.transport.loseConnection()
 
-    def _blocked_changed(self, blocked_by):
-        """
-        Tell a client that understands connection.blocked why its publishes
-        stall, in RabbitMQ's words ("low on memory", "low on disk", "low on
-        memory & disk").
-        """
-        if not self.client_capabilities.get("connection.blocked") or self.state != OPEN:
-            return
+    def _blocked_changed(self, blocked, reason=MEMORY_ALARM):
+        """Tell a client that understands connection.blocked why its publishes stall."""
+        if self.client_capabilities.get("connection.blocked") and self.state == OPEN:
+            self._blocked.change(reason, blocked)
+
+    def _alarms_changed(self, blocked_by):
+        """The broker's resource alarms (C{blocked_by}) hold this publisher, or no longer do."""
         if blocked_by:
-            blocked_method = commands.Connection.Blocked(reason="low on " + " & ".join(blocked_by))
-            self._writes.send(frames.method_frame(0, blocked_method))
-        else:
-            self._writes.send(frames.method_frame(0, commands.Connection.Unblocked()))
-        self._writes.flush()
+            self._alarm_reason = alarm_reason(blocked_by)
+        self._blocked_changed(bool(blocked_by), self._alarm_reason)
 
     # -- the connection handshake and close
 
@@ -246,6 +254,7 @@ class AmqpHandshake:
         self.client_capabilities = capabilities if isinstance(capabilities, dict) else {}
         self.state = AUTHENTICATING
         response = method.response
+        self.auth_mechanism = method.mechanism
         if isinstance(response, str):
             response = response.encode()  # pamqp decoded these bytes as UTF-8: the same bytes again
         d = self._settings.authenticator.login(
@@ -305,16 +314,26 @@ class AmqpHandshake:
         connection's channels check every operation against those.
         """
         vhost = method.virtual_host or "/"
-        resource_access = self._settings.authenticator.check_vhost_access(self.user, vhost)
+        authenticator = self._settings.authenticator
+        resource_access = authenticator.check_vhost_access(
+            self.user, vhost, self.broker.connections
+        )
         properties = self.client_properties
         name = properties.get("connection_name") or properties.get("product") or ""
         self.connection = Connection(
             self.broker, vhost, str(name), AMQP_0_9_1, self.transport, self.user, properties,
-            resource_access,
+            resource_access, limits=authenticator.limits, auth_mechanism=self.auth_mechanism,
         )
+        self.connection.tuning = {
+            "channel_max": self.channel_max, "frame_max": self.frame_max, "timeout": self.heartbeat,
+        }
         self._writes.counted = self.connection
+        if self._inbound is not None:  # its transactions count against the connection's share
+            self.connection.inbound = self._inbound
+            self._inbound.on_blocked = partial(self._blocked_changed, reason=OVER_SHARE)
         self.connection.closer = self.close
-        self.gate = PublisherGate(self.broker.watermark, self.transport, self._blocked_changed,
+        self.connection.channel_closer = self._reader.close_channel
+        self.gate = PublisherGate(self.broker.watermark, self.transport, self._alarms_changed,
                                   self.broker.disk_alarm)
         self.state = OPEN
         if self._timeout_call is not None and self._timeout_call.active():
@@ -329,35 +348,14 @@ class AmqpHandshake:
     def on_update_secret(self, method):
         """
         connection.update-secret (pika and aiormq use it to refresh credentials):
-        the new secret is checked as the password of the user who logged in.
-        A refused one closes the connection with RabbitMQ's 530, which RabbitMQ
-        sends when an authentication backend refuses the new secret.
+        answered update-secret-ok, as RabbitMQ's internal users backend answers
+        any new secret: a password cannot expire, so there is nothing to re-check
+        on a connection that already logged in.
         """
-        secret = method.new_secret
-        if isinstance(secret, str):
-            secret = secret.encode()  # pamqp decoded these bytes as UTF-8: the same bytes again
-        d = self._settings.authenticator.check_secret(self.user, secret)
-        d.addCallbacks(self._secret_updated, self._secret_refused, callbackArgs=(method.reason,))
-
-    def _secret_updated(self, user, reason):
-        if self.state != OPEN:
-            return
         log.debug("AMQP connection {peer}: user {user!r} updated secret, reason: {reason!r}",
-                  peer=peer_address(self.transport), user=self.user, reason=reason)
+                  peer=peer_address(self.transport), user=self.user,
+                  reason=client_text(method.reason))
         self._writes.send(frames.method_frame(0, commands.Connection.UpdateSecretOk()))
-
-    def _secret_refused(self, failure):
-        if self.state != OPEN:
-            return
-        if failure.check(LoginRefused):
-            error = NotAllowed("New secret was refused by one of the backends")
-        else:
-            log.failure(
-                "checking the new secret of {peer} failed", failure,
-                peer=peer_address(self.transport),
-            )
-            error = NotAllowed("Secret update failed")
-        self.close(error, _CONNECTION_UPDATE_SECRET)
 
     def on_close(self, method):
         self._ending(
@@ -433,8 +431,8 @@ class AmqpHandshake:
         self.state = CLOSING
         self._reader.drop_unread()
         close = commands.Connection.Close(
-            reply_code=error.reply_code, reply_text=error.reply_text[:255], class_id=index >> 16,
-            method_id=index & 0xFFFF,
+            reply_code=error.reply_code, reply_text=frames.short_reply_text(error.reply_text),
+            class_id=index >> 16, method_id=index & 0xFFFF,
         )
         self._writes.send(frames.method_frame(0, close))
         self._writes.flush()

@@ -20,6 +20,8 @@ catches up (no basic.get reply is made for a client that does not take them).
 What such a client has not read yet, the bodies being assembled and the partial
 frame being read all count against the memory watermark, and a connection in
 the middle of a body is blocked like any publisher while the broker is above it.
+What it holds on its way in counts against its own share of the watermark too
+(L{brokerd.wire.connection_memory}).
 """
 
 import weakref
@@ -52,6 +54,7 @@ from brokerd.wire.backpressure import (
     reading_pauses,
 )
 from brokerd.wire.connection_log import peer_address
+from brokerd.wire.connection_memory import ConnectionMemory
 from brokerd.wire.fairness import FRAMES_PER_CHECK, TurnTaking
 from brokerd.wire.hangup_watch import HangupWatch
 from brokerd.wire.read_buffer import ReadBuffer, read_in_large_pieces
@@ -72,16 +75,18 @@ class AmqpServerProtocol(Protocol):
 
     def __init__(self, broker, settings):
         self.clock = broker.clock
-        self._flow = ConnectionFlow(broker.watermark)
+        # What the connection holds on its way in, against its own share of the watermark too:
+        self._inbound = ConnectionMemory(broker.watermark, broker.connection_memory, broker.clock)
+        self._flow = ConnectionFlow(broker.watermark, self._inbound)
         self.writes = WriteBuffer(broker.clock, self._flow.unsent)
         self.content = PublishedContent(
             broker.watermark, self._flow.body_bytes, settings.max_message_size
         )
-        self.handshake = AmqpHandshake(self, broker, settings, self.writes)
+        self.handshake = AmqpHandshake(self, broker, settings, self.writes, self._inbound)
         self._channels = {}  # channel id -> AmqpChannel
         # Until tune-ok, as in RabbitMQ:
         self._max_payload = frames.FRAME_MIN_SIZE - frames.FRAME_OVERHEAD
-        self._read_buffer = ReadBuffer(broker.watermark)
+        self._read_buffer = ReadBuffer(self._inbound)
         self._turns = None  # a TurnTaking once connected
         self._watermark = broker.watermark
         # The index of the last method frame, for close's class and method ids:
@@ -96,6 +101,8 @@ class AmqpServerProtocol(Protocol):
         read_in_large_pieces(self.transport)
         self.writes.transport = self.transport
         pauses = self._flow.pauses = reading_pauses(self.transport)
+        self._inbound.attach(pauses)
+        self._inbound.on_limit = self.handshake.close
         pauses.on_resume = self._parse_held_back
         pauses.hangup_watch = HangupWatch(self.transport, self.clock, self._probe_paused_peer)
         self._turns = TurnTaking(self.clock, pauses, self._parse_now)
@@ -104,6 +111,7 @@ class AmqpServerProtocol(Protocol):
         self.handshake.connection_made(self.transport)
 
     def connectionLost(self, reason):
+        self._inbound.close()  # before the channels release what they held through it
         self.handshake.connection_lost(reason)
         self.writes.connection_lost()
         self._read_buffer.clear()
@@ -274,6 +282,13 @@ class AmqpServerProtocol(Protocol):
             cancel_notify,
         )
         self.writes.send(frames.method_frame(channel_id, commands.Channel.OpenOk()))
+
+    def close_channel(self, channel_id, error):
+        """The broker closes channel C{channel_id} for C{error}, which no method of the client's
+        raised (a delivery not acked in time)."""
+        channel = self._channels.get(channel_id)
+        if channel is not None and not channel.closing:
+            channel.close(error, 0)
 
     def forget_channel(self, channel_id):
         """Channel C{channel_id} is closed at both ends: its number is free again."""

@@ -12,8 +12,9 @@ from twisted.logger import Logger
 from brokerd.access.commands import format_tags
 from brokerd.access.database import AccessChangeRefused
 from brokerd.access.passwords import HASHING_ALGORITHM, hash_password
+from brokerd.access.tracing_commands import tracing
 from brokerd.http.overview import unacked_by_queue
-from brokerd.http.routes import Created, bad_request, json_body, not_found
+from brokerd.http.routes import ApiError, Created, bad_request, json_body, not_found
 
 log = Logger()
 
@@ -35,7 +36,8 @@ def vhost_info(api, name, unacked):
     pending = sum(count for (on, _), count in unacked.items() if on == name)
     return {
         "name": name, "description": "", "tags": [], "default_queue_type": "classic",
-        "tracing": False, "messages": ready + pending, "messages_ready": ready,
+        "metadata": {"description": "", "tags": []},
+        "tracing": tracing(vhost), "messages": ready + pending, "messages_ready": ready,
         "messages_unacknowledged": pending,
         "cluster_state": {api.context.node: "running" if vhost is not None else "stopped"},
     }
@@ -57,14 +59,22 @@ def put_vhost(api, vhost):
     brokerd's own C{"backend"}: a backend string (C{"sqlite"},
     C{"chunked:chunk_size=64M"}) giving the new vhost a store of its own, as
     C{add-vhost --backend} does; without it the vhost is on the broker's store.
-    A backend string the broker cannot use is 400, in its words.
+    A backend string the broker cannot use is 400, in its words. RabbitMQ's
+    C{"tracing"} (a boolean, or C{"true"}/C{"false"}) turns the vhost's
+    firehose on or off, as C{trace_on} and C{trace_off}.
     """
     body = json_body(api.request)
     backend = body.get("backend")
     if backend is not None and not isinstance(backend, str):
         raise bad_request("backend must be a backend string, such as sqlite")
+    trace = body.get("tracing")
+    if trace is not None and trace not in (True, False, "true", "false"):
+        raise ApiError(400, "bad_request", ["not_boolean", trace])  # RabbitMQ's parse_bool
     created = not api.context.access.vhost_exists(vhost)
     d = api.context.management.run(api.user, "add_vhost", (vhost,), backend=backend or None)
+    if trace is not None:
+        command = "trace_on" if trace in (True, "true") else "trace_off"
+        d.addCallback(lambda _: api.context.management.run(api.user, command, (), vhost=vhost))
     return d.addCallback(lambda _: _answer(created))
 
 
@@ -78,7 +88,8 @@ def delete_vhost(api, vhost):
 def user_info(user):
     return {
         "name": user.name, "password_hash": user.password_hash or "",
-        "hashing_algorithm": HASHING_ALGORITHM, "tags": list(user.tags), "limits": {},
+        "hashing_algorithm": HASHING_ALGORITHM, "tags": list(user.tags),
+        "limits": dict(user.limits),
     }
 
 

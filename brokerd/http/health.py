@@ -75,12 +75,18 @@ def port_listener(api, port):
 
 
 def protocol_listener(api, protocols):
-    wanted = {PROTOCOL_ALIASES.get(name.lower(), name.lower()) for name in protocols.split(",")}
+    """
+    Passes if a listener of each protocol of the comma-separated list is active:
+    C{protocol} names them (RabbitMQ's names, C{amqp091} is C{amqp}); a failure
+    names the C{missing} ones in one string and lists the active C{protocols},
+    as RabbitMQ's answers do.
+    """
+    wanted = [PROTOCOL_ALIASES.get(name.lower(), name.lower()) for name in protocols.split(",")]
     active = sorted({listener["protocol"] for listener in listeners(api.context)})
-    missing = sorted(wanted - set(active))
+    missing = [name for name in wanted if name not in active]
     if missing:
-        raise HealthCheckFailed("No active listener", missing=missing, protocols=active)
-    return {"status": "ok", "protocols": active}
+        raise HealthCheckFailed("No active listener", missing=",".join(missing), protocols=active)
+    return {"status": "ok", "protocol": ",".join(wanted)}
 
 
 def virtual_hosts(api):

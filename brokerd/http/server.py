@@ -22,6 +22,7 @@ from brokerd.access.permissions import ResourceAccess
 from brokerd.errors import BrokerError
 from brokerd.http.dashboard import add_dashboard
 from brokerd.http.listing import ListingQuery
+from brokerd.http.nodename import node_name
 from brokerd.http.overview import MessageTotals
 from brokerd.http.routes import (
     ApiError,
@@ -53,15 +54,15 @@ class ApiContext:
     """
 
     def __init__(
-        self, broker, access, management, listeners=(), started_at=None, node="brokerd@localhost"
+        self, broker, access, management, listeners=(), started_at=None, node=None
     ):
         self.broker = broker
         self.access = access
         self.management = management
         self.listeners = listeners
         self.started_at = started_at if started_at is not None else broker.clock.seconds()
-        self.node = node
-        self.totals = MessageTotals(broker.clock)
+        self.node = node if node is not None else node_name()  # brokerd@host
+        self.totals = MessageTotals(broker)
 
 
 class ApiRequest:
@@ -131,7 +132,9 @@ class ApiRequest:
         permissions = self.context.access.permissions_of(self.user, name)
         if permissions is None:
             raise not_authorised(VHOST_REFUSED)
-        return ResourceAccess(self.user, name, permissions)
+        return ResourceAccess(
+            self.user, name, permissions, self.context.access.topic_rules(self.user, name)
+        )
 
 
 class ManagementApi(resource.Resource):
@@ -228,15 +231,32 @@ def _status_of(body):
     return (200, body, None) if body is not None else (204, None, None)
 
 
-def make_site(context):
+class ManagementSite(server.Site):
+    """
+    The management listener's site: one access-log line per request only when
+    C{access_log} is true (C{--http-access-log}). Off by default, as RabbitMQ's
+    management listener logs no requests unless configured to: an open
+    dashboard polls the API every few seconds.
+    """
+
+    def __init__(self, root, access_log=False):
+        server.Site.__init__(self, root)
+        self.access_log = access_log
+
+    def log(self, request):
+        if self.access_log:
+            server.Site.log(self, request)
+
+
+def make_site(context, access_log=False):
     """
     The twisted.web site of the management API over L{ApiContext} C{context},
-    and of the dashboard.
+    and of the dashboard; C{access_log}: log a line per request.
     """
     root = resource.Resource()
     add_dashboard(root)
     root.putChild(b"api", ManagementApi(context, ROUTES))
-    site = server.Site(root)
+    site = ManagementSite(root, access_log)
     site.displayTracebacks = False
     site.noisy = False
     return site

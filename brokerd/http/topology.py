@@ -55,6 +55,8 @@ def fixed_queue_info(api, queue):
         "type": "quorum" if queue.policy.quorum else "classic",
         "node": api.context.node,
         "exclusive_consumer_tag": None,
+        "operator_policy": None,  # brokerd has no operator policies
+        "recoverable_slaves": None,  # nor mirrors
     }
 
 
@@ -64,8 +66,18 @@ def policy_name(queue_or_exchange):
     return policy.name if policy is not None else None
 
 
+def effective_policy(queue):
+    """
+    The definition of the policy applied to C{queue} ({} for none), RabbitMQ's
+    C{effective_policy_definition}.
+    """
+    policy = queue.applied_policy
+    return policy.definition if policy is not None else {}
+
+
 LISTED_TEMPLATE = (
-    '{%s,"policy":%s,"state":"%s","messages":%d,"messages_ready":%d,'
+    '{%s,"policy":%s,"effective_policy_definition":%s,"state":"%s","messages":%d,'
+    '"messages_ready":%d,'
     '"messages_unacknowledged":%d,"consumers":%d,"memory":%d,'
     '"message_stats":{"publish":%d,"publish_details":{"rate":%.1f},"deliver_get":%d,'
     '"deliver_get_details":{"rate":%.1f},"ack":%d,"ack_details":{"rate":%.1f}}}'
@@ -148,6 +160,7 @@ def queue_info(api, queue, unacked):
     return {
         **fixed_queue_info(api, queue),
         "policy": policy_name(queue),
+        "effective_policy_definition": effective_policy(queue),
         "state": "running" if queue.unavailable is None else "down",
         "messages": ready + pending,
         "messages_ready": ready,
@@ -186,7 +199,8 @@ def list_queues(api, vhost=None):
                     entry.fixed = encode_text(fixed_queue_info(api, queue))[1:-1]
                 entry.figures = figures
                 entry.line = LISTED_TEMPLATE % (
-                    entry.fixed, encode_text(policy_name(queue)), *figures[1:7], counts[0],
+                    entry.fixed, encode_text(policy_name(queue)),
+                    encode_text(effective_policy(queue)), *figures[1:7], counts[0],
                     rates[0], counts[1], rates[1], counts[2], rates[2],
                 )
             parts.append(entry.line)
@@ -233,7 +247,8 @@ def purge_queue(api, vhost, name):
 # -- exchanges
 
 def exchange_info(exchange):
-    return {
+    """An exchange as RabbitMQ lists it: C{policy} only when one applies (a queue has null)."""
+    info = {
         "name": exchange.name,
         "vhost": exchange.vhost.name,
         "type": exchange.type_name,
@@ -242,8 +257,10 @@ def exchange_info(exchange):
         "internal": exchange.internal,
         "arguments": exchange.arguments,
         "user_who_performed_action": "",
-        "policy": policy_name(exchange),
     }
+    if exchange.applied_policy is not None:
+        info["policy"] = exchange.applied_policy.name
+    return info
 
 
 def list_exchanges(api, vhost=None):
@@ -353,17 +370,19 @@ def bindings_to_exchange(api, vhost, source, destination):
 
 
 def _bind(api, vhost, source, kind, destination, prefix):
-    _between(api, vhost, source, kind, destination)
+    """Bind as RabbitMQ does: a missing end is the channel's 404, C{amq.default} is C{""}."""
+    api.model_vhost(vhost)
     body = json_body(api.request)
     routing_key = body.get("routing_key", "")
     if not isinstance(routing_key, str):
         raise bad_request("routing_key must be a string")
     arguments = _arguments(body)
+    exchange = DEFAULT_EXCHANGE if source == "amq.default" else source
     with management_channel(api, vhost) as channel:
         if kind == "queue":
-            channel.queue_bind(destination, source, routing_key, arguments)
+            channel.queue_bind(destination, exchange, routing_key, arguments)
         else:
-            channel.exchange_bind(destination, source, routing_key, arguments)
+            channel.exchange_bind(destination, exchange, routing_key, arguments)
     path = "/".join(quote(part, safe="") for part in (vhost, "e", source, prefix, destination))
     return Created(f"/api/bindings/{path}/{properties_key(routing_key, arguments)}")
 

@@ -1,12 +1,40 @@
 """Every path of the management API and the handler answering it."""
 
 from brokerd.http import accessapi, clients, definitionsapi, health, messages, overview, topology
+from brokerd.http import parametersapi
+from brokerd.http import topicpermissionsapi as topics
 from brokerd.http.routes import Route
 
 BINDING_SORT = (
     "vhost", "source", "destination_type", "destination", "routing_key", "properties_key"
 )
 PERMISSION_SORT = ("vhost", "user")
+PARAMETER_SORT = ("vhost", "component", "name")
+
+PARAMETER_ROUTES = [
+    Route("GET", "/api/parameters", parametersapi.list_parameters, sort=PARAMETER_SORT),
+    Route("GET", "/api/parameters/{component}", parametersapi.list_parameters, sort=PARAMETER_SORT),
+    Route(
+        "GET", "/api/parameters/{component}/{vhost}", parametersapi.list_parameters,
+        sort=PARAMETER_SORT,
+    ),
+    Route("GET", "/api/parameters/{component}/{vhost}/{name}", parametersapi.get_parameter),
+    Route("PUT", "/api/parameters/{component}/{vhost}/{name}", parametersapi.put_parameter),
+    Route("DELETE", "/api/parameters/{component}/{vhost}/{name}", parametersapi.delete_parameter),
+    Route("GET", "/api/global-parameters", parametersapi.list_global_parameters, sort=("name",)),
+    Route("GET", "/api/global-parameters/{name}", parametersapi.get_global_parameter),
+    Route("PUT", "/api/global-parameters/{name}", parametersapi.put_global_parameter),
+    Route("DELETE", "/api/global-parameters/{name}", parametersapi.delete_global_parameter),
+    Route("GET", "/api/vhost-limits", parametersapi.list_vhost_limits, sort=("vhost",)),
+    Route("GET", "/api/vhost-limits/{vhost}", parametersapi.list_vhost_limits, sort=("vhost",)),
+    Route("PUT", "/api/vhost-limits/{vhost}/{name}", parametersapi.put_vhost_limit),
+    Route("DELETE", "/api/vhost-limits/{vhost}/{name}", parametersapi.delete_vhost_limit),
+    Route("GET", "/api/user-limits", parametersapi.list_user_limits, sort=("user",)),
+    Route("GET", "/api/user-limits/{user}", parametersapi.list_user_limits, sort=("user",)),
+    Route("PUT", "/api/user-limits/{user}/{name}", parametersapi.put_user_limit),
+    Route("DELETE", "/api/user-limits/{user}/{name}", parametersapi.delete_user_limit),
+]
+TOPIC_PERMISSION_SORT = ("vhost", "user", "exchange")
 
 ROUTES = [
     Route("GET", "/api/overview", overview.overview),
@@ -38,6 +66,26 @@ ROUTES = [
     Route("GET", "/api/permissions/{vhost}/{user}", accessapi.get_permission, sort=PERMISSION_SORT),
     Route("PUT", "/api/permissions/{vhost}/{user}", accessapi.put_permission),
     Route("DELETE", "/api/permissions/{vhost}/{user}", accessapi.delete_permission),
+    Route("GET", "/api/topic-permissions", topics.list_all, sort=TOPIC_PERMISSION_SORT),
+    Route(
+        "GET", "/api/topic-permissions/{vhost}/{user}", topics.get_entries,
+        sort=TOPIC_PERMISSION_SORT,
+    ),
+    Route("PUT", "/api/topic-permissions/{vhost}/{user}", topics.put_entry),
+    Route("DELETE", "/api/topic-permissions/{vhost}/{user}", topics.delete_entries),
+    Route(
+        "GET", "/api/topic-permissions/{vhost}/{user}/{exchange}", topics.get_entries,
+        sort=TOPIC_PERMISSION_SORT,
+    ),
+    Route("PUT", "/api/topic-permissions/{vhost}/{user}/{exchange}", topics.put_entry),
+    Route("DELETE", "/api/topic-permissions/{vhost}/{user}/{exchange}", topics.delete_entries),
+    Route(
+        "GET", "/api/users/{name}/topic-permissions", topics.of_user, sort=TOPIC_PERMISSION_SORT
+    ),
+    Route(
+        "GET", "/api/vhosts/{vhost}/topic-permissions", topics.of_vhost,
+        sort=TOPIC_PERMISSION_SORT,
+    ),
     Route("GET", "/api/queues", topology.list_queues),
     Route("GET", "/api/queues/{vhost}", topology.list_queues),
     Route("GET", "/api/queues/{vhost}/{name}", topology.get_queue),
@@ -106,4 +154,5 @@ ROUTES = [
     Route("GET", "/api/policies/{vhost}/{name}", definitionsapi.get_policy),
     Route("PUT", "/api/policies/{vhost}/{name}", definitionsapi.put_policy),
     Route("DELETE", "/api/policies/{vhost}/{name}", definitionsapi.delete_policy),
+    *PARAMETER_ROUTES,
 ]

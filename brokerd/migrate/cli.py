@@ -1,10 +1,13 @@
 """The command line of L{brokerd.migrate}::
 
     brokerd-admin migrate --data-dir D --from chunked --to sqlite      # the broker stopped
+    brokerd-admin migrate --data-dir D --vhost-backend team=filelog
 
-copies what the chunked store in D holds into a new sqlite store in D, checks
-it, and says what it did. Exit status 0 on success; 1 with one line on
-stderr on any failure, after removing what the run had written.
+The first copies what the broker's chunked store in D holds into a new
+sqlite store in D, checks it, and says what it did; the second does the same
+for the store of its own that vhost team has, and records its new backend.
+Exit status 0 on success; 1 with one line on stderr on any failure, after
+removing what the run had written.
 
 C{brokerd-admin migrate} (L{brokerd.admin.migration}) runs it in its own
 process through L{run_command}. C{python -m brokerd.migrate} (L{main}) still
@@ -20,7 +23,7 @@ from typing import NamedTuple
 from twisted.internet import defer, task
 from twisted.logger import LogLevel, formatEvent, globalLogBeginner
 
-from brokerd.migrate import MigrationError, migrate
+from brokerd.migrate import MigrationError, migrate_broker
 
 PROGRAM = "python -m brokerd.migrate"
 REPLACEMENT = "brokerd-admin migrate --data-dir DIR --from BACKEND --to BACKEND"
@@ -49,6 +52,9 @@ class OneLineParser(argparse.ArgumentParser):
 DESCRIPTION = (
     "Move a stopped broker's durable state (topology, persistent and delayed messages)"
     " from one storage backend to another in the same data directory, then check the copy."
+    " --from/--to move the broker's store, with every vhost that has no store of its own;"
+    " --vhost-backend moves a vhost's own store, and its new backend is recorded for it."
+    " A vhost with a store of its own that no --vhost-backend names keeps it as it is."
 )
 
 
@@ -58,12 +64,19 @@ def add_arguments(parser):
     (C{brokerd-admin migrate} takes the same).
     """
     parser.add_argument("--data-dir", required=True, help="the broker's --data-dir")
-    parser.add_argument("--from", dest="source", required=True, metavar="BACKEND",
-                        help="the backend the data is in now, as --backend takes it"
-                             " (e.g. chunked:chunk_size=64M)")
-    parser.add_argument("--to", dest="target", required=True, metavar="BACKEND",
-                        help="the backend to move it to, as --backend takes it;"
-                             " its store must be empty")
+    parser.add_argument("--from", dest="source", metavar="BACKEND",
+                        help="the backend the broker's store is in now, as --backend takes it"
+                             " (e.g. chunked:chunk_size=64M); with --to")
+    parser.add_argument("--to", dest="target", metavar="BACKEND",
+                        help="the backend to move the broker's store to (with every vhost that"
+                             " has no store of its own), as --backend takes it; its store must"
+                             " be empty")
+    parser.add_argument("--vhost-backend", dest="vhost_backends", action="append",
+                        metavar="VHOST=BACKEND",
+                        help="move the store of its own that VHOST has to BACKEND (as add-vhost"
+                             " --backend takes it; its store must be empty) and record it;"
+                             " repeat for each vhost to move. A vhost with a store of its own"
+                             " that none names keeps it as it is")
     parser.add_argument("--leave-quarantined", action="store_true",
                         help="migrate even if the source holds quarantined or damaged records;"
                              " they stay in the source alone and are listed")
@@ -106,10 +119,10 @@ def _say(stream, prefix):
     return write
 
 
-def report(arguments, figures):
-    """The lines printed on success."""
+def store_report(what, source, target, figures):
+    """The lines saying what the move of one store (C{what}) carried and checked."""
     lines = [
-        f"migrated {arguments.data_dir} from {arguments.source} to {arguments.target}:"
+        f"migrated {what} from {source} to {target}:"
         f" {figures['topology']} topology records, {figures['queues']} queues,"
         f" {figures['entries']} queued messages stored as {figures['messages']}"
         f" ({figures['bytes'] / 1e6:.1f} MB of bodies), {figures['delayed']} delayed messages",
@@ -126,10 +139,36 @@ def report(arguments, figures):
         )
     for path in figures["changed_source_files"]:
         lines.append(f"note: opening the source changed {path} (its own recovery)")
-    lines.append(
-        f"start the broker with --backend={arguments.target} --data-dir={arguments.data_dir};"
-        f" the {arguments.source} files are left as they were and can be removed once it serves"
-    )
+    return lines
+
+
+def broker_report(arguments, migration_plan, results, backup):
+    """The lines printed on success: each store moved, the vhosts kept, what to start."""
+    lines = []
+    for move, figures in results:
+        what = arguments.data_dir if move.vhost is None else f"vhost {move.vhost!r}"
+        lines.extend(store_report(what, move.source, move.target, figures))
+    for vhost, backend in migration_plan.kept.items():
+        lines.append(f"vhost {vhost!r} keeps its {backend} store (no --vhost-backend names it)")
+    moved = [move for move, _ in results if move.vhost is not None]
+    if moved:
+        lines.append(
+            f"recorded in {migration_plan.access.path}: "
+            + ", ".join(f"vhost {move.vhost!r} on {move.target}" for move in moved)
+            + f"; the database as it was is kept as {backup}"
+            " (put it back to start on the earlier stores)"
+        )
+    if arguments.target is None:
+        lines.append(
+            f"start the broker as before (--data-dir={arguments.data_dir}); the vhosts' earlier"
+            " files are left as they were and can be removed once it serves"
+        )
+    else:
+        left = "the earlier stores'" if moved else f"the {arguments.source}"
+        lines.append(
+            f"start the broker with --backend={arguments.target} --data-dir={arguments.data_dir};"
+            f" {left} files are left as they were and can be removed once it serves"
+        )
     return lines
 
 
@@ -146,14 +185,14 @@ def run(reactor, arguments, out=None, err=None, prefixes=DEPRECATED_PREFIXES):
     store_log = StoreLog(err, prefixes.progress)
     globalLogBeginner.beginLoggingTo([store_log], redirectStandardIO=False)
     progress = None if arguments.quiet else say
-    running = migrate(
-        arguments.data_dir, arguments.source, arguments.target, arguments.leave_quarantined,
-        progress, lambda: store_log.errors, reactor=reactor,
+    running = migrate_broker(
+        arguments.data_dir, arguments.source, arguments.target, arguments.vhost_backends,
+        arguments.leave_quarantined, progress, lambda: store_log.errors, reactor=reactor,
     )
 
-    def succeeded(figures):
+    def succeeded(result):
         try:
-            out.write("".join(line + "\n" for line in report(arguments, figures)))
+            out.write("".join(line + "\n" for line in broker_report(arguments, *result)))
             out.flush()
         except BrokenPipeError:  # a reader such as head went away: the migration itself succeeded
             pass

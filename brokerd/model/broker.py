@@ -27,7 +27,7 @@ from brokerd.model.disk_alarm import DiskAlarm
 from brokerd.model.message import Message
 from brokerd.model.replyto import ReplyConsumers
 from brokerd.model.vhost import VirtualHost
-from brokerd.model.watermark import MemoryWatermark
+from brokerd.model.watermark import ConnectionMemoryLimits, MemoryWatermark
 from brokerd.proto import messages_pb2
 from brokerd.proto.exchange_types import EXCHANGE_TYPE_NAME
 from brokerd.proto.tables import table_to_dict
@@ -55,6 +55,8 @@ class Broker:
         each with its client's facts, channels, consumers and counters.
     @ivar counters: the L{MessageCounters}: connections opened and closed, and
         the message counts of closed connections, for totals since start.
+    @ivar connection_memory: the L{ConnectionMemoryLimits} every client
+        connection is held to (a share of the watermark by default).
     @ivar disk_alarm: the L{DiskAlarm}, which blocks publishers beside the
         memory C{watermark} (never raised unless something measures the disk).
     @ivar on_commit_failed: if set, called with the failure of each failed
@@ -65,6 +67,8 @@ class Broker:
         self.store = store
         self.clock = clock
         self.watermark = watermark if watermark is not None else MemoryWatermark()
+        # What each client connection may hold on its way in (brokerd.wire.connection_memory):
+        self.connection_memory = ConnectionMemoryLimits.of_watermark(self.watermark.high)
         self.disk_alarm = disk_alarm if disk_alarm is not None else DiskAlarm()
         self.on_commit_failed = None
         self.vhosts = {}
@@ -98,6 +102,7 @@ class Broker:
                 self.own_stores[name] = store
                 self._watch_commit_failures(store)
                 vhost.delays = self._own_delays[name] = DelayScheduler(self, store)
+            vhost.queue_churn = self.counters.queues
         return self.vhosts[name]
 
     def _watch_commit_failures(self, store):

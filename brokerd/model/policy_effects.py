@@ -16,7 +16,8 @@ policy's keys, once, when the policy or the queue changes (never per
 message), with RabbitMQ's precedence (rabbit_amqqueue_process:process_args_policy/1
 for classic queues, rabbit_quorum_queue:ra_machine_config/1 for quorum ones):
 for ``message-ttl``, ``max-length``, ``max-length-bytes``, ``delivery-limit``
-(and brokerd's ``backlog-alarm``) the lower value wins; for
+(and brokerd's ``backlog-alarm``, and ``consumer-timeout``, which RabbitMQ has from 3.12)
+the lower value wins; for
 ``dead-letter-exchange`` and ``dead-letter-routing-key`` the queue's own
 argument wins; ``overflow`` and ``expires`` go to the queue's argument on
 classic queues (``expires``: the lower value) and to the policy on quorum
@@ -82,6 +83,7 @@ QUEUE_KEYS = {
     "dead-letter-routing-key": ("dead_letter_routing_key", _text, _OWN, _OWN),
     "delivery-limit": ("delivery_limit", _whole(0), _LOWER, _LOWER),
     "backlog-alarm": ("backlog_alarm", _whole(0), _LOWER, _LOWER),
+    "consumer-timeout": ("consumer_timeout", _whole(0), _LOWER, _LOWER),
 }
 EXCHANGE_KEYS = {"alternate-exchange": _text}
 
@@ -182,6 +184,7 @@ _REFUSALS = {
     "dead-letter-routing-key": "is not a valid dead letter routing key",
     "delivery-limit": "is not a valid delivery limit",
     "backlog-alarm": "is not a valid backlog alarm",
+    "consumer-timeout": "is not a valid consumer timeout",
     "alternate-exchange": "is not a valid alternate exchange name",
 }
 

@@ -35,6 +35,8 @@ class QueueArguments:
     @ivar single_active_consumer: True if one consumer at a time gets messages.
     @ivar backlog_alarm: ready messages above which the queue's backlog alarm goes off
         (x-backlog-alarm, brokerd's own), or None.
+    @ivar consumer_timeout: milliseconds a delivery from the queue may stay un-acked before
+        its channel is closed (x-consumer-timeout, as RabbitMQ 3.12), or None: the broker's.
     """
 
     def __init__(self, arguments, queue_name="", vhost_name=""):
@@ -63,6 +65,7 @@ class QueueArguments:
         self.quorum = get("x-queue-type") == "quorum"
         self.single_active_consumer = get("x-single-active-consumer") is True
         self.backlog_alarm = self._whole(get("x-backlog-alarm"), "x-backlog-alarm", 0)
+        self.consumer_timeout = self._whole(get("x-consumer-timeout"), "x-consumer-timeout", 0)
 
     @property
     def rabbitmq_type_module(self):

@@ -15,9 +15,9 @@ from brokerd.errors import (
     CommandInvalid,
     NotFound,
     PreconditionFailed,
-    ResourceLocked,
 )
 from brokerd.interfaces import IDelayedMessageStore
+from brokerd.model.counters import QueueChurn
 from brokerd.model.delayeddelivery import delay_of
 from brokerd.model.exchange import (
     DELAYED_TYPE,
@@ -28,11 +28,12 @@ from brokerd.model.exchange import (
     comparable_exchange_arguments,
     make_exchange,
 )
+from brokerd.model.firehose import TRACE_EXCHANGE
 from brokerd.model.names import check_not_reserved, check_short_string, generate_queue_name
 from brokerd.model.policy_effects import VhostPolicies, unapplied_keys
 from brokerd.model.queue import Queue
 from brokerd.model.queue_arguments import message_ttl_of
-from brokerd.model.queue_types import check_declaration, comparable_arguments
+from brokerd.model.queue_types import check_declaration, comparable_arguments, locked_queue
 from brokerd.model.routing import route_now
 from brokerd.model.topology_records import (
     binding_record,
@@ -50,6 +51,7 @@ PREDECLARED_EXCHANGES = {
     "amq.topic": "topic",
     "amq.headers": "headers",
     "amq.match": "headers",
+    TRACE_EXCHANGE: "topic",  # internal: only the firehose publishes to it
 }
 # RabbitMQ's text, word for word:
 DEFAULT_EXCHANGE_REFUSAL = "operation not permitted on the default exchange"
@@ -64,6 +66,7 @@ class VirtualHost:
     @ivar exchanges: name -> exchange, the default exchange under C{""}.
     @ivar queues: name -> queue.
     @ivar policies: its L{brokerd.model.policy_effects.Policy} records, highest priority first.
+    @ivar queue_limit: how many queues it may hold (its C{max-queues}), or None: no limit.
     """
 
     def __init__(self, name, store, clock, watermark=None):
@@ -76,10 +79,13 @@ class VirtualHost:
         self.quorum_queues = 0  # how many: transient messages are stored only if some queue is one
         self.unavailable_queues = set()  # durable queues whose stored data is damaged
         self.delays = None  # the broker's DelayScheduler, for x-delayed-message exchanges
+        self.queue_churn = QueueChurn()  # the broker gives every vhost its own, shared one
+        self.queue_limit = None
+        self.firehose = None  # while tracing is on, its Firehose (brokerd.model.firehose)
         self._policies = VhostPolicies(name)
         for exchange_name, type_name in PREDECLARED_EXCHANGES.items():
             self.exchanges[exchange_name] = EXCHANGE_TYPES[type_name](
-                self, exchange_name, durable=True
+                self, exchange_name, durable=True, internal=exchange_name == TRACE_EXCHANGE
             )
 
     def __repr__(self):
@@ -222,17 +228,14 @@ class VirtualHost:
         check_short_string("queue name", name)
         if passive:
             return self.queue(name, connection)
+        self.queue_churn.declared += 1
         arguments = dict(arguments or {})
         existing = self.queues.get(name) if name else None
         if existing is not None:
             existing.check_access(connection)
             if exclusive != existing.exclusive:
                 # As RabbitMQ: exclusivity is a lock, so a mismatch is 405, not 406.
-                raise ResourceLocked(
-                    f"cannot obtain exclusive access to locked queue {name!r}"
-                    f" in vhost {self.name!r}:"
-                    f" it was declared {'exclusive' if existing.exclusive else 'not exclusive'}"
-                )
+                raise locked_queue(name, self.name)
             check_equivalent(
                 self.name,
                 "queue",
@@ -249,11 +252,17 @@ class VirtualHost:
             check_not_reserved("queue", name)
         else:
             name = generate_queue_name()
+        if self.queue_limit is not None and len(self.queues) >= self.queue_limit:
+            raise PreconditionFailed(  # RabbitMQ's words, which say vhost, not virtual host
+                f"cannot declare queue '{name}': queue limit in vhost '{self.name}'"
+                f" ({self.queue_limit}) is reached"
+            )
         check_declaration(name, self.name, durable, exclusive, auto_delete, arguments)
         queue = Queue(
             self, name, durable, connection if exclusive else None, auto_delete, arguments
         )
         self.queues[name] = queue
+        self.queue_churn.created += 1
         self._policies.apply_to_new_queue(queue)
         self.quorum_queues += queue.policy.quorum
         if exclusive and connection is not None:
@@ -275,6 +284,7 @@ class VirtualHost:
             queue.check_access(connection)
         queue.check_delete(if_unused, if_empty)
         del self.queues[name]
+        self.queue_churn.deleted += 1
         self.quorum_queues -= queue.policy.quorum
         self.unavailable_queues.discard(queue)
         for binding in list(queue.bindings):
@@ -435,6 +445,7 @@ class VirtualHost:
     def restore_queue(self, name, auto_delete, arguments):
         queue = Queue(self, name, durable=True, auto_delete=auto_delete, arguments=arguments)
         self.queues[name] = queue
+        self.queue_churn.created += 1
         self._policies.apply_to_new_queue(queue)
         self.quorum_queues += queue.policy.quorum
         return queue

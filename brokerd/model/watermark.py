@@ -76,3 +76,41 @@ class MemoryWatermark:
     def forget(self, resume):
         """A connection closed: do not call its C{resume}."""
         self._waiting.pop(resume, None)
+
+
+# What one connection may hold on its way in, as fractions of the high watermark
+# (brokerd.wire.connection_memory): past its share it is blocked, at its limit closed. Four
+# connections at their share reach the watermark; one alone, even at its limit, cannot.
+DEFAULT_CONNECTION_SHARE = 0.25
+DEFAULT_CONNECTION_LIMIT = 0.5
+
+
+class ConnectionMemoryLimits:
+    """
+    The bytes one connection may hold on its way in (partial frames, unfinished
+    bodies, publishes of uncommitted transactions) before it alone is blocked
+    (C{share}) and before it is closed (C{limit}).
+    """
+
+    __slots__ = ("share", "limit")
+
+    def __init__(self, share, limit):
+        if not 0 < share < limit:
+            raise ValueError(
+                f"a connection's memory share ({share} bytes) must be above 0 and below its"
+                f" limit ({limit} bytes)"
+            )
+        self.share = share
+        self.limit = limit
+
+    @classmethod
+    def of_watermark(cls, high, share=DEFAULT_CONNECTION_SHARE, limit=DEFAULT_CONNECTION_LIMIT):
+        """
+        The limits for a high watermark of C{high} bytes; C{share} and C{limit}
+        are each a fraction of it (a float) or a number of bytes (an int).
+        """
+        return cls(_bytes_of(share, high), _bytes_of(limit, high))
+
+
+def _bytes_of(amount, high):
+    return int(high * amount) if isinstance(amount, float) else amount

@@ -18,6 +18,10 @@ It logs in as ``--user`` with ``--password`` (defaults: the ``BROKERD_USER`` and
 admits from loopback only) to ``--vhost`` (default ``/``), or with ``--external``
 as the user its TLS client certificate names; a refused login is
 one line on standard error with the broker's 403 or 530 and exit status 1.
+Over TLS, ``--connect tls:HOST:PORT:trustRoots=CA_DIR`` sends the login only to
+a broker whose certificate names HOST; an ``ssl:`` endpoint, which checks no
+name, is refused (exit status 1) unless ``--insecure-skip-verify`` says the
+risk is taken, and then a warning line is printed.
 
 Bodies are printed one per line to standard output. Exit status: 0 when the
 command did what it says; 1 when it did not (the broker refused it, closed the
@@ -42,9 +46,11 @@ from brokerd.native.client import (
     DEFAULT_PASSWORD,
     DEFAULT_USER,
     BrokerClosed,
+    BrokerNotVerified,
     PublishNacked,
     connect,
 )
+from brokerd.wire.client_endpoints import is_unverified_tls, unverified_problem, unverified_warning
 from brokerd.wire.endpoints import endpoint_problem
 from brokerd.wire.stop_signals import ignore_further_stop_signals, stop_once_on_signals
 
@@ -71,7 +77,18 @@ def build_parser(prog=PROGRAM):
         prog=prog, description="A small command line over the native client."
     )
     parser.add_argument(
-        "--connect", default=DEFAULT_ENDPOINT, help=f"broker endpoint (default: {DEFAULT_ENDPOINT})"
+        "--connect", default=DEFAULT_ENDPOINT,
+        help=(
+            f"broker endpoint (default: {DEFAULT_ENDPOINT}); over TLS"
+            " tls:HOST:PORT:trustRoots=CA_DIR, which checks the broker's certificate and name"
+        ),
+    )
+    parser.add_argument(
+        "--insecure-skip-verify", action="store_true",
+        help=(
+            "accept an ssl: --connect endpoint, which does not check the broker's name (nor,"
+            " without caCertsDir, its certificate): whoever answers receives the password"
+        ),
     )
     parser.add_argument("--vhost", default="/", help="virtual host (default: /)")
     parser.add_argument("--user", default=os.environ.get("BROKERD_USER", DEFAULT_USER),
@@ -174,7 +191,8 @@ def run(reactor, options):
     """Carry out one command; fires with the process exit status."""
     client = yield connect(reactor, options.connect, vhost=options.vhost, client_name="brokerd-cli",
                            username=options.user, password=options.password,
-                           mechanism="EXTERNAL" if options.external else "")
+                           mechanism="EXTERNAL" if options.external else "",
+                           insecure_skip_verify=options.insecure_skip_verify)
     try:
         channel = yield client.channel()
         status = yield _COMMANDS[options.command](channel, options)
@@ -362,6 +380,11 @@ def main(argv=None, prog=PROGRAM):
             file=sys.stderr,
         )
         raise SystemExit(1)
+    if is_unverified_tls(options.connect):
+        if not options.insecure_skip_verify:
+            print(f"error: --connect: {unverified_problem(options.connect)}", file=sys.stderr)
+            raise SystemExit(1)
+        print(unverified_warning(options.connect), file=sys.stderr, flush=True)
 
     @defer.inlineCallbacks
     def react_main(reactor):
@@ -391,6 +414,9 @@ def main(argv=None, prog=PROGRAM):
         reactor.callWhenRunning(stop_once_on_signals, reactor)
         try:
             status = yield running
+        except BrokerNotVerified as problem:
+            print(f"error: cannot connect to {options.connect}: {problem}", file=sys.stderr)
+            status = 1
         except (BrokerClosed, PublishNacked, ConsumerCancelled) as problem:
             if not options.interrupted.called:
                 print(f"error: {problem}", file=sys.stderr)

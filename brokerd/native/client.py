@@ -8,6 +8,9 @@
     channel.basic_publish("", "jobs", b"hello", properties={"delivery_mode": 2})
     tag = yield channel.basic_consume("jobs", on_delivery)
 
+Over TLS the endpoint is C{tls:HOST:PORT:trustRoots=CA_DIR}, which checks
+that the broker's certificate names HOST before the hello is sent.
+
 The hello logs in with a user name and password (guest/guest unless given;
 guest may log in from loopback only) or, with C{mechanism="EXTERNAL"}, as the
 user a TLS client certificate names; a refused login fails C{connect} with
@@ -25,7 +28,7 @@ live in L{brokerd.native.clientchannel} and are importable from here.
 import itertools
 
 from twisted.internet import defer
-from twisted.internet.endpoints import clientFromString, connectProtocol
+from twisted.internet.endpoints import connectProtocol
 
 from brokerd.native.clientchannel import (
     BrokerClosed,
@@ -38,18 +41,21 @@ from brokerd.native.clientchannel import (
 )
 from brokerd.native.framing import PROTOCOL_VERSION, FrameReceiver
 from brokerd.proto.native_pb2 import Envelope
+from brokerd.wire.client_endpoints import UnverifiedTLS, client_endpoint
 
 __all__ = [
     "DEFAULT_ENDPOINT",
     "DEFAULT_PASSWORD",
     "DEFAULT_USER",
     "BrokerClosed",
+    "BrokerNotVerified",
     "ChannelClosed",
     "ClientChannel",
     "ConnectionClosed",
     "Delivery",
     "NativeClientProtocol",
     "PublishNacked",
+    "UnverifiedTLS",
     "connect",
     "make_properties",
 ]
@@ -126,6 +132,10 @@ class NativeClientProtocol(FrameReceiver):
 
     def connectionLost(self, reason):
         FrameReceiver.connectionLost(self, reason)
+        refusal = None if self.ready.called else tls_refusal(reason)
+        if refusal is not None:
+            self.close_reason = BrokerNotVerified(refusal)
+            self.ready.errback(self.close_reason)
         if self.close_reason is None:
             self.close_reason = ConnectionClosed(
                 320, f"connection lost: {reason.getErrorMessage()}"
@@ -157,17 +167,70 @@ class NativeClientProtocol(FrameReceiver):
         return self.closed
 
 
+class BrokerNotVerified(ConnectionClosed):
+    """
+    The TLS server was not the broker the endpoint named (its certificate is for
+    another name, or from an authority not trusted): nothing was sent to it.
+    """
+
+    def __init__(self, text):
+        super().__init__(0, text)
+        self.args = (text,)
+
+    def __str__(self):
+        return self.reply_text
+
+
+def tls_refusal(reason):
+    """
+    What a connection lost with C{reason} (a Failure) says of the server when
+    it is the TLS client's refusal of the server's certificate, else None.
+    """
+    try:
+        from OpenSSL.SSL import Error as TlsError
+        from service_identity import VerificationError
+    except ImportError:  # no TLS support installed: no TLS refusal either
+        return None
+    if reason.check(VerificationError):
+        names = []
+        for error in reason.value.errors:
+            wanted = error.mismatched_id
+            name = getattr(wanted, "hostname", None) or getattr(wanted, "ip", None)
+            names.append(name.decode() if isinstance(name, bytes) else str(name))
+        return (
+            f"the server's certificate is not for {', '.join(names)}"
+            " (the login was not sent)"
+        )
+    if reason.check(TlsError):
+        reasons = [part[-1] for part in reason.value.args[0] if isinstance(part, tuple)]
+        return (
+            f"the TLS handshake failed: {', '.join(reasons) or reason.getErrorMessage()}"
+            " (the login was not sent)"
+        )
+    return None
+
+
 def connect(reactor, endpoint=DEFAULT_ENDPOINT, vhost="/", client_name="brokerd-native-client",
-            username=DEFAULT_USER, password=DEFAULT_PASSWORD, mechanism=""):
+            username=DEFAULT_USER, password=DEFAULT_PASSWORD, mechanism="",
+            insecure_skip_verify=False):
     """
     Connect and log in as C{username} (or, with C{mechanism="EXTERNAL"}, as
     the user the TLS client certificate names); fires with a ready
     L{NativeClientProtocol}, or fails with L{ConnectionClosed} (403: login
     refused; 530: no such vhost, or no permissions on it).
+
+    Over TLS, give C{tls:HOST:PORT[:trustRoots=CA_DIR]}: the hello is sent only
+    to a server whose certificate names HOST and comes from those authorities
+    (else the system's). An C{ssl:} endpoint, which checks no name, fails with
+    L{UnverifiedTLS} unless C{insecure_skip_verify} is true.
     """
+    try:
+        client = client_endpoint(reactor, endpoint, insecure_skip_verify)
+    except UnverifiedTLS:
+        return defer.fail()
     protocol = NativeClientProtocol(
         reactor, vhost, client_name, username=username, password=password, mechanism=mechanism
     )
-    d = connectProtocol(clientFromString(reactor, endpoint), protocol)
+    d = connectProtocol(client, protocol)
     d.addCallback(lambda _: protocol.ready)
     return d

@@ -49,6 +49,9 @@ class FrameReceiver(Int32StringReceiver):
     stopped_reading = False  # set when the connection is being closed; later frames are ignored
     read_pauses = None  # a ReadingPauses: no frame is parsed while it holds a reason
     _turns = None  # a server's TurnTaking, made on its first read
+    # What partial frames count against, if not the watermark: a server's account of what the
+    # connection holds (brokerd.wire.connection_memory), which counts them there too.
+    inbound = None
 
     def __init__(self, clock, watermark=None):
         """
@@ -68,7 +71,8 @@ class FrameReceiver(Int32StringReceiver):
     def dataReceived(self, data):
         read_buffer = self._read_buffer
         if read_buffer is None:
-            read_buffer = self._read_buffer = ReadBuffer(self.watermark)
+            inbound = self.watermark if self.inbound is None else self.inbound
+            read_buffer = self._read_buffer = ReadBuffer(inbound)
         kept = read_buffer.add(data)
         if kept is None:
             self.partialFrameReceived()

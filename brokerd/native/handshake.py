@@ -99,6 +99,9 @@ class IEnvelopeReader(Interface):
     def stop_reading():
         """Read no more frames: the connection is closing, or a refusal is on its way."""
 
+    def close_channel(channel_id, error):
+        """The broker closes channel C{channel_id} for C{error} (a delivery not acked in time)."""
+
 
 class NativeHandshake:
     """
@@ -180,12 +183,15 @@ class NativeHandshake:
             return
         settings = self._settings
         vhost = hello.vhost or "/"
-        access = settings.authenticator.check_vhost_access(user, vhost)
+        authenticator = settings.authenticator
+        access = authenticator.check_vhost_access(user, vhost, self._broker.connections)
         self.connection = Connection(
-            self._broker, vhost, hello.client_name, NATIVE, self.transport, user, access=access
+            self._broker, vhost, hello.client_name, NATIVE, self.transport, user, access=access,
+            limits=authenticator.limits, auth_mechanism=hello.mechanism or PLAIN,
         )
         self._writes.counted = self.connection
         self.connection.closer = self.close
+        self.connection.channel_closer = self._reader.close_channel
         self.gate = PublisherGate(self._broker.watermark, self.transport,
                                   disk_alarm=self._broker.disk_alarm)
         self._reader.limit_frames(settings.max_frame_size)

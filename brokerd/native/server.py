@@ -58,6 +58,7 @@ from brokerd.native.handshake import (
 from brokerd.native.replies import ok_frame, reply_to
 from brokerd.proto.native_pb2 import Envelope
 from brokerd.wire.backpressure import LARGE_PARTIAL_FRAME, SLOW_READER, reading_pauses
+from brokerd.wire.connection_memory import ConnectionMemory
 from brokerd.wire.hangup_watch import HangupWatch
 from brokerd.wire.read_buffer import read_in_large_pieces
 
@@ -81,6 +82,7 @@ class NativeServerProtocol(FrameReceiver):
         @param settings: the listener's L{NativeSettings}.
         """
         FrameReceiver.__init__(self, broker.clock, broker.watermark)
+        self.inbound = ConnectionMemory(broker.watermark, broker.connection_memory, broker.clock)
         self.MAX_LENGTH = PRE_HELLO_MAX_FRAME_SIZE  # until hello (limit_frames)
         self.management = management
         self.handshake = NativeHandshake(self, broker, settings, self.writes)
@@ -113,6 +115,8 @@ class NativeServerProtocol(FrameReceiver):
             self.transport.setTcpNoDelay(True)
         read_in_large_pieces(self.transport)
         self.read_pauses = reading_pauses(self.transport)
+        self.inbound.attach(self.read_pauses)
+        self.inbound.on_limit = self.handshake.close
         self.read_pauses.on_resume = self._parse_held_back
         self.read_pauses.hangup_watch = HangupWatch(
             self.transport, self.clock, self._probe_paused_peer
@@ -121,6 +125,7 @@ class NativeServerProtocol(FrameReceiver):
         self.handshake.connection_made(self.transport)
 
     def connectionLost(self, reason):
+        self.inbound.close()  # before what the connection held is released through it
         FrameReceiver.connectionLost(self, reason)
         self.handshake.connection_lost(reason)
         if self._resume_call is not None and self._resume_call.active():

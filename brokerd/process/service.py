@@ -32,6 +32,7 @@ from brokerd.access.commands import AccessCommands
 from brokerd.access.database import FULL_PERMISSIONS, AccessDatabaseDamaged
 from brokerd.access.definitions import DefinitionsRefused, load_definitions_file
 from brokerd.access.login import AccessControl
+from brokerd.access.limits import publish_all_limits
 from brokerd.access.policies import publish_all_policies
 from brokerd.amqp.server import AmqpServerFactory
 from brokerd.http.prometheus import metrics_site
@@ -43,7 +44,9 @@ from brokerd.native.server import DEFAULT_CHANNEL_MAX, DEFAULT_MAX_FRAME_SIZE, N
 from brokerd.process.disk_monitor import FreeSpaceMonitor
 from brokerd.process.memory_trim import FreedMemory
 from brokerd.process.shutdown import close_clients
+from brokerd.session.ack_timeouts import DEFAULT_CONSUMER_TIMEOUT, AckTimeouts
 from brokerd.storage.vhost_stores import VhostStoreFailed
+from brokerd.wire.connection_ceiling import CeilingFactory, ConnectionCeiling
 from brokerd.wire.endpoints import is_tls, server_endpoint
 from brokerd.wire.stop_signals import ignore_further_stop_signals
 
@@ -62,6 +65,7 @@ class Listener:
     @ivar broker_clients: whether its factory's connections are broker clients
         that a stop closes after their commits (AMQP, native), rather than
         HTTP requests, which end with the reactor.
+    @ivar ceiling: the L{ConnectionCeiling} its connections count against, or None.
     """
 
     def __init__(self, reactor, description, factory, label, option, broker_clients=True):
@@ -72,11 +76,15 @@ class Listener:
         self.label = f"{label} over TLS" if is_tls(description) else label
         self.option = option
         self.port = None
+        self.ceiling = None
 
     @defer.inlineCallbacks
     def start(self):
         try:
-            self.port = yield server_endpoint(self.reactor, self.description).listen(self.factory)
+            factory = self.factory
+            if self.ceiling is not None:
+                factory = CeilingFactory(factory, self.ceiling)
+            self.port = yield server_endpoint(self.reactor, self.description).listen(factory)
         except Exception as problem:
             raise ListenFailed(f"--{self.option}={self.description}: {problem}") from None
         return self.port
@@ -118,16 +126,25 @@ class BrokerService(Service):
         amqp_settings=None,
         amqps_endpoint=None,
         memory_high_watermark=DEFAULT_HIGH_WATERMARK,
+        connection_memory=None,
+        consumer_timeout=DEFAULT_CONSUMER_TIMEOUT,
         startup_report=None,
         access_defaults=None,
         vhost_stores=None,
         definitions_file=None,
         prometheus_endpoint=None,
         http_endpoint=None,
+        http_access_log=False,
         disk_free_limit=DEFAULT_DISK_FREE_LIMIT,
         data_dir=None,
     ):
         """
+        @param connection_memory: the L{brokerd.model.watermark.ConnectionMemoryLimits}
+            every client connection is held to (None: shares of the watermark).
+        @param consumer_timeout: milliseconds a delivery may stay un-acked before its
+            channel is closed, unless its queue says otherwise; None: no limit.
+        @param http_access_log: log a line per request to the HTTP API and
+            dashboard (C{--http-access-log}; off by default, as RabbitMQ's).
         @param disk_free_limit: free bytes of C{data_dir}'s file system below
             which publishers are blocked (the disk alarm, measured from the
             store's opening on, when C{data_dir} is given).
@@ -151,6 +168,9 @@ class BrokerService(Service):
         )
         self.broker = Broker(store, reactor, watermark=watermark,
                              disk_alarm=DiskAlarm(disk_free_limit))
+        if connection_memory is not None:
+            self.broker.connection_memory = connection_memory
+        self.ack_timeouts = AckTimeouts(self.broker, consumer_timeout)
         self.disk_monitor = None
         if data_dir is not None:
             self.disk_monitor = FreeSpaceMonitor(self.broker.disk_alarm, data_dir, reactor)
@@ -183,6 +203,7 @@ class BrokerService(Service):
         self.users_file = authenticator.users_file if authenticator is not None else None
         self.access_defaults = access_defaults
         self.definitions_file = definitions_file
+        self.http_access_log = http_access_log
         if http_endpoint:
             self.listeners.append(Listener(
                 reactor, http_endpoint, self._management_site(), "HTTP API", "http",
@@ -202,7 +223,19 @@ class BrokerService(Service):
         context = ApiContext(
             self.broker, access, AccessCommands(self.broker, access), self.listeners
         )
-        return make_site(context)
+        return make_site(context, self.http_access_log)
+
+    def limit_client_connections(self, maximum):
+        """
+        Accept at most C{maximum} connections over all the client listeners
+        together (C{--connection-max}; None: no ceiling); call before starting.
+        """
+        if maximum is None:
+            return
+        ceiling = ConnectionCeiling(maximum, self.reactor)
+        for listener in self.listeners:
+            if listener.broker_clients:
+                listener.ceiling = ceiling
 
     def startService(self):
         Service.startService(self)
@@ -215,6 +248,7 @@ class BrokerService(Service):
         d.addCallback(self._open_vhost_stores)
         d.addCallback(self._recovered)
         d.addCallback(lambda _: self._load_definitions())
+        d.addCallback(lambda _: self.ack_timeouts.start())
         d.addCallback(lambda _: defer.gatherResults(
             [listener.start() for listener in self.listeners], consumeErrors=True
         ))
@@ -311,6 +345,7 @@ class BrokerService(Service):
                 "definitions imported from {path} (--load-definitions)", path=self.definitions_file
             )
         publish_all_policies(self.broker, self.access)
+        publish_all_limits(self.broker, self.access)
 
     def _adopt_recovered_vhosts(self):
         """
@@ -354,6 +389,7 @@ class BrokerService(Service):
     def stopService(self):
         Service.stopService(self)
         ignore_further_stop_signals(self.reactor)
+        self.ack_timeouts.stop()
         for listener in self.listeners:
             yield listener.stop()
         if self._serving:

@@ -22,8 +22,10 @@ from brokerd.amqp.settings import (
 from brokerd.native.server import DEFAULT_CHANNEL_MAX as DEFAULT_NATIVE_CHANNEL_MAX
 from brokerd.native.server import DEFAULT_MAX_FRAME_SIZE
 from brokerd.process.disk_monitor import parse_disk_free_limit
+from brokerd.process.resource_options import connection_memory_limits, parse_consumer_timeout
 from brokerd.process.service import BrokerService
 from brokerd.process.startup_report import StartupReport
+from brokerd.session.ack_timeouts import DEFAULT_CONSUMER_TIMEOUT
 from brokerd.storage import registry
 from brokerd.storage.durability import SyncPolicy
 from brokerd.storage.vhost_stores import VhostStores
@@ -38,6 +40,9 @@ DEFAULT_AMQP = "tcp:5672:interface=127.0.0.1"
 # The port of RabbitMQ's rabbitmq_prometheus plugin:
 DEFAULT_PROMETHEUS = "tcp:15692:interface=127.0.0.1"
 DEFAULT_HTTP = "tcp:15672:interface=127.0.0.1"  # RabbitMQ's management plugin's port
+# twistd's own default pid file, in the working directory; brokerd's is in --data-dir:
+TWISTD_DEFAULT_PIDFILE = "twistd.pid"
+PIDFILE_NAME = "brokerd.pid"
 
 
 class Options(usage.Options):
@@ -47,6 +52,15 @@ class Options(usage.Options):
         " chosen storage backend. Endpoint options take Twisted endpoint strings"
         " (e.g. tcp:5673:interface=0.0.0.0, unix:/run/brokerd.sock)."
     )
+
+    optFlags = [
+        [
+            "http-access-log",
+            None,
+            "Log a line per request to the HTTP API and dashboard (off by default, as"
+            " RabbitMQ's management listener: an open dashboard polls every few seconds).",
+        ],
+    ]
 
     optParameters = [
         [
@@ -63,6 +77,32 @@ class Options(usage.Options):
             " replies clients have not read) above which publishing connections are not read"
             " (AMQP clients get connection.blocked; K, M, G suffixes); they resume below 80%"
             " of it.",
+        ],
+        [
+            "connection-memory-share",
+            None,
+            "0.25",
+            "What one client connection may hold on its way in (unfinished message bodies,"
+            " publishes of uncommitted transactions, partial frames) before that connection"
+            " alone is blocked (AMQP clients get connection.blocked and it is read a step a"
+            " second): a fraction of --memory-high-watermark (0.25) or a size (K, M, G).",
+        ],
+        [
+            "connection-memory-limit",
+            None,
+            "0.5",
+            "What one client connection may hold on its way in before it is closed with"
+            " 530 NOT_ALLOWED naming the limit: a fraction of --memory-high-watermark (0.5)"
+            " or a size (K, M, G); above --connection-memory-share.",
+        ],
+        [
+            "consumer-timeout",
+            None,
+            str(DEFAULT_CONSUMER_TIMEOUT),
+            "Milliseconds a delivery (to a consumer or by basic.get) may stay un-acked before"
+            " its channel is closed with 406 PRECONDITION_FAILED and the message requeued, as"
+            " RabbitMQ's consumer_timeout; 0 or none: no limit. A queue's x-consumer-timeout"
+            " argument or consumer-timeout policy key overrides it.",
         ],
         [
             "disk-free-limit",
@@ -191,6 +231,14 @@ class Options(usage.Options):
             " a larger one closes that client's connection.",
         ],
         [
+            "connection-max",
+            None,
+            "infinity",
+            "Most client connections (AMQP, AMQPS and native together) open at once, as"
+            " RabbitMQ's connection_max; one more is closed before a byte is read. infinity:"
+            " no ceiling.",
+        ],
+        [
             "native-channel-max",
             None,
             str(DEFAULT_NATIVE_CHANNEL_MAX),
@@ -227,6 +275,7 @@ class Options(usage.Options):
                 f"--native-channel-max: {self['native-channel-max']!r}"
                 " is not a positive number of channels"
             ) from None
+        self["connection-max"] = _connection_max(self["connection-max"])
         for name in ("native", "amqp", "amqps", "prometheus", "http"):
             self[name] = _endpoint_option(reactor, name, self[name])
         if self["amqps"] is not None and not is_tls(self["amqps"]):
@@ -238,6 +287,17 @@ class Options(usage.Options):
             self["memory-high-watermark"] = parse_size(self["memory-high-watermark"])
         except ValueError as problem:
             raise usage.UsageError(f"--memory-high-watermark: {problem}") from None
+        try:
+            self["connection-memory"] = connection_memory_limits(
+                self["memory-high-watermark"], self["connection-memory-share"],
+                self["connection-memory-limit"],
+            )
+        except ValueError as problem:
+            raise usage.UsageError(str(problem)) from None
+        try:
+            self["consumer-timeout"] = parse_consumer_timeout(self["consumer-timeout"])
+        except ValueError as problem:
+            raise usage.UsageError(f"--consumer-timeout: {problem}") from None
         try:
             self["disk-free-limit"] = parse_disk_free_limit(self["disk-free-limit"])
         except ValueError as problem:
@@ -253,6 +313,7 @@ class Options(usage.Options):
         except registry.BackendError as problem:
             raise usage.UsageError(f"--backend: {problem}") from None
         self._check_message_fits(self["store"], self["amqp-settings"].max_message_size)
+        self._pidfile_in_data_dir()
         if self["load-definitions"] is not None:
             try:
                 with open(self["load-definitions"], "rb"):
@@ -262,6 +323,24 @@ class Options(usage.Options):
                     f"--load-definitions: cannot read {self['load-definitions']!r}:"
                     f" {problem.strerror}"
                 ) from None
+
+    def _pidfile_in_data_dir(self):
+        """
+        twistd's pid file, unless C{--pidfile} named another, goes into the
+        data directory (as RabbitMQ's does) instead of C{./twistd.pid}, so
+        brokers with their own data directories can start in one directory,
+        and a second broker on the same data directory is refused.
+        """
+        parent = getattr(self, "parent", None)  # twistd's options; None when parsed alone
+        if parent is None or parent.get("pidfile") != TWISTD_DEFAULT_PIDFILE:
+            return
+        try:
+            os.makedirs(self["data-dir"], exist_ok=True)
+        except OSError as problem:
+            raise usage.UsageError(
+                f"--data-dir: cannot create {self['data-dir']!r}: {problem.strerror}"
+            ) from None
+        parent["pidfile"] = os.path.join(self["data-dir"], PIDFILE_NAME)
 
     @staticmethod
     def _check_message_fits(store, max_message_size):
@@ -349,6 +428,21 @@ def _endpoint_option(reactor, name, value):
     return value
 
 
+def _connection_max(value):
+    """C{--connection-max}: None for infinity, else a number of connections (0 or more)."""
+    if value == "infinity":
+        return None
+    try:
+        maximum = int(value)
+        if maximum < 0:
+            raise ValueError
+    except ValueError:
+        raise usage.UsageError(
+            f"--connection-max: {value!r} is neither infinity nor a number of connections"
+        ) from None
+    return maximum
+
+
 def makeService(options):
     from twisted.internet import reactor
 
@@ -369,7 +463,10 @@ def makeService(options):
         vhost_stores=VhostStores(options["data-dir"], options["sync"], reactor),
         definitions_file=options["load-definitions"],
         http_endpoint=options["http"],
+        http_access_log=options["http-access-log"],
         memory_high_watermark=options["memory-high-watermark"],
+        connection_memory=options["connection-memory"],
+        consumer_timeout=options["consumer-timeout"],
         disk_free_limit=options["disk-free-limit"],
         data_dir=options["data-dir"],
         prometheus_endpoint=options["prometheus"],
@@ -377,6 +474,7 @@ def makeService(options):
             options["backend"], options["data-dir"], options["sync"], reactor
         ),
     )
+    service.limit_client_connections(options["connection-max"])
     # What exists before the store opens (modules, classes, functions: tens of thousands
     # of objects that live as long as the process) leaves the cyclic collector's care,
     # so that its full collections walk only what the broker made since: 67 ms each in a

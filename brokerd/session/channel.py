@@ -16,7 +16,7 @@ L{brokerd.session.confirms.PublisherConfirms}; in tx mode its
 L{brokerd.session.transactions.Transaction}, which keeps publishes and
 settlements for tx.commit.
 Each channel counts the messages it publishes, delivers and has acked
-(L{MESSAGE_COUNTERS}), one integer increment each, for its connection's totals,
+(L{brokerd.session.counters}), one integer increment each, for its connection's totals,
 and the unroutable publishes it drops or returns (counted on that path only).
 Every operation is checked against the user's permissions (L{brokerd.access.permissions}).
 """
@@ -30,25 +30,12 @@ from brokerd.model.names import check_short_string
 from brokerd.model.property_rules import check_arguments, check_properties
 from brokerd.model.replyto import REPLY_PREFIX, REPLY_QUEUE
 from brokerd.session.confirms import PublisherConfirms
-from brokerd.session.consumer import delivered_message
+from brokerd.session.consumer import delivered_message, trace_delivery
 from brokerd.session.consumers import ChannelConsumers
 from brokerd.session.deliveries import Deliveries
 from brokerd.session.transactions import Transaction
 
 log = Logger()
-
-# The message counters every channel keeps (and its connection adds up), as RabbitMQ's
-# message_stats: publish, deliver_get (consumer deliveries and basic.get), redeliver and ack.
-MESSAGE_COUNTERS = (
-    "messages_published", "messages_delivered", "messages_redelivered", "messages_acked"
-)
-# What else a channel counts for the broker-wide metrics (RabbitMQ's global counters): unroutable
-# publishes dropped or returned (counted on that path only), and the publishes made and confirmed in
-# confirm mode (read from its publisher confirms, not counted per message).
-ROUTING_COUNTERS = (
-    "messages_unroutable_dropped", "messages_unroutable_returned", "messages_received_confirm",
-    "messages_confirmed",
-)
 
 
 class Channel:
@@ -77,6 +64,7 @@ class Channel:
         self.access = connection.access or UNCHECKED  # UNCHECKED: made in-process, without a login
         # Exchanges published to:
         self._writable_exchanges = None if connection.access is None else set()
+        self._topic_rules = self.access.topic_rules  # empty while the user has no topic permission
         self.clock = connection.broker.clock
         self.consumers = ChannelConsumers(self)
         self.deliveries = Deliveries(connection)
@@ -139,6 +127,15 @@ class Channel:
         return self._confirms.confirmed if self._confirms is not None else 0
 
     @property
+    def in_confirm_mode(self):
+        return self._confirms is not None
+
+    @property
+    def transaction(self):
+        """The L{Transaction} in tx mode (to read), else None."""
+        return self._transaction
+
+    @property
     def unacked_deliveries(self):
         """
         Delivery tag -> un-acked entry, in tag order (read it; settle through
@@ -177,12 +174,12 @@ class Channel:
     def exchange_bind(self, destination, source, routing_key="", arguments=None):
         """exchange.bind: what C{source} routes under this binding goes on to C{destination}."""
         check_arguments(arguments)
-        self.access.check_binding("exchange", destination, source)
+        self.access.check_binding("exchange", destination, source, routing_key, self.vhost)
         self.vhost.bind_exchange(destination, source, routing_key, arguments)
 
     def exchange_unbind(self, destination, source, routing_key="", arguments=None):
         check_arguments(arguments)
-        self.access.check_binding("exchange", destination, source)
+        self.access.check_binding("exchange", destination, source, routing_key, self.vhost)
         self.vhost.unbind_exchange(destination, source, routing_key, arguments)
 
     def queue_declare(
@@ -212,13 +209,13 @@ class Channel:
     def queue_bind(self, queue, exchange, routing_key="", arguments=None):
         check_arguments(arguments)
         queue = self._queue_name(queue)
-        self.access.check_binding("queue", queue, exchange)
+        self.access.check_binding("queue", queue, exchange, routing_key, self.vhost)
         self.vhost.bind(queue, exchange, routing_key, arguments, self.connection)
 
     def queue_unbind(self, queue, exchange, routing_key="", arguments=None):
         check_arguments(arguments)
         queue = self._queue_name(queue)
-        self.access.check_binding("queue", queue, exchange)
+        self.access.check_binding("queue", queue, exchange, routing_key, self.vhost)
         self.vhost.unbind(queue, exchange, routing_key, arguments, self.connection)
 
     def queue_purge(self, queue):
@@ -269,6 +266,8 @@ class Channel:
             message.exchange not in writable or message.properties.user_id
         ):
             self.access.check_publish(message, writable)
+        if self._topic_rules:
+            self.access.check_topic_write(self.vhost, message)
         if message.properties.reply_to == REPLY_QUEUE:
             message = self.connection.broker.replies.with_reply_address(self, message)
         if self._transaction is not None:
@@ -279,6 +278,8 @@ class Channel:
             sequence = confirms.next_sequence()
         routed, stored, refused = self.vhost.publish(message.exchange, message)
         self.messages_published += 1
+        if (firehose := self.vhost.firehose) is not None:
+            firehose.published(message, self.connection.name, self.id, self.connection.user or "")
         # One test on the routed path, as before; the counting is on the unroutable one only.
         if not routed:
             if reply := message.routing_key.startswith(REPLY_PREFIX) and not message.exchange:
@@ -344,13 +345,15 @@ class Channel:
         if entry is None:
             # The head could not be read from the store: not empty, unavailable.
             source.check_available()
+            self.deliveries.found_none()
             return None
+        tag = self.deliveries.give_got(entry, no_ack)
         if no_ack:
-            tag = self.deliveries.give_tag(entry)
             source.forget(entry)
-        else:
-            tag = self.deliveries.hold(entry)
-        return tag, entry.redelivered, delivered_message(entry), source.message_count
+        message = delivered_message(entry)
+        if (firehose := self.vhost.firehose) is not None:
+            trace_delivery(firehose, self, queue, entry.redelivered, message)
+        return tag, entry.redelivered, message, source.message_count
 
     def flow(self, active):
         """Pause (False) or resume (True) deliveries to this channel's consumers."""
@@ -444,7 +447,7 @@ class Channel:
         if self._confirms is not None:
             raise PreconditionFailed("cannot switch from confirm to tx mode")
         if self._transaction is None:
-            self._transaction = Transaction(self.vhost.watermark, self.deliveries)
+            self._transaction = Transaction(self.connection.inbound, self.deliveries)
 
     def tx_commit(self):
         """

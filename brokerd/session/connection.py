@@ -25,7 +25,15 @@ from zope.interface import implementer
 
 from brokerd.errors import InvalidChannel
 from brokerd.interfaces import IQueueOwner
-from brokerd.session.channel import MESSAGE_COUNTERS, ROUTING_COUNTERS, Channel
+from brokerd.session.channel import Channel
+from brokerd.session.counters import (
+    COUNTERS,
+    DELIVERY_COUNTERS,
+    MESSAGE_COUNTERS,
+    ROUTING_COUNTERS,
+    channel_count,
+)
+from brokerd.wire.tls_details import NO_TLS, tls_details
 
 AMQP_0_9_1 = "AMQP 0-9-1"  # the protocol names RabbitMQ's management API gives
 NATIVE = "native"
@@ -77,15 +85,23 @@ class Connection:
     @ivar bytes_sent: bytes written to the client since it was opened.
     @ivar channels: channel id -> open L{Channel}.
     @ivar exclusive_queues: the exclusive queues this connection declared.
+    @ivar inbound: what the bodies of its uncommitted transactions count
+        against: the broker's watermark, or the protocol's
+        L{brokerd.wire.connection_memory.ConnectionMemory}, which counts them there too.
     @ivar deliveries_paused: True while the transport's write buffer is full;
         consumers of this connection then get nothing more.
+    @ivar limits: what checks its user's channel limit before a channel opens
+        (L{brokerd.access.limits.ClientLimits}), or None: no limit.
     """
 
     def __init__(self, broker, vhost_name, client_name="", protocol=None, transport=None, user=None,
-                 client_properties=None, access=None):
+                 client_properties=None, access=None, limits=None, auth_mechanism=None):
         """
         @param transport: the transport the client is connected over, whose
-            peer and local addresses name the connection (None in-process).
+            peer and local addresses name the connection (None in-process),
+            and whose TLS, if any, is described in C{tls}.
+        @param auth_mechanism: the SASL mechanism the client logged in with
+            (C{PLAIN}, C{AMQPLAIN}, C{EXTERNAL}), for the connection listings.
         """
         self.broker = broker
         # 530 for an unknown vhost or one whose store is down:
@@ -99,9 +115,13 @@ class Connection:
         else:
             self.peer = self.local = None
             self.name = f"in-process connection {self.number}"
+        self.tls = tls_details(transport) if transport is not None else dict(NO_TLS)
+        self.auth_mechanism = auth_mechanism
         self.user = user
         self.access = access
+        self.limits = limits
         self.client_properties = dict(client_properties or {})
+        self.tuning = {}  # AMQP's channel_max, frame_max and timeout (heartbeat) once negotiated
         self.connected_at = int(broker.clock.seconds() * 1000)
         self.bytes_received = 0
         self.bytes_sent = 0
@@ -110,9 +130,13 @@ class Connection:
         self.closed = False
         # Set by the protocol server: tells the client why the broker closes (close_by_broker).
         self.closer = None
+        # Set by the protocol server: closes one channel for an error of the broker's
+        # (channel_id, error), as close_channel_by_broker asks.
+        self.channel_closer = None
         self.deliveries_paused = False
+        self.inbound = broker.watermark
         # Closed channels' totals:
-        self._closed_channel_counts = dict.fromkeys(MESSAGE_COUNTERS + ROUTING_COUNTERS, 0)
+        self._closed_channel_counts = dict.fromkeys(COUNTERS, 0)
         broker.connections.add(self)
         broker.counters.connections_opened += 1
 
@@ -125,10 +149,16 @@ class Connection:
     # -- channels
 
     def open_channel(self, channel_id, peer):
-        """Open channel C{channel_id}; it is a connection error (504) if it is open already."""
+        """
+        Open channel C{channel_id}; it is a connection error if it is open
+        already (504) or its user is at its channel limit (530).
+        """
         if channel_id in self.channels:
             raise InvalidChannel(f"channel {channel_id} is already open")
+        if self.limits is not None and self.user is not None:
+            self.limits.check_channel(self.user, self.broker.connections)
         channel = self.channels[channel_id] = Channel(self, channel_id, peer)
+        self.broker.counters.channels_opened += 1
         return channel
 
     def channel(self, channel_id):
@@ -143,9 +173,10 @@ class Connection:
         channel = self.channels.pop(channel_id, None)
         if channel is not None:
             channel.close()
+            self.broker.counters.channels_closed += 1
             counts = self._closed_channel_counts
             for counter in counts:
-                counts[counter] += getattr(channel, counter)
+                counts[counter] += channel_count(channel, counter)
 
     def consumers(self):
         """
@@ -171,11 +202,19 @@ class Connection:
 
     def routing_counts(self):
         """
-        The connection's other counters (L{brokerd.session.channel.ROUTING_COUNTERS}),
+        The connection's other counters (L{brokerd.session.counters.ROUTING_COUNTERS}),
         open and closed channels added up: unroutable publishes dropped and
         returned, publishes made and confirmed in confirm mode.
         """
         return self._counts(ROUTING_COUNTERS)
+
+    def delivery_counts(self):
+        """
+        How the connection's deliveries went out (L{brokerd.session.counters.DELIVERY_COUNTERS}),
+        open and closed channels added up: to consumers with and without acks, by basic.get
+        with and without, and the basic.gets that found nothing.
+        """
+        return self._counts(DELIVERY_COUNTERS)
 
     def _counts(self, counters):
         """
@@ -186,7 +225,7 @@ class Connection:
         counts = {counter: closed[counter] for counter in counters}
         for channel in self.channels.values():
             for counter in counters:
-                counts[counter] += getattr(channel, counter)
+                counts[counter] += channel_count(channel, counter)
         return counts
 
     @property
@@ -232,6 +271,16 @@ class Connection:
         self.deliveries_paused = False
         for channel in list(self.channels.values()):
             channel.dispatch_all()
+
+    def close_channel_by_broker(self, channel_id, error):
+        """
+        The broker closes one channel (a delivery on it was not acked in time):
+        the protocol server sends C{error} to the client through
+        C{channel_closer}, and the channel closes, requeueing its un-acked deliveries.
+        """
+        if self.channel_closer is not None:
+            self.channel_closer(channel_id, error)
+        self.close_channel(channel_id)
 
     def close_by_broker(self, error):
         """

@@ -28,7 +28,7 @@ class Consumer:
     __slots__ = (
         "tag", "queue", "channel", "no_ack", "exclusive", "prefetch", "unacked", "arguments",
         "priority", "channel_limited", "_deliveries", "_peer", "_channel_limit_applies",
-        "_from_quorum_queue",
+        "_from_quorum_queue", "_vhost",
     )
 
     def __init__(self, tag, queue, channel, no_ack, exclusive, prefetch, arguments, priority=0):
@@ -46,6 +46,7 @@ class Consumer:
         self._deliveries = channel.deliveries
         self._peer = channel.peer
         self._channel_limit_applies = self.channel_limited and not no_ack
+        self._vhost = channel.vhost
 
     def has_room(self):
         """True if a delivery now stays within this consumer's and its channel's limits."""
@@ -70,6 +71,8 @@ class Consumer:
         if entry.delivery_count or self._from_quorum_queue:
             message = message.with_delivery_count(entry.delivery_count)
         self._peer.deliver(self.tag, tag, entry.redelivered, message)
+        if (firehose := self._vhost.firehose) is not None:  # tracing on (brokerd.model.firehose)
+            trace_delivery(firehose, self.channel, self.queue.name, entry.redelivered, message)
 
     def released(self, count):
         """
@@ -95,3 +98,11 @@ def delivered_message(entry):
     if entry.delivery_count or entry.queue.policy.quorum:
         return entry.message.with_delivery_count(entry.delivery_count)
     return entry.message
+
+
+def trace_delivery(firehose, channel, queue_name, redelivered, message):
+    """Tell C{firehose} (its vhost's tracing is on) that C{channel} delivered C{message}."""
+    connection = channel.connection
+    firehose.delivered(
+        queue_name, redelivered, message, connection.name, channel.id, connection.user or ""
+    )

@@ -11,9 +11,13 @@ delivery: channel.flow, the connection's paused writes, and the channel-wide
 prefetch count (basic.qos with global) against what its consumers hold.
 """
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 from brokerd.errors import PreconditionFailed
+
+
+# The most timeout-check marks a channel keeps (see Deliveries.overdue).
+MAX_TAG_MARKS = 64
 
 
 class Deliveries:
@@ -36,7 +40,8 @@ class Deliveries:
 
     __slots__ = (
         "unacked", "prefetch_count", "flowing", "_connection", "_next_tag", "_held_by_consumers",
-        "_redelivered",
+        "_redelivered", "_tag_marks", "messages_delivered_no_ack", "messages_got_manual_ack",
+        "messages_got_no_ack", "gets_empty",
     )
 
     def __init__(self, connection):
@@ -53,6 +58,12 @@ class Deliveries:
         # What its consumers hold un-acked, cancelled ones' too: what the limit counts.
         self._held_by_consumers = 0
         self._redelivered = 0
+        # For RabbitMQ's deliver_no_ack (counted by give_tag), get, get_no_ack (give_got) and
+        # get_empty (found_none); read them.
+        self.messages_delivered_no_ack = 0
+        self.messages_got_manual_ack = self.messages_got_no_ack = self.gets_empty = 0
+        # (time, next tag then) at each timeout check: no delivery is timed per message.
+        self._tag_marks = deque()
 
     @property
     def given(self):
@@ -61,6 +72,12 @@ class Deliveries:
         taken by basic.get.
         """
         return self._next_tag - 1
+
+    @property
+    def messages_delivered_manual_ack(self):
+        """Messages handed to consumers that ack them: the tags given out but the others."""
+        return (self._next_tag - 1 - self.messages_delivered_no_ack - self.messages_got_manual_ack
+                - self.messages_got_no_ack)
 
     @property
     def redelivered(self):
@@ -83,14 +100,34 @@ class Deliveries:
 
     def give_tag(self, entry):
         """
-        The tag of a delivery of C{entry} that needs no ack (basic.get or
-        consume with no-ack): counted, not kept.
+        The tag of a delivery of C{entry} to a consumer with no-ack: counted,
+        not kept.
         """
         tag = self._next_tag
         self._next_tag = tag + 1
+        self.messages_delivered_no_ack += 1
         if entry.redelivered:
             self._redelivered += 1
         return tag
+
+    def give_got(self, entry, no_ack):
+        """
+        The tag of C{entry} taken by basic.get, counted as a get: kept until
+        settled (L{hold}) unless C{no_ack}.
+        """
+        if not no_ack:
+            self.messages_got_manual_ack += 1
+            return self.hold(entry)
+        tag = self._next_tag
+        self._next_tag = tag + 1
+        self.messages_got_no_ack += 1
+        if entry.redelivered:
+            self._redelivered += 1
+        return tag
+
+    def found_none(self):
+        """A basic.get found nothing to take: counted."""
+        self.gets_empty += 1
 
     def hold(self, entry):
         """
@@ -176,3 +213,37 @@ class Deliveries:
             self._held_by_consumers -= count
             queues.add(holder.released(count))
         return queues
+
+    def overdue(self, now, shortest, timeout_of):
+        """
+        The timeout, in milliseconds, that an un-acked delivery has outlived, or None.
+
+        Called on a timer (L{brokerd.session.ack_timeouts}): each call marks the
+        tag given next by C{now}, so that a delivery is known to have been made
+        by the first mark past its tag; its age counts from there, never more
+        than it is. Deliveries are looked at oldest first, until one younger than
+        C{shortest} (seconds, the shortest timeout any could have).
+
+        @param timeout_of: an un-acked entry -> its timeout in milliseconds, or None.
+        """
+        marks, unacked = self._tag_marks, self.unacked
+        if not unacked:
+            marks.clear()
+            return None
+        marks.append((now, self._next_tag))
+        oldest = next(iter(unacked))
+        while marks[0][1] <= oldest:  # the last mark is past every tag given
+            marks.popleft()
+        if len(marks) > MAX_TAG_MARKS:
+            del marks[1]  # its tags count from the next mark: younger than they are, never older
+        index = 0
+        for tag, entry in unacked.items():
+            while marks[index][1] <= tag:
+                index += 1
+            age = now - marks[index][0]
+            if age < shortest:
+                return None
+            timeout = timeout_of(entry)
+            if timeout is not None and age * 1000 >= timeout:
+                return timeout
+        return None

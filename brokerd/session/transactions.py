@@ -18,8 +18,9 @@ class Transaction:
 
     def __init__(self, watermark, deliveries):
         """
-        @param watermark: the vhost's L{brokerd.model.watermark.MemoryWatermark},
-            which the bodies waiting count against.
+        @param watermark: what the bodies waiting count against: the broker's
+            L{brokerd.model.watermark.MemoryWatermark}, or the connection's account
+            of what it holds (L{brokerd.session.connection.Connection.inbound}).
         @param deliveries: the channel's L{brokerd.session.deliveries.Deliveries},
             whose un-acked deliveries a settlement must name when it is kept.
         """
@@ -27,6 +28,7 @@ class Transaction:
         self._deliveries = deliveries
         self._pending = []  # (operation, arguments), in the order they came
         self._held_bytes = 0
+        self.held_publishes = self.held_settlements = 0  # for the management API
 
     @property
     def held_bytes(self):
@@ -39,6 +41,7 @@ class Transaction:
     def hold_publish(self, publish, arguments, size):
         """Keep a publish of C{size} body bytes for commit: C{publish(*arguments)} then."""
         self._pending.append((publish, arguments))
+        self.held_publishes += 1
         self._held_bytes += size
         self._watermark.add(size)
 
@@ -53,6 +56,7 @@ class Transaction:
         if delivery_tag not in self._deliveries.unacked and not (multiple and delivery_tag == 0):
             raise PreconditionFailed(f"unknown delivery tag {delivery_tag}")
         self._pending.append((settle, arguments))
+        self.held_settlements += 1
 
     def commit(self):
         """
@@ -74,6 +78,7 @@ class Transaction:
         self._release_held_bytes()
 
     def _release_held_bytes(self):
+        self.held_publishes = self.held_settlements = 0
         size, self._held_bytes = self._held_bytes, 0
         if size:
             self._watermark.release(size)

@@ -223,10 +223,16 @@ class ConnectionFlow:
 
     __slots__ = ("pauses", "unsent", "body_bytes", "received_at", "refusing")
 
-    def __init__(self, watermark):
+    def __init__(self, watermark, inbound=None):
+        """
+        @param inbound: what the bodies being assembled count against: the
+            connection's L{brokerd.wire.connection_memory.ConnectionMemory}
+            (None: C{watermark} alone).
+        """
         self.pauses = None  # the transport's ReadingPauses, once connected
         # Written while the transport had paused us, until it drains:
         self.unsent = HeldBytes(watermark)
-        self.body_bytes = HeldBytes(watermark)  # in the channels' unfinished contents
+        # In the channels' unfinished contents:
+        self.body_bytes = HeldBytes(watermark if inbound is None else inbound)
         self.received_at = 0.0
         self.refusing = False  # a refusal before login is on its way: nothing more is read

@@ -25,6 +25,8 @@ EVERY_COMMAND = [
     ("delete_user", "guest"), ("change_password", "guest", "new"), ("list_users",),
     ("set_user_tags", "guest"), ("set_permissions", "guest", "", "", ""), ("clear_permissions", "guest"),
     ("list_permissions",), ("export_definitions",), ("import_definitions", "{}"),
+    ("set_topic_permissions", "guest", "amq.topic", "", ""), ("clear_topic_permissions", "guest"),
+    ("list_topic_permissions",), ("list_user_topic_permissions", "guest"), ("trace_on",), ("trace_off",),
 ]
 # The policy commands have rules of their own (tests/access/test_policies.py).
 POLICY_COMMANDS = ["set_policy", "clear_policy", "list_policies"]

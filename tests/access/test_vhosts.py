@@ -27,7 +27,8 @@ def test_a_created_vhost_is_served_and_a_deleted_one_takes_everything_with_it():
     broker = Broker(store, Clock())
     access = AccessDatabase.in_memory()
     vhost = add_vhost(broker, access, "team")
-    assert sorted(vhost.exchanges) == ["", "amq.direct", "amq.fanout", "amq.headers", "amq.match", "amq.topic"]
+    assert sorted(vhost.exchanges) == [
+        "", "amq.direct", "amq.fanout", "amq.headers", "amq.match", "amq.rabbitmq.trace", "amq.topic"]
     access.set_permissions("guest", "team", ".*", ".*", ".*")
     with pytest.raises(AccessChangeRefused):
         add_vhost(broker, access, "team")

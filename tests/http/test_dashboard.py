@@ -10,98 +10,31 @@ module is skipped.
 """
 
 import http.client
-import shutil
 from urllib.parse import quote
 
 import pika
 import pytest
-from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
-from selenium.webdriver.support.ui import Select, WebDriverWait
+from selenium.webdriver.support.ui import Select
 
 from brokerd.testing import BrokerProcess
+from tests.support.dashboard import (  # noqa: F401 (browser, page: fixtures)
+    NEEDS_BROWSER,
+    browser,
+    log_in,
+    page,
+    row_selector,
+    text_of,
+    wait_for_text,
+    wait_until,
+)
 from tests.support.httpapi import api, broker, segment  # noqa: F401 (api, broker: the module's fixtures)
 
-BROWSER = next(filter(None, map(shutil.which, ("chromium", "chromium-browser"))), None)
-DRIVER = shutil.which("chromedriver")
-WAIT_SECONDS = 10  # for the page to show what the broker has (it polls every second in these tests)
-POLL_SECONDS = 0.05  # how often a wait looks at the page (Selenium's default, 0.5 s, would add up)
-
-pytestmark = pytest.mark.skipif(
-    BROWSER is None or DRIVER is None,
-    reason="the dashboard tests need Chromium and chromedriver (Debian: apt-get install chromium chromium-driver)",
-)
+pytestmark = NEEDS_BROWSER
 
 # A queue name that would be markup if the page wrote it as HTML, with a '/' to URL-encode.
 QUEUE = "dash <b>jobs</b> & /1"
-
-
-def start_browser(width=1280, height=800):
-    """A headless Chromium driven by chromedriver, its window C{width} x C{height}."""
-    options = webdriver.ChromeOptions()
-    options.binary_location = BROWSER
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     f"--window-size={width},{height}", "--disable-extensions", "--no-first-run",
-                     "--disable-background-networking", "--disable-component-update", "--disable-sync"):
-        options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the page's console, for failures
-    return webdriver.Chrome(service=Service(DRIVER), options=options)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    driver = start_browser()
-    yield driver
-    driver.quit()
-
-
-@pytest.fixture
-def page(browser, api):
-    """The browser on the dashboard's page, logged out, refreshing every second."""
-    browser.get(api.base + "/")
-    browser.execute_script("sessionStorage.clear(); localStorage.setItem('brokerd.dashboard.refresh', '1');")
-    browser.refresh()  # the page starts again without the login saved in this tab
-    wait_until(browser, lambda driver: driver.find_element(By.ID, "login-username").is_displayed())
-    return browser
-
-
-def wait_until(browser, condition, describe=lambda: "the page did not get there"):
-    """What C{condition(browser)} gives once true; if it is not within the wait, a failure that
-    says C{describe()} (then) and what the page's console has."""
-    try:
-        return WebDriverWait(browser, WAIT_SECONDS, poll_frequency=POLL_SECONDS).until(condition)
-    except TimeoutException:
-        console = "\n".join(entry["message"] for entry in browser.get_log("browser")) or "(nothing)"
-        raise AssertionError(f"{describe()} within {WAIT_SECONDS} s; the page's console:\n{console}") from None
-
-
-def text_of(browser, selector):
-    """The text of the element C{selector} finds, or None while there is none."""
-    return browser.execute_script("const found = document.querySelector(arguments[0]);"
-                                  "return found ? found.innerText.trim() : null", selector)
-
-
-def wait_for_text(browser, selector, expected):
-    wait_until(browser, lambda driver: text_of(driver, selector) == expected,
-               lambda: f"{selector} did not show {expected!r} (it shows {text_of(browser, selector)!r})")
-
-
-def log_in(browser, user, password):
-    browser.find_element(By.ID, "login-username").send_keys(user)
-    browser.find_element(By.ID, "login-password").send_keys(password)
-    browser.find_element(By.ID, "login-button").click()
-
-
-def row_selector(vhost, name, column):
-    row = f'#queues-table tr[data-vhost="{css_string(vhost)}"][data-name="{css_string(name)}"]'
-    return f'{row} td[data-column="{column}"]'
-
-
-def css_string(text):
-    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 @pytest.fixture(scope="module")
@@ -277,7 +210,7 @@ def test_a_refused_permission_is_shown_and_the_user_stays_logged_in(page, api, p
     wait_for_text(page, '#queue-figures [data-figure="messages"] dd', "2")
     page.find_element(By.ID, "purge-button").click()
     page.find_element(By.ID, "purge-yes").click()
-    wait_for_text(page, "#purge-result", "access to queue 'guarded' in vhost '/' refused for user 'dash-reader'")
+    wait_for_text(page, "#purge-result", "Access refused.")  # RabbitMQ 3.10.8's words
     assert page.find_element(By.ID, "nav").is_displayed() and not page.find_element(By.ID, "login").is_displayed()
     assert api.get("/api/queues/%2F/guarded")["messages"] == 2
 
@@ -315,3 +248,58 @@ def test_the_overview_shows_the_free_disk_space_and_the_disk_alarm(page, tmp_pat
         assert colour == "rgb(192, 57, 43)"
     finally:
         assert short.stop() == 0
+
+
+COINCIDING_SERIES = """
+const done = arguments[arguments.length - 1];
+import("./static/chart.js").then(({ LineChart }) => {
+  const series = [{ key: "publish", label: "Published", color: "#d9822b" },
+                  { key: "deliver", label: "Delivered", color: "#2b7bd9" },
+                  { key: "ack", label: "Acknowledged", color: "#3a9a4a" }];
+  const chart = new LineChart({ id: "chart-coinciding", title: "Coinciding", series, format: String });
+  document.body.append(chart.element);
+  for (let second = 0; second <= 300; second += 5) {
+    const rate = Math.round(50 + 40 * Math.sin(second / 30));
+    chart.add(1000 + second, { publish: rate, deliver: rate, ack: rate }); // the three series coincide everywhere
+  }
+  const canvas = chart.canvas;
+  const pixels = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+  const shown = series.map((line) => {
+    const wanted = [1, 3, 5].map((start) => parseInt(line.color.slice(start, start + 2), 16));
+    let count = 0;
+    for (let index = 0; index < pixels.length; index += 4) {
+      const distance = Math.hypot(...wanted.map((channel, offset) => pixels[index + offset] - channel));
+      if (pixels[index + 3] > 200 && distance < 40) count += 1;
+    }
+    return count;
+  });
+  const legend = Array.from(chart.element.querySelectorAll(".legend li"), (item) => ({
+    series: item.dataset.series, dash: item.dataset.dash, width: item.dataset.width,
+    value: item.querySelector(".legend-value").textContent }));
+  chart.element.remove();
+  done({ shown, legend });
+}).catch((error) => done({ error: String(error) }));
+"""
+
+
+def test_series_that_coincide_all_stay_visible_each_in_a_style_of_its_own(page):
+    drawn = page.execute_async_script(COINCIDING_SERIES)
+    assert "error" not in drawn, drawn
+    published, delivered, acknowledged = drawn["shown"]
+    assert min(published, delivered, acknowledged) >= 50, drawn["shown"]  # pixels of each series' own colour
+    legend = drawn["legend"]
+    assert [entry["series"] for entry in legend] == ["publish", "deliver", "ack"]
+    assert len({(entry["dash"], entry["width"]) for entry in legend}) == 3  # each line drawn in its own style
+    assert len({entry["dash"] for entry in legend}) == 3
+    assert {entry["value"] for entry in legend} == {legend[0]["value"]}  # and each one's value in the legend
+
+
+def test_the_connections_list_shows_the_name_a_client_gave(page, broker):
+    host, port = broker.wait_address("AMQP")
+    parameters = pika.ConnectionParameters(host, port, client_properties={"connection_name": "billing <worker>"})
+    with pika.BlockingConnection(parameters):
+        log_in(page, "guest", "guest")
+        wait_for_text(page, "#session-user", "guest (administrator)")
+        page.find_element(By.CSS_SELECTOR, '#nav a[data-route="connections"]').click()
+        selector = '#connections-table td[data-column="name"] .provided-name'
+        wait_for_text(page, selector, "billing <worker>")

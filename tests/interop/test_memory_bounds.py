@@ -39,7 +39,12 @@ STALL_SECONDS = 1.0  # a socket the broker neither reads nor writes for this lon
 
 @pytest.fixture
 def broker(tmp_path):
-    running = start_broker(tmp_path, "--backend", "memory", "--memory-high-watermark", str(WATERMARK))
+    # One connection alone may take the broker to its watermark here (a share and a limit
+    # above it): these tests are of the broker-wide alarm (test_connection_share: the shares).
+    running = start_broker(
+        tmp_path, "--backend", "memory", "--memory-high-watermark", str(WATERMARK),
+        "--connection-memory-share", "64M", "--connection-memory-limit", "128M",
+    )
     running.start_rss = memory_of(running, "VmRSS")
     yield running
     running.process.stop()

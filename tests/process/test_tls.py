@@ -7,7 +7,6 @@ made here with trustme.
 """
 
 import asyncio
-import ssl
 import subprocess
 
 import pika
@@ -15,26 +14,9 @@ import pytest
 import trustme
 
 from brokerd.testing import BrokerProcess, native_cli, twistd_command
+from tests.support.tls import ca, client_context, files  # noqa: F401 (ca, files: fixtures)
 
 pytestmark = pytest.mark.long_module(seconds=15)  # started early (tests/conftest.py)
-
-
-@pytest.fixture(scope="module")
-def ca():
-    return trustme.CA()
-
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory, ca):
-    """The server's key, certificate and CA as PEM files, and a directory holding only the CA (for caCertsDir)."""
-    directory = tmp_path_factory.mktemp("tls")
-    server = ca.issue_cert("127.0.0.1", "localhost")
-    server.private_key_pem.write_to_path(str(directory / "key.pem"))
-    server.cert_chain_pems[0].write_to_path(str(directory / "cert.pem"))
-    ca.cert_pem.write_to_path(str(directory / "ca.pem"))
-    (directory / "authorities").mkdir()
-    ca.cert_pem.write_to_path(str(directory / "authorities" / "ca.pem"))
-    return directory
 
 
 @pytest.fixture(scope="module")
@@ -45,15 +27,6 @@ def broker(files):
                              "--native", native, "--auth-mechanisms", "PLAIN,AMQPLAIN,EXTERNAL"], cwd=files)
     yield process
     process.stop()
-
-
-def client_context(ca, common_name=None):
-    """A client TLS context trusting C{ca}, presenting a certificate for C{common_name} if given."""
-    context = ssl.create_default_context()
-    ca.configure_trust(context)
-    if common_name is not None:
-        ca.issue_cert(common_name, common_name=common_name).configure_cert(context)
-    return context
 
 
 def pika_parameters(broker, context, **options):
@@ -152,7 +125,7 @@ def test_external_is_not_offered_on_the_plain_listener(broker):
 
 def test_the_native_command_line_over_tls(broker, files):
     _, port = broker.wait_address("native protocol over TLS")
-    endpoint = f"ssl:host=127.0.0.1:port={port}:caCertsDir={files / 'authorities'}"
+    endpoint = f"tls:127.0.0.1:{port}:trustRoots={files / 'authorities'}"
     declared = native_cli(endpoint, "declare", "queue", "tls.native")
     assert declared.returncode == 0, declared.stderr
     assert native_cli(endpoint, "publish", "--routing-key", "tls.native", "--confirm", "native TLS").returncode == 0
@@ -162,7 +135,7 @@ def test_the_native_command_line_over_tls(broker, files):
 
 def test_the_native_login_over_tls_is_checked(broker, files):
     _, port = broker.wait_address("native protocol over TLS")
-    endpoint = f"ssl:host=127.0.0.1:port={port}:caCertsDir={files / 'authorities'}"
+    endpoint = f"tls:127.0.0.1:{port}:trustRoots={files / 'authorities'}"
     refused = native_cli(endpoint, "--user", "guest", "--password", "wrong", "get", "tls.native")
     assert (refused.returncode, refused.stderr) == (
         1, b"error: 403 ACCESS_REFUSED - PLAIN login refused: user 'guest' - invalid credentials\n")
@@ -179,8 +152,8 @@ def test_native_external_logs_in_the_user_the_certificate_names(tmp_path, files,
         results = {}
         for name in ("guest", "mallory"):
             ca.issue_cert(name, common_name=name).private_key_and_cert_chain_pem.write_to_path(str(tmp_path / name))
-            endpoint = (f"ssl:host=127.0.0.1:port={port}:caCertsDir={files / 'authorities'}"
-                        f":certKey={tmp_path / name}:privateKey={tmp_path / name}")
+            endpoint = (f"tls:127.0.0.1:{port}:trustRoots={files / 'authorities'}"
+                        f":certificate={tmp_path / name}:privateKey={tmp_path / name}")
             results[name] = native_cli(endpoint, "--external", "--user", "nobody", "declare", "queue", "tls.external")
     finally:
         process.stop()

@@ -1,11 +1,16 @@
 // The dashboard: login, the page's routes (#/, #/queues, #/queues/VHOST/NAME, ...) and the
 // polling that keeps the shown page and the overview's charts up to date.
 
+import { ADMIN_PAGES } from "./admin.js";
 import { apiPath, forgetLogin, logIn, saveLogin, savedLogin } from "./api.js";
+import { LimitsView } from "./limits.js";
 import { bindingsView, channelsView, connectionsView, exchangesView, queuesView } from "./lists.js";
 import { FilterBar } from "./listview.js";
 import { OverviewView } from "./overview.js";
+import { PoliciesView } from "./policies.js";
 import { QueueView } from "./queue.js";
+import { UsersView } from "./users.js";
+import { VhostsView } from "./vhosts.js";
 
 const REFRESH_KEY = "brokerd.dashboard.refresh";
 
@@ -28,6 +33,7 @@ function parseRoute(hash) {
 class Dashboard {
   constructor() {
     this.api = null;
+    this.whoami = null;
     this.timer = null;
     this.polling = false;
     this.filters = new FilterBar(() => this.refreshNow());
@@ -40,6 +46,10 @@ class Dashboard {
       exchanges: exchangesView(this.filters),
       bindings: bindingsView(this.filters),
       queue: new QueueView(this),
+      users: new UsersView(this),
+      vhosts: new VhostsView(this),
+      policies: new PoliciesView(this),
+      limits: new LimitsView(this),
     };
     this.current = this.overview;
     const container = byId("views");
@@ -91,6 +101,7 @@ class Dashboard {
 
   start({ api, whoami }) {
     this.api = api;
+    this.whoami = whoami;
     const tags = (whoami.tags || []).join(", ");
     byId("session-user").textContent = tags ? `${whoami.name} (${tags})` : whoami.name;
     byId("login").hidden = true;
@@ -98,6 +109,11 @@ class Dashboard {
     for (const id of ["nav", "session", "views"]) byId(id).hidden = false;
     this.route();
     this.startPolling();
+  }
+
+  /** Whether the user logged in has the administrator tag (/api/whoami said so at login). */
+  isAdministrator() {
+    return Boolean(this.whoami && (this.whoami.tags || []).includes("administrator"));
   }
 
   logOut(reason) {
@@ -139,7 +155,8 @@ class Dashboard {
     if (view.show) view.show(...args);
     for (const each of Object.values(this.views)) each.element.hidden = each !== view;
     for (const link of document.querySelectorAll("#nav a")) {
-      const active = link.dataset.route === (name === "queue" ? "queues" : name);
+      const admin = ADMIN_PAGES.some(([page]) => page === name);
+      const active = link.dataset.route === (name === "queue" ? "queues" : admin ? "admin" : name);
       if (active) link.setAttribute("aria-current", "page");
       else link.removeAttribute("aria-current");
     }

@@ -2,6 +2,7 @@
 
 import { apiPath } from "./api.js";
 import { el, exchangeLabel, formatBytes, formatCount, formatJson, formatRate, formatTime, queueHref, rateOf } from "./dom.js";
+import { featuresCell, featuresText } from "./features.js";
 import { ListView } from "./listview.js";
 
 const count = (id, label, value) => ({
@@ -21,9 +22,7 @@ const rate = (id, label, stat) => ({
 const text = (id, label, value) => ({ id, label, value: (row) => value(row) ?? "" });
 const vhost = text("vhost", "Virtual host", (row) => row.vhost);
 
-function flags(row) {
-  return [row.durable && "D", row.auto_delete && "AD", row.exclusive && "Excl", row.internal && "I"].filter(Boolean).join(" ");
-}
+const features = { id: "features", label: "Features", value: featuresText, cell: featuresCell };
 
 export function queuesView(filters) {
   return new ListView({
@@ -35,7 +34,8 @@ export function queuesView(filters) {
     columns: [
       text("vhost", "Virtual host", (row) => row.vhost),
       { id: "name", label: "Name", value: (row) => row.name, cell: (row) => el("a", { href: queueHref(row.vhost, row.name) }, row.name) },
-      text("features", "Features", flags),
+      text("type", "Type", (row) => row.type),
+      features,
       text("state", "State", (row) => row.state),
       count("messages_ready", "Ready", (row) => row.messages_ready),
       count("messages_unacknowledged", "Unacked", (row) => row.messages_unacknowledged),
@@ -50,9 +50,16 @@ export function queuesView(filters) {
 
 function client(row) {
   const properties = row.client_properties || {};
-  if (typeof properties.connection_name === "string") return properties.connection_name;
   return [properties.product, properties.version].filter((value) => typeof value === "string").join(" ");
 }
+
+/** A connection's name, and under it the name its client gave it (user_provided_name), as RabbitMQ's list shows them. */
+const connectionName = {
+  id: "name",
+  label: "Name",
+  value: (row) => row.name,
+  cell: (row) => [row.name, row.user_provided_name != null && el("span", { class: "provided-name subtle" }, row.user_provided_name)],
+};
 
 export function connectionsView(filters) {
   return new ListView({
@@ -61,11 +68,11 @@ export function connectionsView(filters) {
     filters,
     sortBy: "name",
     listPath: (name) => apiPath("vhosts", name, "connections"),
-    texts: (row) => [row.name, row.user, client(row)],
+    texts: (row) => [row.name, row.user_provided_name ?? "", row.user, client(row)],
     rowData: (row) => ({ name: row.name }),
     columns: [
       vhost,
-      text("name", "Name", (row) => row.name),
+      connectionName,
       text("user", "User", (row) => row.user),
       text("protocol", "Protocol", (row) => row.protocol),
       text("client", "Client", client),
@@ -114,7 +121,7 @@ export function exchangesView(filters) {
       vhost,
       text("name", "Name", (row) => exchangeLabel(row.name)),
       text("type", "Type", (row) => row.type),
-      text("features", "Features", flags),
+      features,
       text("arguments", "Arguments", (row) => formatJson(row.arguments)),
     ],
   });

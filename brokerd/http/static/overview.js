@@ -8,12 +8,12 @@ import { el, formatBytes, formatCount, formatRate, rateOf, replaceContent } from
 const RATES = [
   { key: "publish", label: "Published", color: "#d9822b" },
   { key: "deliver_get", label: "Delivered", color: "#2b7bd9" },
-  { key: "ack", label: "Acknowledged", color: "#3a9a4a", width: 4 }, // under deliveries, which it often equals
+  { key: "ack", label: "Acknowledged", color: "#3a9a4a" }, // under deliveries, which it often equals
 ];
 const QUEUED = [
   { key: "messages_ready", label: "Ready", color: "#d9b42b" },
   { key: "messages_unacknowledged", label: "Unacked", color: "#2b7bd9" },
-  { key: "messages", label: "Total", color: "#9a4ad9", width: 4 }, // under the others, which it often equals
+  { key: "messages", label: "Total", color: "#9a4ad9" }, // under the others, which it often equals
 ];
 const OBJECTS = [
   ["connections", "Connections"],

@@ -2,6 +2,7 @@
 
 import { apiPath } from "./api.js";
 import { el, formatBytes, formatCount, formatJson, formatRate, rateOf, replaceContent } from "./dom.js";
+import { featuresText } from "./features.js";
 
 const ACK_MODES = [
   ["ack_requeue_true", "Nack message requeue true"],
@@ -140,6 +141,9 @@ export class QueueView {
       ["durable", "Durable", queue.durable ? "yes" : "no"],
       ["auto_delete", "Auto-delete", queue.auto_delete ? "yes" : "no"],
       ["arguments", "Arguments", formatJson(queue.arguments) || "none"],
+      ["features", "Features", featuresText(queue)],
+      ["policy", "Policy", queue.policy || "none"],
+      ["effective_policy_definition", "Effective policy definition", formatJson(queue.effective_policy_definition) || "none"],
     ];
     replaceContent(
       this.figures,
