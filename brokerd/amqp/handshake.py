@@ -32,7 +32,7 @@ from zope.interface import Interface
 import brokerd
 from brokerd.amqp import frames
 from brokerd.amqp.auth import LoginRefused
-from brokerd.amqp.blocked_notice import MEMORY_ALARM, OVER_SHARE, BlockedNotice
+from brokerd.amqp.blocked_notice import MEMORY_ALARM, OVER_SHARE, BlockedNotice, alarm_reason
 from brokerd.amqp.settings import SERVER_CAPABILITIES
 from brokerd.amqp.table_arguments import decode_method
 from brokerd.errors import (
@@ -126,6 +126,7 @@ class AmqpHandshake:
         """
         self._inbound = inbound
         self._blocked = BlockedNotice(writes)
+        self._alarm_reason = None  # what the broker's alarms told the client
         self._reader = reader
         self.broker = broker
         self._clock = broker.clock
@@ -195,6 +196,11 @@ class AmqpHandshake:
         if self.client_capabilities.get("connection.blocked") and self.state == OPEN:
             self._blocked.change(reason, blocked)
 
+    def _alarms_changed(self, blocked_by):
+        """The broker's resource alarms (C{blocked_by}) hold this publisher, or no longer do."""
+        if blocked_by:
+            self._alarm_reason = alarm_reason(blocked_by)
+        self._blocked_changed(bool(blocked_by), self._alarm_reason)
 
     # -- the connection handshake and close
 
@@ -327,7 +333,8 @@ class AmqpHandshake:
             self._inbound.on_blocked = partial(self._blocked_changed, reason=OVER_SHARE)
         self.connection.closer = self.close
         self.connection.channel_closer = self._reader.close_channel
-        self.gate = PublisherGate(self.broker.watermark, self.transport, self._blocked_changed)
+        self.gate = PublisherGate(self.broker.watermark, self.transport, self._alarms_changed,
+                                  self.broker.disk_alarm)
         self.state = OPEN
         if self._timeout_call is not None and self._timeout_call.active():
             self._timeout_call.cancel()

@@ -176,6 +176,7 @@ def node_info(context):
         fd_used = 0
     fd_total = os_resource.getrlimit(os_resource.RLIMIT_NOFILE)[0]
     watermark = context.broker.watermark
+    disk_alarm = context.broker.disk_alarm
     return {
         "name": context.node,
         "type": "disc",
@@ -189,7 +190,9 @@ def node_info(context):
         "fd_total": fd_total,
         "sockets_used": sum(1 for _ in context.broker.connections),
         "proc_used": 1,
-        "disk_free_alarm": False,
+        "disk_free_limit": disk_alarm.limit,
+        "disk_free_alarm": disk_alarm.blocked,
+        "disk_free": disk_alarm.free if disk_alarm.free is not None else 0,
         "processors": os.cpu_count() or 1,
         "applications": [
             {"name": "brokerd", "description": "brokerd", "version": product_version()},

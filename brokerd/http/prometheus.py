@@ -25,6 +25,7 @@ from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
+    UnknownMetricFamily,
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 from twisted.web.resource import Resource
@@ -142,6 +143,7 @@ class BrokerCollector(Collector):
         yield from self._connections(broker)
         yield from self._global_counters(broker)
         yield from self._memory(broker)
+        yield from self._disk(broker)
         yield from self._stores(broker)
         yield from added_families(broker, self.per_object)
         if self.access is not None:
@@ -266,6 +268,18 @@ class BrokerCollector(Collector):
         yield GaugeMetricFamily(
             "brokerd_memory_watermark_blocked", "1 while publishers are blocked by the watermark",
             value=1 if watermark.blocked else 0,
+        )
+
+    def _disk(self, broker):
+        """The disk alarm, with rabbitmq_prometheus' names, help and types."""
+        alarm = broker.disk_alarm
+        yield GaugeMetricFamily("rabbitmq_disk_space_available_bytes",
+                                "Disk space available in bytes", value=alarm.free or 0)
+        yield GaugeMetricFamily("rabbitmq_disk_space_available_limit_bytes",
+                                "Free disk space low watermark in bytes", value=alarm.limit)
+        yield UnknownMetricFamily(
+            "rabbitmq_alarms_free_disk_space_watermark",
+            "is 1 if free disk space watermark alarm is in effect", value=int(alarm.blocked),
         )
 
     def _stores(self, broker):

@@ -322,6 +322,15 @@ class Queue:
         self.vhost.mark_unavailable(self, f"a stored message cannot be read: {problem}")
         self._cancel_consumers()
 
+    def drop_unstored(self, handles):
+        """A failed commit lost the appends of C{handles} (a set): their publishes were nacked,
+        and those still ready leave unseen."""
+        bytes_before = self._ready.bytes
+        taken = self._ready.remove_handles(handles)
+        self._watermark.release(bytes_before - self._ready.bytes)
+        for handle in taken:
+            self._store.ack(self.key, handle)
+
     def forget(self, entry):
         """The entry is done with (acked, or delivered without ack)."""
         self._watermark.release(_body_size(entry))

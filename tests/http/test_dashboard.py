@@ -18,6 +18,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select
 
+from brokerd.testing import BrokerProcess
 from tests.support.dashboard import (  # noqa: F401 (browser, page: fixtures)
     NEEDS_BROWSER,
     browser,
@@ -212,6 +213,41 @@ def test_a_refused_permission_is_shown_and_the_user_stays_logged_in(page, api, p
     wait_for_text(page, "#purge-result", "Access refused.")  # RabbitMQ 3.10.8's words
     assert page.find_element(By.ID, "nav").is_displayed() and not page.find_element(By.ID, "login").is_displayed()
     assert api.get("/api/queues/%2F/guarded")["messages"] == 2
+
+
+def resource_tile(browser, resource):
+    """C{(data-alarm, label, value)} of the overview's tile of C{resource}, or None while there is none."""
+    return browser.execute_script(
+        "const tile = document.querySelector(`#node-resources [data-resource='${arguments[0]}']`);"
+        "return tile && tile.offsetParent ? [tile.dataset.alarm, tile.querySelector('.tile-label').innerText,"
+        " tile.querySelector('.tile-value').innerText] : null", resource)
+
+
+def test_the_overview_shows_the_free_disk_space_and_the_disk_alarm(page, tmp_path):
+    log_in(page, "guest", "guest")
+    wait_until(page, lambda driver: (resource_tile(driver, "disk") or [None])[0] == "clear",
+               lambda: f"the disk tile shows {resource_tile(page, 'disk')}")
+    alarm, label, value = resource_tile(page, "disk")
+    assert label == "Disk free" and value.endswith("iB")
+    assert resource_tile(page, "disk-limit")[2] == "47.7 MiB"  # RabbitMQ's default, 50 MB
+
+    # A broker whose limit no disk reaches: its alarm is raised from its first measure.
+    short = BrokerProcess(["--backend=memory", "--native", "none", "--disk-free-limit", "1000000GB"], cwd=tmp_path)
+    try:
+        _, host, port = short.wait_listening("HTTP API").split(":")
+        page.get(f"http://{host}:{port}/")
+        page.refresh()
+        wait_until(page, lambda driver: driver.find_element(By.ID, "login-username").is_displayed())
+        log_in(page, "guest", "guest")
+        wait_until(page, lambda driver: (resource_tile(driver, "disk") or [None])[0] == "raised",
+                   lambda: f"the disk tile shows {resource_tile(page, 'disk')}")
+        assert resource_tile(page, "disk")[1] == "Disk free: alarm"
+        assert resource_tile(page, "memory")[:2] == ["clear", "Memory watermark"]
+        colour = page.execute_script("return getComputedStyle(document.querySelector("
+                                     "\"#node-resources [data-resource='disk']\")).borderColor")
+        assert colour == "rgb(192, 57, 43)"
+    finally:
+        assert short.stop() == 0
 
 
 COINCIDING_SERIES = """
