@@ -28,10 +28,7 @@ DASHBOARD = pathlib.Path(__file__).parent / "data" / "RabbitMQ-Overview.json"
 PROMTOOL = shutil.which("promtool") or shutil.which("promtool", path=str(pathlib.Path(sys.executable).parent))
 SCRAPE_INTERVAL = 15  # seconds between the samples promtool is given
 # The panels that do not apply to brokerd, each with why.
-NOT_APPLICABLE = {
-    "Disk space available before publishers blocked":
-        "rabbitmq_disk_space_available_bytes: brokerd exports no free-disk figures (no free-disk alarm)",
-}
+NOT_APPLICABLE = {}
 # Rate panels that show data but may rightly show zero after the workload.
 ZERO_ALLOWED = {
     "Messages unconfirmed to publishers / s":

@@ -70,8 +70,9 @@ NODE_COARSE = Family("node_coarse_metrics", (
     ("process_open_fds", GAUGE, "Open file descriptors"),
     ("process_open_tcp_sockets", GAUGE, "Open TCP sockets"),
     ("process_resident_memory_bytes", GAUGE, "Memory used in bytes"),
+    ("disk_space_available_bytes", GAUGE, "Disk space available in bytes"),
 ), (), lambda broker, vhosts: [
-    ((), (open_fds(), open_sockets(broker), resident_memory_bytes()))
+    ((), (open_fds(), open_sockets(broker), resident_memory_bytes(), broker.disk_alarm.free or 0))
 ])
 
 # brokerd has no socket limit of its own: a socket is a file descriptor.
