@@ -272,9 +272,7 @@ class BrokerCollector(Collector):
 
     def _disk(self, broker):
         """The disk alarm, with rabbitmq_prometheus' names, help and types."""
-        alarm = broker.disk_alarm
-        yield GaugeMetricFamily("rabbitmq_disk_space_available_bytes",
-                                "Disk space available in bytes", value=alarm.free or 0)
+        alarm = broker.disk_alarm  # the free space itself is in node_coarse_metrics
         yield GaugeMetricFamily("rabbitmq_disk_space_available_limit_bytes",
                                 "Free disk space low watermark in bytes", value=alarm.limit)
         yield UnknownMetricFamily(
