@@ -9,14 +9,13 @@ TLS field null, as RabbitMQ lists one. auth_mechanism is the one the client logg
 
 import contextlib
 import ssl
-import time
 
 import amqp
 import pika
 import pytest
 from cryptography import x509
 
-from brokerd.testing import BrokerProcess
+from brokerd.testing import BrokerProcess, poll_until
 from tests.support.httpapi import Api, segment
 from tests.support.tls import ca, client_context, files  # noqa: F401 (ca, files: fixtures)
 
@@ -42,14 +41,11 @@ def api(broker):
 
 def listed(api, name):
     """The /api/connections entry of the connection named C{name}, once listed."""
-    deadline = time.monotonic() + WAIT_SECONDS
-    while True:
+    def entry():
         found = [entry for entry in api.get("/api/connections")
                  if entry["client_properties"].get("connection_name") == name]
-        if found or time.monotonic() > deadline:
-            assert found, f"{name} was not listed within {WAIT_SECONDS} s"
-            return found[0]
-        time.sleep(0.05)  # polling with a deadline: the broker lists a connection once it is open
+        return found[0] if found else None
+    return poll_until(entry, WAIT_SECONDS, f"/api/connections entry for {name}")
 
 
 def tls_fields(entry):
