@@ -18,7 +18,6 @@ C{vhost} and C{queue}, as RabbitMQ's two endpoints, and C{/metrics/detailed}
 with the families its query names (L{brokerd.http.metrics.detailed}).
 """
 
-import resource
 
 from prometheus_client import generate_latest
 from prometheus_client.core import (
@@ -32,7 +31,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from brokerd.http.metrics.detailed import DetailedMetricsPage, added_families
-from brokerd.http.metrics.node import identity
+from brokerd.http.metrics.node import identity, resident_memory_bytes
 from brokerd.http.nodename import node_name
 from brokerd.interfaces import ITimedCommits
 
@@ -110,16 +109,6 @@ QUEUE_GAUGES = (
     ("rabbitmq_queue_messages", "Sum of ready and unacknowledged messages - total queue depth"),
     ("rabbitmq_queue_consumers", "Consumers on a queue"),
 )
-
-
-def resident_memory_bytes():
-    """This process's resident set size, from /proc (0 where there is none)."""
-    try:
-        with open("/proc/self/statm", "rb") as statm:
-            pages = int(statm.read().split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
-    return pages * resource.getpagesize()
 
 
 class BrokerCollector(Collector):
