@@ -18,6 +18,8 @@ timers belong to its monitor, so that tests drive it with a fake clock.
 
 from twisted.logger import Logger
 
+from brokerd.model.alarm_waiters import AlarmWaiters
+
 log = Logger()
 
 DEFAULT_DISK_FREE_LIMIT = 50_000_000  # RabbitMQ's default, 50 MB
@@ -46,7 +48,7 @@ class DiskAlarm:
         self.free = None
         self.blocked = False
         self._clear_at = limit  # free bytes at which a raised alarm clears
-        self._waiting = {}  # callable -> None, in subscription order; called once on clearing
+        self._waiting = AlarmWaiters()  # publishers held until it clears
 
     def measured(self, free):
         """C{free} bytes are free now: raise the alarm below the limit, clear it at or above."""
@@ -80,14 +82,11 @@ class DiskAlarm:
 
     def when_unblocked(self, resume):
         """Call C{resume()} once the alarm clears (at once if it is not raised)."""
-        if self.blocked:
-            self._waiting[resume] = None
-        else:
-            resume()
+        self._waiting.when_clear(self.blocked, resume)
 
     def forget(self, resume):
         """A connection closed: do not call its C{resume}."""
-        self._waiting.pop(resume, None)
+        self._waiting.forget(resume)
 
     def _raise(self, why):
         self.blocked = True
@@ -100,6 +99,4 @@ class DiskAlarm:
             "free disk space is sufficient again ({free} bytes free, limit {limit}):"
             " unblocking publishers", free=self.free, limit=self.limit,
         )
-        waiting, self._waiting = self._waiting, {}
-        for resume in waiting:
-            resume()
+        self._waiting.release()
