@@ -13,9 +13,9 @@ import urllib.request
 
 import pika
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.httpapi import Api, amqp, module_broker
+from tests.support.metrics import scrape, value
 
 
 @pytest.fixture(scope="module")
@@ -26,25 +26,6 @@ def broker(tmp_path_factory):
 @pytest.fixture(scope="module")
 def api(broker):
     return Api(broker.wait_listening("HTTP API"))
-
-
-def scrape(broker, path):
-    """name -> [(labels, value)] of every sample at C{path}."""
-    host, port = broker.wait_address("Prometheus metrics")
-    with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=10) as response:
-        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-        text = response.read().decode("utf-8")
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
-    return samples
-
-
-def value(samples, name, **labels):
-    found = [sample_value for sample_labels, sample_value in samples.get(name, ()) if sample_labels == labels]
-    assert len(found) == 1, (name, labels, samples.get(name))
-    return found[0]
 
 
 def test_the_metrics_and_the_management_api_name_the_node_alike(broker, api):
