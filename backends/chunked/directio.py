@@ -88,7 +88,13 @@ class AlignedWriter:
         try:
             written = 0
             while written < size:
-                written += _pwrite(self.descriptor, view[written:size], self._base + written)
+                part = view[written:size]
+                try:
+                    written += _pwrite(self.descriptor, part, self._base + written)
+                finally:
+                    # Released even when the write fails (a full disk): the error's traceback
+                    # keeps the part, which would otherwise hold the buffer open for good.
+                    part.release()
         finally:
             view.release()
         self.writes += 1
@@ -112,7 +118,11 @@ def write_block(descriptor, offset, data):
         try:
             written = 0
             while written < len(buffer):
-                written += _pwrite(descriptor, view[written:], offset + written)
+                part = view[written:]
+                try:
+                    written += _pwrite(descriptor, part, offset + written)
+                finally:
+                    part.release()  # as in AlignedWriter._write_out
         finally:
             view.release()
     finally:

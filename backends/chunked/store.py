@@ -51,9 +51,10 @@ from backends.common.delayed_requests import (
 from backends.common.message_record import loaded_records, record_of, record_of_stored
 from backends.common.quarantine import QUARANTINE_DIRECTORY, RECORD_SUFFIX, unreadable_message
 from backends.common.topology_file import DurableTopology
-from backends.common.writer_thread import WriterThread
+from backends.common.writer_thread import WriterThread, appends_in
 from brokerd.interfaces import (
     DelayedMessage,
+    ICommitFailures,
     IDelayedMessageStore,
     IPagingStore,
     ITimedCommits,
@@ -64,7 +65,7 @@ from brokerd.storage.durability import SyncPolicy
 log = Logger()
 
 
-@implementer(IPagingStore, IDelayedMessageStore, ITimedCommits)
+@implementer(IPagingStore, IDelayedMessageStore, ITimedCommits, ICommitFailures)
 class ChunkedStore:
     """
     Keeps every persistent message once in a log of fixed-size chunks, and per
@@ -82,7 +83,7 @@ class ChunkedStore:
         self.directory = directory
         self.sync_policy = sync_policy or SyncPolicy()
         self._writer_thread = WriterThread(self.name, self.sync_policy, reactor, self._take_batch,
-                                           self._close_files, self._batch_written)
+                                           self._close_files, self._batch_written, appends_in)
         self._writer = ChunkedWriter(directory, chunk_size, index_chunk_entries, retain_chunks,
                                      retain_seconds, delayed_bucket_ms, delayed_flush_entries,
                                      compact_below, compact_bytes, compact_quiet)
@@ -155,6 +156,9 @@ class ChunkedStore:
         """
         return loaded_records(self.load, queue, self.recovered_handles(queue),
                               "its record is kept aside")
+
+    def watch_commit_failures(self, listener):
+        self._writer_thread.failures.watch(listener)
 
     def sync(self):
         return self._writer_thread.sync()

@@ -15,7 +15,7 @@ C{on_written}).
 
 from twisted.internet import defer
 
-from brokerd.storage.durability import GroupCommit
+from brokerd.storage.durability import CommitFailures, GroupCommit
 
 
 class WriterThread:
@@ -30,13 +30,17 @@ class WriterThread:
         stopped (after an open that failed, too).
     @param on_written: if given, on the reactor thread, what a commit's
         C{write_batch} returned, before the syncs it covers fire.
+    @param lost_in: if given, on the reactor thread, the C{(queue, handle)} of
+        the appends in the batch of a failed commit.
 
     @ivar state: C{new}, C{opening}, C{open}, C{closing} (the final commit is
         under way) or C{closed}.
     @ivar commit: the L{GroupCommit}, from open on (None before).
+    @ivar failures: the L{CommitFailures} of the commits, watched from before open on.
     """
 
-    def __init__(self, name, policy, reactor, take_batch, close_files, on_written=None):
+    def __init__(self, name, policy, reactor, take_batch, close_files, on_written=None,
+                 lost_in=None):
         self.name = name
         self.policy = policy
         self.state = "new"
@@ -45,6 +49,8 @@ class WriterThread:
         self._take_batch = take_batch
         self._close_files = close_files
         self._on_written = on_written
+        self._lost_in = lost_in
+        self.failures = CommitFailures(name)
         self._open_waiters = []  # Deferreds of close() calls made while opening
 
     @defer.inlineCallbacks
@@ -59,7 +65,8 @@ class WriterThread:
             raise RuntimeError(f"the {self.name} store was opened before")
         self.state = "opening"
         self.commit = GroupCommit(self._take_batch, write_batch, self.policy, self._reactor,
-                                  name=self.name, on_written=self._on_written)
+                                  name=self.name, on_written=self._on_written,
+                                  lost_in=self._lost_in, failures=self.failures)
         self.commit.start()
         try:
             found = yield self.commit.call(open_files)
@@ -128,3 +135,9 @@ class WriterThread:
                 yield self.commit.stop()
         finally:
             self._close_files()
+
+
+def appends_in(batch):
+    """The C{(queue, handle)} of the appends in a batch whose C{appends} maps each queue to
+    its handles (the chunked and filelog stores' batches)."""
+    return [(queue, handle) for queue, handles in batch.appends.items() for handle in handles]

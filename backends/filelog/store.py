@@ -32,7 +32,7 @@ from backends.common.delayed_requests import (
 from backends.common.handle_map import HandleMap
 from backends.common.message_record import loaded_records, record_of
 from backends.common.topology_file import DurableTopology
-from backends.common.writer_thread import WriterThread
+from backends.common.writer_thread import WriterThread, appends_in
 from backends.filelog.delayedlog import decode_delayed, encode_delayed
 from backends.filelog.figures import FiguresNow
 from backends.filelog.reads import FileReads, Routes
@@ -40,6 +40,7 @@ from backends.filelog.records import encode
 from backends.filelog.writer import ROUTE_BITS, FilelogWriter
 from brokerd.interfaces import (
     DelayedMessage,
+    ICommitFailures,
     IDelayedMessageStore,
     IPagingStore,
     ITimedCommits,
@@ -81,7 +82,7 @@ class Batch:
                     or self.delays or self.delay_releases or self.delay_lease is not None)
 
 
-@implementer(IPagingStore, IDelayedMessageStore, ITimedCommits)
+@implementer(IPagingStore, IDelayedMessageStore, ITimedCommits, ICommitFailures)
 class FilelogStore:
     """
     Keeps each durable queue's persistent messages in its own file, an ack
@@ -106,7 +107,7 @@ class FilelogStore:
         self.compact_min_records = compact_min_records
         self.compact_valid_ratio = compact_valid_ratio
         self._writer_thread = WriterThread(self.name, self.sync_policy, reactor, self._take_batch,
-                                           self._close_files, self._batch_written)
+                                           self._close_files, self._batch_written, appends_in)
         self._writer = FilelogWriter(directory, compact_min_records, compact_valid_ratio,
                                      delayed_bucket_ms)
         # the sets of queues messages are appended to, numbered for their handles
@@ -184,6 +185,9 @@ class FilelogStore:
 
     def delivery_counts(self, queue):
         return dict(self._recovered_counts.get(queue, ()))
+
+    def watch_commit_failures(self, listener):
+        self._writer_thread.failures.watch(listener)
 
     def sync(self):
         return self._writer_thread.sync()

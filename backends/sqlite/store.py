@@ -56,6 +56,7 @@ from backends.sqlite.schema import (
     canonical_arguments,
 )
 from brokerd.interfaces import (
+    ICommitFailures,
     IDelayedMessageStore,
     IPagingStore,
     ITimedCommits,
@@ -68,7 +69,7 @@ from brokerd.storage.durability import SyncPolicy
 DEFAULT_CACHE_SIZE = 16 << 20
 
 
-@implementer(IPagingStore, IDelayedMessageStore, ITimedCommits)
+@implementer(IPagingStore, IDelayedMessageStore, ITimedCommits, ICommitFailures)
 class SqliteStore:
     """
     Durable topology and persistent messages in one SQLite database.
@@ -89,7 +90,8 @@ class SqliteStore:
         self.path = path
         self.sync_policy = sync_policy or SyncPolicy()
         self._writer_thread = WriterThread(self.name, self.sync_policy, reactor, self._take_batch,
-                                           self._close_files, self._batch_written)
+                                           self._close_files, self._batch_written,
+                                           self._lost_appends)
         self._db = Database(path, self.sync_policy.mode)
         self._reader = MessageReader(path, cache_size)
         self._batch = Batch()
@@ -117,6 +119,15 @@ class SqliteStore:
     def open(self):
         """Start the writer thread, open (creating if need be) and load the database on it."""
         return self._writer_thread.open(self._db.open, self._db.write, self._loaded)
+
+    def watch_commit_failures(self, listener):
+        self._writer_thread.failures.watch(listener)
+
+    def _lost_appends(self, batch):
+        """The C{(queue, handle)} of the entries a failed commit's batch adds."""
+        keys = {queue_id: key for key, queue_id in self._queue_ids.items()}
+        return [(keys[queue_id], handle) for queue_id, handle in batch.entries
+                if queue_id in keys]
 
     def sync(self):
         return self._writer_thread.sync()

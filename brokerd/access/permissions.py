@@ -48,21 +48,24 @@ class ResourceAccess:
 
     def check_configure(self, kind, name):
         """Declaring or deleting the C{kind} (exchange, queue) called C{name}."""
-        if self._configure.search(name or DEFAULT_EXCHANGE_RESOURCE) is None:
-            raise self._refusal("configure", kind, name)
+        resource = name or DEFAULT_EXCHANGE_RESOURCE
+        if self._configure.search(resource) is None:
+            raise self._refusal("configure", kind, resource)
 
     def check_write(self, kind, name):
         """Publishing to an exchange; binding to a queue or exchange (the destination)."""
-        if self._write.search(name or DEFAULT_EXCHANGE_RESOURCE) is None:
-            raise self._refusal("write", kind, name)
+        resource = name or DEFAULT_EXCHANGE_RESOURCE
+        if self._write.search(resource) is None:
+            raise self._refusal("write", kind, resource)
 
     def check_read(self, kind, name):
         """
         Consuming from, getting from or purging a queue; binding from an
         exchange (the source).
         """
-        if self._read.search(name or DEFAULT_EXCHANGE_RESOURCE) is None:
-            raise self._refusal("read", kind, name)
+        resource = name or DEFAULT_EXCHANGE_RESOURCE
+        if self._read.search(resource) is None:
+            raise self._refusal("read", kind, resource)
 
     def queue_to_declare(self, name, passive, arguments=None):
         """

@@ -1,7 +1,7 @@
 """What an AMQP client is told of why the broker holds its publishes back.
 
 A connection may be held back for more than one reason at a time: the broker's
-memory alarm (every publisher) and its own share of memory
+memory and disk alarms (every publisher) and its own share of memory
 (L{brokerd.wire.connection_memory}). A client that understands connection.blocked
 is told once when the first reason comes, with that reason, and
 connection.unblocked once when the last one goes, so that lifting one does not
@@ -14,6 +14,15 @@ from brokerd.amqp import frames
 
 MEMORY_ALARM = "low on memory"  # RabbitMQ's reason for its memory alarm
 OVER_SHARE = "connection over its memory share"
+
+
+def alarm_reason(resources):
+    """
+    RabbitMQ's reason for the resource alarms that hold a publisher
+    (L{brokerd.wire.backpressure.MEMORY}, L{DISK<brokerd.wire.backpressure.DISK>}):
+    "low on memory", "low on disk", "low on memory & disk".
+    """
+    return "low on " + " & ".join(resources)
 
 
 class BlockedNotice:

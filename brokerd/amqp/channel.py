@@ -105,6 +105,7 @@ class AmqpChannel:
         "id", "model", "writes", "frame_max", "closing", "publish", "properties", "body_size",
         "parts", "received", "_receiver", "_connection", "_gate", "_cancel_notify",
         "_consumer_tags", "_body_bytes", "_watermark", "_decoded_properties", "_max_message_size",
+        "_disk_alarm",
     )
 
     def __init__(self, channel_id, receiver, connection, gate, frame_max, cancel_notify):
@@ -134,6 +135,7 @@ class AmqpChannel:
         self._consumer_tags = {}  # consumer tag -> its UTF-8 bytes
         self._body_bytes = content.body_bytes
         self._watermark = content.watermark
+        self._disk_alarm = connection.broker.disk_alarm
         self._decoded_properties = content.decoded_properties
         self._max_message_size = content.max_message_size
         self.model = connection.open_channel(channel_id, self)
@@ -252,7 +254,7 @@ class AmqpChannel:
             self.model.publish(message, mandatory)
         except ChannelError as error:
             self.close(error, frames.BASIC_PUBLISH)
-        if self._watermark.blocked:
+        if self._watermark.blocked or self._disk_alarm.blocked:
             self._gate.check()
 
     def release_content(self):
@@ -293,8 +295,8 @@ class AmqpChannel:
         self.publish = self.properties = self.parts = None
         self.release_content()
         close = commands.Channel.Close(
-            reply_code=error.reply_code, reply_text=error.reply_text[:255], class_id=index >> 16,
-            method_id=index & 0xFFFF,
+            reply_code=error.reply_code, reply_text=frames.short_reply_text(error.reply_text),
+            class_id=index >> 16, method_id=index & 0xFFFF,
         )
         self.writes.send(frames.method_frame(self.id, close))
 

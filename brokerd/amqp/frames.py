@@ -50,6 +50,17 @@ _CONTENT_HEADER_START = Struct(">BHIHHQ")  # frame start, class, weight, body si
 _CONTENT_HEADER_FIXED = 12  # class, weight, body size
 
 
+def short_reply_text(text):
+    """
+    A close's reply text as a short string: past 255 bytes, its first 252 and
+    "...", as RabbitMQ's C{rabbit_channel} cuts it (here never inside a character).
+    """
+    raw = text.encode("utf-8")
+    if len(raw) <= 255:
+        return text
+    return raw[:252].decode("utf-8", "ignore") + "..."
+
+
 def method_frame(channel, method):
     """Any method frame, encoded by pamqp."""
     return pamqp_frame.marshal(method, channel)

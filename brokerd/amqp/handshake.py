@@ -32,7 +32,7 @@ from zope.interface import Interface
 import brokerd
 from brokerd.amqp import frames
 from brokerd.amqp.auth import LoginRefused
-from brokerd.amqp.blocked_notice import MEMORY_ALARM, OVER_SHARE, BlockedNotice
+from brokerd.amqp.blocked_notice import MEMORY_ALARM, OVER_SHARE, BlockedNotice, alarm_reason
 from brokerd.amqp.settings import SERVER_CAPABILITIES
 from brokerd.amqp.table_arguments import decode_method
 from brokerd.errors import (
@@ -126,6 +126,7 @@ class AmqpHandshake:
         """
         self._inbound = inbound
         self._blocked = BlockedNotice(writes)
+        self._alarm_reason = None  # what the broker's alarms told the client
         self._reader = reader
         self.broker = broker
         self._clock = broker.clock
@@ -140,6 +141,7 @@ class AmqpHandshake:
         self.channel_max = settings.channel_max
         self.heartbeat = 0
         self.client_properties = {}
+        self.auth_mechanism = None  # the SASL mechanism of start-ok
         self.client_capabilities = {}
         self._timeout_call = None
         self._heartbeat_loop = None
@@ -194,6 +196,11 @@ class AmqpHandshake:
         if self.client_capabilities.get("connection.blocked") and self.state == OPEN:
             self._blocked.change(reason, blocked)
 
+    def _alarms_changed(self, blocked_by):
+        """The broker's resource alarms (C{blocked_by}) hold this publisher, or no longer do."""
+        if blocked_by:
+            self._alarm_reason = alarm_reason(blocked_by)
+        self._blocked_changed(bool(blocked_by), self._alarm_reason)
 
     # -- the connection handshake and close
 
@@ -247,6 +254,7 @@ class AmqpHandshake:
         self.client_capabilities = capabilities if isinstance(capabilities, dict) else {}
         self.state = AUTHENTICATING
         response = method.response
+        self.auth_mechanism = method.mechanism
         if isinstance(response, str):
             response = response.encode()  # pamqp decoded these bytes as UTF-8: the same bytes again
         d = self._settings.authenticator.login(
@@ -314,7 +322,7 @@ class AmqpHandshake:
         name = properties.get("connection_name") or properties.get("product") or ""
         self.connection = Connection(
             self.broker, vhost, str(name), AMQP_0_9_1, self.transport, self.user, properties,
-            resource_access, limits=authenticator.limits,
+            resource_access, limits=authenticator.limits, auth_mechanism=self.auth_mechanism,
         )
         self.connection.tuning = {
             "channel_max": self.channel_max, "frame_max": self.frame_max, "timeout": self.heartbeat,
@@ -325,7 +333,8 @@ class AmqpHandshake:
             self._inbound.on_blocked = partial(self._blocked_changed, reason=OVER_SHARE)
         self.connection.closer = self.close
         self.connection.channel_closer = self._reader.close_channel
-        self.gate = PublisherGate(self.broker.watermark, self.transport, self._blocked_changed)
+        self.gate = PublisherGate(self.broker.watermark, self.transport, self._alarms_changed,
+                                  self.broker.disk_alarm)
         self.state = OPEN
         if self._timeout_call is not None and self._timeout_call.active():
             self._timeout_call.cancel()
@@ -422,8 +431,8 @@ class AmqpHandshake:
         self.state = CLOSING
         self._reader.drop_unread()
         close = commands.Connection.Close(
-            reply_code=error.reply_code, reply_text=error.reply_text[:255], class_id=index >> 16,
-            method_id=index & 0xFFFF,
+            reply_code=error.reply_code, reply_text=frames.short_reply_text(error.reply_text),
+            class_id=index >> 16, method_id=index & 0xFFFF,
         )
         self._writes.send(frames.method_frame(0, close))
         self._writes.flush()

@@ -25,7 +25,7 @@ def connection_info(api, connection):
     peer_host, peer_port = connection.peer or (None, None)
     host, port = connection.local or (None, None)
     counts = connection.message_counts()
-    return {
+    info = {
         "name": connection.name,
         "node": api.context.node,
         "type": "network",
@@ -43,11 +43,16 @@ def connection_info(api, connection):
         "recv_oct": connection.bytes_received,
         "send_oct": connection.bytes_sent,
         "connected_at": connection.connected_at,
-        "ssl": False,
-        "auth_mechanism": "PLAIN",
+        **connection.tls,
+        "auth_mechanism": connection.auth_mechanism,
         "message_counts": counts,
         **connection.tuning,
     }
+    # As RabbitMQ: the client's connection_name property, when it gave one as a string.
+    provided = connection.client_properties.get("connection_name")
+    if isinstance(provided, str):
+        info["user_provided_name"] = provided
+    return info
 
 
 def list_connections(api, vhost=None):
@@ -66,7 +71,15 @@ def _connection(api, name):
 
 
 def get_connection(api, name):
-    return connection_info(api, _connection(api, name))
+    """
+    One connection; as RabbitMQ 3.10, its TLS details are empty strings where
+    the listing has null (no TLS, or no client certificate).
+    """
+    info = connection_info(api, _connection(api, name))
+    for key, value in info.items():
+        if value is None and key.startswith(("ssl_", "peer_cert_")):
+            info[key] = ""
+    return info
 
 
 def close_connection(api, name):

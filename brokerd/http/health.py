@@ -5,7 +5,8 @@ A check that passes answers 200 C{{"status": "ok", ...}}; one that fails
 answers 503 C{{"status": "failed", "reason": ...}} with what is missing, as
 RabbitMQ's C{rabbit_mgmt_wm_health_check_*} do, so load balancers and
 Kubernetes probes written for RabbitMQ read brokerd the same way. The alarms
-brokerd raises are the memory watermark's (resource C{memory}).
+brokerd raises are the memory watermark's (resource C{memory}) and the disk
+alarm's (resource C{disk space}), named as RabbitMQ names them.
 """
 
 from brokerd.http.operations import management_channel
@@ -32,9 +33,12 @@ class HealthCheckFailed(ApiError):
 
 def _alarms(api):
     context = api.context
+    found = []
     if context.broker.watermark.blocked:
-        return [{"resource": "memory", "node": context.node}]
-    return []
+        found.append({"resource": "memory", "node": context.node})
+    if context.broker.disk_alarm.blocked:
+        found.append({"resource": "disk space", "node": context.node})
+    return found
 
 
 def alarms(api):

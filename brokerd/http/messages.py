@@ -14,7 +14,7 @@ L{brokerd.http.operations.management_channel}, so permissions apply as over AMQP
 import base64
 
 from brokerd.http.operations import management_channel
-from brokerd.http.routes import bad_request, json_body, not_found
+from brokerd.http.routes import bad_request, channel_refusal, json_body, publish_refusal
 from brokerd.proto import messages_pb2
 from brokerd.proto.tables import dict_to_table, table_to_dict
 
@@ -84,10 +84,9 @@ def publish(api, vhost, name):
             raw = base64.b64decode(payload, validate=True)
     except ValueError:
         raise bad_request("payload is not valid base64") from None
-    if name not in api.model_vhost(vhost).exchanges and name != "amq.default":
-        raise not_found()
+    api.model_vhost(vhost)
     exchange = "" if name == "amq.default" else name
-    with management_channel(api, vhost) as channel:
+    with management_channel(api, vhost, publish_refusal) as channel:
         published = channel.messages_published
         channel.basic_publish(
             exchange, str(body["routing_key"]), build_properties(body["properties"]), raw,
@@ -110,10 +109,9 @@ def get(api, vhost, name):
     if encoding not in ("auto", "base64"):
         raise bad_request("encoding must be auto or base64")
     truncate = body.get("truncate")
-    if name not in api.model_vhost(vhost).queues:
-        raise not_found()
+    api.model_vhost(vhost)
     answers = []
-    with management_channel(api, vhost) as channel:
+    with management_channel(api, vhost, channel_refusal) as channel:
         for _ in range(max(count, 0)):
             got = channel.basic_get(name, no_ack=mode[0] == "ack")
             if got is None:

@@ -13,10 +13,14 @@ import contextlib
 
 from zope.interface import implementer
 
-from brokerd.errors import BrokerError
-from brokerd.http.routes import broker_error
+from twisted.logger import Logger
+
+from brokerd.errors import AccessRefused, BrokerError, NotAllowed
+from brokerd.http.routes import direct_refusal
 from brokerd.interfaces import IChannelPeer
 from brokerd.session.connection import Connection
+
+log = Logger()
 
 
 @implementer(IChannelPeer)
@@ -40,11 +44,12 @@ class QuietPeer:
 
 
 @contextlib.contextmanager
-def management_channel(api, vhost_name):
+def management_channel(api, vhost_name, refusal=direct_refusal):
     """
     A channel of user C{api.user} on vhost C{vhost_name}, closed (with its
     un-acked messages requeued) on leaving; a broker refusal inside becomes
-    RabbitMQ's HTTP answer for it.
+    the HTTP answer C{refusal} makes of it (RabbitMQ answers a declare's, a
+    get's and a publish's refusals each in its own way: L{brokerd.http.routes}).
     """
     access = api.resource_access(vhost_name)
     try:
@@ -52,11 +57,13 @@ def management_channel(api, vhost_name):
             api.context.broker, vhost_name, "management API", user=api.user, access=access
         )
     except BrokerError as problem:
-        raise broker_error(problem) from None
+        raise refusal(problem) from None
     try:
         yield connection.open_channel(1, QuietPeer())
     except BrokerError as problem:
-        raise broker_error(problem) from None
+        if isinstance(problem, (AccessRefused, NotAllowed)):  # the answer may not say why
+            log.warn("management API request of user '{user}' refused: {problem}",
+                     user=api.user, problem=problem.text)
+        raise refusal(problem) from None
     finally:
-        connection.close()
-        api.context.totals.count_closed(connection)
+        connection.close()  # its counts stay in the broker's totals

@@ -1,10 +1,12 @@
 """C{/api/overview}, C{/api/whoami} and C{/api/nodes}: the broker at a glance, in RabbitMQ's shapes.
 
-Message figures add up the counters every connection keeps
-(L{brokerd.session.connection.Connection.message_counts}, closed connections and
-the management API's own publishes and gets included through
-L{MessageTotals}); rates are per second over the last 5 to 10 seconds
-(L{brokerd.http.rates.CounterRates}), as RabbitMQ's C{*_details.rate}.
+Message figures are the broker-wide counters since start
+(L{brokerd.model.counters.MessageCounters.totals}: the open connections' counts
+added to those every connection left when it closed, the management API's own
+publishes and gets included), so a connection that published and closed between
+two looks is counted as in RabbitMQ's global counters; rates are per second over
+the last 5 to 10 seconds (L{brokerd.http.rates.CounterRates}), as RabbitMQ's
+C{*_details.rate}.
 """
 
 import os
@@ -16,14 +18,25 @@ from brokerd.access.parameters import CLUSTER_NAME
 from brokerd.http.rates import CounterRates
 from brokerd.http.routes import not_found
 from brokerd.model.exchange import DELAYED_TYPE, EXCHANGE_TYPES
-from brokerd.session.channel import MESSAGE_COUNTERS
 
 MANAGEMENT_VERSION = "3.10.8"  # the RabbitMQ management API whose shapes this follows
 PRODUCT_NAME = "brokerd"
 
-# RabbitMQ's message_stats names for brokerd's connection counters
-STAT_NAMES = {"messages_published": "publish", "messages_delivered": "deliver_get",
-              "messages_redelivered": "redeliver", "messages_acked": "ack"}
+# RabbitMQ's message_stats names (as its /api/overview gives them) for brokerd's counters
+STAT_NAMES = {
+    "publish": "messages_published",
+    "confirm": "messages_confirmed",
+    "return_unroutable": "messages_unroutable_returned",
+    "drop_unroutable": "messages_unroutable_dropped",
+    "deliver": "messages_delivered_manual_ack",
+    "deliver_no_ack": "messages_delivered_no_ack",
+    "get": "messages_got_manual_ack",
+    "get_no_ack": "messages_got_no_ack",
+    "get_empty": "gets_empty",
+    "deliver_get": "messages_delivered",
+    "redeliver": "messages_redelivered",
+    "ack": "messages_acked",
+}
 
 
 def product_version():
@@ -37,55 +50,37 @@ def product_version():
 
 class MessageTotals:
     """
-    The broker's message counters since start: the open connections' added
-    to those of connections that closed (noted when the overview sees them
-    gone), and the rate of each per second.
+    The broker's message counters since start, every protocol's added up, and
+    the rate of each per second.
+
+    The rates' first sample is taken when this is made (the management API's
+    start), so the first look after a burst already shows its rate.
     """
 
-    def __init__(self, clock):
-        self.clock = clock
-        self._seen = {}  # connection -> its counts when last looked at
-        self._closed = dict.fromkeys(MESSAGE_COUNTERS, 0)
-        self._rates = None  # CounterRates of the STAT_NAMES counters, from the first look
+    def __init__(self, broker):
+        self.broker = broker
+        self._rates = CounterRates(broker.clock.seconds(), self._counts())
 
-    def count_closed(self, connection):
-        """Add the counts of a connection that closed unseen (a management request's own)."""
-        counts = connection.message_counts()
-        for name in MESSAGE_COUNTERS:
-            self._closed[name] += counts[name]
+    def _counts(self):
+        """The L{STAT_NAMES} counters' totals now, in that order."""
+        broker = self.broker
+        counts = [0] * len(STAT_NAMES)
+        for protocol_counts in broker.counters.totals(broker.connections).values():
+            for index, counter in enumerate(STAT_NAMES.values()):
+                counts[index] += protocol_counts[counter]
+        return tuple(counts)
 
-    def totals(self, connections):
-        current = {connection: connection.message_counts() for connection in connections}
-        for connection, counts in self._seen.items():
-            if connection not in current:
-                for name in MESSAGE_COUNTERS:
-                    self._closed[name] += counts[name]
-        self._seen = current
-        totals = dict(self._closed)
-        for counts in current.values():
-            for name in MESSAGE_COUNTERS:
-                totals[name] += counts[name]
-        return totals
-
-    def message_stats(self, connections):
+    def message_stats(self):
         """
-        RabbitMQ's C{message_stats}: C{publish}, C{deliver_get}, C{ack}... each
-        with C{*_details.rate}.
+        RabbitMQ's C{message_stats}: C{publish}, C{deliver}, C{get}, C{deliver_get},
+        C{ack}... each with C{*_details.rate}.
         """
-        totals = self.totals(connections)
-        now = self.clock.seconds()
-        counts = tuple(totals[counter] for counter in STAT_NAMES)
-        if self._rates is None:
-            self._rates = CounterRates(now, counts)
+        counts = self._counts()
+        rates = self._rates.rates(self.broker.clock.seconds(), counts)
         stats = {}
-        for (counter, name), rate in zip(STAT_NAMES.items(), self._rates.rates(now, counts)):
-            stats[name] = totals[counter]
+        for name, count, rate in zip(STAT_NAMES, counts, rates):
+            stats[name] = count
             stats[f"{name}_details"] = {"rate": round(rate, 1)}
-        # brokerd counts deliveries and gets together (deliver_get).
-        stats["deliver"] = stats["get"] = 0
-        stats["deliver_details"] = stats["get_details"] = {"rate": 0.0}
-        stats["confirm"] = stats["publish"]
-        stats["confirm_details"] = dict(stats["publish_details"])
         return stats
 
 
@@ -122,7 +117,7 @@ def overview(api):
         "cluster_name": context.access.runtime.global_parameters.get(CLUSTER_NAME, context.node),
         "node": context.node,
         "erlang_version": "n/a",
-        "message_stats": context.totals.message_stats(broker.connections),
+        "message_stats": context.totals.message_stats(),
         "queue_totals": {"messages": ready + unacked_total, "messages_ready": ready,
                          "messages_unacknowledged": unacked_total},
         "object_totals": {
@@ -181,6 +176,7 @@ def node_info(context):
         fd_used = 0
     fd_total = os_resource.getrlimit(os_resource.RLIMIT_NOFILE)[0]
     watermark = context.broker.watermark
+    disk_alarm = context.broker.disk_alarm
     return {
         "name": context.node,
         "type": "disc",
@@ -194,7 +190,9 @@ def node_info(context):
         "fd_total": fd_total,
         "sockets_used": sum(1 for _ in context.broker.connections),
         "proc_used": 1,
-        "disk_free_alarm": False,
+        "disk_free_limit": disk_alarm.limit,
+        "disk_free_alarm": disk_alarm.blocked,
+        "disk_free": disk_alarm.free if disk_alarm.free is not None else 0,
         "processors": os.cpu_count() or 1,
         "applications": [
             {"name": "brokerd", "description": "brokerd", "version": product_version()},

@@ -8,8 +8,11 @@ C{/api/vhost-limits/{vhost}/{name}} sets or clears one limit (204);
 C{/api/user-limits[/{user}]} and C{/api/user-limits/{user}/{name}} the same
 for users. Refusals carry RabbitMQ's statuses and texts, the C{/api/parameters}
 ones HTML-escaped as RabbitMQ's are. Runtime parameters are for
-administrators and policymakers with access to the vhost, the rest for
-administrators; every change is durable before the answer and logged.
+administrators and policymakers with access to the vhost, global parameters
+and changes of limits for administrators; as RabbitMQ 3.10, every management
+user may read the limits of the vhosts it sees and of every user. Limits are
+listed by name, as RabbitMQ lists them; every change is durable before the
+answer and logged.
 """
 
 from html import escape
@@ -187,9 +190,13 @@ def list_vhost_limits(api, vhost=None):
     names = [api.vhost_named(vhost)] if vhost is not None else api.visible_vhosts()
     runtime = api.context.access.runtime
     return [
-        {"vhost": name, "value": runtime.vhost_limits(name)}
+        {"vhost": name, "value": _by_name(runtime.vhost_limits(name))}
         for name in names if runtime.vhost_limits(name)
     ]
+
+
+def _by_name(limits):
+    return dict(sorted(limits.items()))
 
 
 def put_vhost_limit(api, vhost, name):
@@ -229,13 +236,12 @@ def _set_vhost_limits(api, vhost, limits):
 # -- user limits
 
 def list_user_limits(api, user=None):
-    api.check_administrator()
     access = api.context.access
     if user is not None and access.user(user) is None:
         raise not_found()
     names = [user] if user is not None else sorted(access.users)
     return [
-        {"user": name, "value": dict(access.users[name].limits)}
+        {"user": name, "value": _by_name(access.users[name].limits)}
         for name in names if access.users[name].limits
     ]
 

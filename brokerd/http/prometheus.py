@@ -5,30 +5,34 @@ own (not the library's global one) that reads the broker's state when
 scraped: queues, connections, channels and consumers, the broker-wide message
 counters (L{brokerd.model.counters}), the memory watermark, the stores'
 figures (fsyncs, commit times, chunk reads, cache hit ratio, labelled with the
-backend) and the failed logins. Nothing is counted per message for it, and a
-scrape costs O(queues + connections + channels + consumers).
+backend) and the failed logins, and RabbitMQ's further families of channels,
+connections, churn, the node and queue bytes (L{brokerd.http.metrics}). Nothing
+is counted per message for it, and a scrape costs O(queues + connections +
+channels + consumers + un-acked deliveries).
 
 L{metrics_site} serves it with twisted.web on the reactor thread (the state
 it reads belongs to that thread, so prometheus_client's WSGI resource, which
 runs in a thread pool, would not do): C{/metrics} with queue figures summed
 over the queues, C{/metrics/per-object} with one sample per queue, labelled
-C{vhost} and C{queue}, as RabbitMQ's two endpoints.
+C{vhost} and C{queue}, as RabbitMQ's two endpoints, and C{/metrics/detailed}
+with the families its query names (L{brokerd.http.metrics.detailed}).
 """
 
-import resource
 
 from prometheus_client import generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
-    InfoMetricFamily,
+    UnknownMetricFamily,
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
-from brokerd import __version__
+from brokerd.http.metrics.detailed import DetailedMetricsPage, added_families
+from brokerd.http.metrics.node import identity, resident_memory_bytes
+from brokerd.http.nodename import node_name
 from brokerd.interfaces import ITimedCommits
 
 # The text format every Prometheus server reads, and what RabbitMQ's plugin answers with.
@@ -74,6 +78,30 @@ GLOBAL_COUNTERS = (
         "messages_acknowledged", "Total number of messages acknowledged by consumers",
         "messages_acked",
     ),
+    (
+        "messages_delivered_consume_manual_ack",
+        "Total number of messages delivered to consumers using manual acknowledgement mode",
+        "messages_delivered_manual_ack",
+    ),
+    (
+        "messages_delivered_consume_auto_ack",
+        "Total number of messages delivered to consumers using automatic acknowledgement mode",
+        "messages_delivered_no_ack",
+    ),
+    (
+        "messages_delivered_get_manual_ack",
+        "Total number of messages fetched with basic.get using manual acknowledgement mode",
+        "messages_got_manual_ack",
+    ),
+    (
+        "messages_delivered_get_auto_ack",
+        "Total number of messages fetched with basic.get using automatic acknowledgement mode",
+        "messages_got_no_ack",
+    ),
+    (
+        "messages_get_empty", "Total number of times basic.get operations fetched no message",
+        "gets_empty",
+    ),
 )
 QUEUE_GAUGES = (
     ("rabbitmq_queue_messages_ready", "Messages ready to be delivered to consumers"),
@@ -81,16 +109,6 @@ QUEUE_GAUGES = (
     ("rabbitmq_queue_messages", "Sum of ready and unacknowledged messages - total queue depth"),
     ("rabbitmq_queue_consumers", "Consumers on a queue"),
 )
-
-
-def resident_memory_bytes():
-    """This process's resident set size, from /proc (0 where there is none)."""
-    try:
-        with open("/proc/self/statm", "rb") as statm:
-            pages = int(statm.read().split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
-    return pages * resource.getpagesize()
 
 
 class BrokerCollector(Collector):
@@ -102,10 +120,11 @@ class BrokerCollector(Collector):
         of one summed over the queues.
     """
 
-    def __init__(self, broker, access=None, per_object=False):
+    def __init__(self, broker, access=None, per_object=False, node=None):
         self.broker = broker
         self.access = access
         self.per_object = per_object
+        self.node = node if node is not None else node_name()  # as the management API names it
 
     def collect(self):
         broker = self.broker
@@ -113,7 +132,9 @@ class BrokerCollector(Collector):
         yield from self._connections(broker)
         yield from self._global_counters(broker)
         yield from self._memory(broker)
+        yield from self._disk(broker)
         yield from self._stores(broker)
+        yield from added_families(broker, self.per_object)
         if self.access is not None:
             failed = CounterMetricFamily(
                 "brokerd_failed_logins", "Logins refused, by the user name given", labels=["user"]
@@ -121,10 +142,7 @@ class BrokerCollector(Collector):
             for user, count in sorted(self.access.failed_logins.items()):
                 failed.add_metric([user], count)
             yield failed
-        info = InfoMetricFamily("rabbitmq_identity", "Node and cluster identity")
-        info.add_metric([], {"rabbitmq_node": "brokerd", "rabbitmq_cluster": "brokerd",
-                             "brokerd_version": __version__})
-        yield info
+        yield from identity(self.node)  # rabbitmq_build_info and rabbitmq_identity_info
 
     def _unacked_by_queue(self, broker):
         """
@@ -241,6 +259,16 @@ class BrokerCollector(Collector):
             value=1 if watermark.blocked else 0,
         )
 
+    def _disk(self, broker):
+        """The disk alarm, with rabbitmq_prometheus' names, help and types."""
+        alarm = broker.disk_alarm  # the free space itself is in node_coarse_metrics
+        yield GaugeMetricFamily("rabbitmq_disk_space_available_limit_bytes",
+                                "Free disk space low watermark in bytes", value=alarm.limit)
+        yield UnknownMetricFamily(
+            "rabbitmq_alarms_free_disk_space_watermark",
+            "is 1 if free disk space watermark alarm is in effect", value=int(alarm.blocked),
+        )
+
     def _stores(self, broker):
         # vhost: "" for the broker's store, else the vhost that has its own
         labels = ["backend", "vhost"]
@@ -299,13 +327,13 @@ class MetricsPage(Resource):
         return generate_latest(self.registry)
 
 
-def registry_for(broker, access=None, per_object=False):
+def registry_for(broker, access=None, per_object=False, node=None):
     """
     A private C{prometheus_client.CollectorRegistry} holding a
     L{BrokerCollector} of C{broker}.
     """
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(broker, access, per_object))
+    registry.register(BrokerCollector(broker, access, per_object, node))
     return registry
 
 
@@ -319,10 +347,15 @@ class QuietSite(Site):
         pass
 
 
-def metrics_site(broker, access=None):
-    """The Site of C{--prometheus}: C{/metrics} (aggregated) and C{/metrics/per-object}."""
-    aggregated = MetricsPage(registry_for(broker, access))
-    aggregated.putChild(b"per-object", MetricsPage(registry_for(broker, access, per_object=True)))
+def metrics_site(broker, access=None, node=None):
+    """
+    The Site of C{--prometheus}: C{/metrics} (aggregated), C{/metrics/per-object} and
+    C{/metrics/detailed} (L{brokerd.http.metrics.detailed}).
+    """
+    node = node if node is not None else node_name()
+    aggregated = MetricsPage(registry_for(broker, access, node=node))
+    aggregated.putChild(b"per-object", MetricsPage(registry_for(broker, access, True, node)))
+    aggregated.putChild(b"detailed", DetailedMetricsPage(broker, node))
     root = Resource()
     root.putChild(b"metrics", aggregated)
     return QuietSite(root)

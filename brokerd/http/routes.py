@@ -56,16 +56,55 @@ def not_authorised(reason):
     )
 
 
+ACCESS_REFUSED = "Access refused."  # rabbit_mgmt_util's reason for a refused permission
+
+
 def broker_error(problem):
     """
-    A model refusal as RabbitMQ's management API answers it
-    (C{rabbit_mgmt_util:with_channel}).
+    A broker refusal as RabbitMQ's management API answers one outside a
+    channel: 404 as cowboy's, 401 with the refusal's text, else 400 with the
+    bare text, without the AMQP code RabbitMQ keeps for channel replies.
     """
     if isinstance(problem, NotFound):
         return not_found()
     if isinstance(problem, (AccessRefused, NotAllowed)):
         return not_authorised(problem.text)
-    # "406 PRECONDITION_FAILED - ...", as RabbitMQ's bad_request_exception
+    return bad_request(problem.text)
+
+
+def direct_refusal(problem):
+    """
+    A refused declare, delete, bind, unbind or purge as RabbitMQ answers it
+    (C{rabbit_mgmt_util:direct_request}): 404 C{not_found} with the bare text,
+    401 "Access refused." for a refused permission, else 400 with the bare text.
+    """
+    if isinstance(problem, NotFound):
+        return ApiError(404, "not_found", problem.text)
+    if isinstance(problem, (AccessRefused, NotAllowed)):
+        return not_authorised(ACCESS_REFUSED)
+    return bad_request(problem.text)
+
+
+def channel_refusal(problem):
+    """
+    A refused get as RabbitMQ answers it (C{rabbit_mgmt_util:with_channel}):
+    the AMQP reply text ("NOT_FOUND - ...") with 404 or 401, else 400 with the
+    code in front ("405 RESOURCE_LOCKED - ...").
+    """
+    if isinstance(problem, NotFound):
+        return ApiError(404, "not_found", problem.reply_text)
+    if isinstance(problem, AccessRefused):
+        return not_authorised(problem.reply_text)
+    if isinstance(problem, NotAllowed):
+        return not_authorised(ACCESS_REFUSED)
+    return bad_request(str(problem))
+
+
+def publish_refusal(problem):
+    """
+    A refused publish as RabbitMQ answers it (its channel closed under it):
+    400 with the code in front, whatever the refusal ("404 NOT_FOUND - ...").
+    """
     return bad_request(str(problem))
 
 

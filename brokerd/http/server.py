@@ -22,6 +22,7 @@ from brokerd.access.permissions import ResourceAccess
 from brokerd.errors import BrokerError
 from brokerd.http.dashboard import add_dashboard
 from brokerd.http.listing import ListingQuery
+from brokerd.http.nodename import node_name
 from brokerd.http.overview import MessageTotals
 from brokerd.http.routes import (
     ApiError,
@@ -53,15 +54,15 @@ class ApiContext:
     """
 
     def __init__(
-        self, broker, access, management, listeners=(), started_at=None, node="brokerd@localhost"
+        self, broker, access, management, listeners=(), started_at=None, node=None
     ):
         self.broker = broker
         self.access = access
         self.management = management
         self.listeners = listeners
         self.started_at = started_at if started_at is not None else broker.clock.seconds()
-        self.node = node
-        self.totals = MessageTotals(broker.clock)
+        self.node = node if node is not None else node_name()  # brokerd@host
+        self.totals = MessageTotals(broker)
 
 
 class ApiRequest:

@@ -370,17 +370,19 @@ def bindings_to_exchange(api, vhost, source, destination):
 
 
 def _bind(api, vhost, source, kind, destination, prefix):
-    _between(api, vhost, source, kind, destination)
+    """Bind as RabbitMQ does: a missing end is the channel's 404, C{amq.default} is C{""}."""
+    api.model_vhost(vhost)
     body = json_body(api.request)
     routing_key = body.get("routing_key", "")
     if not isinstance(routing_key, str):
         raise bad_request("routing_key must be a string")
     arguments = _arguments(body)
+    exchange = DEFAULT_EXCHANGE if source == "amq.default" else source
     with management_channel(api, vhost) as channel:
         if kind == "queue":
-            channel.queue_bind(destination, source, routing_key, arguments)
+            channel.queue_bind(destination, exchange, routing_key, arguments)
         else:
-            channel.exchange_bind(destination, source, routing_key, arguments)
+            channel.exchange_bind(destination, exchange, routing_key, arguments)
     path = "/".join(quote(part, safe="") for part in (vhost, "e", source, prefix, destination))
     return Created(f"/api/bindings/{path}/{properties_key(routing_key, arguments)}")
 

@@ -6,7 +6,8 @@ back as one neutral L{MessageRecord}; a storage backend is found by name
 through L{IStoreBackend}, and a vhost with a store of its own has it built
 and opened by L{IVhostStores}. L{IDelayedMessageStore} is the storage half of
 delayed delivery (the C{x-delayed-message} exchange type); a durable store's
-commit times, for the metrics, come through L{ITimedCommits}. L{IChannelPeer} is
+commit times, for the metrics, come through L{ITimedCommits}, and what its
+failed commits lost through L{ICommitFailures}. L{IChannelPeer} is
 what a protocol adapter gives a channel so the channel can push deliveries,
 returns and confirms to its client. The model calls up only through named
 roles: a queue serves an L{IConsumer}, an exclusive queue belongs to an
@@ -21,6 +22,7 @@ L{brokerd.interfaces.roles}; every layer imports them from here.
 from brokerd.interfaces.roles import IChannelPeer, IConsumer, IExpiringQueue, IQueueOwner
 from brokerd.interfaces.stores import (
     DelayedMessage,
+    ICommitFailures,
     IDelayedMessageStore,
     IMessageStore,
     IPagingStore,
@@ -37,6 +39,7 @@ from brokerd.interfaces.stores import (
 __all__ = [
     "DelayedMessage",
     "IChannelPeer",
+    "ICommitFailures",
     "IConsumer",
     "IDelayedMessageStore",
     "IExpiringQueue",

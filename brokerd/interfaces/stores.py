@@ -371,6 +371,23 @@ class ITimedCommits(Interface):
         """The store's L{brokerd.storage.durability.CommitTimes}, or None before it has opened."""
 
 
+class ICommitFailures(Interface):
+    """
+    A store whose commits can fail while it runs (a full disk): it says which
+    appends a failed commit lost, so that the broker never delivers a message
+    whose publish it nacked. The store acts as if it never held them: an
+    C{ack} of one afterwards is harmless, and a restart does not bring back one
+    that a later commit acked.
+    """
+
+    def watch_commit_failures(listener):
+        """
+        Call C{listener(failure, lost)} on the reactor thread after each failed
+        commit, before the syncs it covers fail: C{failure} is why, C{lost} a
+        list of the C{(queue key, handle)} of the appends it held.
+        """
+
+
 class IVhostStores(Interface):
     """
     The stores of the vhosts that have one of their own (created with a

@@ -9,14 +9,21 @@ it with 530, naming the damage, while the other vhosts serve.
 Protocol adapters open L{connections<brokerd.session.connection.Connection>} on
 a broker; everything they do goes through the connection's channels to the
 virtual host they opened.
+
+A store commit that fails (a full disk) nacks the publishes it covers; the
+broker takes the messages it lost out of their queues before anyone sees them
+(L{brokerd.interfaces.ICommitFailures}).
 """
 
 from twisted.logger import Logger
 
 from brokerd.errors import NotAllowed
-from brokerd.interfaces import IDelayedMessageStore, IPagingStore, QuarantinedRecord, StoreCorrupted
+from brokerd.interfaces import (
+    ICommitFailures, IDelayedMessageStore, IPagingStore, QuarantinedRecord, StoreCorrupted,
+)
 from brokerd.model.counters import MessageCounters
 from brokerd.model.delayeddelivery import DelayScheduler
+from brokerd.model.disk_alarm import DiskAlarm
 from brokerd.model.message import Message
 from brokerd.model.replyto import ReplyConsumers
 from brokerd.model.vhost import VirtualHost
@@ -50,14 +57,20 @@ class Broker:
         the message counts of closed connections, for totals since start.
     @ivar connection_memory: the L{ConnectionMemoryLimits} every client
         connection is held to (a share of the watermark by default).
+    @ivar disk_alarm: the L{DiskAlarm}, which blocks publishers beside the
+        memory C{watermark} (never raised unless something measures the disk).
+    @ivar on_commit_failed: if set, called with the failure of each failed
+        store commit, after its lost messages left their queues.
     """
 
-    def __init__(self, store, clock, vhosts=(DEFAULT_VHOST,), watermark=None):
+    def __init__(self, store, clock, vhosts=(DEFAULT_VHOST,), watermark=None, disk_alarm=None):
         self.store = store
         self.clock = clock
         self.watermark = watermark if watermark is not None else MemoryWatermark()
         # What each client connection may hold on its way in (brokerd.wire.connection_memory):
         self.connection_memory = ConnectionMemoryLimits.of_watermark(self.watermark.high)
+        self.disk_alarm = disk_alarm if disk_alarm is not None else DiskAlarm()
+        self.on_commit_failed = None
         self.vhosts = {}
         self.connections = set()
         self.counters = MessageCounters()
@@ -69,6 +82,7 @@ class Broker:
         self._own_delays = {}  # vhost name -> the DelayScheduler of its own store
         # An IVhostStores, given by the service: builds the vhosts' own stores.
         self.vhost_stores = None
+        self._watch_commit_failures(store)
         for name in vhosts:
             self.add_vhost(name)
 
@@ -86,8 +100,28 @@ class Broker:
             else:
                 vhost = self.vhosts[name] = VirtualHost(name, store, self.clock, self.watermark)
                 self.own_stores[name] = store
+                self._watch_commit_failures(store)
                 vhost.delays = self._own_delays[name] = DelayScheduler(self, store)
+            vhost.queue_churn = self.counters.queues
         return self.vhosts[name]
+
+    def _watch_commit_failures(self, store):
+        if ICommitFailures.providedBy(store):
+            store.watch_commit_failures(self._commit_failed)
+
+    def _commit_failed(self, failure, lost):
+        """A store commit failed: the messages of C{lost} (C{(queue key, handle)}) leave their
+        queues."""
+        by_queue = {}
+        for key, handle in lost:
+            by_queue.setdefault(key, set()).add(handle)
+        for (vhost_name, queue_name), handles in by_queue.items():
+            vhost = self.vhosts.get(vhost_name)
+            queue = vhost.queues.get(queue_name) if vhost is not None else None
+            if queue is not None and not queue.deleted:
+                queue.drop_unstored(handles)
+        if self.on_commit_failed is not None:
+            self.on_commit_failed(failure)
 
     def mark_vhost_unavailable(self, name, reason):
         """

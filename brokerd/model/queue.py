@@ -30,7 +30,7 @@ start, one integer increment each, for the management API's message_stats.
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from brokerd.errors import AccessRefused, NotFound, PreconditionFailed, ResourceLocked
+from brokerd.errors import AccessRefused, NotFound, PreconditionFailed
 from brokerd.interfaces import IExpiringQueue
 from brokerd.model.backlog_alarm import BacklogAlarm
 from brokerd.model.consumers import QueueConsumers
@@ -39,6 +39,7 @@ from brokerd.model.expiry import MessageExpiry, UnusedExpiry
 from brokerd.model.message import QueuedMessage
 from brokerd.model.paging import PAGE_OUT_DEPTH, STORE_FAILURES, MessagePager
 from brokerd.model.queue_arguments import QueueArguments
+from brokerd.model.queue_types import locked_queue
 from brokerd.model.ready import PriorityReady, ReadyList
 from brokerd.model.recovery import QueueRecovery
 from brokerd.model.returns import QueueReturns
@@ -167,10 +168,7 @@ class Queue:
     def check_access(self, connection):
         """Raises ResourceLocked if C{connection} may not use this exclusive queue."""
         if self.owner is not None and self.owner is not connection:
-            raise ResourceLocked(
-                f"cannot obtain exclusive access to locked queue {self.name!r}"
-                f" in vhost {self.vhost.name!r}"
-            )
+            raise locked_queue(self.name, self.vhost.name)
 
     # -- messages in
 
@@ -323,6 +321,15 @@ class Queue:
         )
         self.vhost.mark_unavailable(self, f"a stored message cannot be read: {problem}")
         self._cancel_consumers()
+
+    def drop_unstored(self, handles):
+        """A failed commit lost the appends of C{handles} (a set): their publishes were nacked,
+        and those still ready leave unseen."""
+        bytes_before = self._ready.bytes
+        taken = self._ready.remove_handles(handles)
+        self._watermark.release(bytes_before - self._ready.bytes)
+        for handle in taken:
+            self._store.ack(self.key, handle)
 
     def forget(self, entry):
         """The entry is done with (acked, or delivered without ack)."""

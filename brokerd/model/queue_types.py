@@ -13,7 +13,7 @@ Checked at declaration only: a queue recovered from the store was accepted
 when it was declared.
 """
 
-from brokerd.errors import PreconditionFailed
+from brokerd.errors import PreconditionFailed, ResourceLocked
 from brokerd.model.queue_arguments import amqp_type_name
 
 QUEUE_TYPE = "x-queue-type"
@@ -171,3 +171,15 @@ _VALUE_CHECKS = {
     "x-max-in-memory-length": _whole(0),
     "x-max-in-memory-bytes": _whole(0),
 }
+
+
+def locked_queue(name, vhost_name):
+    """
+    RabbitMQ 3.10's refusal of an exclusive queue to another connection, or
+    of a declare whose C{exclusive} differs from the queue's.
+    """
+    return ResourceLocked(
+        f"cannot obtain exclusive access to locked queue {name!r} in vhost {vhost_name!r}."
+        " It could be originally declared on another connection or the exclusive property"
+        " value does not match that of the original declaration."
+    )

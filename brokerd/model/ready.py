@@ -148,6 +148,35 @@ class ReadyList:
             self.bytes -= sum(map(_body_size, removed))
         return removed
 
+    def remove_handles(self, handles):
+        """
+        Take out the entries whose store handle is in the set C{handles}, those
+        kept in runs too (a run is split around them); returns the handles taken out.
+        """
+        kept, taken, removed = deque(), [], []
+        for item in self._items:
+            if type(item) is not PagedRun:
+                (removed if item.handle in handles else kept).append(item)
+            elif handles.isdisjoint(item.handles[item.head :]):
+                kept.append(item)
+            else:
+                run = None
+                for index in range(item.head, len(item.handles)):
+                    handle = item.handles[index]
+                    if handle in handles:
+                        taken.append(handle)
+                        run = None
+                    elif run is None:
+                        run = PagedRun(item.first_sequence + index, item.redelivered)
+                        run.handles.append(handle)
+                        kept.append(run)
+                    else:
+                        run.handles.append(handle)
+        self._items = kept
+        self.count -= len(taken) + len(removed)
+        self.bytes -= sum(map(_body_size, removed))
+        return taken + [entry.handle for entry in removed]
+
     def in_memory(self):
         """The entries kept as objects (those whose message may be loaded)."""
         return [item for item in self._items if type(item) is not PagedRun]
@@ -238,6 +267,16 @@ class PriorityReady:
         self.count -= len(removed)
         self.bytes -= sum(map(_body_size, removed))
         return removed
+
+    def remove_handles(self, handles):
+        taken = []
+        for level in self._levels:
+            bytes_before = level.bytes
+            found = level.remove_handles(handles)
+            self.count -= len(found)
+            self.bytes -= bytes_before - level.bytes
+            taken += found
+        return taken
 
     def in_memory(self):
         return [entry for level in reversed(self._levels) for entry in level.in_memory()]

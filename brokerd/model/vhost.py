@@ -15,9 +15,9 @@ from brokerd.errors import (
     CommandInvalid,
     NotFound,
     PreconditionFailed,
-    ResourceLocked,
 )
 from brokerd.interfaces import IDelayedMessageStore
+from brokerd.model.counters import QueueChurn
 from brokerd.model.delayeddelivery import delay_of
 from brokerd.model.exchange import (
     DELAYED_TYPE,
@@ -33,7 +33,7 @@ from brokerd.model.names import check_not_reserved, check_short_string, generate
 from brokerd.model.policy_effects import VhostPolicies, unapplied_keys
 from brokerd.model.queue import Queue
 from brokerd.model.queue_arguments import message_ttl_of
-from brokerd.model.queue_types import check_declaration, comparable_arguments
+from brokerd.model.queue_types import check_declaration, comparable_arguments, locked_queue
 from brokerd.model.routing import route_now
 from brokerd.model.topology_records import (
     binding_record,
@@ -79,6 +79,7 @@ class VirtualHost:
         self.quorum_queues = 0  # how many: transient messages are stored only if some queue is one
         self.unavailable_queues = set()  # durable queues whose stored data is damaged
         self.delays = None  # the broker's DelayScheduler, for x-delayed-message exchanges
+        self.queue_churn = QueueChurn()  # the broker gives every vhost its own, shared one
         self.queue_limit = None
         self.firehose = None  # while tracing is on, its Firehose (brokerd.model.firehose)
         self._policies = VhostPolicies(name)
@@ -227,17 +228,14 @@ class VirtualHost:
         check_short_string("queue name", name)
         if passive:
             return self.queue(name, connection)
+        self.queue_churn.declared += 1
         arguments = dict(arguments or {})
         existing = self.queues.get(name) if name else None
         if existing is not None:
             existing.check_access(connection)
             if exclusive != existing.exclusive:
                 # As RabbitMQ: exclusivity is a lock, so a mismatch is 405, not 406.
-                raise ResourceLocked(
-                    f"cannot obtain exclusive access to locked queue {name!r}"
-                    f" in vhost {self.name!r}:"
-                    f" it was declared {'exclusive' if existing.exclusive else 'not exclusive'}"
-                )
+                raise locked_queue(name, self.name)
             check_equivalent(
                 self.name,
                 "queue",
@@ -264,6 +262,7 @@ class VirtualHost:
             self, name, durable, connection if exclusive else None, auto_delete, arguments
         )
         self.queues[name] = queue
+        self.queue_churn.created += 1
         self._policies.apply_to_new_queue(queue)
         self.quorum_queues += queue.policy.quorum
         if exclusive and connection is not None:
@@ -285,6 +284,7 @@ class VirtualHost:
             queue.check_access(connection)
         queue.check_delete(if_unused, if_empty)
         del self.queues[name]
+        self.queue_churn.deleted += 1
         self.quorum_queues -= queue.policy.quorum
         self.unavailable_queues.discard(queue)
         for binding in list(queue.bindings):
@@ -445,6 +445,7 @@ class VirtualHost:
     def restore_queue(self, name, auto_delete, arguments):
         queue = Queue(self, name, durable=True, auto_delete=auto_delete, arguments=arguments)
         self.queues[name] = queue
+        self.queue_churn.created += 1
         self._policies.apply_to_new_queue(queue)
         self.quorum_queues += queue.policy.quorum
         return queue

@@ -16,6 +16,8 @@ How a connection's transport is paused for it is the wire's affair
 
 from twisted.logger import Logger
 
+from brokerd.model.alarm_waiters import AlarmWaiters
+
 log = Logger()
 
 DEFAULT_HIGH_WATERMARK = 1024 * 1024 * 1024
@@ -38,7 +40,7 @@ class MemoryWatermark:
         self.low = int(high * LOW_WATERMARK_RATIO) if low is None else low
         self.queued_bytes = 0
         self.blocked = False
-        self._waiting = {}  # callable -> None, in subscription order; called once on unblock
+        self._waiting = AlarmWaiters()  # publishers held until it clears
         self._on_unblocked = on_unblocked
 
     def add(self, size):
@@ -60,22 +62,17 @@ class MemoryWatermark:
                 "messages in memory down to {size} bytes: unblocking publishers",
                 size=self.queued_bytes,
             )
-            waiting, self._waiting = self._waiting, {}
-            for resume in waiting:
-                resume()
+            self._waiting.release()
             if self._on_unblocked is not None:
                 self._on_unblocked()
 
     def when_unblocked(self, resume):
         """Call C{resume()} once the broker is unblocked (at once if it is not blocked)."""
-        if self.blocked:
-            self._waiting[resume] = None
-        else:
-            resume()
+        self._waiting.when_clear(self.blocked, resume)
 
     def forget(self, resume):
         """A connection closed: do not call its C{resume}."""
-        self._waiting.pop(resume, None)
+        self._waiting.forget(resume)
 
 
 # What one connection may hold on its way in, as fractions of the high watermark

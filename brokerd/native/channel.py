@@ -68,7 +68,7 @@ class NativeChannel:
     @ivar model: the model's channel every request is translated into.
     """
 
-    __slots__ = ("id", "model", "_send", "_gate", "_watermark")
+    __slots__ = ("id", "model", "_send", "_gate", "_watermark", "_disk_alarm")
 
     def __init__(self, channel_id, connection, send_frame, gate, watermark):
         """
@@ -84,6 +84,7 @@ class NativeChannel:
         self._send = send_frame
         self._gate = gate
         self._watermark = watermark
+        self._disk_alarm = connection.broker.disk_alarm
         self.model = connection.open_channel(channel_id, self)
 
     # -- exchanges and queues
@@ -175,7 +176,7 @@ class NativeChannel:
             request.exchange, request.routing_key, request.properties, request.body,
             request.mandatory,
         )
-        if self._watermark.blocked:
+        if self._watermark.blocked or self._disk_alarm.blocked:
             self._gate.check()
 
     def on_basic_get(self, envelope, request):

@@ -187,12 +187,13 @@ class NativeHandshake:
         access = authenticator.check_vhost_access(user, vhost, self._broker.connections)
         self.connection = Connection(
             self._broker, vhost, hello.client_name, NATIVE, self.transport, user, access=access,
-            limits=authenticator.limits,
+            limits=authenticator.limits, auth_mechanism=hello.mechanism or PLAIN,
         )
         self._writes.counted = self.connection
         self.connection.closer = self.close
         self.connection.channel_closer = self._reader.close_channel
-        self.gate = PublisherGate(self._broker.watermark, self.transport)
+        self.gate = PublisherGate(self._broker.watermark, self.transport,
+                                  disk_alarm=self._broker.disk_alarm)
         self._reader.limit_frames(settings.max_frame_size)
         if self._hello_timeout is not None and self._hello_timeout.active():
             self._hello_timeout.cancel()

@@ -38,8 +38,10 @@ from brokerd.amqp.server import AmqpServerFactory
 from brokerd.http.prometheus import metrics_site
 from brokerd.http.server import ApiContext, make_site
 from brokerd.model.broker import Broker
+from brokerd.model.disk_alarm import DEFAULT_DISK_FREE_LIMIT, DiskAlarm
 from brokerd.model.watermark import DEFAULT_HIGH_WATERMARK, MemoryWatermark
 from brokerd.native.server import DEFAULT_CHANNEL_MAX, DEFAULT_MAX_FRAME_SIZE, NativeServerFactory
+from brokerd.process.disk_monitor import FreeSpaceMonitor
 from brokerd.process.memory_trim import FreedMemory
 from brokerd.process.shutdown import close_clients
 from brokerd.session.ack_timeouts import DEFAULT_CONSUMER_TIMEOUT, AckTimeouts
@@ -144,6 +146,8 @@ class BrokerService(Service):
         prometheus_endpoint=None,
         http_endpoint=None,
         http_access_log=False,
+        disk_free_limit=DEFAULT_DISK_FREE_LIMIT,
+        data_dir=None,
     ):
         """
         @param connection_memory: the L{brokerd.model.watermark.ConnectionMemoryLimits}
@@ -155,6 +159,9 @@ class BrokerService(Service):
         @param bound_ports: option name -> a listening
             L{brokerd.wire.switching_factory.SwitchingFactory} that serves that
             option's listener instead of a port of its own (a cluster node's).
+        @param disk_free_limit: free bytes of C{data_dir}'s file system below
+            which publishers are blocked (the disk alarm, measured from the
+            store's opening on, when C{data_dir} is given).
         @param prometheus_endpoint: where to serve the Prometheus metrics
             (L{brokerd.http.prometheus}), or None.
         @param vhost_stores: the L{brokerd.interfaces.IVhostStores} that
@@ -173,10 +180,15 @@ class BrokerService(Service):
         watermark = MemoryWatermark(
             memory_high_watermark, on_unblocked=FreedMemory(reactor).give_back_soon
         )
-        self.broker = Broker(store, reactor, watermark=watermark)
+        self.broker = Broker(store, reactor, watermark=watermark,
+                             disk_alarm=DiskAlarm(disk_free_limit))
         if connection_memory is not None:
             self.broker.connection_memory = connection_memory
         self.ack_timeouts = AckTimeouts(self.broker, consumer_timeout)
+        self.disk_monitor = None
+        if data_dir is not None:
+            self.disk_monitor = FreeSpaceMonitor(self.broker.disk_alarm, data_dir, reactor)
+            self.broker.on_commit_failed = self.disk_monitor.commit_failed
         self.broker.vhost_stores = vhost_stores
         self.listeners = []
         if amqp_endpoint or amqps_endpoint:
@@ -321,6 +333,8 @@ class BrokerService(Service):
 
     def _opened(self, _):
         self._store_opened = True
+        if self.disk_monitor is not None:
+            self.disk_monitor.start()  # the store made the data directory
 
     def _recovered(self, counts):
         if self._first_access_start:
@@ -402,6 +416,8 @@ class BrokerService(Service):
         for connection in list(self.broker.connections):
             connection.close()
         self.broker.stop()
+        if self.disk_monitor is not None:
+            self.disk_monitor.stop()
         if not self._store_opened:
             # A store that failed to open may hold a lock or files it opened
             # first; its stats mean nothing.

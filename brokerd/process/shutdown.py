@@ -16,6 +16,7 @@ from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
 from brokerd.errors import ConnectionForced
+from brokerd.storage.durability import is_out_of_space
 from brokerd.wire.backpressure import reading_pauses
 
 log = Logger()
@@ -57,6 +58,13 @@ def close_clients(reactor, stores, factories, grace=SHUTDOWN_GRACE_SECONDS):
         yield deferLater(reactor, 0, lambda: None)
         try:
             yield defer.gatherResults([store.sync() for store in stores], consumeErrors=True)
+        except defer.FirstError as error:
+            if is_out_of_space(error.subFailure):  # logged by the store: the disk is full
+                log.warn("a store failed its last commit before shutdown: {problem}",
+                         problem=error.subFailure.getErrorMessage())
+            else:
+                log.failure("a store failed its last commit before shutdown", error.subFailure)
+            break
         except Exception:
             log.failure("a store failed its last commit before shutdown")
             break

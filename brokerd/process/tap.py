@@ -21,6 +21,7 @@ from brokerd.amqp.settings import (
 )
 from brokerd.native.server import DEFAULT_CHANNEL_MAX as DEFAULT_NATIVE_CHANNEL_MAX
 from brokerd.native.server import DEFAULT_MAX_FRAME_SIZE
+from brokerd.process.disk_monitor import parse_disk_free_limit
 from brokerd.process.resource_options import connection_memory_limits, parse_consumer_timeout
 from brokerd.process.service import BrokerService
 from brokerd.process.startup_report import StartupReport
@@ -102,6 +103,15 @@ class Options(usage.Options):
             " its channel is closed with 406 PRECONDITION_FAILED and the message requeued, as"
             " RabbitMQ's consumer_timeout; 0 or none: no limit. A queue's x-consumer-timeout"
             " argument or consumer-timeout policy key overrides it.",
+        ],
+        [
+            "disk-free-limit",
+            None,
+            "50MB",
+            "Free space of the data directory's file system below which publishing connections"
+            " are not read (AMQP clients get connection.blocked, 'low on disk'), as RabbitMQ's"
+            " disk_free_limit: bytes with a unit (50MB, 2GB: powers of 1000; 512MiB, 1G: of"
+            " 1024) or mem_relative:RATIO (that many times the physical memory).",
         ],
         [
             "data-dir",
@@ -289,6 +299,10 @@ class Options(usage.Options):
             self["consumer-timeout"] = parse_consumer_timeout(self["consumer-timeout"])
         except ValueError as problem:
             raise usage.UsageError(f"--consumer-timeout: {problem}") from None
+        try:
+            self["disk-free-limit"] = parse_disk_free_limit(self["disk-free-limit"])
+        except ValueError as problem:
+            raise usage.UsageError(f"--disk-free-limit: {problem}") from None
         try:
             self["sync"] = SyncPolicy.parse(self["sync"])
         except ValueError as problem:
@@ -486,6 +500,8 @@ def _broker_service(options, reactor, store, bound_ports=None):
         memory_high_watermark=options["memory-high-watermark"],
         connection_memory=options["connection-memory"],
         consumer_timeout=options["consumer-timeout"],
+        disk_free_limit=options["disk-free-limit"],
+        data_dir=options["data-dir"],
         prometheus_endpoint=options["prometheus"],
         bound_ports=bound_ports,
         startup_report=StartupReport(

@@ -16,7 +16,7 @@ L{brokerd.session.confirms.PublisherConfirms}; in tx mode its
 L{brokerd.session.transactions.Transaction}, which keeps publishes and
 settlements for tx.commit.
 Each channel counts the messages it publishes, delivers and has acked
-(L{MESSAGE_COUNTERS}), one integer increment each, for its connection's totals,
+(L{brokerd.session.counters}), one integer increment each, for its connection's totals,
 and the unroutable publishes it drops or returns (counted on that path only).
 Every operation is checked against the user's permissions (L{brokerd.access.permissions}).
 """
@@ -36,19 +36,6 @@ from brokerd.session.deliveries import Deliveries
 from brokerd.session.transactions import Transaction
 
 log = Logger()
-
-# The message counters every channel keeps (and its connection adds up), as RabbitMQ's
-# message_stats: publish, deliver_get (consumer deliveries and basic.get), redeliver and ack.
-MESSAGE_COUNTERS = (
-    "messages_published", "messages_delivered", "messages_redelivered", "messages_acked"
-)
-# What else a channel counts for the broker-wide metrics (RabbitMQ's global counters): unroutable
-# publishes dropped or returned (counted on that path only), and the publishes made and confirmed in
-# confirm mode (read from its publisher confirms, not counted per message).
-ROUTING_COUNTERS = (
-    "messages_unroutable_dropped", "messages_unroutable_returned", "messages_received_confirm",
-    "messages_confirmed",
-)
 
 
 class Channel:
@@ -358,12 +345,11 @@ class Channel:
         if entry is None:
             # The head could not be read from the store: not empty, unavailable.
             source.check_available()
+            self.deliveries.found_none()
             return None
+        tag = self.deliveries.give_got(entry, no_ack)
         if no_ack:
-            tag = self.deliveries.give_tag(entry)
             source.forget(entry)
-        else:
-            tag = self.deliveries.hold(entry)
         message = delivered_message(entry)
         if (firehose := self.vhost.firehose) is not None:
             trace_delivery(firehose, self, queue, entry.redelivered, message)

@@ -7,10 +7,6 @@ end of the reactor turn, as few frames as possible: a run of acks becomes one
 C{multiple} ack. One C{sync()} call per turn covers every publish of that turn.
 """
 
-from twisted.logger import Logger
-
-log = Logger()
-
 
 class PublisherConfirms:
     """
@@ -84,7 +80,7 @@ class PublisherConfirms:
         self._send()
 
     def _sync_failed(self, failure, sequences):
-        log.failure("store sync failed; nacking {count} publishes", failure, count=len(sequences))
+        # The store logs its failed commits, once a run of them, not once a channel.
         for sequence in sequences:
             self._outcomes[sequence] = False
         self._send()

@@ -25,7 +25,15 @@ from zope.interface import implementer
 
 from brokerd.errors import InvalidChannel
 from brokerd.interfaces import IQueueOwner
-from brokerd.session.channel import MESSAGE_COUNTERS, ROUTING_COUNTERS, Channel
+from brokerd.session.channel import Channel
+from brokerd.session.counters import (
+    COUNTERS,
+    DELIVERY_COUNTERS,
+    MESSAGE_COUNTERS,
+    ROUTING_COUNTERS,
+    channel_count,
+)
+from brokerd.wire.tls_details import NO_TLS, tls_details
 
 AMQP_0_9_1 = "AMQP 0-9-1"  # the protocol names RabbitMQ's management API gives
 NATIVE = "native"
@@ -87,10 +95,13 @@ class Connection:
     """
 
     def __init__(self, broker, vhost_name, client_name="", protocol=None, transport=None, user=None,
-                 client_properties=None, access=None, limits=None):
+                 client_properties=None, access=None, limits=None, auth_mechanism=None):
         """
         @param transport: the transport the client is connected over, whose
-            peer and local addresses name the connection (None in-process).
+            peer and local addresses name the connection (None in-process),
+            and whose TLS, if any, is described in C{tls}.
+        @param auth_mechanism: the SASL mechanism the client logged in with
+            (C{PLAIN}, C{AMQPLAIN}, C{EXTERNAL}), for the connection listings.
         """
         self.broker = broker
         # 530 for an unknown vhost or one whose store is down:
@@ -104,6 +115,8 @@ class Connection:
         else:
             self.peer = self.local = None
             self.name = f"in-process connection {self.number}"
+        self.tls = tls_details(transport) if transport is not None else dict(NO_TLS)
+        self.auth_mechanism = auth_mechanism
         self.user = user
         self.access = access
         self.limits = limits
@@ -123,7 +136,7 @@ class Connection:
         self.deliveries_paused = False
         self.inbound = broker.watermark
         # Closed channels' totals:
-        self._closed_channel_counts = dict.fromkeys(MESSAGE_COUNTERS + ROUTING_COUNTERS, 0)
+        self._closed_channel_counts = dict.fromkeys(COUNTERS, 0)
         broker.connections.add(self)
         broker.counters.connections_opened += 1
 
@@ -145,6 +158,7 @@ class Connection:
         if self.limits is not None and self.user is not None:
             self.limits.check_channel(self.user, self.broker.connections)
         channel = self.channels[channel_id] = Channel(self, channel_id, peer)
+        self.broker.counters.channels_opened += 1
         return channel
 
     def channel(self, channel_id):
@@ -159,9 +173,10 @@ class Connection:
         channel = self.channels.pop(channel_id, None)
         if channel is not None:
             channel.close()
+            self.broker.counters.channels_closed += 1
             counts = self._closed_channel_counts
             for counter in counts:
-                counts[counter] += getattr(channel, counter)
+                counts[counter] += channel_count(channel, counter)
 
     def consumers(self):
         """
@@ -187,11 +202,19 @@ class Connection:
 
     def routing_counts(self):
         """
-        The connection's other counters (L{brokerd.session.channel.ROUTING_COUNTERS}),
+        The connection's other counters (L{brokerd.session.counters.ROUTING_COUNTERS}),
         open and closed channels added up: unroutable publishes dropped and
         returned, publishes made and confirmed in confirm mode.
         """
         return self._counts(ROUTING_COUNTERS)
+
+    def delivery_counts(self):
+        """
+        How the connection's deliveries went out (L{brokerd.session.counters.DELIVERY_COUNTERS}),
+        open and closed channels added up: to consumers with and without acks, by basic.get
+        with and without, and the basic.gets that found nothing.
+        """
+        return self._counts(DELIVERY_COUNTERS)
 
     def _counts(self, counters):
         """
@@ -202,7 +225,7 @@ class Connection:
         counts = {counter: closed[counter] for counter in counters}
         for channel in self.channels.values():
             for counter in counters:
-                counts[counter] += getattr(channel, counter)
+                counts[counter] += channel_count(channel, counter)
         return counts
 
     @property

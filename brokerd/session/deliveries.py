@@ -40,7 +40,8 @@ class Deliveries:
 
     __slots__ = (
         "unacked", "prefetch_count", "flowing", "_connection", "_next_tag", "_held_by_consumers",
-        "_redelivered", "_tag_marks",
+        "_redelivered", "_tag_marks", "messages_delivered_no_ack", "messages_got_manual_ack",
+        "messages_got_no_ack", "gets_empty",
     )
 
     def __init__(self, connection):
@@ -57,6 +58,10 @@ class Deliveries:
         # What its consumers hold un-acked, cancelled ones' too: what the limit counts.
         self._held_by_consumers = 0
         self._redelivered = 0
+        # For RabbitMQ's deliver_no_ack (counted by give_tag), get, get_no_ack (give_got) and
+        # get_empty (found_none); read them.
+        self.messages_delivered_no_ack = 0
+        self.messages_got_manual_ack = self.messages_got_no_ack = self.gets_empty = 0
         # (time, next tag then) at each timeout check: no delivery is timed per message.
         self._tag_marks = deque()
 
@@ -67,6 +72,12 @@ class Deliveries:
         taken by basic.get.
         """
         return self._next_tag - 1
+
+    @property
+    def messages_delivered_manual_ack(self):
+        """Messages handed to consumers that ack them: the tags given out but the others."""
+        return (self._next_tag - 1 - self.messages_delivered_no_ack - self.messages_got_manual_ack
+                - self.messages_got_no_ack)
 
     @property
     def redelivered(self):
@@ -89,14 +100,34 @@ class Deliveries:
 
     def give_tag(self, entry):
         """
-        The tag of a delivery of C{entry} that needs no ack (basic.get or
-        consume with no-ack): counted, not kept.
+        The tag of a delivery of C{entry} to a consumer with no-ack: counted,
+        not kept.
         """
         tag = self._next_tag
         self._next_tag = tag + 1
+        self.messages_delivered_no_ack += 1
         if entry.redelivered:
             self._redelivered += 1
         return tag
+
+    def give_got(self, entry, no_ack):
+        """
+        The tag of C{entry} taken by basic.get, counted as a get: kept until
+        settled (L{hold}) unless C{no_ack}.
+        """
+        if not no_ack:
+            self.messages_got_manual_ack += 1
+            return self.hold(entry)
+        tag = self._next_tag
+        self._next_tag = tag + 1
+        self.messages_got_no_ack += 1
+        if entry.redelivered:
+            self._redelivered += 1
+        return tag
+
+    def found_none(self):
+        """A basic.get found nothing to take: counted."""
+        self.gets_empty += 1
 
     def hold(self, entry):
         """

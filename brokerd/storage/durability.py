@@ -23,9 +23,16 @@ comes back as the value C{write_batch} returns, handed to C{on_written} on the
 reactor thread. Time and scheduling come from the reactor given, never from
 the global one. Each commit's duration, on that reactor's clock, goes into the
 L{CommitTimes} histogram the metrics show.
+
+A commit that fails (a full disk: C{ENOSPC}) fails the syncs it covers, and
+L{CommitFailures} tells whoever watches the store which appends it lost, so
+that the broker takes those messages out of their queues rather than deliver
+what it nacked. A run of failed commits is logged once, when it starts, and
+once more when commits succeed again, whatever the number of publishes.
 """
 
 import bisect
+import errno
 
 from twisted.internet import defer, threads
 from twisted.internet.task import LoopingCall
@@ -107,6 +114,73 @@ class CommitTimes:
         self.counts[bisect.bisect_left(self.bounds, seconds)] += 1
 
 
+class CommitFailures:
+    """
+    The failed commits of one store: who hears of them, and the log lines.
+
+    @ivar failing: True from a failed commit until the next one succeeds.
+    @ivar failed: commits failed since start.
+    """
+
+    def __init__(self, name):
+        self.name = name
+        self.failing = False
+        self.failed = 0
+        self._run = 0  # commits failed in the current run
+        self._listeners = []
+
+    def watch(self, listener):
+        """
+        Call C{listener(failure, lost)} on the reactor thread after each failed
+        commit, before its syncs fail: C{lost} is a list of C{(queue, handle)}
+        of the appends that commit held, which the store does not keep.
+        """
+        self._listeners.append(listener)
+
+    def commit_failed(self, failure, lost):
+        self.failed += 1
+        self._run += 1
+        if not self.failing:
+            self.failing = True
+            if failure.check(OSError) or is_out_of_space(failure):
+                log.error(
+                    "{name} store: a commit failed ({problem}); the publishes it covers are"
+                    " nacked and taken out of their queues; further failures are not logged"
+                    " until a commit succeeds", name=self.name, problem=_os_problem(failure.value),
+                )
+            else:
+                log.failure("{name} store: a commit failed; the publishes it covers are nacked"
+                            " and taken out of their queues; further failures are not logged"
+                            " until a commit succeeds", failure, name=self.name)
+        for listener in self._listeners:
+            try:
+                listener(failure, lost)
+            except Exception:
+                log.failure("{name} store: a watcher of failed commits failed", name=self.name)
+
+    def commit_succeeded(self):
+        if self.failing:
+            self.failing = False
+            log.info("{name} store: commits succeed again, after {count} failed",
+                     name=self.name, count=self._run)
+            self._run = 0
+
+
+def _os_problem(error):
+    if not isinstance(error, OSError) or not error.strerror:
+        return str(error)
+    return f"{errno.errorcode.get(error.errno, error.errno)}: {error.strerror}"
+
+
+def is_out_of_space(failure):
+    """Whether C{failure} is a write refused for want of space (a full disk or quota)."""
+    error = failure.value if failure.check(OSError) else None
+    if error is None:
+        # SQLite says it in words: "database or disk is full".
+        return "disk is full" in str(failure.value)
+    return error.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
 class GroupCommit:
     """
     Commits one store's batches on a writer thread, in order.
@@ -126,9 +200,15 @@ class GroupCommit:
         C{write_batch} returned, once per successful commit, in commit order,
         before the syncs that commit covers fire. If it raises, those syncs
         fail with its error.
+    @param lost_in: if given, called on the reactor thread with the batch of a
+        failed commit; returns the C{(queue, handle)} of the appends it held,
+        for the watchers of C{failures}.
+    @param failures: the L{CommitFailures} told of each failed commit (made
+        here if not given).
     """
 
-    def __init__(self, take_batch, write_batch, policy, reactor, name="store", on_written=None):
+    def __init__(self, take_batch, write_batch, policy, reactor, name="store", on_written=None,
+                 lost_in=None, failures=None):
         self.policy = policy
         self._take_batch = take_batch
         self._write_batch = write_batch
@@ -143,6 +223,8 @@ class GroupCommit:
         self.commits = 0
         self.fsyncs = 0
         self.commit_times = CommitTimes()
+        self._lost_in = lost_in
+        self.failures = failures if failures is not None else CommitFailures(name)
 
     def start(self):
         self._pool.start()
@@ -188,10 +270,10 @@ class GroupCommit:
         if fsync:
             self.fsyncs += 1
         running = self._running = self.call(self._write_batch, batch, fsync)
-        running.addBoth(self._committed, waiters, self._reactor.seconds())
+        running.addBoth(self._committed, waiters, self._reactor.seconds(), batch)
         return running
 
-    def _committed(self, result, waiters, started_at):
+    def _committed(self, result, waiters, started_at, batch=None):
         self._running = None
         self.commit_times.observe(self._reactor.seconds() - started_at)
         if not isinstance(result, Failure) and self._on_written is not None:
@@ -200,11 +282,14 @@ class GroupCommit:
             except BaseException:
                 result = Failure()
         if isinstance(result, Failure):
-            log.failure("store commit failed; {count} syncs fail with it", result,
-                        count=len(waiters))
+            # The final commit of a stop: its messages go with the broker, nothing is acked.
+            lost = (self._lost_in(batch) if self._lost_in is not None and batch is not None
+                    and not self._stopped else [])
+            self.failures.commit_failed(result, lost)
             for waiter in waiters:
                 waiter.errback(result)
         else:
+            self.failures.commit_succeeded()
             for waiter in waiters:
                 waiter.callback(None)
         if self._waiting and self.policy.mode != "interval" and not self._stopped:

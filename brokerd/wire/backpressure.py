@@ -1,7 +1,8 @@
 """Back-pressure on the transport: why the broker is not reading a client's
-socket, and the gate that stops reading from a publisher while the broker is
-blocked (L{brokerd.model.watermark.MemoryWatermark}), and the bytes a
-connection holds against that watermark.
+socket, the gate that stops reading from a publisher while the broker is
+blocked (by the L{brokerd.model.watermark.MemoryWatermark} or the
+L{brokerd.model.disk_alarm.DiskAlarm}), and the bytes a connection holds
+against that watermark.
 
 Reading from one client can stop for more than one reason at a time (the
 broker is blocked; the client does not read what we write to it):
@@ -9,6 +10,7 @@ L{ReadingPauses} keeps the reasons, so that lifting one does not lift another.
 """
 
 import weakref
+from functools import partial
 
 # A connection part-way through a frame at least this large holds memory as a
 # publisher does and is blocked like one; a smaller frame split across two reads
@@ -16,8 +18,12 @@ import weakref
 LARGE_PARTIAL_FRAME = 64 * 1024
 
 # Why reading from a client is paused (see ReadingPauses).
-BROKER_BLOCKED = "broker blocked"  # memory above the watermark and this connection publishes
+BROKER_BLOCKED = "broker blocked"  # a resource alarm is raised and this connection publishes
 SLOW_READER = "slow reader"  # the transport's write buffer is full: the client is not reading
+
+# The resources whose alarms block publishers, as RabbitMQ's connection.blocked names them.
+MEMORY = "memory"
+DISK = "disk"
 
 
 class ReadingPauses:
@@ -110,43 +116,73 @@ def reading_pauses(transport):
 
 class PublisherGate:
     """
-    Pauses reading from one publishing connection while the broker is blocked.
+    Pauses reading from one publishing connection while the broker is blocked:
+    by the memory watermark, or by the disk alarm (L{brokerd.model.disk_alarm}),
+    or both, as RabbitMQ's resource alarms do.
 
-    C{notify(blocked)} is called on each change so a protocol can tell its
-    client (AMQP's connection.blocked / unblocked). The pause is one reason
-    among others (L{ReadingPauses}): unblocking does not resume reading from a
-    client that is paused for another reason.
+    C{notify(blocked_by)} is called on each change so a protocol can tell its
+    client (AMQP's connection.blocked / unblocked): with the resources that
+    block it (L{MEMORY}, L{DISK}) when it starts being held, with an empty list
+    once none does. The pause is one reason among others (L{ReadingPauses}):
+    unblocking does not resume reading from a client that is paused for
+    another reason.
+
+    @ivar blocked_by: the resources holding this connection now, in the order
+        they came.
     """
 
-    def __init__(self, watermark, transport, notify=None):
-        self._watermark = watermark
+    def __init__(self, watermark, transport, notify=None, disk_alarm=None):
+        self._alarms = ((MEMORY, watermark),) if disk_alarm is None else (
+            (MEMORY, watermark), (DISK, disk_alarm))
         self._reading = reading_pauses(transport)
         self._notify = notify
-        self.paused = False
+        self.blocked_by = []
+        self._resumes = {}  # resource -> the callable its alarm calls when it clears
+
+    @property
+    def paused(self):
+        return bool(self.blocked_by)
 
     def check(self):
         """
         After a publish, or bytes of one: stop reading from this connection if
         the broker is blocked.
         """
-        if self._watermark.blocked and not self.paused:
-            self.paused = True
+        held = self._hold_for_raised_alarms()
+        if held and len(held) == len(self.blocked_by):  # it was not held before
             self._reading.pause(BROKER_BLOCKED)
             if self._notify is not None:
-                self._notify(True)
-            self._watermark.when_unblocked(self._resume)
+                self._notify(list(self.blocked_by))
 
-    def _resume(self):
-        if not self.paused:
+    def _hold_for_raised_alarms(self):
+        """Wait for each raised alarm not waited for yet; returns their resources."""
+        held = []
+        for resource, alarm in self._alarms:
+            if alarm.blocked and resource not in self._resumes:
+                self._resumes[resource] = resume = partial(self._resume, resource)
+                self.blocked_by.append(resource)
+                held.append((alarm, resume))
+        for alarm, resume in held:
+            alarm.when_unblocked(resume)
+        return held
+
+    def _resume(self, resource):
+        if self._resumes.pop(resource, None) is None:
             return
-        self.paused = False
+        self.blocked_by.remove(resource)
+        # Another alarm raised meanwhile holds it on, unannounced, as RabbitMQ does.
+        if self._resumes or self._hold_for_raised_alarms():
+            return
         if self._notify is not None:
-            self._notify(False)
+            self._notify([])
         self._reading.resume(BROKER_BLOCKED)
 
     def close(self):
-        self._watermark.forget(self._resume)
-        self.paused = False
+        for resource, alarm in self._alarms:
+            resume = self._resumes.pop(resource, None)
+            if resume is not None:
+                alarm.forget(resume)
+        self.blocked_by = []
 
 
 class HeldBytes:

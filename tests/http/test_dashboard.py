@@ -18,6 +18,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select
 
+from brokerd.testing import BrokerProcess
 from tests.support.dashboard import (  # noqa: F401 (browser, page: fixtures)
     NEEDS_BROWSER,
     browser,
@@ -209,6 +210,96 @@ def test_a_refused_permission_is_shown_and_the_user_stays_logged_in(page, api, p
     wait_for_text(page, '#queue-figures [data-figure="messages"] dd', "2")
     page.find_element(By.ID, "purge-button").click()
     page.find_element(By.ID, "purge-yes").click()
-    wait_for_text(page, "#purge-result", "access to queue 'guarded' in vhost '/' refused for user 'dash-reader'")
+    wait_for_text(page, "#purge-result", "Access refused.")  # RabbitMQ 3.10.8's words
     assert page.find_element(By.ID, "nav").is_displayed() and not page.find_element(By.ID, "login").is_displayed()
     assert api.get("/api/queues/%2F/guarded")["messages"] == 2
+
+
+def resource_tile(browser, resource):
+    """C{(data-alarm, label, value)} of the overview's tile of C{resource}, or None while there is none."""
+    return browser.execute_script(
+        "const tile = document.querySelector(`#node-resources [data-resource='${arguments[0]}']`);"
+        "return tile && tile.offsetParent ? [tile.dataset.alarm, tile.querySelector('.tile-label').innerText,"
+        " tile.querySelector('.tile-value').innerText] : null", resource)
+
+
+def test_the_overview_shows_the_free_disk_space_and_the_disk_alarm(page, tmp_path):
+    log_in(page, "guest", "guest")
+    wait_until(page, lambda driver: (resource_tile(driver, "disk") or [None])[0] == "clear",
+               lambda: f"the disk tile shows {resource_tile(page, 'disk')}")
+    alarm, label, value = resource_tile(page, "disk")
+    assert label == "Disk free" and value.endswith("iB")
+    assert resource_tile(page, "disk-limit")[2] == "47.7 MiB"  # RabbitMQ's default, 50 MB
+
+    # A broker whose limit no disk reaches: its alarm is raised from its first measure.
+    short = BrokerProcess(["--backend=memory", "--native", "none", "--disk-free-limit", "1000000GB"], cwd=tmp_path)
+    try:
+        _, host, port = short.wait_listening("HTTP API").split(":")
+        page.get(f"http://{host}:{port}/")
+        page.refresh()
+        wait_until(page, lambda driver: driver.find_element(By.ID, "login-username").is_displayed())
+        log_in(page, "guest", "guest")
+        wait_until(page, lambda driver: (resource_tile(driver, "disk") or [None])[0] == "raised",
+                   lambda: f"the disk tile shows {resource_tile(page, 'disk')}")
+        assert resource_tile(page, "disk")[1] == "Disk free: alarm"
+        assert resource_tile(page, "memory")[:2] == ["clear", "Memory watermark"]
+        colour = page.execute_script("return getComputedStyle(document.querySelector("
+                                     "\"#node-resources [data-resource='disk']\")).borderColor")
+        assert colour == "rgb(192, 57, 43)"
+    finally:
+        assert short.stop() == 0
+
+
+COINCIDING_SERIES = """
+const done = arguments[arguments.length - 1];
+import("./static/chart.js").then(({ LineChart }) => {
+  const series = [{ key: "publish", label: "Published", color: "#d9822b" },
+                  { key: "deliver", label: "Delivered", color: "#2b7bd9" },
+                  { key: "ack", label: "Acknowledged", color: "#3a9a4a" }];
+  const chart = new LineChart({ id: "chart-coinciding", title: "Coinciding", series, format: String });
+  document.body.append(chart.element);
+  for (let second = 0; second <= 300; second += 5) {
+    const rate = Math.round(50 + 40 * Math.sin(second / 30));
+    chart.add(1000 + second, { publish: rate, deliver: rate, ack: rate }); // the three series coincide everywhere
+  }
+  const canvas = chart.canvas;
+  const pixels = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+  const shown = series.map((line) => {
+    const wanted = [1, 3, 5].map((start) => parseInt(line.color.slice(start, start + 2), 16));
+    let count = 0;
+    for (let index = 0; index < pixels.length; index += 4) {
+      const distance = Math.hypot(...wanted.map((channel, offset) => pixels[index + offset] - channel));
+      if (pixels[index + 3] > 200 && distance < 40) count += 1;
+    }
+    return count;
+  });
+  const legend = Array.from(chart.element.querySelectorAll(".legend li"), (item) => ({
+    series: item.dataset.series, dash: item.dataset.dash, width: item.dataset.width,
+    value: item.querySelector(".legend-value").textContent }));
+  chart.element.remove();
+  done({ shown, legend });
+}).catch((error) => done({ error: String(error) }));
+"""
+
+
+def test_series_that_coincide_all_stay_visible_each_in_a_style_of_its_own(page):
+    drawn = page.execute_async_script(COINCIDING_SERIES)
+    assert "error" not in drawn, drawn
+    published, delivered, acknowledged = drawn["shown"]
+    assert min(published, delivered, acknowledged) >= 50, drawn["shown"]  # pixels of each series' own colour
+    legend = drawn["legend"]
+    assert [entry["series"] for entry in legend] == ["publish", "deliver", "ack"]
+    assert len({(entry["dash"], entry["width"]) for entry in legend}) == 3  # each line drawn in its own style
+    assert len({entry["dash"] for entry in legend}) == 3
+    assert {entry["value"] for entry in legend} == {legend[0]["value"]}  # and each one's value in the legend
+
+
+def test_the_connections_list_shows_the_name_a_client_gave(page, broker):
+    host, port = broker.wait_address("AMQP")
+    parameters = pika.ConnectionParameters(host, port, client_properties={"connection_name": "billing <worker>"})
+    with pika.BlockingConnection(parameters):
+        log_in(page, "guest", "guest")
+        wait_for_text(page, "#session-user", "guest (administrator)")
+        page.find_element(By.CSS_SELECTOR, '#nav a[data-route="connections"]').click()
+        selector = '#connections-table td[data-column="name"] .provided-name'
+        wait_for_text(page, selector, "billing <worker>")

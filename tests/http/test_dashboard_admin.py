@@ -7,7 +7,6 @@ column marks a queue's flags, arguments and policy as RabbitMQ's management UI d
 Args, the policy's name), each titled with what it stands for.
 """
 
-from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select
@@ -15,8 +14,11 @@ from selenium.webdriver.support.ui import Select
 from tests.support.dashboard import (  # noqa: F401 (browser, page: fixtures)
     NEEDS_BROWSER,
     browser,
+    click_in_table,
     css_string,
-    log_in,
+    fill,
+    logged_in,
+    open_admin,
     page,
     row_selector,
     text_of,
@@ -31,28 +33,6 @@ HOSTILE_USER = '<img src=x onerror="document.title=\'owned\'">'
 HOSTILE_POLICY = "dash <i>policy</i>"
 
 
-def logged_in(page, user="guest", password="guest"):
-    log_in(page, user, password)
-    wait_until(page, expected_conditions.visibility_of_element_located((By.ID, "nav")))
-    return page
-
-
-def open_admin(page, name):
-    """Show the Admin page C{name} (users, vhosts, policies, limits) through the navigation."""
-    page.find_element(By.CSS_SELECTOR, '#nav a[data-route="admin"]').click()
-    wait_until(page, expected_conditions.visibility_of_element_located((By.ID, "view-users")))
-    if name != "users":
-        page.find_element(By.CSS_SELECTOR, f'#view-users .subnav a[data-page="{name}"]').click()
-    wait_until(page, expected_conditions.visibility_of_element_located((By.ID, f"view-{name}")))
-    assert page.find_element(By.CSS_SELECTOR, '#nav a[data-route="admin"]').get_attribute("aria-current") == "page"
-
-
-def fill(page, field_id, text):
-    field = page.find_element(By.ID, field_id)
-    field.clear()
-    field.send_keys(text)
-
-
 def cell(table, attributes, column):
     selector = "".join(f'[data-{name}="{css_string(value)}"]' for name, value in attributes.items())
     return f'#{table} tr{selector} td[data-column="{column}"]'
@@ -61,17 +41,6 @@ def cell(table, attributes, column):
 def rows(page, table, attribute="name"):
     return page.execute_script(
         f"return Array.from(document.querySelectorAll('#{table} tbody tr'), row => row.dataset.{attribute})")
-
-
-def click_in_table(page, selector):
-    """Click what C{selector} finds in a table, again if the table was redrawn (it is, every second) meanwhile."""
-    def clicked(driver):
-        try:
-            driver.find_element(By.CSS_SELECTOR, selector).click()
-        except StaleElementReferenceException:
-            return False
-        return True
-    wait_until(page, clicked, lambda: f"{selector} could not be clicked")
 
 
 def delete_row(page, table, attributes, confirm):

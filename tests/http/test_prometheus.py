@@ -3,19 +3,19 @@ exposition fetched over HTTP and parsed with prometheus_client's own parser;
 and the commit-time histogram the durable stores keep for it."""
 
 import urllib.error
-import urllib.request
 
 import pika
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet import task
 from zope.interface.verify import verifyObject
 
 import brokerd
+from brokerd.http.nodename import node_name
 from brokerd.interfaces import ITimedCommits
 from brokerd.storage import registry
 from brokerd.storage.durability import CommitTimes
 from brokerd.testing import BrokerProcess
+from tests.support.metrics import scrape, value
 
 
 @pytest.fixture(scope="module")
@@ -27,25 +27,6 @@ def broker(tmp_path_factory):
         yield process
     finally:
         process.stop()
-
-
-def scrape(broker, path="/metrics"):
-    """name -> [(labels, value)] of every sample at C{path}, as a Prometheus server reads them."""
-    host, port = broker.wait_address("Prometheus metrics")
-    with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=10) as response:
-        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-        text = response.read().decode("utf-8")
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
-    return samples
-
-
-def value(samples, name, **labels):
-    found = [sample_value for sample_labels, sample_value in samples[name] if sample_labels == labels]
-    assert len(found) == 1, (name, labels, samples.get(name))
-    return found[0]
 
 
 def connect(broker, user="guest", password="guest"):
@@ -146,7 +127,8 @@ def test_watermark_store_and_process_figures(broker):
         samples, "brokerd_store_commit_seconds_count", **store)
     assert 0 <= value(samples, "brokerd_cache_hit_ratio", **store) <= 1
     assert "brokerd_chunk_reads_total" in samples
-    assert value(samples, "rabbitmq_identity_info", rabbitmq_node="brokerd", rabbitmq_cluster="brokerd",
+    node = node_name()  # brokerd@ and the host's short name, as the management API names the node
+    assert value(samples, "rabbitmq_identity_info", rabbitmq_node=node, rabbitmq_cluster=node,
                  brokerd_version=brokerd.__version__) == 1
 
 

@@ -70,6 +70,10 @@ def test_a_user_limited_to_its_prefix_is_refused_other_queues_with_rabbitmqs_403
         assert refusal(lambda: channel.basic_publish("amq.direct", "bob.q", b"x")) == (
             403, "ACCESS_REFUSED - access to exchange 'amq.direct' in vhost '/' refused for user 'alice'")
         channel = alice.channel()
+        channel.confirm_delivery()
+        assert refusal(lambda: channel.basic_publish("", "alice.q", b"x")) == (  # named as RabbitMQ names it
+            403, "ACCESS_REFUSED - access to exchange 'amq.default' in vhost '/' refused for user 'alice'")
+        channel = alice.channel()
         channel.queue_declare("alice.q", auto_delete=True)
         channel.exchange_declare("alice.x", "direct", auto_delete=True)
         assert refusal(lambda: channel.queue_bind("alice.q", "amq.direct", "k")) == (

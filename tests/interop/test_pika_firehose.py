@@ -13,9 +13,9 @@ import pika
 import pika.exceptions
 import pytest
 
-from brokerd.testing import BrokerProcess, native_cli
+from brokerd.testing import native_cli
 from tests.support.admin_cli import admin, http_url
-from tests.support.httpapi import RABBITMQADMIN, Api, amqp
+from tests.support.httpapi import RABBITMQADMIN, Api, amqp, module_broker
 
 VHOST = "fh"
 TRACE = "amq.rabbitmq.trace"
@@ -23,11 +23,7 @@ TRACE = "amq.rabbitmq.trace"
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    process = BrokerProcess(["--backend=memory", "--native", "tcp:0:interface=127.0.0.1"],
-                            cwd=tmp_path_factory.mktemp("broker"))
-    yield process
-    assert process.stop() == 0
-    assert not any("Traceback" in line for line in process.output)
+    yield from module_broker(tmp_path_factory, "--native", "tcp:0:interface=127.0.0.1")
 
 
 @pytest.fixture(scope="module")

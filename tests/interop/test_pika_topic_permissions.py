@@ -9,8 +9,8 @@ import pika
 import pika.exceptions
 import pytest
 
-from brokerd.testing import BrokerProcess, native_cli
-from tests.support.httpapi import Api, amqp, segment
+from brokerd.testing import native_cli
+from tests.support.httpapi import Api, amqp, module_broker, segment
 
 USER, PASSWORD = "tp-user", "tp-pass"
 VHOST = "tp-vhost"
@@ -23,11 +23,7 @@ def refused_text(key, exchange, vhost="/", user=USER):
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    process = BrokerProcess(["--backend=memory", "--native", "tcp:0:interface=127.0.0.1"],
-                            cwd=tmp_path_factory.mktemp("broker"))
-    yield process
-    assert process.stop() == 0
-    assert not any("Traceback" in line for line in process.output)
+    yield from module_broker(tmp_path_factory, "--native", "tcp:0:interface=127.0.0.1")
 
 
 @pytest.fixture(scope="module")

@@ -357,3 +357,35 @@ def test_a_long_run_keeps_its_tail_until_the_head_is_past_half_of_it():
     assert [item.sequence for item in (ready.popleft() for _ in range(len(ready)))][-3:] == [
         total - 1, total, total + 1
     ]
+
+
+# -- messages a failed store commit lost
+
+
+def test_removing_handles_takes_out_objects_and_splits_runs_around_the_rest():
+    ready = mixed()
+    ready.popleft()  # sequence 0
+    ready.popleft()  # sequence 1: the first run is at its head now
+    taken = ready.remove_handles({103, 105, 107, 999})
+    assert sorted(taken) == [103, 105, 107]
+    assert (ready.count, ready.bytes) == (3, 0)
+    assert runs(ready) == [(2, 1, False), (4, 1, False), (6, 1, True)]  # sequences kept for put_back's order
+    assert drain(ready) == [(2, 102, False, None), (4, 104, False, None), (6, 106, True, None)]
+
+
+def test_removing_handles_no_entry_holds_changes_nothing():
+    ready = mixed()
+    items = list(ready._items)
+    assert ready.remove_handles({1, 2}) == []
+    assert list(ready._items) == items and (ready.count, ready.bytes) == (8, 6)
+
+
+def test_a_priority_queue_removes_handles_on_every_level():
+    ready = PriorityReady(QUEUE, 5)
+    for sequence, priority in enumerate((0, 5, 3, 5)):
+        queued = entry(sequence, 100 + sequence)
+        queued.message.properties.priority = priority
+        ready.append(queued)
+    assert sorted(ready.remove_handles({100, 101})) == [100, 101]
+    assert (ready.count, ready.bytes) == (2, 4)
+    assert [taken.handle for taken in (ready.popleft(), ready.popleft())] == [103, 102]

@@ -7,7 +7,6 @@ made here with trustme.
 """
 
 import asyncio
-import ssl
 import subprocess
 
 import pika
@@ -15,26 +14,9 @@ import pytest
 import trustme
 
 from brokerd.testing import BrokerProcess, native_cli, twistd_command
+from tests.support.tls import ca, client_context, files  # noqa: F401 (ca, files: fixtures)
 
 pytestmark = pytest.mark.long_module(seconds=15)  # started early (tests/conftest.py)
-
-
-@pytest.fixture(scope="module")
-def ca():
-    return trustme.CA()
-
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory, ca):
-    """The server's key, certificate and CA as PEM files, and a directory holding only the CA (for trustRoots)."""
-    directory = tmp_path_factory.mktemp("tls")
-    server = ca.issue_cert("127.0.0.1", "localhost")
-    server.private_key_pem.write_to_path(str(directory / "key.pem"))
-    server.cert_chain_pems[0].write_to_path(str(directory / "cert.pem"))
-    ca.cert_pem.write_to_path(str(directory / "ca.pem"))
-    (directory / "authorities").mkdir()
-    ca.cert_pem.write_to_path(str(directory / "authorities" / "ca.pem"))
-    return directory
 
 
 @pytest.fixture(scope="module")
@@ -45,15 +27,6 @@ def broker(files):
                              "--native", native, "--auth-mechanisms", "PLAIN,AMQPLAIN,EXTERNAL"], cwd=files)
     yield process
     process.stop()
-
-
-def client_context(ca, common_name=None):
-    """A client TLS context trusting C{ca}, presenting a certificate for C{common_name} if given."""
-    context = ssl.create_default_context()
-    ca.configure_trust(context)
-    if common_name is not None:
-        ca.issue_cert(common_name, common_name=common_name).configure_cert(context)
-    return context
 
 
 def pika_parameters(broker, context, **options):

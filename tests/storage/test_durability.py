@@ -9,8 +9,12 @@ import threading
 import pytest
 from twisted.internet import defer, reactor, task, threads
 from twisted.trial import unittest
+from zope.interface.verify import verifyObject
 
+from brokerd.interfaces import ICommitFailures
+from brokerd.storage import registry
 from brokerd.storage.durability import IDLE_COMMIT_SECONDS, GroupCommit, SyncPolicy
+from tests.support.logs import LogWatcher
 
 
 @pytest.mark.parametrize(
@@ -168,6 +172,34 @@ class GroupCommitTests(unittest.TestCase):
         self.assertEqual(log.on_disk(), [b"kept"])
 
     @defer.inlineCallbacks
+    def test_watchers_hear_what_failed_commits_lost_before_their_syncs_fail_and_a_run_is_logged_once(self):
+        directory = tempfile.mkdtemp(prefix="brokerd-durability-")
+        self.addCleanup(shutil.rmtree, directory, True)
+        log = FileLog(os.path.join(directory, "log"))
+        self.addCleanup(log.file.close)
+        lines = LogWatcher(self)
+        group = GroupCommit(log.take_batch, log.write_batch, SyncPolicy(), reactor, name="test",
+                            lost_in=lambda batch: [("queue", line) for line in batch])
+        heard = []
+        group.failures.watch(lambda failure, lost: heard.append((failure.type, lost, len(syncs_failed))))
+        group.start()
+        self.addCleanup(group.stop)
+        syncs_failed = []
+        for line in (b"one", b"two"):
+            log.fail_next = True
+            log.add(line)
+            yield self.assertFailure(group.sync().addErrback(lambda failure: syncs_failed.append(1) or failure),
+                                     OSError)
+        self.assertEqual(heard, [(OSError, [("queue", b"one")], 0), (OSError, [("queue", b"two")], 1)])
+        self.assertEqual((group.failures.failing, group.failures.failed), (True, 2))
+        log.add(b"three")
+        yield group.sync()
+        self.assertFalse(group.failures.failing)
+        self.assertEqual(len(lines.matching("test store: a commit failed (ENOSPC: No space left on device)")), 1)
+        self.assertEqual(len(lines.matching("test store: commits succeed again, after 2 failed")), 1)
+        self.assertEqual(lines.matching("Traceback"), [])
+
+    @defer.inlineCallbacks
     def test_stop_commits_what_is_buffered_and_refuses_later_syncs(self):
         log = FileLog(self.temporary_path())
         self.addCleanup(log.file.close)
@@ -293,3 +325,8 @@ class CommitResultTests(unittest.TestCase):
         log.add(b"two")
         yield group.sync()
         self.assertEqual(delivered, [(1, (b"one",)), (2, (b"two",))])
+
+
+@pytest.mark.parametrize("backend", ["chunked", "filelog", "sqlite"])
+def test_durable_stores_say_what_failed_commits_lost(backend, tmp_path):
+    assert verifyObject(ICommitFailures, registry.make_store(backend, str(tmp_path), reactor=task.Clock()))

@@ -10,9 +10,10 @@ import shutil
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
 BROWSER = next(filter(None, map(shutil.which, ("chromium", "chromium-browser"))), None)
@@ -81,6 +82,39 @@ def log_in(browser, user, password):
     browser.find_element(By.ID, "login-username").send_keys(user)
     browser.find_element(By.ID, "login-password").send_keys(password)
     browser.find_element(By.ID, "login-button").click()
+
+
+def logged_in(page, user="guest", password="guest"):
+    log_in(page, user, password)
+    wait_until(page, expected_conditions.visibility_of_element_located((By.ID, "nav")))
+    return page
+
+
+def open_admin(page, name):
+    """Show the Admin page C{name} (users, vhosts, policies, limits) through the navigation."""
+    page.find_element(By.CSS_SELECTOR, '#nav a[data-route="admin"]').click()
+    wait_until(page, expected_conditions.visibility_of_element_located((By.ID, "view-users")))
+    if name != "users":
+        page.find_element(By.CSS_SELECTOR, f'#view-users .subnav a[data-page="{name}"]').click()
+    wait_until(page, expected_conditions.visibility_of_element_located((By.ID, f"view-{name}")))
+    assert page.find_element(By.CSS_SELECTOR, '#nav a[data-route="admin"]').get_attribute("aria-current") == "page"
+
+
+def fill(page, field_id, text):
+    field = page.find_element(By.ID, field_id)
+    field.clear()
+    field.send_keys(text)
+
+
+def click_in_table(page, selector):
+    """Click what C{selector} finds in a table, again if the table was redrawn (it is, every second) meanwhile."""
+    def clicked(driver):
+        try:
+            driver.find_element(By.CSS_SELECTOR, selector).click()
+        except StaleElementReferenceException:
+            return False
+        return True
+    wait_until(page, clicked, lambda: f"{selector} could not be clicked")
 
 
 def row_selector(vhost, name, column):

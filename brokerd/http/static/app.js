@@ -33,6 +33,7 @@ function parseRoute(hash) {
 class Dashboard {
   constructor() {
     this.api = null;
+    this.whoami = null;
     this.timer = null;
     this.polling = false;
     this.filters = new FilterBar(() => this.refreshNow());
@@ -100,6 +101,7 @@ class Dashboard {
 
   start({ api, whoami }) {
     this.api = api;
+    this.whoami = whoami;
     const tags = (whoami.tags || []).join(", ");
     byId("session-user").textContent = tags ? `${whoami.name} (${tags})` : whoami.name;
     byId("login").hidden = true;
@@ -107,6 +109,11 @@ class Dashboard {
     for (const id of ["nav", "session", "views"]) byId(id).hidden = false;
     this.route();
     this.startPolling();
+  }
+
+  /** Whether the user logged in has the administrator tag (/api/whoami said so at login). */
+  isAdministrator() {
+    return Boolean(this.whoami && (this.whoami.tags || []).includes("administrator"));
   }
 
   logOut(reason) {

@@ -4,6 +4,33 @@ import { el } from "./dom.js";
 
 const MARGIN = { left: 52, right: 12, top: 10, bottom: 24 };
 const GRID_LINES = 4;
+// Where series coincide (deliveries equal to publishes, all messages unacked...) every one stays visible: the first
+// listed is drawn on top and thinnest, each one under it wider (its edges show around it) and with dashes of its own
+// (it shows through their gaps), the last solid.
+const WIDTH = 2; // of the line on top
+const WIDTH_STEP = 3; // each line under it this much wider
+const DASHES = [[5, 5], [12, 4], [2, 4]];
+
+/** The line style of the series at index of count: { width, dash } (dash: [] for a solid line). */
+export function lineStyle(index, count, line = {}) {
+  const width = line.width ?? WIDTH + WIDTH_STEP * index;
+  const dash = line.dash ?? (index === count - 1 ? [] : DASHES[index % DASHES.length]);
+  return { width, dash };
+}
+
+/** A small line in a series' colour and style, for its legend entry. */
+function swatchOf(color, style) {
+  const swatch = el("canvas", { class: "swatch", width: 28, height: 12, "aria-hidden": "true" });
+  const context = swatch.getContext("2d");
+  context.strokeStyle = color;
+  context.lineWidth = Math.min(style.width, 8);
+  context.setLineDash(style.dash);
+  context.beginPath();
+  context.moveTo(0, 6);
+  context.lineTo(28, 6);
+  context.stroke();
+  return swatch;
+}
 
 /** The grid's step: the smallest of 1, 2, 2.5, 5 times a power of ten at or above value, and at least least. */
 function niceStep(value, least) {
@@ -22,11 +49,11 @@ function axisLabel(value) {
 
 export class LineChart {
   /**
-   * series: [{ key, label, color, width }]; format(value) writes a value in the legend;
-   * windowSeconds: how far back the chart reaches; counts: whole numbers only on the axis.
+   * series: [{ key, label, color, width, dash }] (width and dash: lineStyle's unless given); format(value) writes a
+   * value in the legend; windowSeconds: how far back the chart reaches; counts: whole numbers only on the axis.
    */
   constructor({ id, title, series, format = String, windowSeconds = 300, counts = false }) {
-    this.series = series;
+    this.series = series.map((line, index) => ({ ...line, ...lineStyle(index, series.length, line) }));
     this.leastStep = counts ? 1 : 0.25;
     this.format = format;
     this.windowSeconds = windowSeconds;
@@ -36,12 +63,11 @@ export class LineChart {
     const legend = el(
       "ul",
       { class: "legend" },
-      series.map((line) => {
+      this.series.map((line) => {
         const value = el("span", { class: "legend-value" });
         this.legendValues.set(line.key, value);
-        const swatch = el("span", { class: "swatch" });
-        swatch.style.backgroundColor = line.color; // through the DOM: the page's policy refuses style attributes
-        return el("li", { "data-series": line.key }, swatch, line.label, " ", value);
+        const style = { "data-series": line.key, "data-width": line.width, "data-dash": line.dash.join(" ") || "solid" };
+        return el("li", style, swatchOf(line.color, line), line.label, " ", value);
       }),
     );
     this.element = el("figure", { class: "chart", id }, el("figcaption", {}, title), this.canvas, legend);
@@ -87,7 +113,8 @@ export class LineChart {
     context.lineJoin = "round";
     for (const line of this.series.slice().reverse()) { // the first listed on top
       context.strokeStyle = line.color;
-      context.lineWidth = line.width || 2;
+      context.lineWidth = line.width;
+      context.setLineDash(line.dash);
       context.beginPath();
       visible.forEach((sample, index) => {
         const point = [x(sample.time), y(sample.values[line.key] || 0)];
@@ -97,6 +124,7 @@ export class LineChart {
       if (visible.length === 1) context.lineTo(x(visible[0].time) - 2, y(visible[0].values[line.key] || 0));
       context.stroke();
     }
+    context.setLineDash([]);
   }
 
   drawAxes(context, plot, top, x, end) {

@@ -1,7 +1,9 @@
 // Admin > Limits: virtual host limits (max-connections, max-queues) and user limits
 // (max-connections, max-channels), listed, set and cleared through /api/vhost-limits and
-// /api/user-limits in RabbitMQ's shapes ({vhost or user, value: {limit: number}}). A broker
-// that does not serve them (404) gets a message instead of the forms.
+// /api/user-limits in RabbitMQ's shapes ({vhost or user, value: {limit: number}}). As in
+// RabbitMQ's management UI, every management user sees the limits the API shows it (the vhosts
+// it may use, every user's); the forms and Delete buttons are for administrators. A broker that
+// does not serve limits (404) gets a message instead of the forms.
 
 import { AdminPage, ConfirmBar, choice, field, setOptions } from "./admin.js";
 import { apiPath } from "./api.js";
@@ -13,9 +15,16 @@ const KINDS = {
   user: { path: "user-limits", owner: "user", label: "User", limits: ["max-connections", "max-channels"] },
 };
 
-/** One row per limit: [{ owner, name, value }] from RabbitMQ's [{vhost or user, value: {...}}]. */
+/**
+ * One row per limit: [{ owner, name, value }] from RabbitMQ's [{vhost or user, value: {...}}],
+ * an owner's limits by name as RabbitMQ's UI lists them.
+ */
 function rowsOf(answer, owner) {
-  return (answer || []).flatMap((entry) => Object.entries(entry.value || {}).map(([name, value]) => ({ owner: entry[owner], name, value })));
+  return (answer || []).flatMap((entry) =>
+    Object.keys(entry.value || {})
+      .sort()
+      .map((name) => ({ owner: entry[owner], name, value: entry.value[name] })),
+  );
 }
 
 export class LimitsView extends AdminPage {
@@ -45,6 +54,7 @@ export class LimitsView extends AdminPage {
           label: "",
           value: () => "",
           cell: (row) =>
+            this.app.isAdministrator() &&
             this.deleteButton(this.confirm, this.deleted, `Clear ${row.name} of ${row.owner}?`, (api) => api.delete(apiPath(about.path, row.owner, row.name)), `${row.name} of ${row.owner} cleared.`),
         },
       ],
@@ -59,8 +69,9 @@ export class LimitsView extends AdminPage {
       this.act(result, (api) => api.put(apiPath(about.path, who, limit), { value: Number(value.input.value) }), () => `${limit} of ${who} set.`);
     };
     const form = el("form", { id: `${kind}-limit-form`, class: "panel", onsubmit: submit }, el("h2", {}, `Set a ${about.label.toLowerCase()} limit`), el("label", {}, about.label, owner), name.label, value.label, el("button", { type: "submit" }, "Set limit"), result);
-    this.parts[kind] = { table, owner };
-    return el("div", {}, el("h2", {}, `${about.label} limits`), table.element, el("div", { class: "panels" }, form));
+    const panels = el("div", { class: "panels" }, form);
+    this.parts[kind] = { table, owner, panels };
+    return el("div", {}, el("h2", {}, `${about.label} limits`), table.element, panels);
   }
 
   async load(api) {
@@ -79,7 +90,10 @@ export class LimitsView extends AdminPage {
     const [vhostLimits, userLimits] = answers;
     this.parts.vhost.table.update(rowsOf(vhostLimits, "vhost"));
     this.parts.user.table.update(rowsOf(userLimits, "user"));
-    const [vhosts, users] = await Promise.all([api.get(apiPath("vhosts")), api.get(apiPath("users")).catch(() => [])]);
+    const administrator = this.app.isAdministrator();
+    for (const part of Object.values(this.parts)) part.panels.hidden = !administrator;
+    if (!administrator) return;
+    const [vhosts, users] = await Promise.all([api.get(apiPath("vhosts")), api.get(apiPath("users"))]);
     setOptions(this.parts.vhost.owner, (vhosts || []).map((vhost) => vhost.name));
     setOptions(this.parts.user.owner, (users || []).map((user) => user.name));
   }

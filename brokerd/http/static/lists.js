@@ -50,9 +50,16 @@ export function queuesView(filters) {
 
 function client(row) {
   const properties = row.client_properties || {};
-  if (typeof properties.connection_name === "string") return properties.connection_name;
   return [properties.product, properties.version].filter((value) => typeof value === "string").join(" ");
 }
+
+/** A connection's name, and under it the name its client gave it (user_provided_name), as RabbitMQ's list shows them. */
+const connectionName = {
+  id: "name",
+  label: "Name",
+  value: (row) => row.name,
+  cell: (row) => [row.name, row.user_provided_name != null && el("span", { class: "provided-name subtle" }, row.user_provided_name)],
+};
 
 export function connectionsView(filters) {
   return new ListView({
@@ -61,11 +68,11 @@ export function connectionsView(filters) {
     filters,
     sortBy: "name",
     listPath: (name) => apiPath("vhosts", name, "connections"),
-    texts: (row) => [row.name, row.user, client(row)],
+    texts: (row) => [row.name, row.user_provided_name ?? "", row.user, client(row)],
     rowData: (row) => ({ name: row.name }),
     columns: [
       vhost,
-      text("name", "Name", (row) => row.name),
+      connectionName,
       text("user", "User", (row) => row.user),
       text("protocol", "Protocol", (row) => row.protocol),
       text("client", "Client", client),

@@ -1,17 +1,19 @@
-// The overview: queued messages and message rates over the last minutes, totals, listeners.
+// The overview: queued messages and message rates over the last minutes, totals, the node's
+// resources and their alarms, listeners.
 
+import { apiPath } from "./api.js";
 import { LineChart } from "./chart.js";
-import { el, formatCount, formatRate, rateOf, replaceContent } from "./dom.js";
+import { el, formatBytes, formatCount, formatRate, rateOf, replaceContent } from "./dom.js";
 
 const RATES = [
   { key: "publish", label: "Published", color: "#d9822b" },
   { key: "deliver_get", label: "Delivered", color: "#2b7bd9" },
-  { key: "ack", label: "Acknowledged", color: "#3a9a4a", width: 4 }, // under deliveries, which it often equals
+  { key: "ack", label: "Acknowledged", color: "#3a9a4a" }, // under deliveries, which it often equals
 ];
 const QUEUED = [
   { key: "messages_ready", label: "Ready", color: "#d9b42b" },
   { key: "messages_unacknowledged", label: "Unacked", color: "#2b7bd9" },
-  { key: "messages", label: "Total", color: "#9a4ad9", width: 4 }, // under the others, which it often equals
+  { key: "messages", label: "Total", color: "#9a4ad9" }, // under the others, which it often equals
 ];
 const OBJECTS = [
   ["connections", "Connections"],
@@ -33,6 +35,16 @@ function tiles(figures, source) {
   );
 }
 
+/** A tile of one resource of the node, marked data-resource=key, and "alarm" while raised. */
+function resourceTile(key, label, value, alarmed) {
+  return el(
+    "div",
+    { class: alarmed ? "tile alarm" : "tile", "data-resource": key, "data-alarm": alarmed ? "raised" : "clear" },
+    el("span", { class: "tile-value" }, value),
+    el("span", { class: "tile-label" }, alarmed ? `${label}: alarm` : label),
+  );
+}
+
 export class OverviewView {
   constructor() {
     this.rates = new LineChart({ id: "chart-rates", title: "Message rates", series: RATES, format: formatRate });
@@ -42,6 +54,8 @@ export class OverviewView {
     this.queueTotals = el("div", { class: "tiles", id: "queue-totals" });
     this.objectTotals = el("div", { class: "tiles", id: "object-totals" });
     this.listeners = el("tbody");
+    this.nodeTiles = el("div", { class: "tiles", id: "node-resources" });
+    this.node = el("div", { hidden: true }, el("h2", {}, "Node"), this.nodeTiles);
     this.element = el(
       "section",
       { id: "view-overview", class: "view", hidden: true },
@@ -52,6 +66,7 @@ export class OverviewView {
       this.queueTotals,
       el("h2", {}, "Object totals"),
       this.objectTotals,
+      this.node,
       el("h2", {}, "Listeners"),
       el(
         "table",
@@ -95,6 +110,28 @@ export class OverviewView {
         el("tr", {}, el("td", {}, listener.protocol), el("td", {}, listener.ip_address), el("td", { class: "numeric" }, listener.port)),
       ),
     );
+  }
+
+  /** The node's resources and alarms, from /api/nodes (which needs the monitoring tag). */
+  async refresh(api) {
+    let nodes;
+    try {
+      nodes = await api.get(apiPath("nodes"));
+    } catch (error) {
+      if (error.status !== 401 && error.status !== 403) throw error;
+      nodes = [];
+    }
+    this.showNode((nodes || [])[0]);
+  }
+
+  showNode(node) {
+    this.node.hidden = !node;
+    if (!node) return;
+    replaceContent(this.nodeTiles, [
+      resourceTile("disk", "Disk free", formatBytes(node.disk_free), node.disk_free_alarm),
+      resourceTile("disk-limit", "Disk free limit", formatBytes(node.disk_free_limit), false),
+      resourceTile("memory", "Memory watermark", formatBytes(node.mem_limit), node.mem_alarm),
+    ]);
   }
 
   /** Called when the view is shown: the charts are drawn at their new size. */
