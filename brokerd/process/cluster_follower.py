@@ -53,6 +53,7 @@ class FollowerLink:
         self._retry = None
         address = self.address
         client = self.client = ReplicationClient(self.applier, self.secret, self.node_name)
+        client.noisy = False  # a follower tries every RETRY_SECONDS while the leader is away
         endpoint = clientFromString(self.reactor, f"{address}:timeout={CONNECT_TIMEOUT}")
         self._attempt = endpoint.connect(client)
         self._attempt.addCallbacks(self._connected, self._not_connected,

@@ -16,8 +16,7 @@ class ConfirmingTap(StoreTap):
     """
     The leader's store as the broker sees it: every change streamed (L{StoreTap}), and a
     C{sync()} that fires once the change is durable here and on every follower of the
-    in-sync set, while this node leads; the store itself was opened as a follower's, so
-    C{open()} has nothing left to do.
+    in-sync set, while this node leads.
     """
 
     def __init__(self, store, stream, in_sync):
@@ -26,8 +25,8 @@ class ConfirmingTap(StoreTap):
         self._in_sync = in_sync
         self._inner = store
 
-    def open(self):
-        return defer.succeed(None)
+    def watch_commit_failures(self, listener):
+        self._inner.watch_commit_failures(listener)
 
     def sync(self):
         target = self._stream_of_changes.last_sequence
@@ -59,6 +58,9 @@ class LeaderRole:
         node, settings = self.node, self.node.settings
         yield node.follower.stop()
         yield self._applied_is_durable()
+        # The broker recovers the stores as a restart does: from a fresh opening.
+        yield node.store.close()
+        node.store = None
         self.stream = OutboundStream()
         server = WatchedReplicationServer(
             self.stream, node.identity.secret, node.identity.cluster_id, reactor=node.reactor,
@@ -67,8 +69,7 @@ class LeaderRole:
                                  reactor=node.reactor, min_isr=settings.min_isr,
                                  max_lag_seconds=settings.max_lag_seconds)
         server.on_change = self.in_sync.update
-        store = ConfirmingTap(node.store, self.stream, self.in_sync)
-        node.access.on_saved.append(store.record_access_document)
+        store = ConfirmingTap(node.make_store(), self.stream, self.in_sync)
         node.replication_switch.use(server)
         yield self.in_sync.start()
         self.broker = node.make_broker(store, node.switches)

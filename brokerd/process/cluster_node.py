@@ -28,6 +28,7 @@ from brokerd.cluster.view import ClusterKeys, NodeInfo
 from brokerd.process.cluster_follower import FollowerLink
 from brokerd.process.cluster_leader import LeaderRole
 from brokerd.replication.applier import StoreApplier
+from brokerd.storage import registry
 from brokerd.wire.endpoints import server_endpoint
 from brokerd.wire.switching_factory import SwitchingFactory
 
@@ -35,6 +36,7 @@ log = Logger()
 
 REJOIN_ENVIRONMENT = "BROKERD_CLUSTER_REJOIN"
 RETRY_SECONDS = 1.0
+TWISTD_MAIN = "import sys; from twisted.scripts.twistd import run; sys.argv[0] = 'twistd'; run()"
 CLIENT_OPTIONS = ("amqp", "amqps", "native", "http", "prometheus")
 
 
@@ -55,7 +57,8 @@ class ClusterNode(Service):
     """
     A cluster node's life (see the module's description).
 
-    @param make_store: makes this node's (unopened) store.
+    @param make_store: makes an (unopened) store of this node's data: the follower's,
+        then, once elected, the leader's, opened afresh as a restart opens it.
     @param make_broker: C{make_broker(store, bound_ports)} makes the L{BrokerService}
         that serves clients once this node leads.
     @param endpoints: option name -> endpoint string of the client listeners.
@@ -100,7 +103,7 @@ class ClusterNode(Service):
         self.identity = yield self._identity(client)
         self.store = self.make_store()
         yield self.store.open()
-        self.applier = StoreApplier({"": self.store}, access_sink=self._access_document)
+        self.applier = StoreApplier({"": self.store})
         yield self.applier.open()
         if self.applier.cluster_id and self.applier.cluster_id != self.identity.cluster_id:
             raise EtcdError(
@@ -208,7 +211,8 @@ class ClusterNode(Service):
             os.remove(self.pidfile)
         sys.stdout.flush()
         sys.stderr.flush()
-        os.execv(sys.executable, [sys.executable, *sys.argv])
+        # twistd's own entry point, whatever script started this process.
+        os.execv(sys.executable, [sys.executable, "-c", TWISTD_MAIN, *sys.argv[1:]])
 
     # -- stop
 
@@ -233,3 +237,21 @@ class ClusterNode(Service):
     def _exit(self, status):
         self.reactor.addSystemEventTrigger("after", "shutdown", os._exit, status)
         self.reactor.stop()
+
+
+def node_of_options(options, reactor, broker_service):
+    """
+    The L{ClusterNode} of twistd's parsed options; C{broker_service(options, reactor,
+    store, bound_ports)} makes the broker it starts once it leads.
+    """
+    parent = getattr(options, "parent", None)
+    return ClusterNode(
+        reactor, options["cluster"],
+        make_store=lambda: registry.make_store(options["backend"], options["data-dir"],
+                                               options["sync"], reactor=reactor),
+        make_broker=lambda store, ports: broker_service(options, reactor, store, ports),
+        endpoints={name: options[name] for name in CLIENT_OPTIONS},
+        data_dir=options["data-dir"],
+        access=options["amqp-settings"].authenticator.access,
+        pidfile=parent.get("pidfile") if parent is not None else None,
+    )

@@ -148,6 +148,7 @@ class BrokerService(Service):
         http_access_log=False,
         disk_free_limit=DEFAULT_DISK_FREE_LIMIT,
         data_dir=None,
+        bound_ports=None,
     ):
         """
         @param connection_memory: the L{brokerd.model.watermark.ConnectionMemoryLimits}

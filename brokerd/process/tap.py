@@ -21,6 +21,7 @@ from brokerd.amqp.settings import (
 )
 from brokerd.native.server import DEFAULT_CHANNEL_MAX as DEFAULT_NATIVE_CHANNEL_MAX
 from brokerd.native.server import DEFAULT_MAX_FRAME_SIZE
+from brokerd.process.cluster_options import CLUSTER_PARAMETERS, cluster_settings
 from brokerd.process.disk_monitor import parse_disk_free_limit
 from brokerd.process.resource_options import connection_memory_limits, parse_consumer_timeout
 from brokerd.process.service import BrokerService
@@ -453,7 +454,9 @@ def makeService(options):
     # Two quick SIGTERMs stop it once, quietly.
     reactor.callWhenRunning(stop_once_on_signals, reactor)
     if options["cluster"] is not None:
-        service = _cluster_node(options, reactor)
+        from brokerd.process.cluster_node import node_of_options
+
+        service = node_of_options(options, reactor, _broker_service)
     else:
         service = _broker_service(options, reactor, options["store"])
     # What exists before the store opens (modules, classes, functions: tens of thousands
@@ -462,23 +465,6 @@ def makeService(options):
     # run of 100,000 paged deliveries, 2 ms frozen (5 % of the CPU).
     gc.freeze()
     return service
-
-
-def _cluster_node(options, reactor):
-    """The L{ClusterNode} of cluster mode: the broker is made once this node leads."""
-    from brokerd.process.cluster_node import ClusterNode
-
-    parent = getattr(options, "parent", None)
-    return ClusterNode(
-        reactor, options["cluster"],
-        make_store=lambda: options["store"],
-        make_broker=lambda store, ports: _broker_service(options, reactor, store, ports),
-        endpoints={name: options[name] for name in ("amqp", "amqps", "native", "http",
-                                                    "prometheus")},
-        data_dir=options["data-dir"],
-        access=options["amqp-settings"].authenticator.access,
-        pidfile=parent.get("pidfile") if parent is not None else None,
-    )
 
 
 def _broker_service(options, reactor, store, bound_ports=None):
