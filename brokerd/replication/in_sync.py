@@ -158,8 +158,8 @@ class InSyncSet:
 class WatchedReplicationServer(ReplicationServer):
     """
     A L{ReplicationServer} that calls C{on_change()} after every change of its followers
-    (one joined, acknowledged or left; a lag
-    the server notices while streaming is seen at the set's next look), so that an L{InSyncSet} looks again.
+    (one joined, acknowledged or left), so that an L{InSyncSet} looks again; a lag the
+    server notices while streaming is seen at the set's next periodic look.
     """
 
     def __init__(self, *args, **kwargs):
