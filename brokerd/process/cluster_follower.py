@@ -5,6 +5,7 @@ from twisted.internet.endpoints import clientFromString
 from twisted.logger import Logger
 
 from brokerd.replication.follower import ReplicationClient
+from brokerd.replication.in_sync import no_delay
 
 log = Logger()
 
@@ -59,8 +60,9 @@ class FollowerLink:
         self._attempt.addCallbacks(self._connected, self._not_connected,
                                    callbackArgs=(client, address), errbackArgs=(client, address))
 
-    def _connected(self, _protocol, client, address):
+    def _connected(self, protocol, client, address):
         self._attempt = None
+        no_delay(protocol.transport)
         self.connections += 1
         client.when_lost().addCallback(self._lost, client, address)
 
