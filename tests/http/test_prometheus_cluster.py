@@ -14,8 +14,8 @@ from tests.support.cluster_api import start_cluster
 from tests.support.etcd import needs_etcd, start_etcd
 from tests.support.metrics import value
 
-CLUSTER_FAMILIES = ("brokerd_cluster_leader", "brokerd_cluster_leader_changes_total", "brokerd_cluster_in_sync_replicas",
-                    "brokerd_cluster_members", "brokerd_cluster_follower_lag_bytes",
+CLUSTER_FAMILIES = ("brokerd_cluster_leader", "brokerd_cluster_leader_changes_total",
+                    "brokerd_cluster_in_sync_replicas", "brokerd_cluster_members", "brokerd_cluster_follower_lag_bytes",
                     "brokerd_cluster_follower_lag_operations")
 
 
