@@ -52,6 +52,7 @@ class LeaderRole:
         self.broker = None
         self.in_sync = None
         self.stream = None
+        self.server = None
 
     @defer.inlineCallbacks
     def start(self):
@@ -62,7 +63,7 @@ class LeaderRole:
         yield node.store.close()
         node.store = None
         self.stream = OutboundStream()
-        server = WatchedReplicationServer(
+        server = self.server = WatchedReplicationServer(
             self.stream, node.identity.secret, node.identity.cluster_id, reactor=node.reactor,
             max_lag_bytes=settings.max_lag_bytes)
         self.in_sync = InSyncSet(server, node.candidate, settings.node_name,
@@ -72,7 +73,7 @@ class LeaderRole:
         store = ConfirmingTap(node.make_store(), self.stream, self.in_sync)
         node.replication_switch.use(server)
         yield self.in_sync.start()
-        self.broker = node.make_broker(store, node.switches)
+        self.broker = node.make_broker(store, node.switches, node.status)
         self.broker.startService()
         yield self.broker.started
         self.serving = True

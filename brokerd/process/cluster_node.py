@@ -24,6 +24,7 @@ from brokerd.cluster.errors import DuplicateNodeName, EtcdError
 from brokerd.cluster.etcd import EtcdClient
 from brokerd.cluster.identity import cluster_identity
 from brokerd.cluster.leadership import Candidate
+from brokerd.cluster.status import ClusterStatus
 from brokerd.cluster.view import ClusterKeys, NodeInfo
 from brokerd.process.cluster_follower import FollowerLink
 from brokerd.process.cluster_leader import LeaderRole
@@ -59,8 +60,8 @@ class ClusterNode(Service):
 
     @param make_store: makes an (unopened) store of this node's data: the follower's,
         then, once elected, the leader's, opened afresh as a restart opens it.
-    @param make_broker: C{make_broker(store, bound_ports)} makes the L{BrokerService}
-        that serves clients once this node leads.
+    @param make_broker: C{make_broker(store, bound_ports, cluster_status)} makes the
+        L{BrokerService} that serves clients once this node leads.
     @param endpoints: option name -> endpoint string of the client listeners.
     @param pidfile: the pid file to remove before the process starts again.
     """
@@ -82,6 +83,7 @@ class ClusterNode(Service):
         self.store = None
         self.applier = None
         self.candidate = None
+        self.status = None
         self.identity = None
         self.follower = None
         self.leader = None
@@ -116,6 +118,9 @@ class ClusterNode(Service):
             client, self.reactor, self.keys, NodeInfo(self.settings.node_name, addresses),
             ttl=self.settings.lease_ttl, on_elected=self._elected,
             on_stepped_down=self._stepped_down, on_leader=self._leader_changed)
+        self.status = ClusterStatus(self.settings.cluster_name, self.settings.node_name,
+                                    self.candidate, followers=self._followers,
+                                    clock=self.reactor, min_in_sync=self.settings.min_isr)
         yield self.candidate.start()
         self.candidate.ended.addCallback(self._lease_ended)
         log.info("node {node} joined cluster {cluster} ({addresses})",
@@ -169,7 +174,13 @@ class ClusterNode(Service):
     def _access_document(self, data):
         self.access.replace_document(data)
 
+    def _followers(self):
+        if self.leader is None or self.leader.server is None:
+            return []
+        return self.leader.server.status()
+
     def _leader_changed(self, info):
+        self.status.on_leader(info)
         if info is None or info.name == self.settings.node_name:
             self.follower.follow(None)
             return
@@ -242,14 +253,15 @@ class ClusterNode(Service):
 def node_of_options(options, reactor, broker_service):
     """
     The L{ClusterNode} of twistd's parsed options; C{broker_service(options, reactor,
-    store, bound_ports)} makes the broker it starts once it leads.
+    store, bound_ports, cluster_status)} makes the broker it starts once it leads.
     """
     parent = getattr(options, "parent", None)
     return ClusterNode(
         reactor, options["cluster"],
         make_store=lambda: registry.make_store(options["backend"], options["data-dir"],
                                                options["sync"], reactor=reactor),
-        make_broker=lambda store, ports: broker_service(options, reactor, store, ports),
+        make_broker=lambda store, ports, status: broker_service(options, reactor, store, ports,
+                                                                status),
         endpoints={name: options[name] for name in CLIENT_OPTIONS},
         data_dir=options["data-dir"],
         access=options["amqp-settings"].authenticator.access,

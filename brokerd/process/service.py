@@ -149,6 +149,7 @@ class BrokerService(Service):
         disk_free_limit=DEFAULT_DISK_FREE_LIMIT,
         data_dir=None,
         bound_ports=None,
+        cluster_status=None,
     ):
         """
         @param connection_memory: the L{brokerd.model.watermark.ConnectionMemoryLimits}
@@ -157,6 +158,9 @@ class BrokerService(Service):
             channel is closed, unless its queue says otherwise; None: no limit.
         @param http_access_log: log a line per request to the HTTP API and
             dashboard (C{--http-access-log}; off by default, as RabbitMQ's).
+        @param cluster_status: the L{brokerd.cluster.status.ClusterStatus} of the
+            cluster this broker leads, which the API, dashboard and metrics show
+            (None: a node on its own).
         @param bound_ports: option name -> a listening
             L{brokerd.wire.switching_factory.SwitchingFactory} that serves that
             option's listener instead of a port of its own (a cluster node's).
@@ -210,7 +214,7 @@ class BrokerService(Service):
         self.startup_report = startup_report  # a StartupReport: what the start-up log says
         self.access = authenticator.access if authenticator is not None else None
         if prometheus_endpoint:
-            site = metrics_site(self.broker, self.access)
+            site = metrics_site(self.broker, self.access, cluster=cluster_status)
             self.listeners.append(Listener(
                 reactor, prometheus_endpoint, site, "Prometheus metrics", "prometheus",
                 broker_clients=False,
@@ -219,6 +223,7 @@ class BrokerService(Service):
         self.access_defaults = access_defaults
         self.definitions_file = definitions_file
         self.http_access_log = http_access_log
+        self.cluster_status = cluster_status
         if http_endpoint:
             self.listeners.append(Listener(
                 reactor, http_endpoint, self._management_site(), "HTTP API", "http",
@@ -238,7 +243,8 @@ class BrokerService(Service):
         """
         access = self.access if self.access is not None else AccessControl().access
         context = ApiContext(
-            self.broker, access, AccessCommands(self.broker, access), self.listeners
+            self.broker, access, AccessCommands(self.broker, access), self.listeners,
+            cluster=self.cluster_status,
         )
         return make_site(context, self.http_access_log)
 

@@ -467,7 +467,7 @@ def makeService(options):
     return service
 
 
-def _broker_service(options, reactor, store, bound_ports=None):
+def _broker_service(options, reactor, store, bound_ports=None, cluster_status=None):
     """The L{BrokerService} the options describe, over C{store}."""
     service = BrokerService(
         store,
@@ -490,6 +490,7 @@ def _broker_service(options, reactor, store, bound_ports=None):
         data_dir=options["data-dir"],
         prometheus_endpoint=options["prometheus"],
         bound_ports=bound_ports,
+        cluster_status=cluster_status,
         startup_report=StartupReport(
             options["backend"], options["data-dir"], options["sync"], reactor
         ),
