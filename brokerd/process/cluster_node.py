@@ -26,6 +26,7 @@ from brokerd.cluster.identity import cluster_identity
 from brokerd.cluster.leadership import Candidate
 from brokerd.cluster.status import ClusterStatus
 from brokerd.cluster.view import ClusterKeys, NodeInfo
+from brokerd.http.metrics.follower_site import follower_metrics_site
 from brokerd.process.cluster_follower import FollowerLink
 from brokerd.process.cluster_leader import LeaderRole
 from brokerd.replication.applier import StoreApplier
@@ -121,6 +122,8 @@ class ClusterNode(Service):
         self.status = ClusterStatus(self.settings.cluster_name, self.settings.node_name,
                                     self.candidate, followers=self._followers,
                                     clock=self.reactor, min_in_sync=self.settings.min_isr)
+        if "prometheus" in self.switches:
+            self.switches["prometheus"].use(follower_metrics_site(self.status))
         yield self.candidate.start()
         self.candidate.ended.addCallback(self._lease_ended)
         log.info("node {node} joined cluster {cluster} ({addresses})",
