@@ -57,6 +57,7 @@ class InSyncSet:
         self._waiters = []  # heap of (sequence, order, Deferred)
         self._order = 0
         self._times = []  # (sequence, seconds) samples of when operations were recorded
+        self._newest = (0, 0.0)  # the newest operation and when, sampled or not
         self._check = task.LoopingCall(self.update)
         self._check.clock = reactor
 
@@ -106,12 +107,12 @@ class InSyncSet:
         # The first sample at or after the oldest operation the follower lacks: that
         # operation was recorded no later than the sample, so its age is at least this.
         index = bisect.bisect_left(self._times, (link.acked + 1, float("-inf")))
-        if index == len(self._times):
-            return False
-        return self.reactor.seconds() - self._times[index][1] > self.max_lag_seconds
+        recorded_by = self._times[index][1] if index < len(self._times) else self._newest[1]
+        return self.reactor.seconds() - recorded_by > self.max_lag_seconds
 
     def _recorded(self, sequence):
         now = self.reactor.seconds()
+        self._newest = (sequence, now)
         if not self._times or now - self._times[-1][1] >= SAMPLE_SECONDS:
             self._times.append((sequence, now))
             oldest = min((link.acked for link in self.server.followers), default=sequence)
