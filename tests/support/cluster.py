@@ -36,6 +36,7 @@ SERVES = "node {name} serves as the leader of cluster {cluster}"
 STARTS_AGAIN = "starts again as a follower"
 START_SECONDS = 30.0
 CONNECT_SECONDS = 2.0
+NOISE = "_HTTP11ClientFactory"  # a line per request to etcd
 
 
 class Node:
@@ -133,7 +134,11 @@ class Node:
         return addresses.get("amqp") if addresses else None
 
     def tail(self, lines=40):
-        return self.process.tail(lines) if self.process is not None else "(not started)"
+        """This run's last lines, less the etcd client's connection pool chatter."""
+        if self.process is None:
+            return "(not started)"
+        said = [line for line in list(self.process.output) if NOISE not in line]
+        return "\n".join(said[-lines:])
 
     # -- signals
 
@@ -186,18 +191,27 @@ class ClusterProcesses:
     @ivar nodes: name -> L{Node}, in the order they were added.
     """
 
-    def __init__(self, root, *, cluster_name=CLUSTER, ttl=3, min_isr=1, max_lag_seconds=5):
-        self.root = str(root)
+    def __init__(self, root, *, cluster_name=CLUSTER, ttl=3, min_isr=1, max_lag_seconds=5,
+                 etcd=None):
+        """
+        @param root: the directory of the cluster's files: a folder per cluster name in it.
+        @param etcd: a running L{EtcdProcess} of another cluster to share (it stays that
+            cluster's to stop), or None for one of its own.
+        """
+        self.root = os.path.join(str(root), cluster_name)
+        os.makedirs(self.root, exist_ok=True)
         self.settings = dict(cluster_name=cluster_name, ttl=ttl, min_isr=min_isr,
                              max_lag_seconds=max_lag_seconds)
-        self.etcd = EtcdProcess()
+        self._own_etcd = etcd is None
+        self.etcd = EtcdProcess() if etcd is None else etcd
         self.nodes = {}
 
     def start(self, names=("a", "b", "c"), backends=None, options=()):
         """Starts etcd and one node per name (each with the backend C{backends[name]}, chunked
         by default): the first alone, until it serves, so that it leads, then the others, until
         they joined; returns self."""
-        self.etcd.start()
+        if self._own_etcd:
+            self.etcd.start()
         first, *others = [self.add(name, (backends or {}).get(name, "chunked"), options)
                           for name in names]
         first.start()
@@ -298,7 +312,8 @@ class ClusterProcesses:
         """Kills every node (resumed first, should one be paused) and etcd."""
         for node in self.nodes.values():
             node.close()
-        self.etcd.stop()
+        if self._own_etcd:
+            self.etcd.stop()
 
 
 @pytest.fixture
