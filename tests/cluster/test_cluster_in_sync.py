@@ -25,11 +25,6 @@ HELD_SECONDS = 3.0  # how long a held confirm is watched not to arrive
 
 # Not strict: whether the last publish before the stop falls within 10 ms of a sample depends
 # on how fast its confirm round trip was (it failed in 4 runs of 5 on a loaded 2-core machine).
-@pytest.mark.xfail(strict=False, reason=(
-    "brokerd/replication/in_sync.py samples the stream's (sequence, time) at most every"
-    " SAMPLE_SECONDS and _too_far_behind finds no sample at or after an operation recorded less"
-    " than 10 ms after the previous sample: a follower lacking only such operations (the last"
-    " publish before it stopped, held for its confirm) never counts as lagging"))
 def test_a_stopped_follower_leaves_the_in_sync_set_and_confirms_go_on(make_cluster):
     cluster = make_cluster(ttl=TTL, min_isr=2, max_lag_seconds=MAX_LAG).start()
     leader = cluster.wait_leader()
