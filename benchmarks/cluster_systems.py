@@ -260,7 +260,7 @@ class RabbitMQCluster:
                 self.processes[node] = subprocess.Popen(
                     [os.path.join(self.bin_dir, "rabbitmq-server")], cwd=self.directory, env=environment,
                     stdout=output, stderr=subprocess.STDOUT, user=self.user, start_new_session=True)
-        self.pids = {node.partition("@")[0]: process.pid for node, process in self.processes.items()}
+        self.pids = {f"bench{number}": process.pid for number, process in enumerate(self.processes.values(), 1)}
         for node, (_, _, environment) in zip(self.nodes, environments):
             port = int(environment["RABBITMQ_NODE_PORT"])
             wait_for(lambda: self._listening(node, port), START_SECONDS, f"RabbitMQ node {node} on port {port}")
