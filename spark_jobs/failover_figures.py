@@ -29,8 +29,10 @@ def failover_notes(facts):
     notes = [f"failover {number}: leader {failover.get('killed')} killed,"
              f" {failover.get('leader')} served {failover['seconds']:.1f} s later"
              for number, failover in enumerate(_failovers(facts), start=1)]
-    if isinstance(facts.get("leader"), str):
-        backends = facts.get("backends")
-        on = f" of {', '.join(map(str, backends))}" if isinstance(backends, list) else ""
-        notes.append(f"nodes{on}; the final leader, {facts['leader']}, has its store exported")
+    nodes = facts.get("nodes")
+    if isinstance(facts.get("leader"), str) and isinstance(nodes, list):
+        named = ", ".join(f"{node.get('name')} ({node.get('backend')})" for node in nodes
+                          if isinstance(node, dict))
+        notes.append(f"nodes {named}; the store exported is {facts['leader']}'s,"
+                     f" the final leader's")
     return notes

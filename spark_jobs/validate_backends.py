@@ -9,6 +9,8 @@ them (L{spark_jobs.analysis}) and write the report (L{spark_jobs.report})::
     python -m spark_jobs.validate_backends --backends sqlite --out report/ \\
         --reference rabbitmq=amqp://guest:guest@127.0.0.1:5672/ \\
         --reference-restart "rabbitmq=docker restart -t 0 rabbit" --crash-every 1000
+    brokerd-validate --backends chunked --cluster mixed=chunked,sqlite,chunked --crash-every 1500 \\
+        --out report/
 
 Each C{--backends} item is a backend string (C{chunked:chunk_size=1M}); its run
 lives in C{<out>/runs/<label>/}, the label being the name before any colon, so
@@ -16,7 +18,10 @@ labels must differ. Each C{--reference NAME=URL} adds a run of the same
 workload against an AMQP 0-9-1 broker already running at URL, in
 C{<out>/runs/NAME/}, reported beside the backends
 (L{spark_jobs.validation_options.parse_references}); its store is not exported,
-so the checks that read an export do not apply to it. A fresh run replaces an
+so the checks that read an export do not apply to it. Each C{--cluster
+[NAME=]BACKENDS} adds a run against three brokerd nodes of one cluster and an
+etcd the run starts (L{spark_jobs.cluster_broker}), whose crash points SIGKILL
+the leader; its final leader's store is exported. A fresh run replaces an
 earlier run directory of the same label; C{--reuse-runs} keeps the runs there
 and only exports the backends' stores again (for stores changed after their
 run) before the Spark job, and C{--reuse-runs --keep-exports} runs the Spark

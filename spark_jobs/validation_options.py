@@ -22,6 +22,7 @@ from spark_jobs import events
 from spark_jobs.brokers import parse_amqp_url
 from spark_jobs.cluster_broker import DEFAULT_LEASE_TTL, DEFAULT_MIN_ISR, ClusterSpec
 from spark_jobs.cluster_broker import NODES as CLUSTER_NODES
+from spark_jobs.etcd_server import INSTALL_HINT, etcd_command
 from spark_jobs.settings import add_workload_arguments
 
 DEFAULT_BACKENDS = "sqlite,filelog,chunked"
@@ -250,6 +251,8 @@ def parse_arguments(argv=None, prog=PROGRAM):
             + [reference.label for reference in arguments.references])
     except (BackendError, ValueError) as problem:
         parser.error(str(problem))
+    if arguments.clusters and not arguments.reuse_runs and etcd_command() is None:
+        parser.error(f"--cluster runs need etcd, and none is installed here: {INSTALL_HINT}")
     if arguments.keep_exports and not arguments.reuse_runs:
         parser.error("--keep-exports only goes with --reuse-runs:"
                      " a fresh run has no export to keep")
