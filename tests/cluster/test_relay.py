@@ -6,7 +6,9 @@ either side closing the other."""
 import hashlib
 import os
 import random
+import shutil
 import socket
+import tempfile
 
 import pika
 import trustme
@@ -186,7 +188,8 @@ class PassThroughTests(RelayTestCase):
     def test_a_tls_client_checks_the_leaders_certificate_and_name_through_the_relay(self):
         ca = trustme.CA()
         leader_certificate = ca.issue_cert("localhost")
-        directory = self.mktemp()
+        directory = tempfile.mkdtemp(prefix="relay-tls-")
+        self.addCleanup(shutil.rmtree, directory)
         os.makedirs(os.path.join(directory, "authorities"))
         leader_certificate.private_key_pem.write_to_path(os.path.join(directory, "key.pem"))
         leader_certificate.cert_chain_pems[0].write_to_path(os.path.join(directory, "cert.pem"))
