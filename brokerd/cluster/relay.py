@@ -155,14 +155,14 @@ class RelayedConnection:
         self.client_reading = Reading(transport)
         _no_delay(transport)
         self.relay.connection_opened(self)
-        self.target = self.relay.current_target()
-        if self.target is None:
-            self.fail("no leader is known")
-            return
         try:
+            self.target = self.relay.current_target()
+            if self.target is None:
+                self.fail("no leader is known")
+                return
             endpoint = self.relay.endpoint_for(self.target)
-        except ValueError as error:
-            self.fail(str(error))
+        except Exception as error:  # a bad target string, or the lookup broke: this client only
+            self.fail(str(error) or type(error).__name__)
             return
         self.connecting = endpoint.connect(LeaderFactory(self))
         self.deadline = self.relay.reactor.callLater(self.relay.connect_timeout, self._time_out)

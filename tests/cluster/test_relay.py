@@ -315,6 +315,9 @@ class NoLeaderTests(RelayTestCase):
         address = f"tcp:127.0.0.1:{closed_port()}"
         return self.assert_closed_promptly(lambda: address, f"to {address}: Connection was refused")
 
+    def test_a_target_that_cannot_be_read_closes_the_client_with_the_reason(self):
+        return self.assert_closed_promptly(lambda: "tcp:leader:port-of-no-number", "invalid literal for int()")
+
     @defer.inlineCallbacks
     def test_a_leader_that_does_not_answer_within_the_timeout_closes_the_client(self):
         listening = socket.socket()
