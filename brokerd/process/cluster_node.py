@@ -24,6 +24,7 @@ from brokerd.cluster.errors import DuplicateNodeName, EtcdError
 from brokerd.cluster.etcd import EtcdClient
 from brokerd.cluster.identity import cluster_identity
 from brokerd.cluster.leadership import Candidate
+from brokerd.cluster.relay import RelayFactory
 from brokerd.cluster.status import ClusterStatus
 from brokerd.cluster.view import ClusterKeys, NodeInfo
 from brokerd.http.metrics.follower_site import follower_metrics_site
@@ -31,7 +32,7 @@ from brokerd.process.cluster_follower import FollowerLink
 from brokerd.process.cluster_leader import LeaderRole
 from brokerd.replication.applier import StoreApplier
 from brokerd.storage import registry
-from brokerd.wire.endpoints import server_endpoint
+from brokerd.wire.endpoints import is_tls, server_endpoint
 from brokerd.wire.switching_factory import SwitchingFactory
 
 log = Logger()
@@ -40,6 +41,7 @@ REJOIN_ENVIRONMENT = "BROKERD_CLUSTER_REJOIN"
 RETRY_SECONDS = 1.0
 TWISTD_MAIN = "import sys; from twisted.scripts.twistd import run; sys.argv[0] = 'twistd'; run()"
 CLIENT_OPTIONS = ("amqp", "amqps", "native", "http", "prometheus")
+RELAYED_OPTIONS = ("amqp", "amqps", "native", "http")
 
 
 def advertised_address(port, advertise_host):
@@ -85,6 +87,8 @@ class ClusterNode(Service):
         self.applier = None
         self.candidate = None
         self.status = None
+        self.relays = {}
+        self._leader = None
         self.identity = None
         self.follower = None
         self.leader = None
@@ -124,6 +128,7 @@ class ClusterNode(Service):
                                     clock=self.reactor, min_in_sync=self.settings.min_isr)
         if "prometheus" in self.switches:
             self.switches["prometheus"].use(follower_metrics_site(self.status))
+        self._relay_clients()
         yield self.candidate.start()
         self.candidate.ended.addCallback(self._lease_ended)
         log.info("node {node} joined cluster {cluster} ({addresses})",
@@ -182,8 +187,30 @@ class ClusterNode(Service):
             return []
         return self.leader.server.status()
 
+    def _relay_clients(self):
+        """
+        While this node follows, its client ports relay to the leader's same ports, bytes
+        unchanged; a TLS port stays closed (the relay would have to pass TLS through a port
+        that ends it), so TLS clients reach the leader at its own address.
+        """
+        for option in RELAYED_OPTIONS:
+            if option in self.switches and not is_tls(self.endpoints[option]):
+                relay = RelayFactory(self.reactor,
+                                     lambda option=option: self._leader_address(option))
+                self.relays[option] = relay
+                self.switches[option].use(relay)
+
+    def _leader_address(self, option):
+        info = self._leader
+        if info is None or info.name == self.settings.node_name:
+            return None
+        return info.addresses.get(option)
+
     def _leader_changed(self, info):
         self.status.on_leader(info)
+        self._leader = info  # relays ask for it: set before their clients are dropped
+        for relay in self.relays.values():
+            relay.drop_all()
         if info is None or info.name == self.settings.node_name:
             self.follower.follow(None)
             return
