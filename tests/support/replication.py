@@ -73,9 +73,14 @@ class Leader:
 
     @defer.inlineCallbacks
     def reopened_store(self):
-        """Stop serving, close the tapped store and open its files again, as a restart would."""
+        """Stop serving, close the tapped store and open its files again, as a restart would.
+        The caller closes the store it gets."""
         yield self.stop()
         return (yield open_store(self.backend, self.path))
+
+    def reopened_contents(self):
+        """L{contents} of the store reopened as a restart would, closed again."""
+        return reopened_contents(self)
 
 
 class Follower:
@@ -118,8 +123,12 @@ class Follower:
 
     @defer.inlineCallbacks
     def reopened_store(self):
+        """Stop, close the store and open its files again; the caller closes the store it gets."""
         yield self.stop()
         return (yield open_store(self.backend, self.path))
+
+    def reopened_contents(self):
+        return reopened_contents(self)
 
 
 def message(body, routing_key="orders", properties=None, published_at=None, **headers):
@@ -176,7 +185,9 @@ def messages(store, first, count):
             store.ack(queues[0], handle)
         elif index % 5 == 2:
             store.returned(queues[0], handle, 1 + index % 3)
-    store.purge(Q3, [handle for queues, handle in handles if queues == [Q3]][::2])
+    # A purge drops what the queue still holds: never a message already acked.
+    waiting = [handle for index, (queues, handle) in enumerate(handles) if queues == [Q3] and index % 5 != 1]
+    store.purge(Q3, waiting[::2])
     delayed = [store.delay(message(body(number, 100 + number)), ("/", "later"), NOW + 1000 * number)
                for number in range(first, first + 4)]
     store.release(delayed[1])
@@ -203,6 +214,16 @@ def contents(store):
                          item.record.properties.SerializeToString(deterministic=True), item.record.body)
                         for item, _ in delayed]
     return found
+
+
+@defer.inlineCallbacks
+def reopened_contents(node):
+    """L{contents} of a leader's or follower's store after a restart; the store is closed after."""
+    store = yield node.reopened_store()
+    try:
+        return (yield contents(store))
+    finally:
+        yield store.close()
 
 
 class HeldCommits:
