@@ -45,12 +45,13 @@ class Leader:
 
     @defer.inlineCallbacks
     def start(self, testcase, backend, *, retain_bytes=64 * MIB, max_lag_bytes=16 * MIB,
-              secret=SECRET, cluster=CLUSTER):
+              secret=SECRET, cluster=CLUSTER, clock=None, **server_options):
+        """C{clock}: what schedules the server's timers (the reactor unless a test drives one)."""
         self.backend, self.path = backend, directory(testcase)
         self.stream = OutboundStream(retain_bytes)
         self.store = StoreTap((yield open_store(backend, self.path)), self.stream)
-        self.server = ReplicationServer(self.stream, secret, cluster, reactor=reactor,
-                                        max_lag_bytes=max_lag_bytes)
+        self.server = ReplicationServer(self.stream, secret, cluster, reactor=clock or reactor,
+                                        max_lag_bytes=max_lag_bytes, **server_options)
         self.port = yield endpoints.TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(
             self.server)
         testcase.addCleanup(self.stop)
@@ -87,19 +88,19 @@ class Follower:
     """A store of its own (any backend), its applier and a client connected to a leader."""
 
     @defer.inlineCallbacks
-    def start(self, testcase, backend, path=None, *, wrap=None):
+    def start(self, testcase, backend, path=None, *, wrap=None, **applier_options):
         self.testcase, self.backend = testcase, backend
         self.path = path or directory(testcase)
         store = yield open_store(backend, self.path)
         self.store = wrap(store) if wrap else store
-        self.applier = StoreApplier({"": self.store})
+        self.applier = StoreApplier({"": self.store}, **applier_options)
         yield self.applier.open()
         testcase.addCleanup(self.stop)
         return self
 
     @defer.inlineCallbacks
-    def connect(self, leader, secret=SECRET, max_frame=4 * MIB, address=None):
-        self.client = ReplicationClient(self.applier, secret, "n2", max_frame=max_frame)
+    def connect(self, leader, secret=SECRET, max_frame=4 * MIB, address=None, node="n2", **options):
+        self.client = ReplicationClient(self.applier, secret, node, max_frame=max_frame, **options)
         address = address or leader.address
         endpoint = endpoints.TCP4ClientEndpoint(reactor, address.host, address.port)
         link = yield endpoint.connect(self.client)
