@@ -14,15 +14,20 @@ SYNTHETIC_IDS = 2 ** 61
 class AppliedState:
     """
     Per store name: each queue's map of replication id to handle (in queue
-    order), the delayed messages' map, and the exchanges and bindings held,
-    so that acks by id find their handle and a wipe knows what to delete.
+    order), the delayed messages' map, the topology records held and the
+    delivery counts of messages returned at least once, so that acks by id
+    find their handle, a wipe knows what to delete, and a promotion knows
+    what the stores hold now (C{topology()} and C{recover} tell what they held
+    when opened).
     """
 
     def __init__(self):
         self._ids = {}  # (store name, queue) -> {replication id: handle}
         self._delayed = {}  # store name -> {replication id: handle}
-        self._exchanges = {}  # store name -> {(vhost, name): True}
+        self._exchanges = {}  # store name -> {(vhost, name): ExchangeRecord}
+        self._queues = {}  # store name -> {queue: QueueRecord}
         self._bindings = {}  # store name -> {binding key: BindingRecord}
+        self._counts = {}  # (store name, queue) -> {replication id: delivery count}
         self._next_synthetic = SYNTHETIC_IDS
 
     def ids(self, name, queue):
@@ -35,6 +40,18 @@ class AppliedState:
         """C{{queue: {replication id: handle}}} of store C{name}."""
         return {queue: ids for (store, queue), ids in self._ids.items() if store == name}
 
+    def queue_records(self, name):
+        return self._queues.setdefault(name, {})
+
+    def counts(self, name, queue):
+        """C{{replication id: delivery count}} of the messages of C{queue} returned at least once."""
+        return self._counts.setdefault((name, queue), {})
+
+    def topology(self, name):
+        """The topology records store C{name} holds now: exchanges, queues, then bindings."""
+        return [*self.exchanges(name).values(), *self.queue_records(name).values(),
+                *self.bindings(name).values()]
+
     def delayed(self, name):
         return self._delayed.setdefault(name, {})
 
@@ -46,8 +63,12 @@ class AppliedState:
 
     def forget_queue(self, name, queue):
         self._ids.pop((name, queue), None)
+        self._counts.pop((name, queue), None)
+        self.queue_records(name).pop(queue, None)
 
     def clear(self):
+        self._counts.clear()
+        self._queues.clear()
         self._ids.clear()
         self._delayed.clear()
         self._exchanges.clear()
@@ -72,13 +93,20 @@ class AppliedState:
                 continue
             had_data = True
             if isinstance(item, messages_pb2.ExchangeRecord):
-                self.exchanges(name)[(item.vhost, item.name)] = True
+                self.exchanges(name)[(item.vhost, item.name)] = item
             elif isinstance(item, messages_pb2.BindingRecord):
                 self.bindings(name)[replica.binding_key(item)] = item
             elif isinstance(item, messages_pb2.QueueRecord):
-                ids = self.ids(name, (item.vhost, item.name))
-                for handle, _, _, replication_id in reader.recover((item.vhost, item.name)):
-                    ids[self._synthetic() if replication_id is None else replication_id] = handle
+                queue = (item.vhost, item.name)
+                self.queue_records(name)[queue] = item
+                ids, returned = self.ids(name, queue), store.delivery_counts(queue)
+                counts = self.counts(name, queue)
+                for handle, _, _, replication_id in reader.recover(queue):
+                    if replication_id is None:
+                        replication_id = self._synthetic()
+                    ids[replication_id] = handle
+                    if returned.get(handle):
+                        counts[replication_id] = returned[handle]
         delayed = self.delayed(name)
         for item, replication_id in (yield reader.delayed()):
             had_data = True

@@ -236,7 +236,7 @@ class StoreApplier:
 
     def _save_exchange(self, store, name, sequence, record, body):
         store.save_exchange(record.exchange)
-        self.held.exchanges(name)[(record.exchange.vhost, record.exchange.name)] = True
+        self.held.exchanges(name)[(record.exchange.vhost, record.exchange.name)] = record.exchange
 
     def _delete_exchange(self, store, name, sequence, record, body):
         store.delete_exchange(record.target.vhost, record.target.name)
@@ -244,7 +244,9 @@ class StoreApplier:
 
     def _save_queue(self, store, name, sequence, record, body):
         store.save_queue(record.queue_record)
-        self.held.ids(name, (record.queue_record.vhost, record.queue_record.name))
+        queue = (record.queue_record.vhost, record.queue_record.name)
+        self.held.ids(name, queue)
+        self.held.queue_records(name)[queue] = record.queue_record
 
     def _delete_queue(self, store, name, sequence, record, body):
         queue = _one_queue(record, sequence)
@@ -272,11 +274,12 @@ class StoreApplier:
 
     def _ack(self, store, name, sequence, record, body):
         queue = _one_queue(record, sequence)
-        ids = self.held.ids(name, queue)
+        ids, counts = self.held.ids(name, queue), self.held.counts(name, queue)
         for replication_id in record.messages:
             handle = ids.pop(replication_id, None)
             if handle is not None:
                 store.ack(queue, handle)
+                counts.pop(replication_id, None)
 
     def _returned(self, store, name, sequence, record, body):
         queue = _one_queue(record, sequence)
@@ -285,10 +288,13 @@ class StoreApplier:
             handle = ids.get(replication_id)
             if handle is not None:
                 store.returned(queue, handle, record.count)
+                self.held.counts(name, queue)[replication_id] = record.count
 
     def _purge(self, store, name, sequence, record, body):
         queue = _one_queue(record, sequence)
-        ids = self.held.ids(name, queue)
+        ids, counts = self.held.ids(name, queue), self.held.counts(name, queue)
+        for replication_id in record.messages:
+            counts.pop(replication_id, None)
         handles = [ids.pop(replication_id, None) for replication_id in record.messages]
         handles = [handle for handle in handles if handle is not None]
         if handles:

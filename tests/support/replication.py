@@ -12,6 +12,7 @@ from brokerd.proto.tables import dict_to_table
 from brokerd.replication.applier import StoreApplier
 from brokerd.replication.follower import ReplicationClient
 from brokerd.replication.leader import ReplicationServer
+from brokerd.replication.promote import leader_stores
 from brokerd.replication.replica import ReplicaReader
 from brokerd.replication.stream import OutboundStream
 from brokerd.replication.tap import StoreTap
@@ -52,6 +53,25 @@ class Leader:
         self.store = StoreTap((yield open_store(backend, self.path)), self.stream)
         self.server = ReplicationServer(self.stream, secret, cluster, reactor=clock or reactor,
                                         max_lag_bytes=max_lag_bytes, **server_options)
+        self.port = yield endpoints.TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(
+            self.server)
+        testcase.addCleanup(self.stop)
+        return self
+
+    @defer.inlineCallbacks
+    def promote(self, testcase, follower, epoch, **server_options):
+        """
+        Make C{follower} this leader, as a failover does: its link closed, its store reopened
+        as a restart would, made a leader's of C{epoch} and served on a new port.
+        """
+        yield follower.stop()
+        opened = yield Follower().start(testcase, follower.backend, follower.path)
+        self.leadership = yield leader_stores(opened.applier, epoch)
+        opened.store = None  # this leader closes it
+        self.backend, self.path = follower.backend, follower.path
+        self.stream, self.store = self.leadership.stream, self.leadership.stores[""]
+        self.server = ReplicationServer(self.stream, SECRET, CLUSTER, reactor=reactor, epoch=epoch,
+                                        history=self.leadership.history, **server_options)
         self.port = yield endpoints.TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(
             self.server)
         testcase.addCleanup(self.stop)
