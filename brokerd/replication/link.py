@@ -49,6 +49,7 @@ class FollowerLink(protocol.Protocol):
         self._nonce = auth.nonce()
         self._streaming = False
         self._closing = False
+        self._producing = False
         self._timeout = None
         self._continue = None
 
@@ -127,6 +128,8 @@ class FollowerLink(protocol.Protocol):
 
     def push(self, _sequence=None):
         """Write what the follower lacks while the transport takes it."""
+        if self.mode not in ("snapshot", "stream") or self._producing:
+            return  # not yet; or called back while the snapshot reads (it goes on after)
         if self.snapshot is not None:
             if not self._push_snapshot():
                 return
@@ -152,15 +155,24 @@ class FollowerLink(protocol.Protocol):
                 self._continue = self.server.reactor.callLater(0, self._resume_snapshot)
                 return False
             try:
+                self._producing = True
                 parts = self.snapshot.next()
             except Exception as problem:  # a store that cannot read back what it holds
                 self.log.failure("snapshot for {node} failed", node=self.node)
                 self._drop(f"the snapshot could not be read: {problem!r}")
                 return False
+            finally:
+                self._producing = False
+                if not self._streaming and self.snapshot is not None:
+                    self._stop_streaming()  # stopped while the snapshot was reading
+            if not self._streaming:
+                return False
             if parts is None:
                 self._end_snapshot()
                 return True
             if not isinstance(parts, tuple):  # a Deferred: a body or a window being read
+                if parts.called:
+                    continue  # read at once: its result goes into the next step
                 self._continue = parts
                 parts.addBoth(lambda _: self._resume_snapshot())
                 return False
@@ -205,7 +217,7 @@ class FollowerLink(protocol.Protocol):
         waiting, self._continue = self._continue, None
         if waiting is not None and hasattr(waiting, "active") and waiting.active():
             waiting.cancel()  # the next turn of a snapshot (a Deferred read just ends unused)
-        if self.snapshot is not None:
+        if self.snapshot is not None and not self._producing:
             snapshot, self.snapshot = self.snapshot, None
             snapshot.close()
 

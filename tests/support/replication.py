@@ -5,6 +5,7 @@ import shutil
 import tempfile
 
 from twisted.internet import defer, endpoints, reactor
+from zope.interface import alsoProvides, providedBy
 
 from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
@@ -46,11 +47,13 @@ class Leader:
 
     @defer.inlineCallbacks
     def start(self, testcase, backend, *, retain_bytes=64 * MIB, max_lag_bytes=16 * MIB,
-              secret=SECRET, cluster=CLUSTER, clock=None, **server_options):
-        """C{clock}: what schedules the server's timers (the reactor unless a test drives one)."""
+              secret=SECRET, cluster=CLUSTER, clock=None, wrap=None, **server_options):
+        """C{clock}: what schedules the server's timers (the reactor unless a test drives one);
+        C{wrap}: called with the opened store, gives what the tap wraps."""
         self.backend, self.path = backend, directory(testcase)
         self.stream = OutboundStream(retain_bytes)
-        self.store = StoreTap((yield open_store(backend, self.path)), self.stream)
+        store = yield open_store(backend, self.path)
+        self.store = StoreTap(wrap(store) if wrap else store, self.stream)
         self.server = ReplicationServer(self.stream, secret, cluster, reactor=clock or reactor,
                                         max_lag_bytes=max_lag_bytes, **server_options)
         self.port = yield endpoints.TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(
@@ -245,6 +248,24 @@ def reopened_contents(node):
         return (yield contents(store))
     finally:
         yield store.close()
+
+
+class OnLoad:
+    """A real store that calls C{action()} once, when a message is loaded the C{at}th time (as
+    a snapshot reads bodies), so that a test acts at a known point of a snapshot."""
+
+    def __init__(self, store, at, action):
+        self._store, self._at, self._action, self.loads = store, at, action, 0
+        alsoProvides(self, *providedBy(store))
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def load(self, handle):
+        self.loads += 1
+        if self.loads == self._at:
+            self._action()
+        return self._store.load(handle)
 
 
 class HeldCommits:
