@@ -44,7 +44,7 @@ class AppliedState:
         return self._queues.setdefault(name, {})
 
     def counts(self, name, queue):
-        """C{{replication id: delivery count}} of the messages of C{queue} returned at least once."""
+        """C{{replication id: delivery count}} of the messages of C{queue} returned before."""
         return self._counts.setdefault((name, queue), {})
 
     def topology(self, name):
