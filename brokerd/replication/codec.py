@@ -3,7 +3,7 @@
 Every frame is C{length:u32 | kind:u8 | payload}, C{length} counting the kind
 and the payload. An operation's payload is C{sequence:u64 | operation:u8 |
 record length:u32 | record | body}: the record a serialised
-L{brokerd.proto.replication_pb2.ReplicatedOperation}, the body the message's
+C{brokerd.proto.replication_pb2.ReplicatedOperation}, the body the message's
 bytes as they are, so the leader writes them without copying them into a frame
 and the follower takes them with one slice. Lengths are checked against a cap
 before any memory is taken for a frame; the decoder reads each byte once.
