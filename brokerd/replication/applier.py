@@ -3,9 +3,8 @@
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from brokerd.interfaces import MessageRecord
-from brokerd.proto import messages_pb2
 from brokerd.replication import codec, replica
+from brokerd.replication.applied import AppliedState
 from brokerd.replication.codec import StreamError
 
 
@@ -24,26 +23,50 @@ class StoreApplier:
     when a crash leaves a store's data ahead of its state record, replaying
     from the record duplicates nothing.
 
+    A follower that cannot resume (L{resumable} false) is given a snapshot:
+    L{wipe} empties its stores, L{apply_snapshot} stores the leader's state
+    and L{finish_snapshot} sets the stream position it stands for.
+
     @ivar applied_sequence: the last operation applied.
     @ivar durable_sequence: the last operation a finished commit covers.
     @ivar cluster_id: the cluster the stores' data belongs to, C{""} while unknown.
+    @ivar epoch: the epoch of the leader whose stream the stores hold (0: none).
+    @ivar history: that leader's history, C{((epoch, end sequence), ...)}, newest first.
+    @ivar role: what the state records say (L{replica.FOLLOWER}, L{replica.PARTIAL},
+        L{replica.LEADER}).
     @ivar on_durable: called with C{durable_sequence} after each commit.
     """
 
     log = Logger()
 
-    def __init__(self, stores):
-        """@param stores: a dict of store name to opened L{IMessageStore}."""
+    def __init__(self, stores, *, access_sink=None, wipe=None):
+        """
+        @param stores: a dict of store name to opened L{IMessageStore}.
+        @param access_sink: called with the bytes of each access database
+            document the leader streams (its JSON), in sequence order; checking
+            them is the sink's affair.
+        @param wipe: called with the stores to empty them for a snapshot; returns
+            a Deferred. By default every queue, exchange, binding and delayed
+            message is deleted through the store contract.
+        """
         self.stores = dict(stores)
+        self.access_sink = access_sink
+        self._wipe = wipe
         self.applied_sequence = 0
         self.durable_sequence = 0
         self.cluster_id = ""
+        self.epoch = 0
+        self.history = ()
+        self.role = replica.FOLLOWER
+        self.foreign_data = False  # data found without any state record: a leader's
         self.commits = 0
         self.on_durable = lambda sequence: None
         self.on_failure = lambda failure: None
-        self._ids = {}  # (store name, queue) -> {replication id: handle}
-        self._delayed = {}  # store name -> {replication id: handle}
+        self.held = AppliedState()
+        self._changes = 0  # operations applied since the last commit started
         self._committing = False
+        self._flush_waiters = []
+        self._in_snapshot = False
         self._dispatch = {
             codec.SAVE_EXCHANGE: self._save_exchange, codec.DELETE_EXCHANGE: self._delete_exchange,
             codec.SAVE_QUEUE: self._save_queue, codec.DELETE_QUEUE: self._delete_queue,
@@ -62,62 +85,117 @@ class StoreApplier:
         """
         states = {}
         for name, store in self.stores.items():
-            reader = replica.ReplicaReader(store)
-            states[name] = ("", 0)
-            for item in store.topology():
-                if replica.is_state(item):
-                    states[name] = replica.read_state(item)
-                elif isinstance(item, messages_pb2.QueueRecord):
-                    queue = (item.vhost, item.name)
-                    ids = self._ids.setdefault((name, queue), {})
-                    for handle, _, _, replication_id in reader.recover(queue):
-                        if replication_id is not None:
-                            ids[replication_id] = handle
-            delayed = self._delayed.setdefault(name, {})
-            for item, replication_id in (yield reader.delayed()):
-                if replication_id is not None:
-                    delayed[replication_id] = item.handle
-        clusters = {cluster for cluster, _ in states.values() if cluster}
+            state, had_data = yield self.held.load(name, store)
+            states[name] = state
+            if state is None and had_data:
+                self.foreign_data = True
+        found = [state for state in states.values() if state is not None]
+        clusters = {state.cluster for state in found if state.cluster}
         if len(clusters) > 1:
             raise StreamError(f"the stores hold data of several clusters: {sorted(clusters)}")
         self.cluster_id = clusters.pop() if clusters else ""
-        self.applied_sequence = self.durable_sequence = min(
-            (sequence for _, sequence in states.values()), default=0)
+        if found:
+            self.applied_sequence = self.durable_sequence = min(s.sequence for s in found)
+            newest = max(found, key=lambda state: state.epoch)
+            self.epoch, self.history = newest.epoch, newest.history
+            roles = {state.role for state in found}
+            self.role = next((role for role in (replica.LEADER, replica.PARTIAL) if role in roles),
+                             replica.FOLLOWER)
+            if len({(state.epoch, state.history) for state in found}) > 1:
+                self.role = replica.PARTIAL  # a crash between two stores' commits
+            if len(found) < len(self.stores):
+                self.role = replica.PARTIAL
+
+    @property
+    def resumable(self):
+        """Whether the stores may resume a stream (else only a snapshot can fill them)."""
+        return self.role == replica.FOLLOWER and not self.foreign_data
+
+    def adopt(self, cluster_id, epoch, history):
+        """The leader's cluster id, epoch and history, kept from the next commit on."""
+        self.cluster_id, self.epoch, self.history = cluster_id, epoch, tuple(history)
 
     def adopt_cluster(self, cluster_id):
-        """The leader's cluster id, kept from the next commit on."""
         self.cluster_id = cluster_id
+
+    def state(self, sequence=None):
+        role = replica.PARTIAL if self._in_snapshot else self.role
+        return replica.StoreState(self.cluster_id, self.epoch,
+                                  self.applied_sequence if sequence is None else sequence, role,
+                                  self.history)
 
     def apply(self, sequence, operation, record, body):
         """Make one decoded operation; raises L{StreamError} naming what is wrong with it."""
+        if self._in_snapshot:
+            raise StreamError(f"operation {sequence} in the middle of a snapshot")
         if sequence != self.applied_sequence + 1:
             raise StreamError(f"operation {sequence} out of order: expected"
                               f" {self.applied_sequence + 1}")
+        self._make(sequence, operation, record, body, sequence)
+        self.applied_sequence = sequence
+
+    def apply_snapshot(self, replication_id, operation, record, body):
+        """Make one operation of a snapshot (an append's or delay's C{replication_id} given)."""
+        if not self._in_snapshot:
+            raise StreamError("a snapshot operation while no snapshot was asked for")
+        if operation not in codec.SNAPSHOT_OPERATIONS:
+            raise StreamError(f"a snapshot cannot hold {codec.OPERATIONS[operation]}")
+        self._make(replication_id, operation, record, body, f"snapshot id {replication_id}")
+
+    def finish_snapshot(self, position):
+        """The snapshot is whole: the stores now hold the leader's stream up to C{position}."""
+        if not self._in_snapshot:
+            raise StreamError("a snapshot end while no snapshot was asked for")
+        self._in_snapshot = False
+        self.role = replica.FOLLOWER
+        self.applied_sequence = position
+        self._changes += 1
+
+    def _make(self, sequence, operation, record, body, where):
+        if operation == codec.ACCESS_DOCUMENT:
+            if self.access_sink is not None:
+                self.access_sink(body)
+            self._changes += 1
+            return
         store = self.stores.get(record.store)
         if store is None:
-            raise StreamError(f"operation {sequence} is for the store of vhost {record.store!r},"
+            raise StreamError(f"operation {where} is for the store of vhost {record.store!r},"
                               f" which this node does not have")
         try:
             self._dispatch[operation](store, record.store, sequence, record, body)
         except StreamError:
             raise
         except (ValueError, TypeError, KeyError, IndexError) as problem:
-            raise StreamError(f"{codec.OPERATIONS[operation]} at sequence {sequence} failed:"
+            raise StreamError(f"{codec.OPERATIONS[operation]} at {where} failed:"
                               f" {problem!r}") from None
-        self.applied_sequence = sequence
+        self._changes += 1
 
     def commit(self):
         """Start a commit of what is applied, unless one runs (then the next one covers it)."""
-        if self._committing or self.applied_sequence == self.durable_sequence:
+        if self._committing or not self._changes:
             return
-        self._committing = True
+        self._committing, self._changes = True, 0
         target = self.applied_sequence
-        state = replica.state_record(self.cluster_id, target)
+        record = replica.state_record(self.state(target))
         for store in self.stores.values():
-            store.save_exchange(state)
+            store.save_exchange(record)
         synced = defer.gatherResults([store.sync() for store in self.stores.values()],
                                      consumeErrors=True)
         synced.addCallbacks(self._committed, self._failed, callbackArgs=(target,))
+
+    def flush(self):
+        """A Deferred firing (with C{durable_sequence}) once a commit covers all applied so far."""
+        waiter = defer.Deferred()
+        self._flush_waiters.append(waiter)
+        self.commit()
+        self._check_flushed()
+        return waiter
+
+    def _check_flushed(self):
+        if not self._changes and not self._committing:
+            waiters, self._flush_waiters = self._flush_waiters, []
+            for waiter in waiters:
+                waiter.callback(self.durable_sequence)
 
     def _committed(self, _, target):
         self._committing = False
@@ -125,89 +203,113 @@ class StoreApplier:
         self.commits += 1
         self.on_durable(target)
         self.commit()
+        self._check_flushed()
 
     def _failed(self, failure):
         self._committing = False
         self.log.failure("replicated operations could not be committed", failure)
+        waiters, self._flush_waiters = self._flush_waiters, []
+        for waiter in waiters:
+            waiter.errback(failure)
         self.on_failure(failure)
 
-    # One method per operation: (store, store name, sequence, record, body).
+    @defer.inlineCallbacks
+    def wipe(self):
+        """
+        Empty the stores for a snapshot and commit that (state: unfinished
+        snapshot, sequence 0), so that a crash before the snapshot ends
+        resyncs again; fires with None once durable.
+        """
+        if self._wipe is not None:
+            yield self._wipe(self.stores)
+        else:
+            for name, store in self.stores.items():
+                self.held.wipe(name, store)
+        self.held.clear()
+        self.applied_sequence = self.durable_sequence = 0
+        self.foreign_data = False
+        self._in_snapshot = True
+        self._changes += 1
+        yield self.flush()
+
+    # One method per operation: (store, store name, replication id, record, body).
 
     def _save_exchange(self, store, name, sequence, record, body):
         store.save_exchange(record.exchange)
+        self.held.exchanges(name)[(record.exchange.vhost, record.exchange.name)] = record.exchange
 
     def _delete_exchange(self, store, name, sequence, record, body):
         store.delete_exchange(record.target.vhost, record.target.name)
+        self.held.exchanges(name).pop((record.target.vhost, record.target.name), None)
 
     def _save_queue(self, store, name, sequence, record, body):
         store.save_queue(record.queue_record)
-        self._ids.setdefault((name, (record.queue_record.vhost, record.queue_record.name)), {})
+        queue = (record.queue_record.vhost, record.queue_record.name)
+        self.held.ids(name, queue)
+        self.held.queue_records(name)[queue] = record.queue_record
 
     def _delete_queue(self, store, name, sequence, record, body):
         queue = _one_queue(record, sequence)
         store.delete_queue(queue)
-        self._ids.pop((name, queue), None)
+        self.held.forget_queue(name, queue)
 
     def _save_binding(self, store, name, sequence, record, body):
         store.save_binding(record.binding)
+        self.held.bindings(name)[replica.binding_key(record.binding)] = record.binding
 
     def _delete_binding(self, store, name, sequence, record, body):
         store.delete_binding(record.binding)
-
-    def _message(self, record, sequence, body):
-        published_at = record.published_at if record.HasField("published_at") else None
-        try:
-            properties = replica.with_replication_id(record.properties, sequence)
-        except Exception as problem:  # protobuf's DecodeError
-            raise StreamError(f"undecodable properties at sequence {sequence}: {problem}") from None
-        return MessageRecord(record.message_exchange, record.routing_key, properties, body,
-                             published_at)
+        self.held.bindings(name).pop(replica.binding_key(record.binding), None)
 
     def _append(self, store, name, sequence, record, body):
         queues = [(key.vhost, key.name) for key in record.queues]
         if not queues:
             raise StreamError(f"append at sequence {sequence} names no queue")
-        maps = [self._ids.setdefault((name, queue), {}) for queue in queues]
+        maps = [self.held.ids(name, queue) for queue in queues]
         if any(sequence in ids for ids in maps):
             return  # replayed after a crash: the store has it already
-        handle = store.append(self._message(record, sequence, body), queues)
+        handle = store.append(replica.message(record, sequence, body), queues)
         for ids in maps:
             ids[sequence] = handle
 
     def _ack(self, store, name, sequence, record, body):
         queue = _one_queue(record, sequence)
-        ids = self._ids.get((name, queue), {})
+        ids, counts = self.held.ids(name, queue), self.held.counts(name, queue)
         for replication_id in record.messages:
             handle = ids.pop(replication_id, None)
             if handle is not None:
                 store.ack(queue, handle)
+                counts.pop(replication_id, None)
 
     def _returned(self, store, name, sequence, record, body):
         queue = _one_queue(record, sequence)
-        ids = self._ids.get((name, queue), {})
+        ids = self.held.ids(name, queue)
         for replication_id in record.messages:
             handle = ids.get(replication_id)
             if handle is not None:
                 store.returned(queue, handle, record.count)
+                self.held.counts(name, queue)[replication_id] = record.count
 
     def _purge(self, store, name, sequence, record, body):
         queue = _one_queue(record, sequence)
-        ids = self._ids.get((name, queue), {})
+        ids, counts = self.held.ids(name, queue), self.held.counts(name, queue)
+        for replication_id in record.messages:
+            counts.pop(replication_id, None)
         handles = [ids.pop(replication_id, None) for replication_id in record.messages]
         handles = [handle for handle in handles if handle is not None]
         if handles:
             store.purge(queue, handles)
 
     def _delay(self, store, name, sequence, record, body):
-        delayed = self._delayed.setdefault(name, {})
+        delayed = self.held.delayed(name)
         if sequence in delayed:
             return
         exchange = (record.target.vhost, record.target.name)
-        delayed[sequence] = store.delay(self._message(record, sequence, body), exchange,
+        delayed[sequence] = store.delay(replica.message(record, sequence, body), exchange,
                                         record.due)
 
     def _release(self, store, name, sequence, record, body):
-        delayed = self._delayed.setdefault(name, {})
+        delayed = self.held.delayed(name)
         for replication_id in record.messages:
             handle = delayed.pop(replication_id, None)
             if handle is not None:

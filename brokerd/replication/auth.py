@@ -11,23 +11,25 @@ import hashlib
 import hmac
 import os
 
-from brokerd.replication.codec import NONCE_SIZE, SEQUENCE, pack_name
+from brokerd.replication.codec import NONCE_SIZE, POSITION, SEQUENCE, pack_history, pack_name
 
 
 def nonce():
     return os.urandom(NONCE_SIZE)
 
 
-def follower_proof(secret, leader_nonce, follower_nonce, cluster_id, node_name, resume):
-    """What a follower sends to show it holds C{secret}."""
+def follower_proof(secret, leader_nonce, follower_nonce, cluster_id, node_name, epoch, sequence,
+                   flags):
+    """What a follower sends to show it holds C{secret}, binding what it claims."""
     message = (b"brokerd follower\0" + leader_nonce + follower_nonce + pack_name(cluster_id)
-               + pack_name(node_name) + SEQUENCE.pack(resume))
+               + pack_name(node_name) + POSITION.pack(epoch, sequence, flags))
     return hmac.new(secret, message, hashlib.sha256).digest()
 
 
-def leader_proof(secret, leader_nonce, follower_nonce, cluster_id):
-    """What a leader sends back to show it holds C{secret} too."""
-    message = b"brokerd leader\0" + follower_nonce + leader_nonce + pack_name(cluster_id)
+def leader_proof(secret, leader_nonce, follower_nonce, cluster_id, epoch, history):
+    """What a leader sends back to show it holds C{secret} too, binding its epoch and history."""
+    message = (b"brokerd leader\0" + follower_nonce + leader_nonce + pack_name(cluster_id)
+               + SEQUENCE.pack(epoch) + pack_history(history))
     return hmac.new(secret, message, hashlib.sha256).digest()
 
 

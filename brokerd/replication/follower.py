@@ -10,13 +10,16 @@ from brokerd.replication.codec import StreamError
 class LeaderLink(protocol.Protocol):
     """
     A follower's connection to the leader. It answers the leader's
-    challenge, checks the leader's answer to its own (a leader that fails is
-    dropped before anything is applied), then hands each operation to the
-    L{StoreApplier} and starts a commit after every batch received; each
-    finished commit is acknowledged with the last sequence it covers.
+    challenge with its stores' position (epoch, sequence, whether they can
+    resume at all), checks the leader's answer to its own (a leader that
+    fails is dropped before anything is applied), then hands each operation
+    to the L{StoreApplier} and starts a commit after every batch received;
+    each finished commit is acknowledged with the last sequence it covers.
+    Told to resync, it wipes its stores (unless its client forbids it), says
+    it is ready, applies the snapshot, then the stream after it.
 
     @ivar state: C{"hello"}, C{"welcome"} (answered, awaiting the leader's
-        proof), C{"streaming"} or C{"stopped"}.
+        proof), C{"streaming"}, C{"wiping"}, C{"snapshot"} or C{"stopped"}.
     """
 
     log = Logger()
@@ -27,15 +30,26 @@ class LeaderLink(protocol.Protocol):
         self.state = "hello"
         self._leader_nonce = None
         self._nonce = auth.nonce()
+        self._first = False  # the welcome came, nothing after it yet
 
     def dataReceived(self, data):
         applier = self.client.applier
         try:
             for kind, payload in self.decoder.feed(data):
+                if self.state == "stopped":
+                    return
                 if kind == codec.REFUSE:
                     return self._refused(payload)
+                first, self._first = self._first, False
                 if self.state == "streaming" and kind == codec.OPERATION:
                     applier.apply(*codec.decode_operation(payload))
+                elif self.state == "snapshot" and kind == codec.SNAPSHOT:
+                    applier.apply_snapshot(*codec.decode_operation(payload))
+                elif self.state == "snapshot" and kind == codec.SNAPSHOT_END:
+                    applier.finish_snapshot(codec.decode_sequence(kind, payload))
+                    self.state = "streaming"
+                elif first and kind == codec.RESYNC:
+                    self._resync(payload)
                 elif self.state == "hello" and kind == codec.HELLO:
                     self._answer(payload)
                 elif self.state == "welcome" and kind == codec.WELCOME:
@@ -46,7 +60,7 @@ class LeaderLink(protocol.Protocol):
         except StreamError as problem:
             self._stop(str(problem))
         finally:
-            if self.state == "streaming":
+            if self.state in ("streaming", "snapshot"):
                 applier.commit()
 
     def _answer(self, payload):
@@ -55,32 +69,49 @@ class LeaderLink(protocol.Protocol):
             raise StreamError("the peer is not a brokerd replication leader")
         self._leader_nonce = bytes(payload[len(codec.MAGIC):])
         client, applier = self.client, self.client.applier
-        self._resume = applier.applied_sequence
+        self._position = (applier.epoch, applier.applied_sequence)
+        flags = 0 if applier.resumable else codec.NOT_RESUMABLE
         proof = auth.follower_proof(client.secret, self._leader_nonce, self._nonce,
-                                    applier.cluster_id, client.node_name, self._resume)
-        self.transport.write(codec.frame(
-            codec.AUTH, self._nonce + proof + codec.SEQUENCE.pack(self._resume)
-            + codec.pack_name(applier.cluster_id) + codec.pack_name(client.node_name)))
+                                    applier.cluster_id, client.node_name, *self._position, flags)
+        self.transport.write(codec.frame(codec.AUTH, codec.encode_auth(
+            self._nonce, proof, *self._position, flags, applier.cluster_id, client.node_name)))
         self.state = "welcome"
 
     def _welcomed(self, payload):
-        if len(payload) < codec.MAC_SIZE:
-            raise StreamError(f"welcome frame of {len(payload)} bytes is too short")
-        cluster, end = codec.unpack_name(payload, codec.MAC_SIZE, "cluster id")
-        expected = auth.leader_proof(self.client.secret, self._leader_nonce, self._nonce, cluster)
-        if end != len(payload) or not auth.same(expected, bytes(payload[:codec.MAC_SIZE])):
+        mac, epoch, history, cluster = codec.decode_welcome(payload)
+        expected = auth.leader_proof(self.client.secret, self._leader_nonce, self._nonce, cluster,
+                                     epoch, history)
+        if not auth.same(expected, mac):
             raise StreamError("the leader failed authentication (wrong secret)")
         applier = self.client.applier
         if applier.cluster_id and applier.cluster_id != cluster:
             raise StreamError(f"the leader is of cluster {cluster!r}; this node's data is of"
                               f" cluster {applier.cluster_id!r}")
-        applier.adopt_cluster(cluster)
+        applier.adopt(cluster, epoch, history)
         applier.on_durable = self._acknowledge
         applier.on_failure = lambda failure: self._stop(f"commit failed: {failure.value}")
         self.decoder.limit = self.client.max_frame
-        self.state = "streaming"
-        self.log.info("replicating from the leader of cluster {cluster} from operation {resume}",
-                      cluster=cluster, resume=self._resume + 1)
+        self.state, self._first = "streaming", True
+        self.log.info("replicating from the leader of cluster {cluster} (epoch {epoch}) after"
+                      " operation {sequence} of epoch {old}", cluster=cluster, epoch=epoch,
+                      sequence=self._position[1], old=self._position[0])
+
+    def _resync(self, payload):
+        reason = bytes(payload).decode("utf-8", "replace")
+        self.client.resyncs += 1
+        if not self.client.resync:
+            return self._stop(f"resync needed: {reason}")
+        self.log.warn("the leader asks for a resync ({reason}): wiping this node's replicated"
+                      " stores", reason=reason)
+        self.state = "wiping"
+        wiped = self.client.applier.wipe()
+        wiped.addCallbacks(self._wiped, lambda failure: self._stop(
+            f"wiping the stores failed: {failure.value}"))
+
+    def _wiped(self, _):
+        if self.state == "wiping":
+            self.state = "snapshot"
+            self.transport.write(codec.frame(codec.READY))
 
     def _acknowledge(self, sequence):
         if self.state == "streaming":
@@ -92,6 +123,8 @@ class LeaderLink(protocol.Protocol):
         self._stop(f"the leader refused this node: {reason}")
 
     def _stop(self, reason):
+        if self.state == "stopped":
+            return
         self.state = "stopped"
         self.client.stopped(reason)
         self.transport.abortConnection()
@@ -114,16 +147,25 @@ class ReplicationClient(protocol.ClientFactory):
     resumes after the last operation applied.
 
     @ivar reason: why the last link was stopped (refused by the leader, a
-        protocol fault, a failed commit), or None.
+        protocol fault, a failed commit, a resync it may not make), or None.
+    @ivar resyncs: how many times a leader said this node must resync.
     """
 
     log = Logger()
 
-    def __init__(self, applier, secret, node_name, *, max_frame=codec.DEFAULT_FRAME_LIMIT):
+    def __init__(self, applier, secret, node_name, *, max_frame=codec.DEFAULT_FRAME_LIMIT,
+                 resync=True):
+        """
+        @param resync: whether a leader's resync may wipe the applier's stores
+            and fill them from a snapshot; when False the link stops instead,
+            its L{reason} starting with C{"resync needed"}.
+        """
         self.applier = applier
         self.secret = secret
         self.node_name = node_name
         self.max_frame = max_frame
+        self.resync = resync
+        self.resyncs = 0
         self.reason = None
         self.acks_sent = 0
         self.link = None

@@ -8,18 +8,22 @@ every backend, and need no file beside the store:
     (L{ID_HEADER}), so the follower's id-to-handle map is rebuilt at open
     from C{recover} and C{delayed_after};
   - a state record, an exchange record in a vhost no client can name
-    (L{STATE_VHOST}), holds the cluster id and the last sequence number the
-    store's commits cover; it is written before every commit.
+    (L{STATE_VHOST}), holds the cluster id, the leader's epoch and history,
+    the last sequence number the store's commits cover and the store's role
+    (L{StoreState}); it is written before every commit.
 
 L{ReplicaReader} reads a follower's store as the leader's: without the state
 record and with each message's properties as the leader stored them.
 """
+
+from typing import NamedTuple
 
 from twisted.internet import defer
 
 from brokerd.interfaces import DelayedMessage, MessageRecord
 from brokerd.proto import messages_pb2
 from brokerd.proto.tables import dict_to_table, table_to_dict
+from brokerd.replication.codec import StreamError
 
 ID_HEADER = "x-brokerd-replication-id"
 # AMQP vhost names are short strings; one starting with NUL cannot come from a client.
@@ -61,18 +65,67 @@ def split_replication_id(record):
                                      record.body, record.published_at)
 
 
-def state_record(cluster_id, sequence):
-    """The exchange record that holds a follower store's replication state."""
+# A store's role, as its state record says.
+FOLLOWER = "follower"  # holds a leader's stream up to the state's sequence
+PARTIAL = "partial"  # wiped for a snapshot that has not finished: resyncs
+LEADER = "leader"  # written as a leader's since the state's sequence: resyncs
+
+
+class StoreState(NamedTuple):
+    """
+    What a store's state record says: the cluster its data belongs to, the
+    epoch of the leader it last followed and that leader's history (C{((epoch,
+    end sequence), ...)}, newest first), the last sequence its commits cover,
+    and its role (L{FOLLOWER}, L{PARTIAL} or L{LEADER}).
+    """
+
+    cluster: str = ""
+    epoch: int = 0
+    sequence: int = 0
+    role: str = FOLLOWER
+    history: tuple = ()
+
+
+def state_record(state):
+    """The exchange record that holds a store's L{StoreState}."""
     record = messages_pb2.ExchangeRecord(vhost=STATE_VHOST, name=STATE_NAME,
                                          type=messages_pb2.DIRECT, durable=True)
-    dict_to_table({"cluster": cluster_id, "sequence": sequence}, record.arguments)
+    history = ",".join(f"{epoch}:{end}" for epoch, end in state.history)
+    dict_to_table({"cluster": state.cluster, "epoch": state.epoch, "sequence": state.sequence,
+                   "role": state.role, "history": history}, record.arguments)
     return record
 
 
 def read_state(record):
-    """C{(cluster id, sequence)} of a L{state_record}."""
+    """The L{StoreState} of a L{state_record}; a damaged one reads as not resumable."""
     values = table_to_dict(record.arguments)
-    return str(values.get("cluster", "")), int(values.get("sequence", 0))
+    try:
+        history = tuple(tuple(int(part) for part in entry.split(":"))
+                        for entry in str(values.get("history", "")).split(",") if entry)
+        if any(len(entry) != 2 for entry in history):
+            raise ValueError(history)
+        return StoreState(str(values.get("cluster", "")), int(values.get("epoch", 0)),
+                          int(values.get("sequence", 0)), str(values.get("role", FOLLOWER)),
+                          history)
+    except (TypeError, ValueError):
+        return StoreState(str(values.get("cluster", "")), role=PARTIAL)
+
+
+def message(record, replication_id, body):
+    """The L{MessageRecord} a follower stores for an append's or delay's operation record."""
+    published_at = record.published_at if record.HasField("published_at") else None
+    try:
+        properties = with_replication_id(record.properties, replication_id)
+    except Exception as problem:  # protobuf's DecodeError
+        raise StreamError(f"undecodable properties of message {replication_id}:"
+                          f" {problem}") from None
+    return MessageRecord(record.message_exchange, record.routing_key, properties, body,
+                         published_at)
+
+
+def binding_key(record):
+    """What tells one binding from another: the record itself, serialised the same way."""
+    return record.SerializeToString(deterministic=True)
 
 
 def is_state(item):

@@ -1,6 +1,9 @@
 """The leader's outbound stream: every store operation, numbered, kept encoded for a while."""
 
+from brokerd.proto import replication_pb2
 from brokerd.replication import codec
+
+_ACCESS_RECORD = replication_pb2.ReplicatedOperation().SerializeToString()
 
 
 class OutboundStream:
@@ -13,15 +16,24 @@ class OutboundStream:
     hold more: it must catch up another way. Listeners are called with the
     new sequence number after each operation is recorded.
 
-    @ivar last_sequence: the number of the newest operation, 0 before any.
+    A leader promoted from a follower continues the numbering of the stream
+    it followed (C{last_sequence}). A snapshot in progress pins the
+    operations after its position (L{pin}), which are kept whatever their size
+    until it ends.
+
+    @ivar last_sequence: the number of the newest operation (C{last_sequence}
+        given, 0 by default, before any).
+    @ivar taps: the L{StoreTap}s recording into this stream, by store name.
     """
 
-    def __init__(self, retain_bytes=64 * 1024 * 1024):
+    def __init__(self, retain_bytes=64 * 1024 * 1024, *, last_sequence=0):
         self.retain_bytes = retain_bytes
-        self.last_sequence = 0
+        self.last_sequence = last_sequence
+        self.taps = {}
         self._frames = []  # (parts, size, total bytes streamed up to and including it)
         self._head = 0  # index in _frames of the oldest retained frame
-        self._first = 1  # its sequence
+        self._first = last_sequence + 1  # its sequence
+        self._pins = {}  # token -> the first sequence it keeps
         self._retained = 0
         self._total = 0
         self._listeners = []
@@ -35,7 +47,8 @@ class OutboundStream:
         self._total += size
         self._frames.append((parts, size, self._total))
         self._retained += size
-        while self._retained > self.retain_bytes and self._first < sequence:
+        floor = min(self._pins.values(), default=sequence)
+        while self._retained > self.retain_bytes and self._first < min(sequence, floor):
             self._retained -= self._frames[self._head][1]
             self._frames[self._head] = None
             self._head += 1
@@ -46,6 +59,22 @@ class OutboundStream:
         for listener in tuple(self._listeners):
             listener(sequence)
         return sequence
+
+    def record_access_document(self, document):
+        """
+        Record the leader's access database (its JSON document, as bytes):
+        followers hand it to their C{access_sink} in sequence order.
+        """
+        return self.record(codec.ACCESS_DOCUMENT, _ACCESS_RECORD, bytes(document))
+
+    def pin(self, sequence):
+        """Keep every operation from C{sequence} on until L{unpin}; returns a token for it."""
+        token = object()
+        self._pins[token] = max(sequence, self._first)
+        return token
+
+    def unpin(self, token):
+        self._pins.pop(token, None)
 
     @property
     def first_retained(self):
@@ -70,6 +99,8 @@ class OutboundStream:
         """
         if sequence >= self.last_sequence:
             return 0
+        if self._first > self.last_sequence:
+            return 0  # nothing kept: a promoted leader's stream before its first operation
         if sequence < self._first:
             return self._total - (self._frames[self._head][2] - self._frames[self._head][1])
         return self._total - self._frames[self._head + sequence - self._first][2]

@@ -1,10 +1,22 @@
 """The leader's side of replication: a store that records what it is asked to change."""
 
+from typing import NamedTuple
+
 from zope.interface import alsoProvides, implementer, providedBy
 
 from brokerd.interfaces import IDelayedMessageStore, IMessageStore
-from brokerd.proto import replication_pb2
+from brokerd.proto import messages_pb2, replication_pb2
 from brokerd.replication import codec
+
+
+class SnapshotView(NamedTuple):
+    """A tap's state at one stream position (L{StoreTap.snapshot_view})."""
+
+    exchanges: list
+    queues: list
+    bindings: list
+    messages: list  # (queue, live {handle: id}, copy of it, {handle: delivery count})
+    delayed: dict  # {handle: id}
 
 
 def _key(queue):
@@ -24,9 +36,11 @@ class StoreTap:
     own and mean nothing to a follower, so acks, returns, purges and releases
     travel by replication id; the tap keeps a handle-to-id map per queue (and
     one for delayed messages) for the messages stored through it. A call on a
-    handle the tap never stored (a message recovered at open, which a new
-    follower would receive by a snapshot) is made but not streamed, and
-    counted in C{unreplicated}.
+    handle the tap never stored nor was given by L{seed} is made but not
+    streamed, and counted in C{unreplicated}.
+
+    It also keeps what a snapshot needs (L{snapshot_view}): the current
+    topology and the delivery counts of messages returned at least once.
     """
 
     def __init__(self, store, stream, store_name=""):
@@ -41,8 +55,71 @@ class StoreTap:
         self._ids = {}  # queue -> {handle: replication id}
         self._delayed = {}  # delay handle -> replication id
         self._properties = (None, None)  # the last properties encoded, and their bytes
+        self._exchanges = {}  # (vhost, name) -> ExchangeRecord
+        self._queues = {}  # queue -> QueueRecord
+        self._bindings = {}  # binding key -> BindingRecord
+        self._counts = {}  # queue -> {handle: delivery count}, of messages returned at least once
         self.unreplicated = 0
         alsoProvides(self, *providedBy(store))
+        stream.taps[store_name] = self
+
+    @property
+    def store(self):
+        """The wrapped store."""
+        return self._store
+
+    @property
+    def store_name(self):
+        return self._name
+
+    def seed(self, topology=(), ids=None, delayed=None, counts=None):
+        """
+        What the store held before the tap recorded anything, so that acks of
+        those messages stream and a snapshot holds them: C{topology} records,
+        C{ids} C{{queue: {handle: replication id}}} in queue order, C{delayed}
+        C{{handle: replication id}}, C{counts} C{{queue: {handle: count}}}.
+        """
+        for item in topology:
+            self._remember(item)
+        for queue, found in (ids or {}).items():
+            self._ids.setdefault(queue, {}).update(found)
+        self._delayed.update(delayed or {})
+        for queue, found in (counts or {}).items():
+            if found:
+                self._counts.setdefault(queue, {}).update(found)
+
+    def _remember(self, item):
+        if isinstance(item, messages_pb2.ExchangeRecord):
+            self._exchanges[(item.vhost, item.name)] = item
+        elif isinstance(item, messages_pb2.QueueRecord):
+            self._queues[(item.vhost, item.name)] = item
+            self._ids.setdefault((item.vhost, item.name), {})
+        elif isinstance(item, messages_pb2.BindingRecord):
+            self._bindings[item.SerializeToString(deterministic=True)] = item
+
+    def snapshot_view(self):
+        """
+        The tap's state now, for a snapshot, in one call (no reactor turn
+        between): topology records, per queue C{(queue, live map, copy of
+        {handle: id}, copy of counts)}, and a copy of the delayed map.
+        """
+        return SnapshotView(
+            list(self._exchanges.values()), list(self._queues.values()),
+            list(self._bindings.values()),
+            [(queue, ids, ids.copy(), dict(self._counts.get(queue, ())))
+             for queue, ids in self._ids.items() if queue in self._queues],
+            self._delayed.copy())
+
+    def holds(self, queue, live, handle, replication_id):
+        """Whether message C{replication_id} is still in C{queue} as it was in a view."""
+        return self._ids.get(queue) is live and live.get(handle) == replication_id
+
+    def holds_delayed(self, handle, replication_id):
+        return self._delayed.get(handle) == replication_id
+
+    def message_operation(self, message, **fields):
+        """The operation record of an append or delay of C{message}, for a snapshot."""
+        return self._message(message, **fields)
 
     @property
     def name(self):
@@ -77,7 +154,14 @@ class StoreTap:
     # Reads and lifecycle pass through.
 
     def open(self):
-        return self._store.open()
+        """Open the store, and take its topology and delivery counts as the tap's."""
+        def opened(result):
+            items = self._store.topology()
+            self.seed(items, counts={
+                (item.vhost, item.name): self._store.delivery_counts((item.vhost, item.name))
+                for item in items if isinstance(item, messages_pb2.QueueRecord)})
+            return result
+        return self._store.open().addCallback(opened)
 
     def topology(self):
         return self._store.topology()
@@ -116,28 +200,35 @@ class StoreTap:
 
     def save_exchange(self, record):
         self._store.save_exchange(record)
+        self._exchanges[(record.vhost, record.name)] = record
         self._record(codec.SAVE_EXCHANGE, self._operation(exchange=record))
 
     def delete_exchange(self, vhost, name):
         self._store.delete_exchange(vhost, name)
+        self._exchanges.pop((vhost, name), None)
         self._record(codec.DELETE_EXCHANGE, self._operation(target=_key((vhost, name))))
 
     def save_queue(self, record):
         self._store.save_queue(record)
+        self._queues[(record.vhost, record.name)] = record
         self._ids.setdefault((record.vhost, record.name), {})
         self._record(codec.SAVE_QUEUE, self._operation(queue_record=record))
 
     def delete_queue(self, queue):
         self._store.delete_queue(queue)
+        self._queues.pop(queue, None)
         self._ids.pop(queue, None)
+        self._counts.pop(queue, None)
         self._record(codec.DELETE_QUEUE, self._operation(queues=[_key(queue)]))
 
     def save_binding(self, record):
         self._store.save_binding(record)
+        self._bindings[record.SerializeToString(deterministic=True)] = record
         self._record(codec.SAVE_BINDING, self._operation(binding=record))
 
     def delete_binding(self, record):
         self._store.delete_binding(record)
+        self._bindings.pop(record.SerializeToString(deterministic=True), None)
         self._record(codec.DELETE_BINDING, self._operation(binding=record))
 
     # Messages.
@@ -153,6 +244,8 @@ class StoreTap:
     def ack(self, queue, handle):
         self._store.ack(queue, handle)
         replication_id = self._ids.get(queue, {}).pop(handle, None)
+        if queue in self._counts:
+            self._counts[queue].pop(handle, None)
         if replication_id is None:
             self.unreplicated += 1
             return
@@ -161,6 +254,7 @@ class StoreTap:
 
     def returned(self, queue, handle, count):
         self._store.returned(queue, handle, count)
+        self._counts.setdefault(queue, {})[handle] = count
         replication_id = self._ids.get(queue, {}).get(handle)
         if replication_id is None:
             self.unreplicated += 1
@@ -173,6 +267,10 @@ class StoreTap:
         self._store.purge(queue, handles)
         known = self._ids.get(queue, {})
         found = [known.pop(handle, None) for handle in handles]
+        counts = self._counts.get(queue)
+        if counts:
+            for handle in handles:
+                counts.pop(handle, None)
         ids = [replication_id for replication_id in found if replication_id is not None]
         self.unreplicated += len(found) - len(ids)
         if ids:

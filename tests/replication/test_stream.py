@@ -7,7 +7,7 @@ from twisted.trial import unittest
 from zope.interface.verify import verifyObject
 
 from brokerd.interfaces import IDelayedMessageStore, IMessageStore, IPagingStore, ITimedCommits
-from brokerd.replication.applier import StoreApplier
+from brokerd.replication import codec
 from tests.support.broker import wait_until
 from tests.support.replication import BACKENDS, Follower, Leader, contents, messages, topology
 
@@ -30,10 +30,8 @@ class StreamedStoresMatch(unittest.TestCase):
         self.assertEqual(leader.store.unreplicated, 0)
         self.assertEqual(follower.client.acks_sent, follower.applier.commits)
         self.assertLess(follower.applier.commits, last, "commits are grouped, not one per operation")
-        expected = yield contents((yield leader.reopened_store()))
-        reopened = yield follower.reopened_store()
-        found = yield contents(reopened)
-        yield reopened.close()
+        expected = yield leader.reopened_contents()
+        found = yield follower.reopened_contents()
         self.assertEqual(found.keys(), expected.keys())
         for key in expected:
             self.assertEqual(found[key], expected[key], key)
@@ -60,10 +58,8 @@ class StreamedStoresMatch(unittest.TestCase):
         messages(leader.store, 60, 30)
         last = leader.stream.last_sequence
         yield wait_until(lambda: restarted.applier.durable_sequence == last, timeout=30)
-        expected = yield contents((yield leader.reopened_store()))
-        reopened = yield restarted.reopened_store()
-        found = yield contents(reopened)
-        yield reopened.close()
+        expected = yield leader.reopened_contents()
+        found = yield restarted.reopened_contents()
         self.assertEqual(found, expected)
 
     @defer.inlineCallbacks
@@ -76,20 +72,19 @@ class StreamedStoresMatch(unittest.TestCase):
         messages(leader.store, 0, 20)
         last = leader.stream.last_sequence
         yield leader.server.confirmed_up_to(last)
-        yield follower.disconnect()
-        again = StoreApplier({"": follower.store})
-        yield again.open()
-        again.applied_sequence = 0  # replay the whole stream onto the same store
-        from brokerd.replication import codec
+        yield follower.stop()
+        restarted = yield Follower().start(self, "sqlite", follower.path)
+        again = restarted.applier
+        self.assertEqual(again.durable_sequence, last)
+        # Forget the state record: replay the whole stream onto the store that holds it all.
+        again.applied_sequence = again.durable_sequence = 0
         for sequence in range(1, last + 1):
             parts, _ = leader.stream.frame(sequence)
             again.apply(*codec.decode_operation(b"".join(parts)[codec.FRAME_HEADER.size:]))
         again.commit()
         yield wait_until(lambda: again.durable_sequence == last)
-        expected = yield contents((yield leader.reopened_store()))
-        reopened = yield follower.reopened_store()
-        found = yield contents(reopened)
-        yield reopened.close()
+        expected = yield leader.reopened_contents()
+        found = yield restarted.reopened_contents()
         self.assertEqual(found, expected)
 
 

@@ -5,6 +5,7 @@ import shutil
 import tempfile
 
 from twisted.internet import defer, endpoints, reactor
+from zope.interface import alsoProvides, providedBy
 
 from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
@@ -12,6 +13,7 @@ from brokerd.proto.tables import dict_to_table
 from brokerd.replication.applier import StoreApplier
 from brokerd.replication.follower import ReplicationClient
 from brokerd.replication.leader import ReplicationServer
+from brokerd.replication.promote import leader_stores
 from brokerd.replication.replica import ReplicaReader
 from brokerd.replication.stream import OutboundStream
 from brokerd.replication.tap import StoreTap
@@ -45,12 +47,34 @@ class Leader:
 
     @defer.inlineCallbacks
     def start(self, testcase, backend, *, retain_bytes=64 * MIB, max_lag_bytes=16 * MIB,
-              secret=SECRET, cluster=CLUSTER):
+              secret=SECRET, cluster=CLUSTER, clock=None, wrap=None, **server_options):
+        """C{clock}: what schedules the server's timers (the reactor unless a test drives one);
+        C{wrap}: called with the opened store, gives what the tap wraps."""
         self.backend, self.path = backend, directory(testcase)
         self.stream = OutboundStream(retain_bytes)
-        self.store = StoreTap((yield open_store(backend, self.path)), self.stream)
-        self.server = ReplicationServer(self.stream, secret, cluster, reactor=reactor,
-                                        max_lag_bytes=max_lag_bytes)
+        store = yield open_store(backend, self.path)
+        self.store = StoreTap(wrap(store) if wrap else store, self.stream)
+        self.server = ReplicationServer(self.stream, secret, cluster, reactor=clock or reactor,
+                                        max_lag_bytes=max_lag_bytes, **server_options)
+        self.port = yield endpoints.TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(
+            self.server)
+        testcase.addCleanup(self.stop)
+        return self
+
+    @defer.inlineCallbacks
+    def promote(self, testcase, follower, epoch, **server_options):
+        """
+        Make C{follower} this leader, as a failover does: its link closed, its store reopened
+        as a restart would, made a leader's of C{epoch} and served on a new port.
+        """
+        yield follower.stop()
+        opened = yield Follower().start(testcase, follower.backend, follower.path)
+        self.leadership = yield leader_stores(opened.applier, epoch)
+        opened.store = None  # this leader closes it
+        self.backend, self.path = follower.backend, follower.path
+        self.stream, self.store = self.leadership.stream, self.leadership.stores[""]
+        self.server = ReplicationServer(self.stream, SECRET, CLUSTER, reactor=reactor, epoch=epoch,
+                                        history=self.leadership.history, **server_options)
         self.port = yield endpoints.TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(
             self.server)
         testcase.addCleanup(self.stop)
@@ -73,28 +97,33 @@ class Leader:
 
     @defer.inlineCallbacks
     def reopened_store(self):
-        """Stop serving, close the tapped store and open its files again, as a restart would."""
+        """Stop serving, close the tapped store and open its files again, as a restart would.
+        The caller closes the store it gets."""
         yield self.stop()
         return (yield open_store(self.backend, self.path))
+
+    def reopened_contents(self):
+        """L{contents} of the store reopened as a restart would, closed again."""
+        return reopened_contents(self)
 
 
 class Follower:
     """A store of its own (any backend), its applier and a client connected to a leader."""
 
     @defer.inlineCallbacks
-    def start(self, testcase, backend, path=None, *, wrap=None):
+    def start(self, testcase, backend, path=None, *, wrap=None, **applier_options):
         self.testcase, self.backend = testcase, backend
         self.path = path or directory(testcase)
         store = yield open_store(backend, self.path)
         self.store = wrap(store) if wrap else store
-        self.applier = StoreApplier({"": self.store})
+        self.applier = StoreApplier({"": self.store}, **applier_options)
         yield self.applier.open()
         testcase.addCleanup(self.stop)
         return self
 
     @defer.inlineCallbacks
-    def connect(self, leader, secret=SECRET, max_frame=4 * MIB, address=None):
-        self.client = ReplicationClient(self.applier, secret, "n2", max_frame=max_frame)
+    def connect(self, leader, secret=SECRET, max_frame=4 * MIB, address=None, node="n2", **options):
+        self.client = ReplicationClient(self.applier, secret, node, max_frame=max_frame, **options)
         address = address or leader.address
         endpoint = endpoints.TCP4ClientEndpoint(reactor, address.host, address.port)
         link = yield endpoint.connect(self.client)
@@ -118,8 +147,12 @@ class Follower:
 
     @defer.inlineCallbacks
     def reopened_store(self):
+        """Stop, close the store and open its files again; the caller closes the store it gets."""
         yield self.stop()
         return (yield open_store(self.backend, self.path))
+
+    def reopened_contents(self):
+        return reopened_contents(self)
 
 
 def message(body, routing_key="orders", properties=None, published_at=None, **headers):
@@ -176,7 +209,9 @@ def messages(store, first, count):
             store.ack(queues[0], handle)
         elif index % 5 == 2:
             store.returned(queues[0], handle, 1 + index % 3)
-    store.purge(Q3, [handle for queues, handle in handles if queues == [Q3]][::2])
+    # A purge drops what the queue still holds: never a message already acked.
+    waiting = [handle for index, (queues, handle) in enumerate(handles) if queues == [Q3] and index % 5 != 1]
+    store.purge(Q3, waiting[::2])
     delayed = [store.delay(message(body(number, 100 + number)), ("/", "later"), NOW + 1000 * number)
                for number in range(first, first + 4)]
     store.release(delayed[1])
@@ -203,6 +238,34 @@ def contents(store):
                          item.record.properties.SerializeToString(deterministic=True), item.record.body)
                         for item, _ in delayed]
     return found
+
+
+@defer.inlineCallbacks
+def reopened_contents(node):
+    """L{contents} of a leader's or follower's store after a restart; the store is closed after."""
+    store = yield node.reopened_store()
+    try:
+        return (yield contents(store))
+    finally:
+        yield store.close()
+
+
+class OnLoad:
+    """A real store that calls C{action()} once, when a message is loaded the C{at}th time (as
+    a snapshot reads bodies), so that a test acts at a known point of a snapshot."""
+
+    def __init__(self, store, at, action):
+        self._store, self._at, self._action, self.loads = store, at, action, 0
+        alsoProvides(self, *providedBy(store))
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def load(self, handle):
+        self.loads += 1
+        if self.loads == self._at:
+            self._action()
+        return self._store.load(handle)
 
 
 class HeldCommits:
