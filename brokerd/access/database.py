@@ -466,10 +466,14 @@ class AccessDatabase:
         self._write(bytes(data))
         self._take_document(json.loads(bytes(data).decode("utf-8")))
 
+    def document_bytes(self):
+        """The database as the bytes its file holds (what L{on_saved} listeners get)."""
+        return json.dumps(self.document(), indent=1, ensure_ascii=False).encode("utf-8")
+
     def _save(self):
         if self.path is None:
             return
-        data = json.dumps(self.document(), indent=1, ensure_ascii=False).encode("utf-8")
+        data = self.document_bytes()
         self._write(data)
         for listener in tuple(self.on_saved):
             listener(data)

@@ -1,36 +1,40 @@
 """What a cluster node does once elected: its stores become the leader's, and it serves."""
 
-from twisted.internet import defer, task
+from twisted.internet import defer
 from twisted.logger import Logger
 
+from zope.interface import alsoProvides, providedBy
+
+from brokerd.replication.applier import StoreApplier
 from brokerd.replication.in_sync import InSyncSet, WatchedReplicationServer
-from brokerd.replication.stream import OutboundStream
-from brokerd.replication.tap import StoreTap
+from brokerd.replication.promote import leader_stores
 
 log = Logger()
 
-DURABLE_POLL_SECONDS = 0.01
 
-
-class ConfirmingTap(StoreTap):
+class ConfirmingStore:
     """
-    The leader's store as the broker sees it: every change streamed (L{StoreTap}), and a
-    C{sync()} that fires once the change is durable here and on every follower of the
-    in-sync set, while this node leads.
+    The leader's store as the broker sees it: the promoted store's tap (every change
+    streamed), opened already, with a C{sync()} that fires once the change is durable
+    here and on every follower of the in-sync set, while this node leads.
     """
 
-    def __init__(self, store, stream, in_sync):
-        super().__init__(store, stream)
-        self._stream_of_changes = stream
+    def __init__(self, tap, stream, in_sync):
+        self._tap = tap
+        self._stream = stream
         self._in_sync = in_sync
-        self._inner = store
+        alsoProvides(self, *providedBy(tap))
 
-    def watch_commit_failures(self, listener):
-        self._inner.watch_commit_failures(listener)
+    def __getattr__(self, name):
+        return getattr(self._tap, name)
+
+    def open(self):
+        # Opened, and its tap seeded, by the promotion: the broker goes on to recover it.
+        return defer.succeed(None)
 
     def sync(self):
-        target = self._stream_of_changes.last_sequence
-        local = self._inner.sync()
+        target = self._stream.last_sequence
+        local = self._tap.sync()
         local.addCallback(lambda result: self._in_sync.wait(target).addCallback(
             lambda _: result))
         return local
@@ -38,10 +42,12 @@ class ConfirmingTap(StoreTap):
 
 class LeaderRole:
     """
-    A node's time as leader: it stops following, waits until what it applied is durable,
-    puts its stores behind a L{ConfirmingTap}, opens its replication port to the
-    followers, writes an in-sync set of itself alone, then starts the broker, which
-    recovers the stores as a restart does and serves on the node's client ports.
+    A node's time as leader: it stops following, commits what it applied, reopens its
+    stores as a restart does and promotes them (L{leader_stores}: read without
+    replication's records, tapped, the stream numbered on in this node's epoch), puts
+    them behind a L{ConfirmingStore}, opens its replication port to the followers, writes
+    an in-sync set of itself alone, then starts the broker, which recovers the stores
+    and serves on the node's client ports.
 
     @ivar serving: whether the broker started (and owns the store from then on).
     """
@@ -58,35 +64,35 @@ class LeaderRole:
     def start(self):
         node, settings = self.node, self.node.settings
         yield node.follower.stop()
-        yield self._applied_is_durable()
+        yield node.applier.flush()
         # The broker recovers the stores as a restart does: from a fresh opening.
         yield node.store.close()
-        node.store = None
-        self.stream = OutboundStream()
+        node.store = node.make_store()
+        yield node.store.open()
+        applier = StoreApplier({"": node.store})
+        yield applier.open()
+        leadership = yield leader_stores(applier, node.candidate.elected_revision)
+        self.stream = leadership.stream
         server = self.server = WatchedReplicationServer(
             self.stream, node.identity.secret, node.identity.cluster_id, reactor=node.reactor,
-            max_lag_bytes=settings.max_lag_bytes)
+            max_lag_bytes=settings.max_lag_bytes, epoch=leadership.epoch,
+            history=leadership.history, access_document=node.access.document_bytes)
         self.in_sync = InSyncSet(server, node.candidate, settings.node_name,
                                  reactor=node.reactor, min_isr=settings.min_isr,
                                  max_lag_seconds=settings.max_lag_seconds)
         server.on_change = self.in_sync.update
-        store = ConfirmingTap(node.make_store(), self.stream, self.in_sync)
+        store = ConfirmingStore(leadership.stores[""], self.stream, self.in_sync)
+        node.access.on_saved.append(self.stream.record_access_document)
         node.replication_switch.use(server)
         yield self.in_sync.start()
         self.broker = node.make_broker(store, node.switches, node.status)
         self.broker.startService()
         yield self.broker.started
         self.serving = True
-        log.info("node {node} serves as the leader of cluster {cluster}",
-                 node=settings.node_name, cluster=settings.cluster_name)
-
-    @defer.inlineCallbacks
-    def _applied_is_durable(self):
-        applier = self.node.applier
-        applier.commit()
-        while applier.durable_sequence < applier.applied_sequence:
-            yield task.deferLater(self.node.reactor, DURABLE_POLL_SECONDS, lambda: None)
-            applier.commit()
+        log.info("node {node} serves as the leader of cluster {cluster} (epoch {epoch},"
+                 " operations from {first})", node=settings.node_name,
+                 cluster=settings.cluster_name, epoch=leadership.epoch,
+                 first=self.stream.last_sequence + 1)
 
     def abandon(self):
         if self.in_sync is not None:

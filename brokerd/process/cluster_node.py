@@ -20,6 +20,7 @@ from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from brokerd.access.database import AccessDatabaseDamaged
 from brokerd.cluster.errors import DuplicateNodeName, EtcdError
 from brokerd.cluster.etcd import EtcdClient
 from brokerd.cluster.identity import cluster_identity
@@ -39,6 +40,7 @@ log = Logger()
 
 REJOIN_ENVIRONMENT = "BROKERD_CLUSTER_REJOIN"
 RETRY_SECONDS = 1.0
+LEAVE_SECONDS = 1.0
 TWISTD_MAIN = "import sys; from twisted.scripts.twistd import run; sys.argv[0] = 'twistd'; run()"
 CLIENT_OPTIONS = ("amqp", "amqps", "native", "http", "prometheus")
 RELAYED_OPTIONS = ("amqp", "amqps", "native", "http")
@@ -110,7 +112,7 @@ class ClusterNode(Service):
         self.identity = yield self._identity(client)
         self.store = self.make_store()
         yield self.store.open()
-        self.applier = StoreApplier({"": self.store})
+        self.applier = StoreApplier({"": self.store}, access_sink=self._access_document)
         yield self.applier.open()
         if self.applier.cluster_id and self.applier.cluster_id != self.identity.cluster_id:
             raise EtcdError(
@@ -180,7 +182,10 @@ class ClusterNode(Service):
     # -- roles
 
     def _access_document(self, data):
-        self.access.replace_document(data)
+        try:
+            self.access.replace_document(data)
+        except AccessDatabaseDamaged as damage:
+            raise ValueError(f"the leader's access database: {damage}") from None
 
     def _followers(self):
         if self.leader is None or self.leader.server is None:
@@ -247,6 +252,16 @@ class ClusterNode(Service):
         self.replication_switch.use(None)
         if self.leader is not None:
             self.leader.abandon()
+        # Hand the lease back first (briefly: etcd may be what failed), so that the node's
+        # name, and the lead if it held it, are free at once for its next start.
+        leaving = defer.maybeDeferred(self.candidate.stop) if self.candidate else None
+        leaving = leaving if leaving is not None else defer.succeed(None)
+        leaving.addErrback(lambda failure: None)
+        timeout = self.reactor.callLater(LEAVE_SECONDS, leaving.cancel)
+        leaving.addBoth(lambda _: timeout.cancel() if timeout.active() else None)
+        leaving.addBoth(lambda _: self._exec())
+
+    def _exec(self):
         os.environ[REJOIN_ENVIRONMENT] = "1"
         if self.pidfile and os.path.exists(self.pidfile):
             os.remove(self.pidfile)
@@ -286,6 +301,9 @@ def node_of_options(options, reactor, broker_service):
     store, bound_ports, cluster_status)} makes the broker it starts once it leads.
     """
     parent = getattr(options, "parent", None)
+    settings = options["cluster"]
+    options["amqp-settings"].node_properties = {
+        "cluster_name": settings.cluster_name, "node": f"brokerd@{settings.node_name}"}
     return ClusterNode(
         reactor, options["cluster"],
         make_store=lambda: registry.make_store(options["backend"], options["data-dir"],

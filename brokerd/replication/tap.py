@@ -181,6 +181,9 @@ class StoreTap:
     def close(self):
         return self._store.close()
 
+    def watch_commit_failures(self, listener):
+        self._store.watch_commit_failures(listener)
+
     def stats(self):
         return self._store.stats()
 

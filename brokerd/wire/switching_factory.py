@@ -26,7 +26,7 @@ class SwitchingFactory(Factory):
         self.port = None
 
     def logPrefix(self):
-        return f"{self.label} ({type(self.current).__name__})"
+        return f"{self.label} port"
 
     def use(self, factory):
         """Serve the next connections with C{factory} (None: close them), started here."""

@@ -51,12 +51,6 @@ def takes_over_with(cluster, node, confirmed):
     assert not back, f"{len(back)} acknowledged messages came back: {sorted(back)[:10]}"
 
 
-RETURNING_LEADER = (
-    "a returning leader resumes 'from operation 1' of its successor's stream over its own data:"
-    " brokerd/process/cluster_leader.py starts every leader's OutboundStream at 0 and nothing"
-    " names the stream's term, so the successor's acks of messages the old leader stored itself"
-    " are lost and those messages come back; it needs the replication stream's promotion and"
-    " resync rules")
 
 
 @pytest.mark.parametrize("wiped", [False, True], ids=["resumes", "wiped-resyncs"])
@@ -77,7 +71,6 @@ def test_a_follower_restarted_catches_up_and_rejoins_the_in_sync_set(make_cluste
     takes_over_with(cluster, follower, confirmed)
 
 
-@pytest.mark.xfail(strict=True, reason=RETURNING_LEADER)
 def test_a_killed_leader_returns_as_a_follower_of_its_successor(make_cluster):
     cluster = make_cluster(ttl=TTL, min_isr=1).start(names=("a", "b"))
     old, new = cluster["a"], cluster["b"]

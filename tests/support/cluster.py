@@ -367,6 +367,7 @@ class ConfirmedPublisher(threading.Thread):
         self.arguments = arguments
         self.pause = pause
         self.confirmed = []
+        self.served_by = []  # the node that served each confirm (connection.start's "node")
         self.unconfirmed = []
         self.failures = []
         self.stopping = threading.Event()
@@ -387,6 +388,7 @@ class ConfirmedPublisher(threading.Thread):
             except (AMQPError, OSError):
                 self.stopping.wait(0.05)  # a follower closes the connection; try the next
                 continue
+            served_by = serving_node(connection)
             try:
                 channel = connection.channel()
                 channel.confirm_delivery()
@@ -404,12 +406,19 @@ class ConfirmedPublisher(threading.Thread):
                         raise
                     with self._lock:
                         self.confirmed.append((body, time.monotonic(), address))
+                        self.served_by.append(served_by)
                     if self.pause:
                         self.stopping.wait(self.pause)
             except (AMQPError, OSError):
                 continue
             finally:
                 _close_quietly(connection)
+
+    def confirm_times_of(self, node_name):
+        """The monotonic times of the confirms node C{node_name} sent, through whichever node."""
+        with self._lock:
+            return [when for (_, when, _), node in zip(self.confirmed, self.served_by)
+                    if node == f"brokerd@{node_name}"]
 
     def confirmed_bodies(self):
         with self._lock:
@@ -433,6 +442,12 @@ class ConfirmedPublisher(threading.Thread):
         self.stopping.set()
         self.join(timeout)
         assert not self.is_alive(), "the publisher did not stop"
+
+
+def serving_node(connection):
+    """The node that serves a pika connection (a relaying follower passes the leader's answer)."""
+    node = connection._impl.server_properties.get("node")
+    return node.decode() if isinstance(node, bytes) else node
 
 
 def _close_quietly(connection):
