@@ -64,7 +64,7 @@ class LeaderRole:
     def start(self):
         node, settings = self.node, self.node.settings
         yield node.follower.stop()
-        yield node.applier.flush()
+        yield node.applier.stop_running()
         # The broker recovers the stores as a restart does: from a fresh opening.
         yield node.store.close()
         node.store = node.make_store()

@@ -1,5 +1,7 @@
 """The follower's side of replication: the leader's store operations made on its own stores."""
 
+import time
+
 from twisted.internet import defer
 from twisted.logger import Logger
 
@@ -39,7 +41,7 @@ class StoreApplier:
 
     log = Logger()
 
-    def __init__(self, stores, *, access_sink=None, wipe=None):
+    def __init__(self, stores, *, access_sink=None, wipe=None, state_seconds=None):
         """
         @param stores: a dict of store name to opened L{IMessageStore}.
         @param access_sink: called with the bytes of each access database
@@ -67,6 +69,10 @@ class StoreApplier:
         self._committing = False
         self._flush_waiters = []
         self._in_snapshot = False
+        self._state_seconds = state_seconds
+        self._running = False
+        self._written = None  # the last state record written, and when
+        self._written_at = 0.0
         self._dispatch = {
             codec.SAVE_EXCHANGE: self._save_exchange, codec.DELETE_EXCHANGE: self._delete_exchange,
             codec.SAVE_QUEUE: self._save_queue, codec.DELETE_QUEUE: self._delete_queue,
@@ -99,8 +105,8 @@ class StoreApplier:
             newest = max(found, key=lambda state: state.epoch)
             self.epoch, self.history = newest.epoch, newest.history
             roles = {state.role for state in found}
-            self.role = next((role for role in (replica.LEADER, replica.PARTIAL) if role in roles),
-                             replica.FOLLOWER)
+            self.role = next((role for role in (replica.LEADER, replica.PARTIAL, replica.RUNNING)
+                              if role in roles), replica.FOLLOWER)
             if len({(state.epoch, state.history) for state in found}) > 1:
                 self.role = replica.PARTIAL  # a crash between two stores' commits
             if len(found) < len(self.stores):
@@ -118,8 +124,24 @@ class StoreApplier:
     def adopt_cluster(self, cluster_id):
         self.cluster_id = cluster_id
 
+    def start_running(self):
+        """
+        Mark the stores as running (a crash from here on leaves them to resync, their
+        data perhaps ahead of their state), so that the state record may be written
+        only now and then; fires once that mark is durable. L{stop_running} undoes it.
+        """
+        self._running = True
+        return self.flush()
+
+    def stop_running(self):
+        """Write the exact state, marked as ended cleanly; fires once it is durable."""
+        self._running = False
+        return self.flush()
+
     def state(self, sequence=None):
         role = replica.PARTIAL if self._in_snapshot else self.role
+        if role == replica.FOLLOWER and self._running:
+            role = replica.RUNNING
         return replica.StoreState(self.cluster_id, self.epoch,
                                   self.applied_sequence if sequence is None else sequence, role,
                                   self.history)
@@ -172,16 +194,28 @@ class StoreApplier:
 
     def commit(self):
         """Start a commit of what is applied, unless one runs (then the next one covers it)."""
-        if self._committing or not self._changes:
+        if self._committing:
+            return
+        target = self.applied_sequence
+        state = self.state(target)
+        if not self._changes and (not self._flush_waiters or state == self._written):
             return
         self._committing, self._changes = True, 0
-        target = self.applied_sequence
-        record = replica.state_record(self.state(target))
-        for store in self.stores.values():
-            store.save_exchange(record)
+        if self._state_due(state):
+            record = replica.state_record(state)
+            self._written, self._written_at = state, time.monotonic()
+            for store in self.stores.values():
+                store.save_exchange(record)
         synced = defer.gatherResults([store.sync() for store in self.stores.values()],
                                      consumeErrors=True)
         synced.addCallbacks(self._committed, self._failed, callbackArgs=(target,))
+
+    def _state_due(self, state):
+        if self._state_seconds is None or not self._running or self._flush_waiters:
+            return True
+        written = self._written
+        return (written is None or state._replace(sequence=0) != written._replace(sequence=0)
+                or time.monotonic() - self._written_at >= self._state_seconds)
 
     def flush(self):
         """A Deferred firing (with C{durable_sequence}) once a commit covers all applied so far."""

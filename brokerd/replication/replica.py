@@ -69,6 +69,9 @@ def split_replication_id(record):
 FOLLOWER = "follower"  # holds a leader's stream up to the state's sequence
 PARTIAL = "partial"  # wiped for a snapshot that has not finished: resyncs
 LEADER = "leader"  # written as a leader's since the state's sequence: resyncs
+# Following a leader in a run that has not ended cleanly: its data may be ahead of the
+# state's sequence (the record is written only now and then), so it resyncs.
+RUNNING = "running"
 
 
 class StoreState(NamedTuple):
@@ -76,7 +79,7 @@ class StoreState(NamedTuple):
     What a store's state record says: the cluster its data belongs to, the
     epoch of the leader it last followed and that leader's history (C{((epoch,
     end sequence), ...)}, newest first), the last sequence its commits cover,
-    and its role (L{FOLLOWER}, L{PARTIAL} or L{LEADER}).
+    and its role (L{FOLLOWER}, L{PARTIAL}, L{LEADER} or L{RUNNING}).
     """
 
     cluster: str = ""
