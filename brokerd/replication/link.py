@@ -9,6 +9,7 @@ from brokerd.replication.snapshot import Snapshot
 
 # A snapshot sends at most this much in one reactor turn, then lets the others run.
 SNAPSHOT_TURN_BYTES = 256 * 1024
+PUSH_BATCH_BYTES = 256 * 1024
 SNAPSHOT_TURN_FRAMES = 256
 
 
@@ -134,6 +135,7 @@ class FollowerLink(protocol.Protocol):
             if not self._push_snapshot():
                 return
         stream = self.server.stream
+        batch, batched = [], 0  # frames go out in one write per PUSH_BATCH_BYTES
         while self._streaming and not self.paused and self.next <= stream.last_sequence:
             try:
                 parts, size = stream.frame(self.next)
@@ -141,11 +143,20 @@ class FollowerLink(protocol.Protocol):
                 return self._refuse(f"follower {self.node!r} fell behind the operations the"
                                     f" leader keeps (at {self.next}, kept from"
                                     f" {stream.first_retained}): it needs a snapshot")
-            self.transport.writeSequence(parts)
-            self.bytes_written += size
+            batch.extend(parts)
+            batched += size
             self.next += 1
+            if batched >= PUSH_BATCH_BYTES:
+                self._write_batch(batch, batched)
+                batch, batched = [], 0
+        if batch:
+            self._write_batch(batch, batched)
         if self._streaming and self.mode == "stream":
             self.server.check_lag(self)
+
+    def _write_batch(self, parts, size):
+        self.transport.writeSequence(parts)
+        self.bytes_written += size
 
     def _push_snapshot(self):
         """Send a turn's worth of the snapshot; True once it is all sent."""
