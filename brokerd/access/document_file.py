@@ -9,7 +9,6 @@ def write_durably(path, data):
     C{path} and fsync the directory, so the new bytes survive a crash once this returns.
     """
     directory_path = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory_path, exist_ok=True)
     temporary = path + ".tmp"
     with open(temporary, "wb") as file:
         file.write(data)
