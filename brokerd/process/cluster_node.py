@@ -126,21 +126,37 @@ class ClusterNode(Service):
         yield self.applier.start_running()
         self.follower = FollowerLink(self.reactor, self.applier, self.identity.secret,
                                      self.settings.node_name)
-        self.candidate = Candidate(
-            client, self.reactor, self.keys, NodeInfo(self.settings.node_name, addresses),
-            ttl=self.settings.lease_ttl, on_elected=self._elected,
-            on_stepped_down=self._stepped_down, on_leader=self._leader_changed)
-        self.status = ClusterStatus(self.settings.cluster_name, self.settings.node_name,
-                                    self.candidate, followers=self._followers,
-                                    clock=self.reactor, min_in_sync=self.settings.min_isr)
+        self._relay_clients()
+        yield self._take_part(client, NodeInfo(self.settings.node_name, addresses))
         if "prometheus" in self.switches:
             self.switches["prometheus"].use(follower_metrics_site(self.status))
-        self._relay_clients()
-        yield self.candidate.start()
         self.candidate.ended.addCallback(self._lease_ended)
         log.info("node {node} joined cluster {cluster} ({addresses})",
                  node=self.settings.node_name, cluster=self.settings.cluster_name,
                  addresses=" ".join(f"{k}={v}" for k, v in sorted(addresses.items())))
+
+    @defer.inlineCallbacks
+    def _take_part(self, client, node):
+        """
+        Join the cluster and its election; a node starting again after it lost its lease
+        (etcd unreachable) tries until etcd answers, where a first start stops at once.
+        """
+        while True:
+            self.candidate = Candidate(
+                client, self.reactor, self.keys, node, ttl=self.settings.lease_ttl,
+                on_elected=self._elected, on_stepped_down=self._stepped_down,
+                on_leader=self._leader_changed)
+            self.status = ClusterStatus(
+                self.settings.cluster_name, self.settings.node_name, self.candidate,
+                followers=self._followers, clock=self.reactor, min_in_sync=self.settings.min_isr)
+            try:
+                yield self.candidate.start()
+                return
+            except EtcdError as problem:
+                if not self.rejoin or isinstance(problem, DuplicateNodeName):
+                    raise
+                log.warn("cannot join the cluster yet ({problem}); trying again", problem=problem)
+                yield self._pause(RETRY_SECONDS)
 
     @defer.inlineCallbacks
     def _listen(self):
