@@ -1,11 +1,11 @@
 """A follower's link to the leader of the moment: connects, applies, and tries again."""
 
 from twisted.internet import defer
-from twisted.internet.endpoints import clientFromString
 from twisted.logger import Logger
 
 from brokerd.replication.follower import ReplicationClient
 from brokerd.replication.in_sync import no_delay
+from brokerd.wire.client_endpoints import client_endpoint
 
 log = Logger()
 
@@ -19,15 +19,17 @@ class FollowerLink:
     last given: a link that closes or cannot be made is tried again after
     C{RETRY_SECONDS}, resuming after the last operation applied.
 
-    @ivar address: the leader's replication address (C{tcp:HOST:PORT}), or None.
+    @ivar address: the leader's replication address (C{tcp:HOST:PORT}, or C{tls:HOST:PORT},
+        whose certificate is checked against C{trust_roots}, else the system's), or None.
     @ivar client: the L{ReplicationClient} of the current attempt, or None.
     """
 
-    def __init__(self, reactor, applier, secret, node_name):
+    def __init__(self, reactor, applier, secret, node_name, trust_roots=None):
         self.reactor = reactor
         self.applier = applier
         self.secret = secret
         self.node_name = node_name
+        self.trust_roots = trust_roots
         self.address = None
         self.client = None
         self.connections = 0
@@ -55,7 +57,15 @@ class FollowerLink:
         address = self.address
         client = self.client = ReplicationClient(self.applier, self.secret, self.node_name)
         client.noisy = False  # a follower tries every RETRY_SECONDS while the leader is away
-        endpoint = clientFromString(self.reactor, f"{address}:timeout={CONNECT_TIMEOUT}")
+        description = f"{address}:timeout={CONNECT_TIMEOUT}"
+        if address.startswith("tls:") and self.trust_roots:
+            description += f":trustRoots={self.trust_roots}"
+        try:
+            endpoint = client_endpoint(self.reactor, description)
+        except ValueError as problem:  # the leader published an address no client can use
+            log.warn("cannot follow the leader at {address}: {problem}", address=address,
+                     problem=problem)
+            return self._again()
         self._attempt = endpoint.connect(client)
         self._attempt.addCallbacks(self._connected, self._not_connected,
                                    callbackArgs=(client, address), errbackArgs=(client, address))

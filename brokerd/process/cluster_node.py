@@ -49,8 +49,8 @@ CLIENT_OPTIONS = ("amqp", "amqps", "native", "http", "prometheus")
 RELAYED_OPTIONS = ("amqp", "amqps", "native", "http")
 
 
-def advertised_address(port, advertise_host):
-    """C{tcp:HOST:PORT} other nodes reach a listening C{port} at."""
+def advertised_address(port, advertise_host, kind="tcp"):
+    """C{tcp:HOST:PORT} (or C{tls:...}) other nodes reach a listening C{port} at."""
     address = port.getHost()
     host = advertise_host or address.host
     if host in ("0.0.0.0", "::", ""):
@@ -59,7 +59,7 @@ def advertised_address(port, advertise_host):
         host = socket.getfqdn()
     if ":" in host:
         host = host.replace(":", "\\:")
-    return f"tcp:{host}:{address.port}"
+    return f"{kind}:{host}:{address.port}"
 
 
 class ClusterNode(Service):
@@ -125,7 +125,8 @@ class ClusterNode(Service):
                 " give this node an empty data directory")
         yield self.applier.start_running()
         self.follower = FollowerLink(self.reactor, self.applier, self.identity.secret,
-                                     self.settings.node_name)
+                                     self.settings.node_name,
+                                     trust_roots=self.settings.replication_trust_roots)
         self._relay_clients()
         yield self._take_part(client, NodeInfo(self.settings.node_name, addresses))
         if "prometheus" in self.switches:
@@ -172,7 +173,11 @@ class ClusterNode(Service):
                 raise EtcdError(f"--{option}={description}: {problem}") from None
             if option != "replication":
                 self.switches[option] = switch
-            addresses[option] = advertised_address(switch.port, self.settings.advertise_host)
+            # Clients' ports are reached raw (relays pass TLS through); the replication port
+            # is a node's client, which checks the leader's certificate when it is TLS.
+            kind = "tls" if option == "replication" and is_tls(description) else "tcp"
+            addresses[option] = advertised_address(switch.port, self.settings.advertise_host,
+                                                   kind)
         return addresses
 
     @defer.inlineCallbacks

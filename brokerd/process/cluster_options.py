@@ -51,6 +51,14 @@ CLUSTER_PARAMETERS = [
         " followers (an ssl: endpoint as for --amqps serves it over TLS).",
     ],
     [
+        "replication-trust-roots",
+        None,
+        None,
+        "A directory of CA certificates (PEM) the leader's replication certificate must chain"
+        " to when --replication is TLS (default: the system's trust store); its name is"
+        " checked too.",
+    ],
+    [
         "cluster-advertise-host",
         None,
         None,
@@ -97,6 +105,7 @@ class ClusterSettings:
     cluster_name: str
     node_name: str
     replication: str
+    replication_trust_roots: str
     advertise_host: str
     lease_ttl: float
     min_isr: int
@@ -140,6 +149,7 @@ def cluster_settings(options):
         cluster_name=options["cluster-name"],
         node_name=node_name,
         replication=options["replication"],
+        replication_trust_roots=options["replication-trust-roots"],
         advertise_host=options["cluster-advertise-host"],
         lease_ttl=_number(options, "cluster-lease-ttl", float, 1),
         min_isr=_number(options, "cluster-min-isr", int, 1),

@@ -131,8 +131,10 @@ class LeaderLink(protocol.Protocol):
 
     def connectionLost(self, reason):
         if self.state in ("hello", "welcome"):
-            self.client.stopped(f"the leader closed the connection while {self.state}"
-                                f" (wrong secret, or not a replication port)")
+            # A TLS handshake that failed (the leader's certificate not trusted, or not its
+            # name) ends here too, its reason in the failure.
+            self.client.stopped(f"the connection closed while {self.state} (wrong secret, not"
+                                f" a replication port, or TLS refused): {reason.value!r}")
         applier = self.client.applier
         applier.on_durable = lambda sequence: None
         applier.on_failure = lambda failure: None

@@ -84,7 +84,7 @@ class WrongSecrets(unittest.TestCase):
         yield self.check_nothing_applied(leader, follower, client)
         self.assertIn("failed authentication (wrong secret, or not a brokerd follower)",
                       refusal_reasons(leader))
-        self.assertIn("closed the connection while welcome", client.reason)
+        self.assertIn("the connection closed while welcome", client.reason)
 
     @defer.inlineCallbacks
     def test_a_leader_with_another_secret_is_refused_by_the_follower_before_anything_applies(self):
