@@ -29,7 +29,7 @@ from brokerd.process.startup_report import StartupReport
 from brokerd.session.ack_timeouts import DEFAULT_CONSUMER_TIMEOUT
 from brokerd.storage import registry
 from brokerd.storage.durability import SyncPolicy
-from brokerd.storage.vhost_stores import VhostStores
+from brokerd.storage.vhost_stores import NoOwnStores, VhostStores
 from brokerd.units import parse_size
 from brokerd.wire.endpoints import TlsFileProblem, endpoint_problem, is_tls, server_endpoint
 
@@ -479,7 +479,8 @@ def _broker_service(options, reactor, store, bound_ports=None, cluster_status=No
         amqps_endpoint=options["amqps"],
         amqp_settings=options["amqp-settings"],
         access_defaults=options["access-defaults"],
-        vhost_stores=VhostStores(options["data-dir"], options["sync"], reactor),
+        vhost_stores=(VhostStores(options["data-dir"], options["sync"], reactor)
+                      if cluster_status is None else NoOwnStores()),
         definitions_file=options["load-definitions"],
         http_endpoint=options["http"],
         http_access_log=options["http-access-log"],
