@@ -9,6 +9,8 @@ import time
 import pytest
 
 from tests.support.cluster import (
+    TAKEOVER_MARGIN,
+    TTL,
     ConfirmedPublisher,
     make_cluster,  # noqa: F401 (fixture)
     read_queue,
@@ -17,8 +19,6 @@ from tests.support.etcd import needs_etcd
 
 pytestmark = needs_etcd
 
-TTL = 3
-TAKEOVER_MARGIN = 3.0
 HELD_UNACKED = 10
 
 

@@ -8,6 +8,7 @@ import time
 
 from brokerd.testing import poll_until
 from tests.support.cluster import (
+    TTL,
     ConfirmedPublisher,
     make_cluster,  # noqa: F401 (fixture)
     read_queue,
@@ -15,8 +16,6 @@ from tests.support.cluster import (
 from tests.support.etcd import needs_etcd
 
 pytestmark = needs_etcd
-
-TTL = 3
 
 
 def test_while_etcd_is_gone_nothing_is_confirmed_and_once_it_is_back_a_leader_serves_all(make_cluster):

@@ -8,6 +8,8 @@ confirming again once the new one has.
 import time
 
 from tests.support.cluster import (
+    TAKEOVER_MARGIN,
+    TTL,
     ConfirmedPublisher,
     make_cluster,  # noqa: F401 (fixture)
     read_queue,
@@ -16,8 +18,6 @@ from tests.support.etcd import needs_etcd
 
 pytestmark = needs_etcd
 
-TTL = 3
-TAKEOVER_MARGIN = 3.0  # seconds past the lease's TTL a new leader may take to serve
 HELD_UNACKED = 20
 
 

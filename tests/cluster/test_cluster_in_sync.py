@@ -9,6 +9,7 @@ import time
 import pytest
 
 from tests.support.cluster import (
+    TTL,
     ConfirmedPublisher,
     make_cluster,  # noqa: F401 (fixture)
     read_queue,
@@ -17,7 +18,6 @@ from tests.support.etcd import needs_etcd
 
 pytestmark = needs_etcd
 
-TTL = 3
 MAX_LAG = 2
 MARGIN = 3.0  # seconds past --cluster-max-lag-seconds a lagging follower may stay in the set
 HELD_SECONDS = 3.0  # how long a held confirm is watched not to arrive

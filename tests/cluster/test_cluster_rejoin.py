@@ -8,6 +8,8 @@ confirmed while it was away, and none of those acknowledged meanwhile.
 import pytest
 
 from tests.support.cluster import (
+    TAKEOVER_MARGIN,
+    TTL,
     ConfirmedPublisher,
     make_cluster,  # noqa: F401 (fixture)
     read_queue,
@@ -16,8 +18,6 @@ from tests.support.etcd import needs_etcd
 
 pytestmark = needs_etcd
 
-TTL = 3
-TAKEOVER_MARGIN = 3.0
 CATCH_UP_SECONDS = 20
 
 
@@ -49,8 +49,6 @@ def takes_over_with(cluster, node, confirmed):
     assert len(bodies) == len(set(bodies))
     back = set(bodies) - confirmed
     assert not back, f"{len(back)} acknowledged messages came back: {sorted(back)[:10]}"
-
-
 
 
 @pytest.mark.parametrize("wiped", [False, True], ids=["resumes", "wiped-resyncs"])

@@ -30,6 +30,9 @@ from pika.exceptions import AMQPError
 from brokerd.testing import BrokerProcess, poll_until
 from tests.support.etcd import EtcdProcess
 
+TTL = 3  # the lease of the tests' nodes, in seconds
+TAKEOVER_MARGIN = 3.0  # seconds past the lease's TTL a new leader may take to serve
+
 CLUSTER = "c"
 JOINED = "node {name} joined cluster {cluster} ("
 SERVES = "node {name} serves as the leader of cluster {cluster}"
