@@ -173,6 +173,9 @@ class Cluster:
         self.etcd.stop()
 
 
+SYNC_EVERY = 20  # acks between the consumer's round trips that show they were taken in
+
+
 def connect(address):
     return pika.BlockingConnection(pika.ConnectionParameters(
         host=address[0], port=address[1], connection_attempts=1, socket_timeout=2, heartbeat=0))
@@ -220,41 +223,57 @@ class Publisher(Client):
         super().__init__(cluster)
         self.number = 0
         self.confirmed = {}  # body -> monotonic time of its confirm
+        self.sent = {}  # body -> monotonic time it was sent, for the confirmed ones
 
     def work(self, connection, channel):
         channel.confirm_delivery()
         while not self.stopping.is_set():
             body = f"m-{self.number}"
             self.number += 1
+            sent = time.monotonic()
             channel.basic_publish("", QUEUE, body.encode(), pika.BasicProperties(delivery_mode=2))
             with self.lock:
                 self.confirmed[body] = time.monotonic()
+                self.sent[body] = sent
 
 
 class Consumer(Client):
-    """Consumes and acknowledges every delivery; notes the bodies acked and the redeliveries."""
+    """
+    Consumes and acknowledges every delivery; notes the bodies acked and the redeliveries.
+    Every SYNC_EVERY acks (and when idle) a basic.qos round trip on the same channel shows
+    that the node took the acks in: an ack is known taken in from then on (C{taken}).
+    """
 
     def __init__(self, cluster):
         super().__init__(cluster)
         self.acked = {}  # body -> monotonic time of its first ack
-        self.again = []  # (body, time of its first ack) of each acked message delivered again
+        self.taken = {}  # body -> when its ack was known taken in by the serving node
+        self.again = []  # (body, when its first ack was taken in, or None) of each acked
         self.redelivered = 0
 
     def work(self, connection, channel):
         channel.basic_qos(prefetch_count=50)
+        pending = []
         for method, _, body in channel.consume(QUEUE, inactivity_timeout=0.2):
             if self.stopping.is_set():
                 break
-            if method is None:
-                continue
-            channel.basic_ack(method.delivery_tag)
-            with self.lock:
-                self.redelivered += method.redelivered
-                body = body.decode()
-                if body in self.acked:
-                    self.again.append((body, self.acked[body]))
-                else:
-                    self.acked[body] = time.monotonic()
+            if method is not None:
+                channel.basic_ack(method.delivery_tag)
+                with self.lock:
+                    self.redelivered += method.redelivered
+                    body = body.decode()
+                    if body in self.acked:
+                        self.again.append((body, self.taken.get(body)))
+                    else:
+                        self.acked[body] = time.monotonic()
+                        pending.append(body)
+            if pending and (method is None or len(pending) >= SYNC_EVERY):
+                channel.basic_qos(prefetch_count=50)  # answered after the acks before it
+                with self.lock:
+                    now = time.monotonic()
+                    for body in pending:
+                        self.taken[body] = now
+                pending = []
 
 
 def drain(address):
@@ -304,12 +323,14 @@ def run(arguments):
         if not arguments.keep:
             shutil.rmtree(root, ignore_errors=True)
     confirmed, acked = set(publisher.confirmed), set(consumer.acked)
-    # An ack the broker took in before it confirmed a later publish is as durable as that
-    # publish (the stream keeps their order): such a message must not come back.
-    confirms = sorted(publisher.confirmed.values())
-    durable = (lambda when: bisect.bisect_right(confirms, when) < len(confirms))
+    # An ack the leader had taken in before it took in a publish it then confirmed is as
+    # durable as that publish (its stream keeps their order): such a message must not come
+    # back. Known taken in: the consumer's basic.qos round trip after it; the publish sent
+    # after that.
+    sends = sorted(publisher.sent.values())
+    durable = (lambda when: when is not None and bisect.bisect_right(sends, when) < len(sends))
     came_back = {body for body, when in consumer.again if durable(when)}
-    came_back |= {body for body in left if body in acked and durable(consumer.acked[body])}
+    came_back |= {body for body in left if body in acked and durable(consumer.taken.get(body))}
     return {
         "backend": arguments.backend, "kills": len(kill_to_confirm),
         "confirmed": len(confirmed), "acked": len(acked), "left_in_queue": len(left),
