@@ -14,6 +14,7 @@ its clients and starts again as a follower, from scratch, in the same process.
 """
 
 import os
+import socket
 import sys
 
 from twisted.application.service import Service
@@ -54,8 +55,6 @@ def advertised_address(port, advertise_host, kind="tcp"):
     address = port.getHost()
     host = advertise_host or address.host
     if host in ("0.0.0.0", "::", ""):
-        import socket
-
         host = socket.getfqdn()
     if ":" in host:
         host = host.replace(":", "\\:")
