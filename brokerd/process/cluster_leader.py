@@ -33,8 +33,8 @@ class ConfirmingStore:
         return defer.succeed(None)
 
     def sync(self):
+        local = self._tap.sync()  # records the acks it holds first
         target = self._stream.last_sequence
-        local = self._tap.sync()
         local.addCallback(lambda result: self._in_sync.wait(target).addCallback(
             lambda _: result))
         return local
@@ -71,7 +71,8 @@ class LeaderRole:
         yield node.store.open()
         applier = StoreApplier({"": node.store})
         yield applier.open()
-        leadership = yield leader_stores(applier, node.candidate.elected_revision)
+        leadership = yield leader_stores(applier, node.candidate.elected_revision,
+                                         reactor=node.reactor)
         self.stream = leadership.stream
         server = self.server = WatchedReplicationServer(
             self.stream, node.identity.secret, node.identity.cluster_id, reactor=node.reactor,

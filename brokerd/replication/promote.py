@@ -72,7 +72,7 @@ class LeaderStore:
 
 
 @defer.inlineCallbacks
-def leader_stores(applier, epoch, *, retain_bytes=64 * 1024 * 1024):
+def leader_stores(applier, epoch, *, retain_bytes=64 * 1024 * 1024, reactor=None):
     """
     Make the stores of an opened L{StoreApplier} a leader's of C{epoch} (any
     applier: a follower's, or one opened over a node's own stores). Commits
@@ -86,7 +86,8 @@ def leader_stores(applier, epoch, *, retain_bytes=64 * 1024 * 1024):
     sequence, unless the stores could not resume a stream themselves (last
     written as a leader's, unfinished snapshot, data of unknown origin, or
     messages newer than their state record): then it is empty, and every
-    follower resyncs. The applier is not to be used afterwards.
+    follower resyncs. The applier is not to be used afterwards. With a C{reactor},
+    the taps record a run of acks as one operation (L{StoreTap}).
     """
     applier.on_durable = lambda sequence: None
     yield applier.flush()
@@ -107,7 +108,7 @@ def leader_stores(applier, epoch, *, retain_bytes=64 * 1024 * 1024):
     taps = {}
     for name, store in applier.stores.items():
         store.save_exchange(state)
-        tap = taps[name] = StoreTap(LeaderStore(store), stream, name)
+        tap = taps[name] = StoreTap(LeaderStore(store), stream, name, reactor=reactor)
         queues = applier.held.queues(name)
         tap.seed(applier.held.topology(name),
                  {queue: {handle: replication_id for replication_id, handle in ids.items()}

@@ -43,11 +43,16 @@ class StoreTap:
     topology and the delivery counts of messages returned at least once.
     """
 
-    def __init__(self, store, stream, store_name=""):
+    def __init__(self, store, stream, store_name="", reactor=None):
         """
         @param store: the wrapped L{IMessageStore} (opened or not).
         @param stream: the leader's L{OutboundStream}.
         @param store_name: the vhost whose own store this is, or C{""} for the shared store.
+        @param reactor: with one, acks of one queue made in a row travel as one
+            operation, recorded before the tap's next other operation, its next
+            C{sync()}, or the end of the reactor's turn, whichever comes first
+            (a consumer's C{multiple} ack of a hundred messages is one operation,
+            not a hundred); without, each ack is recorded at once.
         """
         self._store = store
         self._stream = stream
@@ -60,6 +65,9 @@ class StoreTap:
         self._bindings = {}  # binding key -> BindingRecord
         self._counts = {}  # queue -> {handle: delivery count}, of messages returned at least once
         self.unreplicated = 0
+        self._reactor = reactor
+        self._acks = None  # (queue, [replication ids]) acked and not yet recorded
+        self._acks_call = None
         alsoProvides(self, *providedBy(store))
         stream.taps[store_name] = self
 
@@ -103,6 +111,7 @@ class StoreTap:
         between): topology records, per queue C{(queue, live map, copy of
         {handle: id}, copy of counts)}, and a copy of the delayed map.
         """
+        self.record_acks()
         return SnapshotView(
             list(self._exchanges.values()), list(self._queues.values()),
             list(self._bindings.values()),
@@ -133,7 +142,21 @@ class StoreTap:
         return replication_pb2.ReplicatedOperation(store=self._name, **fields)
 
     def _record(self, operation, record, body=b""):
+        if self._acks is not None:
+            self.record_acks()
         return self._stream.record(operation, record.SerializeToString(), body)
+
+    def record_acks(self):
+        """Record the acks not yet recorded, as one operation (see C{reactor} above)."""
+        if self._acks_call is not None and self._acks_call.active():
+            self._acks_call.cancel()
+        self._acks_call = None
+        if self._acks is None:
+            return
+        queue, ids = self._acks
+        self._acks = None
+        self._stream.record(codec.ACK_MESSAGE, self._operation(
+            queues=[_key(queue)], messages=ids).SerializeToString())
 
     def _encoded_properties(self, properties):
         # Messages published alike share one properties object: encode it once.
@@ -176,9 +199,11 @@ class StoreTap:
         return self._store.read(handle)
 
     def sync(self):
+        self.record_acks()
         return self._store.sync()
 
     def close(self):
+        self.record_acks()
         return self._store.close()
 
     def watch_commit_failures(self, listener):
@@ -252,8 +277,15 @@ class StoreTap:
         if replication_id is None:
             self.unreplicated += 1
             return
-        self._record(codec.ACK_MESSAGE,
-                     self._operation(queues=[_key(queue)], messages=[replication_id]))
+        if self._acks is not None and self._acks[0] != queue:
+            self.record_acks()
+        if self._acks is None:
+            self._acks = (queue, [])
+            if self._reactor is not None:
+                self._acks_call = self._reactor.callLater(0, self.record_acks)
+        self._acks[1].append(replication_id)
+        if self._reactor is None:
+            self.record_acks()
 
     def returned(self, queue, handle, count):
         self._store.returned(queue, handle, count)
