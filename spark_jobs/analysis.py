@@ -11,11 +11,14 @@ the driver: only per-kind counts, per-second series, percentiles and at most
 five example violations per check come back. No Python UDFs: the order and
 pair checks are window functions, so the work stays in the JVM.
 
-A run is a backend's (a brokerd the runner started and exported) or a
-reference broker's (reached by URL, not exported), as its run.json's C{kind}
-says. The summary names each run's kind; the checks that read the export
-(L{events.EXPORT_CHECKS}) are marked not applicable to a reference
-(C{"applicable": false} and a C{"reason"}), and the verdict leaves them out.
+A run is a backend's (a brokerd the runner started and exported), a
+cluster's (three brokerd nodes the runner started, the final leader's store
+exported; the summary adds its C{failover} figures and notes,
+L{spark_jobs.failover_figures}) or a reference broker's (reached by URL, not
+exported), as its run.json's C{kind} says. The summary names each run's kind;
+the checks that read the export (L{events.EXPORT_CHECKS}) are marked not
+applicable to a reference (C{"applicable": false} and a C{"reason"}), and the
+verdict leaves them out.
 
 L{analyse_runs} works in a session its caller made with
 L{spark_jobs.spark_session.create_session}: in local mode by default, or on a
@@ -38,6 +41,7 @@ from spark_jobs.checks import (
 from spark_jobs.cross_checks import CROSS_CHECKS, SAME_MESSAGES, cross_checks
 from spark_jobs.figures import latency, throughput
 from spark_jobs.cpu_figures import cpu_figures
+from spark_jobs.failover_figures import failover_figures, failover_notes
 from spark_jobs.tables import (
     COMMON_REQUIRED_FIELDS, EXPORT_REQUIRED_FIELDS, LABEL, REQUIRED_FIELDS, RunInputError,
     read_run_facts, stage_runs,
@@ -351,6 +355,9 @@ def analyse_runs(spark, out_dir, labels, settings=None, step_done=None):
             "cpu": cpu_figures(facts[label]),
             "checks": _run_checks(label, tallies, unexported, parked_queues),
         }
+        if kinds[label] == events.CLUSTER_RUN:
+            backends[label]["failover"] = failover_figures(facts[label])
+            backends[label]["notes"] += failover_notes(facts[label])
     cross = {name: _check_result(tallies.get((None, name))) for name in CROSS_CHECKS}
     if unexported and parked_queues and len(labels) > 1:
         cross[SAME_MESSAGES]["note"] = (f"pairs of parked queues ({', '.join(parked_queues)})"

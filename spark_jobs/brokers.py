@@ -1,5 +1,6 @@
 """The broker a workload run plays against, one role (L{IBrokerUnderTest}) with
-two implementations:
+two implementations here, and a third, a three-node cluster, in
+L{spark_jobs.cluster_broker}:
 
   - L{BrokerdProcess}: a ``twistd -n brokerd`` the runner starts on the run's
     data directory and a free port, SIGKILLs at each crash point and starts
@@ -51,7 +52,8 @@ class IBrokerUnderTest(Interface):
     """
 
     kind = Attribute("What the run's run.json and summary call it: 'backend' (a brokerd the runner"
-                     " starts) or 'reference' (a broker reached by URL).")
+                     " starts), 'cluster' (three brokerd nodes the runner starts,"
+                     " spark_jobs.cluster_broker) or 'reference' (a broker reached by URL).")
     login = Attribute("A dict of host, username, password and virtual_host: what clients and the"
                       " runner's admin connection log in with (the fields of"
                       " spark_jobs.clients.ClientConfig).")

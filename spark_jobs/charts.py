@@ -105,8 +105,12 @@ def backend_colours(summary):
 
 
 def display_name(name, figures):
-    """A backend's name as charts show it: a reference broker's says so."""
-    return f"{name} (reference)" if figures.get("kind") == "reference" else name
+    """A backend's name as charts show it: a reference broker's says so, as does a cluster's
+    named otherwise than C{cluster}."""
+    kind = figures.get("kind")
+    if kind == "reference" or (kind == "cluster" and name != kind):
+        return f"{name} ({kind})"
+    return name
 
 
 def series_rates(throughput, field):

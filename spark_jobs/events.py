@@ -7,7 +7,8 @@ One run directory per backend or reference broker (``<out>/runs/<label>/``)::
     events/*.jsonl    one JSON object per line, one file per client connection role
                       (``publisher-0.jsonl``, ``consumer-3.jsonl``)
     export.jsonl      what the stopped broker's store still holds (not for a reference)
-    data/             the broker's data directory (empty for a reference)
+    data/             the broker's data directory (empty for a reference; a cluster's
+                      holds one per node, n1/ n2/ n3/, and etcd/)
     broker.log        twistd's log (for a reference: its restart commands' output)
 
 Every event has C{kind}, C{backend}, C{client} (``publisher-0``), C{session} (the
@@ -35,11 +36,16 @@ export name the message without decoding its body.
 run.json (written by L{spark_jobs.workload}) has C{kind} (L{BACKEND_RUN}: a
 brokerd the runner started, with C{backend}, the C{--backend} string; or
 L{REFERENCE_RUN}: an AMQP 0-9-1 broker already running elsewhere, with C{url},
-its password masked, and C{restart_command}, null when there is none; a
-run.json without C{kind} is a backend run), C{label} (the C{backend} field of
-the events), C{notes} (sentences about how the run differs from what the
-settings asked, e.g. crashes skipped), C{seed}, C{settings}
-(C{WorkloadSettings.to_json()}), C{started} and C{ended} (C{time.time()} of
+its password masked, and C{restart_command}, null when there is none; or
+L{CLUSTER_RUN}: three brokerd nodes of one cluster the runner started, with
+C{backends} (one per node), C{nodes} (each one's C{name}, C{backend},
+C{data_dir} in the run directory, ports and command), C{leader} (the final
+leader, whose store is exported), C{lease_ttl}, C{min_isr} and C{failovers}
+(per crash the C{killed} leader, the new C{leader}, C{t} and the C{seconds}
+until the new leader served); a run.json without C{kind} is a backend run),
+C{label} (the C{backend} field of the events), C{notes} (sentences about how
+the run differs from what the settings asked, e.g. crashes skipped), C{seed},
+C{settings} (C{WorkloadSettings.to_json()}), C{started} and C{ended} (C{time.time()} of
 the whole run, broker start and stop included), C{workload_started} (every
 client ready, publishing allowed) and C{workload_ended} (the consumed queues
 drained), C{wall_seconds} (the workload's span between those two),
@@ -71,7 +77,8 @@ ones in due order.
 
 RUN_FILE = "run.json"
 BACKEND_RUN, REFERENCE_RUN = "backend", "reference"
-RUN_KINDS = (BACKEND_RUN, REFERENCE_RUN)
+CLUSTER_RUN = "cluster"  # three brokerd nodes of one cluster (spark_jobs.cluster_broker)
+RUN_KINDS = (BACKEND_RUN, REFERENCE_RUN, CLUSTER_RUN)
 EVENTS_DIRECTORY = "events"
 EXPORT_FILE = "export.jsonl"
 DATA_DIRECTORY = "data"

@@ -6,8 +6,9 @@ a C{verdict}, the workload C{settings}, per backend its C{run} counts,
 C{throughput} (mean rates, their C{*_active_s} spans, C{bucket_seconds} and a
 C{series} of buckets: L{spark_jobs.figures}), C{latency_ms} (C{confirm} and
 C{end_to_end}: count, percentiles and a CDF) and C{checks}, optionally its
-C{kind} (C{backend} or C{reference}) and C{cpu} (C{broker_cores},
-C{client_cores}, C{limit} and any other figures), and the C{cross_backend}
+C{kind} (C{backend}, C{cluster} or C{reference}), C{cpu} (C{broker_cores},
+C{client_cores}, C{limit} and any other figures) and, for a cluster, its
+C{failover} (C{count}, C{mean_seconds}, C{max_seconds}), and the C{cross_backend}
 checks. A check marked C{"applicable": false}, with a C{reason}, is shown as
 n/a and left out of the verdict. Only C{backends} is required: a part the
 analysis could not compute is shown as C{n/a}, never guessed. Series points
@@ -198,6 +199,8 @@ def check_summary(summary):
         _check_throughput(_require_object(figures.get("throughput"), f"{path}.throughput"),
                           f"{path}.throughput")
         _check_cpu(_require_object(figures.get("cpu"), f"{path}.cpu"), f"{path}.cpu")
+        _require_numbers(_require_object(figures.get("failover"), f"{path}.failover"),
+                         f"{path}.failover")
         latencies = _require_object(figures.get("latency_ms"), f"{path}.latency_ms")
         for kind in LATENCY_KINDS:
             latency_path = f"{path}.latency_ms.{kind}"

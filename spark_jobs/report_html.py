@@ -64,6 +64,12 @@ CPU_ROWS = [
     ("client cores busy", "client_cores", "cores"),
     ("limited by", "limit", "text"),
 ]
+# The C{failover} section of a cluster run (spark_jobs.failover_figures); n/a for other runs.
+FAILOVER_ROWS = [
+    ("leader failovers", "count", "count"),
+    ("mean failover (s)", "mean_seconds", "seconds"),
+    ("longest failover (s)", "max_seconds", "seconds"),
+]
 THROUGHPUT_ROWS = [
     ("publish msgs/s", "publish_msgs_per_s", "rate"),
     ("delivery msgs/s", "deliver_msgs_per_s", "rate"),
@@ -189,6 +195,12 @@ def _figures_section(summary):
         other_rows = [(field.replace("_", " "), field, "count") for field in others]
         for label, field, style in CPU_ROWS + other_rows:
             rows.append(row(label, [cpu.get(field) for cpu in cpus], style))
+    failovers = [figures.get("failover") for figures in backends.values()]
+    if any(failover is not None for failover in failovers):
+        rows.append(group("cluster failover"))
+        for label, field, style in FAILOVER_ROWS:
+            rows.append(row(label, [(failover or {}).get(field) for failover in failovers],
+                            style))
     rows.append(group("throughput"))
     for label, field, style in THROUGHPUT_ROWS:
         values = [(figures.get("throughput") or {}).get(field) for figures in backends.values()]

@@ -9,6 +9,8 @@ them (L{spark_jobs.analysis}) and write the report (L{spark_jobs.report})::
     python -m spark_jobs.validate_backends --backends sqlite --out report/ \\
         --reference rabbitmq=amqp://guest:guest@127.0.0.1:5672/ \\
         --reference-restart "rabbitmq=docker restart -t 0 rabbit" --crash-every 1000
+    brokerd-validate --backends chunked --cluster mixed=chunked,sqlite,chunked --crash-every 1500 \\
+        --out report/
 
 Each C{--backends} item is a backend string (C{chunked:chunk_size=1M}); its run
 lives in C{<out>/runs/<label>/}, the label being the name before any colon, so
@@ -16,7 +18,10 @@ labels must differ. Each C{--reference NAME=URL} adds a run of the same
 workload against an AMQP 0-9-1 broker already running at URL, in
 C{<out>/runs/NAME/}, reported beside the backends
 (L{spark_jobs.validation_options.parse_references}); its store is not exported,
-so the checks that read an export do not apply to it. A fresh run replaces an
+so the checks that read an export do not apply to it. Each C{--cluster
+[NAME=]BACKENDS} adds a run against three brokerd nodes of one cluster and an
+etcd the run starts (L{spark_jobs.cluster_broker}), whose crash points SIGKILL
+the leader; its final leader's store is exported. A fresh run replaces an
 earlier run directory of the same label; C{--reuse-runs} keeps the runs there
 and only exports the backends' stores again (for stores changed after their
 run) before the Spark job, and C{--reuse-runs --keep-exports} runs the Spark
@@ -97,25 +102,37 @@ def _run_settings(arguments):
     return settings
 
 
+def _describe_target(backend, reference, cluster):
+    """What a run plays against, as its progress and error lines name it."""
+    if reference is not None:
+        return f"reference {reference.label}"
+    if cluster is not None:
+        return f"cluster {cluster.label} ({','.join(cluster.backends)})"
+    return backend
+
+
 def produce_runs(arguments, progress, timings):
-    """Runs the workload (unless reusing runs) for every backend and reference and the export
-    (unless keeping the exports) for every backend, noting each one's wall time in C{timings}
-    (C{workload_seconds} and C{export_seconds}, per label)."""
+    """Runs the workload (unless reusing runs) for every backend, cluster and reference and the
+    export (unless keeping the exports) for every backend and cluster, noting each one's wall
+    time in C{timings} (C{workload_seconds} and C{export_seconds}, per label)."""
     settings = settings_from_arguments(arguments)
-    runs = [(label, backend, None) for label, backend in arguments.backends]
-    runs += [(reference.label, None, reference) for reference in arguments.references]
-    for number, (label, backend, reference) in enumerate(runs, start=1):
+    runs = [(label, backend, None, None) for label, backend in arguments.backends]
+    runs += [(cluster.label, None, None, cluster) for cluster in arguments.clusters]
+    runs += [(reference.label, None, reference, None) for reference in arguments.references]
+    for number, (label, backend, reference, cluster) in enumerate(runs, start=1):
         run_dir = arguments.out / "runs" / label
         step = f"[{number}/{len(runs)}] {label}:"
         if not arguments.reuse_runs:
             _fresh_run_dir(run_dir)
             against = f" against {parse_amqp_url(reference.url).masked_url}" if reference else ""
+            if cluster is not None:
+                against = f" against {len(cluster.backends)} nodes ({','.join(cluster.backends)})"
             progress(f"{step} workload started{against}")
             started = time.monotonic()
-            _play(label, backend, reference, settings, run_dir,
+            _play(label, (backend, reference, cluster), settings, run_dir,
                   progress.for_backend(number, len(runs)))
             timings.setdefault("workload_seconds", {})[label] = round(time.monotonic() - started, 3)
-        if backend is None:
+        if reference is not None:
             continue
         if arguments.keep_exports:
             progress(f"{step} keeping its {events.EXPORT_FILE}")
@@ -123,30 +140,41 @@ def produce_runs(arguments, progress, timings):
         _export(label, backend, run_dir, step, progress, timings)
 
 
-def _play(label, backend, reference, settings, run_dir, progress):
-    """One run of the workload, against C{backend} (a backend string) or C{reference}."""
-    from spark_jobs.workload import WorkloadFailed, run_reference, run_workload
+def _play(label, target, settings, run_dir, progress):
+    """One run of the workload, against C{target}: C{(backend, reference, cluster)}, one of them
+    given (a backend string, a reference or a cluster spec)."""
+    from spark_jobs.workload import WorkloadFailed, run_cluster, run_reference, run_workload
 
+    backend, reference, cluster = target
     try:
-        if reference is None:
-            run_workload(backend, settings, run_dir, progress=progress, label=label)
-        else:
+        if reference is not None:
             run_reference(reference.url, settings, run_dir, label,
                           restart_command=reference.restart_command, progress=progress)
+        elif cluster is not None:
+            run_cluster(cluster, settings, run_dir, progress=progress)
+        else:
+            run_workload(backend, settings, run_dir, progress=progress, label=label)
     except (WorkloadFailed, ValueError) as problem:
-        target = backend if reference is None else f"reference {label}"
-        raise ValidationError(f"the workload on {target} failed: {problem}") from None
+        raise ValidationError(f"the workload on {_describe_target(*target)} failed:"
+                              f" {problem}") from None
 
 
 def _export(label, backend, run_dir, step, progress, timings):
-    """Exports the store of the backend run in C{run_dir}, noting the time it took."""
+    """Exports the store of the backend run in C{run_dir} (C{backend} None: of the cluster run
+    there, its final leader's store), noting the time it took."""
+    from spark_jobs.cluster_broker import export_source
     from spark_jobs.export import ExportError, export_store
 
+    data_dir = run_dir / events.DATA_DIRECTORY
+    if backend is None:
+        try:
+            backend, data_dir = export_source(run_dir)
+        except ValueError as problem:
+            raise ValidationError(str(problem)) from None
     progress(f"{step} export started")
     started = time.monotonic()
     try:
-        lines = export_store(backend, run_dir / events.DATA_DIRECTORY, run_dir / events.EXPORT_FILE,
-                             label=label)
+        lines = export_store(backend, data_dir, run_dir / events.EXPORT_FILE, label=label)
     except ExportError as problem:
         raise ValidationError(f"exporting the {backend} store of {run_dir} failed:"
                               f" {problem}") from None

@@ -2,10 +2,11 @@
 its options, and the checks that refuse a bad one before anything runs. Each
 backend must be registered and durable and take the options given
 (L{parse_backends}); each reference needs a plain name and an C{amqp://} URL,
-and a restart command must name one (L{parse_references}); C{--reuse-runs}
-needs every run already there, of the kind the command line makes it, and
-C{--keep-exports} each backend run's export. A refused command line exits with
-status 2, as argparse's own errors do.
+and a restart command must name one (L{parse_references}); each cluster one or
+three durable backends and a label of its own (L{parse_clusters});
+C{--reuse-runs} needs every run already there, of the kind the command line
+makes it, and C{--keep-exports} each backend or cluster run's export. A
+refused command line exits with status 2, as argparse's own errors do.
 """
 
 import argparse
@@ -19,10 +20,31 @@ from twisted.internet.task import Clock
 from brokerd.storage.registry import BackendError, make_store, split_backend_string
 from spark_jobs import events
 from spark_jobs.brokers import parse_amqp_url
+from spark_jobs.cluster_broker import DEFAULT_LEASE_TTL, DEFAULT_MIN_ISR, ClusterSpec
+from spark_jobs.cluster_broker import NODES as CLUSTER_NODES
+from spark_jobs.etcd_server import INSTALL_HINT, etcd_command
 from spark_jobs.settings import add_workload_arguments
 
 DEFAULT_BACKENDS = "sqlite,filelog,chunked"
 REFERENCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def durable_backend(item):
+    """
+    The name of backend string C{item}, once it is known to be registered, durable and given
+    only options it has, with values it takes.
+
+    @raise BackendError: naming the problem.
+    """
+    name, _ = split_backend_string(item)
+    with tempfile.TemporaryDirectory() as scratch:
+        # Built, never opened (a Clock stands in for the reactor): checks the name, options
+        # and values.
+        store = make_store(item, scratch, reactor=Clock())
+    if not store.durable:
+        raise BackendError(f"backend {name!r} keeps nothing on disk, so there is no store to"
+                           " export and check after the run; pick durable backends")
+    return name
 
 
 def parse_backends(text):
@@ -36,17 +58,7 @@ def parse_backends(text):
     items = [item.strip() for item in text.split(",")]
     if not any(items) or not all(items):
         raise BackendError(f"--backends needs comma-separated backend names, not {text!r}")
-    pairs = []
-    for item in items:
-        name, _ = split_backend_string(item)
-        with tempfile.TemporaryDirectory() as scratch:
-            # Built, never opened (a Clock stands in for the reactor): checks the name, options
-            # and values.
-            store = make_store(item, scratch, reactor=Clock())
-        if not store.durable:
-            raise BackendError(f"backend {name!r} keeps nothing on disk, so there is no store to"
-                               " export and check after the run; pick durable backends")
-        pairs.append((name, item))
+    pairs = [(durable_backend(item), item) for item in items]
     labels = [label for label, _ in pairs]
     repeated = sorted({label for label in labels if labels.count(label) > 1})
     if repeated:
@@ -108,9 +120,46 @@ def parse_references(references, restarts, backend_labels):
     return list(found.values())
 
 
+def parse_clusters(items, lease_ttl, min_isr, taken):
+    """
+    The C{--cluster [NAME=]BACKEND[,BACKEND,BACKEND]} items as
+    L{ClusterSpec<spark_jobs.cluster_broker.ClusterSpec>}s: one backend for
+    every node, or one per node (a mixed cluster), each durable; the label is
+    NAME, or C{cluster} for a cluster given without one.
+
+    @param taken: the labels of the other runs, which a cluster's may not repeat.
+    @raise BackendError: a backend is unknown or keeps nothing on disk.
+    @raise ValueError: naming the item at fault: not one or three backends, a
+        label that is not a plain name or is taken.
+    """
+    specs, labels = [], list(taken)
+    for item in items:
+        name, equals, backends = item.partition("=")
+        if not equals or ":" in name:  # a backend option's '=' (chunked:chunk_size=1M)
+            name, backends = events.CLUSTER_RUN, item
+        name = name.strip()
+        nodes = [backend.strip() for backend in backends.split(",")]
+        if len(nodes) not in (1, len(CLUSTER_NODES)) or not all(nodes):
+            raise ValueError(f"--cluster takes one backend for every node or one per node"
+                             f" ({len(CLUSTER_NODES)}), comma-separated, not {item!r}")
+        for backend in nodes:
+            durable_backend(backend)
+        if not REFERENCE_NAME.fullmatch(name):
+            raise ValueError(f"--cluster name {name!r} must be letters, digits, '.', '_' or '-'"
+                             " (it names the run directory)")
+        if name in labels:
+            raise ValueError(f"--cluster label {name!r} is taken by another run; give each"
+                             " cluster its own: --cluster NAME=BACKENDS")
+        labels.append(name)
+        nodes = nodes * len(CLUSTER_NODES) if len(nodes) == 1 else nodes
+        specs.append(ClusterSpec(name, tuple(nodes), lease_ttl, min_isr))
+    return specs
+
+
 def run_labels(arguments):
-    """Every run's label in report order: the backends, then the references."""
+    """Every run's label in report order: the backends, the clusters, then the references."""
     return ([label for label, _ in arguments.backends]
+            + [cluster.label for cluster in arguments.clusters]
             + [reference.label for reference in arguments.references])
 
 
@@ -142,6 +191,20 @@ def build_parser(prog=PROGRAM):
                              " --crash-every point (e.g. 'rabbitmq=docker restart -t 0 rabbit');"
                              " the run goes on once its URL takes connections again. Without one,"
                              " that reference runs without crashes; repeatable")
+    parser.add_argument("--cluster", action="append", default=[],
+                        metavar="[NAME=]BACKEND[,BACKEND,BACKEND]",
+                        help="also play the workload against a cluster of three brokerd nodes and"
+                             " an etcd the run starts (etcd must be installed), on this backend,"
+                             " or one backend per node; each --crash-every point SIGKILLs the"
+                             " leader and starts it again. Reported as NAME (default"
+                             " 'cluster') beside the backends; repeatable")
+    parser.add_argument("--cluster-lease-ttl", type=float, default=DEFAULT_LEASE_TTL,
+                        metavar="SECONDS",
+                        help="the cluster nodes' --cluster-lease-ttl: a failover takes about"
+                             " this long, plus a second (default %(default)g)")
+    parser.add_argument("--cluster-min-isr", type=int, default=DEFAULT_MIN_ISR, metavar="K",
+                        help="the cluster nodes' --cluster-min-isr: the fewest nodes holding a"
+                             " persistent message before it is confirmed (default %(default)s)")
     parser.add_argument("--out", required=True, type=pathlib.Path,
                         help="directory for the runs (OUT/runs/LABEL/) and the report")
     parser.add_argument("--master", default=None,
@@ -176,25 +239,38 @@ def parse_arguments(argv=None, prog=PROGRAM):
         arguments.backends = parse_backends(arguments.backends)
         arguments.references = parse_references(arguments.reference, arguments.reference_restart,
                                                  [label for label, _ in arguments.backends])
+        if arguments.cluster_lease_ttl < 1:
+            raise ValueError(f"--cluster-lease-ttl takes at least 1 second, not"
+                             f" {arguments.cluster_lease_ttl:g}")
+        if not 1 <= arguments.cluster_min_isr <= len(CLUSTER_NODES):
+            raise ValueError(f"--cluster-min-isr takes 1 to {len(CLUSTER_NODES)} nodes, not"
+                             f" {arguments.cluster_min_isr}")
+        arguments.clusters = parse_clusters(
+            arguments.cluster, arguments.cluster_lease_ttl, arguments.cluster_min_isr,
+            [label for label, _ in arguments.backends]
+            + [reference.label for reference in arguments.references])
     except (BackendError, ValueError) as problem:
         parser.error(str(problem))
+    if arguments.clusters and not arguments.reuse_runs and etcd_command() is None:
+        parser.error(f"--cluster runs need etcd, and none is installed here: {INSTALL_HINT}")
     if arguments.keep_exports and not arguments.reuse_runs:
         parser.error("--keep-exports only goes with --reuse-runs:"
                      " a fresh run has no export to keep")
     if arguments.reuse_runs:
-        references = {reference.label for reference in arguments.references}
+        kinds = {**{reference.label: events.REFERENCE_RUN for reference in arguments.references},
+                 **{cluster.label: events.CLUSTER_RUN for cluster in arguments.clusters}}
         for label in run_labels(arguments):
             run_dir = arguments.out / "runs" / label
             if not (run_dir / events.EVENTS_DIRECTORY).is_dir():
                 parser.error(f"--reuse-runs: there is no run of {label} in {run_dir};"
                              f" run without --reuse-runs first")
-            wanted = events.REFERENCE_RUN if label in references else events.BACKEND_RUN
+            wanted = kinds.get(label, events.BACKEND_RUN)
             recorded = _recorded_kind(run_dir)
             if recorded != wanted:
                 parser.error(f"--reuse-runs: the run in {run_dir} is a {recorded} run,"
                              f" and the command line makes {label} a {wanted}")
             exported = (run_dir / events.EXPORT_FILE).is_file()
-            if arguments.keep_exports and wanted == events.BACKEND_RUN and not exported:
+            if arguments.keep_exports and wanted != events.REFERENCE_RUN and not exported:
                 parser.error(f"--keep-exports: the run of {label} in {run_dir}"
                              f" has no {events.EXPORT_FILE};"
                              " leave --keep-exports out to export its store")

@@ -38,6 +38,7 @@ from spark_jobs.brokers import (
     parse_amqp_url,
 )
 from spark_jobs.client_processes import ClientProcesses
+from spark_jobs.cluster_broker import ClusterBrokerd
 from spark_jobs.clients import ClientConfig
 from spark_jobs.control import BROKER_NACKED, CONFIRMED, DELIVERED, PUBLISHED, RunControl
 from spark_jobs.plan import build_topology, check_settings
@@ -102,6 +103,25 @@ def run_reference(url, settings, run_dir, label, restart_command=None, progress=
     check_settings(settings)
     broker = ExternalBroker(parse_amqp_url(url), restart_command, label)
     return _play(broker, settings, pathlib.Path(run_dir), label, progress)
+
+
+def run_cluster(spec, settings, run_dir, progress=None):
+    """
+    Play the workload C{settings} against a three-node brokerd cluster
+    (L{spark_jobs.cluster_broker.ClusterSpec} C{spec}: a backend per node) and
+    write the run directory C{run_dir}, C{spec.label} being the events' label;
+    each crash point SIGKILLs the leader. Returns its run.json.
+
+    @raise WorkloadFailed: as L{run_workload}; also when etcd cannot start.
+    """
+    if not isinstance(settings, WorkloadSettings):
+        raise TypeError(f"settings must be a WorkloadSettings, not {type(settings).__name__}")
+    check_settings(settings)
+    for backend in spec.backends:
+        _check_backend(backend)
+    run_dir = pathlib.Path(run_dir)
+    broker = ClusterBrokerd(spec, (run_dir / events.DATA_DIRECTORY).resolve(), run_dir)
+    return _play(broker, settings, run_dir, spec.label, progress)
 
 
 def _play(broker, settings, run_dir, label, progress):

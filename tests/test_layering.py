@@ -35,7 +35,9 @@ LAYERS = (
     {"base": BASE},
     {"brokerd.model": ("brokerd.model",), "brokerd.storage": ("brokerd.storage",),
      "brokerd.wire": ("brokerd.wire",), "brokerd.cluster": ("brokerd.cluster",)},
-    {"brokerd.access": ("brokerd.access",)},
+    # Replication wraps the stores (storage's layer) and will answer to leadership in etcd
+    # (cluster's); nothing below it knows that a store is replicated.
+    {"brokerd.access": ("brokerd.access",), "brokerd.replication": ("brokerd.replication",)},
     {"brokerd.session": ("brokerd.session",)},
     {"brokerd.amqp": ("brokerd.amqp",), "brokerd.native": ("brokerd.native",), "brokerd.http": ("brokerd.http",)},
     {"brokerd.process": ("brokerd.process",)},

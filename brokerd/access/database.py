@@ -30,6 +30,7 @@ import re
 from zope.interface import implementer
 
 from brokerd.access.interfaces import IAccessDatabase
+from brokerd.access.document_file import write_durably
 from brokerd.access.passwords import HASHING_ALGORITHM, hash_password, password_matches
 from brokerd.access.parameters import ParameterRefused, RuntimeParameters, check_parameter
 from brokerd.access.policies import PolicyRefused, check_policy
@@ -87,6 +88,9 @@ class AccessDatabase:
         self.topic_permissions = TopicPermissions()
         self.failed_logins = {}
         self.runtime = RuntimeParameters()
+        # Called with the document's bytes after each durable save (a cluster's leader
+        # streams them to its followers).
+        self.on_saved = []
 
     @classmethod
     def in_memory(cls, default_user=DEFAULT_USER, default_pass=DEFAULT_PASS):
@@ -448,21 +452,35 @@ class AccessDatabase:
             self._take_document(before)
             raise
 
+    def replace_document(self, data):
+        """
+        Take a whole database (the bytes another node's L{on_saved} gave) in
+        place of this one's, durably. Raises L{AccessDatabaseDamaged} naming the
+        fault, changing nothing, when C{data} is not a database of this format.
+        """
+        checked = AccessDatabase(None)
+        try:
+            checked._take_document(json.loads(bytes(data).decode("utf-8")))
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as problem:
+            raise AccessDatabaseDamaged(f"access database refused: {problem!r}") from None
+        self._write(bytes(data))
+        self._take_document(json.loads(bytes(data).decode("utf-8")))
+
+    def document_bytes(self):
+        """The database as the bytes its file holds (what L{on_saved} listeners get)."""
+        return json.dumps(self.document(), indent=1, ensure_ascii=False).encode("utf-8")
+
     def _save(self):
         if self.path is None:
             return
-        data = json.dumps(self.document(), indent=1, ensure_ascii=False).encode("utf-8")
-        temporary = self.path + ".tmp"
-        with open(temporary, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, self.path)
-        directory = os.open(os.path.dirname(os.path.abspath(self.path)), os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        data = self.document_bytes()
+        self._write(data)
+        for listener in tuple(self.on_saved):
+            listener(data)
+
+    def _write(self, data):
+        if self.path is not None:
+            write_durably(self.path, data)
 
     def _existing_user(self, name):
         user = self.users.get(name)

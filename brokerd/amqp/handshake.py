@@ -178,6 +178,7 @@ class AmqpHandshake:
                 "platform": "Python/Twisted",
                 "information": "https://pypi.org/project/brokerd/",
                 "capabilities": SERVER_CAPABILITIES,
+                **self._settings.node_properties,
             },
             mechanisms=" ".join(self._settings.authenticator.offered_mechanisms(self.transport)),
             locales="en_US",

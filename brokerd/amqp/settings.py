@@ -48,3 +48,6 @@ class AmqpSettings:
         self.max_message_size = max_message_size
         self.refusal_delay = refusal_delay
         self.refusal_log = RefusalLog()
+        # Added to connection.start's server properties: a cluster's node says its cluster
+        # (RabbitMQ's cluster_name) and which node serves the connection (brokerd's node).
+        self.node_properties = {}

@@ -9,7 +9,8 @@ from io import BytesIO
 from urllib.parse import urlsplit
 
 from twisted.internet import defer, error, protocol, ssl
-from twisted.web.client import Agent, FileBodyProducer, ResponseDone
+from twisted.web.client import Agent, FileBodyProducer, HTTPConnectionPool, ResponseDone
+from twisted.web.client import _HTTP11ClientFactory
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH, IPolicyForHTTPS
@@ -140,6 +141,13 @@ class BoundedBody(protocol.Protocol):
             ))
 
 
+class QuietClientFactory(_HTTP11ClientFactory):
+    """The HTTP client's connection factory without a log line per request: a node talks
+    to etcd several times a second."""
+
+    noisy = False
+
+
 class Gateway:
     """
     POSTs to one of several etcd endpoints, the one that last answered first; a connection
@@ -153,7 +161,10 @@ class Gateway:
         self.urls = parse_endpoints(urls)
         self._reactor = reactor
         self._timeout = timeout
-        self._agent = Agent(reactor, contextFactory=VerifiedTLS(ca_file), connectTimeout=timeout)
+        pool = HTTPConnectionPool(reactor, persistent=False)
+        pool._factory = QuietClientFactory  # as treq quiets its pool
+        self._agent = Agent(reactor, contextFactory=VerifiedTLS(ca_file), connectTimeout=timeout,
+                            pool=pool)
         self._first = 0
 
     @defer.inlineCallbacks

@@ -72,6 +72,12 @@ class Candidate:
         return self._leading and self.keeper.valid()
 
     @property
+    def elected_revision(self):
+        """etcd's revision when this node last took the leader key (None before): it grows
+        with every election, so it numbers the terms of the cluster's leaders."""
+        return self._won_revision
+
+    @property
     def lease(self):
         """The lease this node's keys live under (None before L{start})."""
         return self.keeper.lease

@@ -1,4 +1,5 @@
-"""C{/api/overview}, C{/api/whoami} and C{/api/nodes}: the broker at a glance, in RabbitMQ's shapes.
+"""C{/api/overview}, C{/api/whoami} and this node's C{/api/nodes} entry: the broker at a glance,
+in RabbitMQ's shapes.
 
 Message figures are the broker-wide counters since start
 (L{brokerd.model.counters.MessageCounters.totals}: the open connections' counts
@@ -16,7 +17,6 @@ import socket
 import twisted
 from brokerd.access.parameters import CLUSTER_NAME
 from brokerd.http.rates import CounterRates
-from brokerd.http.routes import not_found
 from brokerd.model.exchange import DELAYED_TYPE, EXCHANGE_TYPES
 
 MANAGEMENT_VERSION = "3.10.8"  # the RabbitMQ management API whose shapes this follows
@@ -113,8 +113,7 @@ def overview(api):
         "rabbitmq_version": MANAGEMENT_VERSION,
         "product_version": product_version(),
         "product_name": PRODUCT_NAME,
-        # As RabbitMQ: the cluster_name global parameter, the node's name without one.
-        "cluster_name": context.access.runtime.global_parameters.get(CLUSTER_NAME, context.node),
+        "cluster_name": cluster_name(context),
         "node": context.node,
         "erlang_version": "n/a",
         "message_stats": context.totals.message_stats(),
@@ -133,6 +132,16 @@ def overview(api):
         "disable_stats": False,
         "enable_queue_totals": False,  # RabbitMQ's setting for when stats are disabled
     }
+
+
+def cluster_name(context):
+    """
+    As RabbitMQ: the cluster_name global parameter, the node's name without one; a node of a
+    brokerd cluster says its cluster's name (the one all its nodes share in etcd).
+    """
+    if context.cluster is not None:
+        return context.cluster.cluster_name
+    return context.access.runtime.global_parameters.get(CLUSTER_NAME, context.node)
 
 
 def exchange_types():
@@ -203,18 +212,6 @@ def node_info(context):
         "partitions": [],  # one node: never partitioned
         "rates_mode": "basic",
     }
-
-
-def nodes(api):
-    api.check_monitor()
-    return [node_info(api.context)]
-
-
-def node(api, name):
-    api.check_monitor()
-    if name != api.context.node:
-        raise not_found()
-    return node_info(api.context)
 
 
 def resident_bytes():

@@ -30,9 +30,10 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
+from brokerd.http.metrics.cluster_status import cluster_families
 from brokerd.http.metrics.detailed import DetailedMetricsPage, added_families
 from brokerd.http.metrics.node import identity, resident_memory_bytes
-from brokerd.http.nodename import node_name
+from brokerd.http.nodename import cluster_node_name, node_name
 from brokerd.interfaces import ITimedCommits
 
 # The text format every Prometheus server reads, and what RabbitMQ's plugin answers with.
@@ -120,11 +121,14 @@ class BrokerCollector(Collector):
         of one summed over the queues.
     """
 
-    def __init__(self, broker, access=None, per_object=False, node=None):
+    def __init__(self, broker, access=None, per_object=False, node=None, cluster=None):
         self.broker = broker
         self.access = access
         self.per_object = per_object
-        self.node = node if node is not None else node_name()  # as the management API names it
+        self.cluster = cluster  # a brokerd.cluster.status.ClusterStatus; None: a node on its own
+        if node is None:  # as the management API names it
+            node = node_name() if cluster is None else cluster_node_name(cluster.node_name)
+        self.node = node
 
     def collect(self):
         broker = self.broker
@@ -142,7 +146,10 @@ class BrokerCollector(Collector):
             for user, count in sorted(self.access.failed_logins.items()):
                 failed.add_metric([user], count)
             yield failed
-        yield from identity(self.node)  # rabbitmq_build_info and rabbitmq_identity_info
+        if self.cluster is not None:
+            yield from cluster_families(self.cluster)
+        cluster_name = self.cluster.cluster_name if self.cluster is not None else None
+        yield from identity(self.node, cluster_name)  # rabbitmq_build_info, rabbitmq_identity_info
 
     def _unacked_by_queue(self, broker):
         """
@@ -327,13 +334,13 @@ class MetricsPage(Resource):
         return generate_latest(self.registry)
 
 
-def registry_for(broker, access=None, per_object=False, node=None):
+def registry_for(broker, access=None, per_object=False, node=None, cluster=None):
     """
     A private C{prometheus_client.CollectorRegistry} holding a
-    L{BrokerCollector} of C{broker}.
+    L{BrokerCollector} of C{broker} (and of its C{cluster}, if it is a cluster's node).
     """
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(broker, access, per_object, node))
+    registry.register(BrokerCollector(broker, access, per_object, node, cluster))
     return registry
 
 
@@ -347,15 +354,20 @@ class QuietSite(Site):
         pass
 
 
-def metrics_site(broker, access=None, node=None):
+def metrics_site(broker, access=None, node=None, cluster=None):
     """
     The Site of C{--prometheus}: C{/metrics} (aggregated), C{/metrics/per-object} and
-    C{/metrics/detailed} (L{brokerd.http.metrics.detailed}).
+    C{/metrics/detailed} (L{brokerd.http.metrics.detailed}); C{cluster}: the
+    L{brokerd.cluster.status.ClusterStatus} of a cluster's node (its C{brokerd_cluster_*}
+    families), None for a node on its own.
     """
-    node = node if node is not None else node_name()
-    aggregated = MetricsPage(registry_for(broker, access, node=node))
-    aggregated.putChild(b"per-object", MetricsPage(registry_for(broker, access, True, node)))
-    aggregated.putChild(b"detailed", DetailedMetricsPage(broker, node))
+    if node is None:
+        node = node_name() if cluster is None else cluster_node_name(cluster.node_name)
+    aggregated = MetricsPage(registry_for(broker, access, node=node, cluster=cluster))
+    aggregated.putChild(b"per-object", MetricsPage(registry_for(broker, access, True, node,
+                                                                cluster)))
+    cluster_name = cluster.cluster_name if cluster is not None else None
+    aggregated.putChild(b"detailed", DetailedMetricsPage(broker, node, cluster_name))
     root = Resource()
     root.putChild(b"metrics", aggregated)
     return QuietSite(root)

@@ -22,7 +22,7 @@ from brokerd.access.permissions import ResourceAccess
 from brokerd.errors import BrokerError
 from brokerd.http.dashboard import add_dashboard
 from brokerd.http.listing import ListingQuery
-from brokerd.http.nodename import node_name
+from brokerd.http.nodename import cluster_node_name, node_name
 from brokerd.http.overview import MessageTotals
 from brokerd.http.routes import (
     ApiError,
@@ -50,11 +50,12 @@ VHOST_REFUSED = "User not authorised to access virtual host"
 class ApiContext:
     """
     What the handlers work with: the broker, its access database and
-    management commands, the listeners (for the overview), and when it started.
+    management commands, the listeners (for the overview), when it started, and
+    the cluster it is a node of (L{brokerd.cluster.status.ClusterStatus}, or None).
     """
 
     def __init__(
-        self, broker, access, management, listeners=(), started_at=None, node=None
+        self, broker, access, management, listeners=(), started_at=None, node=None, cluster=None
     ):
         self.broker = broker
         self.access = access
@@ -62,6 +63,11 @@ class ApiContext:
         self.listeners = listeners
         self.started_at = started_at if started_at is not None else broker.clock.seconds()
         self.node = node if node is not None else node_name()  # brokerd@host
+        # A cluster's node (a brokerd.cluster.status.ClusterStatus) is named after its node
+        # name, as its cluster's other nodes list it; None: a node on its own.
+        self.cluster = cluster
+        if cluster is not None and node is None:
+            self.node = cluster_node_name(cluster.node_name)
         self.totals = MessageTotals(broker)
 
 

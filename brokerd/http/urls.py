@@ -1,7 +1,7 @@
 """Every path of the management API and the handler answering it."""
 
 from brokerd.http import accessapi, clients, definitionsapi, health, messages, overview, topology
-from brokerd.http import parametersapi
+from brokerd.http import clusterapi, parametersapi
 from brokerd.http import topicpermissionsapi as topics
 from brokerd.http.routes import Route
 
@@ -39,8 +39,9 @@ TOPIC_PERMISSION_SORT = ("vhost", "user", "exchange")
 ROUTES = [
     Route("GET", "/api/overview", overview.overview),
     Route("GET", "/api/whoami", overview.whoami),
-    Route("GET", "/api/nodes", overview.nodes),
-    Route("GET", "/api/nodes/{name}", overview.node),
+    Route("GET", "/api/nodes", clusterapi.nodes, sort=("name",)),
+    Route("GET", "/api/nodes/{name}", clusterapi.node),
+    Route("GET", "/api/cluster", clusterapi.cluster),
     Route("GET", "/api/aliveness-test/{vhost}", health.aliveness_test),
     Route("GET", "/api/healthchecks/node", health.node),
     Route("GET", "/api/healthchecks/node/{name}", health.node),

@@ -66,6 +66,9 @@ class Listener:
         that a stop closes after their commits (AMQP, native), rather than
         HTTP requests, which end with the reactor.
     @ivar ceiling: the L{ConnectionCeiling} its connections count against, or None.
+    @ivar switch: a L{brokerd.wire.switching_factory.SwitchingFactory} already
+        listening on this option's endpoint (a cluster node's port), which start and
+        stop point at this listener's factory instead of listening; or None.
     """
 
     def __init__(self, reactor, description, factory, label, option, broker_clients=True):
@@ -77,6 +80,7 @@ class Listener:
         self.option = option
         self.port = None
         self.ceiling = None
+        self.switch = None
 
     @defer.inlineCallbacks
     def start(self):
@@ -84,6 +88,10 @@ class Listener:
             factory = self.factory
             if self.ceiling is not None:
                 factory = CeilingFactory(factory, self.ceiling)
+            if self.switch is not None:
+                self.switch.use(factory)
+                self.port = self.switch.port
+                return self.port
             self.port = yield server_endpoint(self.reactor, self.description).listen(factory)
         except Exception as problem:
             raise ListenFailed(f"--{self.option}={self.description}: {problem}") from None
@@ -104,6 +112,9 @@ class Listener:
 
     def stop(self):
         port, self.port = self.port, None
+        if self.switch is not None:
+            self.switch.use(None)
+            return None
         return port.stopListening() if port is not None else None
 
 
@@ -137,6 +148,8 @@ class BrokerService(Service):
         http_access_log=False,
         disk_free_limit=DEFAULT_DISK_FREE_LIMIT,
         data_dir=None,
+        bound_ports=None,
+        cluster_status=None,
     ):
         """
         @param connection_memory: the L{brokerd.model.watermark.ConnectionMemoryLimits}
@@ -145,6 +158,12 @@ class BrokerService(Service):
             channel is closed, unless its queue says otherwise; None: no limit.
         @param http_access_log: log a line per request to the HTTP API and
             dashboard (C{--http-access-log}; off by default, as RabbitMQ's).
+        @param cluster_status: the L{brokerd.cluster.status.ClusterStatus} of the
+            cluster this broker leads, which the API, dashboard and metrics show
+            (None: a node on its own).
+        @param bound_ports: option name -> a listening
+            L{brokerd.wire.switching_factory.SwitchingFactory} that serves that
+            option's listener instead of a port of its own (a cluster node's).
         @param disk_free_limit: free bytes of C{data_dir}'s file system below
             which publishers are blocked (the disk alarm, measured from the
             store's opening on, when C{data_dir} is given).
@@ -195,7 +214,7 @@ class BrokerService(Service):
         self.startup_report = startup_report  # a StartupReport: what the start-up log says
         self.access = authenticator.access if authenticator is not None else None
         if prometheus_endpoint:
-            site = metrics_site(self.broker, self.access)
+            site = metrics_site(self.broker, self.access, cluster=cluster_status)
             self.listeners.append(Listener(
                 reactor, prometheus_endpoint, site, "Prometheus metrics", "prometheus",
                 broker_clients=False,
@@ -204,11 +223,14 @@ class BrokerService(Service):
         self.access_defaults = access_defaults
         self.definitions_file = definitions_file
         self.http_access_log = http_access_log
+        self.cluster_status = cluster_status
         if http_endpoint:
             self.listeners.append(Listener(
                 reactor, http_endpoint, self._management_site(), "HTTP API", "http",
                 broker_clients=False,
             ))
+        for listener in self.listeners:
+            listener.switch = (bound_ports or {}).get(listener.option)
         self.started = defer.Deferred()
         self._store_opened = False
         self._serving = False
@@ -221,7 +243,8 @@ class BrokerService(Service):
         """
         access = self.access if self.access is not None else AccessControl().access
         context = ApiContext(
-            self.broker, access, AccessCommands(self.broker, access), self.listeners
+            self.broker, access, AccessCommands(self.broker, access), self.listeners,
+            cluster=self.cluster_status,
         )
         return make_site(context, self.http_access_log)
 

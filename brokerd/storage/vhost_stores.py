@@ -91,3 +91,25 @@ class VhostStores:
         """Delete the directory of C{vhost}'s own store (the vhost is deleted and its store
         closed)."""
         shutil.rmtree(self.directory(vhost), ignore_errors=True)
+
+
+UNREPLICATED = ("a cluster replicates each node's --backend store only: a vhost cannot have a"
+                " store of its own in a cluster")
+
+
+@implementer(IVhostStores)
+class NoOwnStores:
+    """
+    The vhost stores of a cluster's node: none. Every vhost lives on the node's replicated
+    store; a vhost with a store of its own is refused, naming why, rather than served
+    from a store no follower copies.
+    """
+
+    def make(self, vhost, backend):
+        raise registry.BackendError(UNREPLICATED)
+
+    def open(self, vhost, backend):
+        raise VhostStoreFailed(vhost, UNREPLICATED)
+
+    def remove_files(self, vhost):
+        pass

@@ -148,3 +148,36 @@ def test_the_first_starts_administrator_comes_from_the_options_or_the_environmen
                           *arguments])
     assert options["access-defaults"] == defaults
     assert options["amqp-settings"].authenticator.access.path == str(tmp_path / ACCESS_FILE)
+
+
+def test_another_nodes_document_replaces_the_database_durably_and_its_listeners_hear_each_save(tmp_path):
+    leader = AccessDatabase.in_directory(str(tmp_path / "leader"))
+    os.makedirs(tmp_path / "leader")
+    saved = []
+    leader.on_saved.append(saved.append)
+    leader.open("admin", "secret")
+    leader.add_user("alice", "pw", ("monitoring",))
+    assert len(saved) == 2 and saved[-1] == leader.document_bytes()
+    os.makedirs(tmp_path / "follower")
+    follower = AccessDatabase.in_directory(str(tmp_path / "follower"))
+    follower.replace_document(saved[-1])
+    assert follower.user("alice").tags == ("monitoring",)
+    reopened = AccessDatabase.in_directory(str(tmp_path / "follower"))
+    assert reopened.open() is False and reopened.check_password("alice", "pw")
+
+
+@pytest.mark.parametrize("data, named", [
+    (b"\xff\xfe", "UnicodeDecodeError"),
+    (b"[1, 2]", "AttributeError"),
+    (b'{"format": "brokerd access database", "version": 1}', "KeyError"),
+    (b'{"format": "something else", "version": 1, "users": []}', "not a brokerd access database"),
+    (b"[" * 100000, "RecursionError"),
+])
+def test_a_document_that_is_not_a_database_is_refused_and_changes_nothing(tmp_path, data, named):
+    database = AccessDatabase.in_directory(str(tmp_path))
+    database.open("admin", "secret")
+    before = (tmp_path / "access.json").read_bytes()
+    with pytest.raises(AccessDatabaseDamaged, match=named):
+        database.replace_document(data)
+    assert (tmp_path / "access.json").read_bytes() == before
+    assert database.user("admin") is not None

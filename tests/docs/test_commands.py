@@ -11,6 +11,10 @@ except for what a test must change, all of it listed here:
 - ``twistd -n brokerd ...`` starts a broker as shown, with its listeners on free
   ports (the ones the command names moved to free ports, the others added),
   waits until it listens, then stops it with SIGTERM and expects status 0;
+- ``etcd ...`` starts a private etcd on free loopback ports instead (the page's
+  later commands reach it where they name ``http://127.0.0.1:2379``), stopped
+  with the page; a cluster node (``--cluster-etcd``) started alone leads its
+  cluster and listens as any broker;
 - the commands of C{REDUCED} run in the reduced form given, with the reason.
 
 A command exits 0 unless C{EXPECTED_STATUS} says otherwise, and every line the
@@ -29,6 +33,7 @@ import trustme
 
 from brokerd.testing import BrokerProcess
 from tests.support.doc_commands import console_commands, pages
+from tests.support.etcd import EtcdProcess
 from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.long_module(seconds=60)  # started early (tests/conftest.py)
@@ -92,6 +97,7 @@ class Page:
         for name in ("BROKERD_USER", "BROKERD_PASSWORD", "BROKERD_URL"):
             self.env.pop(name, None)
         self.broker = None
+        self.etcd = None
 
     def shared_broker(self):
         if self.broker is None:
@@ -105,6 +111,8 @@ class Page:
     def close(self):
         if self.broker is not None:
             self.broker.stop()
+        if self.etcd is not None:
+            self.etcd.stop()
 
     def run(self, command):
         words = command.words
@@ -113,6 +121,9 @@ class Page:
                 name, _, value = assignment.partition("=")
                 self.env[name] = value
             return
+        if words[0] == "etcd":
+            self.etcd = EtcdProcess().start()
+            return None
         if words[:3] == ["twistd", "-n", "brokerd"]:
             return self.start_and_stop(words[3:])
         reduced = reduced_form(command)
@@ -152,6 +163,8 @@ class Page:
 
     def start_and_stop(self, args):
         args = [with_tls_files(self.tls_directory, arg) for arg in args]
+        if self.etcd is not None:
+            args = [arg.replace("http://127.0.0.1:2379", self.etcd.url) for arg in args]
         broker = BrokerProcess(free_listener_args(args), cwd=self.directory, env=self.env)
         try:
             labels = ["AMQP over TLS"] if any(arg.startswith("ssl:") for arg in args) else ["AMQP"]

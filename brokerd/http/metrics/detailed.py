@@ -51,13 +51,15 @@ def added_families(broker, per_object):
 class DetailedCollector:
     """The families of one C{/metrics/detailed} request, read when collected."""
 
-    def __init__(self, broker, node_name, families, vhosts):
+    def __init__(self, broker, node_name, families, vhosts, cluster_name=None):
         """
         @param families: the family names the request gave.
         @param vhosts: the vhost names the request gave, or None for every vhost.
+        @param cluster_name: the cluster's name in the identity (None: a node on its own).
         """
         self.broker = broker
         self.node_name = node_name
+        self.cluster_name = cluster_name
         self.families = families
         self.vhosts = vhosts
 
@@ -73,7 +75,7 @@ class DetailedCollector:
         for name, family in CLUSTER_FAMILIES.items():
             if name in asked:
                 yield from family.write(broker, CLUSTER_PREFIX, True, vhosts)
-        yield from node.identity(self.node_name)
+        yield from node.identity(self.node_name, self.cluster_name)
 
 
 class DetailedMetricsPage(Resource):
@@ -81,17 +83,18 @@ class DetailedMetricsPage(Resource):
 
     isLeaf = True
 
-    def __init__(self, broker, node_name):
+    def __init__(self, broker, node_name, cluster_name=None):
         super().__init__()
         self.broker = broker
         self.node_name = node_name
+        self.cluster_name = cluster_name
 
     def render_GET(self, request):
         families = [_text(name) for name in request.args.get(b"family", [])]
         vhosts = request.args.get(b"vhost")
         collector = DetailedCollector(
             self.broker, self.node_name, families,
-            None if vhosts is None else [_text(name) for name in vhosts],
+            None if vhosts is None else [_text(name) for name in vhosts], self.cluster_name,
         )
         request.setHeader(b"Content-Type", CONTENT_TYPE)
         return generate_latest(collector)

@@ -83,10 +83,10 @@ NODE = Family("node_metrics", (
 ), (), lambda broker, vhosts: [((), (max_fds(), max_fds(), broker.watermark.high))])
 
 
-def identity(node):
+def identity(node, cluster=None):
     """
-    C{rabbitmq_build_info} and C{rabbitmq_identity_info} of node C{node} (its cluster
-    is itself, named as the management API names it).
+    C{rabbitmq_build_info} and C{rabbitmq_identity_info} of node C{node} in cluster C{cluster}
+    (None: a node on its own, its cluster is itself), named as the management API names them.
     """
     build = InfoMetricFamily("rabbitmq_build", "RabbitMQ & Erlang/OTP version info")
     build.add_metric([], {
@@ -96,7 +96,7 @@ def identity(node):
         "python_version": "%d.%d.%d" % sys.version_info[:3],
     })
     info = InfoMetricFamily("rabbitmq_identity", "RabbitMQ node & cluster identity info")
-    info.add_metric([], {"rabbitmq_node": node, "rabbitmq_cluster": node,
+    info.add_metric([], {"rabbitmq_node": node, "rabbitmq_cluster": cluster or node,
                          "brokerd_version": __version__})
     return [build, info]
 

@@ -1,5 +1,5 @@
 // The overview: queued messages and message rates over the last minutes, totals, the node's
-// resources and their alarms, listeners.
+// resources and their alarms, the nodes of its cluster (leader, in sync, lag), listeners.
 
 import { apiPath } from "./api.js";
 import { LineChart } from "./chart.js";
@@ -45,6 +45,23 @@ function resourceTile(key, label, value, alarmed) {
   );
 }
 
+const yesNo = (value) => (value ? "yes" : "no");
+
+/** One row of the cluster's nodes table, marked data-node, data-role, data-running, data-in-sync. */
+function clusterNodeRow(node) {
+  const role = node.leader ? "leader" : "follower";
+  return el(
+    "tr",
+    { "data-node": node.name, "data-role": role, "data-running": String(node.running), "data-in-sync": String(node.in_sync) },
+    el("td", {}, node.name),
+    el("td", { "data-column": "role" }, role),
+    el("td", { "data-column": "running", class: node.running ? null : "error" }, yesNo(node.running)),
+    el("td", { "data-column": "in-sync" }, yesNo(node.in_sync)),
+    el("td", { class: "numeric", "data-column": "lag-operations" }, formatCount(node.replication_lag_operations)),
+    el("td", { class: "numeric", "data-column": "lag-bytes" }, formatBytes(node.replication_lag_bytes)),
+  );
+}
+
 export class OverviewView {
   constructor() {
     this.rates = new LineChart({ id: "chart-rates", title: "Message rates", series: RATES, format: formatRate });
@@ -56,6 +73,29 @@ export class OverviewView {
     this.listeners = el("tbody");
     this.nodeTiles = el("div", { class: "tiles", id: "node-resources" });
     this.node = el("div", { hidden: true }, el("h2", {}, "Node"), this.nodeTiles);
+    this.nodeName = null; // this node's name, from /api/overview
+    this.clusterNodes = el("tbody");
+    this.cluster = el(
+      "div",
+      { hidden: true, id: "cluster-nodes" },
+      el("h2", {}, "Cluster nodes"),
+      el(
+        "table",
+        { class: "data", id: "nodes-table" },
+        el(
+          "thead",
+          {},
+          el(
+            "tr",
+            {},
+            ["Node", "Role", "Running", "In sync"].map((label) => el("th", {}, label)),
+            el("th", { class: "numeric" }, "Lag (operations)"),
+            el("th", { class: "numeric" }, "Lag (bytes)"),
+          ),
+        ),
+        this.clusterNodes,
+      ),
+    );
     this.element = el(
       "section",
       { id: "view-overview", class: "view", hidden: true },
@@ -67,6 +107,7 @@ export class OverviewView {
       el("h2", {}, "Object totals"),
       this.objectTotals,
       this.node,
+      this.cluster,
       el("h2", {}, "Listeners"),
       el(
         "table",
@@ -101,6 +142,7 @@ export class OverviewView {
   }
 
   showFigures(overview) {
+    this.nodeName = overview.node || null;
     replaceContent(this.about, `${overview.product_name || "brokerd"} ${overview.product_version || ""} on ${overview.node || ""}`);
     replaceContent(this.queueTotals, tiles(QUEUED.map(({ key, label }) => [key, label]), overview.queue_totals || {}));
     replaceContent(this.objectTotals, tiles(OBJECTS, overview.object_totals || {}));
@@ -121,7 +163,16 @@ export class OverviewView {
       if (error.status !== 401 && error.status !== 403) throw error;
       nodes = [];
     }
-    this.showNode((nodes || [])[0]);
+    nodes = nodes || [];
+    this.showNode(nodes.find((node) => node.name === this.nodeName) || nodes[0]);
+    this.showCluster(nodes);
+  }
+
+  /** The nodes of this node's cluster; hidden on a node on its own (its entry says nothing of a leader). */
+  showCluster(nodes) {
+    const clustered = nodes.some((node) => typeof node.leader === "boolean");
+    this.cluster.hidden = !clustered;
+    replaceContent(this.clusterNodes, clustered ? nodes.map(clusterNodeRow) : []);
   }
 
   showNode(node) {

@@ -1,0 +1,177 @@
+"""What a follower keeps in its own stores besides the leader's data, and how it reads them back.
+
+A follower's store holds two things of replication's own, both through the
+store contract, so that they are as durable as the data they describe, in
+every backend, and need no file beside the store:
+
+  - each message carries its replication id in a header of its properties
+    (L{ID_HEADER}), so the follower's id-to-handle map is rebuilt at open
+    from C{recover} and C{delayed_after};
+  - a state record, an exchange record in a vhost no client can name
+    (L{STATE_VHOST}), holds the cluster id, the leader's epoch and history,
+    the last sequence number the store's commits cover and the store's role
+    (L{StoreState}); it is written before every commit.
+
+L{ReplicaReader} reads a follower's store as the leader's: without the state
+record and with each message's properties as the leader stored them.
+"""
+
+from typing import NamedTuple
+
+from twisted.internet import defer
+
+from brokerd.interfaces import DelayedMessage, MessageRecord
+from brokerd.proto import messages_pb2
+from brokerd.proto.tables import dict_to_table, table_to_dict
+from brokerd.replication.codec import StreamError
+
+ID_HEADER = "x-brokerd-replication-id"
+# AMQP vhost names are short strings; one starting with NUL cannot come from a client.
+STATE_VHOST = "\x00brokerd-replication"
+STATE_NAME = "state"
+FOREVER = 2 ** 63 - 1
+DELAYED_WINDOW = 1000
+
+
+def with_replication_id(encoded_properties, replication_id):
+    """
+    The leader's serialised properties, decoded, with the id header added
+    last. The value holds the id times two, plus one when the leader's
+    properties had no headers table, so that stripping it gives them back equal.
+    """
+    properties = messages_pb2.BasicProperties.FromString(encoded_properties)
+    absent = not properties.HasField("headers")
+    field = properties.headers.fields.add()
+    field.name = ID_HEADER
+    field.value.integer_value = replication_id * 2 + absent
+    return properties
+
+
+def split_replication_id(record):
+    """
+    C{(replication id, record as the leader stored it)} of a record a
+    follower's store gave back; C{(None, record)} for one stored otherwise.
+    """
+    fields = record.properties.headers.fields
+    if not fields or fields[-1].name != ID_HEADER:
+        return None, record
+    value = fields[-1].value.integer_value
+    properties = messages_pb2.BasicProperties()
+    properties.CopyFrom(record.properties)
+    del properties.headers.fields[-1]
+    if value & 1:
+        properties.ClearField("headers")
+    return value >> 1, MessageRecord(record.exchange, record.routing_key, properties,
+                                     record.body, record.published_at)
+
+
+# A store's role, as its state record says.
+FOLLOWER = "follower"  # holds a leader's stream up to the state's sequence
+PARTIAL = "partial"  # wiped for a snapshot that has not finished: resyncs
+LEADER = "leader"  # written as a leader's since the state's sequence: resyncs
+# Following a leader in a run that has not ended cleanly: its data may be ahead of the
+# state's sequence (the record is written only now and then), so it resyncs.
+RUNNING = "running"
+
+
+class StoreState(NamedTuple):
+    """
+    What a store's state record says: the cluster its data belongs to, the
+    epoch of the leader it last followed and that leader's history (C{((epoch,
+    end sequence), ...)}, newest first), the last sequence its commits cover,
+    and its role (L{FOLLOWER}, L{PARTIAL}, L{LEADER} or L{RUNNING}).
+    """
+
+    cluster: str = ""
+    epoch: int = 0
+    sequence: int = 0
+    role: str = FOLLOWER
+    history: tuple = ()
+
+
+def state_record(state):
+    """The exchange record that holds a store's L{StoreState}."""
+    record = messages_pb2.ExchangeRecord(vhost=STATE_VHOST, name=STATE_NAME,
+                                         type=messages_pb2.DIRECT, durable=True)
+    history = ",".join(f"{epoch}:{end}" for epoch, end in state.history)
+    dict_to_table({"cluster": state.cluster, "epoch": state.epoch, "sequence": state.sequence,
+                   "role": state.role, "history": history}, record.arguments)
+    return record
+
+
+def read_state(record):
+    """The L{StoreState} of a L{state_record}; a damaged one reads as not resumable."""
+    values = table_to_dict(record.arguments)
+    try:
+        history = tuple(tuple(int(part) for part in entry.split(":"))
+                        for entry in str(values.get("history", "")).split(",") if entry)
+        if any(len(entry) != 2 for entry in history):
+            raise ValueError(history)
+        return StoreState(str(values.get("cluster", "")), int(values.get("epoch", 0)),
+                          int(values.get("sequence", 0)), str(values.get("role", FOLLOWER)),
+                          history)
+    except (TypeError, ValueError):
+        return StoreState(str(values.get("cluster", "")), role=PARTIAL)
+
+
+def message(record, replication_id, body):
+    """The L{MessageRecord} a follower stores for an append's or delay's operation record."""
+    published_at = record.published_at if record.HasField("published_at") else None
+    try:
+        properties = with_replication_id(record.properties, replication_id)
+    except Exception as problem:  # protobuf's DecodeError
+        raise StreamError(f"undecodable properties of message {replication_id}:"
+                          f" {problem}") from None
+    return MessageRecord(record.message_exchange, record.routing_key, properties, body,
+                         published_at)
+
+
+def binding_key(record):
+    """What tells one binding from another: the record itself, serialised the same way."""
+    return record.SerializeToString(deterministic=True)
+
+
+def is_state(item):
+    return isinstance(item, messages_pb2.ExchangeRecord) and item.vhost == STATE_VHOST
+
+
+class ReplicaReader:
+    """
+    Reads an opened follower store as the leader's store would read: its
+    topology without the state record, its messages without their ids. A
+    follower that takes over opens its stores through this view.
+    """
+
+    def __init__(self, store):
+        self._store = store
+
+    def topology(self):
+        return [item for item in self._store.topology() if not is_state(item)]
+
+    def recover(self, queue):
+        """C{(handle, record, redelivered, replication id)} of C{queue}, in queue order."""
+        found = []
+        for handle, record, redelivered in self._store.recover(queue):
+            replication_id, record = split_replication_id(record)
+            found.append((handle, record, redelivered, replication_id))
+        return found
+
+    def delivery_counts(self, queue):
+        return self._store.delivery_counts(queue)
+
+    @defer.inlineCallbacks
+    def delayed(self):
+        """
+        A Deferred firing with every kept delayed message, as
+        C{(DelayedMessage, replication id)}, the message's id taken off.
+        """
+        found, cursor = [], None
+        while True:
+            window = yield self._store.delayed_after(cursor, FOREVER, DELAYED_WINDOW)
+            for item in window:
+                replication_id, record = split_replication_id(item.record)
+                found.append((DelayedMessage(item.due, item.handle, item.exchange, record),
+                              replication_id))
+            if len(window) < DELAYED_WINDOW:
+                return found
+            cursor = (window[-1].due, window[-1].handle)
