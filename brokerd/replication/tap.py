@@ -60,6 +60,7 @@ class StoreTap:
         self._ids = {}  # queue -> {handle: replication id}
         self._delayed = {}  # delay handle -> replication id
         self._properties = (None, None)  # the last properties encoded, and their bytes
+        self._last_append = (None, None, b"")  # properties, key and bytes of the last append
         self._exchanges = {}  # (vhost, name) -> ExchangeRecord
         self._queues = {}  # queue -> QueueRecord
         self._bindings = {}  # binding key -> BindingRecord
@@ -166,6 +167,18 @@ class StoreTap:
             self._properties = (properties, encoded)
         return encoded
 
+    def _append_record(self, message, queues):
+        # Messages published alike (one properties object, exchange, routing key, queues, and
+        # second) have one append record: encode it once.
+        published = int(message.published_at) if message.published_at is not None else None
+        key = (message.exchange, message.routing_key, tuple(queues), published)
+        properties, cached_key, encoded = self._last_append
+        if properties is not message.properties or cached_key != key:
+            encoded = self._message(message, queues=[_key(queue) for queue in queues])
+            encoded = encoded.SerializeToString()
+            self._last_append = (message.properties, key, encoded)
+        return encoded
+
     def _message(self, message, **fields):
         operation = self._operation(
             message_exchange=message.exchange, routing_key=message.routing_key,
@@ -263,8 +276,10 @@ class StoreTap:
 
     def append(self, message, queues):
         handle = self._store.append(message, queues)
-        operation = self._message(message, queues=[_key(queue) for queue in queues])
-        replication_id = self._record(codec.APPEND, operation, message.body)
+        if self._acks is not None:
+            self.record_acks()
+        replication_id = self._stream.record(codec.APPEND, self._append_record(message, queues),
+                                             message.body)
         for queue in queues:
             self._ids.setdefault(queue, {})[handle] = replication_id
         return handle

@@ -64,3 +64,30 @@ class AckRunsTests(unittest.TestCase):
         tap.ack(Q1, self.handles[0])
         tap.ack(Q1, self.handles[1])
         self.assertEqual(stream.last_sequence, 102)
+
+
+class AppendRecordTests(unittest.TestCase):
+    @defer.inlineCallbacks
+    def test_messages_published_alike_share_one_record_and_any_difference_gets_its_own(self):
+        store = yield open_store("sqlite", directory(self))
+        self.addCleanup(store.close)
+        stream = OutboundStream()
+        tap = StoreTap(store, stream)
+        topology(tap)
+        first = message(b"one")
+        alike = message(b"two", properties=first.properties)  # the same properties object
+        other_key = message(b"three", routing_key="elsewhere", properties=first.properties)
+        start = stream.last_sequence
+        for record, queues in ((first, [Q1]), (alike, [Q1]), (other_key, [Q1]), (alike, [Q1, Q2])):
+            tap.append(record, queues)
+
+        def decoded(sequence):
+            parts, _ = stream.frame(sequence)
+            _, _, operation, body = codec.decode_operation(b"".join(parts)[codec.FRAME_HEADER.size:])
+            return operation, body
+
+        records = [decoded(start + number) for number in range(1, 5)]
+        self.assertEqual([body for _, body in records], [b"one", b"two", b"three", b"two"])
+        self.assertEqual(records[0][0], records[1][0])
+        self.assertEqual(records[2][0].routing_key, "elsewhere")
+        self.assertEqual([(key.vhost, key.name) for key in records[3][0].queues], [Q1, Q2])
