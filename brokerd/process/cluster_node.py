@@ -277,12 +277,17 @@ class ClusterNode(Service):
         self.replication_switch.use(None)
         if self.leader is not None:
             self.leader.abandon()
-        # Hand the lease back first (briefly: etcd may be what failed), so that the node's
-        # name, and the lead if it held it, are free at once for its next start.
-        leaving = defer.maybeDeferred(self.candidate.stop) if self.candidate else None
-        leaving = leaving if leaving is not None else defer.succeed(None)
-        leaving.addErrback(lambda failure: None)
+        # Briefly (etcd may be what failed): a follower writes its exact state, so that it
+        # resumes rather than resyncs, and the lease goes back, so that the node's name, and
+        # the lead if it held it, are free at once for its next start.
+        steps = []
+        if self.leader is None and self.applier is not None and self.follower is not None:
+            steps.append(self.follower.stop().addCallback(lambda _: self.applier.stop_running()))
+        if self.candidate is not None:
+            steps.append(defer.maybeDeferred(self.candidate.stop))
+        leaving = defer.DeferredList(steps, consumeErrors=True)
         timeout = self.reactor.callLater(LEAVE_SECONDS, leaving.cancel)
+        leaving.addErrback(lambda failure: None)
         leaving.addBoth(lambda _: timeout.cancel() if timeout.active() else None)
         leaving.addBoth(lambda _: self._exec())
 

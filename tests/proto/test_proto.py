@@ -19,7 +19,7 @@ def test_generated_modules_match_the_proto_sources(tmp_path):
     if importlib.util.find_spec("grpc_tools") is None:
         pytest.fail("grpcio-tools is missing: install the test extra (pip install -e '.[test]')")
     generated = proto_compile.compile_protos(tmp_path)
-    assert [path.name for path in generated] == ["messages_pb2.py", "native_pb2.py"]
+    assert [path.name for path in generated] == ["messages_pb2.py", "native_pb2.py", "replication_pb2.py"]
     for fresh in generated:
         committed = PROTO_DIR / fresh.name
         assert committed.read_text() == fresh.read_text(), (
