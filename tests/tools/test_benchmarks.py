@@ -45,11 +45,16 @@ def assert_possible_cores(cores, seconds, what):
 
 
 def assert_broker_cpu_in_each_phase(results):
-    """Every phase of a throughput run carries the cores the broker kept busy: some, and no more than exist."""
+    """
+    Every phase of a throughput run carries the cores the broker kept busy: no more than exist, and
+    some in a phase of at least five of /proc's clock ticks, long enough for them to see it.
+    """
     for phase in PHASES:
         cores = results[f"{phase}_broker_cpu"]
-        assert_possible_cores(cores, results["messages"] / results[f"{phase}_per_s"], phase)
-        assert cores > 0, (phase, results)
+        seconds = results["messages"] / results[f"{phase}_per_s"]
+        assert_possible_cores(cores, seconds, phase)
+        if seconds * CLOCK_TICKS_PER_SECOND >= 5:
+            assert cores > 0, (phase, results)
 
 
 def test_native_throughput_benchmark_moves_every_message_once_in_order():
