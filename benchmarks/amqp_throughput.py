@@ -198,16 +198,35 @@ class Consumer:
                 self.finished_at = time.perf_counter()
 
 
-def measure(host, port, messages, size, window, prefetch, ack_every, broker_pid=None, queue_type="transient"):
+class BrokerCores:
+    """A phase's meter: the cores process C{pid} kept busy from L{start} to L{stop} (None without)."""
+
+    def __init__(self, pid):
+        self.window = CpuWindow(pid)
+
+    def start(self):
+        self.window.start()
+        return self
+
+    def stop(self):
+        return self.window.cores_busy()
+
+
+def measure(host, port, messages, size, window, prefetch, ack_every, broker_pid=None, queue_type="transient",
+            meter=None, client_name="benchmark"):
     """
     Runs the three phases on the queue of C{queue_type} (a L{QUEUE_TYPES}
-    key); returns a dict of rates in messages per second and, for each, the
-    cores process C{broker_pid} kept busy meanwhile (None without it).
+    key); returns a dict of rates in messages per second, the publishes
+    confirmed and messages consumed in all, and for each phase what its meter
+    read (C{PHASE_broker_cpu}): C{meter()} makes one per phase (started just
+    before its clock, stopped at its end), by default the cores process
+    C{broker_pid} kept busy meanwhile (None without it).
     """
+    meter = meter or (lambda: BrokerCores(broker_pid))
     kind = QUEUE_TYPES[queue_type]
     loop = Loop()
-    publishing = Connection(loop, host, port, "benchmark-publisher")
-    consuming = Connection(loop, host, port, "benchmark-consumer")
+    publishing = Connection(loop, host, port, f"{client_name}-publisher")
+    consuming = Connection(loop, host, port, f"{client_name}-consumer")
     try:
         publishing.open()
         consuming.open()
@@ -215,7 +234,7 @@ def measure(host, port, messages, size, window, prefetch, ack_every, broker_pid=
         publishing.rpc(commands.Queue.Purge(queue=kind.queue), commands.Queue.PurgeOk)
         publishing.rpc(commands.Confirm.Select(), commands.Confirm.SelectOk)
         consuming.rpc(commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.QosOk)
-        results = {"messages": messages, "size": size, "queue_type": queue_type}
+        results = {"messages": messages, "size": size, "queue_type": queue_type, "confirmed": 0, "consumed": 0}
 
         def publish(first_number, first_tag):
             publisher = Publisher(publishing, messages, size, window, first_number, first_tag, kind.queue,
@@ -224,7 +243,7 @@ def measure(host, port, messages, size, window, prefetch, ack_every, broker_pid=
             return publisher
 
         # publish: N with confirms, until the last confirm
-        broker_cpu = CpuWindow(broker_pid).start()
+        broker_cpu = meter().start()
         started = time.perf_counter()
         publisher = publish(0, 1)
         loop.run_until(
@@ -232,27 +251,27 @@ def measure(host, port, messages, size, window, prefetch, ack_every, broker_pid=
             lambda: f"publish phase, {publisher.sent} sent, {publisher.confirmed} confirmed",
             lambda: publisher.confirmed,
         )
-        broker_cores = broker_cpu.cores_busy()
+        results["publish_broker_cpu"] = broker_cpu.stop()
         results["publish_per_s"] = messages / (publisher.finished_at - started)
-        results["publish_broker_cpu"] = broker_cores
+        results["confirmed"] += publisher.confirmed
 
         # consume: the N queued, until the last delivery
         consumer = Consumer(consuming, messages, size, ack_every, 0, kind.queue)
-        broker_cpu = CpuWindow(broker_pid).start()
+        broker_cpu = meter().start()
         started = time.perf_counter()
         consumer.start()
         loop.run_until(
             lambda: consumer.done, lambda: f"consume phase, {consumer.received} received", lambda: consumer.received
         )
-        broker_cores = broker_cpu.cores_busy()
+        results["consume_broker_cpu"] = broker_cpu.stop()
         results["consume_per_s"] = messages / (consumer.finished_at - started)
-        results["consume_broker_cpu"] = broker_cores
+        results["consumed"] += consumer.received
         consumer.cancel()
 
         # together: a consumer running while N more are published, until the last consumed
         consumer = Consumer(consuming, messages, size, ack_every, messages, kind.queue)
         consumer.start()
-        broker_cpu = CpuWindow(broker_pid).start()
+        broker_cpu = meter().start()
         started = time.perf_counter()
         publisher = publish(messages, messages + 1)
         loop.run_until(
@@ -261,9 +280,10 @@ def measure(host, port, messages, size, window, prefetch, ack_every, broker_pid=
             f" {consumer.received} received",
             lambda: (consumer.received, publisher.confirmed),
         )
-        broker_cores = broker_cpu.cores_busy()
+        results["together_broker_cpu"] = broker_cpu.stop()
         results["together_per_s"] = messages / (max(consumer.finished_at, publisher.finished_at) - started)
-        results["together_broker_cpu"] = broker_cores
+        results["confirmed"] += publisher.confirmed
+        results["consumed"] += consumer.received
         consumer.cancel()
     except BaseException:
         publishing.shut()

@@ -35,7 +35,7 @@ import time
 
 from pamqp import commands
 
-from benchmarks.amqp_throughput import QUEUE_TYPES, Consumer, Publisher
+from benchmarks.amqp_throughput import QUEUE_TYPES, measure
 from benchmarks.cluster_systems import SYSTEMS, StartFailed
 from brokerd.loadgen.amqp_client import Connection, Loop
 from brokerd.loadgen.amqp_codec import BenchmarkError
@@ -73,75 +73,37 @@ class CpuMeter:
         return {"nodes": nodes, "nodes_total": total, "client": client}
 
 
+class PhaseMeter:
+    """One phase's L{CpuMeter} of the measured system's nodes (C{pids}), with the cores the idle
+    systems (C{idle_pids}) used meanwhile."""
+
+    def __init__(self, pids, idle_pids):
+        self.meters = CpuMeter(pids), CpuMeter(idle_pids)
+
+    def start(self):
+        for meter in self.meters:
+            meter.start()
+        return self
+
+    def stop(self):
+        measured, idle = (meter.stop() for meter in self.meters)
+        measured["idle_systems"] = idle["nodes_total"]
+        return measured
+
+
 def run_round(address, pids, idle_pids, options):
     """
-    The three phases against C{address}, as L{benchmarks.amqp_throughput.measure} runs them; returns
-    each phase's rate, the CPU of the system's nodes (C{pids}) and the client, and the cores the
-    idle systems (C{idle_pids}) used meanwhile, with how many publishes were confirmed and
-    messages consumed.
+    The three phases against C{address}, by L{benchmarks.amqp_throughput.measure}; returns each
+    phase's rate, the CPU of the system's nodes (C{pids}) and the client, and the cores the idle
+    systems (C{idle_pids}) used meanwhile, with how many publishes were confirmed and messages
+    consumed.
     """
-    kind = QUEUE_TYPES[QUEUE_TYPE]
-    loop = Loop()
-    publishing = Connection(loop, *address, "cluster-benchmark-publisher")
-    consuming = Connection(loop, *address, "cluster-benchmark-consumer")
-    messages, results = options.messages, {"confirmed": 0, "consumed": 0}
-    try:
-        publishing.open()
-        consuming.open()
-        publishing.rpc(kind.declare(), commands.Queue.DeclareOk)
-        publishing.rpc(commands.Queue.Purge(queue=kind.queue), commands.Queue.PurgeOk)
-        publishing.rpc(commands.Confirm.Select(), commands.Confirm.SelectOk)
-        consuming.rpc(commands.Basic.Qos(prefetch_count=options.prefetch), commands.Basic.QosOk)
-
-        def publisher(first):
-            return Publisher(publishing, messages, options.size, options.window, first, first + 1, kind.queue,
-                             kind.properties)
-
-        def consumer(first):
-            return Consumer(consuming, messages, options.size, options.ack_every, first, kind.queue)
-
-        def phase(name, publishing_one, consuming_one, consuming_already=False):
-            meters = CpuMeter(pids).start(), CpuMeter(idle_pids).start()
-            started = time.perf_counter()
-            for part in (None if consuming_already else consuming_one, publishing_one):
-                if part is not None:
-                    part.start()
-            parts = [part for part in (publishing_one, consuming_one) if part is not None]
-            loop.run_until(lambda: all(part.done for part in parts),
-                           lambda: f"{name} phase: " + ", ".join(describe(part) for part in parts),
-                           lambda: tuple(progress(part) for part in parts))
-            finished = max(part.finished_at for part in parts)
-            results[f"{name}_per_s"] = messages / (finished - started)
-            results[f"{name}_cpu"] = meters[0].stop()
-            results[f"{name}_cpu"]["idle_systems"] = meters[1].stop()["nodes_total"]
-            results["confirmed"] += publishing_one.confirmed if publishing_one else 0
-            results["consumed"] += consuming_one.received if consuming_one else 0
-            if consuming_one is not None:
-                consuming_one.cancel()
-
-        phase("publish", publisher(0), None)
-        phase("consume", None, consumer(0))
-        # As amqp_throughput does: the consumer is there before the clock starts.
-        together = consumer(messages)
-        together.start()
-        phase("together", publisher(messages), together, consuming_already=True)
-    except BaseException:
-        publishing.shut()
-        consuming.shut()
-        raise
-    publishing.close()
-    consuming.close()
+    results = measure(*address, options.messages, options.size, options.window, options.prefetch,
+                      options.ack_every, queue_type=QUEUE_TYPE, client_name="cluster-benchmark",
+                      meter=lambda: PhaseMeter(pids, idle_pids))
+    for phase in PHASES:
+        results[f"{phase}_cpu"] = results.pop(f"{phase}_broker_cpu")
     return results
-
-
-def describe(part):
-    if isinstance(part, Publisher):
-        return f"{part.sent} sent, {part.confirmed} confirmed"
-    return f"{part.received} received"
-
-
-def progress(part):
-    return part.confirmed if isinstance(part, Publisher) else part.received
 
 
 def summarise(rounds):
