@@ -8,8 +8,9 @@ a follower that falls behind is first taken out of etcd's set, and only then may
 go on without it (Kafka's in-sync replicas, kept in etcd as LavinMQ keeps them).
 
 A follower leaves the set when its durable commits lag the leader's stream by more than
-C{max_lag_bytes}, or by operations older than C{max_lag_seconds}, or when its link closes; it
-joins (again) once it has acknowledged every operation streamed. With fewer nodes in the set
+the server's C{max_lag_bytes} (the server marks it so as it streams), or by operations
+older than C{max_lag_seconds}, or when its link closes; it joins (again) once it has
+acknowledged every operation streamed. With fewer nodes in the set
 (the leader included) than C{min_isr}, confirms are held until enough followers catch up.
 """
 
@@ -101,9 +102,7 @@ class InSyncSet:
     def _too_far_behind(self, link):
         stream = self.server.stream
         if link.acked >= stream.last_sequence:
-            return False
-        if stream.bytes_after(link.acked) > self.server.max_lag_bytes:
-            return True
+            return False  # a lag in bytes is the server's to see (check_lag), as it streams
         # The first sample at or after the oldest operation the follower lacks: that
         # operation was recorded no later than the sample, so its age is at least this.
         index = bisect.bisect_left(self._times, (link.acked + 1, float("-inf")))
