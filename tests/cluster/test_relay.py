@@ -265,13 +265,7 @@ class BackPressureTests(RelayTestCase):
 
     @defer.inlineCallbacks
     def test_bytes_sent_before_the_leader_answers_are_held_up_to_the_cap_then_all_delivered(self):
-        # A listener whose accept queue is full drops the relay's SYN: its connection hangs until the queue is read.
-        listening = socket.socket()
-        self.addCleanup(listening.close)
-        listening.bind(("127.0.0.1", 0))
-        listening.listen(0)
-        filler = socket.create_connection(listening.getsockname())
-        self.addCleanup(filler.close)
+        listening = full_listener(self)
         cap = 256 * 1024
         relay, port = yield self.relay(lambda: f"tcp:127.0.0.1:{listening.getsockname()[1]}", pending_cap=cap,
                                        connect_timeout=30)
@@ -292,6 +286,18 @@ class BackPressureTests(RelayTestCase):
         yield wait_until(lambda: sum(peer.size for peer in target.peers) >= len(data), timeout=STEP_TIMEOUT)
         (leader_side,) = [peer for peer in target.peers if peer.size]
         self.assertEqual(leader_side.hash.digest(), hashlib.sha256(data).digest())
+
+
+def full_listener(testcase):
+    """A listening socket whose accept queue is full: it drops a connecting SYN, so a connection
+    to it hangs until the queue is read."""
+    listening = socket.socket()
+    testcase.addCleanup(listening.close)
+    listening.bind(("127.0.0.1", 0))
+    listening.listen(0)
+    filler = socket.create_connection(listening.getsockname())
+    testcase.addCleanup(filler.close)
+    return listening
 
 
 class NoLeaderTests(RelayTestCase):
@@ -320,12 +326,7 @@ class NoLeaderTests(RelayTestCase):
 
     @defer.inlineCallbacks
     def test_a_leader_that_does_not_answer_within_the_timeout_closes_the_client(self):
-        listening = socket.socket()
-        self.addCleanup(listening.close)
-        listening.bind(("127.0.0.1", 0))
-        listening.listen(0)
-        filler = socket.create_connection(listening.getsockname())
-        self.addCleanup(filler.close)
+        listening = full_listener(self)
         address = f"tcp:127.0.0.1:{listening.getsockname()[1]}"
         started = reactor.seconds()
         yield self.assert_closed_promptly(lambda: address, f"to {address}: no connection within 0.3 s",
