@@ -15,13 +15,13 @@ acknowledged every operation streamed. With fewer nodes in the set
 """
 
 import bisect
-import heapq
 
 from twisted.internet import defer, task
 from twisted.logger import Logger
 
 from brokerd.cluster.errors import EtcdError, LeadershipLost
 from brokerd.replication.leader import ReplicationServer
+from brokerd.replication.waiters import SequenceWaiters
 
 CHECK_FRACTION = 4  # lag is checked this many times per max_lag_seconds
 SAMPLE_SECONDS = 0.01  # the stream's (sequence, time) pairs are noted at most this often
@@ -55,8 +55,7 @@ class InSyncSet:
         self.written = frozenset()
         self.shrinks = 0
         self._writing = False
-        self._waiters = []  # heap of (sequence, order, Deferred)
-        self._order = 0
+        self._waiters = SequenceWaiters()
         self._times = []  # (sequence, seconds) samples of when operations were recorded
         self._newest = (0, 0.0)  # the newest operation and when, sampled or not
         self._check = task.LoopingCall(self.update)
@@ -75,9 +74,7 @@ class InSyncSet:
 
     def wait(self, sequence):
         """A Deferred firing once operation C{sequence} is confirmed by the set (see above)."""
-        waiter = defer.Deferred()
-        self._order += 1
-        heapq.heappush(self._waiters, (sequence, self._order, waiter))
+        waiter = self._waiters.wait(sequence)
         self._release()
         return waiter
 
@@ -149,10 +146,7 @@ class InSyncSet:
         links = {link.node: link for link in self.server.followers}
         if any(name not in links for name in self.written):
             return  # a follower of the set is gone: wait until etcd no longer names it
-        floor = min((links[name].acked for name in self.written), default=None)
-        while self._waiters and (floor is None or self._waiters[0][0] <= floor):
-            sequence, _, waiter = heapq.heappop(self._waiters)
-            waiter.callback(sequence)
+        self._waiters.release(min((links[name].acked for name in self.written), default=None))
 
 
 def no_delay(transport):

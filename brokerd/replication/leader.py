@@ -1,12 +1,12 @@
 """The leader's replication port: authenticates followers and streams operations to them."""
 
-import heapq
 from collections import deque
 
-from twisted.internet import defer, protocol
+from twisted.internet import protocol
 from twisted.logger import Logger
 
 from brokerd.replication.link import FollowerLink
+from brokerd.replication.waiters import SequenceWaiters
 
 HANDSHAKE_TIMEOUT = 10.0
 REFUSALS_KEPT = 100
@@ -60,8 +60,7 @@ class ReplicationServer(protocol.Factory):
         self.followers = set()
         self.refusals = deque(maxlen=REFUSALS_KEPT)
         self.resyncs = deque(maxlen=REFUSALS_KEPT)
-        self._waiters = []  # heap of (sequence, order, Deferred)
-        self._order = 0
+        self._waiters = SequenceWaiters()
         stream.subscribe(self._recorded)
 
     def buildProtocol(self, addr):
@@ -72,9 +71,7 @@ class ReplicationServer(protocol.Factory):
         A Deferred firing with C{sequence} once every connected in-sync
         follower has acked an operation at or after it (at once when none is).
         """
-        waiter = defer.Deferred()
-        self._order += 1
-        heapq.heappush(self._waiters, (sequence, self._order, waiter))
+        waiter = self._waiters.wait(sequence)
         self._release_waiters()
         return waiter
 
@@ -137,7 +134,5 @@ class ReplicationServer(protocol.Factory):
             link.push()
 
     def _release_waiters(self):
-        floor = min((link.acked for link in self.followers if link.in_sync), default=None)
-        while self._waiters and (floor is None or self._waiters[0][0] <= floor):
-            sequence, _, waiter = heapq.heappop(self._waiters)
-            waiter.callback(sequence)
+        self._waiters.release(
+            min((link.acked for link in self.followers if link.in_sync), default=None))
