@@ -87,7 +87,8 @@ def leader_stores(applier, epoch, *, retain_bytes=64 * 1024 * 1024, reactor=None
     written as a leader's, unfinished snapshot, data of unknown origin, or
     messages newer than their state record): then it is empty, and every
     follower resyncs. The applier is not to be used afterwards. With a C{reactor},
-    the taps record a run of acks as one operation (L{StoreTap}).
+    the taps record a run of acks as one operation (L{StoreTap}) and the stream announces
+    a turn's operations at once (L{OutboundStream}).
     """
     applier.on_durable = lambda sequence: None
     yield applier.flush()
@@ -102,7 +103,7 @@ def leader_stores(applier, epoch, *, retain_bytes=64 * 1024 * 1024, reactor=None
     if applier.resumable and newest <= base:
         history = (((applier.epoch, base),) + tuple(applier.history))[:codec.HISTORY_LIMIT]
     start = max(base, newest)
-    stream = OutboundStream(retain_bytes, last_sequence=start)
+    stream = OutboundStream(retain_bytes, last_sequence=start, reactor=reactor)
     state = replica.state_record(replica.StoreState(
         applier.cluster_id, epoch, start, replica.LEADER, history))
     taps = {}

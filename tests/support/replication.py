@@ -52,7 +52,7 @@ class Leader:
         """C{clock}: what schedules the server's timers (the reactor unless a test drives one);
         C{wrap}: called with the opened store, gives what the tap wraps."""
         self.backend, self.path = backend, directory(testcase)
-        self.stream = OutboundStream(retain_bytes)
+        self.stream = OutboundStream(retain_bytes, reactor=reactor)
         store = yield open_store(backend, self.path)
         self.store = StoreTap(wrap(store) if wrap else store, self.stream)
         self.server = server_class(self.stream, secret, cluster, reactor=clock or reactor,
