@@ -105,7 +105,7 @@ class AmqpChannel:
         "id", "model", "writes", "frame_max", "closing", "publish", "properties", "body_size",
         "parts", "received", "_receiver", "_connection", "_gate", "_cancel_notify",
         "_consumer_tags", "_body_bytes", "_watermark", "_decoded_properties", "_max_message_size",
-        "_disk_alarm",
+        "_disk_alarm", "_in_sync_alarm",
     )
 
     def __init__(self, channel_id, receiver, connection, gate, frame_max, cancel_notify):
@@ -136,6 +136,7 @@ class AmqpChannel:
         self._body_bytes = content.body_bytes
         self._watermark = content.watermark
         self._disk_alarm = connection.broker.disk_alarm
+        self._in_sync_alarm = connection.broker.in_sync_alarm
         self._decoded_properties = content.decoded_properties
         self._max_message_size = content.max_message_size
         self.model = connection.open_channel(channel_id, self)
@@ -254,7 +255,7 @@ class AmqpChannel:
             self.model.publish(message, mandatory)
         except ChannelError as error:
             self.close(error, frames.BASIC_PUBLISH)
-        if self._watermark.blocked or self._disk_alarm.blocked:
+        if self._watermark.blocked or self._disk_alarm.blocked or self._in_sync_alarm.blocked:
             self._gate.check()
 
     def release_content(self):

@@ -200,7 +200,7 @@ class AmqpHandshake:
     def _alarms_changed(self, blocked_by):
         """The broker's resource alarms (C{blocked_by}) hold this publisher, or no longer do."""
         if blocked_by:
-            self._alarm_reason = alarm_reason(blocked_by)
+            self._alarm_reason = alarm_reason(blocked_by, self.broker.in_sync_alarm)
         self._blocked_changed(bool(blocked_by), self._alarm_reason)
 
     # -- the connection handshake and close
@@ -335,7 +335,7 @@ class AmqpHandshake:
         self.connection.closer = self.close
         self.connection.channel_closer = self._reader.close_channel
         self.gate = PublisherGate(self.broker.watermark, self.transport, self._alarms_changed,
-                                  self.broker.disk_alarm)
+                                  self.broker.disk_alarm, self.broker.in_sync_alarm)
         self.state = OPEN
         if self._timeout_call is not None and self._timeout_call.active():
             self._timeout_call.cancel()

@@ -4,10 +4,12 @@ as the answering node sees it (L{brokerd.cluster.status.ClusterStatus}).
 
 A node on its own answers as before: one entry, itself. A node of a cluster answers one entry per
 node it has seen, in RabbitMQ 3.10's shape (C{name} as C{brokerd@NODE}, C{type}, C{running}...),
-with brokerd's fields added: C{cluster_name}, C{leader}, C{in_sync}, C{replication_lag_bytes}
-and C{replication_lag_operations}. Its own entry holds its own figures; another node's figures
-(memory, file descriptors, disk...) are not known here, so they keep RabbitMQ's types with empty
-values (0, false, "", []): that node's own API has them.
+with brokerd's fields added: C{cluster_name}, C{leader}, C{in_sync}, C{replication_lag_bytes},
+C{replication_lag_operations} and, beside RabbitMQ's C{mem_alarm} and C{disk_free_alarm},
+C{in_sync_alarm} (the leader holds its publishers back: too few nodes in sync). Its own entry
+holds its own figures; another node's figures (memory, file descriptors, disk...) are not known
+here, so they keep RabbitMQ's types with empty values (0, false, "", []): that node's own API
+has them.
 """
 
 from brokerd.http.nodename import cluster_node_name
@@ -37,6 +39,7 @@ def node_entries(context):
     status = context.cluster
     if status is None:
         return [own]
+    own["in_sync_alarm"] = context.broker.in_sync_alarm.blocked
     entries = []
     for seen in status.nodes():
         entry = own if seen.name == status.node_name else unknown_figures(own)

@@ -24,6 +24,7 @@ from brokerd.interfaces import (
 from brokerd.model.counters import MessageCounters
 from brokerd.model.delayeddelivery import DelayScheduler
 from brokerd.model.disk_alarm import DiskAlarm
+from brokerd.model.in_sync_alarm import InSyncAlarm
 from brokerd.model.message import Message
 from brokerd.model.replyto import ReplyConsumers
 from brokerd.model.vhost import VirtualHost
@@ -59,6 +60,9 @@ class Broker:
         connection is held to (a share of the watermark by default).
     @ivar disk_alarm: the L{DiskAlarm}, which blocks publishers beside the
         memory C{watermark} (never raised unless something measures the disk).
+    @ivar in_sync_alarm: the L{InSyncAlarm}, which blocks publishers beside them
+        while a cluster's leader has fewer nodes in sync than it needs (never
+        raised unless the leader's in-sync set tells it its sizes).
     @ivar on_commit_failed: if set, called with the failure of each failed
         store commit, after its lost messages left their queues.
     """
@@ -70,6 +74,7 @@ class Broker:
         # What each client connection may hold on its way in (brokerd.wire.connection_memory):
         self.connection_memory = ConnectionMemoryLimits.of_watermark(self.watermark.high)
         self.disk_alarm = disk_alarm if disk_alarm is not None else DiskAlarm()
+        self.in_sync_alarm = InSyncAlarm()
         self.on_commit_failed = None
         self.vhosts = {}
         self.connections = set()

@@ -68,7 +68,7 @@ class NativeChannel:
     @ivar model: the model's channel every request is translated into.
     """
 
-    __slots__ = ("id", "model", "_send", "_gate", "_watermark", "_disk_alarm")
+    __slots__ = ("id", "model", "_send", "_gate", "_watermark", "_disk_alarm", "_in_sync_alarm")
 
     def __init__(self, channel_id, connection, send_frame, gate, watermark):
         """
@@ -85,6 +85,7 @@ class NativeChannel:
         self._gate = gate
         self._watermark = watermark
         self._disk_alarm = connection.broker.disk_alarm
+        self._in_sync_alarm = connection.broker.in_sync_alarm
         self.model = connection.open_channel(channel_id, self)
 
     # -- exchanges and queues
@@ -176,7 +177,7 @@ class NativeChannel:
             request.exchange, request.routing_key, request.properties, request.body,
             request.mandatory,
         )
-        if self._watermark.blocked or self._disk_alarm.blocked:
+        if self._watermark.blocked or self._disk_alarm.blocked or self._in_sync_alarm.blocked:
             self._gate.check()
 
     def on_basic_get(self, envelope, request):

@@ -193,7 +193,8 @@ class NativeHandshake:
         self.connection.closer = self.close
         self.connection.channel_closer = self._reader.close_channel
         self.gate = PublisherGate(self._broker.watermark, self.transport,
-                                  disk_alarm=self._broker.disk_alarm)
+                                  disk_alarm=self._broker.disk_alarm,
+                                  in_sync_alarm=self._broker.in_sync_alarm)
         self._reader.limit_frames(settings.max_frame_size)
         if self._hello_timeout is not None and self._hello_timeout.active():
             self._hello_timeout.cancel()

@@ -47,7 +47,9 @@ class LeaderRole:
     replication's records, tapped, the stream numbered on in this node's epoch), puts
     them behind a L{ConfirmingStore}, opens its replication port to the followers, writes
     an in-sync set of itself alone, then starts the broker, which recovers the stores
-    and serves on the node's client ports.
+    and serves on the node's client ports. While the set holds fewer nodes than
+    C{--cluster-min-isr} (at the start, until enough followers catch up), the broker's
+    in-sync alarm holds its publishers back.
 
     @ivar serving: whether the broker started (and owns the store from then on).
     """
@@ -87,6 +89,7 @@ class LeaderRole:
         node.replication_switch.use(server)
         yield self.in_sync.start()
         self.broker = node.make_broker(store, node.switches, node.status)
+        self._hold_publishers_while_too_few_in_sync(settings.min_isr)
         self.broker.startService()
         yield self.broker.started
         self.serving = True
@@ -94,6 +97,13 @@ class LeaderRole:
                  " operations from {first})", node=settings.node_name,
                  cluster=settings.cluster_name, epoch=leadership.epoch,
                  first=self.stream.last_sequence + 1)
+
+    def _hold_publishers_while_too_few_in_sync(self, min_isr):
+        """The broker's in-sync alarm follows the size of the set, from now on (before any
+        client is served: a leader whose set is itself alone starts with it raised)."""
+        alarm = self.broker.broker.in_sync_alarm
+        self.in_sync.on_resized = lambda size: alarm.measured(size, min_isr)
+        alarm.measured(self.in_sync.size(), min_isr)
 
     def abandon(self):
         if self.in_sync is not None:

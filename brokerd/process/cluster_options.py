@@ -77,7 +77,8 @@ CLUSTER_PARAMETERS = [
         None,
         "1",
         "Fewest nodes (the leader included) that must hold a persistent message before it is"
-        " confirmed; with fewer in sync, confirms wait.",
+        " confirmed; with fewer in sync, confirms wait and publishing connections are not read"
+        " (AMQP clients get connection.blocked naming the in-sync count).",
     ],
     [
         "cluster-max-lag-bytes",

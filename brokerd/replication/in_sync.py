@@ -35,6 +35,8 @@ class InSyncSet:
 
     @ivar written: the follower names etcd's set holds (this node's name aside).
     @ivar shrinks: how many times a follower was taken out of the set.
+    @ivar on_resized: called with the set's new L{size} each time etcd's set changes (the
+        leader holds its publishers back while it is below C{min_isr}).
     """
 
     log = Logger()
@@ -54,6 +56,7 @@ class InSyncSet:
         self.max_lag_seconds = max_lag_seconds
         self.written = frozenset()
         self.shrinks = 0
+        self.on_resized = lambda size: None
         self._writing = False
         self._waiters = SequenceWaiters()
         self._times = []  # (sequence, seconds) samples of when operations were recorded
@@ -130,7 +133,8 @@ class InSyncSet:
                 self.shrinks += 1
             self.log.info("in-sync set is now {names}",
                           names=sorted({self.node_name, *names}))
-        self.written = names
+            self.written = names
+            self.on_resized(self.size())
         self.update()
 
     def _not_written(self, failure):

@@ -1,7 +1,8 @@
 """Back-pressure on the transport: why the broker is not reading a client's
 socket, the gate that stops reading from a publisher while the broker is
-blocked (by the L{brokerd.model.watermark.MemoryWatermark} or the
-L{brokerd.model.disk_alarm.DiskAlarm}), and the bytes a connection holds
+blocked (by the L{brokerd.model.watermark.MemoryWatermark}, the
+L{brokerd.model.disk_alarm.DiskAlarm} or a cluster leader's
+L{brokerd.model.in_sync_alarm.InSyncAlarm}), and the bytes a connection holds
 against that watermark.
 
 Reading from one client can stop for more than one reason at a time (the
@@ -24,6 +25,8 @@ SLOW_READER = "slow reader"  # the transport's write buffer is full: the client 
 # The resources whose alarms block publishers, as RabbitMQ's connection.blocked names them.
 MEMORY = "memory"
 DISK = "disk"
+# brokerd's own: a cluster's leader with fewer nodes in sync than --cluster-min-isr.
+REPLICATION = "replication"
 
 
 class ReadingPauses:
@@ -118,12 +121,13 @@ class PublisherGate:
     """
     Pauses reading from one publishing connection while the broker is blocked:
     by the memory watermark, or by the disk alarm (L{brokerd.model.disk_alarm}),
-    or both, as RabbitMQ's resource alarms do.
+    or both, as RabbitMQ's resource alarms do, or by a cluster leader's in-sync
+    alarm (L{brokerd.model.in_sync_alarm}).
 
     C{notify(blocked_by)} is called on each change so a protocol can tell its
     client (AMQP's connection.blocked / unblocked): with the resources that
-    block it (L{MEMORY}, L{DISK}) when it starts being held, with an empty list
-    once none does. The pause is one reason among others (L{ReadingPauses}):
+    block it (L{MEMORY}, L{DISK}, L{REPLICATION}) when it starts being held,
+    with an empty list once none does. The pause is one reason among others (L{ReadingPauses}):
     unblocking does not resume reading from a client that is paused for
     another reason.
 
@@ -131,9 +135,9 @@ class PublisherGate:
         they came.
     """
 
-    def __init__(self, watermark, transport, notify=None, disk_alarm=None):
-        self._alarms = ((MEMORY, watermark),) if disk_alarm is None else (
-            (MEMORY, watermark), (DISK, disk_alarm))
+    def __init__(self, watermark, transport, notify=None, disk_alarm=None, in_sync_alarm=None):
+        alarms = ((MEMORY, watermark), (DISK, disk_alarm), (REPLICATION, in_sync_alarm))
+        self._alarms = tuple((resource, alarm) for resource, alarm in alarms if alarm is not None)
         self._reading = reading_pauses(transport)
         self._notify = notify
         self.blocked_by = []

@@ -16,7 +16,8 @@ from tests.support.httpapi import RABBITMQADMIN
 HERE = pathlib.Path(__file__).parent
 REFERENCE = json.loads((HERE / "rabbitmq_api_types.json").read_text())["endpoints"]
 NOT_PROVIDED = json.loads((HERE / "api_fields_not_provided.json").read_text())["groups"]
-BROKERD_FIELDS = ("cluster_name", "leader", "in_sync", "replication_lag_bytes", "replication_lag_operations")
+BROKERD_FIELDS = ("cluster_name", "leader", "in_sync", "replication_lag_bytes", "replication_lag_operations",
+                  "in_sync_alarm")
 
 
 def not_provided(endpoint):
@@ -59,6 +60,7 @@ class ClusterNodesApiTests(unittest.TestCase):
                     self.assertTrue(entry[field] is None or type(entry[field]) is int, (field, entry[field]))
             # The node's own entry has its own figures; another's keep their types, empty.
             own = entries[f"brokerd@{name}"]
+            self.assertEqual([entry["in_sync_alarm"] for entry in answer], [False] * 3)  # min-isr 1 is met
             self.assertGreater(own["mem_used"], 0)
             self.assertGreater(own["fd_total"], 0)
             other = entries[f"brokerd@{'b' if name == 'a' else 'a'}"]

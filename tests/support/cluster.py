@@ -338,12 +338,13 @@ def make_cluster(tmp_path):
 # -- clients
 
 
-def connect(address, timeout=CONNECT_SECONDS):
-    """A pika BlockingConnection to C{(host, port)} as guest, one attempt."""
+def connect(address, timeout=CONNECT_SECONDS, blocked_timeout=30):
+    """A pika BlockingConnection to C{(host, port)} as guest, one attempt; pika drops it once
+    blocked (connection.blocked) for C{blocked_timeout} seconds (None: never)."""
     host, port = address
     return pika.BlockingConnection(pika.ConnectionParameters(
         host=host, port=port, connection_attempts=1, socket_timeout=timeout,
-        blocked_connection_timeout=30, heartbeat=0))
+        blocked_connection_timeout=blocked_timeout, heartbeat=0))
 
 
 def declare(channel, queue, arguments=None):
