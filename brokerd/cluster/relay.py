@@ -5,7 +5,9 @@ listener is joined to a new connection to the leader, and bytes pass both ways u
 Nothing is parsed, so every protocol passes (AMQP, the native protocol, HTTP), TLS included: a
 TLS client's handshake goes through raw to the leader's TLS port, and the certificate the
 client checks is the leader's. A load balancer or a client's list of hosts keeps working when
-it picks a follower, as with LavinMQ's followers.
+it picks a follower, as with LavinMQ's followers. The one thing added is what the relay is
+told to send the leader first, before the client's first byte: a header saying who the client
+is (L{brokerd.replication.relay_proof}), so that the leader does not take the follower for it.
 
 Memory stays bounded whatever either peer does: each side's transport is the streaming
 producer of the other's (a side whose send buffer is full stops the other side being read),
@@ -199,6 +201,11 @@ class RelayedConnection:
             transport.abortConnection()
             return
         self.leader = transport
+        try:
+            header = self.relay.header_for(self.client)
+        except ValueError as problem:
+            self.fail(f"cannot tell the leader who the client is: {problem}")
+            return
         self.leader_reading = Reading(transport)
         _no_delay(transport)
         self.relay.relayed += 1
@@ -207,6 +214,8 @@ class RelayedConnection:
         self.client.registerProducer(self.leader_reading, True)
         pending, self.pending, self.pending_size = self.pending, [], 0
         self.client_reading.resume(PENDING_FULL)
+        if header:
+            transport.write(header)
         if pending:
             transport.writeSequence(pending)
 
@@ -285,11 +294,15 @@ class RelayFactory(ServerFactory):
     noisy = False
 
     def __init__(self, reactor, target, connect_timeout=DEFAULT_CONNECT_TIMEOUT,
-                 pending_cap=DEFAULT_PENDING_CAP, client_from_string=clientFromString):
+                 pending_cap=DEFAULT_PENDING_CAP, client_from_string=clientFromString,
+                 header=None):
         """
         @param target: called for each accepted client: the leader's client endpoint string for
             this listener's kind (C{tcp:HOST:PORT}; the leader's TLS port for a TLS listener,
             whose bytes pass through), or None while no leader is known.
+        @param header: called with a client's transport once its connection to the leader is
+            open: the bytes the leader is sent before the client's (who the client is), or
+            ValueError, which closes the client naming it; None: nothing is sent first.
         @param connect_timeout: seconds the connection to the leader may take to open.
         @param pending_cap: bytes a client may send before the leader's side is connected;
             past it the client is not read until it is.
@@ -304,6 +317,7 @@ class RelayFactory(ServerFactory):
         self.connect_timeout = connect_timeout
         self.pending_cap = pending_cap
         self._client_from_string = client_from_string
+        self._header = header
         self._connections = set()
         self.relayed = 0
         self.failures = 0
@@ -336,6 +350,10 @@ class RelayFactory(ServerFactory):
 
     def current_target(self):
         return self.target()
+
+    def header_for(self, client):
+        """What the leader is sent first on the connection of C{client} (a transport)."""
+        return self._header(client) if self._header is not None else b""
 
     def endpoint_for(self, target):
         """The client endpoint for C{target}; ValueError if it is not a plain stream endpoint."""

@@ -5,7 +5,10 @@ L{ClusterNode} listens on the node's ports once (L{SwitchingFactory}), reads the
 identity from etcd (a node that cannot reach etcd at its first start stops, in one line),
 opens its store as a follower's (L{StoreApplier}) and takes part in the election
 (L{Candidate}). While another node leads, it applies that leader's replication stream and
-its client ports are closed to clients or relayed to the leader. Once elected, it turns
+its client ports are closed to clients or relayed to the leader, each relayed connection
+starting with a header that tells the leader who the client is
+(L{brokerd.replication.relay_proof}), which the leader's ports believe only from a node of the
+cluster. Once elected, it turns
 its stores into the leader's (the broker recovers them as a restart does), streams their
 changes to the followers, keeps the in-sync set in etcd (L{InSyncSet}), and holds every
 confirm until that set has the message durably. A node that stops leading (its lease
@@ -33,8 +36,11 @@ from brokerd.http.metrics.follower_site import follower_metrics_site
 from brokerd.process.cluster_follower import FollowerLink
 from brokerd.process.cluster_leader import LeaderRole
 from brokerd.replication.applier import StoreApplier
+from brokerd.replication.relay_proof import MAX_BODY, RelayHeaderCheck, relay_header
 from brokerd.storage import registry
 from brokerd.wire.endpoints import is_tls, server_endpoint
+from brokerd.wire.proxied_peer import ProxyHeaderFactory
+from brokerd.wire.proxy_header import HeaderRefused
 from brokerd.wire.switching_factory import SwitchingFactory
 
 log = Logger()
@@ -94,6 +100,7 @@ class ClusterNode(Service):
         self.relays = {}
         self._leader = None
         self.identity = None
+        self.relay_check = None
         self.follower = None
         self.leader = None
         self.started = defer.Deferred()
@@ -112,6 +119,8 @@ class ClusterNode(Service):
         client = EtcdClient(self.reactor, list(self.settings.etcd_urls),
                             ca_file=self.settings.etcd_ca)
         self.identity = yield self._identity(client)
+        self.relay_check = RelayHeaderCheck(self.identity.secret, self.settings.node_name,
+                                            self.reactor)
         self.store = self.make_store()
         yield self.store.open()
         self.applier = StoreApplier({"": self.store}, access_sink=self._access_document,
@@ -166,8 +175,13 @@ class ClusterNode(Service):
         for option, description in wanted.items():
             switch = (self.replication_switch if option == "replication"
                       else SwitchingFactory(option))
+            factory = switch
+            if option in RELAYED_OPTIONS and not is_tls(description):
+                # A follower's relay starts each client's connection with a header.
+                factory = ProxyHeaderFactory(switch, self._relayed_client, self.reactor,
+                                             f"--{option}", max_body=MAX_BODY)
             try:
-                switch.port = yield server_endpoint(self.reactor, description).listen(switch)
+                switch.port = yield server_endpoint(self.reactor, description).listen(factory)
             except Exception as problem:
                 raise EtcdError(f"--{option}={description}: {problem}") from None
             if option != "replication":
@@ -226,9 +240,28 @@ class ClusterNode(Service):
         for option in RELAYED_OPTIONS:
             if option in self.switches and not is_tls(self.endpoints[option]):
                 relay = RelayFactory(self.reactor,
-                                     lambda option=option: self._leader_address(option))
+                                     lambda option=option: self._leader_address(option),
+                                     header=self._relay_header)
                 self.relays[option] = relay
                 self.switches[option].use(relay)
+
+    def _relay_header(self, client):
+        """What the leader is told first of a client this node relays: who it is, signed."""
+        info = self._leader
+        if info is None or self.identity is None:
+            raise ValueError("no leader is known")
+        return relay_header(self.identity.secret, self.settings.node_name, info.name,
+                            client.getPeer(), client.getHost(), self.reactor.seconds())
+
+    def _relayed_client(self, header):
+        """
+        The client's address a relay header names, to believe on this node's client ports;
+        L{HeaderRefused} unless this node leads and the header passes L{RelayHeaderCheck}.
+        """
+        if self.leader is None or self.relay_check is None:
+            raise HeaderRefused(f"node {self.settings.node_name} does not lead the cluster:"
+                                " only the leader takes relayed connections")
+        return self.relay_check.check(header)
 
     def _leader_address(self, option):
         info = self._leader

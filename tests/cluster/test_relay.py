@@ -1,7 +1,8 @@
 """A follower's relay to the leader, on real sockets on 127.0.0.1: pika publishing and consuming through it to an
-in-process broker, over TLS checked against the broker's certificate too; memory bounded while one side does not
-read; clients closed at once when no leader is known or reachable; drop_all sending clients to a new leader; and
-either side closing the other."""
+in-process broker, over TLS checked against the broker's certificate too, and with the signed header that makes the
+broker see the client rather than the relay; the header sent before the client's first byte; memory bounded while
+one side does not read; clients closed at once when no leader is known or reachable; drop_all sending clients to a
+new leader; and either side closing the other."""
 
 import hashlib
 import os
@@ -23,6 +24,8 @@ from backends.memory import MemoryStore
 from brokerd.amqp.server import AmqpServerFactory
 from brokerd.cluster.relay import RelayFactory
 from brokerd.model.broker import Broker
+from brokerd.replication.relay_proof import MAX_BODY, RelayHeaderCheck, relay_header
+from brokerd.wire.proxied_peer import ProxyHeaderFactory
 from tests.support.broker import wait_until
 
 STEP_TIMEOUT = 10.0
@@ -185,6 +188,27 @@ class PassThroughTests(RelayTestCase):
         yield wait_until(lambda: relay.active == 0 and not broker.connections)
 
     @defer.inlineCallbacks
+    def test_with_a_signed_header_the_leaders_broker_sees_the_client_itself(self):
+        secret = os.urandom(32)
+        broker = self.broker()
+        check = RelayHeaderCheck(secret, "leader", reactor)
+        amqp_port = yield self.listen(ProxyHeaderFactory(AmqpServerFactory(broker), check.check, reactor, "--amqp",
+                                                         max_body=MAX_BODY))
+        relay, port = yield self.relay(
+            lambda: f"tcp:127.0.0.1:{amqp_port}",
+            header=lambda client: relay_header(secret, "follower", "leader", client.getPeer(), client.getHost(),
+                                               reactor.seconds()))
+        client = yield self.pika_client(TCP4ClientEndpoint(reactor, "127.0.0.1", port))
+        answer = yield self.publish_and_consume(client)
+        self.assertEqual(answer, ("relayed", {"hop": "relay"}, b"through the follower"))
+        (connection,) = broker.connections
+        own = client.transport.getHost()
+        self.assertEqual(connection.peer, (own.host, own.port))
+        client.close()
+        yield client.lost
+        yield wait_until(lambda: relay.active == 0 and not broker.connections)
+
+    @defer.inlineCallbacks
     def test_a_tls_client_checks_the_leaders_certificate_and_name_through_the_relay(self):
         ca = trustme.CA()
         leader_certificate = ca.issue_cert("localhost")
@@ -332,6 +356,37 @@ class NoLeaderTests(RelayTestCase):
         yield self.assert_closed_promptly(lambda: address, f"to {address}: no connection within 0.3 s",
                                           connect_timeout=0.3)
         self.assertLess(reactor.seconds() - started, 2)
+
+
+class HeaderTests(RelayTestCase):
+    @defer.inlineCallbacks
+    def test_the_leader_is_sent_the_header_first_then_every_byte_of_the_client(self):
+        target, address = yield self.target()
+        relay, port = yield self.relay(lambda: address, header=lambda client: b"client %d;" % client.getPeer().port)
+        client = yield self.connect(port)
+        client.transport.write(b"sent at once")  # held while the leader's side opens
+        yield wait_until(lambda: target.peers and target.peers[0].size)
+        client.transport.write(b", then more")
+        expected = b"client %d;sent at once, then more" % client.transport.getHost().port
+        yield wait_until(lambda: target.peers[0].head == expected)
+
+    @defer.inlineCallbacks
+    def test_a_header_that_cannot_be_made_closes_the_client_naming_why(self):
+        log = RelayLog(self)
+        target, address = yield self.target()
+
+        def header(client):
+            raise ValueError("unix:/tmp/x is not a TCP address")
+
+        relay, port = yield self.relay(lambda: address, header=header)
+        client = yield self.connect(port)
+        client.transport.write(b"AMQP\x00\x00\x09\x01")
+        yield client.lost.addTimeout(STEP_TIMEOUT, reactor)
+        yield wait_until(lambda: target.peers and target.peers[0].lost.called)
+        self.assertEqual((client.size, target.peers[0].size), (0, 0))
+        self.assertEqual((relay.active, relay.relayed, relay.failures), (0, 0, 1))
+        (line,) = log.lines
+        self.assertIn("cannot tell the leader who the client is: unix:/tmp/x is not a TCP address", line)
 
 
 class LeaderChangeTests(RelayTestCase):

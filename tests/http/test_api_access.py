@@ -1,14 +1,11 @@
 """The HTTP management API's login, overview, vhosts, users and permissions, on a real broker over real HTTP."""
 
-import contextlib
-import ipaddress
-import socket
-
 import pika
 import pytest
 
 from brokerd.access.database import AccessDatabase
 from brokerd.testing import BrokerProcess
+from tests.support.addresses import non_loopback_address
 from tests.support.httpapi import Api, amqp, api, broker, segment  # noqa: F401 (api, broker: the module's fixtures)
 
 
@@ -177,16 +174,6 @@ def test_http_none_turns_the_api_off(tmp_path):
         assert "HTTP API" not in process.listening
     finally:
         assert process.stop() == 0
-
-
-def non_loopback_address():
-    """An IPv4 address of this machine that is not a loopback one (no packet is sent), or None."""
-    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect(("192.0.2.1", 9))
-        address = probe.getsockname()[0]
-        if not ipaddress.ip_address(address).is_loopback:
-            return address
-    return None
 
 
 def test_guest_may_use_the_api_from_loopback_only(tmp_path):
