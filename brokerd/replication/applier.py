@@ -9,6 +9,9 @@ from brokerd.replication import codec, replica
 from brokerd.replication.applied import AppliedState
 from brokerd.replication.codec import StreamError
 
+# How many distinct append records (L{StoreApplier.apply_payload}) are kept parsed.
+APPENDS_KEPT = 256
+
 
 class StoreApplier:
     """
@@ -69,6 +72,7 @@ class StoreApplier:
         self._committing = False
         self._flush_waiters = []
         self._in_snapshot = False
+        self._appends = {}  # serialised append record -> replica.Append
         self._state_seconds = state_seconds
         self._running = False
         self._written = None  # the last state record written, and when
@@ -148,13 +152,40 @@ class StoreApplier:
 
     def apply(self, sequence, operation, record, body):
         """Make one decoded operation; raises L{StreamError} naming what is wrong with it."""
+        self._check_next(sequence)
+        self._make(sequence, operation, record, body, sequence)
+        self.applied_sequence = sequence
+
+    def apply_payload(self, payload):
+        """
+        Make the operation of one operation frame's payload, as L{apply} does.
+        An append's record is parsed once for all the appends that stream the
+        same record bytes (messages published alike), which is most of them.
+        """
+        sequence, operation, data, body = codec.split_operation(payload)
+        if operation != codec.APPEND:
+            return self.apply(sequence, operation, codec.parse_record(data, operation, sequence),
+                              body)
+        self._check_next(sequence)
+        append = self._appends.get(data)
+        if append is None:
+            append = replica.Append.of(codec.parse_record(data, operation, sequence), sequence)
+            if len(self._appends) >= APPENDS_KEPT:
+                self._appends.clear()
+            self._appends[data] = append
+        try:
+            self._append_to(self._store(append.store, sequence), append, sequence, body)
+        except (ValueError, TypeError, KeyError, IndexError) as problem:
+            raise StreamError(f"append at {sequence} failed: {problem!r}") from None
+        self._changes += 1
+        self.applied_sequence = sequence
+
+    def _check_next(self, sequence):
         if self._in_snapshot:
             raise StreamError(f"operation {sequence} in the middle of a snapshot")
         if sequence != self.applied_sequence + 1:
             raise StreamError(f"operation {sequence} out of order: expected"
                               f" {self.applied_sequence + 1}")
-        self._make(sequence, operation, record, body, sequence)
-        self.applied_sequence = sequence
 
     def apply_snapshot(self, replication_id, operation, record, body):
         """Make one operation of a snapshot (an append's or delay's C{replication_id} given)."""
@@ -179,10 +210,7 @@ class StoreApplier:
                 self.access_sink(body)
             self._changes += 1
             return
-        store = self.stores.get(record.store)
-        if store is None:
-            raise StreamError(f"operation {where} is for the store of vhost {record.store!r},"
-                              f" which this node does not have")
+        store = self._store(record.store, where)
         try:
             self._dispatch[operation](store, record.store, sequence, record, body)
         except StreamError:
@@ -191,6 +219,13 @@ class StoreApplier:
             raise StreamError(f"{codec.OPERATIONS[operation]} at {where} failed:"
                               f" {problem!r}") from None
         self._changes += 1
+
+    def _store(self, name, where):
+        store = self.stores.get(name)
+        if store is None:
+            raise StreamError(f"operation {where} is for the store of vhost {name!r},"
+                              f" which this node does not have")
+        return store
 
     def commit(self):
         """Start a commit of what is applied, unless one runs (then the next one covers it)."""
@@ -296,13 +331,15 @@ class StoreApplier:
         self.held.bindings(name).pop(replica.binding_key(record.binding), None)
 
     def _append(self, store, name, sequence, record, body):
-        queues = [(key.vhost, key.name) for key in record.queues]
-        if not queues:
-            raise StreamError(f"append at sequence {sequence} names no queue")
-        maps = [self.held.ids(name, queue) for queue in queues]
-        if any(sequence in ids for ids in maps):
-            return  # replayed after a crash: the store has it already
-        handle = store.append(replica.message(record, sequence, body), queues)
+        self._append_to(store, replica.Append.of(record, sequence), sequence, body)
+
+    def _append_to(self, store, append, sequence, body):
+        held = self.held
+        maps = [held.ids(append.store, queue) for queue in append.queues]
+        for ids in maps:
+            if sequence in ids:
+                return  # replayed after a crash: the store has it already
+        handle = store.append(append.message(sequence, body), append.queues)
         for ids in maps:
             ids[sequence] = handle
 

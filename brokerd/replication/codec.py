@@ -93,6 +93,16 @@ def decode_operation(payload):
     C{(sequence, operation code, ReplicatedOperation, body)} from an operation
     frame's payload; raises L{StreamError} naming the fault.
     """
+    sequence, operation, record, body = split_operation(payload)
+    return sequence, operation, parse_record(record, operation, sequence), body
+
+
+def split_operation(payload):
+    """
+    C{(sequence, operation code, serialised record, body)} from an operation
+    frame's payload, the record not parsed (see L{parse_record}); raises
+    L{StreamError} naming the fault.
+    """
     if len(payload) < OPERATION_HEADER.size:
         raise StreamError(f"operation frame of {len(payload)} bytes is shorter than its header")
     sequence, operation, record_size = OPERATION_HEADER.unpack_from(payload)
@@ -102,13 +112,18 @@ def decode_operation(payload):
     if end > len(payload):
         raise StreamError(f"operation record of {record_size} bytes overruns its frame"
                           f" ({len(payload)} bytes) at sequence {sequence}")
+    return sequence, operation, payload[OPERATION_HEADER.size:end], payload[end:]
+
+
+def parse_record(data, operation, sequence):
+    """The C{ReplicatedOperation} serialised in C{data}; raises L{StreamError} naming the fault."""
     record = replication_pb2.ReplicatedOperation()
     try:
-        record.ParseFromString(memoryview(payload)[OPERATION_HEADER.size:end])
+        record.ParseFromString(data)
     except Exception as problem:  # protobuf's DecodeError, or a nested-depth error
         raise StreamError(f"undecodable {OPERATIONS[operation]} record at sequence {sequence}:"
                           f" {problem}") from None
-    return sequence, operation, record, bytes(payload[end:])
+    return record
 
 
 def pack_name(text):

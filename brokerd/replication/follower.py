@@ -42,7 +42,7 @@ class LeaderLink(protocol.Protocol):
                     return self._refused(payload)
                 first, self._first = self._first, False
                 if self.state == "streaming" and kind == codec.OPERATION:
-                    applier.apply(*codec.decode_operation(payload))
+                    applier.apply_payload(payload)
                 elif self.state == "snapshot" and kind == codec.SNAPSHOT:
                     applier.apply_snapshot(*codec.decode_operation(payload))
                 elif self.state == "snapshot" and kind == codec.SNAPSHOT_END:

@@ -117,13 +117,47 @@ def read_state(record):
 def message(record, replication_id, body):
     """The L{MessageRecord} a follower stores for an append's or delay's operation record."""
     published_at = record.published_at if record.HasField("published_at") else None
+    return MessageRecord(record.message_exchange, record.routing_key,
+                         _properties(record.properties, replication_id), body, published_at)
+
+
+def _properties(encoded, replication_id):
     try:
-        properties = with_replication_id(record.properties, replication_id)
+        return with_replication_id(encoded, replication_id)
     except Exception as problem:  # protobuf's DecodeError
         raise StreamError(f"undecodable properties of message {replication_id}:"
                           f" {problem}") from None
-    return MessageRecord(record.message_exchange, record.routing_key, properties, body,
-                         published_at)
+
+
+class Append(NamedTuple):
+    """
+    What an append's operation record says, read once: a follower keeps one
+    for each distinct record it receives (messages published alike share
+    one) and makes each message's L{MessageRecord} from it.
+    """
+
+    store: str
+    queues: tuple  # ((vhost, name), ...)
+    exchange: str
+    routing_key: str
+    properties: bytes  # as the leader serialised them
+    published_at: object  # int, or None
+
+    @classmethod
+    def of(cls, record, sequence):
+        """The L{Append} of an append's record; raises L{StreamError} if it names no queue."""
+        queues = tuple((key.vhost, key.name) for key in record.queues)
+        if not queues:
+            raise StreamError(f"append at sequence {sequence} names no queue")
+        published_at = record.published_at if record.HasField("published_at") else None
+        return cls(record.store, queues, record.message_exchange, record.routing_key,
+                   record.properties, published_at)
+
+    def message(self, replication_id, body):
+        """The L{MessageRecord} a follower stores for this append with C{replication_id}."""
+        return MessageRecord(self.exchange, self.routing_key,
+                             _properties(self.properties, replication_id), body,
+                             self.published_at)
 
 
 def binding_key(record):
