@@ -7,7 +7,7 @@ from zope.interface import alsoProvides, providedBy
 
 from brokerd.replication.applier import StoreApplier
 from brokerd.replication.in_sync import InSyncSet, WatchedReplicationServer
-from brokerd.replication.promote import leader_stores
+from brokerd.replication.promote import delegate, leader_stores
 
 log = Logger()
 
@@ -26,7 +26,7 @@ class ConfirmingStore:
         alsoProvides(self, *providedBy(tap))
 
     def __getattr__(self, name):
-        return getattr(self._tap, name)
+        return delegate(self, self._tap, name)
 
     def open(self):
         # Opened, and its tap seeded, by the promotion: the broker goes on to recover it.

@@ -33,6 +33,18 @@ class Leadership(NamedTuple):
     history: tuple
 
 
+def delegate(wrapper, wrapped, name):
+    """
+    C{wrapped}'s attribute C{name}, for a wrapper's C{__getattr__}: a method is
+    kept on the wrapper, so that later calls find it at once rather than through
+    C{__getattr__} again (the broker calls the store once or more per message).
+    """
+    value = getattr(wrapped, name)
+    if callable(value):
+        setattr(wrapper, name, value)
+    return value
+
+
 class LeaderStore:
     """
     An opened store, last written as a follower's, read as a leader's: every
@@ -46,7 +58,7 @@ class LeaderStore:
         alsoProvides(self, *providedBy(store))
 
     def __getattr__(self, name):
-        return getattr(self._store, name)
+        return delegate(self, self._store, name)
 
     def topology(self):
         return [item for item in self._store.topology() if not replica.is_state(item)]
