@@ -173,6 +173,8 @@ class NativeChannel:
         self._send(ok_frame(envelope))
 
     def on_basic_publish(self, envelope, request):
+        if request.properties.HasField("replication_id"):
+            request.properties.ClearField("replication_id")  # a cluster's own, not a client's
         self.model.basic_publish(
             request.exchange, request.routing_key, request.properties, request.body,
             request.mandatory,

@@ -11,7 +11,7 @@ from tests.support.replication import Q1, Follower, Leader, messages, topology
 
 
 def has_id_header(record):
-    return any(field.name == replica.ID_HEADER for field in record.properties.headers.fields)
+    return record.properties.HasField("replication_id")
 
 
 class Promotion(unittest.TestCase):
