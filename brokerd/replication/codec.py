@@ -83,9 +83,12 @@ def operation_parts(sequence, operation, record, body=b"", kind=OPERATION):
     (shared, not copied) apart.
     """
     size = OPERATION_HEADER.size + len(record) + len(body)
-    head = (FRAME_HEADER.pack(size + 1, kind)
-            + OPERATION_HEADER.pack(sequence, operation, len(record)) + record)
+    head = _OPERATION_FRAME_HEADER.pack(size + 1, kind, sequence, operation, len(record)) + record
     return (head, body) if body else (head,)
+
+
+# A frame's header and an operation's, packed at once.
+_OPERATION_FRAME_HEADER = struct.Struct(">IBQBI")
 
 
 def decode_operation(payload):

@@ -52,7 +52,7 @@ class OutboundStream:
         """Number and keep one operation (a code of L{codec} and its serialised record)."""
         sequence = self.last_sequence + 1
         parts = codec.operation_parts(sequence, operation, record, body)
-        size = sum(len(part) for part in parts)
+        size = len(parts[0]) + len(body)
         self.last_sequence = sequence
         self._total += size
         self._frames.append((parts, size, self._total))

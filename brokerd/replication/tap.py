@@ -280,13 +280,18 @@ class StoreTap:
             self.record_acks()
         replication_id = self._stream.record(codec.APPEND, self._append_record(message, queues),
                                              message.body)
+        ids = self._ids
         for queue in queues:
-            self._ids.setdefault(queue, {})[handle] = replication_id
+            held = ids.get(queue)
+            if held is None:
+                held = ids[queue] = {}
+            held[handle] = replication_id
         return handle
 
     def ack(self, queue, handle):
         self._store.ack(queue, handle)
-        replication_id = self._ids.get(queue, {}).pop(handle, None)
+        held = self._ids.get(queue)
+        replication_id = None if held is None else held.pop(handle, None)
         if queue in self._counts:
             self._counts[queue].pop(handle, None)
         if replication_id is None:
