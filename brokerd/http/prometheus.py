@@ -147,7 +147,7 @@ class BrokerCollector(Collector):
                 failed.add_metric([user], count)
             yield failed
         if self.cluster is not None:
-            yield from cluster_families(self.cluster)
+            yield from cluster_families(self.cluster, broker.in_sync_alarm)
         cluster_name = self.cluster.cluster_name if self.cluster is not None else None
         yield from identity(self.node, cluster_name)  # rabbitmq_build_info, rabbitmq_identity_info
 

@@ -16,7 +16,7 @@ from tests.support.metrics import value
 
 CLUSTER_FAMILIES = ("brokerd_cluster_leader", "brokerd_cluster_leader_changes_total",
                     "brokerd_cluster_in_sync_replicas", "brokerd_cluster_members", "brokerd_cluster_follower_lag_bytes",
-                    "brokerd_cluster_follower_lag_operations")
+                    "brokerd_cluster_follower_lag_operations", "brokerd_cluster_in_sync_alarm")
 
 
 def samples_of(text):
@@ -52,6 +52,11 @@ class ClusterMetricsTests(unittest.TestCase):
         self.assertEqual(value(leader, "brokerd_cluster_leader_changes_total"), 1)
         self.assertEqual(value(leader, "brokerd_cluster_in_sync_replicas"), 2)
         self.assertEqual(value(leader, "brokerd_cluster_members"), 3)
+        self.assertEqual(value(leader, "brokerd_cluster_in_sync_alarm"), 0)
+        nodes["a"].broker.in_sync_alarm.measured(1, 2)  # as the leader's in-sync set tells it
+        blocked = yield scrape(nodes["a"])
+        self.assertEqual(value(blocked, "brokerd_cluster_in_sync_alarm"), 1)
+        nodes["a"].broker.in_sync_alarm.measured(2, 2)
         self.assertEqual(value(leader, "brokerd_cluster_follower_lag_bytes", node="brokerd@b"), 700)
         self.assertEqual(value(leader, "brokerd_cluster_follower_lag_bytes", node="brokerd@c"), 9000)
         self.assertEqual(value(leader, "brokerd_cluster_follower_lag_operations", node="brokerd@c"), 11)

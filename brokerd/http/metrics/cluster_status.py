@@ -1,6 +1,7 @@
 """brokerd's own families of a cluster's node (L{brokerd.cluster.status.ClusterStatus}), under
 C{brokerd_cluster_}: whether it leads, the leader changes it saw, the in-sync set's and the live
-members' sizes, and, on the leader, each follower's lag. RabbitMQ has no equivalent: its
+members' sizes, whether it blocks publishers for want of nodes in sync, and, on the leader, each
+follower's lag. RabbitMQ has no equivalent: its
 C{rabbitmq_raft_*} families are the Raft logs of quorum queues (terms, log indexes, commit
 latency), one per queue, and brokerd runs no Raft. A node on its own gives none of these.
 """
@@ -10,8 +11,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from brokerd.http.nodename import cluster_node_name
 
 
-def cluster_families(status):
-    """The C{brokerd_cluster_*} metric families of C{status} now."""
+def cluster_families(status, in_sync_alarm=None):
+    """
+    The C{brokerd_cluster_*} metric families of C{status} now, with the state of the
+    broker's L{brokerd.model.in_sync_alarm.InSyncAlarm} where the node runs a broker.
+    """
     yield GaugeMetricFamily("brokerd_cluster_leader", "1 while this node leads its cluster, else 0",
                             value=int(status.is_leader()))
     yield CounterMetricFamily(
@@ -25,6 +29,11 @@ def cluster_families(status):
     yield GaugeMetricFamily("brokerd_cluster_members",
                             "Nodes of the cluster with a live member key (lease) in etcd",
                             value=len(status.running_members()))
+    if in_sync_alarm is not None:
+        yield GaugeMetricFamily(
+            "brokerd_cluster_in_sync_alarm",
+            "1 while this node, leading, blocks publishers: fewer nodes in sync than"
+            " --cluster-min-isr asks for; else 0", value=int(in_sync_alarm.blocked))
     lag_bytes = GaugeMetricFamily(
         "brokerd_cluster_follower_lag_bytes",
         "Bytes of operations a follower has yet to acknowledge (on the leader only)",
