@@ -3,8 +3,9 @@ Relaying a follower's clients to the leader: each connection a follower accepts 
 listener is joined to a new connection to the leader, and bytes pass both ways unchanged.
 
 Nothing is parsed, so every protocol passes (AMQP, the native protocol, HTTP); a cluster node
-relays its plain listeners, not its TLS ones (see docs/clustering.rst). A load balancer or a client's list of hosts keeps working when
-it picks a follower, as with LavinMQ's followers. The one thing added is what the relay is
+relays its plain listeners, not its TLS ones (see docs/clustering.rst). A load balancer or a
+client's list of hosts keeps working when it picks a follower, as with LavinMQ's followers. The
+one thing added is what the relay is
 told to send the leader first, before the client's first byte: a header saying who the client
 is (L{brokerd.replication.relay_proof}), so that the leader does not take the follower for it.
 
