@@ -10,10 +10,8 @@ from twisted.internet.testing import StringTransport
 
 from brokerd.amqp.server import AmqpServerFactory
 from brokerd.model.in_sync_alarm import InSyncAlarm
-from brokerd.native.server import NativeServerFactory
-from brokerd.proto.native_pb2 import Envelope
 from tests.support.broker import (
-    amqp_frames_in, amqp_server_past_start_ok, encode_frame, make_broker, native_hello,
+    amqp_frames_in, amqp_server_past_start_ok, make_broker, native_publisher,
 )
 
 REASON = "replication: 1 in-sync node of the 2 --cluster-min-isr asks for"
@@ -138,19 +136,10 @@ def test_a_client_without_the_capability_is_held_without_a_notice():
 
 def test_native_publishers_are_held_while_it_is_raised():
     broker, clock = make_broker()
-    protocol = NativeServerFactory(broker).buildProtocol(None)
-    transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 40000))
-    protocol.makeConnection(transport)
-    channel_open = Envelope(channel=1)
-    channel_open.channel_open.SetInParent()
-    publish_request = Envelope(channel=1)
-    publish_request.basic_publish.routing_key = "nowhere"
-    publish_request.basic_publish.body = b"x"
-    protocol.dataReceived(native_hello() + encode_frame(channel_open) + encode_frame(publish_request))
-    clock.advance(0)
+    protocol, transport, publish_frame = native_publisher(broker, clock)
     assert transport.producerState == "producing"
     broker.in_sync_alarm.measured(1, 2)
-    protocol.dataReceived(encode_frame(publish_request))
+    protocol.dataReceived(publish_frame)
     clock.advance(0)
     assert transport.producerState == "paused"
     broker.in_sync_alarm.measured(2, 2)

@@ -14,15 +14,13 @@ from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
 from brokerd.amqp.server import AmqpServerFactory
-from brokerd.native.server import NativeServerFactory
 from brokerd.model.disk_alarm import (
     ALARMED_CHECK_SECONDS, MAX_CHECK_SECONDS, MIN_CHECK_SECONDS, WRITE_FAILURE_MARGIN, DiskAlarm,
 )
 from brokerd.process.disk_monitor import FreeSpaceMonitor, parse_disk_free_limit
 from brokerd.process.tap import Options
-from brokerd.proto.native_pb2 import Envelope
 from tests.support.broker import (
-    amqp_frames_in, amqp_server_past_start_ok, encode_frame, make_broker, native_hello,
+    amqp_frames_in, amqp_server_past_start_ok, make_broker, native_publisher,
 )
 
 MB = 1000 * 1000
@@ -197,19 +195,10 @@ def test_amqp_publishers_are_told_which_resources_are_low_as_rabbitmq_says_it():
 
 def test_native_publishers_are_held_while_the_disk_alarm_is_raised():
     broker, clock = make_broker()
-    protocol = NativeServerFactory(broker).buildProtocol(None)
-    transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 40000))
-    protocol.makeConnection(transport)
-    channel_open = Envelope(channel=1)
-    channel_open.channel_open.SetInParent()
-    publish = Envelope(channel=1)
-    publish.basic_publish.routing_key = "nowhere"
-    publish.basic_publish.body = b"x"
-    protocol.dataReceived(native_hello() + encode_frame(channel_open) + encode_frame(publish))
-    clock.advance(0)
+    protocol, transport, publish = native_publisher(broker, clock)
     assert transport.producerState == "producing"
     broker.disk_alarm.measured(broker.disk_alarm.limit - 1)
-    protocol.dataReceived(encode_frame(publish))
+    protocol.dataReceived(publish)
     clock.advance(0)
     assert transport.producerState == "paused"
     broker.disk_alarm.measured(broker.disk_alarm.limit)

@@ -203,6 +203,30 @@ def native_hello(vhost="", client_name="", username="guest", password="guest"):
     return encode_frame(hello)
 
 
+def native_publisher(broker, clock):
+    """
+    A native connection to C{broker} on a StringTransport that has opened channel 1 and
+    published once (to no queue): C{(protocol, transport, publish)}, C{publish} the encoded
+    frame of that publish, to send again.
+    """
+    from twisted.internet.address import IPv4Address
+    from twisted.internet.testing import StringTransport
+
+    from brokerd.proto.native_pb2 import Envelope
+
+    protocol = NativeServerFactory(broker).buildProtocol(None)
+    transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 40000))
+    protocol.makeConnection(transport)
+    channel_open = Envelope(channel=1)
+    channel_open.channel_open.SetInParent()
+    publish = Envelope(channel=1)
+    publish.basic_publish.routing_key = "nowhere"
+    publish.basic_publish.body = b"x"
+    protocol.dataReceived(native_hello() + encode_frame(channel_open) + encode_frame(publish))
+    clock.advance(0)
+    return protocol, transport, encode_frame(publish)
+
+
 def encode_frame(envelope):
     """One native frame: 4-byte big-endian length, then the serialized envelope (or bytes)."""
     import struct
