@@ -11,6 +11,8 @@ import pika
 
 from tests.support.cluster import (
     START_SECONDS,
+    LAG_MARGIN,
+    MAX_LAG,
     TTL,
     ConfirmedPublisher,
     connect,
@@ -24,8 +26,6 @@ from tests.support.pika_clients import pump
 
 pytestmark = needs_etcd
 
-MAX_LAG = 2
-MARGIN = 3.0  # seconds past --cluster-max-lag-seconds a stopped follower may stay in the set
 REASON = "replication: 1 in-sync node of the 2 --cluster-min-isr asks for"
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 WORK = 10  # messages a consumer takes while publishers are blocked
@@ -90,7 +90,7 @@ def test_publishers_are_blocked_while_too_few_nodes_are_in_sync_and_consumers_go
 
     # The follower stops: past the lag bound it leaves the set, and the next publish is the last read.
     follower.pause()
-    cluster.wait_in_sync_set(["a"], timeout=MAX_LAG + MARGIN)
+    cluster.wait_in_sync_set(["a"], timeout=MAX_LAG + LAG_MARGIN)
     plain.basic_publish("", "orders", b"taken", PERSISTENT)
     pump(publisher, lambda: len(notices) == 3, "connection.blocked once b left the set", timeout=START_SECONDS)
     assert notices[2] == ("blocked", REASON)

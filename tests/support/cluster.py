@@ -32,6 +32,8 @@ from tests.support.etcd import EtcdProcess
 
 TTL = 3  # the lease of the tests' nodes, in seconds
 TAKEOVER_MARGIN = 3.0  # seconds past the lease's TTL a new leader may take to serve
+MAX_LAG = 2  # the tests' --cluster-max-lag-seconds
+LAG_MARGIN = 3.0  # seconds past MAX_LAG a stopped follower may stay in the in-sync set
 
 CLUSTER = "c"
 JOINED = "node {name} joined cluster {cluster} ("
