@@ -17,7 +17,6 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from pika.adapters.twisted_connection import TwistedProtocolConnection
 from twisted.internet import defer, protocol, reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint, clientFromString, serverFromString
-from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial import unittest
 
 from backends.memory import MemoryStore
@@ -27,6 +26,7 @@ from brokerd.model.broker import Broker
 from brokerd.replication.relay_proof import MAX_BODY, RelayHeaderCheck, relay_header
 from brokerd.wire.proxied_peer import ProxyHeaderFactory
 from tests.support.broker import wait_until
+from tests.support.logs import LogWatcher
 
 STEP_TIMEOUT = 10.0
 MiB = 1024 * 1024
@@ -72,19 +72,6 @@ class Target(protocol.Factory):
         peer = Peer(self.paused)
         self.peers.append(peer)
         return peer
-
-
-class RelayLog:
-    """The relay's log lines while the test runs."""
-
-    def __init__(self, testcase):
-        self.lines = []
-        globalLogPublisher.addObserver(self._observe)
-        testcase.addCleanup(globalLogPublisher.removeObserver, self._observe)
-
-    def _observe(self, event):
-        if event.get("log_namespace") == "brokerd.cluster.relay":
-            self.lines.append(formatEvent(event))
 
 
 class ClientConnection(TwistedProtocolConnection):
@@ -327,14 +314,14 @@ def full_listener(testcase):
 class NoLeaderTests(RelayTestCase):
     @defer.inlineCallbacks
     def assert_closed_promptly(self, target, expected_line, **options):
-        log = RelayLog(self)
+        log = LogWatcher(self, "brokerd.cluster.relay")
         relay, port = yield self.relay(target, **options)
         client = yield self.connect(port)
         client.transport.write(b"AMQP\x00\x00\x09\x01")
         yield client.lost.addTimeout(3, reactor)
         self.assertEqual(client.size, 0)
         self.assertEqual((relay.active, relay.relayed, relay.failures), (0, 0, 1))
-        (line,) = log.lines
+        (line,) = log.texts
         self.assertIn(expected_line, line)
         self.assertIn("closing the client", line)
 
@@ -372,7 +359,7 @@ class HeaderTests(RelayTestCase):
 
     @defer.inlineCallbacks
     def test_a_header_that_cannot_be_made_closes_the_client_naming_why(self):
-        log = RelayLog(self)
+        log = LogWatcher(self, "brokerd.cluster.relay")
         target, address = yield self.target()
 
         def header(client):
@@ -385,7 +372,7 @@ class HeaderTests(RelayTestCase):
         yield wait_until(lambda: target.peers and target.peers[0].lost.called)
         self.assertEqual((client.size, target.peers[0].size), (0, 0))
         self.assertEqual((relay.active, relay.relayed, relay.failures), (0, 0, 1))
-        (line,) = log.lines
+        (line,) = log.texts
         self.assertIn("cannot tell the leader who the client is: unix:/tmp/x is not a TCP address", line)
 
 

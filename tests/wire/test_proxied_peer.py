@@ -7,7 +7,6 @@ from twisted.internet import defer, protocol, reactor
 from twisted.internet.address import IPv4Address
 from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint
 from twisted.internet.testing import StringTransport
-from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial import unittest
 from twisted.web import resource, server
 
@@ -15,6 +14,7 @@ from brokerd.wire.proxied_peer import ProxyHeaderFactory
 from brokerd.wire.proxy_header import SIGNATURE, HeaderRefused, decode, encode, field
 from brokerd.wire.switching_factory import SwitchingFactory
 from tests.support.broker import wait_until
+from tests.support.logs import LogWatcher
 
 STEP_TIMEOUT = 10.0
 CLIENT = IPv4Address("TCP", "203.0.113.7", 40123)
@@ -79,13 +79,7 @@ class Client(protocol.Protocol):
 
 class ProxiedPeerTests(unittest.TestCase):
     def setUp(self):
-        self.lines = []
-        globalLogPublisher.addObserver(self._observe)
-        self.addCleanup(globalLogPublisher.removeObserver, self._observe)
-
-    def _observe(self, event):
-        if event.get("log_namespace") == "brokerd.wire.refusal_log":
-            self.lines.append(formatEvent(event))
+        self.log = LogWatcher(self, "brokerd.wire.refusal_log")
 
     @defer.inlineCallbacks
     def listen(self, factory):
@@ -124,7 +118,7 @@ class ProxiedPeerTests(unittest.TestCase):
         self.assertEqual((made_peer.host, made_peer.port), (own.host, own.port))
         self.assertEqual({(peer.host, peer.port) for peer in served.peers}, {(own.host, own.port)})
         self.assertIs(served.transport.transport.protocol, served, "the socket delivers to it directly")
-        self.assertEqual(self.lines, [])
+        self.assertEqual(self.log.texts, [])
 
     @defer.inlineCallbacks
     def test_after_a_believed_header_the_protocol_sees_the_client_it_names_and_every_byte_after_it(self):
@@ -164,7 +158,7 @@ class ProxiedPeerTests(unittest.TestCase):
         served = yield self.served_one(factory)
         yield served.lost
         self.assertEqual((client.received, served.received), (b"", b""))
-        self.assertEqual(self.lines, [
+        self.assertEqual(self.log.texts, [
             f"refused --amqp client 127.0.0.1:{own.port} before believing its PROXY header: {reason}"])
 
     def test_a_header_the_check_refuses_drops_the_connection_before_its_protocol_sees_a_byte(self):
