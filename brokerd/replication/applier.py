@@ -151,8 +151,15 @@ class StoreApplier:
                                   self.history)
 
     def apply(self, sequence, operation, record, body):
-        """Make one decoded operation; raises L{StreamError} naming what is wrong with it."""
-        self._check_next(sequence)
+        """
+        Make one decoded operation (an append's record may be given as a
+        L{replica.Append}); raises L{StreamError} naming what is wrong with it.
+        """
+        if self._in_snapshot:
+            raise StreamError(f"operation {sequence} in the middle of a snapshot")
+        if sequence != self.applied_sequence + 1:
+            raise StreamError(f"operation {sequence} out of order: expected"
+                              f" {self.applied_sequence + 1}")
         self._make(sequence, operation, record, body, sequence)
         self.applied_sequence = sequence
 
@@ -164,28 +171,15 @@ class StoreApplier:
         """
         sequence, operation, data, body = codec.split_operation(payload)
         if operation != codec.APPEND:
-            return self.apply(sequence, operation, codec.parse_record(data, operation, sequence),
-                              body)
-        self._check_next(sequence)
-        append = self._appends.get(data)
-        if append is None:
-            append = replica.Append.of(codec.parse_record(data, operation, sequence), sequence)
-            if len(self._appends) >= APPENDS_KEPT:
-                self._appends.clear()
-            self._appends[data] = append
-        try:
-            self._append_to(self._store(append.store, sequence), append, sequence, body)
-        except (ValueError, TypeError, KeyError, IndexError) as problem:
-            raise StreamError(f"append at {sequence} failed: {problem!r}") from None
-        self._changes += 1
-        self.applied_sequence = sequence
-
-    def _check_next(self, sequence):
-        if self._in_snapshot:
-            raise StreamError(f"operation {sequence} in the middle of a snapshot")
-        if sequence != self.applied_sequence + 1:
-            raise StreamError(f"operation {sequence} out of order: expected"
-                              f" {self.applied_sequence + 1}")
+            record = codec.parse_record(data, operation, sequence)
+        else:
+            record = self._appends.get(data)
+            if record is None:
+                record = replica.Append.of(codec.parse_record(data, operation, sequence), sequence)
+                if len(self._appends) >= APPENDS_KEPT:
+                    self._appends.clear()
+                self._appends[data] = record
+        self.apply(sequence, operation, record, body)
 
     def apply_snapshot(self, replication_id, operation, record, body):
         """Make one operation of a snapshot (an append's or delay's C{replication_id} given)."""
@@ -331,11 +325,9 @@ class StoreApplier:
         self.held.bindings(name).pop(replica.binding_key(record.binding), None)
 
     def _append(self, store, name, sequence, record, body):
-        self._append_to(store, replica.Append.of(record, sequence), sequence, body)
-
-    def _append_to(self, store, append, sequence, body):
+        append = record if type(record) is replica.Append else replica.Append.of(record, sequence)
         held = self.held
-        maps = [held.ids(append.store, queue) for queue in append.queues]
+        maps = [held.ids(name, queue) for queue in append.queues]
         for ids in maps:
             if sequence in ids:
                 return  # replayed after a crash: the store has it already
