@@ -34,13 +34,6 @@ FOREVER = 2 ** 63 - 1
 DELAYED_WINDOW = 1000
 
 
-def with_replication_id(encoded_properties, replication_id):
-    """The leader's serialised properties, decoded, with C{replication_id} set in them."""
-    properties = messages_pb2.BasicProperties.FromString(encoded_properties)
-    properties.replication_id = replication_id
-    return properties
-
-
 def split_replication_id(record):
     """
     C{(replication id, record as the leader stored it)} of a record a
@@ -113,11 +106,14 @@ def message(record, replication_id, body):
 
 
 def _properties(encoded, replication_id):
+    """The leader's serialised properties, decoded, with C{replication_id} set in them."""
     try:
-        return with_replication_id(encoded, replication_id)
+        properties = messages_pb2.BasicProperties.FromString(encoded)
     except Exception as problem:  # protobuf's DecodeError
         raise StreamError(f"undecodable properties of message {replication_id}:"
                           f" {problem}") from None
+    properties.replication_id = replication_id
+    return properties
 
 
 class Append(NamedTuple):
