@@ -5,9 +5,9 @@ listener is joined to a new connection to the leader, and bytes pass both ways u
 Nothing is parsed, so every protocol passes (AMQP, the native protocol, HTTP); a cluster node
 relays its plain listeners, not its TLS ones (see docs/clustering.rst). A load balancer or a
 client's list of hosts keeps working when it picks a follower, as with LavinMQ's followers. The
-one thing added is what the relay is
-told to send the leader first, before the client's first byte: a header saying who the client
-is (L{brokerd.replication.relay_proof}), so that the leader does not take the follower for it.
+one thing added is what the relay is told to send the leader first, before the client's first
+byte: a header saying who the client is (L{brokerd.replication.relay_proof}), so that the
+leader does not take the follower for it.
 
 Memory stays bounded whatever either peer does: each side's transport is the streaming
 producer of the other's (a side whose send buffer is full stops the other side being read),
