@@ -13,11 +13,8 @@ from twisted.internet import defer
 
 from brokerd.proto import replication_pb2
 from brokerd.replication import codec
+from brokerd.replication.operations import queue_key
 from brokerd.replication.replica import DELAYED_WINDOW, FOREVER
-
-
-def _key(queue):
-    return replication_pb2.QueueKey(vhost=queue[0], name=queue[1])
 
 
 class Snapshot:
@@ -104,13 +101,13 @@ class Snapshot:
             if not tap.holds(queue, live, handle, replication_id):  # acked while read
                 self.skipped += 1
                 continue
-            operation = tap.message_operation(message, queues=[_key(queue)])
+            operation = tap.operations.message(message, queues=[queue_key(queue)])
             self.messages += 1
             yield self._frame(codec.APPEND, operation, message.body, replication_id)
             count = counts.get(handle)
             if count:
                 yield self._frame(codec.RETURNED, replication_pb2.ReplicatedOperation(
-                    store=tap.store_name, queues=[_key(queue)], messages=[replication_id],
+                    store=tap.store_name, queues=[queue_key(queue)], messages=[replication_id],
                     count=count))
 
     def _delayed(self, tap, delayed):
@@ -121,7 +118,7 @@ class Snapshot:
                 replication_id = delayed.get(item.handle)
                 if replication_id is None or not tap.holds_delayed(item.handle, replication_id):
                     continue
-                operation = tap.message_operation(item.record, target=_key(item.exchange),
+                operation = tap.operations.message(item.record, target=queue_key(item.exchange),
                                                   due=item.due)
                 yield self._frame(codec.DELAY, operation, item.record.body, replication_id)
             if len(window) < DELAYED_WINDOW:

@@ -5,8 +5,9 @@ from typing import NamedTuple
 from zope.interface import alsoProvides, implementer, providedBy
 
 from brokerd.interfaces import IDelayedMessageStore, IMessageStore
-from brokerd.proto import messages_pb2, replication_pb2
+from brokerd.proto import messages_pb2
 from brokerd.replication import codec
+from brokerd.replication.operations import OperationEncoder, queue_key
 
 
 class SnapshotView(NamedTuple):
@@ -17,10 +18,6 @@ class SnapshotView(NamedTuple):
     bindings: list
     messages: list  # (queue, live {handle: id}, copy of it, {handle: delivery count})
     delayed: dict  # {handle: id}
-
-
-def _key(queue):
-    return replication_pb2.QueueKey(vhost=queue[0], name=queue[1])
 
 
 @implementer(IMessageStore, IDelayedMessageStore)
@@ -59,8 +56,7 @@ class StoreTap:
         self._name = store_name
         self._ids = {}  # queue -> {handle: replication id}
         self._delayed = {}  # delay handle -> replication id
-        self._properties = (None, None)  # the last properties encoded, and their bytes
-        self._last_append = (None, None, b"")  # properties, key and bytes of the last append
+        self.operations = OperationEncoder(store_name)
         self._exchanges = {}  # (vhost, name) -> ExchangeRecord
         self._queues = {}  # queue -> QueueRecord
         self._bindings = {}  # binding key -> BindingRecord
@@ -127,10 +123,6 @@ class StoreTap:
     def holds_delayed(self, handle, replication_id):
         return self._delayed.get(handle) == replication_id
 
-    def message_operation(self, message, **fields):
-        """The operation record of an append or delay of C{message}, for a snapshot."""
-        return self._message(message, **fields)
-
     @property
     def name(self):
         return self._store.name
@@ -138,9 +130,6 @@ class StoreTap:
     @property
     def durable(self):
         return self._store.durable
-
-    def _operation(self, **fields):
-        return replication_pb2.ReplicatedOperation(store=self._name, **fields)
 
     def _record(self, operation, record, body=b""):
         if self._acks is not None:
@@ -156,36 +145,8 @@ class StoreTap:
             return
         queue, ids = self._acks
         self._acks = None
-        self._stream.record(codec.ACK_MESSAGE, self._operation(
-            queues=[_key(queue)], messages=ids).SerializeToString())
-
-    def _encoded_properties(self, properties):
-        # Messages published alike share one properties object: encode it once.
-        last, encoded = self._properties
-        if last is not properties:
-            encoded = properties.SerializeToString()
-            self._properties = (properties, encoded)
-        return encoded
-
-    def _append_record(self, message, queues):
-        # Messages published alike (one properties object, exchange, routing key, queues, and
-        # second) have one append record: encode it once.
-        published = int(message.published_at) if message.published_at is not None else None
-        key = (message.exchange, message.routing_key, tuple(queues), published)
-        properties, cached_key, encoded = self._last_append
-        if properties is not message.properties or cached_key != key:
-            encoded = self._message(message, queues=[_key(queue) for queue in queues])
-            encoded = encoded.SerializeToString()
-            self._last_append = (message.properties, key, encoded)
-        return encoded
-
-    def _message(self, message, **fields):
-        operation = self._operation(
-            message_exchange=message.exchange, routing_key=message.routing_key,
-            properties=self._encoded_properties(message.properties), **fields)
-        if message.published_at is not None:
-            operation.published_at = int(message.published_at)
-        return operation
+        self._stream.record(codec.ACK_MESSAGE, self.operations.operation(
+            queues=[queue_key(queue)], messages=ids).SerializeToString())
 
     # Reads and lifecycle pass through.
 
@@ -242,35 +203,36 @@ class StoreTap:
     def save_exchange(self, record):
         self._store.save_exchange(record)
         self._exchanges[(record.vhost, record.name)] = record
-        self._record(codec.SAVE_EXCHANGE, self._operation(exchange=record))
+        self._record(codec.SAVE_EXCHANGE, self.operations.operation(exchange=record))
 
     def delete_exchange(self, vhost, name):
         self._store.delete_exchange(vhost, name)
         self._exchanges.pop((vhost, name), None)
-        self._record(codec.DELETE_EXCHANGE, self._operation(target=_key((vhost, name))))
+        self._record(codec.DELETE_EXCHANGE,
+                     self.operations.operation(target=queue_key((vhost, name))))
 
     def save_queue(self, record):
         self._store.save_queue(record)
         self._queues[(record.vhost, record.name)] = record
         self._ids.setdefault((record.vhost, record.name), {})
-        self._record(codec.SAVE_QUEUE, self._operation(queue_record=record))
+        self._record(codec.SAVE_QUEUE, self.operations.operation(queue_record=record))
 
     def delete_queue(self, queue):
         self._store.delete_queue(queue)
         self._queues.pop(queue, None)
         self._ids.pop(queue, None)
         self._counts.pop(queue, None)
-        self._record(codec.DELETE_QUEUE, self._operation(queues=[_key(queue)]))
+        self._record(codec.DELETE_QUEUE, self.operations.operation(queues=[queue_key(queue)]))
 
     def save_binding(self, record):
         self._store.save_binding(record)
         self._bindings[record.SerializeToString(deterministic=True)] = record
-        self._record(codec.SAVE_BINDING, self._operation(binding=record))
+        self._record(codec.SAVE_BINDING, self.operations.operation(binding=record))
 
     def delete_binding(self, record):
         self._store.delete_binding(record)
         self._bindings.pop(record.SerializeToString(deterministic=True), None)
-        self._record(codec.DELETE_BINDING, self._operation(binding=record))
+        self._record(codec.DELETE_BINDING, self.operations.operation(binding=record))
 
     # Messages.
 
@@ -278,7 +240,7 @@ class StoreTap:
         handle = self._store.append(message, queues)
         if self._acks is not None:
             self.record_acks()
-        replication_id = self._stream.record(codec.APPEND, self._append_record(message, queues),
+        replication_id = self._stream.record(codec.APPEND, self.operations.append(message, queues),
                                              message.body)
         ids = self._ids
         for queue in queues:
@@ -314,8 +276,8 @@ class StoreTap:
         if replication_id is None:
             self.unreplicated += 1
             return
-        self._record(codec.RETURNED, self._operation(
-            queues=[_key(queue)], messages=[replication_id], count=count))
+        self._record(codec.RETURNED, self.operations.operation(
+            queues=[queue_key(queue)], messages=[replication_id], count=count))
 
     def purge(self, queue, handles):
         handles = list(handles)
@@ -329,11 +291,12 @@ class StoreTap:
         ids = [replication_id for replication_id in found if replication_id is not None]
         self.unreplicated += len(found) - len(ids)
         if ids:
-            self._record(codec.PURGE, self._operation(queues=[_key(queue)], messages=ids))
+            self._record(codec.PURGE,
+                         self.operations.operation(queues=[queue_key(queue)], messages=ids))
 
     def delay(self, message, exchange, due):
         handle = self._store.delay(message, exchange, due)
-        operation = self._message(message, target=_key(exchange), due=due)
+        operation = self.operations.message(message, target=queue_key(exchange), due=due)
         self._delayed[handle] = self._record(codec.DELAY, operation, message.body)
         return handle
 
@@ -343,4 +306,4 @@ class StoreTap:
         if replication_id is None:
             self.unreplicated += 1
             return
-        self._record(codec.RELEASE, self._operation(messages=[replication_id]))
+        self._record(codec.RELEASE, self.operations.operation(messages=[replication_id]))
