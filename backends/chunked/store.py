@@ -160,6 +160,9 @@ class ChunkedStore:
     def watch_commit_failures(self, listener):
         self._writer_thread.failures.watch(listener)
 
+    def commit_ledger(self):
+        return self._writer_thread.ledger
+
     def sync(self):
         return self._writer_thread.sync()
 

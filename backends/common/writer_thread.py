@@ -15,7 +15,7 @@ C{on_written}).
 
 from twisted.internet import defer
 
-from brokerd.storage.durability import CommitFailures, GroupCommit
+from brokerd.storage.durability import CommitFailures, CommitLedger, GroupCommit
 
 
 class WriterThread:
@@ -37,6 +37,7 @@ class WriterThread:
         under way) or C{closed}.
     @ivar commit: the L{GroupCommit}, from open on (None before).
     @ivar failures: the L{CommitFailures} of the commits, watched from before open on.
+    @ivar ledger: the L{CommitLedger} that numbers the commits, from before open on.
     """
 
     def __init__(self, name, policy, reactor, take_batch, close_files, on_written=None,
@@ -51,6 +52,7 @@ class WriterThread:
         self._on_written = on_written
         self._lost_in = lost_in
         self.failures = CommitFailures(name)
+        self.ledger = CommitLedger()
         self._open_waiters = []  # Deferreds of close() calls made while opening
 
     @defer.inlineCallbacks
@@ -66,7 +68,8 @@ class WriterThread:
         self.state = "opening"
         self.commit = GroupCommit(self._take_batch, write_batch, self.policy, self._reactor,
                                   name=self.name, on_written=self._on_written,
-                                  lost_in=self._lost_in, failures=self.failures)
+                                  lost_in=self._lost_in, failures=self.failures,
+                                  ledger=self.ledger)
         self.commit.start()
         try:
             found = yield self.commit.call(open_files)

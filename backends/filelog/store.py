@@ -189,6 +189,9 @@ class FilelogStore:
     def watch_commit_failures(self, listener):
         self._writer_thread.failures.watch(listener)
 
+    def commit_ledger(self):
+        return self._writer_thread.ledger
+
     def sync(self):
         return self._writer_thread.sync()
 

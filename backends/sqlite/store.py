@@ -123,6 +123,9 @@ class SqliteStore:
     def watch_commit_failures(self, listener):
         self._writer_thread.failures.watch(listener)
 
+    def commit_ledger(self):
+        return self._writer_thread.ledger
+
     def _lost_appends(self, batch):
         """The C{(queue, handle)} of the entries a failed commit's batch adds."""
         keys = {queue_id: key for key, queue_id in self._queue_ids.items()}

@@ -387,6 +387,14 @@ class ICommitFailures(Interface):
         list of the C{(queue key, handle)} of the appends it held.
         """
 
+    def commit_ledger():
+        """
+        The L{brokerd.storage.durability.CommitLedger} of the store's commits: a
+        writer that notes its C{started} when it writes learns from its
+        C{failed(started + 1)} whether those writes were lost, even when they
+        were taken by a commit that ended before the writer's C{sync()}.
+        """
+
 
 class IVhostStores(Interface):
     """

@@ -183,6 +183,9 @@ class StoreTap:
     def watch_commit_failures(self, listener):
         self._store.watch_commit_failures(listener)
 
+    def commit_ledger(self):
+        return self._store.commit_ledger()
+
     def stats(self):
         return self._store.stats()
 

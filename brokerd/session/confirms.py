@@ -5,7 +5,15 @@ the store holds is confirmed only after a C{store.sync()} that covers it; the
 others are confirmed at once. Outcomes go to the client in sequence order, at the
 end of the reactor turn, as few frames as possible: a run of acks becomes one
 C{multiple} ack. One C{sync()} call per turn covers every publish of that turn.
+
+A commit can take a publish before the turn's C{sync()} is called (the store's
+idle commit, or one another channel's sync started); if that commit fails, the
+later sync alone would wrongly say the publish is safe. So the publishes of a
+turn are kept in groups, one per commit of the store's L{CommitLedger} that
+takes them, and a group whose commit failed is nacked whatever the sync says.
 """
+
+from brokerd.interfaces import ICommitFailures
 
 
 class PublisherConfirms:
@@ -26,7 +34,11 @@ class PublisherConfirms:
         self._last_sequence = 0
         self._sent_through = 0  # every sequence up to this one has been confirmed to the client
         self._outcomes = {}  # sequence -> True (ack) / False (nack), decided but not yet sent
-        self._awaiting_sync = []
+        # Stores whose commits can fail number them: which commit took a publish decides it too.
+        self._ledger = store.commit_ledger() if ICommitFailures.providedBy(store) else None
+        self._awaiting_sync = []  # sequences written while the ledger's started was _group_started
+        self._group_started = 0
+        self._earlier_groups = []  # (started, sequences) of this turn taken by earlier commits
         self._flush_call = None
         self._discarded = False
 
@@ -50,7 +62,14 @@ class PublisherConfirms:
         self._schedule()
 
     def confirm_after_sync(self, sequence):
-        """C{sequence} is safe once the store's next sync completes."""
+        """C{sequence} is safe once the store's next sync completes, if the commit that takes it
+        does not fail."""
+        ledger = self._ledger
+        if ledger is not None and ledger.started != self._group_started:
+            if self._awaiting_sync:
+                self._earlier_groups.append((self._group_started, self._awaiting_sync))
+                self._awaiting_sync = []
+            self._group_started = ledger.started
         self._awaiting_sync.append(sequence)
         self._schedule()
 
@@ -68,21 +87,28 @@ class PublisherConfirms:
     def _flush(self):
         self._flush_call = None
         if self._awaiting_sync:
-            waiting, self._awaiting_sync = self._awaiting_sync, []
+            groups, self._earlier_groups = self._earlier_groups, []
+            groups.append((self._group_started, self._awaiting_sync))
+            self._awaiting_sync = []
             self._store.sync().addCallbacks(
-                self._synced, self._sync_failed, callbackArgs=(waiting,), errbackArgs=(waiting,)
+                self._synced, self._sync_failed, callbackArgs=(groups,), errbackArgs=(groups,)
             )
         self._send()
 
-    def _synced(self, _, sequences):
-        for sequence in sequences:
-            self._outcomes[sequence] = True
+    def _synced(self, _, groups):
+        ledger, outcomes = self._ledger, self._outcomes
+        for started, sequences in groups:
+            # What was written while `started` commits had taken their batch went in the next.
+            safe = ledger is None or not ledger.failed(started + 1)
+            for sequence in sequences:
+                outcomes[sequence] = safe
         self._send()
 
-    def _sync_failed(self, failure, sequences):
+    def _sync_failed(self, failure, groups):
         # The store logs its failed commits, once a run of them, not once a channel.
-        for sequence in sequences:
-            self._outcomes[sequence] = False
+        for _, sequences in groups:
+            for sequence in sequences:
+                self._outcomes[sequence] = False
         self._send()
 
     def _send(self):

@@ -29,10 +29,17 @@ L{CommitFailures} tells whoever watches the store which appends it lost, so
 that the broker takes those messages out of their queues rather than deliver
 what it nacked. A run of failed commits is logged once, when it starts, and
 once more when commits succeed again, whatever the number of publishes.
+
+A commit may take writes whose writer has not called C{sync()} yet (the idle
+commit, or one another writer's sync started); if it fails and the next one
+succeeds, that later C{sync()} alone would report them safe. The
+L{CommitLedger} numbers the commits and remembers which failed, so a writer
+that notes the number when it writes can tell (the publisher confirms do).
 """
 
 import bisect
 import errno
+from collections import deque
 
 from twisted.internet import defer, threads
 from twisted.internet.task import LoopingCall
@@ -43,6 +50,7 @@ from twisted.python.threadpool import ThreadPool
 log = Logger()
 
 IDLE_COMMIT_SECONDS = 0.1
+FAILED_COMMITS_REMEMBERED = 4096
 
 
 class SyncPolicy:
@@ -166,6 +174,43 @@ class CommitFailures:
             self._run = 0
 
 
+class CommitLedger:
+    """
+    Which commit takes what a store is given now, and which commits failed.
+
+    What is written while C{started} is N goes in commit N + 1 (commits are
+    numbered from 1, in the order they take their batches). The numbers of the
+    last L{FAILED_COMMITS_REMEMBERED} failed commits are kept; a commit numbered
+    at or below the last one forgotten is said to have failed, which errs on
+    the side of a nack.
+
+    @ivar started: how many commits have taken their batch.
+    """
+
+    def __init__(self, remembered=FAILED_COMMITS_REMEMBERED):
+        self.started = 0
+        self._remembered = remembered
+        self._failed = set()
+        self._failed_order = deque()
+        self._forgotten_through = 0  # the last failed commit no longer remembered
+
+    def took_batch(self):
+        """A commit took its batch: its number."""
+        self.started += 1
+        return self.started
+
+    def commit_failed(self, number):
+        self._failed.add(number)
+        self._failed_order.append(number)
+        if len(self._failed_order) > self._remembered:
+            self._forgotten_through = self._failed_order.popleft()
+            self._failed.discard(self._forgotten_through)
+
+    def failed(self, number):
+        """Whether commit C{number} failed (or may have: see the class)."""
+        return number in self._failed or number <= self._forgotten_through
+
+
 def _os_problem(error):
     if not isinstance(error, OSError) or not error.strerror:
         return str(error)
@@ -205,10 +250,11 @@ class GroupCommit:
         for the watchers of C{failures}.
     @param failures: the L{CommitFailures} told of each failed commit (made
         here if not given).
+    @param ledger: the L{CommitLedger} that numbers the commits (made here if not given).
     """
 
     def __init__(self, take_batch, write_batch, policy, reactor, name="store", on_written=None,
-                 lost_in=None, failures=None):
+                 lost_in=None, failures=None, ledger=None):
         self.policy = policy
         self._take_batch = take_batch
         self._write_batch = write_batch
@@ -225,6 +271,7 @@ class GroupCommit:
         self.commit_times = CommitTimes()
         self._lost_in = lost_in
         self.failures = failures if failures is not None else CommitFailures(name)
+        self.ledger = ledger if ledger is not None else CommitLedger()
 
     def start(self):
         self._pool.start()
@@ -267,13 +314,14 @@ class GroupCommit:
             return defer.succeed(None)
         fsync = self.policy.fsyncs
         self.commits += 1
+        number = self.ledger.took_batch()
         if fsync:
             self.fsyncs += 1
         running = self._running = self.call(self._write_batch, batch, fsync)
-        running.addBoth(self._committed, waiters, self._reactor.seconds(), batch)
+        running.addBoth(self._committed, waiters, self._reactor.seconds(), batch, number)
         return running
 
-    def _committed(self, result, waiters, started_at, batch=None):
+    def _committed(self, result, waiters, started_at, batch, number):
         self._running = None
         self.commit_times.observe(self._reactor.seconds() - started_at)
         if not isinstance(result, Failure) and self._on_written is not None:
@@ -282,6 +330,7 @@ class GroupCommit:
             except BaseException:
                 result = Failure()
         if isinstance(result, Failure):
+            self.ledger.commit_failed(number)
             # The final commit of a stop: its messages go with the broker, nothing is acked.
             lost = (self._lost_in(batch) if self._lost_in is not None and batch is not None
                     and not self._stopped else [])

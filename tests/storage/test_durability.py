@@ -13,7 +13,7 @@ from zope.interface.verify import verifyObject
 
 from brokerd.interfaces import ICommitFailures
 from brokerd.storage import registry
-from brokerd.storage.durability import IDLE_COMMIT_SECONDS, GroupCommit, SyncPolicy
+from brokerd.storage.durability import IDLE_COMMIT_SECONDS, CommitLedger, GroupCommit, SyncPolicy
 from tests.support.logs import LogWatcher
 
 
@@ -170,6 +170,28 @@ class GroupCommitTests(unittest.TestCase):
         log.add(b"kept")
         yield group.sync()
         self.assertEqual(log.on_disk(), [b"kept"])
+
+    @defer.inlineCallbacks
+    def test_the_ledger_says_which_commit_took_writes_and_whether_it_failed(self):
+        log, group = self.started("always")
+        log.add(b"one")
+        first = group.ledger.started + 1  # the commit that takes what is written now
+        yield group.sync()
+        log.fail_next = True
+        log.add(b"lost")
+        lost = group.ledger.started + 1
+        # Taken by the idle commit, which fails before anyone syncs:
+        deadline = reactor.seconds() + 5
+        while group.failures.failed == 0 and reactor.seconds() < deadline:
+            yield task.deferLater(reactor, 0.01, lambda: None)
+        self.flushLoggedErrors(OSError)
+        log.add(b"two")
+        kept = group.ledger.started + 1
+        yield group.sync()  # succeeds: it took "two" alone
+        self.assertEqual(log.on_disk(), [b"one", b"two"])
+        self.assertEqual((first, lost, kept), (1, 2, 3))
+        self.assertEqual([group.ledger.failed(number) for number in (first, lost, kept)],
+                         [False, True, False])
 
     @defer.inlineCallbacks
     def test_watchers_hear_what_failed_commits_lost_before_their_syncs_fail_and_a_run_is_logged_once(self):
@@ -330,3 +352,12 @@ class CommitResultTests(unittest.TestCase):
 @pytest.mark.parametrize("backend", ["chunked", "filelog", "sqlite"])
 def test_durable_stores_say_what_failed_commits_lost(backend, tmp_path):
     assert verifyObject(ICommitFailures, registry.make_store(backend, str(tmp_path), reactor=task.Clock()))
+
+
+def test_a_ledger_that_forgot_old_failures_says_older_commits_may_have_failed():
+    ledger = CommitLedger(remembered=2)
+    numbers = [ledger.took_batch() for _ in range(6)]
+    assert numbers == [1, 2, 3, 4, 5, 6]
+    for number in (2, 4, 5):
+        ledger.commit_failed(number)
+    assert [ledger.failed(number) for number in numbers] == [True, True, False, True, True, False]
