@@ -167,17 +167,6 @@ def _decode_end_block(expected_magic, data):
 # -- message records
 
 
-def encode_head(message):
-    """The C{StoredMessage} of a published message, without its body (the record keeps that
-    apart)."""
-    stored = messages_pb2.StoredMessage(
-        exchange=message.exchange, routing_key=message.routing_key, properties=message.properties
-    )
-    if message.published_at is not None:
-        stored.published_at = message.published_at
-    return stored.SerializeToString()
-
-
 def record_size(head, body_length):
     """The bytes a record of this head and body takes in a chunk."""
     return RECORD_OVERHEAD + len(head) + body_length

@@ -10,8 +10,9 @@ the space before it zero-filled. Messages are read back from here until
 a commit's result says the files hold them.
 """
 
-from backends.chunked.format import encode_head, record_size
+from backends.chunked.format import record_size
 from backends.chunked.handover import Batch
+from backends.common.message_heads import MessageHeads
 
 
 class MessageTooLarge(ValueError):
@@ -35,6 +36,7 @@ class PendingWrites:
         self.data_size = data_size
         # batches handed to the writer whose records may not be in the files yet
         self._in_flight = []
+        self._heads = MessageHeads()
 
     def recovered(self, position, data_size):
         """The writer's open found the log written up to C{position}, in chunks of
@@ -49,7 +51,7 @@ class PendingWrites:
 
         @raise MessageTooLarge: if the record would not fit in one chunk.
         """
-        head = encode_head(message)
+        head = self._heads.encode(message)
         body = message.body
         if type(body) is not bytes:
             body = bytes(body)

@@ -30,8 +30,8 @@ from array import array
 from typing import NamedTuple
 
 from backends.common.checksum import crc32
+from backends.common.message_heads import encode_head
 from backends.common.fileio import little_endian_bytes, read_little_endian
-from brokerd.proto import messages_pb2
 
 LENGTH = struct.Struct(">I")
 HEADER_SIZE = LENGTH.size
@@ -74,22 +74,19 @@ def queue_of_header(data):
     return (vhost, name)
 
 
-def encode(message):
+def encode(message, heads=None):
     """
     The StoredMessage of a published C{message}, valid, encoded in two parts:
     C{(head, body)}. The head holds every field but the body, then the body's
     tag and length; C{head + body} parses as the whole message (and is what
     C{SerializeToString} would give, unless published_at is set: that field
-    comes after the body), without copying the body.
+    comes after the body), without copying the body. C{heads}, a store's
+    L{MessageHeads}, encodes the fields once for messages published alike.
     """
-    stored = messages_pb2.StoredMessage(
-        valid=True, exchange=message.exchange, routing_key=message.routing_key,
-        properties=message.properties,
-    )
-    if message.published_at is not None:
-        stored.published_at = message.published_at
-    head = stored.SerializeToString()
-    body = bytes(message.body)
+    head = heads.encode(message) if heads is not None else encode_head(message, valid=True)
+    body = message.body
+    if type(body) is not bytes:
+        body = bytes(body)
     if body:
         head += BODY_TAG + _varint(len(body))
     return head, body

@@ -30,6 +30,7 @@ from backends.common.delayed_requests import (
     readable_messages,
 )
 from backends.common.handle_map import HandleMap
+from backends.common.message_heads import MessageHeads
 from backends.common.message_record import loaded_records, record_of
 from backends.common.topology_file import DurableTopology
 from backends.common.writer_thread import WriterThread, appends_in
@@ -129,6 +130,7 @@ class FilelogStore:
         self._lease = HandleLease()
         self._delayed_damage = None  # StoreCorrupted that open found in the delayed files
         self._figures = FiguresNow(0, 0, 0, 0)  # the files' figures as of the last commit
+        self._heads = MessageHeads(valid=True)
 
     @property
     def cache_size(self):
@@ -257,7 +259,7 @@ class FilelogStore:
         handle = self._next_sequence << ROUTE_BITS | route
         self._next_sequence += 1
         batch = self._batch
-        head, body = encode(message)
+        head, body = encode(message, self._heads)
         batch.records[handle] = (head, body, message)
         appends = batch.appends
         for queue in queues:

@@ -32,6 +32,7 @@ thread.
 from twisted.internet import defer
 from zope.interface import implementer
 
+from backends.common.message_heads import MessageHeads
 from backends.common.message_record import loaded_records, record_of
 from backends.common.writer_thread import WriterThread
 from backends.sqlite.database import Batch, Database
@@ -63,7 +64,6 @@ from brokerd.interfaces import (
     StoreCorrupted,
     UnreadableMessage,
 )
-from brokerd.proto import messages_pb2
 from brokerd.storage.durability import SyncPolicy
 
 DEFAULT_CACHE_SIZE = 16 << 20
@@ -96,6 +96,7 @@ class SqliteStore:
         self._reader = MessageReader(path, cache_size)
         self._batch = Batch()
         self._in_flight = []  # batches handed to the writer thread and not committed yet
+        self._heads = MessageHeads(valid=True)
         self._exchanges = {}  # (vhost, name) -> ExchangeRecord
         self._queues = {}  # queue key -> QueueRecord
         self._bindings = {}  # see binding_key -> BindingRecord
@@ -305,14 +306,6 @@ class SqliteStore:
         body = message.body
         if type(body) is not bytes:
             body = bytes(body)
-        stored = messages_pb2.StoredMessage(
-            valid=True,
-            exchange=message.exchange,
-            routing_key=message.routing_key,
-            properties=message.properties,
-        )
-        if message.published_at is not None:
-            stored.published_at = message.published_at
         batch = self._batch
         entries = batch.entries
         holders = 0
@@ -325,7 +318,7 @@ class SqliteStore:
             if entry not in entries:
                 entries[entry] = None
                 holders += 1
-        batch.messages[handle] = (message, stored.SerializeToString(), body, holders)
+        batch.messages[handle] = (message, self._heads.encode(message), body, holders)
         self._appends += 1
         return handle
 

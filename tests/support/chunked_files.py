@@ -11,9 +11,9 @@ from backends.chunked.format import (
     FOOTER_SIZE,
     HEADER_SIZE,
     RECORD_OVERHEAD,
-    encode_head,
     record_size,
 )
+from backends.common.message_heads import encode_head
 from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
 from tests.support.store_contract import JOBS, DirectoryStores, queue_record

@@ -12,11 +12,11 @@ from backends.chunked.format import (
     HEADER_SIZE,
     MESSAGE_CHUNK,
     RECORD_TAIL,
-    encode_head,
     encode_header,
     position_of,
     record_size,
 )
+from backends.common.message_heads import encode_head
 from brokerd.errors import PreconditionFailed
 from brokerd.model.message import Message
 from tests.support.broker import open_channel

@@ -6,7 +6,8 @@ every record after it."""
 from twisted.internet import defer
 from twisted.trial import unittest
 
-from backends.chunked.format import FOOTER_SIZE, HEADER_SIZE, RECORD_TAIL, decode_progress, encode_head, record_size
+from backends.chunked.format import FOOTER_SIZE, HEADER_SIZE, RECORD_TAIL, decode_progress, record_size
+from backends.common.message_heads import encode_head
 from brokerd.interfaces import StoreCorrupted
 from tests.support.chunked_files import ChunkedStores, chunk_path, contents, flip, overwrite
 from tests.support.store_contract import JOBS, message, queue_record
