@@ -8,6 +8,8 @@ as it can on a busy broker.
 """
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from twisted.internet import defer, reactor, task
@@ -50,8 +52,8 @@ class FailedCommitConfirmTests(unittest.TestCase):
         self.channel.confirm_select()
 
     def mktemp_directory(self):
-        path = Path(self.mktemp())
-        path.mkdir(parents=True)
+        path = Path(tempfile.mkdtemp(prefix="brokerd-confirms-"))
+        self.addCleanup(shutil.rmtree, path, True)
         return path
 
     @defer.inlineCallbacks
