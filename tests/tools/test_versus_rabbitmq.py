@@ -53,7 +53,9 @@ def test_every_backend_row_and_round_is_reported_with_every_confirm_and_delivery
         for row in ROWS:
             summary = system["summary"][row]
             assert 0 < summary["min_per_s"] <= summary["per_s"] <= summary["max_per_s"], summary
-            assert summary["nodes_cpu"] > 0 and summary["client_cpu"] > 0, summary
+            assert summary["nodes_cpu"] >= 0 and summary["client_cpu"] > 0, summary
+        # /proc counts CPU in 10 ms ticks: the shortest phases may read 0, the large messages' may not
+        assert system["summary"]["large_publish"]["nodes_cpu"] > 0, system["summary"]
         assert results["ratios"][backend] == {row: None for row in ROWS}  # no RabbitMQ to compare with
 
 
@@ -90,7 +92,7 @@ def test_the_table_has_each_row_per_backend_beside_rabbitmq():
             # brokerd's msg/s (slowest-fastest), RabbitMQ's n/a, the ratio n/a, the cores of brokerd, RabbitMQ (n/a)
             # and of the client while measuring brokerd / RabbitMQ (n/a)
             assert figures[2:4] == ["n/a", "n/a"] and figures[5] == "n/a" and figures[7:] == ["/", "n/a"], line
-            assert float(figures[4]) > 0 and float(figures[6]) > 0, line
+            assert float(figures[4]) >= 0 and float(figures[6]) > 0, line
         assert table[4] == f"brokerd/{backend} runs on {backend}, sync always"
 
 
