@@ -60,6 +60,7 @@ from brokerd.loadgen.amqp_codec import (
 from brokerd.loadgen.process_cpu import CpuWindow
 
 QUEUE = "benchmark-amqp"
+PHASES = ("publish", "consume", "together")  # what L{measure} runs, in this order
 
 
 class QueueType:
@@ -213,14 +214,16 @@ class BrokerCores:
 
 
 def measure(host, port, messages, size, window, prefetch, ack_every, broker_pid=None, queue_type="transient",
-            meter=None, client_name="benchmark"):
+            meter=None, client_name="benchmark", publish_only=False):
     """
     Runs the three phases on the queue of C{queue_type} (a L{QUEUE_TYPES}
     key); returns a dict of rates in messages per second, the publishes
     confirmed and messages consumed in all, and for each phase what its meter
     read (C{PHASE_broker_cpu}): C{meter()} makes one per phase (started just
     before its clock, stopped at its end), by default the cores process
-    C{broker_pid} kept busy meanwhile (None without it).
+    C{broker_pid} kept busy meanwhile (None without it). With C{publish_only}
+    it runs the publish phase alone and then purges the queue, so the broker
+    does not carry the backlog into what is measured next.
     """
     meter = meter or (lambda: BrokerCores(broker_pid))
     kind = QUEUE_TYPES[queue_type]
@@ -254,6 +257,11 @@ def measure(host, port, messages, size, window, prefetch, ack_every, broker_pid=
         results["publish_broker_cpu"] = broker_cpu.stop()
         results["publish_per_s"] = messages / (publisher.finished_at - started)
         results["confirmed"] += publisher.confirmed
+        if publish_only:
+            publishing.rpc(commands.Queue.Purge(queue=kind.queue), commands.Queue.PurgeOk)
+            publishing.close()
+            consuming.close()
+            return results
 
         # consume: the N queued, until the last delivery
         consumer = Consumer(consuming, messages, size, ack_every, 0, kind.queue)

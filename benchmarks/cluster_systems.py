@@ -1,15 +1,17 @@
-"""The systems L{benchmarks.cluster_throughput} compares, each started on loopback and stopped again.
+"""The systems L{benchmarks.cluster_throughput} and L{benchmarks.versus_rabbitmq} compare, each
+started on loopback and stopped again.
 
-  - L{SingleBrokerd}: one ``twistd -n brokerd`` node on the chunked backend;
+  - L{SingleBrokerd}: one ``twistd -n brokerd`` node, on the chunked backend unless told another;
   - L{BrokerdCluster}: a private etcd and three brokerd nodes in cluster mode (chunked,
     ``--cluster-min-isr 2``), ready once etcd's in-sync set names all three; the load goes
     to the leader's AMQP port;
-  - L{RabbitMQCluster}: three RabbitMQ nodes (Debian's ``rabbitmq-server``) joined into one
-    cluster, with their own Erlang cookie and port mapper, no plugins.
+  - L{RabbitMQCluster}: RabbitMQ nodes (Debian's ``rabbitmq-server``; three unless told another
+    size, one being a node on its own) joined into one cluster, with their own Erlang cookie and
+    port mapper, no plugins.
 
 Each gives C{address} (where the load goes), C{pids} (node name -> the process whose CPU,
-with its descendants', is the node's) and C{stop()}, which ends everything it started and
-may be called at any point of a failed start.
+with its descendants', is the node's), C{replicas(queue)} (where the queue's copies are) and
+C{stop()}, which ends everything it started and may be called at any point of a failed start.
 """
 
 import base64
@@ -63,22 +65,29 @@ def wait_for(found, timeout, what):
 
 
 class SingleBrokerd:
-    """One brokerd node on the chunked backend: the figure the cluster is compared with."""
+    """One brokerd node on C{backend}: the figure a cluster, or RabbitMQ's one node, is compared with."""
 
-    key, label = "single", "brokerd single"
-
-    def __init__(self, root):
-        self.directory = os.path.join(root, "brokerd-single")
+    def __init__(self, root, backend="chunked", key="single", label="brokerd single"):
+        self.backend = backend
+        self.key, self.label = key, label
+        self.directory = os.path.join(root, f"brokerd-single-{backend}")
         self.node = None
         self.address = None
         self.pids = {}
+        self.store = None
 
     def start(self):
         os.makedirs(self.directory)
-        self.node = BrokerProcess(["--backend", "chunked", "--data-dir", os.path.join(self.directory, "data"),
+        self.node = BrokerProcess(["--backend", self.backend, "--data-dir", os.path.join(self.directory, "data"),
                                    "--native", "none"], self.directory)
         self.address = parse_tcp(self.node.wait_listening("AMQP", START_SECONDS))
         self.pids = {"brokerd": self.node.process.pid}
+        # What the node says it runs on (logged before it listens): "chunked (OPTIONS), sync always".
+        self.store = self.node.wait_for_output(" starting: .*, backend ").partition(", backend ")[2]
+
+    def replicas(self, queue):
+        """None: one node keeps the one copy."""
+        return None
 
     def stop(self):
         if self.node is not None:
@@ -185,6 +194,10 @@ class BrokerdCluster:
         in_sync = sorted(json.loads(value)) if value else []
         return in_sync if in_sync == sorted(self.nodes) else None
 
+    def replicas(self, queue):
+        """The in-sync set and the leader: a cluster replicates every durable queue to that set."""
+        return f"in-sync set {', '.join(self.in_sync)}, leader {self.leader}"
+
     def stop(self):
         for node in self.nodes.values():  # all at once: a follower left alone would only wait for a leader
             if node.process.poll() is None:
@@ -196,20 +209,21 @@ class BrokerdCluster:
 
 class RabbitMQCluster:
     """
-    Three RabbitMQ nodes on loopback, C{benchN-PID@localhost}, each with its own ports, data, logs
+    C{size} RabbitMQ nodes on loopback, C{benchN-PID@localhost}, each with its own ports, data, logs
     and pid file, sharing a fresh Erlang cookie (in the C{HOME} they all run with) and a port
     mapper (epmd) of their own on a free port, so nothing is shared with other nodes on the
-    machine. Node 2 and 3 join node 1. Run as the C{rabbitmq} user when started by root.
+    machine. The others join node 1. Run as the C{rabbitmq} user when started by root.
     """
 
-    key, label = "rabbitmq", "RabbitMQ cluster"
+    key = "rabbitmq"
 
-    def __init__(self, root, bin_dir=RABBITMQ_BIN):
+    def __init__(self, root, bin_dir=RABBITMQ_BIN, size=CLUSTER_SIZE, label="RabbitMQ cluster"):
         self.directory = os.path.join(root, "rabbitmq")
         self.bin_dir = bin_dir
+        self.label = label
         self.user = "rabbitmq" if os.geteuid() == 0 else None
         self.epmd_port = free_port()
-        self.nodes = [f"bench{number}-{os.getpid()}@localhost" for number in range(1, CLUSTER_SIZE + 1)]
+        self.nodes = [f"bench{number}-{os.getpid()}@localhost" for number in range(1, size + 1)]
         self.processes = {}
         self.address = None
         self.pids = {}
@@ -294,6 +308,13 @@ class RabbitMQCluster:
                 return sorted(row["members"]) if row["type"] == "quorum" else []
         raise StartFailed(f"RabbitMQ lists no queue {queue!r}: {listing}")
 
+    def replicas(self, queue):
+        """The quorum queue C{queue}'s members, which must be every node (L{StartFailed} otherwise)."""
+        members = self.queue_members(queue)
+        if members != sorted(self.nodes):
+            raise StartFailed(f"the quorum queue's members are {members}, not all of {self.nodes}")
+        return f"quorum queue members {', '.join(members)}"
+
     def ctl(self, node, *arguments, timeout=STOP_SECONDS):
         """C{rabbitmqctl -n NODE ARGUMENTS} with the cluster's cookie; its output, or L{StartFailed}."""
         command = [os.path.join(self.bin_dir, "rabbitmqctl"), "-n", node, *arguments]
@@ -334,4 +355,5 @@ class RabbitMQCluster:
                            env=self._environment(), user=self.user, capture_output=True, timeout=STOP_SECONDS)
 
 
-SYSTEMS = {system.key: system for system in (SingleBrokerd, BrokerdCluster, RabbitMQCluster)}
+# What cluster_throughput --systems names, by the keys they report under.
+SYSTEMS = {"single": SingleBrokerd, "cluster": BrokerdCluster, "rabbitmq": RabbitMQCluster}

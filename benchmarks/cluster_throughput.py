@@ -25,105 +25,12 @@ started is stopped at the end, on failure and on Ctrl-C too.
 
 import argparse
 import json
-import os
-import shutil
-import signal
-import statistics
 import sys
-import tempfile
-import time
 
-from pamqp import commands
+from benchmarks.cluster_systems import SYSTEMS
+from benchmarks.side_by_side import PHASES, QUEUE_TYPE, cores, measure_in_rounds, run_benchmark, run_round, summarise
 
-from benchmarks.amqp_throughput import QUEUE_TYPES, measure
-from benchmarks.cluster_systems import SYSTEMS, StartFailed
-from brokerd.loadgen.amqp_client import Connection, Loop
-from brokerd.loadgen.amqp_codec import BenchmarkError
-from brokerd.loadgen.process_cpu import cpu_seconds
-from brokerd.testing import BrokerFailed
-
-PHASES = ("publish", "consume", "together")
-QUEUE_TYPE = "quorum"
-
-
-class CpuMeter:
-    """
-    The cores each process of C{pids} (name -> pid, with its descendants) and this process kept
-    busy from L{start} to L{stop}.
-    """
-
-    def __init__(self, pids):
-        self.pids = pids
-
-    def start(self):
-        self.started_at = time.perf_counter()
-        self.client = time.process_time()
-        self.nodes = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
-        return self
-
-    def stop(self):
-        """C{{"nodes": {name: cores}, "nodes_total": cores, "client": cores}} since L{start}."""
-        elapsed = time.perf_counter() - self.started_at
-        client = (time.process_time() - self.client) / elapsed
-        nodes = {}
-        for name, pid in self.pids.items():
-            now = cpu_seconds(pid)
-            nodes[name] = None if now is None or self.nodes[name] is None else (now - self.nodes[name]) / elapsed
-        total = None if None in nodes.values() else sum(nodes.values())
-        return {"nodes": nodes, "nodes_total": total, "client": client}
-
-
-class PhaseMeter:
-    """One phase's L{CpuMeter} of the measured system's nodes (C{pids}), with the cores the idle
-    systems (C{idle_pids}) used meanwhile."""
-
-    def __init__(self, pids, idle_pids):
-        self.meters = CpuMeter(pids), CpuMeter(idle_pids)
-
-    def start(self):
-        for meter in self.meters:
-            meter.start()
-        return self
-
-    def stop(self):
-        measured, idle = (meter.stop() for meter in self.meters)
-        measured["idle_systems"] = idle["nodes_total"]
-        return measured
-
-
-def run_round(address, pids, idle_pids, options):
-    """
-    The three phases against C{address}, by L{benchmarks.amqp_throughput.measure}; returns each
-    phase's rate, the CPU of the system's nodes (C{pids}) and the client, and the cores the idle
-    systems (C{idle_pids}) used meanwhile, with how many publishes were confirmed and messages
-    consumed.
-    """
-    results = measure(*address, options.messages, options.size, options.window, options.prefetch,
-                      options.ack_every, queue_type=QUEUE_TYPE, client_name="cluster-benchmark",
-                      meter=lambda: PhaseMeter(pids, idle_pids))
-    for phase in PHASES:
-        results[f"{phase}_cpu"] = results.pop(f"{phase}_broker_cpu")
-    return results
-
-
-def summarise(rounds):
-    """Per phase: the median rate with the slowest and fastest round, and the median cores busy."""
-    summary = {}
-    for phase in PHASES:
-        rates = [result[f"{phase}_per_s"] for result in rounds]
-        cpu = [result[f"{phase}_cpu"] for result in rounds]
-        summary[phase] = {
-            "per_s": statistics.median(rates), "min_per_s": min(rates), "max_per_s": max(rates),
-            "nodes_cpu": median_or_none([c["nodes_total"] for c in cpu]),
-            "node_cpu": {name: median_or_none([c["nodes"][name] for c in cpu]) for name in cpu[0]["nodes"]},
-            "client_cpu": statistics.median(c["client"] for c in cpu),
-            "idle_systems_cpu": median_or_none([c["idle_systems"] for c in cpu]),
-        }
-    return summary
-
-
-def median_or_none(values):
-    return None if None in values or not values else statistics.median(values)
+CLIENT_NAME = "cluster-benchmark"
 
 
 def ratios(systems):
@@ -170,10 +77,6 @@ def print_table(report):
             print(f"{system['label']}: {system['replicas']}")
 
 
-def cores(value):
-    return "n/a" if value is None else f"{value:.2f}"
-
-
 def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=100_000, help="messages per phase")
@@ -206,82 +109,24 @@ def parse_options(argv):
 
 def compare(options, root):
     """Starts the systems one after the other, measures them round after round; the report."""
-    started = []
-    try:
-        for key in options.systems:
-            system = SYSTEMS[key](root)
-            started.append(system)
-            print(f"starting {system.label}", file=sys.stderr, flush=True)
-            system.start()
-            print(f"{system.label} up: " + ", ".join(f"{name} pid {pid}" for name, pid in system.pids.items()),
-                  file=sys.stderr, flush=True)
-        replicas = declare_and_check_replicas(started)
-        rounds = {system.key: [] for system in started}
-        for number in range(options.rounds):
-            shift = number % len(started)
-            for system in started[shift:] + started[:shift]:
-                idle = {f"{other.key}/{name}": pid for other in started if other is not system
-                        for name, pid in other.pids.items()}
-                print(f"round {number + 1}: {system.label}", file=sys.stderr, flush=True)
-                rounds[system.key].append(run_round(system.address, system.pids, idle, options))
-    finally:
-        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
-        try:
-            for system in reversed(started):
-                system.stop()
-        finally:
-            signal.signal(signal.SIGINT, interrupt)
+    systems = [SYSTEMS[key](root) for key in options.systems]
+    replicas, rounds = measure_in_rounds(
+        systems, options.rounds,
+        lambda system, idle: run_round(system.address, system.pids, idle, options, CLIENT_NAME), CLIENT_NAME)
     return {
         "messages": options.messages, "size": options.size, "rounds": options.rounds, "queue_type": QUEUE_TYPE,
         "window": options.window, "prefetch": options.prefetch, "ack_every": options.ack_every,
         "systems": {system.key: {"label": system.label, "pids": system.pids, "replicas": replicas[system.key],
                                  "rounds": rounds[system.key], "summary": summarise(rounds[system.key])}
-                    for system in started},
+                    for system in systems},
     }
-
-
-def declare_and_check_replicas(systems):
-    """
-    Declares the queue on each system before measuring; says where its copies are: the brokerd
-    cluster's in-sync set, the RabbitMQ quorum queue's members (which must be all three nodes).
-    """
-    kind, replicas = QUEUE_TYPES[QUEUE_TYPE], {}
-    for system in systems:
-        connection = Connection(Loop(), *system.address, "cluster-benchmark-declare")
-        connection.open()
-        connection.rpc(kind.declare(), commands.Queue.DeclareOk)
-        connection.close()
-        replicas[system.key] = None
-        if system.key == "cluster":
-            replicas[system.key] = f"in-sync set {', '.join(system.in_sync)}, leader {system.leader}"
-        elif system.key == "rabbitmq":
-            members = system.queue_members(kind.queue)
-            if members != sorted(system.nodes):
-                raise StartFailed(f"the quorum queue's members are {members}, not all of {system.nodes}")
-            replicas[system.key] = f"quorum queue members {', '.join(members)}"
-    return replicas
-
-
-def stop_on_sigterm(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(argv=None):
     options = parse_options(argv)
-    signal.signal(signal.SIGTERM, stop_on_sigterm)  # kill PID stops what was started, as Ctrl-C does
-    root = tempfile.mkdtemp(prefix="brokerd-cluster-bench-")
-    print(f"working in {root}", file=sys.stderr, flush=True)
-    os.chmod(root, 0o755)  # the RabbitMQ nodes may run as another user
-    try:
-        report = compare(options, root)
-    except (BenchmarkError, BrokerFailed, StartFailed, OSError) as problem:
-        print(f"cluster_throughput: {problem}", file=sys.stderr)
+    report = run_benchmark("cluster_throughput", compare, options, prefix="brokerd-cluster-bench-")
+    if report is None:
         return None
-    except KeyboardInterrupt:
-        print("cluster_throughput: interrupted; everything it started is stopped", file=sys.stderr)
-        return None
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
     report["ratios"] = ratios(report["systems"])
     if options.json:
         print(json.dumps(report, indent=2))

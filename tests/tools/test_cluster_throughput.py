@@ -5,16 +5,14 @@ also when it is stopped halfway."""
 
 import json
 import os
-import queue
-import signal
 import subprocess
 import sys
-import threading
 
 import pytest
 
 from tests.support.etcd import needs_etcd
 from tests.support.paths import ROOT
+from tests.tools.benchmark_runs import gone, started_pids, stopped_once_measuring, working_directory
 
 pytestmark = [needs_etcd, pytest.mark.long_module(seconds=40)]
 
@@ -23,28 +21,6 @@ MESSAGES = 2000
 ROUNDS = 2
 COMMAND = [sys.executable, "-m", "benchmarks.cluster_throughput", "--messages", str(MESSAGES), "--rounds", str(ROUNDS),
            "--window", "500", "--prefetch", "200", "--systems", "single,cluster"]
-
-
-def gone(pid):
-    """True once process C{pid} has exited (a zombie, reparented and not yet reaped, counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rpartition(")")[2].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
-def started_pids(stderr_lines):
-    """The process ids the benchmark said its systems run as (its ``LABEL up: NAME pid PID, ...`` lines)."""
-    pids = []
-    for line in stderr_lines:
-        if " up: " in line:
-            pids += [int(part.rpartition(" pid ")[2]) for part in line.partition(" up: ")[2].split(", ")]
-    return pids
-
-
-def working_directory(stderr_lines):
-    return next(line.removeprefix("working in ").strip() for line in stderr_lines if line.startswith("working in "))
 
 
 @pytest.fixture(scope="module")
@@ -115,23 +91,7 @@ def test_the_table_names_each_phase_system_and_ratio():
 def test_a_run_stopped_halfway_stops_everything_it_started():
     command = [sys.executable, "-m", "benchmarks.cluster_throughput", "--messages", "1000000", "--systems",
                "single,cluster"]
-    benchmark = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    lines, arrived = [], queue.Queue()
-    threading.Thread(target=lambda: [arrived.put(line) for line in benchmark.stderr] + [arrived.put(None)],
-                     daemon=True).start()
-    try:
-        while not lines or not lines[-1].startswith("round 1"):  # measuring, with both systems up
-            line = arrived.get(timeout=120)
-            assert line is not None, lines
-            lines.append(line)
-        benchmark.send_signal(signal.SIGTERM)
-        assert benchmark.wait(120) == 1
-    finally:
-        if benchmark.poll() is None:
-            benchmark.kill()
-            benchmark.wait()
-    while (line := arrived.get(timeout=10)) is not None:
-        lines.append(line)
+    lines = stopped_once_measuring(command)
     assert "cluster_throughput: interrupted; everything it started is stopped\n" in lines
     pids = started_pids(lines)
     assert len(pids) == 5, lines
