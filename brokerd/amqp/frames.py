@@ -38,6 +38,7 @@ def method_index(class_id, method_id):
 
 BASIC_PUBLISH = method_index(60, 40)
 BASIC_ACK = method_index(60, 80)
+TX_COMMIT = method_index(90, 20)
 
 FRAME_START = Struct(">BHI")
 METHOD_INDEX = Struct(">I")

@@ -7,6 +7,7 @@ model; a rule broken there raises the error sent back.
 """
 
 from pamqp import commands
+from twisted.python.failure import Failure
 
 from brokerd.amqp import frames
 from brokerd.errors import MethodNotImplemented
@@ -227,8 +228,17 @@ def tx_select(channel, method):
 
 @_handles(commands.Tx.Commit)
 def tx_commit(channel, method):
-    channel.model.tx_commit()
-    _reply(channel, commands.Tx.CommitOk())
+    # Answered once what the transaction stored is safe (at once if it stored nothing).
+    channel.model.tx_commit().addBoth(_commit_outcome, channel)
+
+
+def _commit_outcome(outcome, channel):
+    if channel.closing or channel.model.closed:
+        return  # the client closed the channel, or its connection went, meanwhile
+    if isinstance(outcome, Failure):
+        channel.close(outcome.value, frames.TX_COMMIT)
+    else:
+        _reply(channel, commands.Tx.CommitOk())
 
 
 @_handles(commands.Tx.Rollback)

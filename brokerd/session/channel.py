@@ -33,7 +33,7 @@ from brokerd.session.confirms import PublisherConfirms
 from brokerd.session.consumer import delivered_message, trace_delivery
 from brokerd.session.consumers import ChannelConsumers
 from brokerd.session.deliveries import Deliveries
-from brokerd.session.transactions import Transaction
+from brokerd.session.transactions import CommitOutcome, Transaction
 
 log = Logger()
 
@@ -75,6 +75,7 @@ class Channel:
         self._last_queue_name = None
         self._confirms = None  # PublisherConfirms in confirm mode
         self._transaction = None  # Transaction in tx mode
+        self._committing = None  # the CommitOutcome of the tx.commit running its publishes
 
     def __repr__(self):
         return f"<Channel {self.id} of {self.connection!r}>"
@@ -298,6 +299,8 @@ class Channel:
                 confirms.confirm_after_sync(sequence)
             else:
                 confirms.confirm(sequence)
+        elif self._committing is not None:
+            self._committing.published(stored, refused)
 
     # -- consuming
 
@@ -452,14 +455,20 @@ class Channel:
     def tx_commit(self):
         """
         Apply the transaction's publishes and settlements, in the order they
-        came; a new one begins.
+        came; a new one begins. Returns the Deferred of its L{CommitOutcome}:
+        it fires once the messages the store took are safe (tx.commit-ok
+        waits for it, as RabbitMQ's does), or fails with "partial tx
+        completion".
         """
         transaction = self._open_transaction()
         self._transaction = None  # what it kept runs now as it would have outside tx mode
+        outcome = self._committing = CommitOutcome(self.vhost.store)
         try:
             transaction.commit()
         finally:
             self._transaction = transaction
+            self._committing = None
+        return outcome.safe()
 
     def tx_rollback(self):
         """

@@ -4,9 +4,17 @@ In tx mode a channel's publishes, acks, nacks and rejects wait, in order, for
 tx.commit; the bodies of the publishes waiting count against the memory
 watermark meanwhile. A L{Transaction} keeps them; the channel
 (L{brokerd.session.channel.Channel}) decides what waits and runs what commits.
+As RabbitMQ's does, the commit is answered once the messages the store took are
+as safe as a publisher confirm would say (L{CommitOutcome}), and fails as a
+partial completion if a full queue refused a publish or a store commit lost one.
 """
 
+from twisted.internet import defer
+
 from brokerd.errors import PreconditionFailed
+from brokerd.interfaces import ICommitFailures
+
+PARTIAL_COMPLETION = "partial tx completion"  # RabbitMQ's words, on tx.commit
 
 
 class Transaction:
@@ -82,3 +90,43 @@ class Transaction:
         size, self._held_bytes = self._held_bytes, 0
         if size:
             self._watermark.release(size)
+
+
+class CommitOutcome:
+    """
+    What the publishes of one tx.commit came to, told by the channel as it runs them: whether
+    the store took some, and whether a full queue refused one.
+    """
+
+    def __init__(self, store):
+        self._store = store
+        self._ledger = store.commit_ledger() if ICommitFailures.providedBy(store) else None
+        # What is written while the ledger's started is this goes in the next commit.
+        self._started = self._ledger.started if self._ledger is not None else 0
+        self._stored = self._refused = False
+
+    def published(self, stored, refused):
+        self._stored = self._stored or stored
+        self._refused = self._refused or refused
+
+    def safe(self):
+        """
+        A Deferred that fires once what the store took is as safe as the sync policy (and a
+        cluster's in-sync set) promises; it fails with L{PreconditionFailed} (RabbitMQ's
+        "partial tx completion") if a full queue refused a publish, or if the commit that took
+        them failed.
+        """
+        if self._refused:
+            return defer.fail(PreconditionFailed(PARTIAL_COMPLETION))
+        if not self._stored:
+            return defer.succeed(None)
+        return self._store.sync().addCallbacks(self._synced, self._sync_failed)
+
+    def _synced(self, _):
+        if self._ledger is not None and self._ledger.failed(self._started + 1):
+            raise PreconditionFailed(PARTIAL_COMPLETION)
+
+    @staticmethod
+    def _sync_failed(failure):
+        # The store logs its failed commits (once a run of them).
+        raise PreconditionFailed(PARTIAL_COMPLETION)

@@ -171,6 +171,20 @@ def test_tx_mandatory_unroutable_returned_at_commit(connection, channel, name):
     assert [(method.reply_code, body) for method, body in returned] == [(312, b"unroutable in tx")]
 
 
+def test_tx_commit_with_a_publish_a_full_queue_refused_is_a_partial_completion(connection, name):
+    """RabbitMQ 3.10 answers so: 406 "partial tx completion", and what the queue took stays."""
+    queue = name()
+    connection.channel().queue_declare(queue, durable=True,
+                                       arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    channel = connection.channel()
+    channel.tx_select()
+    for body in (b"kept", b"refused"):
+        channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
+    error = closed_by_broker(channel.tx_commit)
+    assert (error.reply_code, error.reply_text) == (406, "PRECONDITION_FAILED - partial tx completion")
+    assert get_bodies(connection.channel(), queue) == [b"kept"]
+
+
 def test_tx_commit_without_select_is_refused(channel):
     error = closed_by_broker(channel.tx_commit)
     assert error.reply_code == 406

@@ -1,23 +1,8 @@
 """Publisher confirms: numbering, per-turn batching, waiting for store syncs, order, nacks and close."""
 
 import pytest
-from twisted.internet import defer
 
-from backends.memory import MemoryStore
-from tests.support.broker import make_broker, open_channel, properties
-
-
-class HandSyncedStore(MemoryStore):
-    """A memory store whose sync() Deferreds fire only when the test fires them."""
-
-    def __init__(self):
-        super().__init__()
-        self.syncs = []
-
-    def sync(self):
-        synced = defer.Deferred()
-        self.syncs.append(synced)
-        return synced
+from tests.support.broker import HandSyncedStore, make_broker, open_channel, properties
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """A publish that a store commit took before its channel asked for a sync, and that commit
-failed: the confirm is a nack, even though the channel's own sync succeeds.
+failed: the confirm is a nack, even though the channel's own sync succeeds; a transaction whose
+commit failed is refused ("partial tx completion"), not answered with commit-ok.
 
 Real filelog stores on a tmpfs too small for the message (mounting needs root; skipped
 elsewhere), a broker model, a confirm-mode channel. The store's timers run on a clock the test
@@ -16,6 +17,7 @@ from twisted.internet import defer, reactor, task
 from twisted.trial import unittest
 
 from backends.filelog import FilelogStore
+from brokerd.errors import PreconditionFailed
 from brokerd.storage.durability import IDLE_COMMIT_SECONDS
 from tests.support.broker import make_broker, open_channel, properties, ready
 from tests.support.small_disk import free_bytes, small_filesystem, write_filler
@@ -88,3 +90,17 @@ class FailedCommitConfirmTests(unittest.TestCase):
         yield self.until(lambda: len(self.peer.confirms) == 2, "second confirm")
         self.assertEqual(self.peer.confirms[1], (2, False, True))
         self.assertEqual(len(self.failures), 1)
+
+    @defer.inlineCallbacks
+    def test_a_transaction_whose_store_commit_failed_is_refused_and_its_message_dropped(self):
+        channel, _ = open_channel(self.broker, channel_id=2, connection=self.channel.connection)
+        channel.tx_select()
+        channel.basic_publish("", "durable", properties(persistent=True), b"x" * (64 << 10))
+        outcomes = []
+        channel.tx_commit().addBoth(outcomes.append)
+        yield self.until(lambda: outcomes, "tx.commit outcome")
+        [failure] = outcomes
+        self.assertTrue(failure.check(PreconditionFailed))
+        self.assertEqual(failure.value.reply_text, "PRECONDITION_FAILED - partial tx completion")
+        self.assertEqual(len(self.failures), 1)
+        self.assertEqual(ready(self.broker, "durable"), 0)

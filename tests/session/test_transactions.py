@@ -4,7 +4,7 @@ and how tx and confirm modes exclude each other."""
 import pytest
 
 from brokerd.errors import PreconditionFailed
-from tests.support.broker import open_channel, publish, ready
+from tests.support.broker import HandSyncedStore, make_broker, open_channel, publish, ready
 
 
 def transactional(broker, clock, queue="q"):
@@ -110,3 +110,40 @@ def test_commit_and_rollback_need_tx_mode(broker, end):
     channel, _ = open_channel(broker)
     with pytest.raises(PreconditionFailed, match="channel is not transactional"):
         getattr(channel, end)()
+
+
+def test_a_commit_that_stored_messages_is_answered_once_the_store_made_them_safe():
+    store = HandSyncedStore()
+    broker, clock = make_broker(store)
+    channel, _ = open_channel(broker)
+    channel.queue_declare("durable", durable=True)
+    channel.tx_select()
+    publish(channel, "durable", b"kept", persistent=True)
+    committed = channel.tx_commit()
+    assert ready(broker, "durable") == 1 and not committed.called
+    [synced] = store.syncs
+    synced.callback(None)
+    assert committed.called and committed.result is None
+
+
+def test_a_commit_that_stored_nothing_is_answered_at_once(broker, clock):
+    channel, _ = open_channel(broker)
+    channel.queue_declare("durable", durable=True)
+    channel.tx_select()
+    publish(channel, "durable", b"transient")
+    assert channel.tx_commit().result is None
+
+
+def test_a_commit_with_a_publish_a_full_queue_refused_fails_as_rabbitmq_says_and_keeps_the_rest():
+    broker, clock = make_broker(HandSyncedStore())
+    channel, _ = open_channel(broker)
+    channel.queue_declare("durable", durable=True,
+                          arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    channel.tx_select()
+    publish(channel, "durable", b"kept", b"refused", persistent=True)
+    failures = []
+    channel.tx_commit().addErrback(failures.append)
+    [failure] = failures
+    assert failure.check(PreconditionFailed)
+    assert failure.value.reply_text == "PRECONDITION_FAILED - partial tx completion"
+    assert ready(broker, "durable") == 1

@@ -45,6 +45,19 @@ class RecordingPeer:
         return [message.body for _, _, _, message in self.deliveries]
 
 
+class HandSyncedStore(MemoryStore):
+    """A memory store whose sync() Deferreds fire only when the test fires them."""
+
+    def __init__(self):
+        super().__init__()
+        self.syncs = []
+
+    def sync(self):
+        synced = defer.Deferred()
+        self.syncs.append(synced)
+        return synced
+
+
 def make_broker(store=None):
     """A broker on a memory store (unless given) and a Clock; returns (broker, clock)."""
     clock = task.Clock()
