@@ -33,7 +33,7 @@ from brokerd.session.confirms import PublisherConfirms
 from brokerd.session.consumer import delivered_message, trace_delivery
 from brokerd.session.consumers import ChannelConsumers
 from brokerd.session.deliveries import Deliveries
-from brokerd.session.transactions import CommitOutcome, Transaction
+from brokerd.session.transactions import Transaction
 
 log = Logger()
 
@@ -75,7 +75,6 @@ class Channel:
         self._last_queue_name = None
         self._confirms = None  # PublisherConfirms in confirm mode
         self._transaction = None  # Transaction in tx mode
-        self._committing = None  # the CommitOutcome of the tx.commit running its publishes
 
     def __repr__(self):
         return f"<Channel {self.id} of {self.connection!r}>"
@@ -271,8 +270,9 @@ class Channel:
             self.access.check_topic_write(self.vhost, message)
         if message.properties.reply_to == REPLY_QUEUE:
             message = self.connection.broker.replies.with_reply_address(self, message)
-        if self._transaction is not None:
-            self._transaction.hold_publish(self.publish, (message, mandatory), len(message.body))
+        transaction = self._transaction
+        if transaction is not None and transaction.committing is None:
+            transaction.hold_publish(self.publish, (message, mandatory), len(message.body))
             return
         confirms = self._confirms
         if confirms is not None:
@@ -299,8 +299,8 @@ class Channel:
                 confirms.confirm_after_sync(sequence)
             else:
                 confirms.confirm(sequence)
-        elif self._committing is not None:
-            self._committing.published(stored, refused)
+        elif transaction is not None:  # its commit runs this publish
+            transaction.committing.published(stored, refused)
 
     # -- consuming
 
@@ -368,7 +368,7 @@ class Channel:
     # -- settling deliveries
 
     def basic_ack(self, delivery_tag, multiple=False):
-        if self._transaction is not None:
+        if self._holds_for_commit():
             self._transaction.hold_settlement(
                 self.basic_ack, (delivery_tag, multiple), delivery_tag, multiple
             )
@@ -381,7 +381,7 @@ class Channel:
         self._refill(deliveries.release(entries))
 
     def basic_nack(self, delivery_tag, multiple=False, requeue=True):
-        if self._transaction is not None:
+        if self._holds_for_commit():
             self._transaction.hold_settlement(
                 self.basic_nack, (delivery_tag, multiple, requeue), delivery_tag, multiple
             )
@@ -389,7 +389,7 @@ class Channel:
         self._settle_refused(self.deliveries.take(delivery_tag, multiple), requeue)
 
     def basic_reject(self, delivery_tag, requeue=True):
-        if self._transaction is not None:
+        if self._holds_for_commit():
             self._transaction.hold_settlement(
                 self.basic_reject, (delivery_tag, requeue), delivery_tag, False
             )
@@ -460,15 +460,7 @@ class Channel:
         waits for it, as RabbitMQ's does), or fails with "partial tx
         completion".
         """
-        transaction = self._open_transaction()
-        self._transaction = None  # what it kept runs now as it would have outside tx mode
-        outcome = self._committing = CommitOutcome(self.vhost.store)
-        try:
-            transaction.commit()
-        finally:
-            self._transaction = transaction
-            self._committing = None
-        return outcome.safe()
+        return self._open_transaction().commit(self.vhost.store)
 
     def tx_rollback(self):
         """
@@ -476,6 +468,11 @@ class Channel:
         un-acked); a new one begins.
         """
         self._open_transaction().rollback()
+
+    def _holds_for_commit(self):
+        """In tx mode, outside the commit that runs what it held."""
+        transaction = self._transaction
+        return transaction is not None and transaction.committing is None
 
     def _open_transaction(self):
         if self._transaction is None:

@@ -35,6 +35,7 @@ class Transaction:
         self._watermark = watermark
         self._deliveries = deliveries
         self._pending = []  # (operation, arguments), in the order they came
+        self.committing = None  # the CommitOutcome of the commit running what was kept
         self._held_bytes = 0
         self.held_publishes = self.held_settlements = 0  # for the management API
 
@@ -66,16 +67,23 @@ class Transaction:
         self._pending.append((settle, arguments))
         self.held_settlements += 1
 
-    def commit(self):
+    def commit(self, store):
         """
-        Run what was kept, in the order it came; the next transaction begins
-        empty. The bodies are the queues' to count from here on. If one
-        operation raises, those after it are dropped.
+        Run what was kept, in the order it came (the channel runs it as outside
+        tx mode while C{committing} is set, telling it what each publish came
+        to); the next transaction begins empty. The bodies are the queues' to
+        count from here on. If one operation raises, those after it are
+        dropped. Returns the Deferred of L{CommitOutcome.safe}, over C{store}.
         """
         pending, self._pending = self._pending, []
         self._release_held_bytes()
-        for operation, arguments in pending:
-            operation(*arguments)
+        outcome = self.committing = CommitOutcome(store)
+        try:
+            for operation, arguments in pending:
+                operation(*arguments)
+        finally:
+            self.committing = None
+        return outcome.safe()
 
     def rollback(self):
         """
