@@ -88,15 +88,20 @@ class LeaseKeeper:
             return
         sent = self._clock.seconds()
         self.keepalives_sent += 1
-        self._in_flight = self._client.lease_keepalive(self.lease.id, timeout=self._ttl / 6)
+        in_flight = self._in_flight = self._client.lease_keepalive(self.lease.id,
+                                                                   timeout=self._ttl / 6)
         try:
-            ttl = yield self._in_flight
+            ttl = yield in_flight
         except defer.CancelledError:
             return  # lost meanwhile
         except LeaseNotFound as error:
             self._lose(f"etcd no longer has lease {self.lease.id:x}: {error}")
             return
         except EtcdError as error:
+            if self._in_flight is not in_flight:
+                # L{_lose} cancelled it (the client reports that as a failed request) and is
+                # giving the lease up: no keepalive is to follow.
+                return
             self._in_flight = None
             if not self.lost.called:
                 log.warn("keepalive of lease {lease:x} failed: {error}", lease=self.lease.id,

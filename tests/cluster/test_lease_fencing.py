@@ -110,6 +110,20 @@ class FencingTests(unittest.TestCase):
         self.assertIn("no longer has lease", self.lost[0][1])
 
     @defer.inlineCallbacks
+    def test_giving_the_lease_up_during_a_keepalive_leaves_no_keepalive_to_come(self):
+        yield self.keeper.start()
+        self.etcd.pause()
+        self.clock.advance(3)  # a keepalive goes out and waits on the stopped etcd
+        self.assertEqual(self.keeper.keepalives_sent, 1)
+        self.keeper.gone("told so")  # as when another call learns the lease is gone
+        self.etcd.resume()
+        self.assertEqual([reason for _, reason in self.lost], ["told so"])
+        # The cancelled keepalive fails as a request the client gave up; nothing follows it.
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.clock.advance(TTL)
+        self.assertEqual(self.keeper.keepalives_sent, 1)
+
+    @defer.inlineCallbacks
     def test_revoking_removes_the_leased_keys_at_once(self):
         lease = yield self.keeper.start()
         yield self.client.put(b"/fence/k", b"v", lease=lease.id)
