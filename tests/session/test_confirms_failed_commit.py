@@ -21,15 +21,9 @@ from brokerd.errors import PreconditionFailed
 from brokerd.storage.durability import IDLE_COMMIT_SECONDS
 from tests.support.broker import make_broker, open_channel, properties, ready
 from tests.support.small_disk import free_bytes, small_filesystem, write_filler
+from tests.support.threaded_clock import ThreadedClock
 
 WAIT = 10.0
-
-
-class ThreadedClock(task.Clock):
-    """Timers on a task.Clock the test advances; the writer thread's results through the real reactor."""
-
-    def callFromThread(self, function, *args, **kwargs):
-        reactor.callFromThread(function, *args, **kwargs)
 
 
 class FailedCommitConfirmTests(unittest.TestCase):

@@ -15,6 +15,7 @@ from brokerd.interfaces import ICommitFailures
 from brokerd.storage import registry
 from brokerd.storage.durability import IDLE_COMMIT_SECONDS, CommitLedger, GroupCommit, SyncPolicy
 from tests.support.logs import LogWatcher
+from tests.support.threaded_clock import ThreadedClock
 
 
 @pytest.mark.parametrize(
@@ -231,13 +232,6 @@ class GroupCommitTests(unittest.TestCase):
         yield group.stop()
         self.assertEqual(log.on_disk(), [b"last words"])
         yield self.assertFailure(group.sync(), RuntimeError)
-
-
-class ThreadedClock(task.Clock):
-    """Time from a task.Clock (driven by the test), results from the writer thread through the real reactor."""
-
-    def callFromThread(self, function, *args, **kwargs):
-        reactor.callFromThread(function, *args, **kwargs)
 
 
 class OverdueTickTests(unittest.TestCase):
