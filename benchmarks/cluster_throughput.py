@@ -24,11 +24,22 @@ started is stopped at the end, on failure and on Ctrl-C too.
 """
 
 import argparse
-import json
 import sys
 
 from benchmarks.cluster_systems import SYSTEMS
-from benchmarks.side_by_side import PHASES, QUEUE_TYPE, cores, measure_in_rounds, run_benchmark, run_round, summarise
+from benchmarks.side_by_side import (
+    PHASES,
+    QUEUE_TYPE,
+    add_load_arguments,
+    check_ack_every,
+    cores,
+    listed_names,
+    measure_in_rounds,
+    print_report,
+    run_benchmark,
+    run_round,
+    summarise,
+)
 
 CLIENT_NAME = "cluster-benchmark"
 
@@ -79,31 +90,21 @@ def print_table(report):
 
 def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=100_000, help="messages per phase")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds; each system is measured once per round")
-    parser.add_argument("--size", type=int, default=100, help="body bytes (at least 8)")
-    parser.add_argument("--window", type=int, default=2000, help="most unconfirmed publishes")
-    parser.add_argument("--prefetch", type=int, default=1000)
-    parser.add_argument("--ack-every", type=int, default=100)
+    add_load_arguments(parser)
     parser.add_argument("--systems", default="single,cluster,rabbitmq",
                         help="which to compare, comma-separated, of: " + ", ".join(SYSTEMS))
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
 
 
 def parse_options(argv):
     parser = build_parser()
     options = parser.parse_args(argv)
-    options.systems = [name.strip() for name in options.systems.split(",") if name.strip()]
-    unknown = [name for name in options.systems if name not in SYSTEMS]
-    if unknown or not options.systems or len(set(options.systems)) != len(options.systems):
-        parser.error(f"--systems: give each of {', '.join(SYSTEMS)} at most once, not {unknown or options.systems}")
+    options.systems = listed_names(parser, "--systems", options.systems, SYSTEMS)
     if options.size < 8:
         parser.error("--size must be at least 8 (the body starts with the message number)")
     if min(options.messages, options.rounds, options.window, options.prefetch, options.ack_every) < 1:
         parser.error("--messages, --rounds, --window, --prefetch and --ack-every must be positive")
-    if options.ack_every > options.prefetch:
-        parser.error("--ack-every larger than --prefetch would stall the consumer")
+    check_ack_every(parser, options)
     return options
 
 
@@ -128,11 +129,7 @@ def main(argv=None):
     if report is None:
         return None
     report["ratios"] = ratios(report["systems"])
-    if options.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print_table(report)
-    return report
+    return print_report(report, options, print_table)
 
 
 if __name__ == "__main__":

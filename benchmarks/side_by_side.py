@@ -8,6 +8,7 @@ with the cores its nodes, the idle systems and the client kept busy. At the end,
 Ctrl-C and on SIGTERM everything started is stopped and the working directory removed.
 """
 
+import json
 import os
 import shutil
 import signal
@@ -159,6 +160,40 @@ def declare_queue(systems, client_name):
         connection.close()
         replicas[system.key] = system.replicas(kind.queue)
     return replicas
+
+
+def add_load_arguments(parser):
+    """The options of the load each round runs, as the benchmarks of several systems share them."""
+    parser.add_argument("--messages", type=int, default=100_000, help="messages per phase")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds; each system is measured once per round")
+    parser.add_argument("--size", type=int, default=100, help="body bytes (at least 8)")
+    parser.add_argument("--window", type=int, default=2000, help="most unconfirmed publishes")
+    parser.add_argument("--prefetch", type=int, default=1000)
+    parser.add_argument("--ack-every", type=int, default=100)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def listed_names(parser, option, text, known):
+    """The names in C{text}, a comma-separated C{option}: each of C{known} at most once, or the parser's error."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in known]
+    if unknown or not names or len(set(names)) != len(names):
+        parser.error(f"{option}: give each of {', '.join(known)} at most once, not {unknown or names}")
+    return names
+
+
+def check_ack_every(parser, options):
+    if options.ack_every > options.prefetch:
+        parser.error("--ack-every larger than --prefetch would stall the consumer")
+
+
+def print_report(report, options, print_table):
+    """Prints C{report} as JSON with --json, else as C{print_table} lays it out; returns it."""
+    if options.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_table(report)
+    return report
 
 
 def stop_on_sigterm(signum, frame):

@@ -29,12 +29,23 @@ Everything it started is stopped at the end, on failure, on Ctrl-C and on SIGTER
 """
 
 import argparse
-import json
 import re
 import sys
 
 from benchmarks.cluster_systems import RabbitMQCluster, SingleBrokerd
-from benchmarks.side_by_side import PHASES, QUEUE_TYPE, cores, measure_in_rounds, run_benchmark, run_round, summarise
+from benchmarks.side_by_side import (
+    PHASES,
+    QUEUE_TYPE,
+    add_load_arguments,
+    check_ack_every,
+    cores,
+    listed_names,
+    measure_in_rounds,
+    print_report,
+    run_benchmark,
+    run_round,
+    summarise,
+)
 
 BACKENDS = ("chunked", "sqlite", "filelog")  # brokerd's durable backends
 LARGE = "large_publish"  # the row of large messages, publishing alone
@@ -145,27 +156,18 @@ def build_parser():
     parser.add_argument("--backends", default="chunked",
                         help="brokerd backends to measure, a node each, comma-separated, of: " + ", ".join(BACKENDS))
     parser.add_argument("--no-rabbitmq", action="store_true", help="measure brokerd alone (no RabbitMQ node)")
-    parser.add_argument("--messages", type=int, default=100_000, help="messages per phase")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds; each system is measured once per round")
-    parser.add_argument("--size", type=int, default=100, help="body bytes (at least 8)")
-    parser.add_argument("--window", type=int, default=2000, help="most unconfirmed publishes")
-    parser.add_argument("--prefetch", type=int, default=1000)
-    parser.add_argument("--ack-every", type=int, default=100)
+    add_load_arguments(parser)
     parser.add_argument("--large-messages", type=int, default=5000, help="messages of the large-message row")
     parser.add_argument("--large-size", type=int, default=65536, help="body bytes of the large-message row")
     parser.add_argument("--large-window", type=int,
                         help="most unconfirmed publishes in the large-message row (default: --window)")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
 
 
 def parse_options(argv):
     parser = build_parser()
     options = parser.parse_args(argv)
-    options.backends = [name.strip() for name in options.backends.split(",") if name.strip()]
-    unknown = [name for name in options.backends if name not in BACKENDS]
-    if unknown or not options.backends or len(set(options.backends)) != len(options.backends):
-        parser.error(f"--backends: give each of {', '.join(BACKENDS)} at most once, not {unknown or options.backends}")
+    options.backends = listed_names(parser, "--backends", options.backends, BACKENDS)
     if options.large_window is None:
         options.large_window = options.window
     if min(options.size, options.large_size) < 8:
@@ -174,8 +176,7 @@ def parse_options(argv):
            options.large_messages, options.large_window) < 1:
         parser.error("--messages, --rounds, --window, --prefetch, --ack-every, --large-messages and --large-window"
                      " must be positive")
-    if options.ack_every > options.prefetch:
-        parser.error("--ack-every larger than --prefetch would stall the consumer")
+    check_ack_every(parser, options)
     return options
 
 
@@ -185,11 +186,7 @@ def main(argv=None):
     if report is None:
         return None
     report["ratios"] = ratios(report)
-    if options.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print_table(report)
-    return report
+    return print_report(report, options, print_table)
 
 
 if __name__ == "__main__":
