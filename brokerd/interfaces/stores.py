@@ -391,8 +391,8 @@ class ICommitFailures(Interface):
         """
         The L{brokerd.storage.durability.CommitLedger} of the store's commits: a
         writer that notes its C{started} when it writes learns from its
-        C{failed(started + 1)} whether those writes were lost, even when they
-        were taken by a commit that ended before the writer's C{sync()}.
+        C{lost(started)} whether those writes were lost, even when they were
+        taken by a commit that ended before the writer's C{sync()}.
         """
 
 

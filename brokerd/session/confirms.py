@@ -13,7 +13,7 @@ turn are kept in groups, one per commit of the store's L{CommitLedger} that
 takes them, and a group whose commit failed is nacked whatever the sync says.
 """
 
-from brokerd.interfaces import ICommitFailures
+from brokerd.storage.durability import commit_ledger_of
 
 
 class PublisherConfirms:
@@ -34,8 +34,8 @@ class PublisherConfirms:
         self._last_sequence = 0
         self._sent_through = 0  # every sequence up to this one has been confirmed to the client
         self._outcomes = {}  # sequence -> True (ack) / False (nack), decided but not yet sent
-        # Stores whose commits can fail number them: which commit took a publish decides it too.
-        self._ledger = store.commit_ledger() if ICommitFailures.providedBy(store) else None
+        # Which commit took a publish decides it too, whatever the sync says.
+        self._ledger = commit_ledger_of(store)
         self._awaiting_sync = []  # sequences written while the ledger's started was _group_started
         self._group_started = 0
         self._earlier_groups = []  # (started, sequences) of this turn taken by earlier commits
@@ -64,12 +64,12 @@ class PublisherConfirms:
     def confirm_after_sync(self, sequence):
         """C{sequence} is safe once the store's next sync completes, if the commit that takes it
         does not fail."""
-        ledger = self._ledger
-        if ledger is not None and ledger.started != self._group_started:
+        started = self._ledger.started
+        if started != self._group_started:
             if self._awaiting_sync:
                 self._earlier_groups.append((self._group_started, self._awaiting_sync))
                 self._awaiting_sync = []
-            self._group_started = ledger.started
+            self._group_started = started
         self._awaiting_sync.append(sequence)
         self._schedule()
 
@@ -98,8 +98,7 @@ class PublisherConfirms:
     def _synced(self, _, groups):
         ledger, outcomes = self._ledger, self._outcomes
         for started, sequences in groups:
-            # What was written while `started` commits had taken their batch went in the next.
-            safe = ledger is None or not ledger.failed(started + 1)
+            safe = not ledger.lost(started)
             for sequence in sequences:
                 outcomes[sequence] = safe
         self._send()

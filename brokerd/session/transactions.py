@@ -12,7 +12,7 @@ partial completion if a full queue refused a publish or a store commit lost one.
 from twisted.internet import defer
 
 from brokerd.errors import PreconditionFailed
-from brokerd.interfaces import ICommitFailures
+from brokerd.storage.durability import commit_ledger_of
 
 PARTIAL_COMPLETION = "partial tx completion"  # RabbitMQ's words, on tx.commit
 
@@ -108,9 +108,8 @@ class CommitOutcome:
 
     def __init__(self, store):
         self._store = store
-        self._ledger = store.commit_ledger() if ICommitFailures.providedBy(store) else None
-        # What is written while the ledger's started is this goes in the next commit.
-        self._started = self._ledger.started if self._ledger is not None else 0
+        self._ledger = commit_ledger_of(store)
+        self._started = self._ledger.started  # as the transaction's publishes are written
         self._stored = self._refused = False
 
     def published(self, stored, refused):
@@ -131,7 +130,7 @@ class CommitOutcome:
         return self._store.sync().addCallbacks(self._synced, self._sync_failed)
 
     def _synced(self, _):
-        if self._ledger is not None and self._ledger.failed(self._started + 1):
+        if self._ledger.lost(self._started):
             raise PreconditionFailed(PARTIAL_COMPLETION)
 
     @staticmethod

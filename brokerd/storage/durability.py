@@ -47,6 +47,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
+from brokerd.interfaces import ICommitFailures
+
 log = Logger()
 
 IDLE_COMMIT_SECONDS = 0.1
@@ -209,6 +211,17 @@ class CommitLedger:
     def failed(self, number):
         """Whether commit C{number} failed (or may have: see the class)."""
         return number in self._failed or number <= self._forgotten_through
+
+    def lost(self, started):
+        """Whether what was written while C{started} was C{started} was lost: the commit that
+        took it failed."""
+        return self.failed(started + 1)
+
+
+def commit_ledger_of(store):
+    """The L{CommitLedger} of C{store}'s commits; for a store whose commits cannot fail (not an
+    L{ICommitFailures}), one in which no commit ever starts or fails."""
+    return store.commit_ledger() if ICommitFailures.providedBy(store) else CommitLedger()
 
 
 def _os_problem(error):

@@ -11,9 +11,10 @@ from twisted.internet import defer, reactor, task, threads
 from twisted.trial import unittest
 from zope.interface.verify import verifyObject
 
+from backends.memory import MemoryStore
 from brokerd.interfaces import ICommitFailures
 from brokerd.storage import registry
-from brokerd.storage.durability import IDLE_COMMIT_SECONDS, CommitLedger, GroupCommit, SyncPolicy
+from brokerd.storage.durability import IDLE_COMMIT_SECONDS, CommitLedger, GroupCommit, SyncPolicy, commit_ledger_of
 from tests.support.logs import LogWatcher
 from tests.support.threaded_clock import ThreadedClock
 
@@ -355,3 +356,8 @@ def test_a_ledger_that_forgot_old_failures_says_older_commits_may_have_failed():
     for number in (2, 4, 5):
         ledger.commit_failed(number)
     assert [ledger.failed(number) for number in numbers] == [True, True, False, True, True, False]
+
+
+def test_the_ledger_of_a_store_whose_commits_cannot_fail_never_says_writes_were_lost():
+    ledger = commit_ledger_of(MemoryStore())
+    assert (ledger.started, ledger.lost(0)) == (0, False)
