@@ -32,6 +32,7 @@ from typing import NamedTuple
 from backends.common.checksum import crc32
 from backends.common.message_heads import encode_head
 from backends.common.fileio import little_endian_bytes, read_little_endian
+from brokerd.proto.wire_format import varint
 
 LENGTH = struct.Struct(">I")
 HEADER_SIZE = LENGTH.size
@@ -88,17 +89,8 @@ def encode(message, heads=None):
     if type(body) is not bytes:
         body = bytes(body)
     if body:
-        head += BODY_TAG + _varint(len(body))
+        head += BODY_TAG + varint(len(body))
     return head, body
-
-
-def _varint(value):
-    encoded = bytearray()
-    while value > 0x7F:
-        encoded.append(value & 0x7F | 0x80)
-        value >>= 7
-    encoded.append(value)
-    return bytes(encoded)
 
 
 def encode_returns(counts):

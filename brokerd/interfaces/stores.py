@@ -7,6 +7,8 @@ from typing import Any, NamedTuple
 
 from zope.interface import Attribute, Interface
 
+from brokerd.proto import messages_pb2
+
 
 class IMessageStore(Interface):
     """
@@ -22,7 +24,7 @@ class IMessageStore(Interface):
     A I{message} passed to C{append} (or C{delay}) is any object with the
     attributes of a L{MessageRecord}: C{exchange}, C{routing_key},
     C{properties}, C{body} and C{published_at}; the model passes its own
-    messages as they are. Every method that gives a message back (C{read},
+    messages as they are, a follower a L{SerializedPropertiesMessage}. Every method that gives a message back (C{read},
     C{recover}, L{IPagingStore.load}, C{delayed_after}) gives a
     L{MessageRecord}; how a store encodes it on disk is its own affair.
     """
@@ -204,6 +206,33 @@ class MessageRecord(NamedTuple):
     properties: Any
     body: bytes
     published_at: Any = None  # ms on the broker's clock, or None
+
+
+class SerializedPropertiesMessage:
+    """
+    A message to C{append} whose properties come serialised (an encoded
+    C{BasicProperties}, C{serialized_properties}), as a replication stream
+    carries them: a store that encodes messages puts those bytes into its
+    record as they are, instead of serialising a properties object again.
+    C{properties} parses them, once, only for a store (or a reader) that asks.
+    """
+
+    __slots__ = ("exchange", "routing_key", "serialized_properties", "body", "published_at",
+                 "_properties")
+
+    def __init__(self, exchange, routing_key, serialized_properties, body, published_at=None):
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.serialized_properties = serialized_properties
+        self.body = body
+        self.published_at = published_at
+        self._properties = None
+
+    @property
+    def properties(self):
+        if self._properties is None:
+            self._properties = messages_pb2.BasicProperties.FromString(self.serialized_properties)
+        return self._properties
 
 
 class DelayedMessage(NamedTuple):

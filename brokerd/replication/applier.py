@@ -171,15 +171,27 @@ class StoreApplier:
         """
         sequence, operation, data, body = codec.split_operation(payload)
         if operation != codec.APPEND:
-            record = codec.parse_record(data, operation, sequence)
-        else:
-            record = self._appends.get(data)
-            if record is None:
-                record = replica.Append.of(codec.parse_record(data, operation, sequence), sequence)
-                if len(self._appends) >= APPENDS_KEPT:
-                    self._appends.clear()
-                self._appends[data] = record
-        self.apply(sequence, operation, record, body)
+            self.apply(sequence, operation, codec.parse_record(data, operation, sequence), body)
+            return
+        append = self._appends.get(data)
+        if append is None:
+            append = replica.Append.of(codec.parse_record(data, operation, sequence), sequence)
+            if len(self._appends) >= APPENDS_KEPT:
+                self._appends.clear()
+            self._appends[data] = append
+        if self._in_snapshot or sequence != self.applied_sequence + 1:
+            self.apply(sequence, operation, append, body)  # refused there, naming why
+            return
+        # What apply and _make do, inline: most operations are appends.
+        store = self.stores.get(append.store)
+        if store is None:
+            store = self._store(append.store, sequence)
+        try:
+            self._append(store, append.store, sequence, append, body)
+        except (ValueError, TypeError, KeyError, IndexError) as problem:
+            raise StreamError(f"append at {sequence} failed: {problem!r}") from None
+        self._changes += 1
+        self.applied_sequence = sequence
 
     def apply_snapshot(self, replication_id, operation, record, body):
         """Make one operation of a snapshot (an append's or delay's C{replication_id} given)."""

@@ -8,7 +8,10 @@ every backend, and need no file beside the store:
     C{replication_id}, which only a follower's stores hold: a flat field, so
     that storing a message costs little more than the leader's store did), so
     the follower's id-to-handle map is rebuilt at open from C{recover} and
-    C{delayed_after};
+    C{delayed_after}. An appended message's properties are the leader's bytes
+    with that field's bytes after them (protobuf reads the two as one
+    message), handed to the store serialised: nothing is parsed or encoded
+    again per message;
   - a state record, an exchange record in a vhost no client can name
     (L{STATE_VHOST}), holds the cluster id, the leader's epoch and history,
     the last sequence number the store's commits cover and the store's role
@@ -22,9 +25,10 @@ from typing import NamedTuple
 
 from twisted.internet import defer
 
-from brokerd.interfaces import DelayedMessage, MessageRecord
+from brokerd.interfaces import DelayedMessage, MessageRecord, SerializedPropertiesMessage
 from brokerd.proto import messages_pb2
 from brokerd.proto.tables import dict_to_table, table_to_dict
+from brokerd.proto.wire_format import VARINT, field_key, varint
 from brokerd.replication.codec import StreamError
 
 # AMQP vhost names are short strings; one starting with NUL cannot come from a client.
@@ -32,6 +36,9 @@ STATE_VHOST = "\x00brokerd-replication"
 STATE_NAME = "state"
 FOREVER = 2 ** 63 - 1
 DELAYED_WINDOW = 1000
+REPLICATION_ID_KEY = field_key(
+    messages_pb2.BasicProperties.DESCRIPTOR.fields_by_name["replication_id"].number, VARINT
+)
 
 
 def split_replication_id(record):
@@ -132,19 +139,24 @@ class Append(NamedTuple):
 
     @classmethod
     def of(cls, record, sequence):
-        """The L{Append} of an append's record; raises L{StreamError} if it names no queue."""
+        """
+        The L{Append} of an append's record; raises L{StreamError} if it names no
+        queue or its properties do not parse.
+        """
         queues = tuple((key.vhost, key.name) for key in record.queues)
         if not queues:
             raise StreamError(f"append at sequence {sequence} names no queue")
+        _properties(record.properties, sequence)  # refused here, not when read back
         published_at = record.published_at if record.HasField("published_at") else None
         return cls(record.store, queues, record.message_exchange, record.routing_key,
                    record.properties, published_at)
 
     def message(self, replication_id, body):
-        """The L{MessageRecord} a follower stores for this append with C{replication_id}."""
-        return MessageRecord(self.exchange, self.routing_key,
-                             _properties(self.properties, replication_id), body,
-                             self.published_at)
+        """The message a follower stores for this append with C{replication_id}."""
+        return SerializedPropertiesMessage(
+            self.exchange, self.routing_key,
+            self.properties + REPLICATION_ID_KEY + varint(replication_id), body,
+            self.published_at)
 
 
 def binding_key(record):

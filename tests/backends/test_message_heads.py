@@ -4,6 +4,7 @@ body, encoded once for a run of messages published alike, and again for any that
 import pytest
 
 from backends.common.message_heads import MessageHeads, encode_head
+from brokerd.interfaces import SerializedPropertiesMessage
 from brokerd.model.message import Message
 from brokerd.proto import messages_pb2
 
@@ -44,3 +45,41 @@ def test_messages_published_alike_share_one_head_and_any_difference_gets_its_own
         head = heads.encode(message)
         assert head == stored(message, True).SerializeToString()
     assert heads.encode(Message("", "q", properties, b"8")) == first
+
+
+def parsed(head):
+    return messages_pb2.StoredMessage.FromString(head)
+
+
+@pytest.mark.parametrize("valid", [False, True])
+@pytest.mark.parametrize("published_at", [None, 1_760_000_000_123])
+def test_serialized_properties_give_the_head_of_the_same_message_with_a_properties_object(
+        valid, published_at):
+    properties = messages_pb2.BasicProperties(delivery_mode=2, message_id="m1")
+    as_object = Message("amq.topic", "a.b", properties, b"")
+    as_object.published_at = published_at
+    serialized = SerializedPropertiesMessage("amq.topic", "a.b", properties.SerializeToString(), b"",
+                                             published_at)
+    head = MessageHeads(valid=valid).encode(serialized)
+    assert parsed(head) == stored(as_object, valid)
+    if valid:  # the filelog flips its valid flag at byte 1 of each record
+        assert head[:2] == b"\x08\x01"
+
+
+def test_each_serialized_message_keeps_its_own_properties_and_fields_around_them():
+    heads = MessageHeads(valid=True)
+    base = messages_pb2.BasicProperties(message_id="m1").SerializeToString()
+    later = messages_pb2.BasicProperties(priority=5).SerializeToString()
+    found = [parsed(heads.encode(SerializedPropertiesMessage(exchange, key, base + extra, b"")))
+             for exchange, key, extra in (("x", "a", b""), ("x", "a", later), ("x", "b", b""),
+                                          ("y", "b", b""))]
+    assert [(one.exchange, one.routing_key, one.properties.priority) for one in found] == [
+        ("x", "a", 0), ("x", "a", 5), ("x", "b", 0), ("y", "b", 0)]
+    assert {one.properties.message_id for one in found} == {"m1"}
+
+
+def test_serialized_properties_are_parsed_only_when_asked_for():
+    message = SerializedPropertiesMessage("", "q", b"\xff\xff", b"")  # not a valid encoding
+    MessageHeads().encode(message)
+    with pytest.raises(Exception):
+        message.properties

@@ -142,6 +142,14 @@ class GarbageAfterAuthentication(unittest.TestCase):
             operation_frame(2, codec.SAVE_QUEUE, b"\x0a\xff\xff\xff\xff\x0f"),
             "undecodable save_queue record at sequence 2: Error parsing message...")
 
+    def test_an_append_whose_properties_do_not_parse(self):
+        append = replication_pb2.ReplicatedOperation(
+            queues=[{"vhost": "/", "name": "kept"}], routing_key="kept",
+            properties=b"\x0a\xff\xff\xff\xff\x0f")
+        return self.check_garbage(
+            operation_frame(2, codec.APPEND, append.SerializeToString(), b"body"),
+            "undecodable properties of message 2: Error parsing message...")
+
     def test_an_operation_out_of_order(self):
         return self.check_garbage(operation_frame(7, codec.SAVE_QUEUE, BAD_RECORD),
                                   "operation 7 out of order: expected 2")

@@ -5,6 +5,8 @@ that is not durable every test here is skipped."""
 
 from twisted.internet import defer, reactor, task
 
+from brokerd.interfaces import SerializedPropertiesMessage
+from brokerd.proto import messages_pb2
 from tests.support.store_contract import (
     AUDIT,
     JOBS,
@@ -13,6 +15,7 @@ from tests.support.store_contract import (
     exchange_record,
     message,
     queue_record,
+    record_fields,
 )
 
 
@@ -254,6 +257,29 @@ class DurableStoreContract(OpensStores):
         crashed = yield self.reopen_after_crash(store)
         self.addCleanup(lambda: self._close_quietly(crashed))
         self.assertEqual(self.recovered_bodies(crashed, JOBS), [b"m1", b"m2", b"m4"])
+
+    @defer.inlineCallbacks
+    def test_a_message_appended_with_serialized_properties_reads_back_as_any_other(self):
+        store = yield self.opened_durable()
+        store.save_queue(queue_record("jobs"))
+        published = message(b"as sent", color="blue")
+        published.published_at = 1_760_000_000_123
+        # Two encodings after one another read as one message, the later field winning.
+        serialized = (published.properties.SerializeToString()
+                      + messages_pb2.BasicProperties(priority=3, message_id="later").SerializeToString())
+        expected = messages_pb2.BasicProperties()
+        expected.CopyFrom(published.properties)
+        expected.priority, expected.message_id = 3, "later"
+        appended = SerializedPropertiesMessage("amq.direct", "jobs", serialized, b"as sent",
+                                               published.published_at)
+        handle = store.append(appended, [JOBS])
+        found = [(yield store.read(handle))]
+        yield store.sync()
+        found.append((yield store.read(handle)))
+        store = yield self.restarted(store)
+        found += [record for _, record, _ in store.recover(JOBS)]
+        self.assertEqual([record_fields(record) for record in found],
+                         [("amq.direct", "jobs", expected, b"as sent", published.published_at)] * 3)
 
 
 @defer.inlineCallbacks
