@@ -61,6 +61,7 @@ from brokerd.loadgen.process_cpu import CpuWindow
 
 QUEUE = "benchmark-amqp"
 PHASES = ("publish", "consume", "together")  # what L{measure} runs, in this order
+WRITE_BYTES = 256 * 1024  # most bytes of publishes a publisher builds for one write
 
 
 class QueueType:
@@ -122,13 +123,20 @@ class Publisher:
             return
         block = self.block
         step = len(block)
-        batch = bytearray(block * room)
-        pack, number = self.pack_number, self.first_number + self.sent
-        for at in range(self.number_offset, step * room, step):
-            pack(batch, at, number)
-            number += 1
-        self.sent += room
-        self.connection.write(batch)
+        pack = self.pack_number
+        # Writes of at most WRITE_BYTES each: one huge buffer (a window of 64 KiB messages is
+        # 128 MB) costs the client fresh pages and cold caches while the broker waits for it.
+        per_write = max(1, WRITE_BYTES // step)
+        while room > 0:
+            count = min(room, per_write)
+            batch = bytearray(block * count)
+            number = self.first_number + self.sent
+            for at in range(self.number_offset, step * count, step):
+                pack(batch, at, number)
+                number += 1
+            self.sent += count
+            room -= count
+            self.connection.write(batch)
 
     def on_confirm(self, channel, delivery_tag, multiple, ack):
         """A basic.ack from the broker: every publish up to C{delivery_tag}, or just that one."""
