@@ -53,6 +53,10 @@ setup(
         "zope.interface>=6",
         "pamqp>=3.3",
         "prometheus_client>=0.17",  # --prometheus: the metrics' exposition format, and its parser in the tests
+        # ISA-L's CRC-32 for the stores' record checksums, where it has wheels (a fallback to
+        # zlib's otherwise): 64 KiB persistent publishing 14-16% faster.
+        "isal>=1.6; platform_machine == 'x86_64' or platform_machine == 'AMD64'"
+        " or platform_machine == 'aarch64' or platform_machine == 'arm64'",
     ],
     extras_require={
         "test": TEST_REQUIREMENTS,

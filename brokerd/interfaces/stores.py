@@ -24,9 +24,10 @@ class IMessageStore(Interface):
     A I{message} passed to C{append} (or C{delay}) is any object with the
     attributes of a L{MessageRecord}: C{exchange}, C{routing_key},
     C{properties}, C{body} and C{published_at}; the model passes its own
-    messages as they are, a follower a L{SerializedPropertiesMessage}. Every method that gives a message back (C{read},
-    C{recover}, L{IPagingStore.load}, C{delayed_after}) gives a
-    L{MessageRecord}; how a store encodes it on disk is its own affair.
+    messages as they are, a follower a L{SerializedPropertiesMessage}. Every
+    method that gives a message back (C{read}, C{recover},
+    L{IPagingStore.load}, C{delayed_after}) gives a L{MessageRecord}; how a
+    store encodes it on disk is its own affair.
     """
 
     name = Attribute("The backend name this store was made by, e.g. C{'memory'}.")
