@@ -71,8 +71,10 @@ class ClusterNode(Service):
     """
     A cluster node's life (see the module's description).
 
-    @param make_store: makes an (unopened) store of this node's data: the follower's,
-        then, once elected, the leader's, opened afresh as a restart opens it.
+    @param make_store: makes an (unopened) store of this node's data: the follower's
+        (C{make_store(follower=True)}: its commits on the reactor's thread, which only
+        applies the leader's operations), then, once elected, the leader's, opened afresh
+        as a restart opens it.
     @param make_broker: C{make_broker(store, bound_ports, cluster_status)} makes the
         L{BrokerService} that serves clients once this node leads.
     @param endpoints: option name -> endpoint string of the client listeners.
@@ -121,7 +123,7 @@ class ClusterNode(Service):
         self.identity = yield self._identity(client)
         self.relay_check = RelayHeaderCheck(self.identity.secret, self.settings.node_name,
                                             self.reactor)
-        self.store = self.make_store()
+        self.store = self.make_store(follower=True)
         yield self.store.open()
         self.applier = StoreApplier({"": self.store}, access_sink=self._access_document,
                                     state_seconds=STATE_SECONDS)
@@ -371,8 +373,9 @@ def node_of_options(options, reactor, broker_service):
         "cluster_name": settings.cluster_name, "node": f"brokerd@{settings.node_name}"}
     return ClusterNode(
         reactor, options["cluster"],
-        make_store=lambda: registry.make_store(options["backend"], options["data-dir"],
-                                               options["sync"], reactor=reactor),
+        make_store=lambda follower=False: registry.make_store(
+            options["backend"], options["data-dir"],
+            options["sync"].on_reactor() if follower else options["sync"], reactor=reactor),
         make_broker=lambda store, ports, status: broker_service(options, reactor, store, ports,
                                                                 status),
         endpoints={name: options[name] for name in CLIENT_OPTIONS},

@@ -57,19 +57,32 @@ FAILED_COMMITS_REMEMBERED = 4096
 
 class SyncPolicy:
     """
-    A parsed C{--sync} value.
+    A parsed C{--sync} value, and where a store's commits run.
 
     @ivar mode: C{"always"}, C{"interval"} or C{"none"}.
     @ivar interval: seconds between commits in C{interval} mode.
+    @ivar on_reactor_thread: commits run on the reactor's thread, not on a writer
+        thread of their own (L{on_reactor}).
     """
 
     MODES = ("always", "interval", "none")
 
-    def __init__(self, mode="always", interval=0.1):
+    def __init__(self, mode="always", interval=0.1, on_reactor_thread=False):
         if mode not in self.MODES:
             raise ValueError(f"unknown sync mode {mode!r}; use always, interval:MS or none")
         self.mode = mode
         self.interval = interval
+        self.on_reactor_thread = on_reactor_thread
+
+    def on_reactor(self):
+        """
+        This policy with commits made on the reactor's thread: for a store whose
+        reactor has nothing else to do meanwhile (a cluster follower's, which only
+        applies the leader's operations), where handing each commit to a thread and
+        back (and the interpreter lock to and fro while both run Python) costs more
+        than the commit's own wait for the disk.
+        """
+        return SyncPolicy(self.mode, self.interval, on_reactor_thread=True)
 
     @classmethod
     def parse(cls, text):
@@ -97,7 +110,8 @@ class SyncPolicy:
         return f"interval:{round(self.interval * 1000)}" if self.mode == "interval" else self.mode
 
     def __repr__(self):
-        return f"SyncPolicy({str(self)!r})"
+        on_reactor = ", on_reactor_thread=True" if self.on_reactor_thread else ""
+        return f"SyncPolicy({str(self)!r}{on_reactor})"
 
 
 COMMIT_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -241,7 +255,8 @@ def is_out_of_space(failure):
 
 class GroupCommit:
     """
-    Commits one store's batches on a writer thread, in order.
+    Commits one store's batches on a writer thread, in order (on the reactor's
+    thread, for a policy made L{on_reactor<SyncPolicy.on_reactor>}).
 
     @param take_batch: called on the reactor thread; returns what was buffered
         since the last call (swapping in a new buffer) or None if nothing was.
@@ -273,7 +288,8 @@ class GroupCommit:
         self._write_batch = write_batch
         self._on_written = on_written
         self._reactor = reactor
-        self._pool = ThreadPool(minthreads=1, maxthreads=1, name=f"brokerd-{name}-writer")
+        self._pool = (None if policy.on_reactor_thread else
+                      ThreadPool(minthreads=1, maxthreads=1, name=f"brokerd-{name}-writer"))
         self._waiting = []  # Deferreds of sync() calls not yet covered by a running commit
         self._running = None  # the Deferred of the commit on the writer thread
         self._scheduled = None
@@ -287,14 +303,18 @@ class GroupCommit:
         self.ledger = ledger if ledger is not None else CommitLedger()
 
     def start(self):
-        self._pool.start()
+        if self._pool is not None:
+            self._pool.start()
         period = self.policy.interval if self.policy.mode == "interval" else IDLE_COMMIT_SECONDS
         self._timer = LoopingCall(self._tick)
         self._timer.clock = self._reactor
         self._timer.start(period, now=False)
 
     def call(self, function, *args, **kwargs):
-        """Run C{function} on the writer thread, after every commit already started."""
+        """Run C{function} on the writer thread, after every commit already started (on the
+        reactor's thread at once, with a policy L{on_reactor<SyncPolicy.on_reactor>})."""
+        if self._pool is None:
+            return defer.maybeDeferred(function, *args, **kwargs)
         return threads.deferToThreadPool(self._reactor, self._pool, function, *args, **kwargs)
 
     def sync(self):
@@ -375,4 +395,5 @@ class GroupCommit:
                 yield self._running
             yield self._commit()
         finally:
-            self._pool.stop()
+            if self._pool is not None:
+                self._pool.stop()

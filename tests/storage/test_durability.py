@@ -28,6 +28,9 @@ def test_sync_policies_parse(text, mode, interval):
     policy = SyncPolicy.parse(text)
     assert (policy.mode, policy.interval) == (mode, interval)
     assert SyncPolicy.parse(str(policy)).mode == mode
+    on_reactor = policy.on_reactor()
+    assert (on_reactor.mode, on_reactor.interval, on_reactor.on_reactor_thread) == (mode, interval, True)
+    assert not policy.on_reactor_thread
 
 
 @pytest.mark.parametrize(
@@ -113,6 +116,25 @@ class GroupCommitTests(unittest.TestCase):
         batch, fsync, thread = log.batches[0]
         self.assertTrue(fsync)
         self.assertNotEqual(thread, threading.get_ident())
+
+    @defer.inlineCallbacks
+    def test_a_policy_on_the_reactor_commits_on_the_reactor_thread_with_no_writer_thread(self):
+        log = FileLog(self.temporary_path())
+        self.addCleanup(log.file.close)
+        before = threading.active_count()
+        group = GroupCommit(log.take_batch, log.write_batch, SyncPolicy.parse("always").on_reactor(),
+                            reactor, name="test")
+        group.start()
+        self.addCleanup(group.stop)
+        syncs = []
+        for number in range(5):
+            log.add(b"m%d" % number)
+            syncs.append(group.sync())
+        yield defer.gatherResults(syncs)
+        self.assertEqual(log.on_disk(), [b"m%d" % number for number in range(5)])
+        self.assertEqual([(fsync, thread) for _, fsync, thread in log.batches],
+                         [(True, threading.get_ident())])
+        self.assertEqual(threading.active_count(), before)
 
     @defer.inlineCallbacks
     def test_a_sync_during_a_commit_waits_for_the_next_one(self):
