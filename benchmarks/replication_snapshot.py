@@ -59,15 +59,17 @@ def parse_arguments(argv=None):
     return parser.parse_args(argv)
 
 
-def open_store(backend, path):
-    store = make_store(backend, path, SyncPolicy("always"), reactor=reactor)
+def open_store(backend, path, follower=False):
+    """A store as a node opens it: a follower's commits on its reactor thread."""
+    policy = SyncPolicy("always").on_reactor() if follower else SyncPolicy("always")
+    store = make_store(backend, path, policy, reactor=reactor)
     return store.open().addCallback(lambda _: store)
 
 
 @defer.inlineCallbacks
 def follow(arguments):
     """The child: an empty follower that resyncs from the leader, until the leader stops it."""
-    store = yield open_store(arguments.follower_backend, arguments.data_dir)
+    store = yield open_store(arguments.follower_backend, arguments.data_dir, follower=True)
     applier = StoreApplier({"": store})
     yield applier.open()
     client = ReplicationClient(applier, SECRET, "benchmark-follower")

@@ -10,6 +10,7 @@ from twisted.trial import unittest
 
 from brokerd.proto import messages_pb2
 from brokerd.replication import replica
+from brokerd.replication.follower import SNAPSHOT_COMMIT_BYTES
 from tests.support.broker import wait_until
 from tests.support.replication import (
     MIB, Q1, Q2, Follower, Leader, OnLoad, message, messages, topology)
@@ -144,3 +145,21 @@ class Resync(unittest.TestCase):
         yield wait_until(lambda: late.applier.durable_sequence == last == first.applier.durable_sequence)
         self.assertEqual(client.resyncs, 1)
         self.assertEqual((yield late.reopened_contents()), (yield first.reopened_contents()))
+
+    @defer.inlineCallbacks
+    def test_a_snapshot_is_committed_every_few_megabytes_not_after_every_read(self):
+        leader = yield Leader().start(self, "chunked", history=())
+        topology(leader.store)
+        for number in range(1200):  # about 2.4 MB of snapshot, some 40 reads of 64 KiB
+            leader.store.append(message(b"z" * 2000, n=number), [Q1])
+        yield leader.store.sync()
+        follower = yield Follower().start(self, "filelog")
+        before = follower.applier.commits
+        client = yield follower.connect(leader)
+        last = leader.stream.last_sequence
+        yield wait_until(lambda: follower.applier.durable_sequence == last)
+        self.assertEqual(client.resyncs, 1)
+        self.assertLess(2000 * 1200, SNAPSHOT_COMMIT_BYTES)
+        # The wipe's commit, and one once the snapshot has ended (one more may run as it ends).
+        self.assertLessEqual(follower.applier.commits - before, 3)
+        self.assertEqual(len((yield follower.reopened_contents())[Q1]), 1200)
