@@ -106,7 +106,14 @@ class InSyncSet:
         # The first sample at or after the oldest operation the follower lacks: that
         # operation was recorded no later than the sample, so its age is at least this.
         index = bisect.bisect_left(self._times, (link.acked + 1, float("-inf")))
-        recorded_by = self._times[index][1] if index < len(self._times) else self._newest[1]
+        if index < len(self._times):
+            recorded_by = self._times[index][1]
+        elif self._newest[0] > link.acked:
+            recorded_by = self._newest[1]
+        else:
+            # It lacks only operations the stream has not announced yet: this turn's. (The
+            # newest noted one is older than they are, by however long the leader was idle.)
+            return False
         return self.reactor.seconds() - recorded_by > self.max_lag_seconds
 
     def _recorded(self, sequence):

@@ -7,7 +7,7 @@ confirms nothing.
 
 import json
 
-from twisted.internet import defer, reactor
+from twisted.internet import defer, reactor, task
 from twisted.trial import unittest
 
 from brokerd.cluster.clock import SteadyClock
@@ -74,6 +74,27 @@ class InSyncSetTests(unittest.TestCase):
         follower.client.link.transport.resumeProducing()
         yield wait_until(lambda: in_sync.written == {"f1"}, timeout=10)
         self.assertEqual((yield self.etcd_set()), ["f1", "lead"])
+
+    @defer.inlineCallbacks
+    def test_operations_of_the_turn_after_an_idle_spell_do_not_make_a_follower_look_behind(self):
+        clock = task.Clock()  # the set's own time, moved by hand past its lag bound
+        in_sync = InSyncSet(self.leader.server, self.candidate, "lead", reactor=clock,
+                            max_lag_seconds=0.5)
+        self.leader.server.on_change = in_sync.update
+        self.addCleanup(in_sync.stop)
+        yield in_sync.start()
+        follower = yield Follower().start(self, "chunked")
+        yield follower.connect(self.leader, node="f1")
+        topology(self.leader.store)
+        messages(self.leader.store, 0, 5)
+        (link,) = self.leader.server.followers
+        yield wait_until(lambda: in_sync.written == {"f1"}
+                         and link.acked == self.leader.stream.last_sequence)
+        clock.advance(10)  # the leader published nothing for 10 s
+        messages(self.leader.store, 5, 3)  # streamed at the end of this turn
+        in_sync.update()  # the lag check, in the same turn
+        self.assertTrue(link.in_sync, "operations of this very turn are not 10 s old")
+        self.assertEqual(in_sync.shrinks, 0)
 
     @defer.inlineCallbacks
     def test_with_fewer_in_sync_than_min_isr_nothing_is_confirmed_until_a_follower_catches_up(self):
