@@ -89,9 +89,12 @@ def publish_until_nacked(channel, nacks=2):
 
 @pytest.mark.parametrize("backend", ["chunked", "filelog", "sqlite"])
 def test_a_publisher_filling_the_disk_is_nacked_blocked_and_resumes_once_space_is_freed(tmp_path, backend):
-    with small_filesystem(tmp_path / "disk", "4m") as disk:
+    # The filler leaves about 2.5 MiB for the store, and freeing it leaves room to spare: a
+    # store that filled its last bytes (SQLite's WAL grew meanwhile) needs more than it
+    # lost to commit again.
+    with small_filesystem(tmp_path / "disk", "8m") as disk:
         filler = disk / "filler"
-        write_filler(filler, 1536 * 1024)
+        write_filler(filler, 5632 * 1024)
         # A limit of one byte: the alarm comes from the store's full disk, after nacks.
         broker = BrokerProcess(["--backend", backend, "--data-dir", str(disk / "data"), "--native", "none",
                                 "--disk-free-limit", "1"], cwd=tmp_path)
