@@ -70,7 +70,6 @@ class LeaderLink(protocol.Protocol):
             self._stop(str(problem))
         finally:
             if self.state == "streaming":
-                self._snapshot_bytes = 0
                 applier.commit()
             elif self.state == "snapshot":
                 self._snapshot_bytes += len(data)
@@ -126,6 +125,7 @@ class LeaderLink(protocol.Protocol):
     def _wiped(self, _):
         if self.state == "wiping":
             self.state = "snapshot"
+            self._snapshot_bytes = 0
             self.transport.write(codec.frame(codec.READY))
 
     def _acknowledge(self, sequence):
