@@ -91,6 +91,28 @@ def operation_parts(sequence, operation, record, body=b"", kind=OPERATION):
 _OPERATION_FRAME_HEADER = struct.Struct(">IBQBI")
 
 
+# An operation frame's bytes besides its record and body.
+OPERATION_FRAME_OVERHEAD = _OPERATION_FRAME_HEADER.size
+
+
+def pack_operation_into(buffer, offset, sequence, operation, record, body=b""):
+    """
+    Write the operation frame L{operation_parts} gives, joined, into C{buffer} (a bytearray
+    with room for the frame: L{OPERATION_FRAME_OVERHEAD} bytes more than
+    the record and body) at C{offset}; returns the offset after it.
+    """
+    _OPERATION_FRAME_HEADER.pack_into(
+        buffer, offset, 1 + OPERATION_HEADER.size + len(record) + len(body),
+        OPERATION, sequence, operation, len(record))
+    offset += _OPERATION_FRAME_HEADER.size
+    end = offset + len(record)
+    buffer[offset:end] = record
+    if body:
+        offset, end = end, end + len(body)
+        buffer[offset:end] = body
+    return end
+
+
 def decode_operation(payload):
     """
     C{(sequence, operation code, ReplicatedOperation, body)} from an operation

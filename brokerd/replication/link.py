@@ -135,28 +135,18 @@ class FollowerLink(protocol.Protocol):
             if not self._push_snapshot():
                 return
         stream = self.server.stream
-        batch, batched = [], 0  # frames go out in one write per PUSH_BATCH_BYTES
         while self._streaming and not self.paused and self.next <= stream.last_sequence:
             try:
-                parts, size = stream.frame(self.next)
+                data, following = stream.frames_from(self.next, PUSH_BATCH_BYTES)
             except KeyError:
                 return self._refuse(f"follower {self.node!r} fell behind the operations the"
                                     f" leader keeps (at {self.next}, kept from"
                                     f" {stream.first_retained}): it needs a snapshot")
-            batch.extend(parts)
-            batched += size
-            self.next += 1
-            if batched >= PUSH_BATCH_BYTES:
-                self._write_batch(batch, batched)
-                batch, batched = [], 0
-        if batch:
-            self._write_batch(batch, batched)
+            self.next = following
+            self.transport.write(data)
+            self.bytes_written += len(data)
         if self._streaming and self.mode == "stream":
             self.server.check_lag(self)
-
-    def _write_batch(self, parts, size):
-        self.transport.writeSequence(parts)
-        self.bytes_written += size
 
     def _push_snapshot(self):
         """Send a turn's worth of the snapshot; True once it is all sent."""

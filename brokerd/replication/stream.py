@@ -1,15 +1,39 @@
 """The leader's outbound stream: every store operation, numbered, kept encoded for a while."""
 
+from array import array
+from bisect import bisect_right
+
 from brokerd.proto import replication_pb2
 from brokerd.replication import codec
 
 _ACCESS_RECORD = replication_pb2.ReplicatedOperation().SerializeToString()
+
+# The most bytes of frames one segment holds (a bigger frame gets a segment of its own).
+SEGMENT_BYTES = 1024 * 1024
+
+
+class _Segment:
+    """Frames written one after another into one buffer, that is never resized nor reused."""
+
+    __slots__ = ("start", "first", "data", "fill")
+
+    def __init__(self, start, first, size):
+        self.start = start  # the stream position of its first byte
+        self.first = first  # the sequence of its first frame
+        self.data = bytearray(size)
+        self.fill = 0
 
 
 class OutboundStream:
     """
     The operations of every tapped store of a leader, numbered from 1 in the
     order they were made, each kept as the frame that carries it.
+
+    Frames are written once, when recorded, one after another into segments
+    (buffers of up to L{SEGMENT_BYTES}); a follower that lacks a run of them is
+    sent the run as one slice (L{frames_from}). So recording an operation makes
+    no object the cyclic collector must walk, and sending it costs nothing per
+    frame.
 
     With a C{reactor}, listeners hear of new operations once per reactor turn
     (called with the newest sequence after the turn's operations), so that a
@@ -18,9 +42,9 @@ class OutboundStream:
     operation before it can be dropped (see below).
 
     Only the latest C{retain_bytes} of frames are kept (at least the newest
-    one), so a follower that falls further behind cannot make the leader
-    hold more: it must catch up another way. Listeners are called with the
-    new sequence number after each operation is recorded.
+    segment), dropped a segment at a time, oldest first, so a follower that
+    falls further behind cannot make the leader hold more: it must catch up
+    another way.
 
     A leader promoted from a follower continues the numbering of the stream
     it followed (C{last_sequence}). A snapshot in progress pins the
@@ -38,26 +62,35 @@ class OutboundStream:
         self.last_sequence = last_sequence
         self.announced = last_sequence  # the newest sequence the listeners have heard of
         self.taps = {}
-        self._frames = []  # (parts, size, total bytes streamed up to and including it)
-        self._head = 0  # index in _frames of the oldest retained frame
-        self._first = last_sequence + 1  # its sequence
+        # Small caps get small segments, so that they drop a little at a time.
+        self._segment_bytes = max(1, min(SEGMENT_BYTES, retain_bytes // 16))
+        self._segments = []  # kept, oldest first
+        self._starts = []  # each kept segment's start, for bisecting
+        self._current = None  # the segment frames are written into
+        self._ends = array("q")  # the stream position after each kept frame ...
+        self._ends_head = 0  # ... from this index on (those before it are dropped)
+        self._first = last_sequence + 1  # the sequence of the oldest kept frame
+        self._kept_from = 0  # the stream position of the oldest kept frame
+        self._total = 0  # stream bytes recorded
         self._pins = {}  # token -> the first sequence it keeps
-        self._retained = 0
-        self._total = 0
         self._listeners = []
         self._reactor = reactor
         self._announcing = None  # the reactor call that announces this turn's operations
+        self._sent = (0, 0, b"")  # the last run L{frames_from} gave: (first, next, bytes)
 
     def record(self, operation, record, body=b""):
         """Number and keep one operation (a code of L{codec} and its serialised record)."""
         sequence = self.last_sequence + 1
-        parts = codec.operation_parts(sequence, operation, record, body)
-        size = len(parts[0]) + len(body)
+        size = codec.OPERATION_FRAME_OVERHEAD + len(record) + len(body)
+        segment = self._current
+        if segment is None or segment.fill + size > len(segment.data):
+            segment = self._new_segment(sequence, size)
+        segment.fill = codec.pack_operation_into(segment.data, segment.fill, sequence, operation,
+                                                 record, body)
         self.last_sequence = sequence
         self._total += size
-        self._frames.append((parts, size, self._total))
-        self._retained += size
-        if self._retained > self.retain_bytes:
+        self._ends.append(self._total)
+        if self._total - self._kept_from > self.retain_bytes:
             self._trim(sequence)
         if self._reactor is None:
             self.announce()
@@ -65,19 +98,28 @@ class OutboundStream:
             self._announcing = self._reactor.callLater(0, self.announce)
         return sequence
 
+    def _new_segment(self, sequence, size):
+        segment = self._current = _Segment(self._total, sequence, max(size, self._segment_bytes))
+        self._segments.append(segment)
+        self._starts.append(segment.start)
+        return segment
+
     def _trim(self, sequence):
-        """Drop the oldest frames past C{retain_bytes}, announcing the unannounced first."""
-        floor = min(self._pins.values(), default=sequence)
-        while self._retained > self.retain_bytes and self._first < min(sequence, floor):
-            if self._first > self.announced:
+        """Drop the oldest segments past C{retain_bytes}, announcing the unannounced first."""
+        floor = min(min(self._pins.values(), default=sequence), sequence)
+        segments = self._segments
+        while len(segments) > 1 and self._total - self._kept_from > self.retain_bytes:
+            following = segments[1]
+            if following.first > floor:
+                break  # the oldest segment holds a pinned frame
+            if following.first - 1 > self.announced:
                 self.announce()  # followers get what they lack before it can go
-            self._retained -= self._frames[self._head][1]
-            self._frames[self._head] = None
-            self._head += 1
-            self._first += 1
-        if self._head > 1024 and self._head * 2 > len(self._frames):
-            del self._frames[:self._head]
-            self._head = 0
+            del segments[0], self._starts[0]
+            self._ends_head += following.first - self._first
+            self._first, self._kept_from = following.first, following.start
+        if self._ends_head > 4096 and self._ends_head * 2 > len(self._ends):
+            del self._ends[:self._ends_head]
+            self._ends_head = 0
 
     def announce(self):
         """Tell the listeners of the operations recorded since the last announcement."""
@@ -115,14 +157,48 @@ class OutboundStream:
 
     def retained_bytes(self):
         """How many bytes of frames are kept."""
-        return self._retained
+        return self._total - self._kept_from
 
     def frame(self, sequence):
         """C{(parts, size)} of the kept operation C{sequence}; KeyError when not kept."""
+        start, end = self._span(sequence)
+        data = self._bytes(start, end)
+        return (data,), len(data)
+
+    def frames_from(self, sequence, limit):
+        """
+        C{(bytes, next sequence)}: the kept frames from C{sequence} on, as many as fit in
+        C{limit} bytes (at least one) and lie in one segment, joined; KeyError when
+        C{sequence} is not kept. Asked twice for the same run (two followers at the same
+        place), it gives the same bytes without copying them again.
+        """
+        first, following, data = self._sent
+        if first == sequence and following == self.last_sequence + 1:
+            return data, following
+        start, end = self._span(sequence)
+        segment = self._segments[bisect_right(self._starts, start) - 1]
+        bound = min(segment.start + segment.fill, start + limit)
+        ends, index = self._ends, self._ends_head + sequence - self._first
+        last = bisect_right(ends, bound, index, len(ends)) - 1
+        if last > index:
+            end = ends[last]
+        following = sequence + max(last - index, 0) + 1
+        data = self._bytes(start, end)
+        self._sent = (sequence, following, data)
+        return data, following
+
+    def _span(self, sequence):
         if not self._first <= sequence <= self.last_sequence:
             raise KeyError(sequence)
-        parts, size, _ = self._frames[self._head + sequence - self._first]
-        return parts, size
+        index = self._ends_head + sequence - self._first
+        start = self._ends[index - 1] if sequence > self._first else self._kept_from
+        return start, self._ends[index]
+
+    def _bytes(self, start, end):
+        segment = self._segments[bisect_right(self._starts, start) - 1]
+        at = start - segment.start
+        with memoryview(segment.data) as view:
+            return bytes(view[at:at + end - start])
 
     def bytes_after(self, sequence):
         """
@@ -134,8 +210,8 @@ class OutboundStream:
         if self._first > self.last_sequence:
             return 0  # nothing kept: a promoted leader's stream before its first operation
         if sequence < self._first:
-            return self._total - (self._frames[self._head][2] - self._frames[self._head][1])
-        return self._total - self._frames[self._head + sequence - self._first][2]
+            return self._total - self._kept_from
+        return self._total - self._ends[self._ends_head + sequence - self._first]
 
     def subscribe(self, listener):
         self._listeners.append(listener)
