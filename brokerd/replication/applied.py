@@ -19,9 +19,13 @@ class AppliedState:
     find their handle, a wipe knows what to delete, and a promotion knows
     what the stores hold now (C{topology()} and C{recover} tell what they held
     when opened).
+
+    @ivar generation: counts the times a queue's map was dropped (a queue forgotten, all
+        cleared), so that a caller holding maps knows when to look them up again.
     """
 
     def __init__(self):
+        self.generation = 0
         self._ids = {}  # (store name, queue) -> {replication id: handle}
         self._delayed = {}  # store name -> {replication id: handle}
         self._exchanges = {}  # store name -> {(vhost, name): ExchangeRecord}
@@ -62,11 +66,13 @@ class AppliedState:
         return self._bindings.setdefault(name, {})
 
     def forget_queue(self, name, queue):
+        self.generation += 1
         self._ids.pop((name, queue), None)
         self._counts.pop((name, queue), None)
         self.queue_records(name).pop(queue, None)
 
     def clear(self):
+        self.generation += 1
         self._counts.clear()
         self._queues.clear()
         self._ids.clear()

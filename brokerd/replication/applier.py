@@ -173,23 +173,34 @@ class StoreApplier:
         if operation != codec.APPEND:
             self.apply(sequence, operation, codec.parse_record(data, operation, sequence), body)
             return
-        append = self._appends.get(data)
-        if append is None:
+        kept = self._appends.get(data)
+        if kept is None:
             append = replica.Append.of(codec.parse_record(data, operation, sequence), sequence)
             if len(self._appends) >= APPENDS_KEPT:
                 self._appends.clear()
-            self._appends[data] = append
+            kept = self._appends[data] = [append, None, -1]
+        append, maps, generation = kept
         if self._in_snapshot or sequence != self.applied_sequence + 1:
             self.apply(sequence, operation, append, body)  # refused there, naming why
             return
-        # What apply and _make do, inline: most operations are appends.
+        # What apply, _make and _append do, inline: most operations are appends.
         store = self.stores.get(append.store)
         if store is None:
             store = self._store(append.store, sequence)
-        try:
-            self._append(store, append.store, sequence, append, body)
-        except (ValueError, TypeError, KeyError, IndexError) as problem:
-            raise StreamError(f"append at {sequence} failed: {problem!r}") from None
+        held = self.held
+        if generation != held.generation:
+            maps = kept[1] = [held.ids(append.store, queue) for queue in append.queues]
+            kept[2] = held.generation
+        for ids in maps:
+            if sequence in ids:
+                break  # replayed after a crash: the store has it already
+        else:
+            try:
+                handle = store.append(append.message(sequence, body), append.queues)
+            except (ValueError, TypeError, KeyError, IndexError) as problem:
+                raise StreamError(f"append at {sequence} failed: {problem!r}") from None
+            for ids in maps:
+                ids[sequence] = handle
         self._changes += 1
         self.applied_sequence = sequence
 
