@@ -175,9 +175,9 @@ def record_size(head, body_length):
 def frame_parts(head, body):
     """The parts of one record, in order; the body is one of them, never copied."""
     length = 5 + len(head) + len(body)
-    prefix = RECORD_HEAD.pack(length, MESSAGE_RECORD, len(head))
-    crc = crc32(body, zlib.crc32(head, zlib.crc32(prefix[4:])))
-    return (prefix + head, body, RECORD_TAIL.pack(crc, length))
+    start = RECORD_HEAD.pack(length, MESSAGE_RECORD, len(head)) + head
+    crc = crc32(body, zlib.crc32(start[4:]))  # the CRC covers kind, head length, head, body
+    return (start, body, RECORD_TAIL.pack(crc, length))
 
 
 def record_problem(buffer, offset, limit):

@@ -31,6 +31,7 @@ from backends.chunked.format import (
     HEADER_SIZE,
     LENGTH,
     MESSAGE_CHUNK,
+    RECORD_OVERHEAD,
     FormatError,
     chunk_numbers,
     decode_footer,
@@ -42,7 +43,6 @@ from backends.chunked.format import (
     frame_parts,
     full_record_size,
     record_problem,
-    record_size,
     sound_records,
 )
 from backends.common.fileio import fsync_directory
@@ -273,7 +273,7 @@ class MessageLog:
                     self._write_joined(parts)
                     parts, joined = [], 0
             self._records_in_current += 1
-            end = position + record_size(head, len(body))
+            end = position + RECORD_OVERHEAD + len(head) + len(body)  # record_size, inline
         self._write_joined(parts)
         self._flush_run(run_start, end)
 
