@@ -60,9 +60,9 @@ def parse_arguments(argv=None):
 
 
 def open_store(backend, path, follower=False):
-    """A store as a node opens it: a follower's commits on its reactor thread."""
+    """A store as a node opens it: a follower's commits on its reactor thread, and no cache."""
     policy = SyncPolicy("always").on_reactor() if follower else SyncPolicy("always")
-    store = make_store(backend, path, policy, reactor=reactor)
+    store = make_store(backend, path, policy, reactor=reactor, replica=follower)
     return store.open().addCallback(lambda _: store)
 
 

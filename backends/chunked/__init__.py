@@ -53,6 +53,9 @@ class ChunkedBackend:
                                        " this long"),
     }
 
+    # A follower's store: nothing reads recent messages back from memory there.
+    replica_options = {"cache_size": "0"}
+
     def make_store(self, data_dir, sync_policy=None, *, reactor, **options):
         given = given_options(self, options)
         chunk_size = byte_size("chunk_size", given["chunk_size"], SMALLEST_CHUNK)

@@ -362,6 +362,11 @@ class IStoreBackend(Interface):
     A storage backend that C{--backend=NAME[:key=value...]} can pick.
 
     Backends are registered under the C{brokerd.backends} entry-point group.
+
+    A backend may also have C{replica_options}: options (a dict like the backend string's,
+    values as strings) for a store that only a replication stream writes and nothing reads
+    (a cluster follower's), given over the user's; for example no cache of recent messages
+    for reads, which there would only cost memory and time.
     """
 
     name = Attribute("The name users pass to C{--backend}.")

@@ -73,8 +73,8 @@ class ClusterNode(Service):
 
     @param make_store: makes an (unopened) store of this node's data: the follower's
         (C{make_store(follower=True)}: its commits on the reactor's thread, which only
-        applies the leader's operations), then, once elected, the leader's, opened afresh
-        as a restart opens it.
+        applies the leader's operations, and the backend's C{replica_options}), then, once
+        elected, the leader's, opened afresh as a restart opens it.
     @param make_broker: C{make_broker(store, bound_ports, cluster_status)} makes the
         L{BrokerService} that serves clients once this node leads.
     @param endpoints: option name -> endpoint string of the client listeners.
@@ -375,7 +375,8 @@ def node_of_options(options, reactor, broker_service):
         reactor, options["cluster"],
         make_store=lambda follower=False: registry.make_store(
             options["backend"], options["data-dir"],
-            options["sync"].on_reactor() if follower else options["sync"], reactor=reactor),
+            options["sync"].on_reactor() if follower else options["sync"], reactor=reactor,
+            replica=follower),
         make_broker=lambda store, ports, status: broker_service(options, reactor, store, ports,
                                                                 status),
         endpoints={name: options[name] for name in CLIENT_OPTIONS},

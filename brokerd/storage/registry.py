@@ -68,12 +68,14 @@ def split_backend_string(text):
     return name, options
 
 
-def make_store(text, data_dir, sync_policy=None, *, reactor):
+def make_store(text, data_dir, sync_policy=None, *, reactor, replica=False):
     """
     Build (without opening) the store a backend string describes, keeping its
     data under C{data_dir} and committing by C{sync_policy} (a
     L{brokerd.storage.durability.SyncPolicy}; the default is C{always}), its timers
-    and writer thread's results run by C{reactor}.
+    and writer thread's results run by C{reactor}. A C{replica} store (one that
+    only a replication stream writes) takes the backend's C{replica_options}
+    over the string's.
 
     @raise BackendError: naming the backend, option or value at fault.
     """
@@ -84,6 +86,8 @@ def make_store(text, data_dir, sync_policy=None, *, reactor):
         known = ", ".join(sorted(backend.options)) or "none"
         raise BackendError(f"backend {name!r} has no option {unknown[0]!r};"
                            f" its options are: {known}")
+    if replica:
+        options.update(getattr(backend, "replica_options", {}))
     try:
         store = backend.make_store(data_dir, sync_policy or SyncPolicy(), reactor=reactor,
                                    **options)

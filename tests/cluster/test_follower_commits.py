@@ -14,6 +14,8 @@ from brokerd.model.message import Message
 from brokerd.process.cluster_node import node_of_options
 from brokerd.process.tap import Options
 from brokerd.proto import messages_pb2
+from brokerd.storage import registry
+from brokerd.storage.durability import SyncPolicy
 
 QUEUE = ("/", "jobs")
 
@@ -61,3 +63,25 @@ class LeaderStore(unittest.TestCase):
         yield leader.open()
         self.addCleanup(leader.close)
         self.assertEqual(len(writer_threads()), 1, writer_threads())
+
+
+
+def cached_bytes_after_an_append(store, clock):
+    store.open()
+    clock.advance(0)
+    store.save_queue(messages_pb2.QueueRecord(vhost="/", name="jobs", durable=True))
+    store.append(Message("", "jobs", messages_pb2.BasicProperties(delivery_mode=2), b"kept"), [QUEUE])
+    cached = store.stats()["cache_bytes"]
+    store.close()
+    clock.advance(1)
+    return cached
+
+
+def test_a_chunked_followers_store_keeps_no_cache_of_recent_messages(tmp_path):
+    """Nothing reads a follower's messages back while it follows: no memory goes to a cache."""
+    clock = task.Clock()
+    follower = node(tmp_path / "follower", "chunked", clock).make_store(follower=True)
+    assert cached_bytes_after_an_append(follower, clock) == 0
+    other = registry.make_store("chunked", str(tmp_path / "other"), SyncPolicy().on_reactor(),
+                                reactor=clock)
+    assert cached_bytes_after_an_append(other, clock) > 0, "a store that is no replica caches"
