@@ -97,8 +97,8 @@ OPERATION_FRAME_OVERHEAD = _OPERATION_FRAME_HEADER.size
 
 def pack_operation_into(buffer, offset, sequence, operation, record, body=b""):
     """
-    Write the operation frame L{operation_parts} gives, joined, into C{buffer} (a bytearray
-    with room for the frame: L{OPERATION_FRAME_OVERHEAD} bytes more than
+    Write the operation frame L{operation_parts} gives, joined, into C{buffer} (a writable
+    memoryview with room for the frame: L{OPERATION_FRAME_OVERHEAD} bytes more than
     the record and body) at C{offset}; returns the offset after it.
     """
     _OPERATION_FRAME_HEADER.pack_into(
