@@ -153,13 +153,20 @@ class StoreApplier:
     def apply(self, sequence, operation, record, body):
         """
         Make one decoded operation (an append's record may be given as a
-        L{replica.Append}); raises L{StreamError} naming what is wrong with it.
+        L{replica.Append}; a run's appends are made as one); raises
+        L{StreamError} naming what is wrong with it.
         """
         if self._in_snapshot:
             raise StreamError(f"operation {sequence} in the middle of a snapshot")
         if sequence != self.applied_sequence + 1:
             raise StreamError(f"operation {sequence} out of order: expected"
                               f" {self.applied_sequence + 1}")
+        if operation == codec.APPEND_RUN:
+            bodies = codec.split_run(body, sequence)
+            for offset, each in enumerate(bodies):
+                self._make(sequence + offset, codec.APPEND, record, each, sequence + offset)
+            self.applied_sequence = sequence + len(bodies) - 1
+            return
         self._make(sequence, operation, record, body, sequence)
         self.applied_sequence = sequence
 
@@ -170,12 +177,16 @@ class StoreApplier:
         same record bytes (messages published alike), which is most of them.
         """
         sequence, operation, data, body = codec.split_operation(payload)
-        if operation != codec.APPEND:
+        if operation == codec.APPEND:
+            bodies = (body,)
+        elif operation == codec.APPEND_RUN:
+            bodies = codec.split_run(body, sequence)
+        else:
             self.apply(sequence, operation, codec.parse_record(data, operation, sequence), body)
             return
         kept = self._appends.get(data)
         if kept is None:
-            append = replica.Append.of(codec.parse_record(data, operation, sequence), sequence)
+            append = replica.Append.of(codec.parse_record(data, codec.APPEND, sequence), sequence)
             if len(self._appends) >= APPENDS_KEPT:
                 self._appends.clear()
             kept = self._appends[data] = [append, None, -1]
@@ -191,18 +202,21 @@ class StoreApplier:
         if generation != held.generation:
             maps = kept[1] = [held.ids(append.store, queue) for queue in append.queues]
             kept[2] = held.generation
-        for ids in maps:
-            if sequence in ids:
-                break  # replayed after a crash: the store has it already
-        else:
-            try:
-                handle = store.append(append.message(sequence, body), append.queues)
-            except (ValueError, TypeError, KeyError, IndexError) as problem:
-                raise StreamError(f"append at {sequence} failed: {problem!r}") from None
+        message, queues = append.message, append.queues
+        for body in bodies:
             for ids in maps:
-                ids[sequence] = handle
-        self._changes += 1
-        self.applied_sequence = sequence
+                if sequence in ids:
+                    break  # replayed after a crash: the store has it already
+            else:
+                try:
+                    handle = store.append(message(sequence, body), queues)
+                except (ValueError, TypeError, KeyError, IndexError) as problem:
+                    raise StreamError(f"append at {sequence} failed: {problem!r}") from None
+                for ids in maps:
+                    ids[sequence] = handle
+            sequence += 1
+        self._changes += len(bodies)
+        self.applied_sequence = sequence - 1
 
     def apply_snapshot(self, replication_id, operation, record, body):
         """Make one operation of a snapshot (an append's or delay's C{replication_id} given)."""

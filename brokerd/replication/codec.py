@@ -16,6 +16,7 @@ from brokerd.proto import replication_pb2
 FRAME_HEADER = struct.Struct(">IB")
 OPERATION_HEADER = struct.Struct(">QBI")
 SEQUENCE = struct.Struct(">Q")
+BODY_LENGTH = struct.Struct(">I")  # of each body of an append run
 POSITION = struct.Struct(">QQB")  # epoch, sequence, flags
 NONCE_SIZE = 32
 MAC_SIZE = 32
@@ -46,12 +47,15 @@ SAVE_EXCHANGE, DELETE_EXCHANGE, SAVE_QUEUE, DELETE_QUEUE = 1, 2, 3, 4
 SAVE_BINDING, DELETE_BINDING, APPEND, ACK_MESSAGE = 5, 6, 7, 8
 RETURNED, PURGE, DELAY, RELEASE = 9, 10, 11, 12
 ACCESS_DOCUMENT = 13  # the leader's access database, its JSON document as the body
+# Appends alike (one record for all), numbered on from the frame's sequence: the body is the
+# messages' bodies, each as C{length:u32 | bytes}. A run is applied whole or not at all.
+APPEND_RUN = 14
 OPERATIONS = {
     SAVE_EXCHANGE: "save_exchange", DELETE_EXCHANGE: "delete_exchange",
     SAVE_QUEUE: "save_queue", DELETE_QUEUE: "delete_queue", SAVE_BINDING: "save_binding",
     DELETE_BINDING: "delete_binding", APPEND: "append", ACK_MESSAGE: "ack",
     RETURNED: "returned", PURGE: "purge", DELAY: "delay", RELEASE: "release",
-    ACCESS_DOCUMENT: "access_document",
+    ACCESS_DOCUMENT: "access_document", APPEND_RUN: "append run",
 }
 # What a snapshot may hold: a store's state at one position, built from nothing.
 SNAPSHOT_OPERATIONS = frozenset(
@@ -111,6 +115,35 @@ def pack_operation_into(buffer, offset, sequence, operation, record, body=b""):
         offset, end = end, end + len(body)
         buffer[offset:end] = body
     return end
+
+
+def run_bodies(bodies):
+    """The body of an append run's frame: each of C{bodies} after its length."""
+    pack = BODY_LENGTH.pack
+    return b"".join([part for body in bodies for part in (pack(len(body)), body)])
+
+
+def split_run(data, sequence):
+    """
+    The bodies of an append run's frame body C{data}, checked whole before any is used;
+    raises L{StreamError} naming the fault.
+    """
+    bodies, offset, size = [], 0, len(data)
+    unpack = BODY_LENGTH.unpack_from
+    while offset < size:
+        if offset + BODY_LENGTH.size > size:
+            raise StreamError(f"append run at sequence {sequence} ends inside a body's length")
+        (length,) = unpack(data, offset)
+        offset += BODY_LENGTH.size
+        end = offset + length
+        if end > size:
+            raise StreamError(f"append run at sequence {sequence}: a body of {length} bytes"
+                              f" overruns its frame")
+        bodies.append(data[offset:end])
+        offset = end
+    if not bodies:
+        raise StreamError(f"append run at sequence {sequence} holds no message")
+    return bodies
 
 
 def decode_operation(payload):

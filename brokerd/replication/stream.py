@@ -2,6 +2,7 @@
 
 from array import array
 from bisect import bisect_right
+from itertools import repeat
 
 from brokerd.proto import replication_pb2
 from brokerd.replication import codec
@@ -10,6 +11,20 @@ _ACCESS_RECORD = replication_pb2.ReplicatedOperation().SerializeToString()
 
 # The most bytes of frames one segment holds (a bigger frame gets a segment of its own).
 SEGMENT_BYTES = 1024 * 1024
+# Bodies an append run takes before it is closed (it may pass this by one body).
+RUN_BYTES = 64 * 1024
+
+
+class _Run:
+    """Appends alike not yet written: their record, the first one's sequence, their bodies."""
+
+    __slots__ = ("record", "first", "bodies", "size")
+
+    def __init__(self, record, first):
+        self.record = record
+        self.first = first
+        self.bodies = []
+        self.size = 0
 
 
 class _Segment:
@@ -39,6 +54,11 @@ class OutboundStream:
     sent the run as one slice (L{frames_from}). So recording an operation makes
     no object the cyclic collector must walk, and sending it costs nothing per
     frame.
+
+    Appends alike (the same record) made one after another travel as one
+    frame (L{codec.APPEND_RUN}): L{record_append} keeps them in an open run,
+    written at the end of the turn, before any other operation, or once it
+    holds L{RUN_BYTES}. A sequence inside a run starts no frame.
 
     With a C{reactor}, listeners hear of new operations once per reactor turn
     (called with the newest sequence after the turn's operations), so that a
@@ -82,25 +102,64 @@ class OutboundStream:
         self._reactor = reactor
         self._announcing = None  # the reactor call that announces this turn's operations
         self._sent = (0, 0, b"")  # the last run L{frames_from} gave: (first, next, bytes)
+        self._run = None  # the open run of appends alike
+        self._written = last_sequence  # the newest sequence written into a segment
 
     def record(self, operation, record, body=b""):
         """Number and keep one operation (a code of L{codec} and its serialised record)."""
-        sequence = self.last_sequence + 1
+        if self._run is not None:
+            self._close_run()
+        sequence = self.last_sequence = self._write(operation, record, body, 1)
+        self._announce_soon()
+        return sequence
+
+    def record_append(self, record, body):
+        """
+        Number and keep one append, C{record} its serialised record: the same bytes object
+        for appends alike, which then share one frame (see above).
+        """
+        run = self._run
+        if run is None or run.record is not record or run.size > RUN_BYTES:
+            if run is not None:
+                self._close_run()
+            run = self._run = _Run(record, self.last_sequence + 1)
+        run.bodies.append(body)
+        run.size += len(body)
+        self.last_sequence += 1
+        self._announce_soon()
+        return self.last_sequence
+
+    def _announce_soon(self):
+        if self._reactor is None:
+            self.announce()
+        elif self._announcing is None:
+            self._announcing = self._reactor.callLater(0, self.announce)
+
+    def _close_run(self):
+        run, self._run = self._run, None
+        bodies = run.bodies
+        if len(bodies) == 1:
+            self._write(codec.APPEND, run.record, bodies[0], 1)
+        else:
+            self._write(codec.APPEND_RUN, run.record, codec.run_bodies(bodies), len(bodies))
+
+    def _write(self, operation, record, body, count):
+        """Write one frame of C{count} operations into a segment; returns its sequence."""
+        sequence = self._written + 1
         size = codec.OPERATION_FRAME_OVERHEAD + len(record) + len(body)
         segment = self._current
         if segment is None or segment.fill + size > segment.size:
             segment = self._new_segment(sequence, size)
         segment.fill = codec.pack_operation_into(segment.view, segment.fill, sequence, operation,
                                                  record, body)
-        self.last_sequence = sequence
+        self._written += count
         self._total += size
-        self._ends.append(self._total)
+        if count == 1:
+            self._ends.append(self._total)
+        else:
+            self._ends.extend(repeat(self._total, count))
         if self._total - self._kept_from > self.retain_bytes:
-            self._trim(sequence)
-        if self._reactor is None:
-            self.announce()
-        elif self._announcing is None:
-            self._announcing = self._reactor.callLater(0, self.announce)
+            self._trim(self._written)
         return sequence
 
     def _new_segment(self, sequence, size):
@@ -132,6 +191,8 @@ class OutboundStream:
             if self._announcing.active():
                 self._announcing.cancel()
             self._announcing = None
+        if self._run is not None:
+            self._close_run()
         sequence = self.last_sequence
         if sequence == self.announced:
             return
@@ -162,10 +223,12 @@ class OutboundStream:
 
     def retained_bytes(self):
         """How many bytes of frames are kept."""
+        if self._run is not None:
+            self._close_run()
         return self._total - self._kept_from
 
     def frame(self, sequence):
-        """C{(parts, size)} of the kept operation C{sequence}; KeyError when not kept."""
+        """C{(parts, size)} of the kept frame starting at C{sequence}; KeyError when none is."""
         start, end = self._span(sequence)
         data = self._bytes(start, end)
         return (data,), len(data)
@@ -177,6 +240,8 @@ class OutboundStream:
         C{sequence} is not kept. Asked twice for the same run (two followers at the same
         place), it gives the same bytes without copying them again.
         """
+        if self._run is not None:
+            self._close_run()
         first, following, data = self._sent
         if first == sequence and following == self.last_sequence + 1:
             return data, following
@@ -193,11 +258,17 @@ class OutboundStream:
         return data, following
 
     def _span(self, sequence):
+        """The stream positions of the kept frame starting at C{sequence}."""
+        if self._run is not None:
+            self._close_run()
         if not self._first <= sequence <= self.last_sequence:
             raise KeyError(sequence)
         index = self._ends_head + sequence - self._first
         start = self._ends[index - 1] if sequence > self._first else self._kept_from
-        return start, self._ends[index]
+        end = self._ends[index]
+        if start == end:
+            raise KeyError(sequence)  # inside a run
+        return start, end
 
     def _bytes(self, start, end):
         segment = self._segments[bisect_right(self._starts, start) - 1]
@@ -209,6 +280,8 @@ class OutboundStream:
         How many bytes of frames follow operation C{sequence} (a follower's lag
         in bytes), counted over the kept frames when C{sequence} is older.
         """
+        if self._run is not None:
+            self._close_run()
         if sequence >= self.last_sequence:
             return 0
         if self._first > self.last_sequence:

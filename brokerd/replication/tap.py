@@ -243,8 +243,8 @@ class StoreTap:
         handle = self._store.append(message, queues)
         if self._acks is not None:
             self.record_acks()
-        replication_id = self._stream.record(codec.APPEND, self.operations.append(message, queues),
-                                             message.body)
+        replication_id = self._stream.record_append(self.operations.append(message, queues),
+                                                    message.body)
         ids = self._ids
         for queue in queues:
             held = ids.get(queue)

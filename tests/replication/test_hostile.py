@@ -20,6 +20,12 @@ BAD_RECORD = replication_pb2.ReplicatedOperation(
     queue_record={"vhost": "/", "name": "never", "durable": True}).SerializeToString()
 
 
+KEPT_APPEND = replication_pb2.ReplicatedOperation(
+    queues=[{"vhost": "/", "name": "kept"}], routing_key="kept",
+    properties=messages_pb2.BasicProperties(delivery_mode=2).SerializeToString(),
+).SerializeToString()
+
+
 def refusal_reasons(leader):
     return [reason for _, reason in leader.server.refusals]
 
@@ -126,6 +132,7 @@ class GarbageAfterAuthentication(unittest.TestCase):
         found = yield follower.reopened_contents()
         self.assertEqual(found["topology"], [("QueueRecord", KEPT.SerializeToString(deterministic=True))],
                          "only the good operation is applied")
+        self.assertFalse(found.get(("/", "kept")), "no message of a refused operation is kept")
 
     def test_an_unknown_operation_code(self):
         return self.check_garbage(operation_frame(2, 99, BAD_RECORD),
@@ -149,6 +156,22 @@ class GarbageAfterAuthentication(unittest.TestCase):
         return self.check_garbage(
             operation_frame(2, codec.APPEND, append.SerializeToString(), b"body"),
             "undecodable properties of message 2: Error parsing message...")
+
+    @defer.inlineCallbacks
+    def test_an_append_run_with_a_body_overrunning_its_frame_is_applied_not_at_all(self):
+        bodies = codec.BODY_LENGTH.pack(4) + b"good" + codec.BODY_LENGTH.pack(100) + b"short"
+        yield self.check_garbage(
+            operation_frame(2, codec.APPEND_RUN, KEPT_APPEND, bodies),
+            "append run at sequence 2: a body of 100 bytes overruns its frame")
+
+    def test_an_append_run_ending_inside_a_length(self):
+        return self.check_garbage(
+            operation_frame(2, codec.APPEND_RUN, KEPT_APPEND, codec.BODY_LENGTH.pack(4) + b"good\x00"),
+            "append run at sequence 2 ends inside a body's length")
+
+    def test_an_empty_append_run(self):
+        return self.check_garbage(operation_frame(2, codec.APPEND_RUN, KEPT_APPEND),
+                                  "append run at sequence 2 holds no message")
 
     def test_an_operation_out_of_order(self):
         return self.check_garbage(operation_frame(7, codec.SAVE_QUEUE, BAD_RECORD),

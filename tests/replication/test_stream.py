@@ -78,9 +78,14 @@ class StreamedStoresMatch(unittest.TestCase):
         self.assertEqual(again.durable_sequence, last)
         # Forget the state record: replay the whole stream onto the store that holds it all.
         again.applied_sequence = again.durable_sequence = 0
-        for sequence in range(1, last + 1):
-            parts, _ = leader.stream.frame(sequence)
-            again.apply(*codec.decode_operation(b"".join(parts)[codec.FRAME_HEADER.size:]))
+        sequence, runs = 1, 0
+        while sequence <= last:
+            data, sequence = leader.stream.frames_from(sequence, 1 << 30)
+            for _, payload in codec.FrameDecoder(codec.DEFAULT_FRAME_LIMIT).feed(data):
+                decoded = codec.decode_operation(payload)
+                runs += decoded[1] == codec.APPEND_RUN
+                again.apply(*decoded)
+        self.assertTrue(runs, "appends alike replayed as runs")
         again.commit()
         yield wait_until(lambda: again.durable_sequence == last)
         expected = yield leader.reopened_contents()

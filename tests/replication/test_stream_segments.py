@@ -2,6 +2,7 @@
 one slice: the same bytes the frames are one by one, within a byte limit and one segment, and
 the oldest segments dropped past the byte cap unless a snapshot pins them."""
 
+from twisted.internet import task
 from twisted.trial import unittest
 
 from brokerd.replication import codec
@@ -100,3 +101,50 @@ class SegmentTests(unittest.TestCase):
         record(stream, 3)
         self.assertEqual([n for _, n, _, _ in decoded(stream.frames_from(1001, 1 << 20)[0])],
                          [1001, 1002, 1003])
+
+
+class RunTests(unittest.TestCase):
+    """Appends alike made in one turn travel as one frame, numbered as many operations."""
+
+    def setUp(self):
+        self.clock = task.Clock()
+        self.stream = OutboundStream(reactor=self.clock)
+
+    def append(self, record, count, body=b"m"):
+        return [self.stream.record_append(record, body + str(n).encode()) for n in range(count)]
+
+    def test_appends_alike_in_one_turn_are_one_run_frame(self):
+        alike = b"\x0a\x00"
+        self.assertEqual(self.append(alike, 5), [1, 2, 3, 4, 5])
+        self.clock.advance(0)
+        data, following = self.stream.frames_from(1, 1 << 20)
+        self.assertEqual(following, 6)
+        ((kind, sequence, operation, body),) = decoded(data)
+        self.assertEqual((kind, sequence, operation), (codec.OPERATION, 1, codec.APPEND_RUN))
+        self.assertEqual(codec.split_run(body, 1), [b"m0", b"m1", b"m2", b"m3", b"m4"])
+        with self.assertRaises(KeyError):
+            self.stream.frames_from(3, 1 << 20)  # inside the run: no frame starts there
+
+    def test_another_record_or_operation_ends_the_run(self):
+        first, other = b"\x0a\x00", b"\x0a\x01x"
+        self.append(first, 2)
+        self.append(other, 1)
+        self.stream.record(codec.ACK_MESSAGE, b"")
+        self.append(first, 3)
+        self.clock.advance(0)
+        data, following = self.stream.frames_from(1, 1 << 20)
+        self.assertEqual(following, 8)
+        self.assertEqual([(sequence, operation) for _, sequence, operation, _ in decoded(data)],
+                         [(1, codec.APPEND_RUN), (3, codec.APPEND), (4, codec.ACK_MESSAGE),
+                          (5, codec.APPEND_RUN)])
+
+    def test_the_listeners_hear_of_a_run_once_it_is_a_frame(self):
+        heard = []
+        self.stream.subscribe(lambda sequence: heard.append(
+            (sequence, len(self.stream.frames_from(1, 1 << 20)[0]))))
+        self.append(b"\x0a\x00", 3)
+        self.assertEqual(heard, [])
+        self.clock.advance(0)
+        self.assertEqual(heard, [(3, codec.OPERATION_FRAME_OVERHEAD + 2 + 3 * 6)])
+        self.assertEqual(self.stream.bytes_after(0), heard[0][1])
+        self.assertEqual(self.stream.bytes_after(3), 0)

@@ -193,7 +193,8 @@ def topology(store):
 def messages(store, first, count):
     """
     Append C{count} messages numbered from C{first} (bodies up to 1 MiB, shared and own
-    properties, some to two queues), then ack, return, purge, delay and release some.
+    properties, some to two queues) and six alike, then ack, return, purge, delay and release
+    some.
     """
     shared = messages_pb2.BasicProperties(delivery_mode=messages_pb2.PERSISTENT, priority=3)
     handles = []
@@ -205,6 +206,10 @@ def messages(store, first, count):
             found = message(body(number, size), published_at=NOW + number, n=number, tag="t" * (number % 7))
         queues = [Q1, Q2] if number % 4 == 0 else [Q1] if number % 4 != 3 else [Q3]
         handles.append((queues, store.append(found, queues)))
+    # Appends alike one after another: a leader streams them as one run.
+    burst = [store.append(message(body(number, 64), properties=shared), [Q1])
+             for number in range(first, first + 6)]
+    store.ack(Q1, burst[1])
     for index, (queues, handle) in enumerate(handles):
         if index % 5 == 1:
             store.ack(queues[0], handle)
