@@ -20,7 +20,9 @@ class OperationEncoder:
     def __init__(self, store_name):
         self._store_name = store_name
         self._properties = (None, None)  # the last properties encoded, and their bytes
-        self._last_append = (None, None, b"")  # properties, key and bytes of the last append
+        # The last append encoded: its properties, routing key, exchange, publish time,
+        # queues and bytes.
+        self._last_append = (None, None, None, None, None, b"")
 
     def operation(self, **fields):
         return replication_pb2.ReplicatedOperation(store=self._store_name, **fields)
@@ -35,15 +37,20 @@ class OperationEncoder:
         return operation
 
     def append(self, message, queues):
-        """The encoded operation of an append of C{message} to C{queues}."""
-        # Alike: one properties object, exchange, routing key, queues, and second.
-        published = int(message.published_at) if message.published_at is not None else None
-        key = (message.exchange, message.routing_key, tuple(queues), published)
-        properties, cached_key, encoded = self._last_append
-        if properties is not message.properties or cached_key != key:
-            encoded = self.message(message, queues=[queue_key(queue) for queue in queues])
-            encoded = encoded.SerializeToString()
-            self._last_append = (message.properties, key, encoded)
+        """
+        The encoded operation of an append of C{message} to C{queues}: the same bytes object
+        for appends alike (one properties object, exchange, routing key, publish time and
+        queues), which the stream takes for a run of them.
+        """
+        last = self._last_append
+        if (message.properties is last[0] and message.routing_key == last[1]
+                and message.exchange == last[2] and message.published_at == last[3]
+                and queues == last[4]):
+            return last[5]
+        encoded = self.message(message, queues=[queue_key(queue) for queue in queues])
+        encoded = encoded.SerializeToString()
+        self._last_append = (message.properties, message.routing_key, message.exchange,
+                             message.published_at, list(queues), encoded)
         return encoded
 
     def _encoded_properties(self, properties):

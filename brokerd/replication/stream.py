@@ -125,9 +125,12 @@ class OutboundStream:
             run = self._run = _Run(record, self.last_sequence + 1)
         run.bodies.append(body)
         run.size += len(body)
-        self.last_sequence += 1
-        self._announce_soon()
-        return self.last_sequence
+        sequence = self.last_sequence = self.last_sequence + 1
+        if self._reactor is None:
+            self.announce()
+        elif self._announcing is None:
+            self._announcing = self._reactor.callLater(0, self.announce)
+        return sequence
 
     def _announce_soon(self):
         if self._reactor is None:

@@ -148,3 +148,23 @@ class RunTests(unittest.TestCase):
         self.assertEqual(heard, [(3, codec.OPERATION_FRAME_OVERHEAD + 2 + 3 * 6)])
         self.assertEqual(self.stream.bytes_after(0), heard[0][1])
         self.assertEqual(self.stream.bytes_after(3), 0)
+
+    def test_a_follower_sent_each_announcement_at_once_gets_every_operation_under_a_small_cap(self):
+        stream = OutboundStream(4096, reactor=self.clock)
+        seen, following = [], [1]
+
+        def send(sequence):  # what a follower's link does when told
+            while following[0] <= sequence:
+                data, following[0] = stream.frames_from(following[0], 1 << 20)
+                for _, first, operation, body in decoded(data):
+                    count = len(codec.split_run(body, first)) if operation == codec.APPEND_RUN else 1
+                    seen.extend(range(first, first + count))
+        stream.subscribe(send)
+        records = (b"\x0a\x00", b"\x0a\x01a", b"\x0a\x01b")
+        for number in range(600):  # runs of 1 to 3 alike, some 90 KiB in all
+            stream.record_append(records[number // 3 % 3 if number % 7 else 0], b"x" * 150)
+            if number % 50 == 49:
+                self.clock.advance(0)
+        self.clock.advance(0)
+        self.assertEqual(seen, list(range(1, 601)))
+        self.assertGreater(stream.first_retained, 500, "the cap dropped the oldest")
