@@ -174,6 +174,9 @@ class ChunkedStore:
     def commit_times(self):
         return self._writer_thread.commit_times()
 
+    def watch_commit_starts(self, listener):
+        self._writer_thread.start_listeners.append(listener)
+
     # -- topology
 
     def topology(self):

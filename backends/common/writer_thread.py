@@ -53,6 +53,7 @@ class WriterThread:
         self._lost_in = lost_in
         self.failures = CommitFailures(name)
         self.ledger = CommitLedger()
+        self.start_listeners = []  # told as each commit starts (GroupCommit's on_start)
         self._open_waiters = []  # Deferreds of close() calls made while opening
 
     @defer.inlineCallbacks
@@ -69,7 +70,7 @@ class WriterThread:
         self.commit = GroupCommit(self._take_batch, write_batch, self.policy, self._reactor,
                                   name=self.name, on_written=self._on_written,
                                   lost_in=self._lost_in, failures=self.failures,
-                                  ledger=self.ledger)
+                                  ledger=self.ledger, on_start=self.start_listeners)
         self.commit.start()
         try:
             found = yield self.commit.call(open_files)

@@ -205,6 +205,9 @@ class FilelogStore:
     def commit_times(self):
         return self._writer_thread.commit_times()
 
+    def watch_commit_starts(self, listener):
+        self._writer_thread.start_listeners.append(listener)
+
     # -- topology
 
     def topology(self):

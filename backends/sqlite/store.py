@@ -144,6 +144,9 @@ class SqliteStore:
     def commit_times(self):
         return self._writer_thread.commit_times()
 
+    def watch_commit_starts(self, listener):
+        self._writer_thread.start_listeners.append(listener)
+
     def _loaded(self, loaded):
         """Keep what the writer thread's open found (its L{backends.sqlite.loading.Loaded}), and
         open the reader's connection."""

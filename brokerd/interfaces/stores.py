@@ -399,11 +399,18 @@ class IStoreBackend(Interface):
 class ITimedCommits(Interface):
     """
     A store whose commits go through a L{brokerd.storage.durability.GroupCommit}
-    (every durable backend's): how long they took, for the metrics.
+    (every durable backend's): how long they took, for the metrics, and when each
+    starts, so that a replication stream sends what a commit will cover as it starts.
     """
 
     def commit_times():
         """The store's L{brokerd.storage.durability.CommitTimes}, or None before it has opened."""
+
+    def watch_commit_starts(listener):
+        """
+        Call C{listener()} on the reactor thread as each commit takes what is buffered
+        (and on each idle tick of the store's commit timer), before it is written.
+        """
 
 
 class ICommitFailures(Interface):

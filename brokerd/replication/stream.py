@@ -63,7 +63,11 @@ class OutboundStream:
     With a C{reactor}, listeners hear of new operations once per reactor turn
     (called with the newest sequence after the turn's operations), so that a
     turn's operations reach each follower in one write rather than one write
-    each; without one, after each operation. Either way they hear of every
+    each; without one, after each operation. Where every tapped store says when
+    its commits start (L{add_tap}), they hear as each commit starts instead:
+    the followers get at once what the leader's commit will cover (which is
+    what its confirms wait for), in one write per commit rather than per turn,
+    and commit it while the leader does. Either way they hear of every
     operation before it can be dropped (see below).
 
     Only the latest C{retain_bytes} of frames are kept (at least the newest
@@ -104,6 +108,23 @@ class OutboundStream:
         self._sent = (0, 0, b"")  # the last run L{frames_from} gave: (first, next, bytes)
         self._run = None  # the open run of appends alike
         self._written = last_sequence  # the newest sequence written into a segment
+        self._turn_taps = 0  # taps of stores that do not say when their commits start
+        self._per_turn = reactor is not None  # announced at each turn's end
+
+    def add_tap(self, name, tap, commit_starts):
+        """
+        Record the operations of C{tap} (the L{StoreTap} of store C{name}) too;
+        C{commit_starts} says whether its store tells C{commit_starting} when its
+        commits start (else announcements stay once per turn for every store).
+        """
+        self.taps[name] = tap
+        self._turn_taps += not commit_starts
+        self._per_turn = self._reactor is not None and self._turn_taps > 0
+
+    def commit_starting(self):
+        """A tapped store's commit starts: announce what it (and the others) will cover."""
+        if self._run is not None or self.last_sequence != self.announced:
+            self.announce()
 
     def record(self, operation, record, body=b""):
         """Number and keep one operation (a code of L{codec} and its serialised record)."""
@@ -128,14 +149,14 @@ class OutboundStream:
         sequence = self.last_sequence = self.last_sequence + 1
         if self._reactor is None:
             self.announce()
-        elif self._announcing is None:
+        elif self._per_turn and self._announcing is None:
             self._announcing = self._reactor.callLater(0, self.announce)
         return sequence
 
     def _announce_soon(self):
         if self._reactor is None:
             self.announce()
-        elif self._announcing is None:
+        elif self._per_turn and self._announcing is None:
             self._announcing = self._reactor.callLater(0, self.announce)
 
     def _close_run(self):

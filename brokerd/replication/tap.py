@@ -4,7 +4,7 @@ from typing import NamedTuple
 
 from zope.interface import alsoProvides, implementer, providedBy
 
-from brokerd.interfaces import IDelayedMessageStore, IMessageStore
+from brokerd.interfaces import IDelayedMessageStore, IMessageStore, ITimedCommits
 from brokerd.proto import messages_pb2
 from brokerd.replication import codec
 from brokerd.replication.operations import OperationEncoder, queue_key
@@ -66,7 +66,11 @@ class StoreTap:
         self._acks = None  # (queue, [replication ids]) acked and not yet recorded
         self._acks_call = None
         alsoProvides(self, *providedBy(store))
-        stream.taps[store_name] = self
+        commit_starts = ITimedCommits.providedBy(store) and reactor is not None
+        if commit_starts:
+            # The acks held for the turn's end are recorded first, so that they go too.
+            store.watch_commit_starts(self._commit_starting)
+        stream.add_tap(store_name, self, commit_starts)
 
     @property
     def store(self):
@@ -197,6 +201,13 @@ class StoreTap:
 
     def commit_times(self):
         return self._store.commit_times()
+
+    def watch_commit_starts(self, listener):
+        self._store.watch_commit_starts(listener)
+
+    def _commit_starting(self):
+        self.record_acks()
+        self._stream.commit_starting()
 
     def delayed_after(self, cursor, until, limit):
         return self._store.delayed_after(cursor, until, limit)

@@ -279,10 +279,13 @@ class GroupCommit:
     @param failures: the L{CommitFailures} told of each failed commit (made
         here if not given).
     @param ledger: the L{CommitLedger} that numbers the commits (made here if not given).
+    @param on_start: listeners called on the reactor thread, with no argument, as each
+        commit (or idle tick) takes what was buffered, before it goes to the writer; the
+        list is the caller's, so that it may add to it later.
     """
 
     def __init__(self, take_batch, write_batch, policy, reactor, name="store", on_written=None,
-                 lost_in=None, failures=None, ledger=None):
+                 lost_in=None, failures=None, ledger=None, on_start=()):
         self.policy = policy
         self._take_batch = take_batch
         self._write_batch = write_batch
@@ -301,6 +304,7 @@ class GroupCommit:
         self._lost_in = lost_in
         self.failures = failures if failures is not None else CommitFailures(name)
         self.ledger = ledger if ledger is not None else CommitLedger()
+        self._on_start = on_start
 
     def start(self):
         if self._pool is not None:
@@ -341,6 +345,8 @@ class GroupCommit:
         # An overdue idle tick came first: it commits for both.
         if scheduled is not None and scheduled.active():
             scheduled.cancel()
+        for listener in self._on_start:
+            listener()
         waiters, self._waiting = self._waiting, []
         batch = self._take_batch()
         if batch is None and not waiters:

@@ -2,11 +2,12 @@
 closed and reopened, the follower holds what the leader holds; a follower restarted mid-stream
 resumes after its last durable operation and duplicates nothing."""
 
-from twisted.internet import defer
+from twisted.internet import defer, reactor
 from twisted.trial import unittest
 from zope.interface.verify import verifyObject
 
 from brokerd.interfaces import IDelayedMessageStore, IMessageStore, IPagingStore, ITimedCommits
+from brokerd.proto import messages_pb2
 from brokerd.replication import codec
 from tests.support.broker import wait_until
 from tests.support.replication import BACKENDS, Follower, Leader, contents, messages, topology
@@ -91,6 +92,26 @@ class StreamedStoresMatch(unittest.TestCase):
         expected = yield leader.reopened_contents()
         found = yield restarted.reopened_contents()
         self.assertEqual(found, expected)
+
+
+class CommitDrivenStream(unittest.TestCase):
+    """A leader whose store says when its commits start streams what each will cover then."""
+
+    @defer.inlineCallbacks
+    def test_each_commit_reaches_the_follower_and_what_no_sync_asks_for_follows_soon(self):
+        leader = yield Leader().start(self, "chunked", tap_reactor=reactor)
+        follower = yield Follower().start(self, "filelog")
+        yield follower.connect(leader)
+        topology(leader.store)
+        messages(leader.store, 0, 40)
+        yield leader.store.sync()
+        yield leader.server.confirmed_up_to(leader.stream.last_sequence)
+        self.assertEqual(follower.applier.durable_sequence, leader.stream.last_sequence)
+        leader.store.save_exchange(messages_pb2.ExchangeRecord(vhost="/", name="late", durable=True))
+        last = leader.stream.last_sequence
+        yield wait_until(lambda: follower.applier.durable_sequence == last, timeout=10)
+        expected = yield leader.reopened_contents()
+        self.assertEqual((yield follower.reopened_contents()), expected)
 
 
 for _leader in BACKENDS:

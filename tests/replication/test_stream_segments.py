@@ -168,3 +168,31 @@ class RunTests(unittest.TestCase):
         self.clock.advance(0)
         self.assertEqual(seen, list(range(1, 601)))
         self.assertGreater(stream.first_retained, 500, "the cap dropped the oldest")
+
+
+class CommitStartTests(unittest.TestCase):
+    """Where every tapped store says when its commits start, the followers hear then."""
+
+    def setUp(self):
+        self.clock = task.Clock()
+        self.stream = OutboundStream(reactor=self.clock)
+        self.heard = []
+        self.stream.subscribe(self.heard.append)
+
+    def test_operations_are_announced_as_a_commit_starts_not_at_the_turns_end(self):
+        self.stream.add_tap("", object(), commit_starts=True)
+        self.stream.record_append(b"\x0a\x00", b"a")
+        self.stream.record(codec.ACK_MESSAGE, b"")
+        self.clock.advance(0)
+        self.assertEqual(self.heard, [])
+        self.stream.commit_starting()
+        self.assertEqual(self.heard, [2])
+        self.stream.commit_starting()
+        self.assertEqual(self.heard, [2], "nothing new: nothing told")
+
+    def test_one_store_that_does_not_say_keeps_announcements_per_turn(self):
+        self.stream.add_tap("", object(), commit_starts=True)
+        self.stream.add_tap("other", object(), commit_starts=False)
+        self.stream.record_append(b"\x0a\x00", b"a")
+        self.clock.advance(0)
+        self.assertEqual(self.heard, [1])

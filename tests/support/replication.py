@@ -48,13 +48,14 @@ class Leader:
     @defer.inlineCallbacks
     def start(self, testcase, backend, *, retain_bytes=64 * MIB, max_lag_bytes=16 * MIB,
               secret=SECRET, cluster=CLUSTER, clock=None, wrap=None, server_class=ReplicationServer,
-              **server_options):
+              tap_reactor=None, **server_options):
         """C{clock}: what schedules the server's timers (the reactor unless a test drives one);
-        C{wrap}: called with the opened store, gives what the tap wraps."""
+        C{wrap}: called with the opened store, gives what the tap wraps; C{tap_reactor}: the
+        tap's, as a node's (acks recorded once a turn, the stream told as commits start)."""
         self.backend, self.path = backend, directory(testcase)
         self.stream = OutboundStream(retain_bytes, reactor=reactor)
         store = yield open_store(backend, self.path)
-        self.store = StoreTap(wrap(store) if wrap else store, self.stream)
+        self.store = StoreTap(wrap(store) if wrap else store, self.stream, reactor=tap_reactor)
         self.server = server_class(self.stream, secret, cluster, reactor=clock or reactor,
                                    max_lag_bytes=max_lag_bytes, **server_options)
         self.port = yield endpoints.TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(

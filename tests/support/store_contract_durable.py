@@ -3,6 +3,8 @@ crash) finds. Every backend's test module mixes L{DurableStoreContract} into a
 TestCase with its store-making mixin, as it does L{StoreContract}; for a store
 that is not durable every test here is skipped."""
 
+import threading
+
 from twisted.internet import defer, reactor, task
 
 from brokerd.interfaces import SerializedPropertiesMessage
@@ -202,6 +204,22 @@ class DurableStoreContract(OpensStores):
         self.addCleanup(lambda: self._close_quietly(beside))
         self.assertEqual([r.name for r in beside.topology()], ["jobs"])
         self.assertEqual(self.recovered_bodies(beside, JOBS), [b"m1", b"m2"])
+
+    @defer.inlineCallbacks
+    def test_each_commit_tells_its_start_on_the_reactor_thread(self):
+        """A replication stream sends a commit's operations as it starts (ITimedCommits)."""
+        store = yield self.opened_durable()
+        seen = []
+        store.watch_commit_starts(lambda: seen.append(threading.current_thread().name))
+        store.save_queue(queue_record("jobs"))
+        store.append(message(b"one"), [JOBS])
+        started = len(seen)
+        yield store.sync()
+        self.assertGreater(len(seen), started, "the sync's commit told its start")
+        store.append(message(b"two"), [JOBS])
+        yield store.sync()
+        self.assertGreaterEqual(len(seen), started + 2, "each commit tells its start")
+        self.assertEqual(set(seen), {threading.main_thread().name})
 
     # -- an ack rides on the next commit: once the sync of a later append fired, a crash keeps it
 
