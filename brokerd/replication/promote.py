@@ -71,7 +71,10 @@ class LeaderStore:
         return self._store.recovered_handles(queue)
 
     def load(self, handle):
-        return replica.split_replication_id(self._store.load(handle))[1]
+        record = self._store.load(handle)
+        if record.properties.HasField("replication_id"):  # stored while a follower
+            return replica.split_replication_id(record)[1]
+        return record
 
     def read(self, handle):
         return self._store.read(handle).addCallback(

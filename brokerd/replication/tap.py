@@ -66,6 +66,8 @@ class StoreTap:
         self._acks = None  # (queue, [replication ids]) acked and not yet recorded
         self._acks_call = None
         alsoProvides(self, *providedBy(store))
+        if getattr(store, "load", None) is not None:
+            self.load = store.load  # read once per message paged in: no frame of the tap's
         commit_starts = ITimedCommits.providedBy(store) and reactor is not None
         if commit_starts:
             # The acks held for the turn's end are recorded first, so that they go too.
@@ -197,7 +199,7 @@ class StoreTap:
         return self._store.recovered_handles(queue)
 
     def load(self, handle):
-        return self._store.load(handle)
+        return self._store.load(handle)  # once per message paged in: see __init__
 
     def commit_times(self):
         return self._store.commit_times()
@@ -268,18 +270,20 @@ class StoreTap:
         self._store.ack(queue, handle)
         held = self._ids.get(queue)
         replication_id = None if held is None else held.pop(handle, None)
-        if queue in self._counts:
-            self._counts[queue].pop(handle, None)
+        counts = self._counts.get(queue)
+        if counts:
+            counts.pop(handle, None)
         if replication_id is None:
             self.unreplicated += 1
             return
-        if self._acks is not None and self._acks[0] != queue:
-            self.record_acks()
-        if self._acks is None:
-            self._acks = (queue, [])
+        acks = self._acks
+        if acks is None or acks[0] != queue:
+            if acks is not None:
+                self.record_acks()
+            acks = self._acks = (queue, [])
             if self._reactor is not None:
                 self._acks_call = self._reactor.callLater(0, self.record_acks)
-        self._acks[1].append(replication_id)
+        acks[1].append(replication_id)
         if self._reactor is None:
             self.record_acks()
 
