@@ -14,8 +14,9 @@ Clients reconnect to whichever node serves, trying each node's address in turn.
 At the end the load stops, the queue is drained from the last leader, and it reports: confirmed
 messages lost (neither acknowledged nor in the queue: must be 0), acknowledged messages that came
 back (an acknowledgement is not confirmed to the consumer, so one in flight at a kill may come
-back; those acknowledged before the publish of a later confirmed message should not), deliveries
-flagged redelivered, and the time from each kill to the first confirm after it (p50 and max).
+back; one the leader took in before a publish that the same leader then confirmed must not: its
+stream keeps their order), deliveries flagged redelivered, and the time from each kill to the
+first confirm after it (p50 and max).
 """
 
 import argparse
@@ -300,11 +301,12 @@ def run(arguments):
         cluster.wait_all_in_sync()
         publisher.start()
         consumer.start()
-        kill_to_confirm = []
+        kill_to_confirm, kills = [], []
         for _ in range(arguments.kills):
             time.sleep(arguments.interval)  # the load runs between kills
             leader = cluster.wait_leader()
             killed_at = time.monotonic()
+            kills.append(killed_at)
             leader.kill()
             cluster.wait_leader(other_than=leader)
             poll_until(lambda: True if any(t > killed_at for t in list(publisher.confirmed.values()))
@@ -326,9 +328,20 @@ def run(arguments):
     # An ack the leader had taken in before it took in a publish it then confirmed is as
     # durable as that publish (its stream keeps their order): such a message must not come
     # back. Known taken in: the consumer's basic.qos round trip after it; the publish sent
-    # after that.
-    sends = sorted(publisher.sent.values())
-    durable = (lambda when: when is not None and bisect.bisect_right(sends, when) < len(sends))
+    # after that, and confirmed before the next kill (by the same leader: a confirm after
+    # the kill is another leader's, which never saw the ack if the killed one had not sent
+    # it on yet).
+    published = sorted((publisher.sent[body], publisher.confirmed[body]) for body in publisher.sent)
+    sends = [sent for sent, _ in published]
+
+    def durable(when):
+        if when is None:
+            return False
+        later = bisect.bisect_right(sends, when)  # one at a time: the first confirms first
+        if later == len(published):
+            return False
+        next_kill = kills[bisect.bisect_right(kills, when)] if kills and kills[-1] > when else None
+        return next_kill is None or published[later][1] < next_kill
     came_back = {body for body, when in consumer.again if durable(when)}
     came_back |= {body for body in left if body in acked and durable(consumer.taken.get(body))}
     return {

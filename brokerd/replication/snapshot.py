@@ -30,7 +30,7 @@ class Snapshot:
 
     def __init__(self, stream, access_document=None):
         self._stream = stream
-        self.position = stream.last_sequence
+        self.position = stream.cut()
         self._pin = stream.pin(self.position + 1)
         views = [(tap, tap.snapshot_view()) for tap in stream.taps.values()]
         document = access_document() if access_document is not None else None

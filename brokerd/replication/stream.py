@@ -153,6 +153,16 @@ class OutboundStream:
             self._announcing = self._reactor.callLater(0, self.announce)
         return sequence
 
+    def cut(self):
+        """
+        End the open run of appends, so that the next operation starts a frame (a
+        snapshot's position must be where a follower can be sent from); returns the
+        newest sequence.
+        """
+        if self._run is not None:
+            self._close_run()
+        return self.last_sequence
+
     def _announce_soon(self):
         if self._reactor is None:
             self.announce()

@@ -196,3 +196,20 @@ class CommitStartTests(unittest.TestCase):
         self.stream.record_append(b"\x0a\x00", b"a")
         self.clock.advance(0)
         self.assertEqual(self.heard, [1])
+
+
+class CutTests(unittest.TestCase):
+
+    def test_a_snapshots_position_ends_the_run_so_the_stream_can_go_on_from_it(self):
+        clock = task.Clock()
+        stream = OutboundStream(reactor=clock)
+        for number in range(3):
+            stream.record_append(b"\x0a\x00", b"before %d" % number)
+        position = stream.cut()
+        for number in range(2):  # alike, in the same turn
+            stream.record_append(b"\x0a\x00", b"after %d" % number)
+        clock.advance(0)
+        data, following = stream.frames_from(position + 1, 1 << 20)
+        self.assertEqual((position, following), (3, 6))
+        ((_, first, operation, body),) = decoded(data)
+        self.assertEqual((first, codec.split_run(body, first)), (4, [b"after 0", b"after 1"]))
