@@ -15,8 +15,9 @@ At the end the load stops, the queue is drained from the last leader, and it rep
 messages lost (neither acknowledged nor in the queue: must be 0), acknowledged messages that came
 back (an acknowledgement is not confirmed to the consumer, so one in flight at a kill may come
 back; one the leader took in before a publish that the same leader then confirmed must not: its
-stream keeps their order), deliveries flagged redelivered, and the time from each kill to the
-first confirm after it (p50 and max).
+stream keeps their order), deliveries flagged redelivered, leaders that stepped down without a
+kill (their lease not renewed in time on a loaded machine: a leadership ends there too), and
+the time from each kill to the first confirm after it (p50 and max).
 """
 
 import argparse
@@ -175,6 +176,29 @@ class Cluster:
 
 
 SYNC_EVERY = 20  # acks between the consumer's round trips that show they were taken in
+STEP_DOWN = "starts again as a follower"  # what a leader that lost its lease logs
+
+
+class StepDowns(threading.Thread):
+    """Notes when a node logs that it stepped down (a leadership that ended without a kill)."""
+
+    def __init__(self, cluster):
+        super().__init__(daemon=True)
+        self.cluster = cluster
+        self.stopping = threading.Event()
+        self.times = []
+        self._seen = {}  # id of a node's BrokerProcess -> step-downs seen in its output
+
+    def run(self):
+        while not self.stopping.wait(0.05):
+            for node in self.cluster.nodes:
+                process = node.process
+                if process is None:
+                    continue
+                count = sum(STEP_DOWN in line for line in list(process.output))
+                if count > self._seen.get(id(process), 0):
+                    self._seen[id(process)] = count
+                    self.times.append(time.monotonic())
 
 
 def connect(address):
@@ -301,13 +325,15 @@ def run(arguments):
         cluster.wait_all_in_sync()
         publisher.start()
         consumer.start()
+        step_downs = StepDowns(cluster)
+        step_downs.start()
         kill_to_confirm, kills = [], []
         for _ in range(arguments.kills):
             time.sleep(arguments.interval)  # the load runs between kills
             leader = cluster.wait_leader()
             killed_at = time.monotonic()
-            kills.append(killed_at)
             leader.kill()
+            kills.append(time.monotonic())  # dead from here on (what it took in until then counts)
             cluster.wait_leader(other_than=leader)
             poll_until(lambda: True if any(t > killed_at for t in list(publisher.confirmed.values()))
                        else None, WAIT_SECONDS, "a confirm after the kill")
@@ -320,6 +346,7 @@ def run(arguments):
         consumer.stopping.set()
         consumer.join(WAIT_SECONDS)
         left = drain(cluster.wait_leader().amqp_address())
+        step_downs.stopping.set()
     finally:
         cluster.close()
         if not arguments.keep:
@@ -328,10 +355,11 @@ def run(arguments):
     # An ack the leader had taken in before it took in a publish it then confirmed is as
     # durable as that publish (its stream keeps their order): such a message must not come
     # back. Known taken in: the consumer's basic.qos round trip after it; the publish sent
-    # after that, and confirmed before the next kill (by the same leader: a confirm after
-    # the kill is another leader's, which never saw the ack if the killed one had not sent
-    # it on yet).
+    # after that, and confirmed before the leadership ended (a kill, or a step-down when the
+    # leader could not renew its lease): a confirm after that is another leader's, which
+    # never saw the ack if the old one had not sent it on yet.
     published = sorted((publisher.sent[body], publisher.confirmed[body]) for body in publisher.sent)
+    ends = sorted(kills + step_downs.times)
     sends = [sent for sent, _ in published]
 
     def durable(when):
@@ -340,8 +368,21 @@ def run(arguments):
         later = bisect.bisect_right(sends, when)  # one at a time: the first confirms first
         if later == len(published):
             return False
-        next_kill = kills[bisect.bisect_right(kills, when)] if kills and kills[-1] > when else None
-        return next_kill is None or published[later][1] < next_kill
+        ended = ends[bisect.bisect_right(ends, when)] if ends and ends[-1] > when else None
+        return ended is None or published[later][1] < ended
+    wall = time.time() - time.monotonic()  # to read a monotonic time on the nodes' log clocks
+
+    def describe(body):
+        """What happened to a message that came back, in wall-clock seconds, for its logs."""
+        taken = consumer.taken.get(body)
+        later = bisect.bisect_right(sends, taken)
+        return {"body": body, "acked": consumer.acked[body] + wall, "taken": taken + wall,
+                "later_publish_sent": published[later][0] + wall,
+                "later_publish_confirmed": published[later][1] + wall,
+                "leadership_ended": [end + wall for end in ends if end > taken][:1],
+                "again": sum(1 for again, _ in consumer.again if again == body),
+                "left": body in left}
+
     came_back = {body for body, when in consumer.again if durable(when)}
     came_back |= {body for body in left if body in acked and durable(consumer.taken.get(body))}
     return {
@@ -350,6 +391,8 @@ def run(arguments):
         "confirmed_lost": len(confirmed - acked - set(left)),
         "durably_acked_came_back": len(came_back),
         "redelivered": consumer.redelivered,
+        "step_downs": len(step_downs.times),
+        "came_back_examples": [describe(body) for body in sorted(came_back)[:10]],
         "kill_to_confirm_p50_s": statistics.median(kill_to_confirm) if kill_to_confirm else None,
         "kill_to_confirm_max_s": max(kill_to_confirm, default=None),
         "files": root if arguments.keep else None,
@@ -379,6 +422,7 @@ def main(argv=None):
     print(f"confirmed messages lost: {results['confirmed_lost']}")
     print(f"durably acked messages that came back: {results['durably_acked_came_back']}")
     print(f"deliveries flagged redelivered: {results['redelivered']}")
+    print(f"leaders that stepped down without a kill: {results['step_downs']}")
     if results["kills"]:
         print(f"kill to first confirm: p50 {results['kill_to_confirm_p50_s']:.2f} s,"
               f" max {results['kill_to_confirm_max_s']:.2f} s")
