@@ -102,7 +102,7 @@ OPERATION_FRAME_OVERHEAD = _OPERATION_FRAME_HEADER.size
 def pack_operation_into(buffer, offset, sequence, operation, record, body=b""):
     """
     Write the operation frame L{operation_parts} gives, joined, into C{buffer} (a writable
-    memoryview with room for the frame: L{OPERATION_FRAME_OVERHEAD} bytes more than
+    memoryview with room for the frame: C{OPERATION_FRAME_OVERHEAD} bytes more than
     the record and body) at C{offset}; returns the offset after it.
     """
     _OPERATION_FRAME_HEADER.pack_into(
