@@ -105,22 +105,43 @@ def pack_operation_into(buffer, offset, sequence, operation, record, body=b""):
     memoryview with room for the frame: C{OPERATION_FRAME_OVERHEAD} bytes more than
     the record and body) at C{offset}; returns the offset after it.
     """
-    _OPERATION_FRAME_HEADER.pack_into(
-        buffer, offset, 1 + OPERATION_HEADER.size + len(record) + len(body),
-        OPERATION, sequence, operation, len(record))
-    offset += _OPERATION_FRAME_HEADER.size
-    end = offset + len(record)
-    buffer[offset:end] = record
+    end = _pack_head_into(buffer, offset, sequence, operation, record, len(body))
     if body:
         offset, end = end, end + len(body)
         buffer[offset:end] = body
     return end
 
 
-def run_bodies(bodies):
-    """The body of an append run's frame: each of C{bodies} after its length."""
-    pack = BODY_LENGTH.pack
-    return b"".join([part for body in bodies for part in (pack(len(body)), body)])
+def run_size(bodies, body_bytes):
+    """The bytes of an append run's frame body: C{bodies}, C{body_bytes} in all, and lengths."""
+    return body_bytes + BODY_LENGTH.size * len(bodies)
+
+
+def pack_run_into(buffer, offset, sequence, record, bodies, body_bytes):
+    """
+    Write the append run frame of C{bodies} (C{body_bytes} in all) into C{buffer}, each body
+    after its length, copied once, as L{pack_operation_into} does; returns the offset after it.
+    """
+    offset = _pack_head_into(buffer, offset, sequence, APPEND_RUN, record,
+                             run_size(bodies, body_bytes))
+    pack = BODY_LENGTH.pack_into
+    for body in bodies:
+        pack(buffer, offset, len(body))
+        offset += BODY_LENGTH.size
+        end = offset + len(body)
+        buffer[offset:end] = body
+        offset = end
+    return offset
+
+
+def _pack_head_into(buffer, offset, sequence, operation, record, body_size):
+    _OPERATION_FRAME_HEADER.pack_into(
+        buffer, offset, 1 + OPERATION_HEADER.size + len(record) + body_size,
+        OPERATION, sequence, operation, len(record))
+    offset += _OPERATION_FRAME_HEADER.size
+    end = offset + len(record)
+    buffer[offset:end] = record
+    return end
 
 
 def split_run(data, sequence):

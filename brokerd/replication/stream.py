@@ -130,7 +130,7 @@ class OutboundStream:
         """Number and keep one operation (a code of L{codec} and its serialised record)."""
         if self._run is not None:
             self._close_run()
-        sequence = self.last_sequence = self._write(operation, record, body, 1)
+        sequence = self.last_sequence = self._write(operation, record, body)
         self._announce_soon()
         return sequence
 
@@ -147,10 +147,7 @@ class OutboundStream:
         run.bodies.append(body)
         run.size += len(body)
         sequence = self.last_sequence = self.last_sequence + 1
-        if self._reactor is None:
-            self.announce()
-        elif self._per_turn and self._announcing is None:
-            self._announcing = self._reactor.callLater(0, self.announce)
+        self._announce_soon()
         return sequence
 
     def cut(self):
@@ -159,8 +156,7 @@ class OutboundStream:
         snapshot's position must be where a follower can be sent from); returns the
         newest sequence.
         """
-        if self._run is not None:
-            self._close_run()
+        self._close_run()
         return self.last_sequence
 
     def _announce_soon(self):
@@ -170,22 +166,42 @@ class OutboundStream:
             self._announcing = self._reactor.callLater(0, self.announce)
 
     def _close_run(self):
+        """Write the open run (if any) as one frame: an append's own when it holds one."""
         run, self._run = self._run, None
+        if run is None:
+            return
         bodies = run.bodies
         if len(bodies) == 1:
-            self._write(codec.APPEND, run.record, bodies[0], 1)
-        else:
-            self._write(codec.APPEND_RUN, run.record, codec.run_bodies(bodies), len(bodies))
+            self._write(codec.APPEND, run.record, bodies[0])
+            return
+        size = codec.OPERATION_FRAME_OVERHEAD + len(run.record) + codec.run_size(bodies, run.size)
+        segment = self._segment_for(size)
+        segment.fill = codec.pack_run_into(segment.view, segment.fill, self._written + 1,
+                                           run.record, bodies, run.size)
+        self._wrote(size, len(bodies))
 
-    def _write(self, operation, record, body, count):
-        """Write one frame of C{count} operations into a segment; returns its sequence."""
-        sequence = self._written + 1
+    def _write(self, operation, record, body):
+        """Write one operation's frame into a segment; returns its sequence."""
         size = codec.OPERATION_FRAME_OVERHEAD + len(record) + len(body)
-        segment = self._current
-        if segment is None or segment.fill + size > segment.size:
-            segment = self._new_segment(sequence, size)
+        segment = self._segment_for(size)
+        sequence = self._written + 1
         segment.fill = codec.pack_operation_into(segment.view, segment.fill, sequence, operation,
                                                  record, body)
+        self._wrote(size, 1)
+        return sequence
+
+    def _segment_for(self, size):
+        """The segment the next frame, of C{size} bytes, goes into."""
+        segment = self._current
+        if segment is None or segment.fill + size > segment.size:
+            segment = self._current = _Segment(self._total, self._written + 1,
+                                               max(size, self._segment_bytes))
+            self._segments.append(segment)
+            self._starts.append(segment.start)
+        return segment
+
+    def _wrote(self, size, count):
+        """A frame of C{size} bytes and C{count} operations was written: keep its end."""
         self._written += count
         self._total += size
         if count == 1:
@@ -194,13 +210,6 @@ class OutboundStream:
             self._ends.extend(repeat(self._total, count))
         if self._total - self._kept_from > self.retain_bytes:
             self._trim(self._written)
-        return sequence
-
-    def _new_segment(self, sequence, size):
-        segment = self._current = _Segment(self._total, sequence, max(size, self._segment_bytes))
-        self._segments.append(segment)
-        self._starts.append(segment.start)
-        return segment
 
     def _trim(self, sequence):
         """Drop the oldest segments past C{retain_bytes}, announcing the unannounced first."""
@@ -225,8 +234,7 @@ class OutboundStream:
             if self._announcing.active():
                 self._announcing.cancel()
             self._announcing = None
-        if self._run is not None:
-            self._close_run()
+        self._close_run()
         sequence = self.last_sequence
         if sequence == self.announced:
             return
@@ -257,8 +265,7 @@ class OutboundStream:
 
     def retained_bytes(self):
         """How many bytes of frames are kept."""
-        if self._run is not None:
-            self._close_run()
+        self._close_run()
         return self._total - self._kept_from
 
     def frame(self, sequence):
@@ -274,8 +281,7 @@ class OutboundStream:
         C{sequence} is not kept. Asked twice for the same run (two followers at the same
         place), it gives the same bytes without copying them again.
         """
-        if self._run is not None:
-            self._close_run()
+        self._close_run()
         first, following, data = self._sent
         if first == sequence and following == self.last_sequence + 1:
             return data, following
@@ -293,8 +299,7 @@ class OutboundStream:
 
     def _span(self, sequence):
         """The stream positions of the kept frame starting at C{sequence}."""
-        if self._run is not None:
-            self._close_run()
+        self._close_run()
         if not self._first <= sequence <= self.last_sequence:
             raise KeyError(sequence)
         index = self._ends_head + sequence - self._first
@@ -314,8 +319,7 @@ class OutboundStream:
         How many bytes of frames follow operation C{sequence} (a follower's lag
         in bytes), counted over the kept frames when C{sequence} is older.
         """
-        if self._run is not None:
-            self._close_run()
+        self._close_run()
         if sequence >= self.last_sequence:
             return 0
         if self._first > self.last_sequence:
