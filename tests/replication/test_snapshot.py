@@ -3,6 +3,7 @@ leader's stores taken at one stream position, then the operations after it, whil
 on publishing and acking; it ends holding what the leader holds, and the snapshot never blocks the
 leader's reactor for long."""
 
+import gc
 import time
 
 from twisted.internet import defer, reactor
@@ -17,28 +18,57 @@ from tests.support.replication import (
 
 
 class Traffic:
-    """Publishes to and acks from the leader's store on every reactor turn until stopped,
-    acking from the newest message back, which a snapshot in queue order sends last."""
+    """
+    Publishes to and acks from the leader's store on every reactor turn until the follower's
+    snapshot has been sent, acking from the newest message back, which a snapshot in queue
+    order sends last. It stops at the snapshot's end: the follower then catches up with what
+    was published meanwhile, and no later publishing can push that past the leader's
+    retention.
 
-    def __init__(self, store, handles):
-        self.store, self.handles = store, list(handles)
-        self.published = self.acked = 0
+    C{gaps} are the times between turns less the cyclic collector's pauses within them: the
+    collector walks every object of this test process (its size depends on the tests run
+    before), and a pause of its own is not a stall of the snapshot's making.
+    """
+
+    def __init__(self, leader, handles):
+        self.leader, self.handles = leader, list(handles)
+        self.published = self.acked = self.during_snapshot = 0
+        self.position = None  # the snapshot's stream position, once seen
         self.gaps = []
+        self.finished = False
+        self._collecting = self._collected = 0.0
+        gc.callbacks.append(self._collector)
         self._last = time.monotonic()
         self._call = reactor.callLater(0, self._turn)
 
+    def _collector(self, phase, info):
+        if phase == "start":
+            self._collecting = time.monotonic()
+        else:
+            self._collected += time.monotonic() - self._collecting
+
     def _turn(self):
         now = time.monotonic()
-        self.gaps.append(now - self._last)
-        self._last = now
-        self.store.append(message(b"during %d" % self.published, n=self.published), [Q1, Q2])
+        self.gaps.append(now - self._last - self._collected)
+        self._last, self._collected = now, 0.0
+        snapshots = [link.snapshot for link in self.leader.server.followers if link.snapshot]
+        if snapshots:
+            self.position = snapshots[0].position
+            self.during_snapshot += 1
+        elif self.position is not None:
+            return self.stop()
+        store = self.leader.store
+        store.append(message(b"during %d" % self.published, n=self.published), [Q1, Q2])
         self.published += 1
         if self.handles and self.published % 2:
-            self.store.ack(Q1, self.handles.pop())
+            store.ack(Q1, self.handles.pop())
             self.acked += 1
         self._call = reactor.callLater(0, self._turn)
 
     def stop(self):
+        self.finished = True
+        if self._collector in gc.callbacks:
+            gc.callbacks.remove(self._collector)
         if self._call.active():
             self._call.cancel()
 
@@ -58,19 +88,17 @@ class Resync(unittest.TestCase):
         handles = [leader.store.append(message(b"x" * (i % 300), n=i), [Q1]) for i in range(3000)]
         leader.store.save_queue(messages_pb2.QueueRecord(vhost="/", name="later", durable=True))
         self.assertGreater(leader.stream.first_retained, before + 1)
-        traffic = Traffic(leader.store, handles)
+        traffic = Traffic(leader, handles)
         self.addCleanup(traffic.stop)
         client = yield follower.connect(leader)
         self.assertEqual(client.resyncs, 1)
-        (link,) = leader.server.followers
-        yield wait_until(lambda: link.mode == "stream", timeout=60)
-        snapshot_end = follower.applier.applied_sequence
-        traffic.stop()
+        yield wait_until(lambda: traffic.finished, timeout=60)
         last = leader.stream.last_sequence
         yield wait_until(lambda: follower.applier.durable_sequence == last, timeout=30)
+        self.assertIsNone(client.reason)
         self.assertEqual(follower.applier.role, replica.FOLLOWER)
-        self.assertGreater(traffic.published, 10, "the leader published while the snapshot ran")
-        self.assertGreater(last, snapshot_end, "operations after the snapshot's position followed it")
+        self.assertGreater(traffic.during_snapshot, 10, "the leader published while the snapshot ran")
+        self.assertGreater(last, traffic.position, "operations after the snapshot's position followed it")
         self.assertIn("keeps operations from", leader.server.resyncs[0][1])
         self.assertEqual(list(leader.server.refusals), [])
         expected = yield leader.reopened_contents()
