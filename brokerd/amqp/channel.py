@@ -304,24 +304,32 @@ class AmqpChannel:
     # -- IChannelPeer: what the broker pushes to the client
 
     def deliver(self, consumer_tag, delivery_tag, redelivered, message):
+        self.deliver_run(consumer_tag, ((delivery_tag, redelivered, message),))
+
+    def deliver_run(self, consumer_tag, deliveries):
         tag = self._consumer_tags.get(consumer_tag)
         if tag is None:
             tag = self._consumer_tags[consumer_tag] = consumer_tag.encode()
-        writes = self.writes
         channel_id = self.id
-        body = message.body
-        content = frames.content_frames(
-            channel_id, encoded_properties(message), body, self.frame_max
-        )
+        frame_max = self.frame_max
+        pieces = []
+        size = 0
         # Everything is encoded before anything is queued, so a message that cannot be encoded never
         # leaves a basic.deliver without its content (which would hang the client).
-        writes.send(
-            frames.encode_deliver(
-                channel_id, tag, delivery_tag, redelivered, message.exchange.encode(),
-                message.routing_key.encode(),
+        for delivery_tag, redelivered, message in deliveries:
+            body = message.body
+            content = frames.content_frames(
+                channel_id, encoded_properties(message), body, frame_max
             )
-        )
-        writes.send_pieces(content, len(body))
+            pieces.append(
+                frames.encode_deliver(
+                    channel_id, tag, delivery_tag, redelivered, message.exchange.encode(),
+                    message.routing_key.encode(),
+                )
+            )
+            pieces += content
+            size += len(body)
+        self.writes.send_pieces(pieces, size)
 
     def returned(self, reply_code, reply_text, message):
         content = frames.content_frames(

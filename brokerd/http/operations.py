@@ -36,6 +36,9 @@ class QuietPeer:
     def deliver(self, consumer_tag, delivery_tag, redelivered, message):
         raise AssertionError("a management channel has no consumers")
 
+    def deliver_run(self, consumer_tag, deliveries):
+        raise AssertionError("a management channel has no consumers")
+
     def returned(self, reply_code, reply_text, message):
         self.returned_messages.append(message)
 

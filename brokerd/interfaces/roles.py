@@ -17,6 +17,12 @@ class IChannelPeer(Interface):
     def deliver(consumer_tag, delivery_tag, redelivered, message):
         """Send a message to the consumer C{consumer_tag} of this channel."""
 
+    def deliver_run(consumer_tag, deliveries):
+        """
+        Send several messages to the consumer C{consumer_tag}, in order:
+        C{deliveries} are C{(delivery_tag, redelivered, message)} tuples.
+        """
+
     def returned(reply_code, reply_text, message):
         """Send back a mandatory message that no queue took."""
 
@@ -65,6 +71,15 @@ class IConsumer(Interface):
         just taken out of its ready messages, its message loaded): the consumer
         holds it until it is settled, or is done with it at once if it acks nothing.
         """
+
+    def start_run():
+        """
+        The queue is about to hand it several entries in a row: what it
+        delivers until L{end_run} may reach its client together.
+        """
+
+    def end_run():
+        """The run is over: everything delivered in it is on its way to the client."""
 
     def cancelled_by_broker():
         """

@@ -44,6 +44,11 @@ class BacklogAlarm:
         self.threshold = threshold
         self.watch(count)
 
+    def fell_to(self, count):
+        """The ready count fell to C{count}: an alarm that is on goes off if it is low enough."""
+        if count <= self.below:  # -1 while the alarm is off
+            self.watch(count)
+
     def watch(self, count):
         """
         Log the ready count C{count} crossing the threshold, once each way;

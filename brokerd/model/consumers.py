@@ -109,6 +109,17 @@ class QueueConsumers:
         self._ordered = []
         return consumers
 
+    def sole(self):
+        """
+        The consumer that alone may take the next messages, or None if
+        several share them: the single active one, or the only one there is.
+        """
+        if self.single_active:
+            return self.active
+        if len(self.registered) == 1:
+            return next(iter(self.registered))
+        return None
+
     def next_with_room(self):
         """
         The consumer the next message goes to, or None if every one that may

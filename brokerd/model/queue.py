@@ -40,7 +40,7 @@ from brokerd.model.message import QueuedMessage
 from brokerd.model.paging import PAGE_OUT_DEPTH, STORE_FAILURES, MessagePager
 from brokerd.model.queue_arguments import QueueArguments
 from brokerd.model.queue_types import locked_queue
-from brokerd.model.ready import PriorityReady, ReadyList
+from brokerd.model.ready import PriorityReady, ReadyList, body_size
 from brokerd.model.recovery import QueueRecovery
 from brokerd.model.returns import QueueReturns
 
@@ -239,7 +239,7 @@ class Queue:
         delivery limit allows dies instead (see L{QueueReturns.requeue}).
         """
         if self.deleted:
-            self._watermark.release(sum(map(_body_size, entries)))
+            self._watermark.release(sum(map(body_size, entries)))
             return
         if self._returns.requeue(entries, self._ready):
             self._alarm.watch(self._ready.count)
@@ -266,9 +266,7 @@ class Queue:
         ready = self._ready
         for entry in self._expiry.take_expired(ready):
             self._dead_letters.died(entry, EXPIRED)
-        alarm = self._alarm
-        if alarm.alarmed and ready.count <= alarm.below:
-            alarm.watch(ready.count)
+        self._alarm.fell_to(ready.count)
 
     # -- messages out
 
@@ -278,9 +276,7 @@ class Queue:
             self._unused.touch()
         if self.unavailable is None:
             entry = self._take()
-            alarm = self._alarm
-            if alarm.alarmed and self._ready.count <= alarm.below:
-                alarm.watch(self._ready.count)
+            self._alarm.fell_to(self._ready.count)
             return entry
         return None
 
@@ -333,7 +329,7 @@ class Queue:
 
     def forget(self, entry):
         """The entry is done with (acked, or delivered without ack)."""
-        self._watermark.release(_body_size(entry))
+        self._watermark.release(body_size(entry))
         if entry.handle is not None and not self.deleted:
             self._store.ack(self.key, entry.handle)
 
@@ -343,7 +339,7 @@ class Queue:
         L{forget} (inlined: the ack path).
         """
         self.messages_acked += 1
-        self._watermark.release(_body_size(entry))
+        self._watermark.release(body_size(entry))
         if entry.handle is not None and not self.deleted:
             self._store.ack(self.key, entry.handle)
 
@@ -397,21 +393,34 @@ class Queue:
     def dispatch(self):
         """
         Deliver ready messages to the consumers that may take them, highest
-        priority first, round-robin.
+        priority first, round-robin. A consumer that takes them all (the only or
+        single active one) gets them as a run (L{brokerd.interfaces.IConsumer.start_run}).
         """
         ready = self._ready
-        next_with_room = self._consumers.next_with_room
-        while ready:
-            consumer = next_with_room()
-            if consumer is None:
-                break
-            entry = self._take()
-            if entry is None:
-                break
-            consumer.deliver(entry)
-        alarm = self._alarm
-        if alarm.alarmed and ready.count <= alarm.below:
-            alarm.watch(ready.count)
+        consumers = self._consumers
+        if ready.count > 1 and (sole := consumers.sole()) is not None:
+            has_room = sole.has_room
+            sole.start_run()
+            try:
+                while ready and has_room():
+                    entry = self._take()
+                    if entry is None:
+                        break
+                    sole.deliver(entry)
+            finally:
+                sole.end_run()
+        else:
+            next_with_room = consumers.next_with_room
+            while ready:
+                consumer = next_with_room()
+                if consumer is None:
+                    break
+                entry = self._take()
+                if entry is None:
+                    break
+                consumer.deliver(entry)
+        if ready.count <= self._alarm.below:  # -1 while the alarm is off: no call on this path
+            self._alarm.watch(ready.count)
 
     def _cancel_consumers(self):
         """The queue can serve no one any more: every consumer is told it was cancelled."""
@@ -489,8 +498,3 @@ class Queue:
         self._cancel_consumers()
         return count
 
-
-def _body_size(entry):
-    """The body bytes an entry holds in memory: none while its message is paged out."""
-    message = entry.message
-    return 0 if message is None else len(message.body)

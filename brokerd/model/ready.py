@@ -110,13 +110,13 @@ class ReadyList:
     def appendleft(self, entry):
         self._items.appendleft(entry)
         self.count += 1
-        self.bytes += _body_size(entry)
+        self.bytes += body_size(entry)
 
     def extendleft(self, entries):
         entries = list(entries)
         self._items.extendleft(entries)
         self.count += len(entries)
-        self.bytes += sum(map(_body_size, entries))
+        self.bytes += sum(map(body_size, entries))
 
     def put_back(self, returned):
         """
@@ -145,7 +145,7 @@ class ReadyList:
         if removed:
             self._items = kept
             self.count -= len(removed)
-            self.bytes -= sum(map(_body_size, removed))
+            self.bytes -= sum(map(body_size, removed))
         return removed
 
     def remove_handles(self, handles):
@@ -174,7 +174,7 @@ class ReadyList:
                         run.handles.append(handle)
         self._items = kept
         self.count -= len(taken) + len(removed)
-        self.bytes -= sum(map(_body_size, removed))
+        self.bytes -= sum(map(body_size, removed))
         return taken + [entry.handle for entry in removed]
 
     def in_memory(self):
@@ -258,14 +258,14 @@ class PriorityReady:
         for level, entries in by_level.items():
             self._levels[level].put_back(entries)
         self.count += len(returned)
-        self.bytes += sum(map(_body_size, returned))
+        self.bytes += sum(map(body_size, returned))
 
     def remove_where(self, condition):
         removed = []
         for level in self._levels:
             removed += level.remove_where(condition)
         self.count -= len(removed)
-        self.bytes -= sum(map(_body_size, removed))
+        self.bytes -= sum(map(body_size, removed))
         return removed
 
     def remove_handles(self, handles):
@@ -295,7 +295,7 @@ def _by_sequence(entry):
     return entry.sequence
 
 
-def _body_size(entry):
+def body_size(entry):
     """The body bytes an entry holds in memory: none while its message is paged out."""
     message = entry.message
     return 0 if message is None else len(message.body)

@@ -224,6 +224,10 @@ class NativeChannel:
         deliver.redelivered = redelivered
         self._send(envelope.SerializeToString())
 
+    def deliver_run(self, consumer_tag, deliveries):
+        for delivery_tag, redelivered, message in deliveries:
+            self.deliver(consumer_tag, delivery_tag, redelivered, message)
+
     def returned(self, reply_code, reply_text, message):
         envelope = Envelope(channel=self.id)
         returned = envelope.basic_return

@@ -28,7 +28,7 @@ class Consumer:
     __slots__ = (
         "tag", "queue", "channel", "no_ack", "exclusive", "prefetch", "unacked", "arguments",
         "priority", "channel_limited", "_deliveries", "_peer", "_channel_limit_applies",
-        "_from_quorum_queue", "_vhost",
+        "_from_quorum_queue", "_vhost", "_run",
     )
 
     def __init__(self, tag, queue, channel, no_ack, exclusive, prefetch, arguments, priority=0):
@@ -47,6 +47,7 @@ class Consumer:
         self._peer = channel.peer
         self._channel_limit_applies = self.channel_limited and not no_ack
         self._vhost = channel.vhost
+        self._run = None  # while a run is open: its (tag, redelivered, message) tuples
 
     def has_room(self):
         """True if a delivery now stays within this consumer's and its channel's limits."""
@@ -70,9 +71,27 @@ class Consumer:
         # What delivered_message does, the queue's type known:
         if entry.delivery_count or self._from_quorum_queue:
             message = message.with_delivery_count(entry.delivery_count)
-        self._peer.deliver(self.tag, tag, entry.redelivered, message)
+        if self._run is not None:
+            self._run.append((tag, entry.redelivered, message))
+        else:
+            self._peer.deliver(self.tag, tag, entry.redelivered, message)
         if (firehose := self._vhost.firehose) is not None:  # tracing on (brokerd.model.firehose)
             trace_delivery(firehose, self.channel, self.queue.name, entry.redelivered, message)
+
+    def start_run(self):
+        """
+        Deliveries from now until L{end_run} go to the client together. A run
+        started inside another (a queue that dispatches again while it
+        delivers) joins it.
+        """
+        if self._run is None:
+            self._run = []
+
+    def end_run(self):
+        """Hand the run's deliveries to the client, in order."""
+        run, self._run = self._run, None
+        if run:
+            self._peer.deliver_run(self.tag, run)
 
     def released(self, count):
         """
@@ -84,7 +103,9 @@ class Consumer:
         return self.queue
 
     def cancelled_by_broker(self):
-        """Its queue went away: the channel forgets it and tells the client."""
+        """Its queue went away: the channel forgets it and tells the client, after what it
+        delivered."""
+        self.end_run()
         self.channel.consumers.cancelled_by_broker(self)
 
     def __repr__(self):

@@ -25,12 +25,18 @@ class RecordingPeer:
 
     def __init__(self):
         self.deliveries = []  # (consumer_tag, delivery_tag, redelivered, message)
+        self.runs = []  # (consumer_tag, [delivery tags]) of each deliver_run
         self.returns = []  # (reply_code, reply_text, message)
         self.confirms = []  # (sequence, multiple, ack)
         self.cancelled = []  # consumer tags
 
     def deliver(self, consumer_tag, delivery_tag, redelivered, message):
         self.deliveries.append((consumer_tag, delivery_tag, redelivered, message))
+
+    def deliver_run(self, consumer_tag, deliveries):
+        self.runs.append((consumer_tag, [delivery_tag for delivery_tag, _, _ in deliveries]))
+        for delivery_tag, redelivered, message in deliveries:
+            self.deliver(consumer_tag, delivery_tag, redelivered, message)
 
     def returned(self, reply_code, reply_text, message):
         self.returns.append((reply_code, reply_text, message))
