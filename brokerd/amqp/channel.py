@@ -44,6 +44,7 @@ log = Logger()
 # encoding is decoded (and checked) once per connection and its result shared.
 PROPERTIES_CACHE_SIZE = 256
 ENCODED_CACHE_ENTRIES = 256  # properties objects whose encoding is remembered
+DELIVER_FRAMES_CACHED = 64  # per channel: consumer, exchange and routing key kinds of basic.deliver
 CHANNEL_OPEN = frames.method_index(20, 10)
 _CHANNEL_CLOSE = frames.method_index(20, 40)
 _CHANNEL_CLOSE_OK = frames.method_index(20, 41)
@@ -104,7 +105,7 @@ class AmqpChannel:
     __slots__ = (
         "id", "model", "writes", "frame_max", "closing", "publish", "properties", "body_size",
         "parts", "received", "_receiver", "_connection", "_gate", "_cancel_notify",
-        "_consumer_tags", "_body_bytes", "_watermark", "_decoded_properties", "_max_message_size",
+        "_deliver_frames", "_body_bytes", "_watermark", "_decoded_properties", "_max_message_size",
         "_disk_alarm", "_in_sync_alarm",
     )
 
@@ -132,7 +133,8 @@ class AmqpChannel:
         self._connection = connection
         self._gate = gate
         self._cancel_notify = cancel_notify
-        self._consumer_tags = {}  # consumer tag -> its UTF-8 bytes
+        # (consumer tag, exchange, routing key) -> its basic.deliver frame around the delivery tag
+        self._deliver_frames = {}
         self._body_bytes = content.body_bytes
         self._watermark = content.watermark
         self._disk_alarm = connection.broker.disk_alarm
@@ -307,26 +309,29 @@ class AmqpChannel:
         self.deliver_run(consumer_tag, ((delivery_tag, redelivered, message),))
 
     def deliver_run(self, consumer_tag, deliveries):
-        tag = self._consumer_tags.get(consumer_tag)
-        if tag is None:
-            tag = self._consumer_tags[consumer_tag] = consumer_tag.encode()
         channel_id = self.id
         frame_max = self.frame_max
+        deliver_frames = self._deliver_frames
+        pack_tag = frames.DELIVERY_TAG.pack
         pieces = []
         size = 0
         # Everything is encoded before anything is queued, so a message that cannot be encoded never
         # leaves a basic.deliver without its content (which would hang the client).
         for delivery_tag, redelivered, message in deliveries:
+            key = (consumer_tag, message.exchange, message.routing_key)
+            around = deliver_frames.get(key)
+            if around is None:
+                if len(deliver_frames) >= DELIVER_FRAMES_CACHED:
+                    deliver_frames.clear()
+                around = deliver_frames[key] = frames.deliver_frame_around(
+                    channel_id, consumer_tag.encode(), message.exchange.encode(),
+                    message.routing_key.encode(),
+                )
             body = message.body
             content = frames.content_frames(
                 channel_id, encoded_properties(message), body, frame_max
             )
-            pieces.append(
-                frames.encode_deliver(
-                    channel_id, tag, delivery_tag, redelivered, message.exchange.encode(),
-                    message.routing_key.encode(),
-                )
-            )
+            pieces += (around[0], pack_tag(delivery_tag, redelivered), around[1])
             pieces += content
             size += len(body)
         self.writes.send_pieces(pieces, size)
@@ -357,13 +362,14 @@ class AmqpChannel:
         self.writes.send(frames.encode_confirm(self.id, sequence, multiple, ack))
 
     def consumer_cancelled(self, consumer_tag):
-        self._consumer_tags.pop(consumer_tag, None)
+        self.forget_consumer(consumer_tag)
         if self._cancel_notify:
             self.writes.send(frames.encode_cancel(self.id, consumer_tag))
 
     def forget_consumer(self, consumer_tag):
-        """The client cancelled C{consumer_tag}: drop its cached encoding."""
-        self._consumer_tags.pop(consumer_tag, None)
+        """The client cancelled C{consumer_tag}: drop its cached encodings."""
+        for key in [key for key in self._deliver_frames if key[0] == consumer_tag]:
+            del self._deliver_frames[key]
 
 
 def _not_a_channel_method(index):

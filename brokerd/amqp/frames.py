@@ -45,7 +45,7 @@ METHOD_INDEX = Struct(">I")
 _PUBLISH_FLAGS_AT = Struct(">B")
 _ACK_ARGUMENTS = Struct(">QB")
 _DELIVER_START = Struct(">BHIIB")  # frame start, method index, consumer tag length
-_DELIVER_MIDDLE = Struct(">QBB")  # delivery tag, redelivered, exchange length
+DELIVERY_TAG = Struct(">Q?")  # a basic.deliver's delivery tag and redelivered flag
 _CONFIRM_FRAME = Struct(">BHIIQBB")  # frame start, method index, delivery tag, flags, frame end
 _CONTENT_HEADER_START = Struct(">BHIHHQ")  # frame start, class, weight, body size
 _CONTENT_HEADER_FIXED = 12  # class, weight, body size
@@ -119,18 +119,22 @@ def encode_deliver(channel, consumer_tag, delivery_tag, redelivered, exchange, r
     A basic.deliver method frame. C{consumer_tag}, C{exchange} and
     C{routing_key} are already UTF-8 bytes (each at most 255 long).
     """
+    before, after = deliver_frame_around(channel, consumer_tag, exchange, routing_key)
+    return before + DELIVERY_TAG.pack(delivery_tag, redelivered) + after
+
+
+def deliver_frame_around(channel, consumer_tag, exchange, routing_key):
+    """
+    The bytes of a basic.deliver frame before and after its delivery tag and
+    redelivered flag (packed by L{DELIVERY_TAG}), which are all that changes
+    from one delivery to the next of a consumer's messages alike.
+    """
     size = 4 + 1 + len(consumer_tag) + 8 + 1 + 1 + len(exchange) + 1 + len(routing_key)
-    return b"".join(
-        (
-            _DELIVER_START.pack(FRAME_METHOD, channel, size, 0x003C003C, len(consumer_tag)),
-            consumer_tag,
-            _DELIVER_MIDDLE.pack(delivery_tag, 1 if redelivered else 0, len(exchange)),
-            exchange,
-            bytes((len(routing_key),)),
-            routing_key,
-            FRAME_END_BYTE,
-        )
+    before = _DELIVER_START.pack(FRAME_METHOD, channel, size, 0x003C003C, len(consumer_tag))
+    after = b"".join(
+        (bytes((len(exchange),)), exchange, bytes((len(routing_key),)), routing_key, FRAME_END_BYTE)
     )
+    return before + consumer_tag, after
 
 
 def encode_confirm(channel, delivery_tag, multiple, ack):
