@@ -157,6 +157,22 @@ class AmqpServerProtocol(Protocol):
 
     def _frames(self, data, offset):
         """
+        L{_read_frames}, the vhost's deliveries held until they are read
+        (L{brokerd.model.held_dispatches}): what they publish for a waiting
+        consumer goes to it as a run.
+        """
+        connection = self.handshake.connection
+        if connection is None:
+            return self._read_frames(data, offset)
+        held = connection.vhost.dispatches
+        held.hold()
+        try:
+            self._read_frames(data, offset)
+        finally:
+            held.release()
+
+    def _read_frames(self, data, offset):
+        """
         Dispatch the whole frames in C{data[offset:]}, an open channel's straight
         to its L{AmqpChannel}: a turn's worth (L{brokerd.wire.fairness}); the rest waits.
         """

@@ -213,7 +213,7 @@ class Queue:
             if ttl is not None:
                 self._expiry.start(entry, ttl)
         if self._consumers.registered:
-            self.dispatch()
+            self.vhost.dispatches.dispatch(self)  # at once, or after a burst being read
         if self._checks_after_enqueue:  # one test on the common path for the two checks below
             self._check_after_enqueue(ttl)
         elif ttl == 0 and self._ready:

@@ -19,6 +19,7 @@ from brokerd.errors import (
 from brokerd.interfaces import IDelayedMessageStore
 from brokerd.model.counters import QueueChurn
 from brokerd.model.delayeddelivery import delay_of
+from brokerd.model.held_dispatches import HeldDispatches
 from brokerd.model.exchange import (
     DELAYED_TYPE,
     EXCHANGE_TYPES,
@@ -82,6 +83,7 @@ class VirtualHost:
         self.queue_churn = QueueChurn()  # the broker gives every vhost its own, shared one
         self.queue_limit = None
         self.firehose = None  # while tracing is on, its Firehose (brokerd.model.firehose)
+        self.dispatches = HeldDispatches()  # held while a connection's burst of frames is read
         self._policies = VhostPolicies(name)
         for exchange_name, type_name in PREDECLARED_EXCHANGES.items():
             self.exchanges[exchange_name] = EXCHANGE_TYPES[type_name](
