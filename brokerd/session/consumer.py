@@ -11,6 +11,13 @@ from zope.interface import implementer
 
 from brokerd.interfaces import IConsumer
 
+# A run is handed on to the client once its messages add up to this many bytes (bodies, and
+# RUN_MESSAGE_BYTES for each message's frames), as the write buffer flushes at this size: a
+# client that does not read then pauses deliveries as it would without runs, and a consumer
+# without a prefetch limit never takes a deep queue whole into one run.
+RUN_BYTES = 256 * 1024
+RUN_MESSAGE_BYTES = 64
+
 
 @implementer(IConsumer)
 class Consumer:
@@ -28,7 +35,7 @@ class Consumer:
     __slots__ = (
         "tag", "queue", "channel", "no_ack", "exclusive", "prefetch", "unacked", "arguments",
         "priority", "channel_limited", "_deliveries", "_peer", "_channel_limit_applies",
-        "_from_quorum_queue", "_vhost", "_run",
+        "_from_quorum_queue", "_vhost", "_run", "_run_bytes",
     )
 
     def __init__(self, tag, queue, channel, no_ack, exclusive, prefetch, arguments, priority=0):
@@ -48,6 +55,7 @@ class Consumer:
         self._channel_limit_applies = self.channel_limited and not no_ack
         self._vhost = channel.vhost
         self._run = None  # while a run is open: its (tag, redelivered, message) tuples
+        self._run_bytes = 0
 
     def has_room(self):
         """True if a delivery now stays within this consumer's and its channel's limits."""
@@ -71,8 +79,13 @@ class Consumer:
         # What delivered_message does, the queue's type known:
         if entry.delivery_count or self._from_quorum_queue:
             message = message.with_delivery_count(entry.delivery_count)
-        if self._run is not None:
-            self._run.append((tag, entry.redelivered, message))
+        run = self._run
+        if run is not None:
+            run.append((tag, entry.redelivered, message))
+            self._run_bytes += len(message.body) + RUN_MESSAGE_BYTES
+            if self._run_bytes >= RUN_BYTES:
+                self._run, self._run_bytes = [], 0
+                self._peer.deliver_run(self.tag, run)
         else:
             self._peer.deliver(self.tag, tag, entry.redelivered, message)
         if (firehose := self._vhost.firehose) is not None:  # tracing on (brokerd.model.firehose)
@@ -89,7 +102,7 @@ class Consumer:
 
     def end_run(self):
         """Hand the run's deliveries to the client, in order."""
-        run, self._run = self._run, None
+        run, self._run, self._run_bytes = self._run, None, 0
         if run:
             self._peer.deliver_run(self.tag, run)
 

@@ -61,3 +61,24 @@ def test_the_single_active_consumer_gets_the_runs_and_the_others_nothing(broker,
     assert peer.runs == [("first", [1, 2])] and bodies(peer) == [b"1", b"2"]
     channel.basic_ack(0, multiple=True)
     assert [tag for tag, _, _, _ in peer.deliveries] == ["first"] * 3
+
+
+def test_a_client_that_stops_reading_stops_a_run_of_a_consumer_without_prefetch(broker, clock):
+    channel, peer = open_channel(broker)
+    connection = channel.connection
+    handed = peer.deliver_run
+
+    def deliver_run(consumer_tag, deliveries):  # as a transport whose write buffer fills up
+        handed(consumer_tag, deliveries)
+        connection.pause_deliveries()
+
+    peer.deliver_run = deliver_run
+    channel.queue_declare("q")
+    publish(channel, "q", *[b"x" * 10_000 for _ in range(100)])
+    channel.basic_consume("q", "c")  # no prefetch limit
+    clock.advance(0)
+    (first,) = peer.runs
+    assert len(first[1]) == 27  # 256 KiB of bodies and frames, not the whole queue
+    assert ready(broker, "q") == 73
+    connection.resume_deliveries()
+    assert len(peer.runs) == 2 and ready(broker, "q") == 46
