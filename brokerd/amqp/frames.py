@@ -114,20 +114,12 @@ def decode_ack(data, start, end):
     return delivery_tag, bool(flags & 1)
 
 
-def encode_deliver(channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key):
-    """
-    A basic.deliver method frame. C{consumer_tag}, C{exchange} and
-    C{routing_key} are already UTF-8 bytes (each at most 255 long).
-    """
-    before, after = deliver_frame_around(channel, consumer_tag, exchange, routing_key)
-    return before + DELIVERY_TAG.pack(delivery_tag, redelivered) + after
-
-
 def deliver_frame_around(channel, consumer_tag, exchange, routing_key):
     """
-    The bytes of a basic.deliver frame before and after its delivery tag and
-    redelivered flag (packed by L{DELIVERY_TAG}), which are all that changes
-    from one delivery to the next of a consumer's messages alike.
+    The bytes of a basic.deliver method frame before and after its delivery tag
+    and redelivered flag (packed by L{DELIVERY_TAG}), which are all that changes
+    from one delivery to the next of a consumer's messages alike. C{consumer_tag},
+    C{exchange} and C{routing_key} are already UTF-8 bytes (each at most 255 long).
     """
     size = 4 + 1 + len(consumer_tag) + 8 + 1 + 1 + len(exchange) + 1 + len(routing_key)
     before = _DELIVER_START.pack(FRAME_METHOD, channel, size, 0x003C003C, len(consumer_tag))

@@ -84,8 +84,7 @@ class Consumer:
             run.append((tag, entry.redelivered, message))
             self._run_bytes += len(message.body) + RUN_MESSAGE_BYTES
             if self._run_bytes >= RUN_BYTES:
-                self._run, self._run_bytes = [], 0
-                self._peer.deliver_run(self.tag, run)
+                self._hand_on([])
         else:
             self._peer.deliver(self.tag, tag, entry.redelivered, message)
         if (firehose := self._vhost.firehose) is not None:  # tracing on (brokerd.model.firehose)
@@ -102,7 +101,11 @@ class Consumer:
 
     def end_run(self):
         """Hand the run's deliveries to the client, in order."""
-        run, self._run, self._run_bytes = self._run, None, 0
+        self._hand_on(None)
+
+    def _hand_on(self, following):
+        """Hand the run so far to the client; C{following} ([] or None) is what comes after it."""
+        run, self._run, self._run_bytes = self._run, following, 0
         if run:
             self._peer.deliver_run(self.tag, run)
 
